@@ -1,0 +1,143 @@
+//! File and directory names: segment files, temporary files, topic and group names.
+
+/// Digits in a segment file's base offset.
+pub const SEGMENT_NAME_DIGITS: usize = 20;
+/// Extension of a segment's log file.
+pub const LOG_EXT: &str = "log";
+/// Extension of a segment's index file.
+pub const INDEX_EXT: &str = "index";
+/// Suffix of a compaction result not yet renamed into place.
+pub const TMP_SUFFIX: &str = ".tmp";
+/// Name of the compaction marker file in a partition directory.
+pub const COMPACTION_MARKER: &str = "compaction.marker";
+/// Name of the lock file in a data directory.
+pub const LOCK_FILE: &str = "LOCK";
+/// Name of a topic's metadata file.
+pub const TOPIC_FILE: &str = "topic.json";
+/// Directory holding topics inside the data directory.
+pub const TOPICS_DIR: &str = "topics";
+/// Longest topic or group name.
+pub const NAME_LEN_MAX: usize = 249;
+
+/// The 20-digit stem of a segment: `00000000000000000147`.
+pub fn segment_stem(base_offset: u64) -> String {
+    format!("{base_offset:020}")
+}
+
+/// `00000000000000000147.log`
+pub fn log_file_name(base_offset: u64) -> String {
+    format!("{base_offset:020}.{LOG_EXT}")
+}
+
+/// `00000000000000000147.index`
+pub fn index_file_name(base_offset: u64) -> String {
+    format!("{base_offset:020}.{INDEX_EXT}")
+}
+
+/// What a file in a partition directory is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PartitionFile {
+    Log(u64),
+    Index(u64),
+    /// `<base>.log.tmp`: a compaction result not yet renamed into place.
+    LogTmp(u64),
+    /// `<base>.index.tmp`: a compaction or reindex result not yet renamed into place.
+    IndexTmp(u64),
+    Marker,
+    /// Any other name ending in `.tmp`.
+    OtherTmp,
+    Unknown,
+}
+
+/// Parses a 20-digit segment stem.
+pub fn parse_stem(stem: &str) -> Option<u64> {
+    if stem.len() != SEGMENT_NAME_DIGITS || !stem.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    stem.parse().ok()
+}
+
+/// Classifies a file name found in a partition directory.
+pub fn classify_partition_file(name: &str) -> PartitionFile {
+    if name == COMPACTION_MARKER {
+        return PartitionFile::Marker;
+    }
+    let (base, tmp) = match name.strip_suffix(TMP_SUFFIX) {
+        Some(b) => (b, true),
+        None => (name, false),
+    };
+    let parsed = base.split_once('.').and_then(|(stem, ext)| Some((parse_stem(stem)?, ext)));
+    match (parsed, tmp) {
+        (Some((b, LOG_EXT)), false) => PartitionFile::Log(b),
+        (Some((b, INDEX_EXT)), false) => PartitionFile::Index(b),
+        (Some((b, LOG_EXT)), true) => PartitionFile::LogTmp(b),
+        (Some((b, INDEX_EXT)), true) => PartitionFile::IndexTmp(b),
+        (_, true) => PartitionFile::OtherTmp,
+        _ => PartitionFile::Unknown,
+    }
+}
+
+/// Why a topic or group name was refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum NameError {
+    #[error("name is empty")]
+    Empty,
+    #[error("name is {len} characters long (at most {NAME_LEN_MAX})")]
+    TooLong { len: usize },
+    #[error("name {name:?} is not allowed")]
+    Dots { name: String },
+    #[error("name {name:?} has the character {ch:?} at {at}; allowed are A-Z a-z 0-9 . _ -")]
+    BadChar { name: String, ch: char, at: usize },
+}
+
+/// Validates a topic or group name: 1–249 characters of `[A-Za-z0-9._-]`, not `.`
+/// or `..`. Anything else is refused before it touches the file system.
+pub fn validate_name(name: &str) -> Result<(), NameError> {
+    if name.is_empty() {
+        return Err(NameError::Empty);
+    }
+    if let Some((at, ch)) =
+        name.chars().enumerate().find(|(_, c)| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+    {
+        return Err(NameError::BadChar { name: name.chars().take(64).collect(), ch, at });
+    }
+    if name.len() > NAME_LEN_MAX {
+        return Err(NameError::TooLong { len: name.len() });
+    }
+    if name == "." || name == ".." {
+        return Err(NameError::Dots { name: name.to_string() });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segment_names() {
+        assert_eq!(log_file_name(147), "00000000000000000147.log");
+        assert_eq!(index_file_name(u64::MAX), "18446744073709551615.index");
+        assert_eq!(classify_partition_file("00000000000000000147.log"), PartitionFile::Log(147));
+        assert_eq!(classify_partition_file("00000000000000000147.index.tmp"), PartitionFile::IndexTmp(147));
+        assert_eq!(classify_partition_file("00000000000000000147.log.tmp"), PartitionFile::LogTmp(147));
+        assert_eq!(classify_partition_file("147.log"), PartitionFile::Unknown);
+        assert_eq!(classify_partition_file("99999999999999999999.log"), PartitionFile::Unknown);
+        assert_eq!(classify_partition_file("x.tmp"), PartitionFile::OtherTmp);
+        assert_eq!(classify_partition_file("compaction.marker"), PartitionFile::Marker);
+    }
+
+    #[test]
+    fn names() {
+        assert!(validate_name("orders-v2.eu_1").is_ok());
+        assert!(validate_name(&"a".repeat(249)).is_ok());
+        assert!(matches!(validate_name(&"a".repeat(250)), Err(NameError::TooLong { .. })));
+        assert!(matches!(validate_name(""), Err(NameError::Empty)));
+        assert!(matches!(validate_name("."), Err(NameError::Dots { .. })));
+        assert!(matches!(validate_name(".."), Err(NameError::Dots { .. })));
+        assert!(matches!(validate_name("../x"), Err(NameError::BadChar { ch: '/', .. })));
+        assert!(matches!(validate_name("a b"), Err(NameError::BadChar { .. })));
+        assert!(matches!(validate_name("é"), Err(NameError::BadChar { .. })));
+    }
+}

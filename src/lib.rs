@@ -1,0 +1,5 @@
+//! seglog: a durable, partitioned log broker and the offline toolkit for its data
+//! directories. `format` fixes the bytes on disk, `engine` owns state and I/O, `cmd`
+//! holds one module per subcommand.
+
+pub mod format;
