@@ -2,4 +2,5 @@
 //! directories. `format` fixes the bytes on disk, `engine` owns state and I/O, `cmd`
 //! holds one module per subcommand.
 
+pub mod engine;
 pub mod format;

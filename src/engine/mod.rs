@@ -1,0 +1,5 @@
+//! State and I/O: the I/O seam, segment files, scanning and checking, recovery,
+//! compaction, the partition log, topics, and the broker with its network server.
+//! Everything that touches the disk goes through [`io::Storage`] for mutations.
+
+pub mod io;
