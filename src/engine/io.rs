@@ -346,7 +346,7 @@ mod tests {
         let s = FailingStorage::new(Arc::new(RealStorage), 6, FailOn::Any, false);
         write_file_atomic(&s, dir.path(), "m.json", b"new").unwrap();
         assert!(!s.has_failed());
-        let s = FailingStorage::new(Arc::new(RealStorage), 2, FailOn::Sync, false);
+        let s = FailingStorage::new(Arc::new(RealStorage), 1, FailOn::Sync, false);
         assert!(write_file_atomic(&s, dir.path(), "m.json", b"x").is_err());
         assert_eq!(fs::read(dir.path().join("m.json")).unwrap(), b"new");
     }
