@@ -2,5 +2,6 @@
 //! directories. `format` fixes the bytes on disk, `engine` owns state and I/O, `cmd`
 //! holds one module per subcommand.
 
+pub mod cmd;
 pub mod engine;
 pub mod format;

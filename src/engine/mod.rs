@@ -3,3 +3,4 @@
 //! Everything that touches the disk goes through [`io::Storage`] for mutations.
 
 pub mod io;
+pub mod lock;

@@ -1,0 +1,11 @@
+//! `seglog dump`.
+
+use super::{ExitError, Global};
+
+/// Arguments of `seglog dump`.
+#[derive(Debug, clap::Args)]
+pub struct Args {}
+
+pub fn run(_args: Args, _global: Global) -> anyhow::Result<u8> {
+    Err(ExitError::new(super::exit::IO, "seglog dump is not built yet"))
+}

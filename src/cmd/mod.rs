@@ -1,0 +1,195 @@
+//! One module per subcommand: parse → engine/format → render. `run` functions return
+//! the exit code; errors become one line on stderr and the code their kind implies.
+
+use std::io::{self, Write};
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+pub mod bench;
+pub mod compact;
+pub mod consume;
+pub mod dump;
+pub mod produce;
+pub mod recover;
+pub mod reindex;
+pub mod serve;
+pub mod topics;
+pub mod verify;
+
+/// Exit codes fixed by the command-line contract.
+pub mod exit {
+    pub const OK: u8 = 0;
+    /// Problems `recover` repairs without losing acknowledged data.
+    pub const REPAIRABLE: u8 = 1;
+    /// Records that cannot be read back, or segments that do not join up.
+    pub const CORRUPT: u8 = 2;
+    pub const USAGE: u8 = 64;
+    /// Broker unreachable or it refused the request.
+    pub const UNAVAILABLE: u8 = 69;
+    /// The data directory is locked by a running broker or another tool.
+    pub const LOCKED: u8 = 73;
+    /// I/O error, or the command could not run for another reason.
+    pub const IO: u8 = 74;
+}
+
+/// An error that carries its own exit code. Anything else exits 74.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct ExitError {
+    pub code: u8,
+    pub message: String,
+}
+
+impl ExitError {
+    pub fn new(code: u8, message: impl Into<String>) -> anyhow::Error {
+        anyhow::Error::new(ExitError { code, message: message.into() })
+    }
+
+    /// A usage error (exit 64).
+    pub fn usage(message: impl Into<String>) -> anyhow::Error {
+        Self::new(exit::USAGE, message)
+    }
+}
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "seglog",
+    version = concat!(env!("CARGO_PKG_VERSION"), " (format version 1)"),
+    about = "A durable, partitioned log broker and the offline toolkit for its data directories",
+    long_about = "seglog is a durable, partitioned log broker (serve, produce, consume, topics, bench) \
+and the offline toolkit for its data directories (verify, recover, compact, reindex, dump).\n\n\
+Exit codes: 0 success or clean; 1 problems recover repairs without loss; 2 corruption; \
+64 usage error; 69 broker unreachable or refused; 73 data directory locked; 74 I/O error."
+)]
+pub struct Cli {
+    /// Silence diagnostics and progress on stderr (errors are still printed).
+    #[arg(long, short, global = true)]
+    pub quiet: bool,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Check headers, records, CRCs, indexes and segment continuity.
+    Verify(verify::Args),
+    /// Print records in offset order.
+    Dump(dump::Args),
+    /// Rebuild missing or invalid index files.
+    Reindex(reindex::Args),
+    /// Run the startup recovery on a data directory.
+    Recover(recover::Args),
+    /// Keep the newest record of each key in the sealed segments.
+    Compact(compact::Args),
+    /// Run the broker.
+    Serve(serve::Args),
+    /// Create, list, describe, alter and delete topics.
+    Topics(topics::Args),
+    /// Send records to a topic.
+    Produce(produce::Args),
+    /// Read records from a topic.
+    Consume(consume::Args),
+    /// Load generator: measure produce or consume throughput and latency.
+    Bench(bench::Args),
+}
+
+/// Options every command sees.
+#[derive(Debug, Clone, Copy)]
+pub struct Global {
+    pub quiet: bool,
+}
+
+/// Runs the command line and returns the process exit code.
+pub fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let code = if e.use_stderr() { exit::USAGE } else { exit::OK };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    let global = Global { quiet: cli.quiet };
+    let result = match cli.command {
+        Command::Verify(a) => verify::run(a, global),
+        Command::Dump(a) => dump::run(a, global),
+        Command::Reindex(a) => reindex::run(a, global),
+        Command::Recover(a) => recover::run(a, global),
+        Command::Compact(a) => compact::run(a, global),
+        Command::Serve(a) => serve::run(a, global),
+        Command::Topics(a) => topics::run(a, global),
+        Command::Produce(a) => produce::run(a, global),
+        Command::Consume(a) => consume::run(a, global),
+        Command::Bench(a) => bench::run(a, global),
+    };
+    ExitCode::from(finish(result))
+}
+
+/// Maps a command's result to an exit code, printing the error as one line.
+pub fn finish(result: anyhow::Result<u8>) -> u8 {
+    match result {
+        Ok(code) => code,
+        Err(e) if is_broken_pipe(&e) => exit::OK,
+        Err(e) => {
+            let code = e.downcast_ref::<ExitError>().map_or(exit::IO, |x| x.code);
+            let _ = writeln!(io::stderr(), "seglog: {}", one_line(&e));
+            code
+        }
+    }
+}
+
+/// The error and its causes on one line: "outer: inner: root".
+pub fn one_line(e: &anyhow::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for cause in e.chain() {
+        let s = cause.to_string().replace('\n', " ");
+        if parts.last().is_none_or(|p| !p.contains(&s)) {
+            parts.push(s);
+        }
+    }
+    parts.join(": ")
+}
+
+/// True when the error is a write to a closed pipe (`seglog dump | head`).
+pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| c.downcast_ref::<io::Error>().is_some_and(|io| io.kind() == io::ErrorKind::BrokenPipe))
+}
+
+/// Formats a byte string for JSON output: a string when valid UTF-8, else `{"base64": …}`;
+/// with `hex`/`base64` every value in that encoding as a string.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum BytesAs {
+    /// Strings when valid UTF-8, else {"base64": "..."}.
+    #[default]
+    Auto,
+    /// Every key and value as a hex string.
+    Hex,
+    /// Every key and value as a base64 string.
+    Base64,
+}
+
+impl BytesAs {
+    pub fn json(self, bytes: Option<&[u8]>) -> serde_json::Value {
+        use base64::Engine as _;
+        let Some(b) = bytes else { return serde_json::Value::Null };
+        match self {
+            BytesAs::Auto => match std::str::from_utf8(b) {
+                Ok(s) => serde_json::Value::String(s.to_string()),
+                Err(_) => serde_json::json!({ "base64": base64::engine::general_purpose::STANDARD.encode(b) }),
+            },
+            BytesAs::Hex => serde_json::Value::String(hex(b)),
+            BytesAs::Base64 => serde_json::Value::String(base64::engine::general_purpose::STANDARD.encode(b)),
+        }
+    }
+}
+
+/// Lower-case hex of `bytes`.
+pub fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        let _ = write!(s, "{b:02x}");
+    }
+    s
+}

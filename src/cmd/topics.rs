@@ -1,0 +1,11 @@
+//! `seglog topics`.
+
+use super::{ExitError, Global};
+
+/// Arguments of `seglog topics`.
+#[derive(Debug, clap::Args)]
+pub struct Args {}
+
+pub fn run(_args: Args, _global: Global) -> anyhow::Result<u8> {
+    Err(ExitError::new(super::exit::IO, "seglog topics is not built yet"))
+}

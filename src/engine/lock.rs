@@ -1,0 +1,67 @@
+//! `DATA/LOCK`: an exclusive `flock` held by the broker and by every tool that
+//! modifies a data directory. Read-only tools never take it.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use crate::format::names::LOCK_FILE;
+
+/// Why the lock could not be taken.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LockError {
+    #[error("{path} is locked by a running broker or another tool")]
+    Held { path: PathBuf },
+    #[error("cannot open lock file {path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+}
+
+/// The held lock; released when dropped.
+#[derive(Debug)]
+pub struct DirLock {
+    _file: File,
+    path: PathBuf,
+}
+
+impl DirLock {
+    /// Takes `data_dir/LOCK` exclusively without waiting. The lock file is created
+    /// (mode 0600) if missing; it holds no data, so it is not a storage mutation.
+    pub fn acquire(data_dir: &Path) -> Result<DirLock, LockError> {
+        let path = data_dir.join(LOCK_FILE);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(super::io::FILE_MODE)
+            .open(&path)
+            .map_err(|source| LockError::Io { path: path.clone(), source })?;
+        match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => Ok(DirLock { _file: file, path }),
+            Err(e) if e == rustix::io::Errno::WOULDBLOCK => Err(LockError::Held { path }),
+            Err(e) => Err(LockError::Io { path, source: e.into() }),
+        }
+    }
+
+    /// Path of the lock file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+#[cfg(test)]
+#[expect(clippy::unwrap_used, reason = "tests")]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn second_lock_is_refused_until_the_first_is_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = DirLock::acquire(dir.path()).unwrap();
+        assert!(matches!(DirLock::acquire(dir.path()), Err(LockError::Held { .. })));
+        drop(first);
+        DirLock::acquire(dir.path()).unwrap();
+    }
+}
