@@ -4,3 +4,4 @@
 
 pub mod io;
 pub mod lock;
+pub mod segment;

@@ -1,0 +1,376 @@
+//! Reading segment files: records in large positional windows, the scan that
+//! classifies what ends the data (FORMAT.md, Recovery), and the index rule applied
+//! while scanning. Reads use `std::fs::File` directly (reads are not mutations).
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use crate::format::record::{decode_record, RecordError, RecordView, LEN_FIELD, MAX_RECORD_LEN};
+use crate::format::{HeaderError, IndexBuilder, IndexEntry, SegmentHeader, HEADER_LEN};
+
+/// Bytes read per system call while scanning.
+pub const SCAN_WINDOW_BYTES: usize = 1024 * 1024;
+/// Largest buffer a reader ever holds: one maximal record.
+pub const RECORD_BUFFER_MAX: usize = MAX_RECORD_LEN as usize + LEN_FIELD;
+
+/// Reads and decodes the header of an open log file.
+pub fn read_header(file: &File, file_len: u64) -> io::Result<Result<SegmentHeader, HeaderError>> {
+    let want = HEADER_LEN.min(usize::try_from(file_len).unwrap_or(HEADER_LEN));
+    let mut buf = [0u8; HEADER_LEN];
+    let n = read_full_at(file, buf.get_mut(..want).unwrap_or(&mut []), 0)?;
+    Ok(SegmentHeader::decode(buf.get(..n).unwrap_or(&[])))
+}
+
+/// Reads until `buf` is full or the file ends; returns the bytes read.
+pub fn read_full_at(file: &File, buf: &mut [u8], pos: u64) -> io::Result<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        let Some(rest) = buf.get_mut(done..) else { break };
+        match file.read_at(rest, pos + done as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}
+
+/// What the reader found at its position.
+#[derive(Debug)]
+pub enum Next<'a> {
+    /// A valid record starting at `position`.
+    Record { position: u64, record: RecordView<'a> },
+    /// The data ends here: `None` exactly at the end of the file (or the reader's
+    /// limit), else the reason the bytes at that position are not a record.
+    End(Option<RecordError>),
+}
+
+/// Sequential reader of the records in one log file, from a start position up to a
+/// limit, using large positional reads.
+#[derive(Debug)]
+pub struct RecordReader<'f> {
+    file: &'f File,
+    generation: u64,
+    /// Absolute position of `buf[0]`.
+    buf_pos: u64,
+    buf: Vec<u8>,
+    /// Bytes of `buf` consumed.
+    used: usize,
+    /// Position where reading stops (normally the file length).
+    limit: u64,
+    window: usize,
+}
+
+impl<'f> RecordReader<'f> {
+    /// A reader starting at `start` and stopping at `limit` (the file's length, or the
+    /// durable end of an active segment).
+    pub fn new(file: &'f File, generation: u64, start: u64, limit: u64) -> Self {
+        Self::with_window(file, generation, start, limit, SCAN_WINDOW_BYTES)
+    }
+
+    /// Like [`RecordReader::new`] with a chosen read size.
+    pub fn with_window(file: &'f File, generation: u64, start: u64, limit: u64, window: usize) -> Self {
+        RecordReader { file, generation, buf_pos: start, buf: Vec::new(), used: 0, limit, window: window.max(64) }
+    }
+
+    /// Position of the next record to be read.
+    pub fn position(&self) -> u64 {
+        self.buf_pos + self.used as u64
+    }
+
+    /// Reads the next record, or says why the data ends.
+    pub fn next_record(&mut self) -> io::Result<Next<'_>> {
+        loop {
+            let pos = self.position();
+            if pos >= self.limit {
+                return Ok(Next::End(None));
+            }
+            let avail = self.buf.get(self.used..).unwrap_or(&[]);
+            match decode_record(avail, pos, self.generation) {
+                Ok(_) => break,
+                Err(RecordError::Truncated { needed, .. }) if self.buf_pos + self.buf.len() as u64 == self.limit => {
+                    let available = self.limit - pos;
+                    return Ok(Next::End(Some(RecordError::Truncated { position: pos, needed, available })));
+                }
+                Err(RecordError::Truncated { needed, .. }) => self.refill(needed as usize)?,
+                // Fewer than 4 zero bytes buffered: read on before calling it the end.
+                Err(RecordError::Zero { .. }) if avail.len() < LEN_FIELD && !self.at_limit() => self.refill(LEN_FIELD)?,
+                Err(e) => return Ok(Next::End(Some(e))),
+            }
+        }
+        let pos = self.position();
+        let avail = self.buf.get(self.used..).unwrap_or(&[]);
+        match decode_record(avail, pos, self.generation) {
+            Ok(record) => {
+                self.used += record.encoded_len;
+                Ok(Next::Record { position: pos, record })
+            }
+            Err(e) => Ok(Next::End(Some(e))),
+        }
+    }
+
+    fn at_limit(&self) -> bool {
+        self.buf_pos + self.buf.len() as u64 >= self.limit
+    }
+
+    /// Drops consumed bytes and reads until at least `needed` bytes are buffered (or
+    /// the limit is reached). `needed` is bounded by the record length check.
+    fn refill(&mut self, needed: usize) -> io::Result<()> {
+        let needed = needed.min(RECORD_BUFFER_MAX);
+        self.buf.drain(..self.used.min(self.buf.len()));
+        self.buf_pos += self.used as u64;
+        self.used = 0;
+        let end = self.buf_pos + self.buf.len() as u64;
+        let room = self.limit.saturating_sub(end);
+        let want = needed.max(self.window).saturating_sub(self.buf.len());
+        let want = usize::try_from((want as u64).min(room)).unwrap_or(0);
+        if want == 0 {
+            return Ok(());
+        }
+        let old = self.buf.len();
+        self.buf.resize(old + want, 0);
+        let n = read_full_at(self.file, self.buf.get_mut(old..).unwrap_or(&mut []), end)?;
+        self.buf.truncate(old + n);
+        if n < want {
+            // The file is shorter than the limit said: stop there.
+            self.limit = self.buf_pos + self.buf.len() as u64;
+        }
+        Ok(())
+    }
+}
+
+/// Why a scan stopped before the end of the file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ScanEnd {
+    /// The data ends exactly at the end of the file.
+    Eof,
+    /// The bytes at the record's position are not a valid record.
+    Record(RecordError),
+    /// A valid record whose offset does not increase (or is below the base offset).
+    OffsetOrder { position: u64, offset: u64, previous: Option<u64>, base_offset: u64 },
+}
+
+impl ScanEnd {
+    /// Position where the valid data ends, if not at EOF.
+    pub fn position(&self) -> Option<u64> {
+        match self {
+            ScanEnd::Eof => None,
+            ScanEnd::Record(e) => Some(e.position()),
+            ScanEnd::OffsetOrder { position, .. } => Some(*position),
+        }
+    }
+
+    /// Stable machine-readable name.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ScanEnd::Eof => "eof",
+            ScanEnd::Record(e) => e.kind(),
+            ScanEnd::OffsetOrder { .. } => "offset_out_of_order",
+        }
+    }
+
+    /// One-line description.
+    pub fn detail(&self) -> String {
+        match self {
+            ScanEnd::Eof => "data ends at the end of the file".into(),
+            ScanEnd::Record(e) => e.to_string(),
+            ScanEnd::OffsetOrder { position, offset, previous: Some(p), .. } => {
+                format!("record at position {position} has offset {offset}, not above the previous offset {p}")
+            }
+            ScanEnd::OffsetOrder { position, offset, previous: None, base_offset } => {
+                format!("record at position {position} has offset {offset}, below the segment's base offset {base_offset}")
+            }
+        }
+    }
+
+    /// True for a tail a writer may legally leave after its data: zeros (unwritten
+    /// or preallocated space) or records of an older generation of a reused file.
+    pub fn is_benign_tail(&self) -> bool {
+        matches!(self, ScanEnd::Record(RecordError::Zero { .. } | RecordError::StaleGeneration { .. }))
+    }
+}
+
+/// What a full scan of a segment found.
+#[derive(Clone, Debug)]
+pub struct ScanSummary {
+    pub records: u64,
+    pub first_offset: Option<u64>,
+    pub last_offset: Option<u64>,
+    /// Newest record timestamp seen.
+    pub max_timestamp_ms: Option<i64>,
+    /// Position just past the last valid record.
+    pub data_end: u64,
+    pub file_len: u64,
+    /// True when offsets inside the segment skip (compaction happened).
+    pub has_gaps: bool,
+    pub end: ScanEnd,
+    /// The index the rule gives for the valid records.
+    pub index: Vec<IndexEntry>,
+}
+
+/// Scans a segment from its first record to the end of its valid data, calling
+/// `visit` for each record, and building the index the rule gives. Stops at the first
+/// position that does not hold a valid record with an increasing offset.
+pub fn scan_segment(
+    file: &File,
+    header: &SegmentHeader,
+    file_len: u64,
+    mut visit: impl FnMut(u64, &RecordView<'_>),
+) -> io::Result<ScanSummary> {
+    let mut reader = RecordReader::new(file, header.generation, HEADER_LEN as u64, file_len);
+    let mut builder = IndexBuilder::new();
+    let mut s = ScanSummary {
+        records: 0,
+        first_offset: None,
+        last_offset: None,
+        max_timestamp_ms: None,
+        data_end: (HEADER_LEN as u64).min(file_len),
+        file_len,
+        has_gaps: false,
+        end: ScanEnd::Eof,
+        index: Vec::new(),
+    };
+    loop {
+        match reader.next_record()? {
+            Next::Record { position, record } => {
+                let in_order = match s.last_offset {
+                    Some(prev) => record.offset > prev,
+                    None => record.offset >= header.base_offset,
+                };
+                if !in_order {
+                    s.end = ScanEnd::OffsetOrder {
+                        position,
+                        offset: record.offset,
+                        previous: s.last_offset,
+                        base_offset: header.base_offset,
+                    };
+                    break;
+                }
+                if let Some(prev) = s.last_offset {
+                    s.has_gaps |= record.offset != prev + 1;
+                }
+                if let Some(e) = builder.observe(header.base_offset, record.offset, position) {
+                    s.index.push(e);
+                }
+                visit(position, &record);
+                s.records += 1;
+                s.first_offset.get_or_insert(record.offset);
+                s.last_offset = Some(record.offset);
+                s.max_timestamp_ms = Some(s.max_timestamp_ms.map_or(record.timestamp_ms, |t| t.max(record.timestamp_ms)));
+                s.data_end = position + record.encoded_len as u64;
+            }
+            Next::End(None) => break,
+            Next::End(Some(e)) => {
+                s.end = ScanEnd::Record(e);
+                break;
+            }
+        }
+    }
+    Ok(s)
+}
+
+/// True when every byte of the file in `from..to` is zero.
+pub fn range_is_zero(file: &File, from: u64, to: u64) -> io::Result<bool> {
+    let mut buf = vec![0u8; SCAN_WINDOW_BYTES];
+    let mut pos = from;
+    while pos < to {
+        let want = usize::try_from((to - pos).min(buf.len() as u64)).unwrap_or(buf.len());
+        let chunk = buf.get_mut(..want).unwrap_or(&mut []);
+        let n = read_full_at(file, chunk, pos)?;
+        if n == 0 {
+            break;
+        }
+        if chunk.get(..n).unwrap_or(&[]).iter().any(|&b| b != 0) {
+            return Ok(false);
+        }
+        pos += n as u64;
+    }
+    Ok(true)
+}
+
+/// Opens a log file read-only and returns it with its length.
+pub fn open_log(path: &Path) -> io::Result<(File, u64)> {
+    let file = File::open(path)?;
+    let len = file.metadata()?.len();
+    Ok((file, len))
+}
+
+#[cfg(test)]
+#[expect(clippy::unwrap_used, clippy::indexing_slicing, reason = "tests")]
+mod tests {
+    use super::*;
+    use crate::format::encode_record;
+    use std::io::Write;
+
+    fn segment(generation: u64, n: u64, value_len: usize) -> Vec<u8> {
+        let mut v = SegmentHeader { base_offset: 10, generation, flags: 0 }.encode().to_vec();
+        for i in 0..n {
+            encode_record(&mut v, 10 + i, i as i64, Some(b"k"), &vec![b'x'; value_len], generation).unwrap();
+        }
+        v
+    }
+
+    fn scan(bytes: &[u8], window: usize) -> (Vec<u64>, ScanEnd) {
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(bytes).unwrap();
+        let h = SegmentHeader::decode(bytes).unwrap();
+        let mut r = RecordReader::with_window(&f, h.generation, 32, bytes.len() as u64, window);
+        let mut offs = Vec::new();
+        loop {
+            match r.next_record().unwrap() {
+                Next::Record { record, .. } => offs.push(record.offset),
+                Next::End(None) => return (offs, ScanEnd::Eof),
+                Next::End(Some(e)) => return (offs, ScanEnd::Record(e)),
+            }
+        }
+    }
+
+    #[test]
+    fn reads_across_windows() {
+        let bytes = segment(0, 50, 300);
+        for window in [64, 100, 333, 4096, 1 << 20] {
+            let (offs, end) = scan(&bytes, window);
+            assert_eq!(offs, (10..60).collect::<Vec<_>>(), "window {window}");
+            assert_eq!(end, ScanEnd::Eof);
+        }
+    }
+
+    #[test]
+    fn classifies_tails() {
+        let good = segment(2, 5, 10);
+        let mut zeros = good.clone();
+        zeros.extend_from_slice(&[0; 100]);
+        assert!(matches!(scan(&zeros, 64).1, ScanEnd::Record(RecordError::Zero { .. })));
+        let mut torn = good.clone();
+        torn.extend_from_slice(&segment(2, 1, 10)[32..40]);
+        assert!(matches!(scan(&torn, 64).1, ScanEnd::Record(RecordError::Truncated { .. })));
+        let mut stale = good.clone();
+        encode_record(&mut stale, 99, 0, None, b"old", 1).unwrap();
+        assert!(matches!(scan(&stale, 64).1, ScanEnd::Record(RecordError::StaleGeneration { writer_generation: 1, .. })));
+        let mut short_zero = good.clone();
+        short_zero.extend_from_slice(&[0, 0]);
+        assert!(matches!(scan(&short_zero, 64).1, ScanEnd::Record(RecordError::Zero { .. })));
+    }
+
+    #[test]
+    fn scan_segment_builds_the_index_and_checks_order() {
+        let bytes = segment(0, 100, 200);
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(&bytes).unwrap();
+        let h = SegmentHeader::decode(&bytes).unwrap();
+        let s = scan_segment(&f, &h, bytes.len() as u64, |_, _| {}).unwrap();
+        assert_eq!((s.records, s.first_offset, s.last_offset, s.end.clone()), (100, Some(10), Some(109), ScanEnd::Eof));
+        assert_eq!(s.data_end, bytes.len() as u64);
+        assert!(s.index.len() > 3);
+        let mut bad = segment(0, 3, 5);
+        encode_record(&mut bad, 11, 0, None, b"dup", 0).unwrap();
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(&bad).unwrap();
+        let s = scan_segment(&f, &h, bad.len() as u64, |_, _| {}).unwrap();
+        assert!(matches!(s.end, ScanEnd::OffsetOrder { offset: 11, previous: Some(12), .. }));
+        assert_eq!(s.records, 3);
+    }
+}
