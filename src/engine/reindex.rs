@@ -143,7 +143,7 @@ fn plan_segment(seg: &SegmentCheck, all: bool) -> io::Result<SegmentPlan> {
         IndexState::Valid => return Ok(plan),
         IndexState::NotChecked => {
             plan.action = Action::SkipBadHeader;
-            return plan;
+            return Ok(plan);
         }
     };
     let bytes = index_bytes(&scan.index);
