@@ -66,7 +66,10 @@ fn snapshot(dir: &Path) -> Snapshot {
                 stack.push(p);
             } else {
                 let m = fs::metadata(&p).unwrap();
-                out.insert(p.clone(), (Some(fs::read(&p).unwrap()), m.modified().unwrap()));
+                out.insert(
+                    p.clone(),
+                    (Some(fs::read(&p).unwrap()), m.modified().unwrap()),
+                );
             }
         }
     }
@@ -76,7 +79,11 @@ fn snapshot(dir: &Path) -> Snapshot {
 fn assert_unchanged(before: &Snapshot, dir: &Path, what: &str) {
     let after = snapshot(dir);
     let names = |s: &Snapshot| s.keys().cloned().collect::<Vec<_>>();
-    assert_eq!(names(before), names(&after), "{what}: the file list changed");
+    assert_eq!(
+        names(before),
+        names(&after),
+        "{what}: the file list changed"
+    );
     for (p, (bytes, mtime)) in before {
         let (b2, m2) = &after[p];
         assert!(bytes == b2, "{what}: {} changed", p.display());
@@ -104,7 +111,18 @@ fn verify_json(data: &Path, extra: &[&str]) -> (i32, Value) {
 }
 
 /// Every problem of a verify report: (kind, severity, path, position, offset).
-fn problems(v: &Value) -> Vec<(String, String, String, Option<u64>, Option<u64>)> {
+/// (kind, severity, path, position, offset)
+type Found = (String, String, String, Option<u64>, Option<u64>);
+/// (kind, severity, file in the partition, position, offset)
+type Expected = (
+    &'static str,
+    &'static str,
+    &'static str,
+    Option<u64>,
+    Option<u64>,
+);
+
+fn problems(v: &Value) -> Vec<Found> {
     let mut all: Vec<&Value> = v["problems"].as_array().unwrap().iter().collect();
     for s in v["segments"].as_array().unwrap() {
         all.extend(s["problems"].as_array().unwrap());
@@ -132,7 +150,7 @@ struct Case {
     exit: i32,
     severity: &'static str,
     /// (kind, severity, file in the partition, position, offset)
-    problems: &'static [(&'static str, &'static str, &'static str, Option<u64>, Option<u64>)],
+    problems: &'static [Expected],
     /// `verify --quick` exit code.
     quick_exit: i32,
     /// `reindex --check` exit code.
@@ -152,7 +170,13 @@ const CASES: &[Case] = &[
         name: "torn-tail",
         exit: 1,
         severity: "repairable",
-        problems: &[("torn_tail", "repairable", "00000000000000000060.log", Some(1559), Some(70))],
+        problems: &[(
+            "torn_tail",
+            "repairable",
+            "00000000000000000060.log",
+            Some(1559),
+            Some(70),
+        )],
         quick_exit: 1,
         reindex_check_exit: 0,
     },
@@ -160,7 +184,13 @@ const CASES: &[Case] = &[
         name: "zero-tail",
         exit: 0,
         severity: "clean",
-        problems: &[("zero_tail", "info", "00000000000000000060.log", Some(1559), None)],
+        problems: &[(
+            "zero_tail",
+            "info",
+            "00000000000000000060.log",
+            Some(1559),
+            None,
+        )],
         quick_exit: 0,
         reindex_check_exit: 0,
     },
@@ -168,7 +198,13 @@ const CASES: &[Case] = &[
         name: "stale-tail",
         exit: 0,
         severity: "clean",
-        problems: &[("stale_tail", "info", "00000000000000000060.log", Some(1559), None)],
+        problems: &[(
+            "stale_tail",
+            "info",
+            "00000000000000000060.log",
+            Some(1559),
+            None,
+        )],
         quick_exit: 0,
         reindex_check_exit: 0,
     },
@@ -176,7 +212,13 @@ const CASES: &[Case] = &[
         name: "bit-flip-sealed",
         exit: 2,
         severity: "corrupt",
-        problems: &[("crc_mismatch", "corrupt", "00000000000000000000.log", Some(1489), Some(10))],
+        problems: &[(
+            "crc_mismatch",
+            "corrupt",
+            "00000000000000000000.log",
+            Some(1489),
+            Some(10),
+        )],
         // The startup check trusts a sealed segment whose index, first record and
         // tail agree: a flip in its middle is only found by a full read.
         quick_exit: 0,
@@ -186,7 +228,13 @@ const CASES: &[Case] = &[
         name: "missing-index",
         exit: 1,
         severity: "repairable",
-        problems: &[("missing_index", "repairable", "00000000000000000000.index", None, None)],
+        problems: &[(
+            "missing_index",
+            "repairable",
+            "00000000000000000000.index",
+            None,
+            None,
+        )],
         quick_exit: 1,
         reindex_check_exit: 1,
     },
@@ -194,7 +242,13 @@ const CASES: &[Case] = &[
         name: "wrong-index-entry",
         exit: 1,
         severity: "repairable",
-        problems: &[("wrong_index_entry", "repairable", "00000000000000000000.index", Some(16), None)],
+        problems: &[(
+            "wrong_index_entry",
+            "repairable",
+            "00000000000000000000.index",
+            Some(16),
+            None,
+        )],
         quick_exit: 1,
         reindex_check_exit: 1,
     },
@@ -202,7 +256,13 @@ const CASES: &[Case] = &[
         name: "partial-index-entry",
         exit: 1,
         severity: "repairable",
-        problems: &[("partial_index_entry", "repairable", "00000000000000000060.index", Some(16), None)],
+        problems: &[(
+            "partial_index_entry",
+            "repairable",
+            "00000000000000000060.index",
+            Some(16),
+            None,
+        )],
         quick_exit: 1,
         reindex_check_exit: 1,
     },
@@ -210,7 +270,13 @@ const CASES: &[Case] = &[
         name: "leftover-temp",
         exit: 1,
         severity: "repairable",
-        problems: &[("leftover_temp_file", "repairable", "00000000000000000030.index.tmp", None, None)],
+        problems: &[(
+            "leftover_temp_file",
+            "repairable",
+            "00000000000000000030.index.tmp",
+            None,
+            None,
+        )],
         quick_exit: 1,
         reindex_check_exit: 0,
     },
@@ -219,9 +285,27 @@ const CASES: &[Case] = &[
         exit: 1,
         severity: "repairable",
         problems: &[
-            ("leftover_temp_file", "repairable", "00000000000000000000.index.tmp", None, None),
-            ("leftover_temp_file", "repairable", "00000000000000000000.log.tmp", None, None),
-            ("unfinished_compaction", "repairable", "compaction.marker", Some(0), None),
+            (
+                "leftover_temp_file",
+                "repairable",
+                "00000000000000000000.index.tmp",
+                None,
+                None,
+            ),
+            (
+                "leftover_temp_file",
+                "repairable",
+                "00000000000000000000.log.tmp",
+                None,
+                None,
+            ),
+            (
+                "unfinished_compaction",
+                "repairable",
+                "compaction.marker",
+                Some(0),
+                None,
+            ),
         ],
         quick_exit: 1,
         // reindex leaves a partition with a marker alone, and says so with 1.
@@ -231,7 +315,13 @@ const CASES: &[Case] = &[
         name: "bad-header-newest",
         exit: 2,
         severity: "corrupt",
-        problems: &[("bad_header", "corrupt", "00000000000000000060.log", Some(28), Some(60))],
+        problems: &[(
+            "bad_header",
+            "corrupt",
+            "00000000000000000060.log",
+            Some(28),
+            Some(60),
+        )],
         quick_exit: 2,
         reindex_check_exit: 0,
     },
@@ -239,7 +329,13 @@ const CASES: &[Case] = &[
         name: "unwritten-newest",
         exit: 1,
         severity: "repairable",
-        problems: &[("never_durable_segment", "repairable", "00000000000000000070.log", Some(0), None)],
+        problems: &[(
+            "never_durable_segment",
+            "repairable",
+            "00000000000000000070.log",
+            Some(0),
+            None,
+        )],
         quick_exit: 1,
         reindex_check_exit: 0,
     },
@@ -247,7 +343,13 @@ const CASES: &[Case] = &[
         name: "unfinished-seal",
         exit: 1,
         severity: "repairable",
-        problems: &[("unfinished_seal", "repairable", "00000000000000000030.log", Some(4565), None)],
+        problems: &[(
+            "unfinished_seal",
+            "repairable",
+            "00000000000000000030.log",
+            Some(4565),
+            None,
+        )],
         quick_exit: 1,
         reindex_check_exit: 0,
     },
@@ -255,7 +357,13 @@ const CASES: &[Case] = &[
         name: "missing-middle-segment",
         exit: 2,
         severity: "corrupt",
-        problems: &[("segments_do_not_join", "corrupt", "00000000000000000060.log", Some(32), Some(30))],
+        problems: &[(
+            "segments_do_not_join",
+            "corrupt",
+            "00000000000000000060.log",
+            Some(32),
+            Some(30),
+        )],
         quick_exit: 2,
         reindex_check_exit: 0,
     },
@@ -295,13 +403,7 @@ fn verify_finds_each_fixtures_problem_and_changes_nothing() {
             .problems
             .iter()
             .map(|(k, s, f, pos, off)| {
-                (
-                    k.to_string(),
-                    s.to_string(),
-                    format!("{P}{f}"),
-                    *pos,
-                    *off,
-                )
+                (k.to_string(), s.to_string(), format!("{P}{f}"), *pos, *off)
             })
             .collect();
         assert_eq!(problems(&v), want, "{}: problems", c.name);
@@ -313,7 +415,11 @@ fn verify_finds_each_fixtures_problem_and_changes_nothing() {
         assert_eq!(code, c.exit, "{}: human verify exit", c.name);
         assert!(out.contains("segment") && out.contains("status"), "{out}");
         for (kind, ..) in c.problems {
-            assert!(out.contains(kind), "{}: human output lacks {kind}:\n{out}", c.name);
+            assert!(
+                out.contains(kind),
+                "{}: human output lacks {kind}:\n{out}",
+                c.name
+            );
         }
         assert_unchanged(&before, &data, &format!("verify --quick {}", c.name));
     }
@@ -326,7 +432,10 @@ fn dump_reports_the_same_problems_and_changes_nothing() {
         let before = snapshot(&data);
         let (code, out, err) = run(&["dump", "--json", data.to_str().unwrap()], &data);
         assert_eq!(code, c.exit, "{}: dump exit ({err})", c.name);
-        let lines: Vec<Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        let lines: Vec<Value> = out
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
         for (kind, sev, file, pos, _) in c.problems {
             assert!(
                 lines.iter().any(|l| l["type"] == "problem"
@@ -341,7 +450,10 @@ fn dump_reports_the_same_problems_and_changes_nothing() {
         // Records come in offset order within each partition.
         let mut last: BTreeMap<(String, u64), u64> = BTreeMap::new();
         for l in lines.iter().filter(|l| l["type"] == "record") {
-            let key = (l["topic"].as_str().unwrap().to_string(), l["partition"].as_u64().unwrap());
+            let key = (
+                l["topic"].as_str().unwrap().to_string(),
+                l["partition"].as_u64().unwrap(),
+            );
             let off = l["offset"].as_u64().unwrap();
             if let Some(prev) = last.insert(key, off) {
                 assert!(off > prev, "{}: offset {off} after {prev}", c.name);
@@ -350,7 +462,15 @@ fn dump_reports_the_same_problems_and_changes_nothing() {
         let (code, _, _) = run(&["dump", data.to_str().unwrap()], &data);
         assert_eq!(code, c.exit, "{}: human dump exit", c.name);
         let (code, _, _) = run(
-            &["dump", "--json", "--index", "--header", "--bytes", "base64", data.to_str().unwrap()],
+            &[
+                "dump",
+                "--json",
+                "--index",
+                "--header",
+                "--bytes",
+                "base64",
+                data.to_str().unwrap(),
+            ],
             &data,
         );
         assert_eq!(code, c.exit, "{}: dump --index --header exit", c.name);
@@ -365,7 +485,10 @@ fn reindex_check_changes_nothing() {
         let before = snapshot(&data);
         let (code, out, err) = run(&["reindex", "--check", data.to_str().unwrap()], &data);
         assert_eq!(code, c.reindex_check_exit, "{}: {out} {err}", c.name);
-        let (code, out, _) = run(&["reindex", "--check", "--json", data.to_str().unwrap()], &data);
+        let (code, out, _) = run(
+            &["reindex", "--check", "--json", data.to_str().unwrap()],
+            &data,
+        );
         assert_eq!(code, c.reindex_check_exit, "{}", c.name);
         let _: Value = serde_json::from_str(&out).unwrap();
         assert_unchanged(&before, &data, &format!("reindex --check {}", c.name));
@@ -378,7 +501,10 @@ fn dump_of_the_clean_fixture() {
     let data = fixture("clean");
     let (code, out, err) = run(&["dump", "--json", data.to_str().unwrap()], &data);
     assert_eq!((code, err.as_str()), (0, ""));
-    let records: Vec<Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let records: Vec<Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     assert_eq!(records.len(), 70 + 12 + 60);
     assert!(records.iter().all(|r| r["type"] == "record"));
     let first = &records[0];
@@ -407,10 +533,17 @@ fn dump_from_to_limit_cross_segments() {
         let (code, out, _) = run(&a, &data);
         assert_eq!(code, 0);
         out.lines()
-            .map(|l| serde_json::from_str::<Value>(l).unwrap()["offset"].as_u64().unwrap())
+            .map(|l| {
+                serde_json::from_str::<Value>(l).unwrap()["offset"]
+                    .as_u64()
+                    .unwrap()
+            })
             .collect()
     };
-    assert_eq!(offsets(&["--from", "25", "--to", "35"]), (25..=35).collect::<Vec<_>>());
+    assert_eq!(
+        offsets(&["--from", "25", "--to", "35"]),
+        (25..=35).collect::<Vec<_>>()
+    );
     assert_eq!(offsets(&["--from", "29", "--limit", "3"]), vec![29, 30, 31]);
     assert_eq!(offsets(&["--from", "65"]), (65..70).collect::<Vec<_>>());
     assert_eq!(offsets(&["--to", "2"]), vec![0, 1, 2]);
@@ -425,12 +558,30 @@ fn dump_from_to_limit_cross_segments() {
 #[test]
 fn dump_index_and_header_lines() {
     let data = fixture("clean").join("topics/events/0");
-    let (code, out, _) = run(&["dump", "--json", "--index", "--header", data.to_str().unwrap()], &data);
+    let (code, out, _) = run(
+        &[
+            "dump",
+            "--json",
+            "--index",
+            "--header",
+            data.to_str().unwrap(),
+        ],
+        &data,
+    );
     assert_eq!(code, 0);
-    let lines: Vec<Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let lines: Vec<Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     let count = |t: &str| lines.iter().filter(|l| l["type"] == t).count();
-    assert_eq!((count("header"), count("index"), count("record")), (3, 5, 70));
-    let h = lines.iter().find(|l| l["type"] == "header" && l["base_offset"] == 30).unwrap();
+    assert_eq!(
+        (count("header"), count("index"), count("record")),
+        (3, 5, 70)
+    );
+    let h = lines
+        .iter()
+        .find(|l| l["type"] == "header" && l["base_offset"] == 30)
+        .unwrap();
     assert_eq!(h["generation"], 3);
     let idx: Vec<&Value> = lines
         .iter()
@@ -443,10 +594,26 @@ fn dump_index_and_header_lines() {
             && r["offset"] == e["offset"]
             && r["position"] == e["position"]));
     }
-    let (code, out, _) = run(&["dump", "--index", "--header", "--limit", "2", data.to_str().unwrap()], &data);
+    let (code, out, _) = run(
+        &[
+            "dump",
+            "--index",
+            "--header",
+            "--limit",
+            "2",
+            data.to_str().unwrap(),
+        ],
+        &data,
+    );
     assert_eq!(code, 0);
-    assert!(out.starts_with("# header topics/events/0/00000000000000000000.log: version 1"), "{out}");
-    assert!(out.contains("\n0  2023-11-14T22:13:20.000Z  -  event 0: "), "{out}");
+    assert!(
+        out.starts_with("# header topics/events/0/00000000000000000000.log: version 1"),
+        "{out}"
+    );
+    assert!(
+        out.contains("\n0  2023-11-14T22:13:20.000Z  -  event 0: "),
+        "{out}"
+    );
 }
 
 #[test]
@@ -454,7 +621,10 @@ fn dump_goes_on_after_a_corrupt_segment() {
     let data = fixture("bit-flip-sealed");
     let (code, out, _) = run(&["dump", "--json", data.to_str().unwrap()], &data);
     assert_eq!(code, 2);
-    let lines: Vec<Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let lines: Vec<Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     let offsets: Vec<u64> = lines
         .iter()
         .filter(|l| l["type"] == "record")
@@ -470,7 +640,10 @@ fn dump_goes_on_after_a_corrupt_segment() {
     let (code, out, err) = run(&["dump", data.to_str().unwrap()], &data);
     assert_eq!(code, 2);
     assert_eq!(out.lines().count(), 50);
-    assert!(err.contains("crc_mismatch") && err.contains("at byte 1489"), "{err}");
+    assert!(
+        err.contains("crc_mismatch") && err.contains("at byte 1489"),
+        "{err}"
+    );
 }
 
 /// A partition of `n` records of `value_len` bytes, one segment per `per_segment`.
@@ -546,7 +719,13 @@ fn reindex_rebuilds_byte_identical_indexes() {
         assert_eq!(code, 0, "{name}: verify after reindex");
         let tmps: Vec<_> = fs::read_dir(data.join(P))
             .unwrap()
-            .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(".tmp"))
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_string_lossy()
+                    .ends_with(".tmp")
+            })
             .collect();
         assert!(tmps.is_empty(), "{name}: temporary file left");
         // Now nothing would change.
@@ -559,7 +738,10 @@ fn reindex_rebuilds_byte_identical_indexes() {
 fn reindex_all_rewrites_the_same_bytes() {
     let (_tmp, data) = copy("clean");
     let before = snapshot(&data);
-    let (code, out, _) = run(&["reindex", "--all", "--json", data.to_str().unwrap()], &data);
+    let (code, out, _) = run(
+        &["reindex", "--all", "--json", data.to_str().unwrap()],
+        &data,
+    );
     assert_eq!(code, 0);
     let v: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["totals"]["written"], 7);
@@ -578,7 +760,10 @@ fn reindex_of_a_corrupt_sealed_segment_covers_its_readable_records() {
     assert_eq!(code, 0, "{out}");
     let (code, out, _) = run(&["reindex", "--all", data.to_str().unwrap()], &data);
     assert_eq!(code, 0);
-    assert!(out.contains("covers only the readable records before byte 1489"), "{out}");
+    assert!(
+        out.contains("covers only the readable records before byte 1489"),
+        "{out}"
+    );
     // Ten readable records, all within the first 4 KiB: one entry.
     assert_eq!(fs::read(index_of(&data, 0)).unwrap().len(), 16);
 }
@@ -589,7 +774,10 @@ fn reindex_skips_a_segment_whose_header_is_bad_and_a_partition_with_a_marker() {
     let before = snapshot(&data);
     let (code, out, _) = run(&["reindex", "--all", data.to_str().unwrap()], &data);
     assert_eq!(code, 0);
-    assert!(out.contains("00000000000000000060.index: the header of"), "{out}");
+    assert!(
+        out.contains("00000000000000000060.index: the header of"),
+        "{out}"
+    );
     assert_eq!(
         fs::read(index_of(&data, 60)).unwrap(),
         before[&index_of(&data, 60)].0.clone().unwrap()
@@ -611,7 +799,10 @@ fn reindex_refuses_while_the_lock_is_held() {
     let before = snapshot(&data);
     let (code, _, err) = run(&["reindex", data.to_str().unwrap()], &data);
     assert_eq!(code, 73, "{err}");
-    assert!(err.contains(&data.join("LOCK").display().to_string()), "{err}");
+    assert!(
+        err.contains(&data.join("LOCK").display().to_string()),
+        "{err}"
+    );
     assert_eq!(err.lines().count(), 1, "{err}");
     assert_unchanged(&before, &data, "locked reindex");
     // --check works beside a broker.
@@ -638,10 +829,15 @@ fn paths_a_topic_a_partition_and_one_log_file() {
     assert_eq!(code, 0);
     assert_eq!(v["kind"], "topic");
     assert_eq!(v["segments"].as_array().unwrap().len(), 3);
-    assert_eq!(v["segments"][0]["path"], "topics/users/0/00000000000000000000.log");
+    assert_eq!(
+        v["segments"][0]["path"],
+        "topics/users/0/00000000000000000000.log"
+    );
     let (code, v) = verify_json(&clean.join("topics/events/1"), &[]);
     assert_eq!((code, v["kind"].as_str()), (0, Some("partition")));
-    let log = fixture("bit-flip-sealed").join(P).join("00000000000000000000.log");
+    let log = fixture("bit-flip-sealed")
+        .join(P)
+        .join("00000000000000000000.log");
     let (code, v) = verify_json(&log, &[]);
     assert_eq!((code, v["kind"].as_str()), (2, Some("log_file")));
     assert_eq!(v["segments"].as_array().unwrap().len(), 1);
@@ -677,7 +873,14 @@ fn verify_json_shape() {
     let data = fixture("torn-tail");
     let (_, v) = verify_json(&data, &[]);
     let seg = &v["segments"][2];
-    for field in ["path", "first_offset", "last_offset", "records", "bytes", "problems"] {
+    for field in [
+        "path",
+        "first_offset",
+        "last_offset",
+        "records",
+        "bytes",
+        "problems",
+    ] {
         assert!(seg.get(field).is_some(), "segment field {field}");
     }
     assert_eq!(seg["first_offset"], 60);

@@ -31,7 +31,9 @@ struct Rec {
 
 /// Deterministic filler text.
 fn filler(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut x = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     (0..len)
         .map(|_| {
             x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
@@ -220,8 +222,15 @@ fn make(root: &Path) {
     let mut segs = base_partition();
     let next = event(70);
     let mut rec = Vec::new();
-    encode_record(&mut rec, next.offset, next.timestamp_ms, next.key.as_deref(), &next.value, 2)
-        .unwrap();
+    encode_record(
+        &mut rec,
+        next.offset,
+        next.timestamp_ms,
+        next.key.as_deref(),
+        &next.value,
+        2,
+    )
+    .unwrap();
     segs[2].log.extend_from_slice(&rec[..20]);
     events_dir(&d("torn-tail"), &segs, small_segments());
 
@@ -233,8 +242,15 @@ fn make(root: &Path) {
     for i in 0..3u64 {
         // What an earlier life (generation 1) of the reused file held there.
         let r = event(500 + i);
-        encode_record(&mut segs[2].log, r.offset, r.timestamp_ms, r.key.as_deref(), &r.value, 1)
-            .unwrap();
+        encode_record(
+            &mut segs[2].log,
+            r.offset,
+            r.timestamp_ms,
+            r.key.as_deref(),
+            &r.value,
+            1,
+        )
+        .unwrap();
     }
     events_dir(&d("stale-tail"), &segs, small_segments());
 
@@ -257,7 +273,11 @@ fn make(root: &Path) {
     events_dir(&d("partial-index-entry"), &segs, small_segments());
 
     let p = events_dir(&d("leftover-temp"), &base, small_segments());
-    fs::write(p.join(format!("{}.tmp", index_file_name(base[1].base))), &base[1].index).unwrap();
+    fs::write(
+        p.join(format!("{}.tmp", index_file_name(base[1].base))),
+        &base[1].index,
+    )
+    .unwrap();
 
     // Compaction stopped after step 3 (marker durable), before the renames.
     let config = TopicConfig {
@@ -312,7 +332,10 @@ fn tree(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
             if p.is_dir() {
                 stack.push(p);
             } else {
-                out.push((p.strip_prefix(dir).unwrap().to_path_buf(), fs::read(&p).unwrap()));
+                out.push((
+                    p.strip_prefix(dir).unwrap().to_path_buf(),
+                    fs::read(&p).unwrap(),
+                ));
             }
         }
     }
@@ -356,7 +379,11 @@ fn make_fixtures() {
         let names = |t: &[(PathBuf, Vec<u8>)]| t.iter().map(|(p, _)| p.clone()).collect::<Vec<_>>();
         assert_eq!(names(&committed), names(&fresh), "{name}: file list");
         for ((p, a), (_, b)) in committed.iter().zip(fresh.iter()) {
-            assert!(a == b, "{name}/{}: committed bytes differ from the generator", p.display());
+            assert!(
+                a == b,
+                "{name}/{}: committed bytes differ from the generator",
+                p.display()
+            );
         }
     }
 }

@@ -35,7 +35,7 @@ const VALUE_SHOWN_MAX: usize = 80;
 /// Arguments of `seglog dump`.
 #[derive(Debug, clap::Args)]
 #[command(
-    long_about = "Prints records in offset order: one line per record (offset, time, key, value, \
+    after_long_help = "Prints records in offset order: one line per record (offset, time, key, value, \
 shortened), or JSON Lines with --json: {\"type\": \"record\", \"path\", \"position\", \"offset\", \
 \"timestamp_ms\", \"key\", \"value\", \"base_offset\", \"topic\", \"partition\"}; --index adds \
 {\"type\": \"index\"} lines and --header {\"type\": \"header\"} lines. A problem met on the way \
@@ -191,7 +191,9 @@ impl Dumper<'_> {
         let start = self.start_position(seg, index.as_deref());
         drop(index);
         if let Some(end) = self.records(check, seg, &file, &header, start, file_len)? {
-            if let Some(p) = classify_scan_end(&seg.files, seg.active, &file, &end.0, end.1, file_len)? {
+            if let Some(p) =
+                classify_scan_end(&seg.files, seg.active, &file, &end.0, end.1, file_len)?
+            {
                 self.problem(check, &p)?;
             }
         }
@@ -200,7 +202,11 @@ impl Dumper<'_> {
 
     /// The problems the quick check found in a segment that reading it did not meet
     /// again (index problems, a tail past where the dump stopped).
-    fn rest_of_problems(&mut self, check: &PartitionCheck, seg: &SegmentCheck) -> anyhow::Result<()> {
+    fn rest_of_problems(
+        &mut self,
+        check: &PartitionCheck,
+        seg: &SegmentCheck,
+    ) -> anyhow::Result<()> {
         for p in &seg.problems {
             self.problem(check, p)?;
         }
@@ -392,7 +398,9 @@ fn write_record(
         });
         return write_json(out, &v);
     }
-    let key = r.key.map_or_else(|| "-".to_string(), |k| shown(k, KEY_SHOWN_MAX));
+    let key = r
+        .key
+        .map_or_else(|| "-".to_string(), |k| shown(k, KEY_SHOWN_MAX));
     let value = if r.is_tombstone() {
         "(tombstone)".to_string()
     } else {

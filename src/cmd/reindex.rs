@@ -18,7 +18,7 @@ use crate::engine::reindex::{apply, plan_partition, Action, PartitionPlan, Segme
 /// Arguments of `seglog reindex`.
 #[derive(Debug, clap::Args)]
 #[command(
-    long_about = "Rebuilds every missing or invalid index file from its log, through a temporary \
+    after_long_help = "Rebuilds every missing or invalid index file from its log, through a temporary \
 file, fsync, rename and directory fsync. A rebuilt index is byte-identical to the one the \
 writer makes. Takes DATA/LOCK (exit 73 while a broker holds it). A segment whose header is \
 unreadable gets no index; a corrupt sealed segment gets the index of its readable records. \
@@ -215,10 +215,7 @@ fn render_human(
     }
     if !global.quiet || args.check {
         if args.check {
-            writeln!(
-                out,
-                "{changed} index file(s) would change, {kept} valid"
-            )?;
+            writeln!(out, "{changed} index file(s) would change, {kept} valid")?;
         } else {
             writeln!(
                 out,

@@ -21,7 +21,7 @@ pub const PROGRESS_BYTES_MIN: u64 = 256 * 1024 * 1024;
 /// Arguments of `seglog verify`.
 #[derive(Debug, clap::Args)]
 #[command(
-    long_about = "Checks every segment header, record and CRC, every index file, segment \
+    after_long_help = "Checks every segment header, record and CRC, every index file, segment \
 continuity, leftover temporary files and compaction markers. Read-only: opens nothing for \
 writing and may run beside a live broker.\n\n\
 Exit: 0 clean (information such as a zeroed tail after the active segment's data does not \

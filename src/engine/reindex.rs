@@ -300,7 +300,11 @@ mod tests {
         assert_eq!(apply(&RealStorage, &p).unwrap(), 2);
         assert_eq!(fs::read(&idx0).unwrap(), want0);
         assert_eq!(fs::read(&idx1).unwrap(), want1);
-        assert_eq!(fs::read_dir(d.path()).unwrap().count(), 4, "no temp file left");
+        assert_eq!(
+            fs::read_dir(d.path()).unwrap().count(),
+            4,
+            "no temp file left"
+        );
         let p = plan(d.path(), true);
         assert!(p
             .segments
