@@ -901,3 +901,24 @@ fn verify_json_shape() {
     assert!(serde_json::from_str::<Value>(&out).is_ok());
     let _ = std::io::stdout().flush();
 }
+
+#[test]
+fn a_corrupt_segment_is_not_also_reported_as_a_gap() {
+    // A bad header in the middle segment: its offsets are unreadable, which is the
+    // one problem; the offsets "missing" around it are not a second one.
+    let (_tmp, data) = copy("clean");
+    let log = data.join(P).join("00000000000000000030.log");
+    let mut bytes = fs::read(&log).unwrap();
+    bytes[0] = b'X';
+    fs::write(&log, &bytes).unwrap();
+    let (code, v) = verify_json(&data, &[]);
+    assert_eq!(code, 2);
+    let found = problems(&v);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0].0, "bad_header");
+    assert_eq!(found[0].3, Some(0));
+    // A real gap after a clean segment is still reported.
+    let (_tmp2, data) = copy("missing-middle-segment");
+    let (_, v) = verify_json(&data, &[]);
+    assert_eq!(problems(&v)[0].0, "segments_do_not_join");
+}
