@@ -369,9 +369,45 @@ impl Dumper<'_> {
     }
 }
 
+/// Writes one JSON line with its `"type"` first (the other fields follow in name
+/// order).
 fn write_json(out: &mut impl Write, v: &serde_json::Value) -> io::Result<()> {
-    serde_json::to_writer(&mut *out, v)?;
-    out.write_all(b"\n")
+    let Some(map) = v.as_object() else {
+        serde_json::to_writer(&mut *out, v)?;
+        return out.write_all(b"\n");
+    };
+    out.write_all(b"{")?;
+    let mut first = true;
+    let typed = map.get_key_value("type");
+    for (k, val) in typed
+        .into_iter()
+        .chain(map.iter().filter(|(k, _)| *k != "type"))
+    {
+        if !first {
+            out.write_all(b",")?;
+        }
+        first = false;
+        serde_json::to_writer(&mut *out, k)?;
+        out.write_all(b":")?;
+        serde_json::to_writer(&mut *out, val)?;
+    }
+    out.write_all(b"}\n")
+}
+
+/// A record line, its fields in the documented order.
+#[derive(serde::Serialize)]
+struct RecordLine<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    topic: Option<&'a str>,
+    partition: Option<u32>,
+    path: &'a str,
+    base_offset: u64,
+    position: u64,
+    offset: u64,
+    timestamp_ms: i64,
+    key: serde_json::Value,
+    value: serde_json::Value,
 }
 
 fn write_record(
@@ -384,19 +420,20 @@ fn write_record(
     r: &RecordView<'_>,
 ) -> io::Result<()> {
     if args.json {
-        let v = json!({
-            "type": "record",
-            "topic": check.partition.topic,
-            "partition": check.partition.partition,
-            "path": path,
-            "base_offset": base_offset,
-            "position": position,
-            "offset": r.offset,
-            "timestamp_ms": r.timestamp_ms,
-            "key": args.bytes.json(r.key),
-            "value": args.bytes.json(Some(r.value)),
-        });
-        return write_json(out, &v);
+        let line = RecordLine {
+            kind: "record",
+            topic: check.partition.topic.as_deref(),
+            partition: check.partition.partition,
+            path,
+            base_offset,
+            position,
+            offset: r.offset,
+            timestamp_ms: r.timestamp_ms,
+            key: args.bytes.json(r.key),
+            value: args.bytes.json(Some(r.value)),
+        };
+        serde_json::to_writer(&mut *out, &line)?;
+        return out.write_all(b"\n");
     }
     let key = r
         .key
