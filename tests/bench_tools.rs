@@ -6,7 +6,8 @@
 //! `cat` of the segment files into /dev/null, `seglog verify`, `seglog verify --quick`
 //! and `seglog dump --json`; and the peak RSS of verify and dump on 64 MiB and 512 MiB,
 //! which must stay flat as the data grows. Set `SEGLOG_BENCH_DIR` to build the data
-//! somewhere other than the system temporary directory.
+//! somewhere other than the system temporary directory, and `SEGLOG_BENCH_KEEP=1` to
+//! keep it afterwards (to profile a tool on it).
 
 use std::fs::{self, File};
 use std::io::{BufWriter, Write};
@@ -145,7 +146,7 @@ fn verify_and_dump_speed_and_memory() {
     measure("cat", &log_args);
     measure(seglog, &["verify", big_s]);
 
-    let n = 3;
+    let n = 5;
     let cat = best(n, "cat", &log_args);
     let verify = best(n, seglog, &["verify", big_s]);
     let quick = best(n, seglog, &["verify", "--quick", big_s]);
@@ -188,4 +189,7 @@ fn verify_and_dump_speed_and_memory() {
         "  dump --json        {:>10} {:>10}",
         d_small.max_rss_kb, dump.max_rss_kb
     );
+    if std::env::var_os("SEGLOG_BENCH_KEEP").is_some_and(|v| v == "1") {
+        println!("data kept in {} (for profiling)", tmp.keep().display());
+    }
 }
