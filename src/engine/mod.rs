@@ -5,3 +5,5 @@
 pub mod io;
 pub mod lock;
 pub mod segment;
+pub mod broker;
+pub mod error;
