@@ -7,3 +7,4 @@ pub mod lock;
 pub mod segment;
 pub mod broker;
 pub mod error;
+pub mod log;
