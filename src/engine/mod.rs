@@ -2,7 +2,9 @@
 //! compaction, the partition log, topics, and the broker with its network server.
 //! Everything that touches the disk goes through [`io::Storage`] for mutations.
 
+pub mod check;
 pub mod io;
+pub mod layout;
 pub mod lock;
 pub mod segment;
 pub mod broker;
