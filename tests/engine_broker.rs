@@ -167,7 +167,7 @@ fn on_disk_index_follows_the_rule() {
     let mut checked = 0;
     for e in fs::read_dir(&pdir).unwrap() {
         let path = e.unwrap().path();
-        if !path.extension().is_some_and(|e| e == "log") {
+        if path.extension().is_none_or(|e| e != "log") {
             continue;
         }
         let (file, len) = open_log(&path).unwrap();
