@@ -86,6 +86,26 @@ fn a_failed_fsync_poisons_the_partition() {
 }
 
 #[test]
+fn a_failed_fsync_at_open_leaves_the_partition_unavailable() {
+    let dir = tempfile::tempdir().unwrap();
+    setup(dir.path(), 2);
+    let failing = FailingStorage::new(real(), 1, FailOn::Sync, false);
+    let b = Broker::open(dir.path(), Arc::new(failing), BrokerOptions::default()).unwrap();
+    assert!(b.startup_report().iter().any(|l| l.contains("t/0")));
+    let r = b.produce("t", 0, &[rec(b"a")]);
+    assert!(
+        matches!(
+            r,
+            Err(EngineError::PartitionUnavailable { partition: 0, .. })
+        ),
+        "{r:?}"
+    );
+    assert_eq!(b.produce("t", 1, &[rec(b"b")]).unwrap().base_offset, 0);
+    let d = b.describe_topic("t").unwrap();
+    assert!(d.partitions[0].error.is_some() && d.partitions[1].error.is_none());
+}
+
+#[test]
 fn a_failed_background_fsync_poisons_the_partition() {
     let dir = tempfile::tempdir().unwrap();
     setup(dir.path(), 1);

@@ -22,13 +22,12 @@ use std::time::{Duration, Instant};
 
 pub use super::error::EngineError;
 use super::io::{write_file_atomic, Storage, StorageRef};
+use super::layout::{self, LayoutError};
 use super::lock::{DirLock, LockError};
 use super::log::{create_first_segment, Closed, LogStats, PartitionLog};
 pub use super::log::{FetchChunk, NewRecord};
 use crate::format::names::{validate_name, TOPICS_DIR, TOPIC_FILE};
-use crate::format::topic::{
-    TopicConfig, TopicError, TopicMeta, PARTITIONS_MAX, TOPIC_FILE_BYTES_MAX,
-};
+use crate::format::topic::{TopicConfig, TopicError, TopicMeta, PARTITIONS_MAX};
 
 /// Suffix of a topic directory being built (not a valid topic name).
 const CREATING_SUFFIX: &str = "~new";
@@ -323,23 +322,17 @@ fn list_dir(dir: &Path) -> Result<Vec<(String, PathBuf)>, EngineError> {
     Ok(out)
 }
 
-/// Reads and validates `dir/topic.json`.
+/// Reads and validates `dir/topic.json` (through the layout module, the one reader).
 fn read_topic_meta(dir: &Path) -> Result<TopicMeta, EngineError> {
     let path = dir.join(TOPIC_FILE);
-    let ctx = || format!("reading {}", path.display());
-    let len = fs::metadata(&path)
-        .map_err(|e| EngineError::io(ctx(), e))?
-        .len();
-    if len > TOPIC_FILE_BYTES_MAX as u64 {
-        return Err(EngineError::Corrupt {
+    layout::read_topic_meta(&path).map_err(|e| match e {
+        LayoutError::Io { path, source } => {
+            EngineError::io(format!("reading {}", path.display()), source)
+        }
+        other => EngineError::Corrupt {
             path,
-            detail: format!("{len} bytes, more than {TOPIC_FILE_BYTES_MAX}"),
-        });
-    }
-    let bytes = fs::read(&path).map_err(|e| EngineError::io(ctx(), e))?;
-    TopicMeta::decode(&bytes).map_err(|e| EngineError::Corrupt {
-        path,
-        detail: e.to_string(),
+            detail: other.to_string(),
+        },
     })
 }
 
@@ -563,6 +556,11 @@ impl Broker {
             .unwrap_or_default();
         let doomed = self.topics_dir.join(format!("{name}{DELETING_SUFFIX}"));
         let ctx = |what: &str| format!("deleting topic {name}: {what}");
+        if doomed.exists() {
+            // A leftover of an earlier delete whose removal failed.
+            s.remove_dir_all(&doomed)
+                .map_err(|e| EngineError::io(ctx("removing an earlier leftover"), e))?;
+        }
         // 1.
         s.rename(dir, &doomed)
             .map_err(|e| EngineError::io(ctx("renaming its directory"), e))?;
