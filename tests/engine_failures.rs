@@ -475,10 +475,10 @@ fn model_run(seed: u64) {
     let mut rng = Rng(seed | 1);
     let mut b = Broker::open(dir.path(), real(), BrokerOptions::default()).unwrap();
     let mut config = TopicConfig::default();
-    config.set("segment_bytes", "2048").unwrap();
+    config.set("segment_bytes", "4096").unwrap();
     b.create_topic("m", 2, config).unwrap();
     let mut model: Model = vec![Vec::new(), Vec::new()];
-    for step in 0..300 {
+    for step in 0..200 {
         let p = rng.below(2) as u32;
         match rng.below(10) {
             0..=4 => {
@@ -549,7 +549,7 @@ fn seeded_model() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(0x5eed_0001u64);
-    for i in 0..4 {
+    for i in 0..3 {
         model_run(base.wrapping_add(i * 7919));
     }
 }
