@@ -19,8 +19,8 @@ use serde_json::json;
 use super::verify::{exit_code, problem_json, problem_line, resolve_target};
 use super::{BytesAs, ExitError, Global};
 use crate::engine::check::{
-    check_partition, classify_scan_end, read_index_bytes, segment_header, CheckMode, IndexState,
-    PartitionCheck, Problem, SegmentCheck, Severity,
+    check_partition_with, classify_scan_end, read_index_bytes, segment_header, CheckMode,
+    IndexState, PartitionCheck, Problem, SegmentCheck, Severity,
 };
 use crate::engine::layout::{PartitionRef, Target};
 use crate::engine::segment::{open_log, read_header, Next, RecordReader, ScanEnd};
@@ -116,7 +116,7 @@ impl Dumper<'_> {
     }
 
     fn partition(&mut self, p: &PartitionRef) -> anyhow::Result<()> {
-        let check = check_partition(p, CheckMode::Quick)
+        let check = check_partition_with(p, CheckMode::Quick, &mut |s| s.release_scan_index())
             .with_context(|| format!("checking {}", p.dir.display()))?;
         self.seen.clear();
         if self.labels && !self.args.json {

@@ -153,6 +153,7 @@ pub fn check_target(
     let mut checks = Vec::new();
     for p in &target.partitions {
         let c = check_partition_with(p, mode, &mut |s| {
+            s.release_scan_index();
             if let Some(b) = &bar {
                 b.inc(s.file_len);
             }
