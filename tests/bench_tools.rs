@@ -183,15 +183,20 @@ fn verify_and_dump_speed_and_memory() {
         mb_per_s(bytes, dump.wall)
     );
 
-    println!("peak RSS (KiB)          64 MiB    512 MiB");
-    for args in [&["verify"][..], &["verify", "--quick"], &["dump", "--json"]] {
+    println!("peak RSS (KiB)              64 MiB    512 MiB");
+    for args in [
+        &["verify"][..],
+        &["verify", "--quick"],
+        &["dump", "--json"],
+        &["reindex", "--check", "--all"],
+    ] {
         let with = |dir: &str| {
             let mut a = args.to_vec();
             a.push(dir);
             peak_rss_kb(seglog, &a)
         };
         println!(
-            "  {:<18} {:>10} {:>10}",
+            "  {:<22} {:>10} {:>10}",
             args.join(" "),
             with(small_s),
             with(big_s)

@@ -9,11 +9,10 @@ use serde_json::json;
 
 use super::verify::resolve_target;
 use super::{exit, ExitError, Global};
-use crate::engine::check::{check_partition, CheckMode};
 use crate::engine::io::RealStorage;
 use crate::engine::layout::Target;
 use crate::engine::lock::{DirLock, LockError};
-use crate::engine::reindex::{apply, plan_partition, Action, PartitionPlan, SegmentPlan};
+use crate::engine::reindex::{reindex_partition, Action, PartitionPlan, SegmentPlan};
 
 /// Arguments of `seglog reindex`.
 #[derive(Debug, clap::Args)]
@@ -58,13 +57,8 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
     };
     let mut plans = Vec::new();
     for p in &target.partitions {
-        let check = check_partition(p, CheckMode::Full)
-            .with_context(|| format!("checking {}", p.dir.display()))?;
-        let plan = plan_partition(&check, args.all)
-            .with_context(|| format!("reading the indexes of {}", p.dir.display()))?;
-        if !args.check {
-            apply(&RealStorage, &plan)?;
-        }
+        let plan = reindex_partition(&RealStorage, p, args.all, !args.check)
+            .with_context(|| format!("reindexing {}", p.dir.display()))?;
         plans.push((p.topic.clone(), p.partition, plan));
     }
     let would_change = plans

@@ -19,9 +19,11 @@ use std::path::{Path, PathBuf};
 use crate::format::index::{IndexEntry, IndexError};
 use crate::format::names::COMPACTION_MARKER;
 
-use super::check::{read_index_bytes, IndexState, PartitionCheck, SegmentCheck};
+use super::check::{
+    check_partition_with, read_index_bytes, CheckMode, IndexState, PartitionCheck, SegmentCheck,
+};
 use super::io::Storage;
-use super::layout::SegmentFiles;
+use super::layout::{list_partition, PartitionRef, SegmentFiles};
 
 /// Why an index is (re)written.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -86,6 +88,8 @@ pub struct SegmentPlan {
     /// index changes nothing, except on a corrupt segment whose old index has entries
     /// past the readable records).
     changes: bool,
+    /// Entries in the index that is written (0 unless the action writes).
+    entries: usize,
 }
 
 impl SegmentPlan {
@@ -96,9 +100,13 @@ impl SegmentPlan {
 
     /// Entries in the index that is written.
     pub fn entries(&self) -> usize {
-        match &self.action {
-            Action::Write { bytes, .. } => bytes.len() / crate::format::INDEX_ENTRY_LEN,
-            _ => 0,
+        self.entries
+    }
+
+    /// Frees the index bytes once written (the plan stays as a report).
+    pub fn release_bytes(&mut self) {
+        if let Action::Write { bytes, .. } = &mut self.action {
+            *bytes = Vec::new();
         }
     }
 }
@@ -129,6 +137,7 @@ fn plan_segment(seg: &SegmentCheck, all: bool) -> io::Result<SegmentPlan> {
         data_end: seg.data_end,
         action: Action::Keep,
         changes: false,
+        entries: 0,
     };
     let Some(scan) = &seg.scan else {
         // No full scan: the header is unreadable (a check in full mode scans every
@@ -147,6 +156,7 @@ fn plan_segment(seg: &SegmentCheck, all: bool) -> io::Result<SegmentPlan> {
         }
     };
     let bytes = index_bytes(&scan.index);
+    plan.entries = scan.index.len();
     plan.changes = match reason {
         Reason::Forced => read_index_bytes(&seg.files.index)?.as_deref() != Some(&bytes[..]),
         Reason::Missing | Reason::Invalid(_) => true,
@@ -164,11 +174,7 @@ fn plan_segment(seg: &SegmentCheck, all: bool) -> io::Result<SegmentPlan> {
 /// index with `all`.
 /// Reads the current index files of forced rewrites, to tell whether they change.
 pub fn plan_partition(check: &PartitionCheck, all: bool) -> io::Result<PartitionPlan> {
-    let blocked = check.marker.as_ref().map(|_| {
-        format!(
-            "{COMPACTION_MARKER} is present: an unfinished compaction owns the temporary files here; run `seglog recover` first"
-        )
-    });
+    let blocked = check.marker.as_ref().map(|_| blocked_reason());
     let segments = if blocked.is_some() {
         Vec::new()
     } else {
@@ -229,17 +235,76 @@ pub fn write_index(storage: &dyn Storage, files: &SegmentFiles, bytes: &[u8]) ->
 pub fn apply(storage: &dyn Storage, plan: &PartitionPlan) -> io::Result<usize> {
     let mut written = 0;
     for seg in &plan.segments {
-        if let Action::Write { bytes, .. } = &seg.action {
-            write_index(storage, &seg.files, bytes).map_err(|e| {
-                io::Error::new(
-                    e.kind(),
-                    format!("rewriting {}: {e}", seg.files.index.display()),
-                )
-            })?;
-            written += 1;
-        }
+        written += usize::from(apply_segment(storage, seg)?);
     }
     Ok(written)
+}
+
+/// Writes one segment's planned index, if the plan writes one.
+fn apply_segment(storage: &dyn Storage, seg: &SegmentPlan) -> io::Result<bool> {
+    let Action::Write { bytes, .. } = &seg.action else {
+        return Ok(false);
+    };
+    write_index(storage, &seg.files, bytes).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("rewriting {}: {e}", seg.files.index.display()),
+        )
+    })?;
+    Ok(true)
+}
+
+/// Checks a partition in full and rebuilds its indexes segment by segment (with
+/// `write`; without it only plans), so memory holds one segment's index at a time
+/// whatever the partition's size. Returns the plan as a report, index bytes freed.
+pub fn reindex_partition(
+    storage: &dyn Storage,
+    p: &PartitionRef,
+    all: bool,
+    write: bool,
+) -> io::Result<PartitionPlan> {
+    let mut out = PartitionPlan {
+        dir: p.dir.clone(),
+        blocked: None,
+        segments: Vec::new(),
+    };
+    if list_partition(&p.dir)?.marker.is_some() {
+        out.blocked = Some(blocked_reason());
+        return Ok(out);
+    }
+    let mut failed: Option<io::Error> = None;
+    let check = check_partition_with(p, CheckMode::Full, &mut |seg| {
+        if failed.is_some() {
+            return;
+        }
+        let step = plan_segment(seg, all).and_then(|mut plan| {
+            if write {
+                apply_segment(storage, &plan)?;
+            }
+            plan.release_bytes();
+            Ok(plan)
+        });
+        match step {
+            Ok(plan) => out.segments.push(plan),
+            Err(e) => failed = Some(e),
+        }
+        seg.release_scan_index();
+    })?;
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    if check.marker.is_some() {
+        // Appeared while reading (nothing else should write here: the caller holds
+        // the lock when it writes).
+        out.blocked = Some(blocked_reason());
+    }
+    Ok(out)
+}
+
+fn blocked_reason() -> String {
+    format!(
+        "{COMPACTION_MARKER} is present: an unfinished compaction owns the temporary files here; run `seglog recover` first"
+    )
 }
 
 #[cfg(test)]
@@ -310,6 +375,28 @@ mod tests {
             .segments
             .iter()
             .all(|s| !s.changes_file() && s.entries() > 0));
+    }
+
+    #[test]
+    fn streaming_rebuild_matches_the_plan() {
+        let d = tempfile::tempdir().unwrap();
+        partition(d.path());
+        let idx0 = d.path().join("00000000000000000000.index");
+        let want = fs::read(&idx0).unwrap();
+        fs::remove_file(&idx0).unwrap();
+        let t = resolve(d.path()).unwrap();
+        let p = reindex_partition(&RealStorage, &t.partitions[0], false, false).unwrap();
+        assert!(
+            p.segments[0].changes_file() && !idx0.exists(),
+            "planning writes nothing"
+        );
+        let p = reindex_partition(&RealStorage, &t.partitions[0], false, true).unwrap();
+        assert_eq!(p.segments[0].entries(), want.len() / 16);
+        assert_eq!(fs::read(&idx0).unwrap(), want);
+        // A failure stops the rebuild and is returned.
+        fs::remove_file(&idx0).unwrap();
+        let s = FailingStorage::new(Arc::new(RealStorage), 1, FailOn::Any, false);
+        assert!(reindex_partition(&s, &t.partitions[0], false, true).is_err());
     }
 
     #[test]
