@@ -5,3 +5,4 @@
 pub mod io;
 pub mod lock;
 pub mod segment;
+pub mod protocol;
