@@ -5,4 +5,6 @@
 pub mod io;
 pub mod lock;
 pub mod segment;
+pub mod broker;
+pub mod error;
 pub mod protocol;
