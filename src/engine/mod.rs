@@ -6,5 +6,7 @@ pub mod io;
 pub mod lock;
 pub mod segment;
 pub mod broker;
+pub mod client;
 pub mod error;
 pub mod protocol;
+pub mod server;
