@@ -52,18 +52,6 @@ impl EngineError {
     }
 }
 
-/// Adds context to `io::Result`s inside the engine.
-pub(crate) trait IoContext<T> {
-    /// Wraps an error as [`EngineError::Io`] with the context built by `f`.
-    fn ctx(self, f: impl FnOnce() -> String) -> Result<T, EngineError>;
-}
-
-impl<T> IoContext<T> for io::Result<T> {
-    fn ctx(self, f: impl FnOnce() -> String) -> Result<T, EngineError> {
-        self.map_err(|source| EngineError::Io { context: f(), source })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

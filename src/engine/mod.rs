@@ -8,5 +8,6 @@ pub mod segment;
 pub mod broker;
 pub mod client;
 pub mod error;
+pub mod log;
 pub mod protocol;
 pub mod server;
