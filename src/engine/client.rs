@@ -384,7 +384,12 @@ pub enum ReadError {
 /// that announces a large frame and sends nothing costs no memory.
 pub fn read_frame(stream: &mut impl Read, buf: &mut Vec<u8>) -> Result<(), ReadError> {
     let mut len = [0u8; LEN_FIELD];
-    stream.read_exact(&mut len).map_err(ReadError::Io)?;
+    stream.read_exact(&mut len).map_err(|e| match e.kind() {
+        io::ErrorKind::UnexpectedEof => {
+            ReadError::Io(io::Error::new(io::ErrorKind::UnexpectedEof, "the broker closed the connection"))
+        }
+        _ => ReadError::Io(e),
+    })?;
     let len = check_frame_len(u32::from_be_bytes(len)).map_err(ReadError::Protocol)?;
     buf.clear();
     buf.reserve(len.min(READ_RESERVE_BYTES));

@@ -204,7 +204,8 @@ impl Connection {
         if setup.is_err() {
             return;
         }
-        loop {
+        // A stopping server takes no new request, even one already sent.
+        while !self.stop.load(Ordering::SeqCst) {
             match self.read_frame() {
                 Ok(()) => {}
                 Err(ReadEnd::Closed) => break,
