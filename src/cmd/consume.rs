@@ -122,6 +122,10 @@ pub fn run(args: Args, _global: Global) -> anyhow::Result<u8> {
     let mut printed = 0u64;
     for o in chosen {
         let mut pos = args.from.start(o.start_offset, o.end_offset);
+        if pos < o.start_offset || pos > o.end_offset {
+            // Outside the log: the broker's refusal names the range (exit 69).
+            client.fetch(&args.topic, o.partition, pos, args.max_bytes, Duration::ZERO).map_err(client_error)?;
+        }
         while pos < o.end_offset && printed < limit {
             let f = client.fetch(&args.topic, o.partition, pos, args.max_bytes, Duration::ZERO).map_err(client_error)?;
             if f.records.is_empty() {

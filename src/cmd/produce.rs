@@ -5,7 +5,8 @@
 //! round-robin from partition 0. Lines are batched: a request carries up to
 //! `--batch` records, and is sent as soon as no further line is waiting, so an
 //! interactive producer is never held back. Exit 0 only when every record was
-//! acknowledged.
+//! acknowledged. `--json` acks carry `seq`, the record's 0-based position in the
+//! input, besides the contract's `type`, `partition` and `offset`.
 
 use std::io::{self, BufRead, Write};
 use std::sync::mpsc;
@@ -72,11 +73,13 @@ impl Partitioner {
     }
 }
 
-/// Sends `records` as one request and writes an ack line per record (input order).
+/// Sends `records` as one request and writes an ack line per record (input order;
+/// `seq` counts records from 0 across the whole input, starting at `first_seq` here).
 /// Returns the number acknowledged, or the error after printing the acks it got.
 fn send(
     client: &mut Client,
     topic: &str,
+    first_seq: u64,
     records: &[Pending],
     partitioner: &mut Partitioner,
     json_out: bool,
@@ -117,12 +120,13 @@ fn send(
         }
     }
     let mut acked = 0;
-    for &(b, slot) in &place {
+    for (seq, &(b, slot)) in (first_seq..).zip(&place) {
         if let Some(Ok((base, _))) = acks.get(b).map(|a| &a.result) {
             acked += 1;
             if json_out {
                 let partition = acks.get(b).map_or(0, |a| a.partition);
-                writeln!(out, "{}", json!({ "type": "ack", "partition": partition, "offset": base + slot }))?;
+                let line = json!({ "type": "ack", "partition": partition, "offset": base + slot, "seq": seq });
+                writeln!(out, "{line}")?;
             }
         }
     }
@@ -204,7 +208,7 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
 
     if let Some(value) = &args.value {
         let one = [Pending { key, value: value.as_bytes().to_vec() }];
-        send(&mut client, &args.topic, &one, &mut partitioner, args.json, &mut out)?;
+        send(&mut client, &args.topic, 0, &one, &mut partitioner, args.json, &mut out)?;
         return Ok(exit::OK);
     }
 
@@ -229,7 +233,7 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
                     Some((k, v)) => Pending { key: Some(k), value: v },
                     None => {
                         if !pending.is_empty() {
-                            total += send(&mut client, &args.topic, &pending, &mut partitioner, args.json, &mut out)?;
+                            total += send(&mut client, &args.topic, total, &pending, &mut partitioner, args.json, &mut out)?;
                         }
                         return Err(ExitError::usage(format!(
                             "stdin line {line_no} has no key separator {:?} ({total} earlier records were sent)",
@@ -255,7 +259,7 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
         if pending.is_empty() {
             break;
         }
-        total += send(&mut client, &args.topic, &pending, &mut partitioner, args.json, &mut out)?;
+        total += send(&mut client, &args.topic, total, &pending, &mut partitioner, args.json, &mut out)?;
         pending.clear();
     }
     out.flush()?;
