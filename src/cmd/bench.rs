@@ -18,7 +18,9 @@ use super::{exit, ExitError, Global};
 use crate::engine::broker::{Broker, BrokerOptions};
 use crate::engine::client::{Client, DEFAULT_BROKER};
 use crate::engine::io::RealStorage;
-use crate::engine::protocol::{ErrorCode, PartitionBatch, WireRecord, FETCH_BYTES_MAX, RECORDS_PER_PARTITION_MAX};
+use crate::engine::protocol::{
+    ErrorCode, PartitionBatch, WireRecord, FETCH_BYTES_MAX, RECORDS_PER_PARTITION_MAX,
+};
 use crate::engine::server::{Server, ServerOptions};
 use crate::format::encoded_len;
 use crate::format::record::MAX_RECORD_LEN;
@@ -102,8 +104,11 @@ impl Report {
         if self.latencies.is_empty() {
             return 0.0;
         }
-        let rank = ((q * self.latencies.len() as f64).ceil() as usize).clamp(1, self.latencies.len());
-        self.latencies.get(rank - 1).map_or(0.0, |d| d.as_secs_f64() * 1000.0)
+        let rank =
+            ((q * self.latencies.len() as f64).ceil() as usize).clamp(1, self.latencies.len());
+        self.latencies
+            .get(rank - 1)
+            .map_or(0.0, |d| d.as_secs_f64() * 1000.0)
     }
 }
 
@@ -115,20 +120,40 @@ struct Embedded {
 }
 
 impl Embedded {
-    fn start(dir: &std::path::Path, flush_every_records: u64) -> anyhow::Result<(Embedded, String)> {
-        let opts = BrokerOptions { flush_every_records, ..BrokerOptions::default() };
+    fn start(
+        dir: &std::path::Path,
+        flush_every_records: u64,
+    ) -> anyhow::Result<(Embedded, String)> {
+        let opts = BrokerOptions {
+            flush_every_records,
+            ..BrokerOptions::default()
+        };
         let broker = Broker::open(dir, Arc::new(RealStorage), opts).map_err(|e| match e {
-            crate::engine::error::EngineError::Locked { .. } => ExitError::new(exit::LOCKED, e.to_string()),
+            crate::engine::error::EngineError::Locked { .. } => {
+                ExitError::new(exit::LOCKED, e.to_string())
+            }
             other => ExitError::new(exit::IO, format!("cannot open {}: {other}", dir.display())),
         })?;
-        let server_opts = ServerOptions { log_errors: false, ..ServerOptions::default() };
-        let server = Server::bind("127.0.0.1:0", Arc::clone(&broker), server_opts)
-            .map_err(|e| ExitError::new(exit::IO, format!("cannot listen on a loopback port: {e}")))?;
+        let server_opts = ServerOptions {
+            log_errors: false,
+            ..ServerOptions::default()
+        };
+        let server =
+            Server::bind("127.0.0.1:0", Arc::clone(&broker), server_opts).map_err(|e| {
+                ExitError::new(exit::IO, format!("cannot listen on a loopback port: {e}"))
+            })?;
         let addr = server.local_addr().to_string();
         let stop = server.stop_handle();
         let never = AtomicBool::new(false);
         let thread = thread::spawn(move || server.run(&never));
-        Ok((Embedded { broker, stop, thread: Some(thread) }, addr))
+        Ok((
+            Embedded {
+                broker,
+                stop,
+                thread: Some(thread),
+            },
+            addr,
+        ))
     }
 
     fn finish(mut self) -> anyhow::Result<()> {
@@ -136,7 +161,9 @@ impl Embedded {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        self.broker.shutdown().map_err(|e| ExitError::new(exit::IO, format!("shutting the broker down: {e}")))?;
+        self.broker
+            .shutdown()
+            .map_err(|e| ExitError::new(exit::IO, format!("shutting the broker down: {e}")))?;
         Ok(())
     }
 }
@@ -163,7 +190,9 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
         return Err(ExitError::usage("--duration applies to bench produce only"));
     }
     if args.embedded.is_none() && args.flush_every_records != 1 {
-        return Err(ExitError::usage("--flush-every-records applies to --embedded only (set it on seglog serve)"));
+        return Err(ExitError::usage(
+            "--flush-every-records applies to --embedded only (set it on seglog serve)",
+        ));
     }
     let records = match (args.records, args.duration) {
         (Some(n), _) => n,
@@ -176,11 +205,21 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
             (Some(e), addr)
         }
         None => {
-            let addr = args.broker.clone().or_else(|| std::env::var("SEGLOG_BROKER").ok()).unwrap_or(DEFAULT_BROKER.into());
+            let addr = args
+                .broker
+                .clone()
+                .or_else(|| std::env::var("SEGLOG_BROKER").ok())
+                .unwrap_or(DEFAULT_BROKER.into());
             (None, addr)
         }
     };
-    let result = bench(&args, &addr, records, embedded.as_ref().map(|e| &e.broker), global);
+    let result = bench(
+        &args,
+        &addr,
+        records,
+        embedded.as_ref().map(|e| &e.broker),
+        global,
+    );
     if let Some(e) = embedded {
         e.finish()?;
     }
@@ -189,10 +228,17 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
     Ok(exit::OK)
 }
 
-fn fsync_count(addr: &str, timeout: Duration, embedded: Option<&Arc<Broker>>) -> anyhow::Result<u64> {
+fn fsync_count(
+    addr: &str,
+    timeout: Duration,
+    embedded: Option<&Arc<Broker>>,
+) -> anyhow::Result<u64> {
     match embedded {
         Some(b) => Ok(b.stats().fsyncs),
-        None => Ok(Client::connect(addr, timeout).and_then(|mut c| c.stats()).map_err(client_error)?.fsyncs),
+        None => Ok(Client::connect(addr, timeout)
+            .and_then(|mut c| c.stats())
+            .map_err(client_error)?
+            .fsyncs),
     }
 }
 
@@ -213,21 +259,29 @@ fn ensure_topic(client: &mut Client, topic: &str, partitions: u32) -> anyhow::Re
     }
 }
 
-fn bench(args: &Args, addr: &str, records: u64, embedded: Option<&Arc<Broker>>, global: Global) -> anyhow::Result<Report> {
+fn bench(
+    args: &Args,
+    addr: &str,
+    records: u64,
+    embedded: Option<&Arc<Broker>>,
+    global: Global,
+) -> anyhow::Result<Report> {
     let mut admin = Client::connect(addr, args.timeout).map_err(client_error)?;
     ensure_topic(&mut admin, &args.topic, args.partitions)?;
     match args.mode {
         Mode::Produce => {
             let fsyncs_before = fsync_count(addr, args.timeout, embedded)?;
             let mut report = produce(args, addr, records, global)?;
-            report.fsyncs = fsync_count(addr, args.timeout, embedded)?.saturating_sub(fsyncs_before);
+            report.fsyncs =
+                fsync_count(addr, args.timeout, embedded)?.saturating_sub(fsyncs_before);
             Ok(report)
         }
         Mode::Consume => {
             seed(args, &mut admin, records)?;
             let fsyncs_before = fsync_count(addr, args.timeout, embedded)?;
             let mut report = consume(args, addr, &mut admin, records, global)?;
-            report.fsyncs = fsync_count(addr, args.timeout, embedded)?.saturating_sub(fsyncs_before);
+            report.fsyncs =
+                fsync_count(addr, args.timeout, embedded)?.saturating_sub(fsyncs_before);
             Ok(report)
         }
     }
@@ -246,10 +300,12 @@ fn run_workers<T: Send>(
     let bar = progress_bar(total, quiet);
     let done = AtomicBool::new(false);
     thread::scope(|s| {
-        let handles: Vec<_> = (0..connections).map(|w| {
-            let (work, barrier) = (&work, &barrier);
-            s.spawn(move || work(w, barrier))
-        }).collect();
+        let handles: Vec<_> = (0..connections)
+            .map(|w| {
+                let (work, barrier) = (&work, &barrier);
+                s.spawn(move || work(w, barrier))
+            })
+            .collect();
         barrier.wait();
         let start = Instant::now();
         let (ticker_bar, done_ref) = (bar.clone(), &done);
@@ -301,37 +357,60 @@ struct WorkerResult {
 fn produce(args: &Args, addr: &str, records: u64, global: Global) -> anyhow::Result<Report> {
     let value = vec![b'x'; args.record_size as usize];
     let deadline_after = args.duration;
-    let progress = Progress { records: AtomicU64::new(0) };
+    let progress = Progress {
+        records: AtomicU64::new(0),
+    };
     let total = (records != u64::MAX).then_some(records);
-    let (results, elapsed) = run_workers(args.connections, total, global.quiet, &progress, |w, barrier| {
-        let connected = Client::connect(addr, args.timeout).map_err(client_error);
-        barrier.wait();
-        let mut client = connected?;
-        let deadline = deadline_after.map(|d| Instant::now() + d);
-        let mut left = share(records, w, args.connections);
-        let mut r = WorkerResult { records: 0, requests: 0, latencies: Vec::new() };
-        let mut turn = u64::from(w);
-        while left > 0 && deadline.is_none_or(|d| Instant::now() < d) {
-            let n = left.min(u64::from(args.batch));
-            let partition = (turn % u64::from(args.partitions)) as u32;
-            turn += 1;
-            let batch = PartitionBatch {
-                partition,
-                records: (0..n).map(|_| WireRecord { timestamp_ms: -1, key: None, value: &value }).collect(),
+    let (results, elapsed) = run_workers(
+        args.connections,
+        total,
+        global.quiet,
+        &progress,
+        |w, barrier| {
+            let connected = Client::connect(addr, args.timeout).map_err(client_error);
+            barrier.wait();
+            let mut client = connected?;
+            let deadline = deadline_after.map(|d| Instant::now() + d);
+            let mut left = share(records, w, args.connections);
+            let mut r = WorkerResult {
+                records: 0,
+                requests: 0,
+                latencies: Vec::new(),
             };
-            let t = Instant::now();
-            let acks = client.produce(&args.topic, vec![batch]).map_err(client_error)?;
-            r.latencies.push(t.elapsed());
-            if let Some(Err((code, message))) = acks.first().map(|a| &a.result) {
-                return Err(ExitError::new(exit::UNAVAILABLE, format!("the broker at {addr} refused: {message} [{code}]")));
+            let mut turn = u64::from(w);
+            while left > 0 && deadline.map_or(true, |d| Instant::now() < d) {
+                let n = left.min(u64::from(args.batch));
+                let partition = (turn % u64::from(args.partitions)) as u32;
+                turn += 1;
+                let batch = PartitionBatch {
+                    partition,
+                    records: (0..n)
+                        .map(|_| WireRecord {
+                            timestamp_ms: -1,
+                            key: None,
+                            value: &value,
+                        })
+                        .collect(),
+                };
+                let t = Instant::now();
+                let acks = client
+                    .produce(&args.topic, vec![batch])
+                    .map_err(client_error)?;
+                r.latencies.push(t.elapsed());
+                if let Some(Err((code, message))) = acks.first().map(|a| &a.result) {
+                    return Err(ExitError::new(
+                        exit::UNAVAILABLE,
+                        format!("the broker at {addr} refused: {message} [{code}]"),
+                    ));
+                }
+                r.records += n;
+                r.requests += 1;
+                left -= n;
+                progress.records.fetch_add(n, Ordering::Relaxed);
             }
-            r.records += n;
-            r.requests += 1;
-            left -= n;
-            progress.records.fetch_add(n, Ordering::Relaxed);
-        }
-        Ok(r)
-    })?;
+            Ok(r)
+        },
+    )?;
     Ok(collect(results, elapsed, u64::from(args.record_size)))
 }
 
@@ -340,7 +419,14 @@ fn collect(results: Vec<WorkerResult>, elapsed: Duration, value_bytes: u64) -> R
     let requests = results.iter().map(|r| r.requests).sum();
     let mut latencies: Vec<Duration> = results.into_iter().flat_map(|r| r.latencies).collect();
     latencies.sort_unstable();
-    Report { records, requests, value_bytes: records * value_bytes, elapsed, fsyncs: 0, latencies }
+    Report {
+        records,
+        requests,
+        value_bytes: records * value_bytes,
+        elapsed,
+        fsyncs: 0,
+        latencies,
+    }
 }
 
 /// Makes sure every partition holds its share of `records` for the consume bench.
@@ -355,11 +441,22 @@ fn seed(args: &Args, client: &mut Client, records: u64) -> anyhow::Result<()> {
             let n = (want - have).min(per_request);
             let batch = PartitionBatch {
                 partition: o.partition,
-                records: (0..n).map(|_| WireRecord { timestamp_ms: -1, key: None, value: &value }).collect(),
+                records: (0..n)
+                    .map(|_| WireRecord {
+                        timestamp_ms: -1,
+                        key: None,
+                        value: &value,
+                    })
+                    .collect(),
             };
-            let acks = client.produce(&args.topic, vec![batch]).map_err(client_error)?;
+            let acks = client
+                .produce(&args.topic, vec![batch])
+                .map_err(client_error)?;
             if let Some(Err((code, message))) = acks.first().map(|a| &a.result) {
-                return Err(ExitError::new(exit::UNAVAILABLE, format!("seeding the bench topic: {message} [{code}]")));
+                return Err(ExitError::new(
+                    exit::UNAVAILABLE,
+                    format!("seeding the bench topic: {message} [{code}]"),
+                ));
             }
             have += n;
         }
@@ -367,7 +464,13 @@ fn seed(args: &Args, client: &mut Client, records: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn consume(args: &Args, addr: &str, admin: &mut Client, records: u64, global: Global) -> anyhow::Result<Report> {
+fn consume(
+    args: &Args,
+    addr: &str,
+    admin: &mut Client,
+    records: u64,
+    global: Global,
+) -> anyhow::Result<Report> {
     let offsets = admin.list_offsets(&args.topic).map_err(client_error)?;
     // Tasks: each partition's share, split into as many ranges as connections per
     // partition; tasks go to workers round-robin.
@@ -385,34 +488,53 @@ fn consume(args: &Args, addr: &str, admin: &mut Client, records: u64, global: Gl
         }
     }
     let per_record = encoded_len(None, args.record_size as usize).unwrap_or(1) as u64;
-    let max_bytes = (u64::from(args.batch) * per_record).clamp(1, u64::from(FETCH_BYTES_MAX)) as u32;
-    let progress = Progress { records: AtomicU64::new(0) };
-    let (results, elapsed) = run_workers(args.connections, Some(records), global.quiet, &progress, |w, barrier| {
-        let connected = Client::connect(addr, args.timeout).map_err(client_error);
-        barrier.wait();
-        let mut client = connected?;
-        let mut r = WorkerResult { records: 0, requests: 0, latencies: Vec::new() };
-        for &(partition, from, to) in tasks.iter().skip(w as usize).step_by(args.connections as usize) {
-            let mut pos = from;
-            while pos < to {
-                let t = Instant::now();
-                let f = client.fetch(&args.topic, partition, pos, max_bytes, Duration::ZERO).map_err(client_error)?;
-                r.latencies.push(t.elapsed());
-                r.requests += 1;
-                let Some(last) = f.records.last() else {
-                    return Err(ExitError::new(
+    let max_bytes =
+        (u64::from(args.batch) * per_record).clamp(1, u64::from(FETCH_BYTES_MAX)) as u32;
+    let progress = Progress {
+        records: AtomicU64::new(0),
+    };
+    let (results, elapsed) = run_workers(
+        args.connections,
+        Some(records),
+        global.quiet,
+        &progress,
+        |w, barrier| {
+            let connected = Client::connect(addr, args.timeout).map_err(client_error);
+            barrier.wait();
+            let mut client = connected?;
+            let mut r = WorkerResult {
+                records: 0,
+                requests: 0,
+                latencies: Vec::new(),
+            };
+            for &(partition, from, to) in tasks
+                .iter()
+                .skip(w as usize)
+                .step_by(args.connections as usize)
+            {
+                let mut pos = from;
+                while pos < to {
+                    let t = Instant::now();
+                    let f = client
+                        .fetch(&args.topic, partition, pos, max_bytes, Duration::ZERO)
+                        .map_err(client_error)?;
+                    r.latencies.push(t.elapsed());
+                    r.requests += 1;
+                    let Some(last) = f.records.last() else {
+                        return Err(ExitError::new(
                         exit::IO,
                         format!("fetch of {}/{partition} at offset {pos} returned nothing before {to}", args.topic),
                     ));
-                };
-                let got = f.records.iter().filter(|x| x.offset < to).count() as u64;
-                pos = last.offset + 1;
-                r.records += got;
-                progress.records.fetch_add(got, Ordering::Relaxed);
+                    };
+                    let got = f.records.iter().filter(|x| x.offset < to).count() as u64;
+                    pos = last.offset + 1;
+                    r.records += got;
+                    progress.records.fetch_add(got, Ordering::Relaxed);
+                }
             }
-        }
-        Ok(r)
-    })?;
+            Ok(r)
+        },
+    )?;
     Ok(collect(results, elapsed, u64::from(args.record_size)))
 }
 
@@ -452,7 +574,11 @@ fn print_report(args: &Args, addr: &str, r: &Report) -> anyhow::Result<()> {
         return Ok(());
     }
     let target = match &args.embedded {
-        Some(d) => format!("embedded broker on {} at {addr}, flush every {} record(s)", d.display(), args.flush_every_records),
+        Some(d) => format!(
+            "embedded broker on {} at {addr}, flush every {} record(s)",
+            d.display(),
+            args.flush_every_records
+        ),
         None => format!("broker at {addr}"),
     };
     writeln!(
@@ -462,7 +588,10 @@ fn print_report(args: &Args, addr: &str, r: &Report) -> anyhow::Result<()> {
     )?;
     let mut t = comfy_table::Table::new();
     t.set_header(["measure", "value"]);
-    t.add_row(["elapsed s".to_string(), format!("{:.3}", r.elapsed.as_secs_f64())]);
+    t.add_row([
+        "elapsed s".to_string(),
+        format!("{:.3}", r.elapsed.as_secs_f64()),
+    ]);
     t.add_row(["records/s".to_string(), format!("{records_per_sec:.0}")]);
     t.add_row(["MB/s".to_string(), format!("{mb_per_sec:.2}")]);
     t.add_row(["requests/s".to_string(), format!("{requests_per_sec:.0}")]);
@@ -501,7 +630,10 @@ mod tests {
         assert_eq!(r.quantile_ms(0.5), 50.0);
         assert_eq!(r.quantile_ms(0.99), 99.0);
         assert_eq!(r.quantile_ms(1.0), 100.0);
-        let empty = Report { latencies: vec![], ..r };
+        let empty = Report {
+            latencies: vec![],
+            ..r
+        };
         assert_eq!(empty.quantile_ms(0.5), 0.0);
     }
 }

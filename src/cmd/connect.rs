@@ -41,15 +41,22 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let t = text.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let n: u64 = num.parse().map_err(|_| format!("{text:?} is not a duration like 500ms, 2s or 1m"))?;
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration like 500ms, 2s or 1m"))?;
     let ms = match unit {
         "ms" => Some(n),
         "" | "s" => n.checked_mul(1000),
         "m" => n.checked_mul(60_000),
         "h" => n.checked_mul(3_600_000),
-        _ => return Err(format!("{text:?} has an unknown unit {unit:?} (use ms, s, m or h)")),
+        _ => {
+            return Err(format!(
+                "{text:?} has an unknown unit {unit:?} (use ms, s, m or h)"
+            ))
+        }
     };
-    ms.map(Duration::from_millis).ok_or_else(|| format!("{text:?} is too long"))
+    ms.map(Duration::from_millis)
+        .ok_or_else(|| format!("{text:?} is too long"))
 }
 
 /// Splits `KEY=VALUE` settings given with `--config`.

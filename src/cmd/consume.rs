@@ -63,7 +63,10 @@ fn parse_from(s: &str) -> Result<StartAt, String> {
     match s {
         "earliest" => Ok(StartAt::Earliest),
         "latest" => Ok(StartAt::Latest),
-        n => n.parse().map(StartAt::Offset).map_err(|_| format!("{s:?} is not earliest, latest or an offset")),
+        n => n
+            .parse()
+            .map(StartAt::Offset)
+            .map_err(|_| format!("{s:?} is not earliest, latest or an offset")),
     }
 }
 
@@ -104,7 +107,11 @@ pub fn run(args: Args, _global: Global) -> anyhow::Result<u8> {
             None => {
                 return Err(ExitError::new(
                     exit::USAGE,
-                    format!("topic {} has {} partitions; there is no partition {p}", args.topic, offsets.len()),
+                    format!(
+                        "topic {} has {} partitions; there is no partition {p}",
+                        args.topic,
+                        offsets.len()
+                    ),
                 ))
             }
         },
@@ -117,17 +124,41 @@ pub fn run(args: Args, _global: Global) -> anyhow::Result<u8> {
         return Ok(exit::OK);
     }
     if args.follow {
-        return follow(&args, chosen.iter().map(|o| (o.partition, args.from.start(o.start_offset, o.end_offset))).collect(), limit, &mut out);
+        return follow(
+            &args,
+            chosen
+                .iter()
+                .map(|o| (o.partition, args.from.start(o.start_offset, o.end_offset)))
+                .collect(),
+            limit,
+            &mut out,
+        );
     }
     let mut printed = 0u64;
     for o in chosen {
         let mut pos = args.from.start(o.start_offset, o.end_offset);
         if pos < o.start_offset || pos > o.end_offset {
             // Outside the log: the broker's refusal names the range (exit 69).
-            client.fetch(&args.topic, o.partition, pos, args.max_bytes, Duration::ZERO).map_err(client_error)?;
+            client
+                .fetch(
+                    &args.topic,
+                    o.partition,
+                    pos,
+                    args.max_bytes,
+                    Duration::ZERO,
+                )
+                .map_err(client_error)?;
         }
         while pos < o.end_offset && printed < limit {
-            let f = client.fetch(&args.topic, o.partition, pos, args.max_bytes, Duration::ZERO).map_err(client_error)?;
+            let f = client
+                .fetch(
+                    &args.topic,
+                    o.partition,
+                    pos,
+                    args.max_bytes,
+                    Duration::ZERO,
+                )
+                .map_err(client_error)?;
             if f.records.is_empty() {
                 // Nothing at or after `pos` below the end we started with (the
                 // tail was compacted away): this partition is done.
@@ -156,7 +187,12 @@ enum Fetched {
 
 /// Reads every partition on its own thread and connection; prints in arrival order
 /// until `limit` records were printed (or forever).
-fn follow(args: &Args, starts: Vec<(u32, u64)>, limit: u64, out: &mut impl Write) -> anyhow::Result<u8> {
+fn follow(
+    args: &Args,
+    starts: Vec<(u32, u64)>,
+    limit: u64,
+    out: &mut impl Write,
+) -> anyhow::Result<u8> {
     let (tx, rx) = mpsc::sync_channel::<Fetched>(64);
     for (partition, mut pos) in starts {
         let tx = tx.clone();
@@ -167,7 +203,9 @@ fn follow(args: &Args, starts: Vec<(u32, u64)>, limit: u64, out: &mut impl Write
             let mut run = || -> anyhow::Result<()> {
                 let mut client: Client = broker.connect()?;
                 loop {
-                    let f = client.fetch(&topic, partition, pos, max_bytes, FOLLOW_WAIT).map_err(client_error)?;
+                    let f = client
+                        .fetch(&topic, partition, pos, max_bytes, FOLLOW_WAIT)
+                        .map_err(client_error)?;
                     if let Some(last) = f.records.last() {
                         pos = last.offset + 1;
                         if tx.send(Fetched::Records(partition, f.records)).is_err() {

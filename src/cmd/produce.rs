@@ -85,7 +85,10 @@ fn send(
     json_out: bool,
     out: &mut impl Write,
 ) -> anyhow::Result<u64> {
-    let targets: Vec<u32> = records.iter().map(|r| partitioner.pick(r.key.as_deref())).collect();
+    let targets: Vec<u32> = records
+        .iter()
+        .map(|r| partitioner.pick(r.key.as_deref()))
+        .collect();
     let mut batches: Vec<PartitionBatch<'_>> = Vec::new();
     // (batch index, index within the batch) of each record.
     let mut place = Vec::with_capacity(records.len());
@@ -93,12 +96,19 @@ fn send(
         let b = match batches.iter().position(|b| b.partition == p) {
             Some(b) => b,
             None => {
-                batches.push(PartitionBatch { partition: p, records: Vec::new() });
+                batches.push(PartitionBatch {
+                    partition: p,
+                    records: Vec::new(),
+                });
                 batches.len() - 1
             }
         };
         let slot = batches.get_mut(b).map_or(0, |batch| {
-            batch.records.push(WireRecord { timestamp_ms: -1, key: r.key.as_deref(), value: &r.value });
+            batch.records.push(WireRecord {
+                timestamp_ms: -1,
+                key: r.key.as_deref(),
+                value: &r.value,
+            });
             batch.records.len() - 1
         });
         place.push((b, slot as u64));
@@ -131,8 +141,17 @@ fn send(
         }
     }
     out.flush()?;
-    if let Some((failed, Err((code, message)))) = acks.iter().map(|a| (a, &a.result)).find(|(_, r)| r.is_err()) {
-        let lost: u64 = acks.iter().zip(&sizes).filter(|(a, _)| a.result.is_err()).map(|(_, n)| n).sum();
+    if let Some((failed, Err((code, message)))) = acks
+        .iter()
+        .map(|a| (a, &a.result))
+        .find(|(_, r)| r.is_err())
+    {
+        let lost: u64 = acks
+            .iter()
+            .zip(&sizes)
+            .filter(|(a, _)| a.result.is_err())
+            .map(|(_, n)| n)
+            .sum();
         return Err(ExitError::new(
             exit::UNAVAILABLE,
             format!(
@@ -186,7 +205,10 @@ fn split_key(line: &[u8], sep: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
         return None;
     }
     let at = line.windows(sep.len()).position(|w| w == sep)?;
-    Some((line.get(..at)?.to_vec(), line.get(at + sep.len()..)?.to_vec()))
+    Some((
+        line.get(..at)?.to_vec(),
+        line.get(at + sep.len()..)?.to_vec(),
+    ))
 }
 
 pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
@@ -194,21 +216,42 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
         return Err(ExitError::usage("--key-separator must not be empty"));
     }
     let mut client = args.broker.connect()?;
-    let partitions = client.list_offsets(&args.topic).map_err(client_error)?.len() as u32;
+    let partitions = client
+        .list_offsets(&args.topic)
+        .map_err(client_error)?
+        .len() as u32;
     if let Some(p) = args.partition.filter(|&p| p >= partitions) {
         return Err(ExitError::new(
             exit::USAGE,
-            format!("topic {} has {partitions} partitions; there is no partition {p}", args.topic),
+            format!(
+                "topic {} has {partitions} partitions; there is no partition {p}",
+                args.topic
+            ),
         ));
     }
-    let mut partitioner = Partitioner { fixed: args.partition, count: partitions, next: 0 };
+    let mut partitioner = Partitioner {
+        fixed: args.partition,
+        count: partitions,
+        next: 0,
+    };
     let stdout = io::stdout();
     let mut out = io::BufWriter::new(stdout.lock());
     let key = args.key.as_ref().map(|k| k.as_bytes().to_vec());
 
     if let Some(value) = &args.value {
-        let one = [Pending { key, value: value.as_bytes().to_vec() }];
-        send(&mut client, &args.topic, 0, &one, &mut partitioner, args.json, &mut out)?;
+        let one = [Pending {
+            key,
+            value: value.as_bytes().to_vec(),
+        }];
+        send(
+            &mut client,
+            &args.topic,
+            0,
+            &one,
+            &mut partitioner,
+            args.json,
+            &mut out,
+        )?;
         return Ok(exit::OK);
     }
 
@@ -230,10 +273,21 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
             line_no += 1;
             let record = match &sep {
                 Some(sep) => match split_key(&bytes, sep) {
-                    Some((k, v)) => Pending { key: Some(k), value: v },
+                    Some((k, v)) => Pending {
+                        key: Some(k),
+                        value: v,
+                    },
                     None => {
                         if !pending.is_empty() {
-                            total += send(&mut client, &args.topic, total, &pending, &mut partitioner, args.json, &mut out)?;
+                            total += send(
+                                &mut client,
+                                &args.topic,
+                                total,
+                                &pending,
+                                &mut partitioner,
+                                args.json,
+                                &mut out,
+                            )?;
                         }
                         return Err(ExitError::usage(format!(
                             "stdin line {line_no} has no key separator {:?} ({total} earlier records were sent)",
@@ -241,7 +295,10 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
                         )));
                     }
                 },
-                None => Pending { key: key.clone(), value: bytes },
+                None => Pending {
+                    key: key.clone(),
+                    value: bytes,
+                },
             };
             pending.push(record);
             if pending.len() >= batch {
@@ -259,12 +316,24 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
         if pending.is_empty() {
             break;
         }
-        total += send(&mut client, &args.topic, total, &pending, &mut partitioner, args.json, &mut out)?;
+        total += send(
+            &mut client,
+            &args.topic,
+            total,
+            &pending,
+            &mut partitioner,
+            args.json,
+            &mut out,
+        )?;
         pending.clear();
     }
     out.flush()?;
     if !global.quiet && !args.json {
-        eprintln!("seglog: {total} record{} acknowledged by {}", if total == 1 { "" } else { "s" }, client.addr());
+        eprintln!(
+            "seglog: {total} record{} acknowledged by {}",
+            if total == 1 { "" } else { "s" },
+            client.addr()
+        );
     }
     Ok(exit::OK)
 }
@@ -275,19 +344,36 @@ mod tests {
 
     #[test]
     fn partitioner_rules() {
-        let mut p = Partitioner { fixed: None, count: 3, next: 0 };
+        let mut p = Partitioner {
+            fixed: None,
+            count: 3,
+            next: 0,
+        };
         let picks: Vec<u32> = (0..5).map(|_| p.pick(None)).collect();
         assert_eq!(picks, [0, 1, 2, 0, 1]);
-        assert_eq!(p.pick(Some(b"123456789")), partition_for_key(b"123456789", 3));
-        let mut fixed = Partitioner { fixed: Some(2), count: 3, next: 0 };
+        assert_eq!(
+            p.pick(Some(b"123456789")),
+            partition_for_key(b"123456789", 3)
+        );
+        let mut fixed = Partitioner {
+            fixed: Some(2),
+            count: 3,
+            next: 0,
+        };
         assert_eq!(fixed.pick(Some(b"x")), 2);
         assert_eq!(fixed.pick(None), 2);
     }
 
     #[test]
     fn key_separator() {
-        assert_eq!(split_key(b"k:v:w", b":"), Some((b"k".to_vec(), b"v:w".to_vec())));
-        assert_eq!(split_key(b"key=>value", b"=>"), Some((b"key".to_vec(), b"value".to_vec())));
+        assert_eq!(
+            split_key(b"k:v:w", b":"),
+            Some((b"k".to_vec(), b"v:w".to_vec()))
+        );
+        assert_eq!(
+            split_key(b"key=>value", b"=>"),
+            Some((b"key".to_vec(), b"value".to_vec()))
+        );
         assert_eq!(split_key(b":v", b":"), Some((b"".to_vec(), b"v".to_vec())));
         assert_eq!(split_key(b"novalue", b":"), None);
     }

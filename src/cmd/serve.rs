@@ -54,7 +54,10 @@ fn install_signal_handlers() -> anyhow::Result<()> {
         // async-signal-safe; `signal` installs it for the whole process.
         let previous = unsafe { libc::signal(signal, handler as libc::sighandler_t) };
         if previous == libc::SIG_ERR {
-            return Err(ExitError::new(exit::IO, format!("cannot install a handler for signal {signal}")));
+            return Err(ExitError::new(
+                exit::IO,
+                format!("cannot install a handler for signal {signal}"),
+            ));
         }
     }
     Ok(())
@@ -63,7 +66,13 @@ fn install_signal_handlers() -> anyhow::Result<()> {
 fn open_error(e: EngineError, data_dir: &std::path::Path) -> anyhow::Error {
     match e {
         EngineError::Locked { .. } => ExitError::new(exit::LOCKED, e.to_string()),
-        other => ExitError::new(exit::IO, format!("cannot open the data directory {}: {other}", data_dir.display())),
+        other => ExitError::new(
+            exit::IO,
+            format!(
+                "cannot open the data directory {}: {other}",
+                data_dir.display()
+            ),
+        ),
     }
 }
 
@@ -74,30 +83,48 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
         flush_interval: args.flush_interval,
         cold_storage_dir: args.cold_storage_dir.clone(),
     };
-    let broker = Broker::open(&args.data_dir, Arc::new(RealStorage), opts).map_err(|e| open_error(e, &args.data_dir))?;
+    let broker = Broker::open(&args.data_dir, Arc::new(RealStorage), opts)
+        .map_err(|e| open_error(e, &args.data_dir))?;
     let mut err = std::io::stderr().lock();
     if !global.quiet {
         for line in broker.startup_report() {
             writeln!(err, "seglog: {line}")?;
         }
     }
-    let server_opts = ServerOptions { max_connections: args.max_connections as usize, log_errors: !global.quiet, ..ServerOptions::default() };
+    let server_opts = ServerOptions {
+        max_connections: args.max_connections as usize,
+        log_errors: !global.quiet,
+        ..ServerOptions::default()
+    };
     let server = match Server::bind(&args.listen, Arc::clone(&broker), server_opts) {
         Ok(s) => s,
         Err(e) => {
             let _ = broker.shutdown();
-            return Err(ExitError::new(exit::IO, format!("cannot listen on {}: {e}", args.listen)));
+            return Err(ExitError::new(
+                exit::IO,
+                format!("cannot listen on {}: {e}", args.listen),
+            ));
         }
     };
     // Tests and scripts wait for this line; it carries the real port.
-    writeln!(err, "seglog: listening on {} (data {})", server.local_addr(), args.data_dir.display())?;
+    writeln!(
+        err,
+        "seglog: listening on {} (data {})",
+        server.local_addr(),
+        args.data_dir.display()
+    )?;
     drop(err);
     let served = server.run(&STOP);
     if !global.quiet {
         eprintln!("seglog: shutting down");
     }
     let shut = broker.shutdown();
-    served.map_err(|e| ExitError::new(exit::IO, format!("serving on {} failed: {e}", server.local_addr())))?;
+    served.map_err(|e| {
+        ExitError::new(
+            exit::IO,
+            format!("serving on {} failed: {e}", server.local_addr()),
+        )
+    })?;
     shut.map_err(|e| ExitError::new(exit::IO, format!("shutting down the broker failed: {e}")))?;
     Ok(exit::OK)
 }

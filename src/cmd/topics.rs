@@ -56,13 +56,27 @@ pub fn run(args: Args, _global: Global) -> anyhow::Result<u8> {
     let stdout = io::stdout();
     let mut out = stdout.lock();
     match args.command {
-        TopicsCommand::Create { name, partitions, config } => {
+        TopicsCommand::Create {
+            name,
+            partitions,
+            config,
+        } => {
             let settings = parse_settings(&config)?;
-            client.create_topic(&name, partitions, &settings).map_err(client_error)?;
+            client
+                .create_topic(&name, partitions, &settings)
+                .map_err(client_error)?;
             if args.json {
-                writeln!(out, "{}", json!({ "topic": name, "partitions": partitions, "created": true }))?;
+                writeln!(
+                    out,
+                    "{}",
+                    json!({ "topic": name, "partitions": partitions, "created": true })
+                )?;
             } else {
-                writeln!(out, "created topic {name} with {partitions} partition{}", plural(partitions))?;
+                writeln!(
+                    out,
+                    "created topic {name} with {partitions} partition{}",
+                    plural(partitions)
+                )?;
             }
         }
         TopicsCommand::List => {
@@ -88,7 +102,11 @@ pub fn run(args: Args, _global: Global) -> anyhow::Result<u8> {
             let settings = parse_settings(&config)?;
             let after = client.alter_topic(&name, &settings).map_err(client_error)?;
             if args.json {
-                writeln!(out, "{}", json!({ "topic": name, "config": config_json(&after) }))?;
+                writeln!(
+                    out,
+                    "{}",
+                    json!({ "topic": name, "config": config_json(&after) })
+                )?;
             } else {
                 writeln!(out, "altered topic {name}")?;
                 writeln!(out, "{}", config_table(&after))?;
@@ -122,7 +140,10 @@ fn config_json(settings: &[(String, String)]) -> Value {
         return config.to_json();
     }
     // A key this build does not know (a newer broker): show the text as given.
-    let map: Map<String, Value> = settings.iter().map(|(k, v)| (k.clone(), Value::String(v.clone()))).collect();
+    let map: Map<String, Value> = settings
+        .iter()
+        .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+        .collect();
     Value::Object(map)
 }
 
@@ -154,9 +175,21 @@ fn config_table(settings: &[(String, String)]) -> Table {
 }
 
 fn write_description(out: &mut impl Write, name: &str, info: &TopicInfo) -> io::Result<()> {
-    writeln!(out, "topic {name}: {} partition{}", info.partitions.len(), plural(info.partitions.len() as u32))?;
+    writeln!(
+        out,
+        "topic {name}: {} partition{}",
+        info.partitions.len(),
+        plural(info.partitions.len() as u32)
+    )?;
     let mut t = Table::new();
-    t.set_header(["partition", "start_offset", "end_offset", "records", "segments", "bytes"]);
+    t.set_header([
+        "partition",
+        "start_offset",
+        "end_offset",
+        "records",
+        "segments",
+        "bytes",
+    ]);
     for p in &info.partitions {
         t.add_row([
             p.partition.to_string(),

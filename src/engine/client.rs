@@ -11,9 +11,9 @@ use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
 use super::protocol::{
-    self, check_frame_len, decode_response, encode_request, ApiKey, ErrorCode, PartitionBatch, PartitionDescription,
-    PartitionOffsets, ProtocolError, Request, Response, ResponseBody, StatsBody, LEN_FIELD, PROTOCOL_VERSION,
-    PROTOCOL_VERSION_MIN,
+    self, check_frame_len, decode_response, encode_request, ApiKey, ErrorCode, PartitionBatch,
+    PartitionDescription, PartitionOffsets, ProtocolError, Request, Response, ResponseBody,
+    StatsBody, LEN_FIELD, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
 };
 use crate::format::{crc32, decode_record, RecordError};
 
@@ -40,9 +40,19 @@ pub enum ClientError {
     #[error("the broker at {addr} sent an invalid response: {detail}")]
     Protocol { addr: String, detail: String },
     #[error("the broker at {addr} refused the request: {message} [{code}]")]
-    Refused { addr: String, code: ErrorCode, message: String },
+    Refused {
+        addr: String,
+        code: ErrorCode,
+        message: String,
+    },
     #[error("invalid record from {addr} in {topic}/{partition} (fetched chunk of generation {generation}): {source}")]
-    BadRecord { addr: String, topic: String, partition: u32, generation: u64, source: RecordError },
+    BadRecord {
+        addr: String,
+        topic: String,
+        partition: u32,
+        generation: u64,
+        source: RecordError,
+    },
     #[error("cannot encode the request: {0}")]
     Encode(ProtocolError),
     #[error("the connection to the broker at {addr} is closed after an earlier error")]
@@ -113,7 +123,10 @@ impl Client {
     /// Connects to `addr` (host:port), waiting at most `timeout` to connect and for
     /// each response, and performs the version handshake.
     pub fn connect(addr: &str, timeout: Duration) -> Result<Client, ClientError> {
-        let err = |source| ClientError::Connect { addr: addr.to_string(), source };
+        let err = |source| ClientError::Connect {
+            addr: addr.to_string(),
+            source,
+        };
         let addrs: Vec<SocketAddr> = addr.to_socket_addrs().map_err(err)?.collect();
         let mut last = io::Error::new(io::ErrorKind::NotFound, "the address resolves to nothing");
         let timeout = timeout.max(Duration::from_millis(1));
@@ -140,7 +153,10 @@ impl Client {
             out: Vec::new(),
             frame: Vec::new(),
         };
-        let req = Request::Handshake { min_version: PROTOCOL_VERSION_MIN, max_version: PROTOCOL_VERSION };
+        let req = Request::Handshake {
+            min_version: PROTOCOL_VERSION_MIN,
+            max_version: PROTOCOL_VERSION,
+        };
         match client.call(&req, Duration::ZERO)? {
             ResponseBody::Handshake { version, .. } => client.version = version,
             _ => return Err(client.protocol("handshake answered with another response")),
@@ -160,25 +176,36 @@ impl Client {
 
     fn protocol(&mut self, detail: impl Into<String>) -> ClientError {
         self.broken = true;
-        ClientError::Protocol { addr: self.addr.clone(), detail: detail.into() }
+        ClientError::Protocol {
+            addr: self.addr.clone(),
+            detail: detail.into(),
+        }
     }
 
     fn io(&mut self, source: io::Error) -> ClientError {
         self.broken = true;
-        ClientError::Io { addr: self.addr.clone(), source }
+        ClientError::Io {
+            addr: self.addr.clone(),
+            source,
+        }
     }
 
     /// Sends a request and reads its response frame into `self.frame`. `extra_wait`
     /// is added to the read timeout (a long-polling fetch).
     fn round_trip(&mut self, req: &Request<'_>, extra_wait: Duration) -> Result<u32, ClientError> {
         if self.broken {
-            return Err(ClientError::Closed { addr: self.addr.clone() });
+            return Err(ClientError::Closed {
+                addr: self.addr.clone(),
+            });
         }
         let id = self.next_id;
         self.next_id = self.next_id.wrapping_add(1).max(1);
         self.out.clear();
         encode_request(&mut self.out, id, req).map_err(ClientError::Encode)?;
-        if let Err(e) = self.stream.set_read_timeout(Some(self.timeout + extra_wait)) {
+        if let Err(e) = self
+            .stream
+            .set_read_timeout(Some(self.timeout + extra_wait))
+        {
             return Err(self.io(e));
         }
         if let Err(e) = self.stream.write_all(&self.out) {
@@ -194,13 +221,21 @@ impl Client {
     }
 
     /// Sends `req` and returns the body of a successful response.
-    fn call(&mut self, req: &Request<'_>, extra_wait: Duration) -> Result<ResponseBody<'_>, ClientError> {
+    fn call(
+        &mut self,
+        req: &Request<'_>,
+        extra_wait: Duration,
+    ) -> Result<ResponseBody<'_>, ClientError> {
         let id = self.round_trip(req, extra_wait)?;
         let api = req.api_key();
         // Decode once to check the head; a successful body is decoded again below
         // with the borrow tied to the returned value.
         let (code, message, head_ok) = match decode_response(&self.frame) {
-            Ok(resp) => (resp.code, resp.message.to_string(), check_head(&resp, id, api)),
+            Ok(resp) => (
+                resp.code,
+                resp.message.to_string(),
+                check_head(&resp, id, api),
+            ),
             Err(e) => return Err(self.protocol(e.to_string())),
         };
         if !code.is_ok() {
@@ -209,22 +244,41 @@ impl Client {
             } else if let Err(detail) = head_ok {
                 return Err(self.protocol(detail));
             }
-            return Err(ClientError::Refused { addr: self.addr.clone(), code, message });
+            return Err(ClientError::Refused {
+                addr: self.addr.clone(),
+                code,
+                message,
+            });
         }
         if let Err(detail) = head_ok {
             return Err(self.protocol(detail));
         }
         match decode_response(&self.frame) {
-            Ok(Response { body: Some(body), .. }) => Ok(body),
-            _ => Err(ClientError::Protocol { addr: self.addr.clone(), detail: "response without a body".into() }),
+            Ok(Response {
+                body: Some(body), ..
+            }) => Ok(body),
+            _ => Err(ClientError::Protocol {
+                addr: self.addr.clone(),
+                detail: "response without a body".into(),
+            }),
         }
     }
 
     /// Appends records to one or more partitions. Each partition succeeds or fails
     /// on its own; an `Err` means the request as a whole failed.
-    pub fn produce(&mut self, topic: &str, batches: Vec<PartitionBatch<'_>>) -> Result<Vec<Ack>, ClientError> {
+    pub fn produce(
+        &mut self,
+        topic: &str,
+        batches: Vec<PartitionBatch<'_>>,
+    ) -> Result<Vec<Ack>, ClientError> {
         let sent: Vec<u32> = batches.iter().map(|b| b.partition).collect();
-        let body = self.call(&Request::Produce { topic, partitions: batches }, Duration::ZERO)?;
+        let body = self.call(
+            &Request::Produce {
+                topic,
+                partitions: batches,
+            },
+            Duration::ZERO,
+        )?;
         let ResponseBody::Produce { partitions } = body else {
             return Err(self.protocol("produce answered with another response"));
         };
@@ -256,12 +310,25 @@ impl Client {
         max_bytes: u32,
         max_wait: Duration,
     ) -> Result<Fetched, ClientError> {
-        let max_wait_ms = u32::try_from(max_wait.as_millis()).unwrap_or(u32::MAX).min(protocol::FETCH_WAIT_MS_MAX);
+        let max_wait_ms = u32::try_from(max_wait.as_millis())
+            .unwrap_or(u32::MAX)
+            .min(protocol::FETCH_WAIT_MS_MAX);
         let max_bytes = max_bytes.clamp(1, protocol::FETCH_BYTES_MAX);
-        let req = Request::Fetch { topic, partition, offset, max_bytes, max_wait_ms };
+        let req = Request::Fetch {
+            topic,
+            partition,
+            offset,
+            max_bytes,
+            max_wait_ms,
+        };
         let addr = self.addr.clone();
         let body = self.call(&req, Duration::from_millis(u64::from(max_wait_ms)))?;
-        let ResponseBody::Fetch { start_offset, end_offset, chunks } = body else {
+        let ResponseBody::Fetch {
+            start_offset,
+            end_offset,
+            chunks,
+        } = body
+        else {
             return Err(self.protocol("fetch answered with another response"));
         };
         let mut records = Vec::new();
@@ -282,7 +349,10 @@ impl Client {
                 let r = decode_record(rest, pos as u64, chunk.generation).map_err(bad)?;
                 pos += r.encoded_len;
                 if last.is_some_and(|l| r.offset <= l) {
-                    order_error = Some(format!("offset {} follows offset {:?} in a fetch of {topic}/{partition}", r.offset, last));
+                    order_error = Some(format!(
+                        "offset {} follows offset {:?} in a fetch of {topic}/{partition}",
+                        r.offset, last
+                    ));
                     break;
                 }
                 last = Some(r.offset);
@@ -299,7 +369,12 @@ impl Client {
         if let Some(detail) = order_error {
             return Err(self.protocol(detail));
         }
-        Ok(Fetched { start_offset, end_offset, records, bytes })
+        Ok(Fetched {
+            start_offset,
+            end_offset,
+            records,
+            bytes,
+        })
     }
 
     /// Start and end offsets of every partition of `topic`, in partition order.
@@ -310,9 +385,24 @@ impl Client {
         }
     }
 
-    pub fn create_topic(&mut self, topic: &str, partitions: u32, settings: &[(String, String)]) -> Result<(), ClientError> {
-        let settings = settings.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        match self.call(&Request::CreateTopic { topic, partitions, settings }, Duration::ZERO)? {
+    pub fn create_topic(
+        &mut self,
+        topic: &str,
+        partitions: u32,
+        settings: &[(String, String)],
+    ) -> Result<(), ClientError> {
+        let settings = settings
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        match self.call(
+            &Request::CreateTopic {
+                topic,
+                partitions,
+                settings,
+            },
+            Duration::ZERO,
+        )? {
             ResponseBody::CreateTopic => Ok(()),
             _ => Err(self.protocol("create_topic answered with another response")),
         }
@@ -327,21 +417,36 @@ impl Client {
 
     pub fn list_topics(&mut self) -> Result<Vec<String>, ClientError> {
         match self.call(&Request::ListTopics, Duration::ZERO)? {
-            ResponseBody::ListTopics { topics } => Ok(topics.into_iter().map(str::to_string).collect()),
+            ResponseBody::ListTopics { topics } => {
+                Ok(topics.into_iter().map(str::to_string).collect())
+            }
             _ => Err(self.protocol("list_topics answered with another response")),
         }
     }
 
     pub fn describe_topic(&mut self, topic: &str) -> Result<TopicInfo, ClientError> {
         match self.call(&Request::DescribeTopic { topic }, Duration::ZERO)? {
-            ResponseBody::DescribeTopic { partitions, settings } => Ok(TopicInfo { partitions, config: owned(&settings) }),
+            ResponseBody::DescribeTopic {
+                partitions,
+                settings,
+            } => Ok(TopicInfo {
+                partitions,
+                config: owned(&settings),
+            }),
             _ => Err(self.protocol("describe_topic answered with another response")),
         }
     }
 
     /// Changes settings; returns the topic's whole configuration afterwards.
-    pub fn alter_topic(&mut self, topic: &str, settings: &[(String, String)]) -> Result<Vec<(String, String)>, ClientError> {
-        let settings = settings.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    pub fn alter_topic(
+        &mut self,
+        topic: &str,
+        settings: &[(String, String)],
+    ) -> Result<Vec<(String, String)>, ClientError> {
+        let settings = settings
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
         match self.call(&Request::AlterTopic { topic, settings }, Duration::ZERO)? {
             ResponseBody::AlterTopic { settings } => Ok(owned(&settings)),
             _ => Err(self.protocol("alter_topic answered with another response")),
@@ -358,16 +463,26 @@ impl Client {
 }
 
 fn owned(settings: &[(&str, &str)]) -> Vec<(String, String)> {
-    settings.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    settings
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
 }
 
 /// A response must echo the request id and api key.
 fn check_head(resp: &Response<'_>, id: u32, api: ApiKey) -> Result<(), String> {
     if resp.request_id != id {
-        return Err(format!("response to request {} while waiting for request {id}", resp.request_id));
+        return Err(format!(
+            "response to request {} while waiting for request {id}",
+            resp.request_id
+        ));
     }
     if resp.api_key != api as u16 {
-        return Err(format!("response api key {} to a {} request", resp.api_key, api.name()));
+        return Err(format!(
+            "response api key {} to a {} request",
+            resp.api_key,
+            api.name()
+        ));
     }
     Ok(())
 }
@@ -385,15 +500,19 @@ pub enum ReadError {
 pub fn read_frame(stream: &mut impl Read, buf: &mut Vec<u8>) -> Result<(), ReadError> {
     let mut len = [0u8; LEN_FIELD];
     stream.read_exact(&mut len).map_err(|e| match e.kind() {
-        io::ErrorKind::UnexpectedEof => {
-            ReadError::Io(io::Error::new(io::ErrorKind::UnexpectedEof, "the broker closed the connection"))
-        }
+        io::ErrorKind::UnexpectedEof => ReadError::Io(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "the broker closed the connection",
+        )),
         _ => ReadError::Io(e),
     })?;
     let len = check_frame_len(u32::from_be_bytes(len)).map_err(ReadError::Protocol)?;
     buf.clear();
     buf.reserve(len.min(READ_RESERVE_BYTES));
-    let got = stream.take(len as u64).read_to_end(buf).map_err(ReadError::Io)?;
+    let got = stream
+        .take(len as u64)
+        .read_to_end(buf)
+        .map_err(ReadError::Io)?;
     if got != len {
         return Err(ReadError::Io(io::Error::new(
             io::ErrorKind::UnexpectedEof,
@@ -414,17 +533,30 @@ mod tests {
         assert_eq!(partition_for_key(b"123456789", 7), 3_421_780_262 % 7);
         assert_eq!(partition_for_key(b"123456789", 1000), 262);
         assert_eq!(partition_for_key(b"", 4), 0);
-        assert_eq!(partition_for_key(b"x", 0), 0, "a zero count is treated as one partition");
+        assert_eq!(
+            partition_for_key(b"x", 0),
+            0,
+            "a zero count is treated as one partition"
+        );
     }
 
     #[test]
     fn read_frame_checks_the_length_first() {
         let mut buf = Vec::new();
         let mut big = &[0xffu8, 0xff, 0xff, 0xff][..];
-        assert!(matches!(read_frame(&mut big, &mut buf), Err(ReadError::Protocol(_))));
-        assert!(buf.capacity() == 0, "nothing allocated for a refused length");
+        assert!(matches!(
+            read_frame(&mut big, &mut buf),
+            Err(ReadError::Protocol(_))
+        ));
+        assert!(
+            buf.capacity() == 0,
+            "nothing allocated for a refused length"
+        );
         let mut short = &[0u8, 0, 0, 8, 1, 2, 3][..];
-        assert!(matches!(read_frame(&mut short, &mut buf), Err(ReadError::Io(_))));
+        assert!(matches!(
+            read_frame(&mut short, &mut buf),
+            Err(ReadError::Io(_))
+        ));
         let mut ok = &[0u8, 0, 0, 6, 1, 2, 3, 4, 5, 6, 9][..];
         assert!(read_frame(&mut ok, &mut buf).is_ok());
         assert_eq!(buf, [1, 2, 3, 4, 5, 6]);

@@ -24,9 +24,10 @@ use std::time::{Duration, Instant};
 use super::broker::{Broker, NewRecord};
 use super::error::EngineError;
 use super::protocol::{
-    check_frame_len, decode_request, encode_error, encode_response, frame_head, ApiKey, Chunk, ErrorCode,
-    PartitionAck, PartitionBatch, PartitionDescription, PartitionOffsets, Request, ResponseBody, StatsBody,
-    API_KEY_NONE, FRAME_BYTES_MAX, LEN_FIELD, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
+    check_frame_len, decode_request, encode_error, encode_response, frame_head, ApiKey, Chunk,
+    ErrorCode, PartitionAck, PartitionBatch, PartitionDescription, PartitionOffsets, Request,
+    ResponseBody, StatsBody, API_KEY_NONE, FRAME_BYTES_MAX, LEN_FIELD, PROTOCOL_VERSION,
+    PROTOCOL_VERSION_MIN,
 };
 use crate::format::names::validate_name;
 use crate::format::topic::{TopicConfig, CONFIG_KEYS};
@@ -54,7 +55,11 @@ pub struct ServerOptions {
 
 impl Default for ServerOptions {
     fn default() -> Self {
-        ServerOptions { max_connections: 1024, io_timeout: Duration::from_secs(30), log_errors: true }
+        ServerOptions {
+            max_connections: 1024,
+            io_timeout: Duration::from_secs(30),
+            log_errors: true,
+        }
     }
 }
 
@@ -112,7 +117,11 @@ impl Server {
         result
     }
 
-    fn accept_loop(&self, also_stop: &AtomicBool, threads: &mut Vec<JoinHandle<()>>) -> io::Result<()> {
+    fn accept_loop(
+        &self,
+        also_stop: &AtomicBool,
+        threads: &mut Vec<JoinHandle<()>>,
+    ) -> io::Result<()> {
         while !self.stop.load(Ordering::SeqCst) && !also_stop.load(Ordering::SeqCst) {
             match self.listener.accept() {
                 Ok((stream, peer)) => {
@@ -133,11 +142,25 @@ impl Server {
         Ok(())
     }
 
-    fn start_connection(&self, mut stream: TcpStream, peer: SocketAddr, threads: &mut Vec<JoinHandle<()>>) {
+    fn start_connection(
+        &self,
+        mut stream: TcpStream,
+        peer: SocketAddr,
+        threads: &mut Vec<JoinHandle<()>>,
+    ) {
         if self.active.load(Ordering::SeqCst) >= self.opts.max_connections {
             let mut out = Vec::new();
-            let msg = format!("the broker serves at most {} connections", self.opts.max_connections);
-            encode_error(&mut out, 0, API_KEY_NONE, ErrorCode::TOO_MANY_CONNECTIONS, &msg);
+            let msg = format!(
+                "the broker serves at most {} connections",
+                self.opts.max_connections
+            );
+            encode_error(
+                &mut out,
+                0,
+                API_KEY_NONE,
+                ErrorCode::TOO_MANY_CONNECTIONS,
+                &msg,
+            );
             let _ = stream.set_nonblocking(false);
             let _ = stream.set_write_timeout(Some(POLL_INTERVAL));
             let _ = stream.write_all(&out);
@@ -155,10 +178,12 @@ impl Server {
             handshaken: false,
         };
         let active = Arc::clone(&self.active);
-        let spawned = thread::Builder::new().name(format!("seglog-conn-{peer}")).spawn(move || {
-            conn.serve();
-            active.fetch_sub(1, Ordering::SeqCst);
-        });
+        let spawned = thread::Builder::new()
+            .name(format!("seglog-conn-{peer}"))
+            .spawn(move || {
+                conn.serve();
+                active.fetch_sub(1, Ordering::SeqCst);
+            });
         match spawned {
             Ok(t) => threads.push(t),
             Err(e) => {
@@ -211,7 +236,13 @@ impl Connection {
                 Err(ReadEnd::Closed) => break,
                 Err(ReadEnd::BadLength(detail)) => {
                     self.out.clear();
-                    encode_error(&mut self.out, 0, API_KEY_NONE, ErrorCode::FRAME_TOO_LARGE, &detail);
+                    encode_error(
+                        &mut self.out,
+                        0,
+                        API_KEY_NONE,
+                        ErrorCode::FRAME_TOO_LARGE,
+                        &detail,
+                    );
                     self.log(&detail);
                     self.send_and_close();
                     return;
@@ -297,7 +328,8 @@ impl Connection {
         self.fill(LEN_FIELD, &mut filled, true)?;
         let mut len_bytes = [0u8; LEN_FIELD];
         len_bytes.copy_from_slice(self.frame.get(..LEN_FIELD).unwrap_or(&[0; LEN_FIELD]));
-        let len = check_frame_len(u32::from_be_bytes(len_bytes)).map_err(|e| ReadEnd::BadLength(e.to_string()))?;
+        let len = check_frame_len(u32::from_be_bytes(len_bytes))
+            .map_err(|e| ReadEnd::BadLength(e.to_string()))?;
         // Grow in steps as bytes arrive: a peer announcing 64 MiB and sending
         // nothing holds at most one step.
         self.frame.clear();
@@ -335,8 +367,15 @@ impl Connection {
 
     fn dispatch(&mut self, id: u32, req: Request<'_>) -> bool {
         let api = req.api_key() as u16;
-        if let Request::Handshake { min_version, max_version } = req {
-            if min_version > PROTOCOL_VERSION || max_version < PROTOCOL_VERSION_MIN || min_version > max_version {
+        if let Request::Handshake {
+            min_version,
+            max_version,
+        } = req
+        {
+            if min_version > PROTOCOL_VERSION
+                || max_version < PROTOCOL_VERSION_MIN
+                || min_version > max_version
+            {
                 let msg = format!(
                     "client speaks protocol versions {min_version}..={max_version}, the broker \
                      {PROTOCOL_VERSION_MIN}..={PROTOCOL_VERSION}"
@@ -346,22 +385,40 @@ impl Connection {
             }
             self.handshaken = true;
             let version = max_version.min(PROTOCOL_VERSION);
-            self.reply(id, api, &ResponseBody::Handshake { version, frame_bytes_max: FRAME_BYTES_MAX });
+            self.reply(
+                id,
+                api,
+                &ResponseBody::Handshake {
+                    version,
+                    frame_bytes_max: FRAME_BYTES_MAX,
+                },
+            );
             return false;
         }
         if !self.handshaken {
-            let msg = format!("the first request must be a handshake, not {}", req.api_key().name());
+            let msg = format!(
+                "the first request must be a handshake, not {}",
+                req.api_key().name()
+            );
             encode_error(&mut self.out, id, api, ErrorCode::HANDSHAKE_REQUIRED, &msg);
             return true;
         }
         let result = match req {
             Request::Handshake { .. } => Ok(()),
             Request::Produce { topic, partitions } => self.produce(id, api, topic, &partitions),
-            Request::Fetch { topic, partition, offset, max_bytes, max_wait_ms } => {
-                self.fetch(id, api, topic, partition, offset, max_bytes, max_wait_ms)
-            }
+            Request::Fetch {
+                topic,
+                partition,
+                offset,
+                max_bytes,
+                max_wait_ms,
+            } => self.fetch(id, api, topic, partition, offset, max_bytes, max_wait_ms),
             Request::ListOffsets { topic } => self.list_offsets(id, api, topic),
-            Request::CreateTopic { topic, partitions, settings } => self.create_topic(id, api, topic, partitions, &settings),
+            Request::CreateTopic {
+                topic,
+                partitions,
+                settings,
+            } => self.create_topic(id, api, topic, partitions, &settings),
             Request::DeleteTopic { topic } => self.delete_topic(id, api, topic),
             Request::ListTopics => {
                 let topics = self.broker.list_topics();
@@ -398,20 +455,35 @@ impl Connection {
         }
     }
 
-    fn produce(&mut self, id: u32, api: u16, topic: &str, batches: &[PartitionBatch<'_>]) -> Answer {
+    fn produce(
+        &mut self,
+        id: u32,
+        api: u16,
+        topic: &str,
+        batches: &[PartitionBatch<'_>],
+    ) -> Answer {
         name_ok(topic)?;
         let broker = &self.broker;
         let one = |batch: &PartitionBatch<'_>| -> Result<(u64, u64), EngineError> {
             let records: Vec<NewRecord<'_>> = batch
                 .records
                 .iter()
-                .map(|r| NewRecord { key: r.key, value: r.value, timestamp_ms: r.timestamp_ms })
+                .map(|r| NewRecord {
+                    key: r.key,
+                    value: r.value,
+                    timestamp_ms: r.timestamp_ms,
+                })
                 .collect();
-            broker.produce(topic, batch.partition, &records).map(|p| (p.base_offset, p.last_offset))
+            broker
+                .produce(topic, batch.partition, &records)
+                .map(|p| (p.base_offset, p.last_offset))
         };
         // Each partition has its own files and fsyncs: serve them side by side.
         let results: Vec<Result<(u64, u64), (ErrorCode, String)>> = if batches.len() <= 1 {
-            batches.iter().map(|b| one(b).map_err(engine_error)).collect()
+            batches
+                .iter()
+                .map(|b| one(b).map_err(engine_error))
+                .collect()
         } else {
             thread::scope(|s| {
                 let handles: Vec<_> = batches.iter().map(|b| s.spawn(move || one(b))).collect();
@@ -419,7 +491,9 @@ impl Connection {
                     .into_iter()
                     .map(|h| match h.join() {
                         Ok(r) => r.map_err(engine_error),
-                        Err(_) => Err((ErrorCode::INTERNAL, "the produce worker failed".to_string())),
+                        Err(_) => {
+                            Err((ErrorCode::INTERNAL, "the produce worker failed".to_string()))
+                        }
                     })
                     .collect()
             })
@@ -435,9 +509,13 @@ impl Connection {
                     base_offset: *base_offset,
                     last_offset: *last_offset,
                 },
-                Err((code, message)) => {
-                    PartitionAck { partition: b.partition, code: *code, message, base_offset: 0, last_offset: 0 }
-                }
+                Err((code, message)) => PartitionAck {
+                    partition: b.partition,
+                    code: *code,
+                    message,
+                    base_offset: 0,
+                    last_offset: 0,
+                },
             })
             .collect();
         self.reply(id, api, &ResponseBody::Produce { partitions: acks });
@@ -462,15 +540,28 @@ impl Connection {
         let result = loop {
             let left = deadline.saturating_duration_since(Instant::now());
             let slice = left.min(FETCH_SLICE);
-            let r = self.broker.fetch(topic, partition, offset, max_bytes, slice).map_err(engine_error)?;
+            let r = self
+                .broker
+                .fetch(topic, partition, offset, max_bytes, slice)
+                .map_err(engine_error)?;
             let has_data = r.chunks.iter().any(|c| !c.bytes.is_empty());
             if has_data || left <= slice || self.stop.load(Ordering::SeqCst) {
                 break r;
             }
         };
-        let chunks = result.chunks.iter().map(|c| Chunk { generation: c.generation, bytes: &c.bytes }).collect();
-        let body =
-            ResponseBody::Fetch { start_offset: result.start_offset, end_offset: result.end_offset, chunks };
+        let chunks = result
+            .chunks
+            .iter()
+            .map(|c| Chunk {
+                generation: c.generation,
+                bytes: &c.bytes,
+            })
+            .collect();
+        let body = ResponseBody::Fetch {
+            start_offset: result.start_offset,
+            end_offset: result.end_offset,
+            chunks,
+        };
         self.reply(id, api, &body);
         Ok(())
     }
@@ -480,20 +571,41 @@ impl Connection {
         let n = self.broker.partition_count(topic).map_err(engine_error)?;
         let mut partitions = Vec::with_capacity(n as usize);
         for partition in 0..n {
-            let (start_offset, end_offset) = self.broker.offsets(topic, partition).map_err(engine_error)?;
-            partitions.push(PartitionOffsets { partition, start_offset, end_offset });
+            let (start_offset, end_offset) = self
+                .broker
+                .offsets(topic, partition)
+                .map_err(engine_error)?;
+            partitions.push(PartitionOffsets {
+                partition,
+                start_offset,
+                end_offset,
+            });
         }
         self.reply(id, api, &ResponseBody::ListOffsets { partitions });
         Ok(())
     }
 
-    fn create_topic(&mut self, id: u32, api: u16, topic: &str, partitions: u32, settings: &[(&str, &str)]) -> Answer {
+    fn create_topic(
+        &mut self,
+        id: u32,
+        api: u16,
+        topic: &str,
+        partitions: u32,
+        settings: &[(&str, &str)],
+    ) -> Answer {
         name_ok(topic)?;
         let mut config = TopicConfig::default();
         for (k, v) in settings {
-            config.set(k, v).map_err(|e| (ErrorCode::INVALID_CONFIG, format!("invalid topic configuration: {e}")))?;
+            config.set(k, v).map_err(|e| {
+                (
+                    ErrorCode::INVALID_CONFIG,
+                    format!("invalid topic configuration: {e}"),
+                )
+            })?;
         }
-        self.broker.create_topic(topic, partitions, config).map_err(engine_error)?;
+        self.broker
+            .create_topic(topic, partitions, config)
+            .map_err(engine_error)?;
         self.reply(id, api, &ResponseBody::CreateTopic);
         Ok(())
     }
@@ -521,14 +633,27 @@ impl Connection {
             .collect();
         let text = config_settings(&d.config);
         let settings = text.iter().map(|(k, v)| (*k, v.as_str())).collect();
-        self.reply(id, api, &ResponseBody::DescribeTopic { partitions, settings });
+        self.reply(
+            id,
+            api,
+            &ResponseBody::DescribeTopic {
+                partitions,
+                settings,
+            },
+        );
         Ok(())
     }
 
     fn alter_topic(&mut self, id: u32, api: u16, topic: &str, settings: &[(&str, &str)]) -> Answer {
         name_ok(topic)?;
-        let owned: Vec<(String, String)> = settings.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        let config = self.broker.alter_topic(topic, &owned).map_err(engine_error)?;
+        let owned: Vec<(String, String)> = settings
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let config = self
+            .broker
+            .alter_topic(topic, &owned)
+            .map_err(engine_error)?;
         let text = config_settings(&config);
         let settings = text.iter().map(|(k, v)| (*k, v.as_str())).collect();
         self.reply(id, api, &ResponseBody::AlterTopic { settings });
@@ -540,7 +665,10 @@ impl Connection {
 type Answer = Result<(), (ErrorCode, String)>;
 
 fn is_timeout(e: &io::Error) -> bool {
-    matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut)
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
 }
 
 fn api_name(key: u16) -> &'static str {
@@ -572,13 +700,17 @@ pub fn config_settings(config: &TopicConfig) -> Vec<(&'static str, String)> {
 /// The wire error code and message for an engine error.
 pub fn engine_error(e: EngineError) -> (ErrorCode, String) {
     let code = match &e {
-        EngineError::UnknownTopic { .. } | EngineError::TopicDeleted { .. } => ErrorCode::UNKNOWN_TOPIC,
+        EngineError::UnknownTopic { .. } | EngineError::TopicDeleted { .. } => {
+            ErrorCode::UNKNOWN_TOPIC
+        }
         EngineError::UnknownPartition { .. } => ErrorCode::UNKNOWN_PARTITION,
         EngineError::TopicExists { .. } => ErrorCode::TOPIC_EXISTS,
         EngineError::InvalidName(_) => ErrorCode::INVALID_NAME,
         EngineError::InvalidConfig(_) => ErrorCode::INVALID_CONFIG,
         EngineError::OffsetOutOfRange { .. } => ErrorCode::OFFSET_OUT_OF_RANGE,
-        EngineError::RecordTooLarge { .. } | EngineError::BatchTooLarge { .. } => ErrorCode::RECORD_TOO_LARGE,
+        EngineError::RecordTooLarge { .. } | EngineError::BatchTooLarge { .. } => {
+            ErrorCode::RECORD_TOO_LARGE
+        }
         EngineError::InvalidRequest { .. } => ErrorCode::INVALID_REQUEST,
         EngineError::PartitionFailed { .. } => ErrorCode::PARTITION_FAILED,
         EngineError::PartitionUnavailable { .. } => ErrorCode::PARTITION_UNAVAILABLE,
