@@ -1718,4 +1718,46 @@ mod tests {
             let _ = decode_response(&b);
         }
     }
+
+    proptest::proptest! {
+        /// Any produce request survives encode → decode unchanged, and every cut of
+        /// its frame is refused.
+        #[test]
+        fn produce_requests_round_trip(
+            topic in "[a-z0-9._-]{1,40}",
+            batches in proptest::collection::vec(
+                (0u32..2000, proptest::collection::vec(
+                    (proptest::prelude::any::<i64>(),
+                     proptest::option::of(proptest::collection::vec(proptest::prelude::any::<u8>(), 0..20)),
+                     proptest::collection::vec(proptest::prelude::any::<u8>(), 0..40)),
+                    0..6)),
+                0..4),
+        ) {
+            let partitions: Vec<PartitionBatch<'_>> = batches
+                .iter()
+                .map(|(p, recs)| PartitionBatch {
+                    partition: *p,
+                    records: recs
+                        .iter()
+                        .map(|(ts, k, v)| WireRecord { timestamp_ms: *ts, key: k.as_deref(), value: v })
+                        .collect(),
+                })
+                .collect();
+            let req = Request::Produce { topic: &topic, partitions };
+            let frame = request_frame(42, &req);
+            let (id, back) = decode_request(&frame[4..]).unwrap();
+            proptest::prop_assert_eq!(id, 42);
+            proptest::prop_assert_eq!(&back, &req);
+            for cut in 0..frame.len() - 4 {
+                proptest::prop_assert!(decode_request(&frame[4..4 + cut]).is_err());
+            }
+        }
+
+        /// Arbitrary bytes never panic the decoders.
+        #[test]
+        fn arbitrary_frames_never_panic(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..200)) {
+            let _ = decode_request(&bytes);
+            let _ = decode_response(&bytes);
+        }
+    }
 }

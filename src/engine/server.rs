@@ -41,6 +41,8 @@ const ACCEPT_SLEEP: Duration = Duration::from_millis(5);
 const FETCH_SLICE: Duration = Duration::from_millis(200);
 /// Step by which a frame buffer grows while its bytes arrive.
 const READ_STEP_BYTES: usize = 1 << 20;
+/// Largest buffer a connection keeps between requests.
+const BUFFER_KEEP_BYTES: usize = 4 << 20;
 
 /// Server settings.
 #[derive(Clone, Debug)]
@@ -259,6 +261,13 @@ impl Connection {
             }
             if self.stream.write_all(&self.out).is_err() {
                 break;
+            }
+            // A large request or fetch does not pin its buffers for the life of
+            // the connection.
+            for buf in [&mut self.frame, &mut self.out] {
+                if buf.capacity() > BUFFER_KEEP_BYTES {
+                    *buf = Vec::new();
+                }
             }
         }
         let _ = self.stream.shutdown(Shutdown::Both);
