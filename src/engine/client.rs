@@ -572,3 +572,133 @@ mod tests {
         assert!(e.to_string().contains("no-such-host.invalid:9494"), "{e}");
     }
 }
+
+#[cfg(test)]
+mod fake_server_tests {
+    use std::net::TcpListener;
+    use std::thread;
+
+    use super::*;
+    use crate::engine::protocol::{decode_request, encode_response, Chunk};
+    use crate::format::encode_record;
+
+    /// A one-connection server that answers the handshake, then one request with
+    /// `answer(request_id)`.
+    fn fake(answer: impl FnOnce(u32) -> Vec<u8> + Send + 'static) -> String {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut buf = Vec::new();
+            read_frame(&mut s, &mut buf).map_err(|_| "read").unwrap();
+            let (id, _) = decode_request(&buf).unwrap();
+            let mut out = Vec::new();
+            let body = ResponseBody::Handshake {
+                version: 1,
+                frame_bytes_max: protocol::FRAME_BYTES_MAX,
+            };
+            encode_response(&mut out, id, 0, ErrorCode::NONE, "", Some(&body)).unwrap();
+            s.write_all(&out).unwrap();
+            read_frame(&mut s, &mut buf).map_err(|_| "read").unwrap();
+            let (id, _) = decode_request(&buf).unwrap();
+            s.write_all(&answer(id)).unwrap();
+        });
+        addr
+    }
+
+    fn fetch_answer(id: u32, generation: u64, bytes: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        let body = ResponseBody::Fetch {
+            start_offset: 0,
+            end_offset: 3,
+            chunks: vec![Chunk { generation, bytes }],
+        };
+        encode_response(
+            &mut out,
+            id,
+            ApiKey::Fetch as u16,
+            ErrorCode::NONE,
+            "",
+            Some(&body),
+        )
+        .unwrap();
+        out
+    }
+
+    fn records(generation: u64) -> Vec<u8> {
+        let mut b = Vec::new();
+        for (o, v) in [(0u64, &b"zero"[..]), (1, b"one"), (2, b"two")] {
+            encode_record(&mut b, o, 5, Some(b"k"), v, generation).unwrap();
+        }
+        b
+    }
+
+    fn fetch(addr: &str, offset: u64) -> Result<Fetched, ClientError> {
+        let mut c = Client::connect(addr, Duration::from_secs(30))?;
+        c.fetch("t", 0, offset, 1 << 20, Duration::ZERO)
+    }
+
+    #[test]
+    fn fetched_records_are_checked_and_trimmed_to_the_offset() {
+        let addr = fake(|id| fetch_answer(id, 9, &records(9)));
+        let f = fetch(&addr, 1).unwrap();
+        let got: Vec<(u64, &[u8])> = f
+            .records
+            .iter()
+            .map(|r| (r.offset, r.value.as_slice()))
+            .collect();
+        assert_eq!(got, [(1, &b"one"[..]), (2, b"two")]);
+    }
+
+    #[test]
+    fn a_flipped_byte_fails_the_crc_end_to_end() {
+        let mut bytes = records(9);
+        let last = bytes.len() - 6;
+        bytes[last] ^= 0x20;
+        let addr = fake(move |id| fetch_answer(id, 9, &bytes));
+        let e = fetch(&addr, 0).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                ClientError::BadRecord {
+                    source: RecordError::CrcMismatch { .. },
+                    ..
+                }
+            ),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_wrong_generation_fails_the_crc() {
+        let addr = fake(|id| fetch_answer(id, 8, &records(9)));
+        assert!(matches!(
+            fetch(&addr, 0),
+            Err(ClientError::BadRecord { .. })
+        ));
+    }
+
+    #[test]
+    fn a_torn_chunk_is_refused() {
+        let mut bytes = records(0);
+        bytes.truncate(bytes.len() - 1);
+        let addr = fake(move |id| fetch_answer(id, 0, &bytes));
+        let e = fetch(&addr, 0).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                ClientError::BadRecord {
+                    source: RecordError::Truncated { .. },
+                    ..
+                }
+            ),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_response_to_another_request_is_a_protocol_error() {
+        let addr = fake(|id| fetch_answer(id + 1, 0, &records(0)));
+        assert!(matches!(fetch(&addr, 0), Err(ClientError::Protocol { .. })));
+    }
+}

@@ -730,3 +730,196 @@ pub fn engine_error(e: EngineError) -> (ErrorCode, String) {
     };
     (code, e.to_string())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::net::TcpStream;
+
+    use super::*;
+    use crate::engine::broker::BrokerOptions;
+    use crate::engine::client::{Client, ClientError};
+    use crate::engine::io::RealStorage;
+    use crate::engine::protocol::{decode_response, encode_request, PartitionBatch, WireRecord};
+
+    /// A broker on a temp dir and its server running on a thread.
+    struct Running {
+        _dir: tempfile::TempDir,
+        broker: Arc<Broker>,
+        addr: String,
+        stop: Arc<AtomicBool>,
+        thread: Option<JoinHandle<io::Result<()>>>,
+    }
+
+    impl Running {
+        fn start(opts: ServerOptions) -> Running {
+            let dir = tempfile::tempdir().unwrap();
+            let broker =
+                Broker::open(dir.path(), Arc::new(RealStorage), BrokerOptions::default()).unwrap();
+            let server = Server::bind("127.0.0.1:0", Arc::clone(&broker), opts).unwrap();
+            let addr = server.local_addr().to_string();
+            let stop = server.stop_handle();
+            let thread = thread::spawn(move || server.run(&AtomicBool::new(false)));
+            Running {
+                _dir: dir,
+                broker,
+                addr,
+                stop,
+                thread: Some(thread),
+            }
+        }
+
+        fn client(&self) -> Client {
+            Client::connect(&self.addr, Duration::from_secs(30)).unwrap()
+        }
+
+        fn stop(mut self) {
+            self.stop.store(true, Ordering::SeqCst);
+            self.thread.take().unwrap().join().unwrap().unwrap();
+            self.broker.shutdown().unwrap();
+        }
+    }
+
+    fn quiet() -> ServerOptions {
+        ServerOptions {
+            log_errors: false,
+            ..ServerOptions::default()
+        }
+    }
+
+    #[test]
+    fn too_many_connections_is_refused_and_others_go_on() {
+        let r = Running::start(ServerOptions {
+            max_connections: 1,
+            ..quiet()
+        });
+        let mut first = r.client();
+        let e = Client::connect(&r.addr, Duration::from_secs(30)).unwrap_err();
+        assert_eq!(e.code(), Some(ErrorCode::TOO_MANY_CONNECTIONS), "{e}");
+        assert!(first.list_topics().unwrap().is_empty());
+        r.stop();
+    }
+
+    #[test]
+    fn unsupported_versions_are_refused() {
+        let r = Running::start(quiet());
+        for (min, max) in [(2u16, 5u16), (0, 0), (1, 0)] {
+            let mut s = TcpStream::connect(&r.addr).unwrap();
+            let mut out = Vec::new();
+            encode_request(
+                &mut out,
+                4,
+                &Request::Handshake {
+                    min_version: min,
+                    max_version: max,
+                },
+            )
+            .unwrap();
+            s.write_all(&out).unwrap();
+            let mut answer = Vec::new();
+            s.read_to_end(&mut answer).unwrap();
+            let resp = decode_response(answer.get(4..).unwrap()).unwrap();
+            assert_eq!(
+                (resp.request_id, resp.code),
+                (4, ErrorCode::UNSUPPORTED_VERSION),
+                "{min}..={max}"
+            );
+        }
+        // A range that includes version 1 is answered with version 1.
+        let mut s = TcpStream::connect(&r.addr).unwrap();
+        let mut out = Vec::new();
+        encode_request(
+            &mut out,
+            5,
+            &Request::Handshake {
+                min_version: 1,
+                max_version: 9,
+            },
+        )
+        .unwrap();
+        s.write_all(&out).unwrap();
+        let mut buf = Vec::new();
+        crate::engine::client::read_frame(&mut s, &mut buf)
+            .map_err(|_| "read")
+            .unwrap();
+        let resp = decode_response(&buf).unwrap();
+        assert_eq!(
+            resp.body,
+            Some(ResponseBody::Handshake {
+                version: 1,
+                frame_bytes_max: FRAME_BYTES_MAX
+            })
+        );
+        r.stop();
+    }
+
+    #[test]
+    fn produce_to_several_partitions_reports_each() {
+        let r = Running::start(quiet());
+        let mut c = r.client();
+        c.create_topic("t", 2, &[]).unwrap();
+        let rec = |v: &'static [u8]| WireRecord {
+            timestamp_ms: -1,
+            key: None,
+            value: v,
+        };
+        let acks = c
+            .produce(
+                "t",
+                vec![
+                    PartitionBatch {
+                        partition: 1,
+                        records: vec![rec(b"a"), rec(b"b")],
+                    },
+                    PartitionBatch {
+                        partition: 7,
+                        records: vec![rec(b"c")],
+                    },
+                    PartitionBatch {
+                        partition: 0,
+                        records: vec![rec(b"d")],
+                    },
+                ],
+            )
+            .unwrap();
+        assert_eq!(acks[0].result, Ok((0, 1)));
+        assert!(
+            matches!(&acks[1].result, Err((ErrorCode::UNKNOWN_PARTITION, m)) if m.contains('7'))
+        );
+        assert_eq!(acks[2].result, Ok((0, 0)));
+        let f = c.fetch("t", 1, 0, 1 << 20, Duration::ZERO).unwrap();
+        let values: Vec<&[u8]> = f.records.iter().map(|r| r.value.as_slice()).collect();
+        assert_eq!(values, [b"a", b"b"]);
+        assert_eq!(c.stats().unwrap().records_appended, 3);
+        // Unknown topic: per partition too; the connection stays usable.
+        let acks = c
+            .produce(
+                "nope",
+                vec![PartitionBatch {
+                    partition: 0,
+                    records: vec![rec(b"x")],
+                }],
+            )
+            .unwrap();
+        assert!(matches!(acks[0].result, Err((ErrorCode::UNKNOWN_TOPIC, _))));
+        assert_eq!(c.list_topics().unwrap(), ["t"]);
+        r.stop();
+    }
+
+    #[test]
+    fn stopping_ends_idle_connections_and_long_polls() {
+        let r = Running::start(quiet());
+        let mut idle = r.client();
+        let mut waiting = r.client();
+        waiting.create_topic("t", 1, &[]).unwrap();
+        let poll = thread::spawn(move || waiting.fetch("t", 0, 0, 1024, Duration::from_secs(60)));
+        thread::sleep(Duration::from_millis(100));
+        r.stop();
+        // The long poll was answered (empty) or cut short; either way it returned.
+        let polled = poll.join().unwrap();
+        assert!(
+            polled.as_ref().map_or(true, |f| f.records.is_empty()),
+            "{polled:?}"
+        );
+        assert!(matches!(idle.list_topics(), Err(ClientError::Io { .. })));
+    }
+}
