@@ -43,8 +43,15 @@ pub struct ExitError {
 }
 
 impl ExitError {
+    #[expect(
+        clippy::new_ret_no_self,
+        reason = "callers want an anyhow::Error to return with `?`"
+    )]
     pub fn new(code: u8, message: impl Into<String>) -> anyhow::Error {
-        anyhow::Error::new(ExitError { code, message: message.into() })
+        anyhow::Error::new(ExitError {
+            code,
+            message: message.into(),
+        })
     }
 
     /// A usage error (exit 64).
@@ -106,7 +113,11 @@ pub fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
-            let code = if e.use_stderr() { exit::USAGE } else { exit::OK };
+            let code = if e.use_stderr() {
+                exit::USAGE
+            } else {
+                exit::OK
+            };
             let _ = e.print();
             return ExitCode::from(code);
         }
@@ -154,7 +165,10 @@ pub fn one_line(e: &anyhow::Error) -> String {
 
 /// True when the error is a write to a closed pipe (`seglog dump | head`).
 pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| c.downcast_ref::<io::Error>().is_some_and(|io| io.kind() == io::ErrorKind::BrokenPipe))
+    e.chain().any(|c| {
+        c.downcast_ref::<io::Error>()
+            .is_some_and(|io| io.kind() == io::ErrorKind::BrokenPipe)
+    })
 }
 
 /// Formats a byte string for JSON output: a string when valid UTF-8, else `{"base64": …}`;
@@ -173,14 +187,20 @@ pub enum BytesAs {
 impl BytesAs {
     pub fn json(self, bytes: Option<&[u8]>) -> serde_json::Value {
         use base64::Engine as _;
-        let Some(b) = bytes else { return serde_json::Value::Null };
+        let Some(b) = bytes else {
+            return serde_json::Value::Null;
+        };
         match self {
             BytesAs::Auto => match std::str::from_utf8(b) {
                 Ok(s) => serde_json::Value::String(s.to_string()),
-                Err(_) => serde_json::json!({ "base64": base64::engine::general_purpose::STANDARD.encode(b) }),
+                Err(_) => {
+                    serde_json::json!({ "base64": base64::engine::general_purpose::STANDARD.encode(b) })
+                }
             },
             BytesAs::Hex => serde_json::Value::String(hex(b)),
-            BytesAs::Base64 => serde_json::Value::String(base64::engine::general_purpose::STANDARD.encode(b)),
+            BytesAs::Base64 => {
+                serde_json::Value::String(base64::engine::general_purpose::STANDARD.encode(b))
+            }
         }
     }
 }

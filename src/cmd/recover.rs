@@ -7,5 +7,8 @@ use super::{ExitError, Global};
 pub struct Args {}
 
 pub fn run(_args: Args, _global: Global) -> anyhow::Result<u8> {
-    Err(ExitError::new(super::exit::IO, "seglog recover is not built yet"))
+    Err(ExitError::new(
+        super::exit::IO,
+        "seglog recover is not built yet",
+    ))
 }

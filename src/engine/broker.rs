@@ -21,12 +21,13 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 pub use super::error::EngineError;
-pub use super::log::{FetchChunk, NewRecord};
 use super::io::{write_file_atomic, Storage, StorageRef};
+use super::layout::{self, LayoutError};
 use super::lock::{DirLock, LockError};
 use super::log::{create_first_segment, Closed, LogStats, PartitionLog};
+pub use super::log::{FetchChunk, NewRecord};
 use crate::format::names::{validate_name, TOPICS_DIR, TOPIC_FILE};
-use crate::format::topic::{TopicConfig, TopicError, TopicMeta, PARTITIONS_MAX, TOPIC_FILE_BYTES_MAX};
+use crate::format::topic::{TopicConfig, TopicError, TopicMeta, PARTITIONS_MAX};
 
 /// Suffix of a topic directory being built (not a valid topic name).
 const CREATING_SUFFIX: &str = "~new";
@@ -47,7 +48,11 @@ pub struct BrokerOptions {
 
 impl Default for BrokerOptions {
     fn default() -> Self {
-        BrokerOptions { flush_every_records: 1, flush_interval: Duration::from_secs(1), cold_storage_dir: None }
+        BrokerOptions {
+            flush_every_records: 1,
+            flush_interval: Duration::from_secs(1),
+            cold_storage_dir: None,
+        }
     }
 }
 
@@ -125,7 +130,8 @@ impl Topic {
     }
 }
 
-type Topics = RwLock<BTreeMap<String, Arc<Topic>>>;
+type TopicMap = BTreeMap<String, Arc<Topic>>;
+type Topics = RwLock<TopicMap>;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -170,13 +176,19 @@ impl Broker {
     /// Creates `data_dir` (0700) if missing, takes `DATA/LOCK`, removes leftovers of
     /// interrupted topic creates and deletes, runs recovery, opens every topic and
     /// partition, and starts the flusher thread.
-    pub fn open(data_dir: &Path, storage: StorageRef, opts: BrokerOptions) -> Result<Arc<Broker>, EngineError> {
+    pub fn open(
+        data_dir: &Path,
+        storage: StorageRef,
+        opts: BrokerOptions,
+    ) -> Result<Arc<Broker>, EngineError> {
         check_options(&opts)?;
         let stats = Arc::new(LogStats::default());
         ensure_dir(&*storage, data_dir, &stats)?;
         let dir_lock = DirLock::acquire(data_dir).map_err(|e| match e {
             LockError::Held { path } => EngineError::Locked { path },
-            LockError::Io { path, source } => EngineError::io(format!("locking {}", path.display()), source),
+            LockError::Io { path, source } => {
+                EngineError::io(format!("locking {}", path.display()), source)
+            }
         })?;
         let topics_dir = data_dir.join(TOPICS_DIR);
         ensure_dir(&*storage, &topics_dir, &stats)?;
@@ -230,10 +242,14 @@ fn run_recovery(storage: &dyn Storage, data_dir: &Path) -> Result<Vec<String>, E
 
 fn check_options(opts: &BrokerOptions) -> Result<(), EngineError> {
     if opts.flush_every_records == 0 {
-        return Err(EngineError::InvalidRequest { detail: "flush_every_records must be at least 1".into() });
+        return Err(EngineError::InvalidRequest {
+            detail: "flush_every_records must be at least 1".into(),
+        });
     }
     if opts.flush_interval.is_zero() {
-        return Err(EngineError::InvalidRequest { detail: "flush_interval must be longer than zero".into() });
+        return Err(EngineError::InvalidRequest {
+            detail: "flush_interval must be longer than zero".into(),
+        });
     }
     Ok(())
 }
@@ -245,16 +261,27 @@ fn ensure_dir(storage: &dyn Storage, dir: &Path, stats: &LogStats) -> Result<(),
     }
     let ctx = || format!("creating directory {}", dir.display());
     // 1.
-    storage.create_dir_all(dir).map_err(|e| EngineError::io(ctx(), e))?;
+    storage
+        .create_dir_all(dir)
+        .map_err(|e| EngineError::io(ctx(), e))?;
     // 2.
-    let parent = dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let parent = dir
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     stats.fsyncs.fetch_add(1, Ordering::Relaxed);
-    storage.sync_dir(parent).map_err(|e| EngineError::io(ctx(), e))
+    storage
+        .sync_dir(parent)
+        .map_err(|e| EngineError::io(ctx(), e))
 }
 
 /// Removes `<name>~new` and `<name>~del` directories left by a crash:
 /// 1. remove each, 2. fsync the topics directory once.
-fn remove_leftovers(storage: &dyn Storage, topics_dir: &Path, stats: &LogStats) -> Result<Vec<String>, EngineError> {
+fn remove_leftovers(
+    storage: &dyn Storage,
+    topics_dir: &Path,
+    stats: &LogStats,
+) -> Result<Vec<String>, EngineError> {
     let mut report = Vec::new();
     for (name, path) in list_dir(topics_dir)? {
         let what = if name.ends_with(CREATING_SUFFIX) {
@@ -265,13 +292,17 @@ fn remove_leftovers(storage: &dyn Storage, topics_dir: &Path, stats: &LogStats) 
             continue;
         };
         // 1.
-        storage.remove_dir_all(&path).map_err(|e| EngineError::io(format!("removing {}", path.display()), e))?;
+        storage
+            .remove_dir_all(&path)
+            .map_err(|e| EngineError::io(format!("removing {}", path.display()), e))?;
         report.push(format!("removed {} left by {what}", path.display()));
     }
     if !report.is_empty() {
         // 2.
         stats.fsyncs.fetch_add(1, Ordering::Relaxed);
-        storage.sync_dir(topics_dir).map_err(|e| EngineError::io(format!("syncing {}", topics_dir.display()), e))?;
+        storage
+            .sync_dir(topics_dir)
+            .map_err(|e| EngineError::io(format!("syncing {}", topics_dir.display()), e))?;
     }
     Ok(report)
 }
@@ -282,22 +313,27 @@ fn list_dir(dir: &Path) -> Result<Vec<(String, PathBuf)>, EngineError> {
     let mut out = Vec::new();
     for entry in fs::read_dir(dir).map_err(|e| EngineError::io(ctx(), e))? {
         let entry = entry.map_err(|e| EngineError::io(ctx(), e))?;
-        out.push((entry.file_name().to_string_lossy().into_owned(), entry.path()));
+        out.push((
+            entry.file_name().to_string_lossy().into_owned(),
+            entry.path(),
+        ));
     }
     out.sort();
     Ok(out)
 }
 
-/// Reads and validates `dir/topic.json`.
+/// Reads and validates `dir/topic.json` (through the layout module, the one reader).
 fn read_topic_meta(dir: &Path) -> Result<TopicMeta, EngineError> {
     let path = dir.join(TOPIC_FILE);
-    let ctx = || format!("reading {}", path.display());
-    let len = fs::metadata(&path).map_err(|e| EngineError::io(ctx(), e))?.len();
-    if len > TOPIC_FILE_BYTES_MAX as u64 {
-        return Err(EngineError::Corrupt { path, detail: format!("{len} bytes, more than {TOPIC_FILE_BYTES_MAX}") });
-    }
-    let bytes = fs::read(&path).map_err(|e| EngineError::io(ctx(), e))?;
-    TopicMeta::decode(&bytes).map_err(|e| EngineError::Corrupt { path, detail: e.to_string() })
+    layout::read_topic_meta(&path).map_err(|e| match e {
+        LayoutError::Io { path, source } => {
+            EngineError::io(format!("reading {}", path.display()), source)
+        }
+        other => EngineError::Corrupt {
+            path,
+            detail: other.to_string(),
+        },
+    })
 }
 
 /// Opens every topic under `topics_dir`. A topic whose `topic.json` is unreadable is
@@ -306,12 +342,15 @@ fn load_topics(
     storage: &StorageRef,
     topics_dir: &Path,
     stats: &Arc<LogStats>,
-) -> Result<(BTreeMap<String, Arc<Topic>>, Vec<String>), EngineError> {
+) -> Result<(TopicMap, Vec<String>), EngineError> {
     let mut topics = BTreeMap::new();
     let mut notes = Vec::new();
     for (name, path) in list_dir(topics_dir)? {
         if validate_name(&name).is_err() || !path.is_dir() {
-            notes.push(format!("ignoring {}: not a topic directory", path.display()));
+            notes.push(format!(
+                "ignoring {}: not a topic directory",
+                path.display()
+            ));
             continue;
         }
         match load_topic(storage, &name, &path, stats, &mut notes) {
@@ -351,7 +390,12 @@ fn load_topic(
         }
         partitions.push(slot);
     }
-    Ok(Topic { name: name.to_string(), dir: dir.to_path_buf(), config: RwLock::new(meta.config), partitions })
+    Ok(Topic {
+        name: name.to_string(),
+        dir: dir.to_path_buf(),
+        config: RwLock::new(meta.config),
+        partitions,
+    })
 }
 
 // ----- topics -----
@@ -365,10 +409,19 @@ impl Broker {
     }
 
     fn topic(&self, name: &str) -> Result<Arc<Topic>, EngineError> {
-        read(&self.topics).get(name).cloned().ok_or_else(|| EngineError::UnknownTopic { topic: name.to_string() })
+        read(&self.topics)
+            .get(name)
+            .cloned()
+            .ok_or_else(|| EngineError::UnknownTopic {
+                topic: name.to_string(),
+            })
     }
 
-    fn partition(&self, topic: &str, partition: u32) -> Result<(Arc<Topic>, Arc<PartitionLog>), EngineError> {
+    fn partition(
+        &self,
+        topic: &str,
+        partition: u32,
+    ) -> Result<(Arc<Topic>, Arc<PartitionLog>), EngineError> {
         let t = self.topic(topic)?;
         let log = match t.partitions.get(partition as usize) {
             Some(Slot::Open(log)) => log.clone(),
@@ -379,7 +432,12 @@ impl Broker {
                     reason: reason.clone(),
                 })
             }
-            None => return Err(EngineError::UnknownPartition { topic: topic.to_string(), partition }),
+            None => {
+                return Err(EngineError::UnknownPartition {
+                    topic: topic.to_string(),
+                    partition,
+                })
+            }
         };
         Ok((t, log))
     }
@@ -390,10 +448,18 @@ impl Broker {
 
     /// Creates a topic with `partitions` partitions, each with an empty segment 0.
     /// Returns once the whole topic is durable.
-    pub fn create_topic(&self, name: &str, partitions: u32, config: TopicConfig) -> Result<(), EngineError> {
+    pub fn create_topic(
+        &self,
+        name: &str,
+        partitions: u32,
+        config: TopicConfig,
+    ) -> Result<(), EngineError> {
         validate_name(name)?;
         if !(1..=PARTITIONS_MAX).contains(&partitions) {
-            return Err(TopicError::Partitions { value: partitions.to_string() }.into());
+            return Err(TopicError::Partitions {
+                value: partitions.to_string(),
+            }
+            .into());
         }
         // Values set directly on the struct get the same range checks as KEY=VALUE.
         let config = TopicConfig::from_json(&config.to_json())?;
@@ -401,7 +467,9 @@ impl Broker {
         let _admin = lock(&self.admin);
         let dir = self.topics_dir.join(name);
         if read(&self.topics).contains_key(name) || dir.exists() {
-            return Err(EngineError::TopicExists { topic: name.to_string() });
+            return Err(EngineError::TopicExists {
+                topic: name.to_string(),
+            });
         }
         let meta = TopicMeta { partitions, config };
         self.build_topic_dir(name, &meta)?;
@@ -424,22 +492,27 @@ impl Broker {
         let built = (|| {
             let ctx = |what: &str| format!("creating topic {name}: {what}");
             if staging.exists() {
-                s.remove_dir_all(&staging).map_err(|e| EngineError::io(ctx("removing a stale staging directory"), e))?;
+                s.remove_dir_all(&staging)
+                    .map_err(|e| EngineError::io(ctx("removing a stale staging directory"), e))?;
             }
             // 1.
             for p in 0..meta.partitions {
                 let pdir = staging.join(p.to_string());
-                s.create_dir_all(&pdir).map_err(|e| EngineError::io(ctx("creating a partition directory"), e))?;
+                s.create_dir_all(&pdir)
+                    .map_err(|e| EngineError::io(ctx("creating a partition directory"), e))?;
                 create_first_segment(s, &pdir, &self.stats)?;
             }
             // 2.
             self.count_fsyncs(2);
-            write_file_atomic(s, &staging, TOPIC_FILE, &meta.encode()).map_err(|e| EngineError::io(ctx("writing topic.json"), e))?;
+            write_file_atomic(s, &staging, TOPIC_FILE, &meta.encode())
+                .map_err(|e| EngineError::io(ctx("writing topic.json"), e))?;
             // 3.
-            s.rename(&staging, &dir).map_err(|e| EngineError::io(ctx("renaming the staging directory"), e))?;
+            s.rename(&staging, &dir)
+                .map_err(|e| EngineError::io(ctx("renaming the staging directory"), e))?;
             // 4.
             self.count_fsyncs(1);
-            s.sync_dir(&self.topics_dir).map_err(|e| EngineError::io(ctx("syncing the topics directory"), e))
+            s.sync_dir(&self.topics_dir)
+                .map_err(|e| EngineError::io(ctx("syncing the topics directory"), e))
         })();
         if built.is_err() && staging.exists() {
             let _ = s.remove_dir_all(&staging);
@@ -452,7 +525,11 @@ impl Broker {
         validate_name(name)?;
         self.check_running()?;
         let _admin = lock(&self.admin);
-        let topic = write(&self.topics).remove(name).ok_or_else(|| EngineError::UnknownTopic { topic: name.to_string() })?;
+        let topic = write(&self.topics)
+            .remove(name)
+            .ok_or_else(|| EngineError::UnknownTopic {
+                topic: name.to_string(),
+            })?;
         for log in topic.logs() {
             log.close(Closed::Deleted);
         }
@@ -473,14 +550,24 @@ impl Broker {
     /// a leftover that the next start removes.
     fn remove_topic_dir(&self, dir: &Path) -> Result<(), EngineError> {
         let s = &*self.storage;
-        let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         let doomed = self.topics_dir.join(format!("{name}{DELETING_SUFFIX}"));
         let ctx = |what: &str| format!("deleting topic {name}: {what}");
+        if doomed.exists() {
+            // A leftover of an earlier delete whose removal failed.
+            s.remove_dir_all(&doomed)
+                .map_err(|e| EngineError::io(ctx("removing an earlier leftover"), e))?;
+        }
         // 1.
-        s.rename(dir, &doomed).map_err(|e| EngineError::io(ctx("renaming its directory"), e))?;
+        s.rename(dir, &doomed)
+            .map_err(|e| EngineError::io(ctx("renaming its directory"), e))?;
         // 2.
         self.count_fsyncs(1);
-        s.sync_dir(&self.topics_dir).map_err(|e| EngineError::io(ctx("syncing the topics directory"), e))?;
+        s.sync_dir(&self.topics_dir)
+            .map_err(|e| EngineError::io(ctx("syncing the topics directory"), e))?;
         // 3. and 4.: the topic is already gone; a failure only leaves a leftover.
         if s.remove_dir_all(&doomed).is_ok() {
             self.count_fsyncs(1);
@@ -492,7 +579,11 @@ impl Broker {
     /// Changes configuration keys (`KEY`, `VALUE` as in `--config KEY=VALUE`); unknown
     /// keys and out-of-range values are refused and nothing changes. Returns the new
     /// configuration once `topic.json` is durably replaced.
-    pub fn alter_topic(&self, name: &str, settings: &[(String, String)]) -> Result<TopicConfig, EngineError> {
+    pub fn alter_topic(
+        &self,
+        name: &str,
+        settings: &[(String, String)],
+    ) -> Result<TopicConfig, EngineError> {
         validate_name(name)?;
         self.check_running()?;
         let _admin = lock(&self.admin);
@@ -501,10 +592,17 @@ impl Broker {
         for (key, value) in settings {
             config.set(key, value)?;
         }
-        let meta = TopicMeta { partitions: topic.partitions.len() as u32, config: config.clone() };
+        let meta = TopicMeta {
+            partitions: topic.partitions.len() as u32,
+            config: config.clone(),
+        };
         self.count_fsyncs(2);
-        write_file_atomic(&*self.storage, &topic.dir, TOPIC_FILE, &meta.encode())
-            .map_err(|e| EngineError::io(format!("writing {}", topic.dir.join(TOPIC_FILE).display()), e))?;
+        write_file_atomic(&*self.storage, &topic.dir, TOPIC_FILE, &meta.encode()).map_err(|e| {
+            EngineError::io(
+                format!("writing {}", topic.dir.join(TOPIC_FILE).display()),
+                e,
+            )
+        })?;
         *write(&topic.config) = config.clone();
         Ok(config)
     }
@@ -517,9 +615,18 @@ impl Broker {
     /// Per partition: start and end offsets, segment count, bytes; and the config.
     pub fn describe_topic(&self, name: &str) -> Result<TopicDescription, EngineError> {
         let topic = self.topic(name)?;
-        let partitions = topic.partitions.iter().enumerate().map(|(p, slot)| partition_info(p as u32, slot)).collect();
+        let partitions = topic
+            .partitions
+            .iter()
+            .enumerate()
+            .map(|(p, slot)| partition_info(p as u32, slot))
+            .collect();
         let config = read(&topic.config).clone();
-        Ok(TopicDescription { name: topic.name.clone(), partitions, config })
+        Ok(TopicDescription {
+            name: topic.name.clone(),
+            partitions,
+            config,
+        })
     }
 
     /// Number of partitions of a topic.
@@ -558,7 +665,12 @@ impl Broker {
     /// Appends the records to one partition as one write; returns once they are
     /// durable under the flush policy. Offsets are assigned under the partition's
     /// write lock.
-    pub fn produce(&self, topic: &str, partition: u32, records: &[NewRecord<'_>]) -> Result<ProduceResult, EngineError> {
+    pub fn produce(
+        &self,
+        topic: &str,
+        partition: u32,
+        records: &[NewRecord<'_>],
+    ) -> Result<ProduceResult, EngineError> {
         self.check_running()?;
         let (t, log) = self.partition(topic, partition)?;
         let config = read(&t.config).clone();
@@ -568,7 +680,10 @@ impl Broker {
         } else if appended.unflushed >= self.opts.flush_every_records {
             self.flusher.request(&log);
         }
-        Ok(ProduceResult { base_offset: appended.base_offset, last_offset: appended.last_offset })
+        Ok(ProduceResult {
+            base_offset: appended.base_offset,
+            last_offset: appended.last_offset,
+        })
     }
 
     /// Durable records from `offset`, at most `max_bytes` (capped at
@@ -585,7 +700,11 @@ impl Broker {
         self.check_running()?;
         let (_, log) = self.partition(topic, partition)?;
         let f = log.fetch(offset, max_bytes, max_wait)?;
-        Ok(FetchResult { chunks: f.chunks, start_offset: f.start_offset, end_offset: f.end_offset })
+        Ok(FetchResult {
+            chunks: f.chunks,
+            start_offset: f.start_offset,
+            end_offset: f.end_offset,
+        })
     }
 
     /// (start offset, end offset = next durable offset) of a partition.
@@ -652,7 +771,11 @@ struct FlushState {
 
 impl Flusher {
     fn new(interval: Duration) -> Self {
-        Flusher { state: Mutex::new(FlushState::default()), wake: Condvar::new(), interval }
+        Flusher {
+            state: Mutex::new(FlushState::default()),
+            wake: Condvar::new(),
+            interval,
+        }
     }
 
     fn start(self: Arc<Self>, topics: Arc<Topics>) -> Result<JoinHandle<()>, EngineError> {
@@ -688,7 +811,11 @@ impl Flusher {
             if !st.queue.is_empty() || now >= deadline {
                 return Some(std::mem::take(&mut st.queue));
             }
-            st = self.wake.wait_timeout(st, deadline - now).unwrap_or_else(PoisonError::into_inner).0;
+            st = self
+                .wake
+                .wait_timeout(st, deadline - now)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
         }
     }
 

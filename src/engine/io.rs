@@ -17,6 +17,10 @@ pub const FILE_MODE: u32 = 0o600;
 pub const DIR_MODE: u32 = 0o700;
 
 /// A file opened for writing through the seam.
+#[expect(
+    clippy::len_without_is_empty,
+    reason = "a file length is an I/O call, not a collection size"
+)]
 pub trait StorageFile: Send + Sync + fmt::Debug {
     /// Writes all of `buf` at `pos`.
     fn write_at(&self, buf: &[u8], pos: u64) -> io::Result<()>;
@@ -99,7 +103,12 @@ impl StorageFile for RealFile {
 
 impl Storage for RealStorage {
     fn create(&self, path: &Path) -> io::Result<Box<dyn StorageFile>> {
-        let file = OpenOptions::new().read(true).write(true).create_new(true).mode(FILE_MODE).open(path)?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(FILE_MODE)
+            .open(path)?;
         Ok(Box::new(RealFile { file }))
     }
     fn open(&self, path: &Path) -> io::Result<Box<dyn StorageFile>> {
@@ -107,7 +116,10 @@ impl Storage for RealStorage {
         Ok(Box::new(RealFile { file }))
     }
     fn create_dir_all(&self, path: &Path) -> io::Result<()> {
-        fs::DirBuilder::new().recursive(true).mode(DIR_MODE).create(path)
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(DIR_MODE)
+            .create(path)
     }
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
         fs::rename(from, to)
@@ -175,12 +187,22 @@ impl FailState {
             return Ok(());
         }
         if self.sticky && self.failed.load(Ordering::SeqCst) > 0 {
-            return Err(io::Error::new(self.kind, format!("injected failure after call {} ({op:?} {})", self.fail_at, what.display())));
+            return Err(io::Error::new(
+                self.kind,
+                format!(
+                    "injected failure after call {} ({op:?} {})",
+                    self.fail_at,
+                    what.display()
+                ),
+            ));
         }
         let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
         if n == self.fail_at {
             self.failed.fetch_add(1, Ordering::SeqCst);
-            return Err(io::Error::new(self.kind, format!("injected failure of call {n} ({op:?} {})", what.display())));
+            return Err(io::Error::new(
+                self.kind,
+                format!("injected failure of call {n} ({op:?} {})", what.display()),
+            ));
         }
         Ok(())
     }
@@ -261,12 +283,20 @@ impl Storage for FailingStorage {
     fn create(&self, path: &Path) -> io::Result<Box<dyn StorageFile>> {
         self.state.check(Op::Create, path)?;
         let inner = self.inner.create(path)?;
-        Ok(Box::new(FailingFile { inner, path: path.to_path_buf(), state: self.state.clone() }))
+        Ok(Box::new(FailingFile {
+            inner,
+            path: path.to_path_buf(),
+            state: self.state.clone(),
+        }))
     }
     fn open(&self, path: &Path) -> io::Result<Box<dyn StorageFile>> {
         self.state.check(Op::Open, path)?;
         let inner = self.inner.open(path)?;
-        Ok(Box::new(FailingFile { inner, path: path.to_path_buf(), state: self.state.clone() }))
+        Ok(Box::new(FailingFile {
+            inner,
+            path: path.to_path_buf(),
+            state: self.state.clone(),
+        }))
     }
     fn create_dir_all(&self, path: &Path) -> io::Result<()> {
         self.state.check(Op::CreateDir, path)?;
@@ -293,9 +323,18 @@ impl Storage for FailingStorage {
 /// Replaces `dir/name` atomically with `bytes`:
 /// 1. write a unique temporary file in `dir`, 2. fsync it, 3. rename it over `name`,
 /// 4. fsync `dir`. A crash leaves the old or the new content, never a mix.
-pub fn write_file_atomic(storage: &dyn Storage, dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
+pub fn write_file_atomic(
+    storage: &dyn Storage,
+    dir: &Path,
+    name: &str,
+    bytes: &[u8],
+) -> io::Result<()> {
     static SEQ: AtomicU64 = AtomicU64::new(0);
-    let tmp = dir.join(format!(".{name}.{}.{}.tmp", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed)));
+    let tmp = dir.join(format!(
+        ".{name}.{}.{}.tmp",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    ));
     let result = (|| {
         // 1.
         let f = storage.create(&tmp)?;
@@ -315,7 +354,6 @@ pub fn write_file_atomic(storage: &dyn Storage, dir: &Path, name: &str, bytes: &
 }
 
 #[cfg(test)]
-#[expect(clippy::unwrap_used, reason = "tests")]
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
@@ -326,11 +364,21 @@ mod tests {
         let s = RealStorage;
         let sub = dir.path().join("a/b");
         s.create_dir_all(&sub).unwrap();
-        assert_eq!(fs::metadata(&sub).unwrap().permissions().mode() & 0o777, 0o700);
+        assert_eq!(
+            fs::metadata(&sub).unwrap().permissions().mode() & 0o777,
+            0o700
+        );
         write_file_atomic(&s, &sub, "x.json", b"one").unwrap();
         write_file_atomic(&s, &sub, "x.json", b"two").unwrap();
         assert_eq!(fs::read(sub.join("x.json")).unwrap(), b"two");
-        assert_eq!(fs::metadata(sub.join("x.json")).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(
+            fs::metadata(sub.join("x.json"))
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o777,
+            0o600
+        );
         assert_eq!(fs::read_dir(&sub).unwrap().count(), 1);
     }
 

@@ -37,11 +37,17 @@ impl DirLock {
             .truncate(false)
             .mode(super::io::FILE_MODE)
             .open(&path)
-            .map_err(|source| LockError::Io { path: path.clone(), source })?;
+            .map_err(|source| LockError::Io {
+                path: path.clone(),
+                source,
+            })?;
         match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
             Ok(()) => Ok(DirLock { _file: file, path }),
             Err(e) if e == rustix::io::Errno::WOULDBLOCK => Err(LockError::Held { path }),
-            Err(e) => Err(LockError::Io { path, source: e.into() }),
+            Err(e) => Err(LockError::Io {
+                path,
+                source: e.into(),
+            }),
         }
     }
 
@@ -52,7 +58,6 @@ impl DirLock {
 }
 
 #[cfg(test)]
-#[expect(clippy::unwrap_used, reason = "tests")]
 mod tests {
     use super::*;
 
@@ -60,7 +65,10 @@ mod tests {
     fn second_lock_is_refused_until_the_first_is_dropped() {
         let dir = tempfile::tempdir().unwrap();
         let first = DirLock::acquire(dir.path()).unwrap();
-        assert!(matches!(DirLock::acquire(dir.path()), Err(LockError::Held { .. })));
+        assert!(matches!(
+            DirLock::acquire(dir.path()),
+            Err(LockError::Held { .. })
+        ));
         drop(first);
         DirLock::acquire(dir.path()).unwrap();
     }

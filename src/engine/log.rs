@@ -30,7 +30,9 @@ use super::error::EngineError;
 use super::io::{Storage, StorageFile, StorageRef};
 use super::segment::{read_full_at, read_header, scan_segment, ScanEnd};
 use crate::format::index::{decode_index, lookup};
-use crate::format::names::{classify_partition_file, index_file_name, log_file_name, PartitionFile};
+use crate::format::names::{
+    classify_partition_file, index_file_name, log_file_name, PartitionFile,
+};
 use crate::format::record::{record_len, LEN_FIELD, MAX_RECORD_LEN};
 use crate::format::topic::TopicConfig;
 use crate::format::{
@@ -104,7 +106,13 @@ pub struct Segment {
 }
 
 impl Segment {
-    fn new(base_offset: u64, generation: u64, path: PathBuf, index: Vec<IndexEntry>, data_end: u64) -> io::Result<Self> {
+    fn new(
+        base_offset: u64,
+        generation: u64,
+        path: PathBuf,
+        index: Vec<IndexEntry>,
+        data_end: u64,
+    ) -> io::Result<Self> {
         let file = File::open(&path)?;
         Ok(Segment {
             base_offset,
@@ -203,14 +211,17 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 impl PartitionLog {
     /// Opens the log in `dir` as recovery left it: sealed segments are trusted with
     /// their index (rebuilt in memory if unreadable), the active segment is scanned in
-    /// full. A torn or corrupt tail in the active segment refuses the open: only
-    /// recovery cuts data. Returns the log and notes for the startup report.
+    /// full, and everything is fsynced before it is served as durable. A torn or
+    /// corrupt tail in the active segment refuses the open: only recovery cuts data.
+    /// Returns the log and notes for the startup report.
     pub fn open(
         topic: &str,
         partition: u32,
@@ -224,7 +235,10 @@ impl PartitionLog {
             Some((last, sealed)) => (sealed.to_vec(), *last),
             None => {
                 create_first_segment(&*storage, dir, &stats)?;
-                notes.push(format!("{}: no segment found, created an empty one at offset 0", dir.display()));
+                notes.push(format!(
+                    "{}: no segment found, created an empty one at offset 0",
+                    dir.display()
+                ));
                 (Vec::new(), 0)
             }
         };
@@ -234,14 +248,24 @@ impl PartitionLog {
         }
         let (active, next_offset) = open_active(&*storage, dir, active_base, &mut notes)?;
         segments.push(active.seg.clone());
+        sync_on_open(&*storage, dir, &segments, &*active.log, &stats)?;
         let log = PartitionLog {
             topic: topic.to_string(),
             partition,
             dir: dir.to_path_buf(),
             storage,
             stats,
-            write: Mutex::new(WriteState { active, next_offset, pending: Pending::default() }),
-            sync: Mutex::new(SyncState { durable_end: next_offset, syncing: false, failed: None, closed: None }),
+            write: Mutex::new(WriteState {
+                active,
+                next_offset,
+                pending: Pending::default(),
+            }),
+            sync: Mutex::new(SyncState {
+                durable_end: next_offset,
+                syncing: false,
+                failed: None,
+                closed: None,
+            }),
             synced: Condvar::new(),
             segments: RwLock::new(Arc::new(segments)),
         };
@@ -255,11 +279,17 @@ impl PartitionLog {
 
     /// The current segment list.
     pub fn snapshot(&self) -> Arc<Vec<Arc<Segment>>> {
-        self.segments.read().unwrap_or_else(PoisonError::into_inner).clone()
+        self.segments
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     fn publish(&self, segments: Vec<Arc<Segment>>) {
-        *self.segments.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(segments);
+        *self
+            .segments
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = Arc::new(segments);
     }
 
     /// First offset of the log (the base of its oldest segment).
@@ -283,12 +313,18 @@ impl PartitionLog {
     }
 
     fn failed_error(&self, reason: &str) -> EngineError {
-        EngineError::PartitionFailed { topic: self.topic.clone(), partition: self.partition, reason: reason.to_string() }
+        EngineError::PartitionFailed {
+            topic: self.topic.clone(),
+            partition: self.partition,
+            reason: reason.to_string(),
+        }
     }
 
     fn closed_error(&self, closed: Closed) -> EngineError {
         match closed {
-            Closed::Deleted => EngineError::TopicDeleted { topic: self.topic.clone() },
+            Closed::Deleted => EngineError::TopicDeleted {
+                topic: self.topic.clone(),
+            },
             Closed::ShuttingDown => EngineError::ShuttingDown,
         }
     }
@@ -333,7 +369,9 @@ impl PartitionLog {
 /// Checks sizes and returns the encoded length of the batch.
 fn check_batch(records: &[NewRecord<'_>], max_record_bytes: u32) -> Result<u64, EngineError> {
     if records.is_empty() {
-        return Err(EngineError::InvalidRequest { detail: "produce request without records".into() });
+        return Err(EngineError::InvalidRequest {
+            detail: "produce request without records".into(),
+        });
     }
     let mut total = 0u64;
     for r in records {
@@ -341,11 +379,19 @@ fn check_batch(records: &[NewRecord<'_>], max_record_bytes: u32) -> Result<u64, 
         let logical = 28 + r.key.map_or(0, |k| k.len() as u64) + r.value.len() as u64;
         match size {
             Some(len) if len <= max_record_bytes => total += u64::from(len) + LEN_FIELD as u64,
-            _ => return Err(EngineError::RecordTooLarge { size: logical, max: u64::from(max_record_bytes) }),
+            _ => {
+                return Err(EngineError::RecordTooLarge {
+                    size: logical,
+                    max: u64::from(max_record_bytes),
+                })
+            }
         }
     }
     if total > BATCH_BYTES_MAX {
-        return Err(EngineError::BatchTooLarge { size: total, max: BATCH_BYTES_MAX });
+        return Err(EngineError::BatchTooLarge {
+            size: total,
+            max: BATCH_BYTES_MAX,
+        });
     }
     Ok(total)
 }
@@ -358,29 +404,51 @@ struct Encoded {
     builder: IndexBuilder,
 }
 
-fn encode_batch(records: &[NewRecord<'_>], a: &Active, base: u64, batch_len: u64, now: i64) -> Result<Encoded, EngineError> {
+fn encode_batch(
+    records: &[NewRecord<'_>],
+    a: &Active,
+    base: u64,
+    batch_len: u64,
+    now: i64,
+) -> Result<Encoded, EngineError> {
     let mut log_bytes = Vec::with_capacity(usize::try_from(batch_len).unwrap_or(0));
     let mut builder = a.builder.clone();
     let mut entries = Vec::new();
     for (i, r) in records.iter().enumerate() {
         let offset = base + i as u64;
         let position = a.data_end + log_bytes.len() as u64;
-        let ts = if r.timestamp_ms == -1 { now } else { r.timestamp_ms };
-        encode_record(&mut log_bytes, offset, ts, r.key, r.value, a.seg.generation)
-            .map_err(|e| EngineError::InvalidRequest { detail: e.to_string() })?;
+        let ts = if r.timestamp_ms == -1 {
+            now
+        } else {
+            r.timestamp_ms
+        };
+        encode_record(&mut log_bytes, offset, ts, r.key, r.value, a.seg.generation).map_err(
+            |e| EngineError::InvalidRequest {
+                detail: e.to_string(),
+            },
+        )?;
         entries.extend(builder.observe(a.seg.base_offset, offset, position));
     }
     let mut index_bytes = Vec::with_capacity(entries.len() * INDEX_ENTRY_LEN);
     for e in &entries {
         e.encode_into(&mut index_bytes);
     }
-    Ok(Encoded { log_bytes, index_bytes, entries, builder })
+    Ok(Encoded {
+        log_bytes,
+        index_bytes,
+        entries,
+        builder,
+    })
 }
 
 impl PartitionLog {
     /// Appends `records` as one write, assigning consecutive offsets. Returns once
     /// written, not once durable: call [`PartitionLog::wait_durable`] for that.
-    pub fn append(&self, records: &[NewRecord<'_>], config: &TopicConfig) -> Result<Appended, EngineError> {
+    pub fn append(
+        &self,
+        records: &[NewRecord<'_>],
+        config: &TopicConfig,
+    ) -> Result<Appended, EngineError> {
         let batch_len = check_batch(records, config.max_record_bytes)?;
         let now = now_ms();
         let mut w = lock(&self.write);
@@ -397,13 +465,23 @@ impl PartitionLog {
         a.file_len = a.file_len.max(a.data_end);
         a.index_len += enc.index_bytes.len() as u64;
         a.builder = enc.builder;
-        a.seg.index.write().unwrap_or_else(PoisonError::into_inner).extend(enc.entries);
+        a.seg
+            .index
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .extend(enc.entries);
         a.seg.written_end.store(a.data_end, Ordering::Release);
         w.next_offset += count;
         self.stats.produce_requests.fetch_add(1, Ordering::Relaxed);
-        self.stats.records_appended.fetch_add(count, Ordering::Relaxed);
+        self.stats
+            .records_appended
+            .fetch_add(count, Ordering::Relaxed);
         let unflushed = w.next_offset - lock(&self.sync).durable_end;
-        Ok(Appended { base_offset: base, last_offset: base + count - 1, unflushed })
+        Ok(Appended {
+            base_offset: base,
+            last_offset: base + count - 1,
+            unflushed,
+        })
     }
 
     fn check_writable(&self) -> Result<(), EngineError> {
@@ -445,7 +523,9 @@ impl PartitionLog {
         })();
         match cut {
             Ok(()) => EngineError::io(format!("{what} {path} at position {}", a.data_end), err),
-            Err(e) => self.fail(format!("write to {path} failed ({err}) and could not be cut off: {e}")),
+            Err(e) => self.fail(format!(
+                "write to {path} failed ({err}) and could not be cut off: {e}"
+            )),
         }
     }
 }
@@ -498,21 +578,37 @@ impl PartitionLog {
         let old = &mut w.active;
         // 1.
         if old.file_len > old.data_end {
-            old.log.set_len(old.data_end).map_err(|e| EngineError::io(format!("truncating {}", old.seg.path.display()), e))?;
+            old.log.set_len(old.data_end).map_err(|e| {
+                EngineError::io(format!("truncating {}", old.seg.path.display()), e)
+            })?;
             old.file_len = old.data_end;
         }
         // 2.
-        let (log, index) = create_segment_files(&*self.storage, &self.dir, base)
-            .map_err(|e| EngineError::io(format!("creating segment {} in {}", log_file_name(base), self.dir.display()), e))?;
+        let (log, index) = create_segment_files(&*self.storage, &self.dir, base).map_err(|e| {
+            EngineError::io(
+                format!(
+                    "creating segment {} in {}",
+                    log_file_name(base),
+                    self.dir.display()
+                ),
+                e,
+            )
+        })?;
         let path = self.dir.join(log_file_name(base));
         let seg = Segment::new(base, 0, path.clone(), Vec::new(), HEADER_LEN as u64);
         let seg = match seg {
             Ok(s) => Arc::new(s),
             Err(e) => {
-                let removed = self.storage.remove_file(&path).and_then(|()| self.storage.remove_file(&path.with_extension("index")));
+                let removed = self
+                    .storage
+                    .remove_file(&path)
+                    .and_then(|()| self.storage.remove_file(&path.with_extension("index")));
                 return Err(match removed {
                     Ok(()) => EngineError::io(format!("opening {}", path.display()), e),
-                    Err(r) => self.fail(format!("cannot open new segment {} ({e}) nor remove it ({r})", path.display())),
+                    Err(r) => self.fail(format!(
+                        "cannot open new segment {} ({e}) nor remove it ({r})",
+                        path.display()
+                    )),
                 });
             }
         };
@@ -595,11 +691,14 @@ impl PartitionLog {
                 active_end: w.active.data_end,
             }
         };
-        self.execute(&plan).map_err(|e| format!("fsync in {} failed: {e}", self.dir.display()))?;
+        self.execute(&plan)
+            .map_err(|e| format!("fsync in {} failed: {e}", self.dir.display()))?;
         for (seg, end) in &plan.pending.sealed {
             seg.readable_end.fetch_max(*end, Ordering::AcqRel);
         }
-        plan.active_seg.readable_end.fetch_max(plan.active_end, Ordering::AcqRel);
+        plan.active_seg
+            .readable_end
+            .fetch_max(plan.active_end, Ordering::AcqRel);
         Ok(plan.target)
     }
 
@@ -640,9 +739,18 @@ pub struct LogFetch {
 impl PartitionLog {
     /// Durable records from `offset`, at most `max_bytes` of them (at least one whole
     /// record if one exists), waiting up to `max_wait` when `offset` is the durable end.
-    pub fn fetch(&self, offset: u64, max_bytes: u32, max_wait: Duration) -> Result<LogFetch, EngineError> {
+    pub fn fetch(
+        &self,
+        offset: u64,
+        max_bytes: u32,
+        max_wait: Duration,
+    ) -> Result<LogFetch, EngineError> {
         let (start, end) = self.wait_for_data(offset, max_wait)?;
-        let mut fetched = LogFetch { chunks: Vec::new(), start_offset: start, end_offset: end };
+        let mut fetched = LogFetch {
+            chunks: Vec::new(),
+            start_offset: start,
+            end_offset: end,
+        };
         if offset >= end {
             return Ok(fetched);
         }
@@ -679,15 +787,25 @@ impl PartitionLog {
             if offset < s.durable_end || s.closed.is_some() || left.is_zero() {
                 return Ok((start, s.durable_end));
             }
-            s = self.synced.wait_timeout(s, left).unwrap_or_else(PoisonError::into_inner).0;
+            s = self
+                .synced
+                .wait_timeout(s, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
         }
     }
 
     /// Reads whole records from `offset` across segments, within `budget` bytes (but
     /// at least one record). Returns the chunks and the last offset read.
-    fn read(&self, offset: u64, budget: u32) -> Result<(Vec<FetchChunk>, Option<u64>), EngineError> {
+    fn read(
+        &self,
+        offset: u64,
+        budget: u32,
+    ) -> Result<(Vec<FetchChunk>, Option<u64>), EngineError> {
         let segs = self.snapshot();
-        let mut i = segs.partition_point(|s| s.base_offset <= offset).saturating_sub(1);
+        let mut i = segs
+            .partition_point(|s| s.base_offset <= offset)
+            .saturating_sub(1);
         let mut left = u64::from(budget);
         let mut chunks = Vec::new();
         let mut next = offset;
@@ -698,7 +816,10 @@ impl PartitionLog {
                 left = left.saturating_sub(out.bytes.len() as u64);
                 next = l + 1;
                 last = Some(l);
-                chunks.push(FetchChunk { generation: seg.generation, bytes: out.bytes });
+                chunks.push(FetchChunk {
+                    generation: seg.generation,
+                    bytes: out.bytes,
+                });
             }
             if out.budget_hit {
                 break;
@@ -736,12 +857,19 @@ impl Window<'_> {
     /// Drops what lies before `at` and reads on until `needed` bytes from `at` are
     /// buffered (or the limit is reached). Returns false if nothing more could be read.
     fn fill(&mut self, at: u64, needed: u64) -> io::Result<bool> {
-        let drop_n = usize::try_from(at.saturating_sub(self.pos)).unwrap_or(usize::MAX).min(self.buf.len());
+        let drop_n = usize::try_from(at.saturating_sub(self.pos))
+            .unwrap_or(usize::MAX)
+            .min(self.buf.len());
         self.buf.drain(..drop_n);
         self.pos += drop_n as u64;
         let end = self.pos + self.buf.len() as u64;
-        let want = needed.max(self.read_bytes).saturating_sub(self.buf.len() as u64).min(self.limit.saturating_sub(end));
-        let Ok(want) = usize::try_from(want) else { return Ok(false) };
+        let want = needed
+            .max(self.read_bytes)
+            .saturating_sub(self.buf.len() as u64)
+            .min(self.limit.saturating_sub(end));
+        let Ok(want) = usize::try_from(want) else {
+            return Ok(false);
+        };
         if want == 0 {
             return Ok(false);
         }
@@ -755,16 +883,39 @@ impl Window<'_> {
 
 /// Reads whole records with offsets ≥ `offset` from one segment, up to its readable
 /// end: index lookup, one large read from the entry, scan forward.
-fn read_segment(seg: &Segment, offset: u64, budget: u64, take_one: bool) -> Result<SegmentRead, EngineError> {
+fn read_segment(
+    seg: &Segment,
+    offset: u64,
+    budget: u64,
+    take_one: bool,
+) -> Result<SegmentRead, EngineError> {
     let limit = seg.readable_end.load(Ordering::Acquire);
     let rel = offset.saturating_sub(seg.base_offset);
-    let entry = lookup(&seg.index.read().unwrap_or_else(PoisonError::into_inner), rel);
-    let start = entry.map_or(HEADER_LEN as u64, |e| e.position).max(HEADER_LEN as u64);
+    let entry = lookup(
+        &seg.index.read().unwrap_or_else(PoisonError::into_inner),
+        rel,
+    );
+    let start = entry
+        .map_or(HEADER_LEN as u64, |e| e.position)
+        .max(HEADER_LEN as u64);
     let read_bytes = (budget + INDEX_INTERVAL_BYTES).max(FETCH_READ_MIN_BYTES);
-    let mut win = Window { file: &seg.file, pos: start, buf: Vec::new(), limit, read_bytes };
-    let mut out = SegmentRead { bytes: Vec::new(), last_offset: None, budget_hit: false };
+    let mut win = Window {
+        file: &seg.file,
+        pos: start,
+        buf: Vec::new(),
+        limit,
+        read_bytes,
+    };
+    let mut out = SegmentRead {
+        bytes: Vec::new(),
+        last_offset: None,
+        budget_hit: false,
+    };
     let mut pos = start;
-    let corrupt = |detail: String| EngineError::Corrupt { path: seg.path.clone(), detail };
+    let corrupt = |detail: String| EngineError::Corrupt {
+        path: seg.path.clone(),
+        detail,
+    };
     let io_err = |e: io::Error| EngineError::io(format!("reading {}", seg.path.display()), e);
     while pos < limit {
         let avail = win.from(pos);
@@ -772,19 +923,23 @@ fn read_segment(seg: &Segment, offset: u64, budget: u64, take_one: bool) -> Resu
         let more_on_disk = pos + (avail.len() as u64) < limit;
         if (avail.len() as u64) < need && more_on_disk {
             if !win.fill(pos, need).map_err(io_err)? {
-                return Err(corrupt(format!("file ends before its durable data does ({limit} bytes)")));
+                return Err(corrupt(format!(
+                    "file ends before its durable data does ({limit} bytes)"
+                )));
             }
             continue;
         }
-        let record = decode_record(avail, pos, seg.generation).map_err(|e| corrupt(e.to_string()))?;
+        let record =
+            decode_record(avail, pos, seg.generation).map_err(|e| corrupt(e.to_string()))?;
         let len = record.encoded_len as u64;
         if record.offset >= offset {
             let fits = out.bytes.len() as u64 + len <= budget;
-            if !fits && !(take_one && out.bytes.is_empty()) {
+            if !(fits || take_one && out.bytes.is_empty()) {
                 out.budget_hit = true;
                 break;
             }
-            out.bytes.extend_from_slice(avail.get(..record.encoded_len).unwrap_or(&[]));
+            out.bytes
+                .extend_from_slice(avail.get(..record.encoded_len).unwrap_or(&[]));
             out.last_offset = Some(record.offset);
         }
         pos += len;
@@ -796,7 +951,10 @@ fn read_segment(seg: &Segment, offset: u64, budget: u64, take_one: bool) -> Resu
 /// length (bounded by the largest record, so an implausible length is never read for;
 /// the decoder reports it).
 fn needed_len(avail: &[u8]) -> u64 {
-    match avail.get(..LEN_FIELD).and_then(|b| <[u8; 4]>::try_from(b).ok()) {
+    match avail
+        .get(..LEN_FIELD)
+        .and_then(|b| <[u8; 4]>::try_from(b).ok())
+    {
         Some(b) => u64::from(u32::from_be_bytes(b).min(MAX_RECORD_LEN)) + LEN_FIELD as u64,
         None => LEN_FIELD as u64,
     }
@@ -807,7 +965,8 @@ fn needed_len(avail: &[u8]) -> u64 {
 /// The base offsets of the `.log` files in `dir`, sorted. Refuses a directory with
 /// an unfinished compaction swap (recovery finishes it).
 fn list_segments(dir: &Path) -> Result<Vec<u64>, EngineError> {
-    let entries = std::fs::read_dir(dir).map_err(|e| EngineError::io(format!("listing {}", dir.display()), e))?;
+    let entries = std::fs::read_dir(dir)
+        .map_err(|e| EngineError::io(format!("listing {}", dir.display()), e))?;
     let mut bases = Vec::new();
     for entry in entries {
         let entry = entry.map_err(|e| EngineError::io(format!("listing {}", dir.display()), e))?;
@@ -829,10 +988,15 @@ fn list_segments(dir: &Path) -> Result<Vec<u64>, EngineError> {
 
 /// Creates segment 0 in an empty partition directory and makes it durable:
 /// 1. create the log (header) and index, 2. fsync the log, 3. fsync the directory.
-pub(crate) fn create_first_segment(storage: &dyn Storage, dir: &Path, stats: &LogStats) -> Result<(), EngineError> {
+pub(crate) fn create_first_segment(
+    storage: &dyn Storage,
+    dir: &Path,
+    stats: &LogStats,
+) -> Result<(), EngineError> {
     let ctx = || format!("creating the first segment in {}", dir.display());
     // 1.
-    let (log, _index) = create_segment_files(storage, dir, 0).map_err(|e| EngineError::io(ctx(), e))?;
+    let (log, _index) =
+        create_segment_files(storage, dir, 0).map_err(|e| EngineError::io(ctx(), e))?;
     // 2.
     stats.fsyncs.fetch_add(2, Ordering::Relaxed);
     log.sync_all().map_err(|e| EngineError::io(ctx(), e))?;
@@ -840,15 +1004,59 @@ pub(crate) fn create_first_segment(storage: &dyn Storage, dir: &Path, stats: &Lo
     storage.sync_dir(dir).map_err(|e| EngineError::io(ctx(), e))
 }
 
+/// What is on disk at open may be only in the page cache (a process that was killed
+/// wrote it and never fsynced), yet it is about to be served as durable:
+/// 1. fsync every sealed log, 2. fsync the active log, 3. fsync the directory.
+///
+/// On a clean shutdown these find nothing dirty and are cheap.
+fn sync_on_open(
+    storage: &dyn Storage,
+    dir: &Path,
+    segments: &[Arc<Segment>],
+    active: &dyn StorageFile,
+    stats: &LogStats,
+) -> Result<(), EngineError> {
+    let ctx = |p: &Path| format!("syncing {} at open", p.display());
+    // 1.
+    for seg in segments.iter().rev().skip(1) {
+        let f = storage
+            .open(&seg.path)
+            .map_err(|e| EngineError::io(ctx(&seg.path), e))?;
+        stats.fsyncs.fetch_add(1, Ordering::Relaxed);
+        f.sync_all()
+            .map_err(|e| EngineError::io(ctx(&seg.path), e))?;
+    }
+    // 2.
+    stats.fsyncs.fetch_add(2, Ordering::Relaxed);
+    active
+        .sync_all()
+        .map_err(|e| EngineError::io(ctx(dir), e))?;
+    // 3.
+    storage
+        .sync_dir(dir)
+        .map_err(|e| EngineError::io(ctx(dir), e))
+}
+
 /// Reads and checks a segment's header; its base must match the file name.
-fn checked_header(file: &File, len: u64, path: &Path, base: u64) -> Result<SegmentHeader, EngineError> {
+fn checked_header(
+    file: &File,
+    len: u64,
+    path: &Path,
+    base: u64,
+) -> Result<SegmentHeader, EngineError> {
     let header = read_header(file, len)
         .map_err(|e| EngineError::io(format!("reading {}", path.display()), e))?
-        .map_err(|e| EngineError::Corrupt { path: path.to_path_buf(), detail: e.to_string() })?;
+        .map_err(|e| EngineError::Corrupt {
+            path: path.to_path_buf(),
+            detail: e.to_string(),
+        })?;
     if header.base_offset != base {
         return Err(EngineError::Corrupt {
             path: path.to_path_buf(),
-            detail: format!("header base offset {} does not match the file name", header.base_offset),
+            detail: format!(
+                "header base offset {} does not match the file name",
+                header.base_offset
+            ),
         });
     }
     Ok(header)
@@ -877,7 +1085,10 @@ fn open_sealed(dir: &Path, base: u64, notes: &mut Vec<String>) -> Result<Segment
         Some(index) => index,
         None => {
             let scan = scan_segment(&file, &header, len, |_, _| {}).map_err(io_err)?;
-            notes.push(format!("{}: index missing or invalid, rebuilt in memory", path.display()));
+            notes.push(format!(
+                "{}: index missing or invalid, rebuilt in memory",
+                path.display()
+            ));
             scan.index
         }
     };
@@ -894,7 +1105,12 @@ fn open_sealed(dir: &Path, base: u64, notes: &mut Vec<String>) -> Result<Segment
 
 /// Opens the active segment: scans it in full, refuses a torn or corrupt tail,
 /// brings its index file in line with the scan. Returns it and the next offset.
-fn open_active(storage: &dyn Storage, dir: &Path, base: u64, notes: &mut Vec<String>) -> Result<(Active, u64), EngineError> {
+fn open_active(
+    storage: &dyn Storage,
+    dir: &Path,
+    base: u64,
+    notes: &mut Vec<String>,
+) -> Result<(Active, u64), EngineError> {
     let path = dir.join(log_file_name(base));
     let io_err = |e| EngineError::io(format!("opening {}", path.display()), e);
     let log: Arc<dyn StorageFile> = Arc::from(storage.open(&path).map_err(io_err)?);
@@ -906,10 +1122,16 @@ fn open_active(storage: &dyn Storage, dir: &Path, base: u64, notes: &mut Vec<Str
         first_ts.get_or_insert(r.timestamp_ms);
     })
     .map_err(io_err)?;
-    if !matches!(scan.end, ScanEnd::Eof | ScanEnd::Record(RecordError::Zero { .. })) {
+    if !matches!(
+        scan.end,
+        ScanEnd::Eof | ScanEnd::Record(RecordError::Zero { .. })
+    ) {
         return Err(EngineError::Corrupt {
             path,
-            detail: format!("active segment ends in a bad tail ({}); run `seglog recover`", scan.end.detail()),
+            detail: format!(
+                "active segment ends in a bad tail ({}); run `seglog recover`",
+                scan.end.detail()
+            ),
         });
     }
     let index = sync_index_file(storage, dir, base, &scan.index, notes)?;
@@ -966,12 +1188,266 @@ fn sync_index_file(
         return Ok(file);
     }
     if prefix {
-        file.write_at(want.get(have.len()..).unwrap_or(&[]), len).map_err(io_err)?;
+        file.write_at(want.get(have.len()..).unwrap_or(&[]), len)
+            .map_err(io_err)?;
     } else {
         file.set_len(0).map_err(io_err)?;
         file.write_at(&want, 0).map_err(io_err)?;
     }
     file.set_len(want.len() as u64).map_err(io_err)?;
-    notes.push(format!("{}: index brought in line with the log ({} entries)", path.display(), entries.len()));
+    notes.push(format!(
+        "{}: index brought in line with the log ({} entries)",
+        path.display(),
+        entries.len()
+    ));
     Ok(file)
+}
+
+#[cfg(test)]
+#[expect(clippy::unwrap_used, clippy::indexing_slicing, reason = "tests")]
+mod tests {
+    use super::*;
+    use crate::engine::io::RealStorage;
+
+    /// Real storage that records every fsync, in order, as (kind, file name).
+    #[derive(Debug, Default)]
+    struct Recorder(Mutex<Vec<(&'static str, String)>>);
+
+    #[derive(Debug)]
+    struct RecFile {
+        inner: Box<dyn StorageFile>,
+        name: String,
+        rec: Arc<Recorder>,
+    }
+
+    impl Recorder {
+        fn push(&self, kind: &'static str, name: &str) {
+            self.0.lock().unwrap().push((kind, name.to_string()));
+        }
+        fn take(&self) -> Vec<(&'static str, String)> {
+            std::mem::take(&mut *self.0.lock().unwrap())
+        }
+    }
+
+    fn file_name(p: &Path) -> String {
+        p.file_name().unwrap().to_string_lossy().into_owned()
+    }
+
+    impl StorageFile for RecFile {
+        fn write_at(&self, buf: &[u8], pos: u64) -> io::Result<()> {
+            self.inner.write_at(buf, pos)
+        }
+        fn read_at(&self, buf: &mut [u8], pos: u64) -> io::Result<usize> {
+            self.inner.read_at(buf, pos)
+        }
+        fn set_len(&self, len: u64) -> io::Result<()> {
+            self.inner.set_len(len)
+        }
+        fn allocate(&self, len: u64) -> io::Result<()> {
+            self.inner.allocate(len)
+        }
+        fn sync_data(&self) -> io::Result<()> {
+            self.rec.push("sync_data", &self.name);
+            self.inner.sync_data()
+        }
+        fn sync_all(&self) -> io::Result<()> {
+            self.rec.push("sync_all", &self.name);
+            self.inner.sync_all()
+        }
+        fn len(&self) -> io::Result<u64> {
+            self.inner.len()
+        }
+    }
+
+    #[derive(Debug)]
+    struct RecStorage(Arc<Recorder>);
+
+    impl Storage for RecStorage {
+        fn create(&self, path: &Path) -> io::Result<Box<dyn StorageFile>> {
+            Ok(Box::new(RecFile {
+                inner: RealStorage.create(path)?,
+                name: file_name(path),
+                rec: self.0.clone(),
+            }))
+        }
+        fn open(&self, path: &Path) -> io::Result<Box<dyn StorageFile>> {
+            Ok(Box::new(RecFile {
+                inner: RealStorage.open(path)?,
+                name: file_name(path),
+                rec: self.0.clone(),
+            }))
+        }
+        fn create_dir_all(&self, path: &Path) -> io::Result<()> {
+            RealStorage.create_dir_all(path)
+        }
+        fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+            RealStorage.rename(from, to)
+        }
+        fn remove_file(&self, path: &Path) -> io::Result<()> {
+            RealStorage.remove_file(path)
+        }
+        fn remove_dir_all(&self, path: &Path) -> io::Result<()> {
+            RealStorage.remove_dir_all(path)
+        }
+        fn sync_dir(&self, path: &Path) -> io::Result<()> {
+            self.0.push("sync_dir", &file_name(path));
+            RealStorage.sync_dir(path)
+        }
+    }
+
+    fn new_log(dir: &Path, storage: StorageRef) -> PartitionLog {
+        let stats = Arc::new(LogStats::default());
+        create_first_segment(&*storage, dir, &stats).unwrap();
+        PartitionLog::open("t", 0, dir, storage, stats).unwrap().0
+    }
+
+    fn config(segment_bytes: u64) -> TopicConfig {
+        TopicConfig {
+            segment_bytes,
+            ..TopicConfig::default()
+        }
+    }
+
+    fn value_of(log: &PartitionLog, offset: u64, budget: u32) -> Vec<(u64, usize)> {
+        let f = log.fetch(offset, budget, Duration::ZERO).unwrap();
+        let mut out = Vec::new();
+        for c in &f.chunks {
+            let mut pos = 0;
+            while pos < c.bytes.len() {
+                let r = decode_record(&c.bytes[pos..], pos as u64, c.generation).unwrap();
+                out.push((r.offset, r.value.len()));
+                pos += r.encoded_len;
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn a_roll_is_made_durable_before_the_new_segment_is_acknowledged() {
+        let dir = tempfile::tempdir().unwrap();
+        let rec = Arc::new(Recorder::default());
+        let log = new_log(dir.path(), Arc::new(RecStorage(rec.clone())));
+        let v = vec![7u8; 600];
+        let a = log
+            .append(
+                &[NewRecord {
+                    key: None,
+                    value: &v,
+                    timestamp_ms: 1,
+                }],
+                &config(1024),
+            )
+            .unwrap();
+        log.wait_durable(a.last_offset + 1).unwrap();
+        rec.take();
+        // Does not fit: rolls to segment 1. Nothing is synced by the roll itself.
+        let b = log
+            .append(
+                &[NewRecord {
+                    key: None,
+                    value: &v,
+                    timestamp_ms: 1,
+                }],
+                &config(1024),
+            )
+            .unwrap();
+        assert_eq!(b.base_offset, 1);
+        assert_eq!(rec.take(), []);
+        assert_eq!(log.durable_end(), 1);
+        assert_eq!(
+            value_of(&log, 1, 1 << 20),
+            [],
+            "not served before it is durable"
+        );
+        log.wait_durable(2).unwrap();
+        let old = log_file_name(0);
+        let new = log_file_name(1);
+        assert_eq!(
+            rec.take(),
+            [
+                ("sync_all", old),
+                ("sync_all", index_file_name(0)),
+                ("sync_all", new.clone()),
+                ("sync_dir", file_name(dir.path())),
+                ("sync_data", new),
+            ]
+        );
+        assert_eq!(value_of(&log, 0, 1 << 20), [(0, 600), (1, 600)]);
+        assert_eq!(log.snapshot().len(), 2);
+    }
+
+    #[test]
+    fn records_larger_than_the_read_window_are_read_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = new_log(dir.path(), Arc::new(RealStorage));
+        let big = vec![1u8; 300 * 1024];
+        let small = vec![2u8; 10];
+        let recs = [
+            NewRecord {
+                key: None,
+                value: &small,
+                timestamp_ms: 1,
+            },
+            NewRecord {
+                key: None,
+                value: &big,
+                timestamp_ms: 1,
+            },
+            NewRecord {
+                key: None,
+                value: &big,
+                timestamp_ms: 1,
+            },
+            NewRecord {
+                key: None,
+                value: &small,
+                timestamp_ms: 1,
+            },
+        ];
+        let a = log.append(&recs, &config(64 << 20)).unwrap();
+        log.wait_durable(a.last_offset + 1).unwrap();
+        assert_eq!(value_of(&log, 0, 1), [(0, 10)]);
+        assert_eq!(value_of(&log, 1, 1), [(1, 300 * 1024)]);
+        assert_eq!(
+            value_of(&log, 1, 700 * 1024),
+            [(1, 300 * 1024), (2, 300 * 1024), (3, 10)]
+        );
+        assert_eq!(
+            value_of(&log, 0, 200 * 1024),
+            [(0, 10)],
+            "the budget stops before the big record"
+        );
+        assert_eq!(value_of(&log, 3, 1 << 20), [(3, 10)]);
+    }
+
+    #[test]
+    fn a_fetch_continues_into_the_next_segment() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = new_log(dir.path(), Arc::new(RealStorage));
+        let v = vec![3u8; 100];
+        for _ in 0..40 {
+            let a = log
+                .append(
+                    &[NewRecord {
+                        key: None,
+                        value: &v,
+                        timestamp_ms: 1,
+                    }],
+                    &config(1024),
+                )
+                .unwrap();
+            log.wait_durable(a.last_offset + 1).unwrap();
+        }
+        let segs = log.snapshot();
+        assert!(segs.len() > 3);
+        let boundary = segs[1].base_offset;
+        let got = value_of(&log, boundary - 2, 1 << 20);
+        assert_eq!(
+            got.iter().map(|r| r.0).collect::<Vec<_>>(),
+            (boundary - 2..40).collect::<Vec<_>>()
+        );
+        let f = log.fetch(boundary - 2, 1 << 20, Duration::ZERO).unwrap();
+        assert_eq!(f.chunks.len(), segs.len(), "one chunk per segment read");
+        assert_eq!((f.start_offset, f.end_offset), (0, 40));
+    }
 }

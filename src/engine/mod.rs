@@ -2,12 +2,14 @@
 //! compaction, the partition log, topics, and the broker with its network server.
 //! Everything that touches the disk goes through [`io::Storage`] for mutations.
 
-pub mod io;
-pub mod lock;
-pub mod segment;
 pub mod broker;
+pub mod check;
 pub mod client;
 pub mod error;
+pub mod io;
+pub mod layout;
+pub mod lock;
 pub mod log;
 pub mod protocol;
+pub mod segment;
 pub mod server;

@@ -27,7 +27,9 @@ pub fn read_header(file: &File, file_len: u64) -> io::Result<Result<SegmentHeade
 pub fn read_full_at(file: &File, buf: &mut [u8], pos: u64) -> io::Result<usize> {
     let mut done = 0;
     while done < buf.len() {
-        let Some(rest) = buf.get_mut(done..) else { break };
+        let Some(rest) = buf.get_mut(done..) else {
+            break;
+        };
         match file.read_at(rest, pos + done as u64) {
             Ok(0) => break,
             Ok(n) => done += n,
@@ -42,7 +44,10 @@ pub fn read_full_at(file: &File, buf: &mut [u8], pos: u64) -> io::Result<usize> 
 #[derive(Debug)]
 pub enum Next<'a> {
     /// A valid record starting at `position`.
-    Record { position: u64, record: RecordView<'a> },
+    Record {
+        position: u64,
+        record: RecordView<'a>,
+    },
     /// The data ends here: `None` exactly at the end of the file (or the reader's
     /// limit), else the reason the bytes at that position are not a record.
     End(Option<RecordError>),
@@ -72,8 +77,22 @@ impl<'f> RecordReader<'f> {
     }
 
     /// Like [`RecordReader::new`] with a chosen read size.
-    pub fn with_window(file: &'f File, generation: u64, start: u64, limit: u64, window: usize) -> Self {
-        RecordReader { file, generation, buf_pos: start, buf: Vec::new(), used: 0, limit, window: window.max(64) }
+    pub fn with_window(
+        file: &'f File,
+        generation: u64,
+        start: u64,
+        limit: u64,
+        window: usize,
+    ) -> Self {
+        RecordReader {
+            file,
+            generation,
+            buf_pos: start,
+            buf: Vec::new(),
+            used: 0,
+            limit,
+            window: window.max(64),
+        }
     }
 
     /// Position of the next record to be read.
@@ -91,13 +110,21 @@ impl<'f> RecordReader<'f> {
             let avail = self.buf.get(self.used..).unwrap_or(&[]);
             match decode_record(avail, pos, self.generation) {
                 Ok(_) => break,
-                Err(RecordError::Truncated { needed, .. }) if self.buf_pos + self.buf.len() as u64 == self.limit => {
+                Err(RecordError::Truncated { needed, .. })
+                    if self.buf_pos + self.buf.len() as u64 == self.limit =>
+                {
                     let available = self.limit - pos;
-                    return Ok(Next::End(Some(RecordError::Truncated { position: pos, needed, available })));
+                    return Ok(Next::End(Some(RecordError::Truncated {
+                        position: pos,
+                        needed,
+                        available,
+                    })));
                 }
                 Err(RecordError::Truncated { needed, .. }) => self.refill(needed as usize)?,
                 // Fewer than 4 zero bytes buffered: read on before calling it the end.
-                Err(RecordError::Zero { .. }) if avail.len() < LEN_FIELD && !self.at_limit() => self.refill(LEN_FIELD)?,
+                Err(RecordError::Zero { .. }) if avail.len() < LEN_FIELD && !self.at_limit() => {
+                    self.refill(LEN_FIELD)?
+                }
                 Err(e) => return Ok(Next::End(Some(e))),
             }
         }
@@ -106,7 +133,10 @@ impl<'f> RecordReader<'f> {
         match decode_record(avail, pos, self.generation) {
             Ok(record) => {
                 self.used += record.encoded_len;
-                Ok(Next::Record { position: pos, record })
+                Ok(Next::Record {
+                    position: pos,
+                    record,
+                })
             }
             Err(e) => Ok(Next::End(Some(e))),
         }
@@ -150,7 +180,12 @@ pub enum ScanEnd {
     /// The bytes at the record's position are not a valid record.
     Record(RecordError),
     /// A valid record whose offset does not increase (or is below the base offset).
-    OffsetOrder { position: u64, offset: u64, previous: Option<u64>, base_offset: u64 },
+    OffsetOrder {
+        position: u64,
+        offset: u64,
+        previous: Option<u64>,
+        base_offset: u64,
+    },
 }
 
 impl ScanEnd {
@@ -177,10 +212,20 @@ impl ScanEnd {
         match self {
             ScanEnd::Eof => "data ends at the end of the file".into(),
             ScanEnd::Record(e) => e.to_string(),
-            ScanEnd::OffsetOrder { position, offset, previous: Some(p), .. } => {
+            ScanEnd::OffsetOrder {
+                position,
+                offset,
+                previous: Some(p),
+                ..
+            } => {
                 format!("record at position {position} has offset {offset}, not above the previous offset {p}")
             }
-            ScanEnd::OffsetOrder { position, offset, previous: None, base_offset } => {
+            ScanEnd::OffsetOrder {
+                position,
+                offset,
+                previous: None,
+                base_offset,
+            } => {
                 format!("record at position {position} has offset {offset}, below the segment's base offset {base_offset}")
             }
         }
@@ -189,7 +234,10 @@ impl ScanEnd {
     /// True for a tail a writer may legally leave after its data: zeros (unwritten
     /// or preallocated space) or records of an older generation of a reused file.
     pub fn is_benign_tail(&self) -> bool {
-        matches!(self, ScanEnd::Record(RecordError::Zero { .. } | RecordError::StaleGeneration { .. }))
+        matches!(
+            self,
+            ScanEnd::Record(RecordError::Zero { .. } | RecordError::StaleGeneration { .. })
+        )
     }
 }
 
@@ -259,7 +307,10 @@ pub fn scan_segment(
                 s.records += 1;
                 s.first_offset.get_or_insert(record.offset);
                 s.last_offset = Some(record.offset);
-                s.max_timestamp_ms = Some(s.max_timestamp_ms.map_or(record.timestamp_ms, |t| t.max(record.timestamp_ms)));
+                s.max_timestamp_ms = Some(
+                    s.max_timestamp_ms
+                        .map_or(record.timestamp_ms, |t| t.max(record.timestamp_ms)),
+                );
                 s.data_end = position + record.encoded_len as u64;
             }
             Next::End(None) => break,
@@ -299,16 +350,29 @@ pub fn open_log(path: &Path) -> io::Result<(File, u64)> {
 }
 
 #[cfg(test)]
-#[expect(clippy::unwrap_used, clippy::indexing_slicing, reason = "tests")]
 mod tests {
     use super::*;
     use crate::format::encode_record;
     use std::io::Write;
 
     fn segment(generation: u64, n: u64, value_len: usize) -> Vec<u8> {
-        let mut v = SegmentHeader { base_offset: 10, generation, flags: 0 }.encode().to_vec();
+        let mut v = SegmentHeader {
+            base_offset: 10,
+            generation,
+            flags: 0,
+        }
+        .encode()
+        .to_vec();
         for i in 0..n {
-            encode_record(&mut v, 10 + i, i as i64, Some(b"k"), &vec![b'x'; value_len], generation).unwrap();
+            encode_record(
+                &mut v,
+                10 + i,
+                i as i64,
+                Some(b"k"),
+                &vec![b'x'; value_len],
+                generation,
+            )
+            .unwrap();
         }
         v
     }
@@ -343,16 +407,31 @@ mod tests {
         let good = segment(2, 5, 10);
         let mut zeros = good.clone();
         zeros.extend_from_slice(&[0; 100]);
-        assert!(matches!(scan(&zeros, 64).1, ScanEnd::Record(RecordError::Zero { .. })));
+        assert!(matches!(
+            scan(&zeros, 64).1,
+            ScanEnd::Record(RecordError::Zero { .. })
+        ));
         let mut torn = good.clone();
         torn.extend_from_slice(&segment(2, 1, 10)[32..40]);
-        assert!(matches!(scan(&torn, 64).1, ScanEnd::Record(RecordError::Truncated { .. })));
+        assert!(matches!(
+            scan(&torn, 64).1,
+            ScanEnd::Record(RecordError::Truncated { .. })
+        ));
         let mut stale = good.clone();
         encode_record(&mut stale, 99, 0, None, b"old", 1).unwrap();
-        assert!(matches!(scan(&stale, 64).1, ScanEnd::Record(RecordError::StaleGeneration { writer_generation: 1, .. })));
+        assert!(matches!(
+            scan(&stale, 64).1,
+            ScanEnd::Record(RecordError::StaleGeneration {
+                writer_generation: 1,
+                ..
+            })
+        ));
         let mut short_zero = good.clone();
         short_zero.extend_from_slice(&[0, 0]);
-        assert!(matches!(scan(&short_zero, 64).1, ScanEnd::Record(RecordError::Zero { .. })));
+        assert!(matches!(
+            scan(&short_zero, 64).1,
+            ScanEnd::Record(RecordError::Zero { .. })
+        ));
     }
 
     #[test]
@@ -362,7 +441,10 @@ mod tests {
         f.write_all(&bytes).unwrap();
         let h = SegmentHeader::decode(&bytes).unwrap();
         let s = scan_segment(&f, &h, bytes.len() as u64, |_, _| {}).unwrap();
-        assert_eq!((s.records, s.first_offset, s.last_offset, s.end.clone()), (100, Some(10), Some(109), ScanEnd::Eof));
+        assert_eq!(
+            (s.records, s.first_offset, s.last_offset, s.end.clone()),
+            (100, Some(10), Some(109), ScanEnd::Eof)
+        );
         assert_eq!(s.data_end, bytes.len() as u64);
         assert!(s.index.len() > 3);
         let mut bad = segment(0, 3, 5);
@@ -370,7 +452,14 @@ mod tests {
         let mut f = tempfile::tempfile().unwrap();
         f.write_all(&bad).unwrap();
         let s = scan_segment(&f, &h, bad.len() as u64, |_, _| {}).unwrap();
-        assert!(matches!(s.end, ScanEnd::OffsetOrder { offset: 11, previous: Some(12), .. }));
+        assert!(matches!(
+            s.end,
+            ScanEnd::OffsetOrder {
+                offset: 11,
+                previous: Some(12),
+                ..
+            }
+        ));
         assert_eq!(s.records, 3);
     }
 }

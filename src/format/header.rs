@@ -41,7 +41,9 @@ pub enum HeaderError {
     AllZero,
     #[error("bad magic {found:02x?} at byte 0 (expected \"SEGL\")")]
     BadMagic { found: [u8; 4] },
-    #[error("unsupported format version {found} at byte 4 (this build reads version {FORMAT_VERSION})")]
+    #[error(
+        "unsupported format version {found} at byte 4 (this build reads version {FORMAT_VERSION})"
+    )]
     BadVersion { found: u16 },
     #[error("header_len {found} at byte 6 (expected {HEADER_LEN})")]
     BadHeaderLen { found: u16 },
@@ -76,7 +78,11 @@ impl HeaderError {
 impl SegmentHeader {
     /// A header for a new (generation 0) segment starting at `base_offset`.
     pub fn new(base_offset: u64) -> Self {
-        SegmentHeader { base_offset, generation: 0, flags: 0 }
+        SegmentHeader {
+            base_offset,
+            generation: 0,
+            flags: 0,
+        }
     }
 
     /// Encodes the header into its 32 bytes.
@@ -143,25 +149,36 @@ impl SegmentHeader {
 }
 
 #[cfg(test)]
-#[expect(clippy::indexing_slicing, clippy::unwrap_used, reason = "tests")]
 mod tests {
     use super::*;
 
     #[test]
     fn round_trip() {
-        let h = SegmentHeader { base_offset: 147, generation: 2, flags: 0 };
+        let h = SegmentHeader {
+            base_offset: 147,
+            generation: 2,
+            flags: 0,
+        };
         let bytes = h.encode();
         assert_eq!(SegmentHeader::decode(&bytes).unwrap(), h);
     }
 
     #[test]
     fn every_byte_flip_is_rejected() {
-        let bytes = SegmentHeader { base_offset: 9, generation: 3, flags: 0 }.encode();
+        let bytes = SegmentHeader {
+            base_offset: 9,
+            generation: 3,
+            flags: 0,
+        }
+        .encode();
         for i in 0..HEADER_LEN {
             for bit in 0..8 {
                 let mut b = bytes;
                 b[i] ^= 1 << bit;
-                assert!(SegmentHeader::decode(&b).is_err(), "flip byte {i} bit {bit}");
+                assert!(
+                    SegmentHeader::decode(&b).is_err(),
+                    "flip byte {i} bit {bit}"
+                );
             }
         }
     }
@@ -170,21 +187,35 @@ mod tests {
     fn every_truncation_is_rejected() {
         let bytes = SegmentHeader::new(0).encode();
         for len in 0..HEADER_LEN {
-            assert!(matches!(SegmentHeader::decode(&bytes[..len]), Err(HeaderError::Short { .. })));
+            assert!(matches!(
+                SegmentHeader::decode(&bytes[..len]),
+                Err(HeaderError::Short { .. })
+            ));
         }
     }
 
     #[test]
     fn zero_header_is_named() {
-        assert!(matches!(SegmentHeader::decode(&[0u8; 40]), Err(HeaderError::AllZero)));
+        assert!(matches!(
+            SegmentHeader::decode(&[0u8; 40]),
+            Err(HeaderError::AllZero)
+        ));
     }
 
     #[test]
     fn unknown_flags_are_rejected_even_with_good_crc() {
-        let mut b = SegmentHeader { base_offset: 1, generation: 0, flags: 0 }.encode();
+        let mut b = SegmentHeader {
+            base_offset: 1,
+            generation: 0,
+            flags: 0,
+        }
+        .encode();
         b[27] = 1;
         let crc = crc32(&b[..28]);
         b[28..].copy_from_slice(&crc.to_be_bytes());
-        assert!(matches!(SegmentHeader::decode(&b), Err(HeaderError::UnknownFlags { found: 1 })));
+        assert!(matches!(
+            SegmentHeader::decode(&b),
+            Err(HeaderError::UnknownFlags { found: 1 })
+        ));
     }
 }

@@ -29,11 +29,25 @@ pub enum IndexError {
     #[error("index length {len} is not a multiple of {INDEX_ENTRY_LEN} (partial entry at byte {})", len - len % INDEX_ENTRY_LEN as u64)]
     PartialEntry { len: u64 },
     #[error("index entry at byte {at} does not increase: relative_offset {relative_offset}, position {position}")]
-    NotIncreasing { at: u64, relative_offset: u64, position: u64 },
+    NotIncreasing {
+        at: u64,
+        relative_offset: u64,
+        position: u64,
+    },
     #[error("index entry at byte {at} points at position {position}, outside the log's data (..{data_end})")]
-    PastData { at: u64, position: u64, data_end: u64 },
+    PastData {
+        at: u64,
+        position: u64,
+        data_end: u64,
+    },
     #[error("index entry at byte {at} is ({found_relative_offset}, {found_position}), the log gives ({relative_offset}, {position})")]
-    WrongEntry { at: u64, found_relative_offset: u64, found_position: u64, relative_offset: u64, position: u64 },
+    WrongEntry {
+        at: u64,
+        found_relative_offset: u64,
+        found_position: u64,
+        relative_offset: u64,
+        position: u64,
+    },
     #[error("index has {found} entries, the log gives {expected}; first missing or extra entry at byte {at}")]
     WrongCount { at: u64, found: u64, expected: u64 },
 }
@@ -79,7 +93,10 @@ impl IndexEntry {
 
     /// Decodes the entry at the start of `bytes`.
     pub fn decode(bytes: &[u8]) -> Option<IndexEntry> {
-        Some(IndexEntry { relative_offset: be_u64(bytes, 0)?, position: be_u64(bytes, 8)? })
+        Some(IndexEntry {
+            relative_offset: be_u64(bytes, 0)?,
+            position: be_u64(bytes, 8)?,
+        })
     }
 }
 
@@ -94,14 +111,24 @@ pub fn decode_index(bytes: &[u8], data_end: Option<u64>) -> Result<Vec<IndexEntr
     let mut prev: Option<IndexEntry> = None;
     for (i, chunk) in bytes.chunks_exact(INDEX_ENTRY_LEN).enumerate() {
         let at = (i * INDEX_ENTRY_LEN) as u64;
-        let Some(e) = IndexEntry::decode(chunk) else { break };
+        let Some(e) = IndexEntry::decode(chunk) else {
+            break;
+        };
         if let Some(p) = prev {
             if e.relative_offset <= p.relative_offset || e.position <= p.position {
-                return Err(IndexError::NotIncreasing { at, relative_offset: e.relative_offset, position: e.position });
+                return Err(IndexError::NotIncreasing {
+                    at,
+                    relative_offset: e.relative_offset,
+                    position: e.position,
+                });
             }
         }
         if e.position < HEADER_LEN as u64 || data_end.is_some_and(|end| e.position >= end) {
-            return Err(IndexError::PastData { at, position: e.position, data_end: data_end.unwrap_or(0) });
+            return Err(IndexError::PastData {
+                at,
+                position: e.position,
+                data_end: data_end.unwrap_or(0),
+            });
         }
         out.push(e);
         prev = Some(e);
@@ -118,12 +145,16 @@ pub struct IndexBuilder {
 impl IndexBuilder {
     /// A builder for an empty segment.
     pub fn new() -> Self {
-        IndexBuilder { last_position: None }
+        IndexBuilder {
+            last_position: None,
+        }
     }
 
     /// A builder that continues after an existing last entry.
     pub fn resume(last: Option<IndexEntry>) -> Self {
-        IndexBuilder { last_position: last.map(|e| e.position) }
+        IndexBuilder {
+            last_position: last.map(|e| e.position),
+        }
     }
 
     /// Position of the newest entry, if any.
@@ -142,7 +173,10 @@ impl IndexBuilder {
             return None;
         }
         self.last_position = Some(position);
-        Some(IndexEntry { relative_offset: offset.wrapping_sub(base_offset), position })
+        Some(IndexEntry {
+            relative_offset: offset.wrapping_sub(base_offset),
+            position,
+        })
     }
 }
 
@@ -156,7 +190,11 @@ pub fn lookup(entries: &[IndexEntry], relative_offset: u64) -> Option<IndexEntry
 /// decode end the search.
 pub fn lookup_bytes(bytes: &[u8], relative_offset: u64) -> Option<IndexEntry> {
     let n = bytes.len() / INDEX_ENTRY_LEN;
-    let entry = |i: usize| bytes.get(i * INDEX_ENTRY_LEN..).and_then(IndexEntry::decode);
+    let entry = |i: usize| {
+        bytes
+            .get(i * INDEX_ENTRY_LEN..)
+            .and_then(IndexEntry::decode)
+    };
     let (mut lo, mut hi) = (0usize, n);
     while lo < hi {
         let mid = lo + (hi - lo) / 2;
@@ -169,7 +207,6 @@ pub fn lookup_bytes(bytes: &[u8], relative_offset: u64) -> Option<IndexEntry> {
 }
 
 #[cfg(test)]
-#[expect(clippy::unwrap_used, reason = "tests")]
 mod tests {
     use super::*;
 
@@ -184,7 +221,13 @@ mod tests {
             }
             pos += 100;
         }
-        assert_eq!(entries[0], IndexEntry { relative_offset: 0, position: 32 });
+        assert_eq!(
+            entries[0],
+            IndexEntry {
+                relative_offset: 0,
+                position: 32
+            }
+        );
         for w in entries.windows(2) {
             assert!(w[1].position - w[0].position >= INDEX_INTERVAL_BYTES);
             assert!(w[1].position - w[0].position < INDEX_INTERVAL_BYTES + 100);
@@ -202,11 +245,23 @@ mod tests {
 
     #[test]
     fn partial_and_non_increasing_rejected() {
-        let e = IndexEntry { relative_offset: 0, position: 32 };
+        let e = IndexEntry {
+            relative_offset: 0,
+            position: 32,
+        };
         let mut bytes = e.encode().to_vec();
         bytes.extend_from_slice(&e.encode());
-        assert!(matches!(decode_index(&bytes, None), Err(IndexError::NotIncreasing { at: 16, .. })));
-        assert!(matches!(decode_index(&bytes[..20], None), Err(IndexError::PartialEntry { len: 20 })));
-        assert!(matches!(decode_index(&bytes[..16], Some(32)), Err(IndexError::PastData { .. })));
+        assert!(matches!(
+            decode_index(&bytes, None),
+            Err(IndexError::NotIncreasing { at: 16, .. })
+        ));
+        assert!(matches!(
+            decode_index(&bytes[..20], None),
+            Err(IndexError::PartialEntry { len: 20 })
+        ));
+        assert!(matches!(
+            decode_index(&bytes[..16], Some(32)),
+            Err(IndexError::PastData { .. })
+        ));
     }
 }

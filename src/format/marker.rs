@@ -61,10 +61,13 @@ impl CompactionMarker {
         if bytes.len() > MARKER_BYTES_MAX {
             return Err(MarkerError::TooLarge { len: bytes.len() });
         }
-        let json: MarkerJson =
-            serde_json::from_slice(bytes).map_err(|e| MarkerError::Json { detail: e.to_string() })?;
+        let json: MarkerJson = serde_json::from_slice(bytes).map_err(|e| MarkerError::Json {
+            detail: e.to_string(),
+        })?;
         if json.version.as_u64() != Some(MARKER_VERSION) {
-            return Err(MarkerError::Version { found: json.version.to_string() });
+            return Err(MarkerError::Version {
+                found: json.version.to_string(),
+            });
         }
         let parse = |names: Option<Vec<String>>, field| -> Result<Vec<u64>, MarkerError> {
             names
@@ -73,12 +76,14 @@ impl CompactionMarker {
                 .map(|n| parse_stem(&n).ok_or(MarkerError::BadName { name: n }))
                 .collect()
         };
-        Ok(CompactionMarker { new: parse(json.new, "new")?, replaced: parse(json.replaced, "replaced")? })
+        Ok(CompactionMarker {
+            new: parse(json.new, "new")?,
+            replaced: parse(json.replaced, "replaced")?,
+        })
     }
 }
 
 #[cfg(test)]
-#[expect(clippy::unwrap_used, reason = "tests")]
 mod tests {
     use super::*;
 
@@ -87,7 +92,13 @@ mod tests {
         let spec = br#"{"version": 1, "new": ["00000000000000000000"], "replaced": ["00000000000000000000",
 "00000000000000000147"]}"#;
         let m = CompactionMarker::decode(spec).unwrap();
-        assert_eq!(m, CompactionMarker { new: vec![0], replaced: vec![0, 147] });
+        assert_eq!(
+            m,
+            CompactionMarker {
+                new: vec![0],
+                replaced: vec![0, 147]
+            }
+        );
         assert_eq!(CompactionMarker::decode(&m.encode()).unwrap(), m);
     }
 
@@ -101,7 +112,11 @@ mod tests {
             b"{",
             b"",
         ] {
-            assert!(CompactionMarker::decode(bad).is_err(), "{}", String::from_utf8_lossy(bad));
+            assert!(
+                CompactionMarker::decode(bad).is_err(),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
         }
     }
 }

@@ -25,7 +25,15 @@
 //!
 //! index file (.index): 16-byte entries (relative_offset u64, position u64)
 //! ```
-#![deny(clippy::indexing_slicing, clippy::unwrap_used, clippy::panic, clippy::expect_used)]
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::indexing_slicing,
+        clippy::unwrap_used,
+        clippy::panic,
+        clippy::expect_used
+    )
+)]
 
 pub mod header;
 pub mod index;

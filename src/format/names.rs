@@ -66,7 +66,9 @@ pub fn classify_partition_file(name: &str) -> PartitionFile {
         Some(b) => (b, true),
         None => (name, false),
     };
-    let parsed = base.split_once('.').and_then(|(stem, ext)| Some((parse_stem(stem)?, ext)));
+    let parsed = base
+        .split_once('.')
+        .and_then(|(stem, ext)| Some((parse_stem(stem)?, ext)));
     match (parsed, tmp) {
         (Some((b, LOG_EXT)), false) => PartitionFile::Log(b),
         (Some((b, INDEX_EXT)), false) => PartitionFile::Index(b),
@@ -97,16 +99,24 @@ pub fn validate_name(name: &str) -> Result<(), NameError> {
     if name.is_empty() {
         return Err(NameError::Empty);
     }
-    if let Some((at, ch)) =
-        name.chars().enumerate().find(|(_, c)| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+    if let Some((at, ch)) = name
+        .chars()
+        .enumerate()
+        .find(|(_, c)| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
     {
-        return Err(NameError::BadChar { name: name.chars().take(64).collect(), ch, at });
+        return Err(NameError::BadChar {
+            name: name.chars().take(64).collect(),
+            ch,
+            at,
+        });
     }
     if name.len() > NAME_LEN_MAX {
         return Err(NameError::TooLong { len: name.len() });
     }
     if name == "." || name == ".." {
-        return Err(NameError::Dots { name: name.to_string() });
+        return Err(NameError::Dots {
+            name: name.to_string(),
+        });
     }
     Ok(())
 }
@@ -119,25 +129,49 @@ mod tests {
     fn segment_names() {
         assert_eq!(log_file_name(147), "00000000000000000147.log");
         assert_eq!(index_file_name(u64::MAX), "18446744073709551615.index");
-        assert_eq!(classify_partition_file("00000000000000000147.log"), PartitionFile::Log(147));
-        assert_eq!(classify_partition_file("00000000000000000147.index.tmp"), PartitionFile::IndexTmp(147));
-        assert_eq!(classify_partition_file("00000000000000000147.log.tmp"), PartitionFile::LogTmp(147));
+        assert_eq!(
+            classify_partition_file("00000000000000000147.log"),
+            PartitionFile::Log(147)
+        );
+        assert_eq!(
+            classify_partition_file("00000000000000000147.index.tmp"),
+            PartitionFile::IndexTmp(147)
+        );
+        assert_eq!(
+            classify_partition_file("00000000000000000147.log.tmp"),
+            PartitionFile::LogTmp(147)
+        );
         assert_eq!(classify_partition_file("147.log"), PartitionFile::Unknown);
-        assert_eq!(classify_partition_file("99999999999999999999.log"), PartitionFile::Unknown);
+        assert_eq!(
+            classify_partition_file("99999999999999999999.log"),
+            PartitionFile::Unknown
+        );
         assert_eq!(classify_partition_file("x.tmp"), PartitionFile::OtherTmp);
-        assert_eq!(classify_partition_file("compaction.marker"), PartitionFile::Marker);
+        assert_eq!(
+            classify_partition_file("compaction.marker"),
+            PartitionFile::Marker
+        );
     }
 
     #[test]
     fn names() {
         assert!(validate_name("orders-v2.eu_1").is_ok());
         assert!(validate_name(&"a".repeat(249)).is_ok());
-        assert!(matches!(validate_name(&"a".repeat(250)), Err(NameError::TooLong { .. })));
+        assert!(matches!(
+            validate_name(&"a".repeat(250)),
+            Err(NameError::TooLong { .. })
+        ));
         assert!(matches!(validate_name(""), Err(NameError::Empty)));
         assert!(matches!(validate_name("."), Err(NameError::Dots { .. })));
         assert!(matches!(validate_name(".."), Err(NameError::Dots { .. })));
-        assert!(matches!(validate_name("../x"), Err(NameError::BadChar { ch: '/', .. })));
-        assert!(matches!(validate_name("a b"), Err(NameError::BadChar { .. })));
+        assert!(matches!(
+            validate_name("../x"),
+            Err(NameError::BadChar { ch: '/', .. })
+        ));
+        assert!(matches!(
+            validate_name("a b"),
+            Err(NameError::BadChar { .. })
+        ));
         assert!(matches!(validate_name("é"), Err(NameError::BadChar { .. })));
     }
 }

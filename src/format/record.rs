@@ -57,22 +57,45 @@ pub enum RecordError {
     Zero { position: u64 },
     /// The record runs past the end of the input.
     #[error("torn record at position {position}: needs {needed} bytes, only {available} remain")]
-    Truncated { position: u64, needed: u64, available: u64 },
+    Truncated {
+        position: u64,
+        needed: u64,
+        available: u64,
+    },
     /// `record_len` is outside `28 ..= MAX_RECORD_LEN`.
     #[error("implausible record_len {record_len} at position {position} (allowed 28..={MAX_RECORD_LEN})")]
     ImplausibleLength { position: u64, record_len: u32 },
     /// `key_len` is neither -1 nor within the record.
     #[error("bad key_len {key_len} at position {position} for record_len {record_len}")]
-    BadKeyLen { position: u64, key_len: i32, record_len: u32 },
+    BadKeyLen {
+        position: u64,
+        key_len: i32,
+        record_len: u32,
+    },
     /// `value_len` does not fill the rest of the record exactly.
     #[error("bad value_len {value_len} at position {position} (the record leaves {expected})")]
-    BadValueLen { position: u64, value_len: u32, expected: u32 },
+    BadValueLen {
+        position: u64,
+        value_len: u32,
+        expected: u32,
+    },
     /// The CRC does not match the payload under this file's generation.
-    #[error("CRC mismatch at position {position}: stored {stored:#010x}, expected {expected:#010x}")]
-    CrcMismatch { position: u64, stored: u32, expected: u32, computed: u32 },
+    #[error(
+        "CRC mismatch at position {position}: stored {stored:#010x}, expected {expected:#010x}"
+    )]
+    CrcMismatch {
+        position: u64,
+        stored: u32,
+        expected: u32,
+        computed: u32,
+    },
     /// A complete record that a previous generation of a reused file wrote.
     #[error("stale record of generation {writer_generation} at position {position} (file generation {generation})")]
-    StaleGeneration { position: u64, writer_generation: u32, generation: u64 },
+    StaleGeneration {
+        position: u64,
+        writer_generation: u32,
+        generation: u64,
+    },
     /// Encoding: the record would exceed `MAX_RECORD_LEN`.
     #[error("record of {len} bytes exceeds the maximum record_len {MAX_RECORD_LEN}")]
     TooLarge { len: u64 },
@@ -165,34 +188,59 @@ pub fn encode_record(
 /// Checks, before anything is copied: 4 bytes remain and `28 <= record_len <=
 /// MAX_RECORD_LEN`; `record_len` bytes remain; `key_len` is -1 or fits and
 /// `value_len` is exactly the rest; the CRC matches.
-pub fn decode_record(buf: &[u8], position: u64, generation: u64) -> Result<RecordView<'_>, RecordError> {
+pub fn decode_record(
+    buf: &[u8],
+    position: u64,
+    generation: u64,
+) -> Result<RecordView<'_>, RecordError> {
     let Some(record_len) = be_u32(buf, 0) else {
         if buf.iter().all(|&b| b == 0) {
             return Err(RecordError::Zero { position });
         }
-        return Err(RecordError::Truncated { position, needed: LEN_FIELD as u64, available: buf.len() as u64 });
+        return Err(RecordError::Truncated {
+            position,
+            needed: LEN_FIELD as u64,
+            available: buf.len() as u64,
+        });
     };
     if record_len == 0 {
         return Err(RecordError::Zero { position });
     }
     if !(RECORD_OVERHEAD..=MAX_RECORD_LEN).contains(&record_len) {
-        return Err(RecordError::ImplausibleLength { position, record_len });
+        return Err(RecordError::ImplausibleLength {
+            position,
+            record_len,
+        });
     }
     let total = record_len as usize + LEN_FIELD;
     let Some(rec) = buf.get(..total) else {
-        return Err(RecordError::Truncated { position, needed: total as u64, available: buf.len() as u64 });
+        return Err(RecordError::Truncated {
+            position,
+            needed: total as u64,
+            available: buf.len() as u64,
+        });
     };
     let key_len = be_u32(rec, KEY_LEN_AT).unwrap_or(0) as i32;
     let key_bytes = match key_len {
         -1 => None,
         k if k >= 0 && (k as u32) <= record_len - RECORD_OVERHEAD => Some(k as usize),
-        _ => return Err(RecordError::BadKeyLen { position, key_len, record_len }),
+        _ => {
+            return Err(RecordError::BadKeyLen {
+                position,
+                key_len,
+                record_len,
+            })
+        }
     };
     let key_end = KEY_AT + key_bytes.unwrap_or(0);
     let value_len = be_u32(rec, key_end).unwrap_or(u32::MAX);
     let expected = record_len - RECORD_OVERHEAD - key_bytes.unwrap_or(0) as u32;
     if value_len != expected {
-        return Err(RecordError::BadValueLen { position, value_len, expected });
+        return Err(RecordError::BadValueLen {
+            position,
+            value_len,
+            expected,
+        });
     }
     let value_at = key_end + 4;
     let crc_at = value_at + value_len as usize;
@@ -202,9 +250,18 @@ pub fn decode_record(buf: &[u8], position: u64, generation: u64) -> Result<Recor
     if stored != expected_crc {
         let writer_generation = stored ^ computed;
         if writer_generation < generation as u32 {
-            return Err(RecordError::StaleGeneration { position, writer_generation, generation });
+            return Err(RecordError::StaleGeneration {
+                position,
+                writer_generation,
+                generation,
+            });
         }
-        return Err(RecordError::CrcMismatch { position, stored, expected: expected_crc, computed });
+        return Err(RecordError::CrcMismatch {
+            position,
+            stored,
+            expected: expected_crc,
+            computed,
+        });
     }
     Ok(RecordView {
         offset: be_u64(rec, OFFSET_AT).unwrap_or(0),
@@ -216,7 +273,6 @@ pub fn decode_record(buf: &[u8], position: u64, generation: u64) -> Result<Recor
 }
 
 #[cfg(test)]
-#[expect(clippy::indexing_slicing, clippy::unwrap_used, clippy::panic, reason = "tests")]
 mod tests {
     use super::*;
 
@@ -236,7 +292,15 @@ mod tests {
                     assert_eq!((r.offset, r.key, r.value), (42, key, value));
                     assert_eq!(r.encoded_len, bytes.len());
                     let mut again = Vec::new();
-                    encode_record(&mut again, r.offset, r.timestamp_ms, r.key, r.value, generation).unwrap();
+                    encode_record(
+                        &mut again,
+                        r.offset,
+                        r.timestamp_ms,
+                        r.key,
+                        r.value,
+                        generation,
+                    )
+                    .unwrap();
                     assert_eq!(again, bytes);
                 }
             }
@@ -265,22 +329,40 @@ mod tests {
                 // The high bytes of a small record_len are zero: indistinguishable from unwritten space.
                 assert!(matches!(r, Err(RecordError::Zero { .. })), "cut at {len}");
             } else {
-                assert!(matches!(r, Err(RecordError::Truncated { .. })), "cut at {len}");
+                assert!(
+                    matches!(r, Err(RecordError::Truncated { .. })),
+                    "cut at {len}"
+                );
             }
         }
-        assert!(matches!(decode_record(&[], 0, 0), Err(RecordError::Zero { .. })));
+        assert!(matches!(
+            decode_record(&[], 0, 0),
+            Err(RecordError::Zero { .. })
+        ));
     }
 
     #[test]
     fn lengths_at_and_past_limits() {
         let mut b = vec![0u8; 64];
-        for (len, ok) in [(27u32, false), (28, true), (MAX_RECORD_LEN, true), (MAX_RECORD_LEN + 1, false), (u32::MAX, false)] {
+        for (len, ok) in [
+            (27u32, false),
+            (28, true),
+            (MAX_RECORD_LEN, true),
+            (MAX_RECORD_LEN + 1, false),
+            (u32::MAX, false),
+        ] {
             b[..4].copy_from_slice(&len.to_be_bytes());
             let r = decode_record(&b, 0, 0);
             if ok {
-                assert!(!matches!(r, Err(RecordError::ImplausibleLength { .. })), "{len}");
+                assert!(
+                    !matches!(r, Err(RecordError::ImplausibleLength { .. })),
+                    "{len}"
+                );
             } else {
-                assert!(matches!(r, Err(RecordError::ImplausibleLength { .. })), "{len}");
+                assert!(
+                    matches!(r, Err(RecordError::ImplausibleLength { .. })),
+                    "{len}"
+                );
             }
         }
         let too_big = vec![0u8; MAX_RECORD_LEN as usize - 27];
@@ -290,7 +372,10 @@ mod tests {
         ));
         let just_fits = vec![0u8; MAX_RECORD_LEN as usize - 28];
         let bytes = one(None, &just_fits, 0);
-        assert_eq!(decode_record(&bytes, 0, 0).unwrap().value.len(), just_fits.len());
+        assert_eq!(
+            decode_record(&bytes, 0, 0).unwrap().value.len(),
+            just_fits.len()
+        );
     }
 
     #[test]
@@ -298,7 +383,13 @@ mod tests {
         let mut bytes = one(Some(b"abc"), b"xy", 0);
         for bad in [-2i32, 6, i32::MAX, i32::MIN] {
             bytes[20..24].copy_from_slice(&bad.to_be_bytes());
-            assert!(matches!(decode_record(&bytes, 0, 0), Err(RecordError::BadKeyLen { .. })), "{bad}");
+            assert!(
+                matches!(
+                    decode_record(&bytes, 0, 0),
+                    Err(RecordError::BadKeyLen { .. })
+                ),
+                "{bad}"
+            );
         }
     }
 
@@ -306,16 +397,32 @@ mod tests {
     fn stale_generation_is_named() {
         let bytes = one(Some(b"k"), b"v", 3);
         match decode_record(&bytes, 9, 5) {
-            Err(RecordError::StaleGeneration { position: 9, writer_generation: 3, generation: 5 }) => {}
+            Err(RecordError::StaleGeneration {
+                position: 9,
+                writer_generation: 3,
+                generation: 5,
+            }) => {}
             other => panic!("{other:?}"),
         }
-        assert!(matches!(decode_record(&bytes, 9, 2), Err(RecordError::CrcMismatch { .. })));
+        assert!(matches!(
+            decode_record(&bytes, 9, 2),
+            Err(RecordError::CrcMismatch { .. })
+        ));
     }
 
     #[test]
     fn zeros_mark_the_end() {
-        assert!(matches!(decode_record(&[0; 100], 5, 0), Err(RecordError::Zero { position: 5 })));
-        assert!(matches!(decode_record(&[0; 3], 5, 0), Err(RecordError::Zero { .. })));
-        assert!(matches!(decode_record(&[0, 1], 5, 0), Err(RecordError::Truncated { .. })));
+        assert!(matches!(
+            decode_record(&[0; 100], 5, 0),
+            Err(RecordError::Zero { position: 5 })
+        ));
+        assert!(matches!(
+            decode_record(&[0; 3], 5, 0),
+            Err(RecordError::Zero { .. })
+        ));
+        assert!(matches!(
+            decode_record(&[0, 1], 5, 0),
+            Err(RecordError::Truncated { .. })
+        ));
     }
 }

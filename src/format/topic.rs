@@ -103,24 +103,48 @@ pub enum TopicError {
     #[error("unknown config key {key:?} (known: {})", CONFIG_KEYS.join(", "))]
     UnknownKey { key: String },
     #[error("config {key}={value} is out of range: {allowed}")]
-    OutOfRange { key: String, value: String, allowed: &'static str },
+    OutOfRange {
+        key: String,
+        value: String,
+        allowed: &'static str,
+    },
     #[error("partitions must be 1..={PARTITIONS_MAX}, got {value}")]
     Partitions { value: String },
     #[error("config setting {setting:?} is not KEY=VALUE")]
     NotKeyValue { setting: String },
 }
 
-fn int_in(key: &str, value: &str, lo: i64, hi: i64, allowed: &'static str) -> Result<i64, TopicError> {
+fn int_in(
+    key: &str,
+    value: &str,
+    lo: i64,
+    hi: i64,
+    allowed: &'static str,
+) -> Result<i64, TopicError> {
     match value.trim().parse::<i64>() {
         Ok(v) if (lo..=hi).contains(&v) => Ok(v),
-        _ => Err(TopicError::OutOfRange { key: key.to_string(), value: value.to_string(), allowed }),
+        _ => Err(TopicError::OutOfRange {
+            key: key.to_string(),
+            value: value.to_string(),
+            allowed,
+        }),
     }
 }
 
 fn duration_ms(key: &str, value: &str, allow_forever: bool) -> Result<i64, TopicError> {
-    let v = int_in(key, value, -1, i64::MAX, "milliseconds >= 0, or -1 for forever")?;
+    let v = int_in(
+        key,
+        value,
+        -1,
+        i64::MAX,
+        "milliseconds >= 0, or -1 for forever",
+    )?;
     if v == -1 && !allow_forever {
-        return Err(TopicError::OutOfRange { key: key.into(), value: value.into(), allowed: "milliseconds >= 1" });
+        return Err(TopicError::OutOfRange {
+            key: key.into(),
+            value: value.into(),
+            allowed: "milliseconds >= 1",
+        });
     }
     Ok(v)
 }
@@ -143,30 +167,43 @@ impl TopicConfig {
             }
             "retention_ms" => self.retention_ms = duration_ms(key, value, true)?,
             "retention_bytes" => {
-                self.retention_bytes = int_in(key, value, -1, i64::MAX, "bytes >= 0, or -1 for no limit")?
+                self.retention_bytes =
+                    int_in(key, value, -1, i64::MAX, "bytes >= 0, or -1 for no limit")?
             }
             "cleanup_policy" => {
-                self.cleanup_policy = CleanupPolicy::parse(value.trim()).ok_or(TopicError::OutOfRange {
-                    key: key.into(),
-                    value: value.into(),
-                    allowed: "delete, compact or compact,delete",
-                })?
+                self.cleanup_policy =
+                    CleanupPolicy::parse(value.trim()).ok_or(TopicError::OutOfRange {
+                        key: key.into(),
+                        value: value.into(),
+                        allowed: "delete, compact or compact,delete",
+                    })?
             }
             "tombstone_retention_ms" => {
                 self.tombstone_retention_ms = int_in(key, value, 0, i64::MAX, "milliseconds >= 0")?;
             }
             "max_record_bytes" => {
-                self.max_record_bytes =
-                    int_in(key, value, 1, i64::from(MAX_RECORD_LEN), "bytes in 1..=16777216")? as u32
+                self.max_record_bytes = int_in(
+                    key,
+                    value,
+                    1,
+                    i64::from(MAX_RECORD_LEN),
+                    "bytes in 1..=16777216",
+                )? as u32
             }
-            _ => return Err(TopicError::UnknownKey { key: key.to_string() }),
+            _ => {
+                return Err(TopicError::UnknownKey {
+                    key: key.to_string(),
+                })
+            }
         }
         Ok(())
     }
 
     /// Applies a `KEY=VALUE` setting.
     pub fn set_pair(&mut self, setting: &str) -> Result<(), TopicError> {
-        let (k, v) = setting.split_once('=').ok_or(TopicError::NotKeyValue { setting: setting.to_string() })?;
+        let (k, v) = setting.split_once('=').ok_or(TopicError::NotKeyValue {
+            setting: setting.to_string(),
+        })?;
         self.set(k.trim(), v)
     }
 
@@ -185,7 +222,9 @@ impl TopicConfig {
 
     /// Reads a `config` object: absent keys take defaults, unknown keys are refused.
     pub fn from_json(value: &serde_json::Value) -> Result<TopicConfig, TopicError> {
-        let obj = value.as_object().ok_or(TopicError::Shape { detail: "\"config\" is not an object".into() })?;
+        let obj = value.as_object().ok_or(TopicError::Shape {
+            detail: "\"config\" is not an object".into(),
+        })?;
         let mut config = TopicConfig::default();
         for (k, v) in obj {
             let text = match v {
@@ -215,7 +254,8 @@ pub struct TopicMeta {
 impl TopicMeta {
     /// The file's bytes.
     pub fn encode(&self) -> Vec<u8> {
-        let v = serde_json::json!({ "partitions": self.partitions, "config": self.config.to_json() });
+        let v =
+            serde_json::json!({ "partitions": self.partitions, "config": self.config.to_json() });
         let mut out = serde_json::to_vec_pretty(&v).unwrap_or_default();
         out.push(b'\n');
         out
@@ -226,19 +266,25 @@ impl TopicMeta {
         if bytes.len() > TOPIC_FILE_BYTES_MAX {
             return Err(TopicError::TooLarge { len: bytes.len() });
         }
-        let v: serde_json::Value =
-            serde_json::from_slice(bytes).map_err(|e| TopicError::Json { detail: e.to_string() })?;
-        let obj = v.as_object().ok_or(TopicError::Shape { detail: "not a JSON object".into() })?;
+        let v: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| TopicError::Json {
+            detail: e.to_string(),
+        })?;
+        let obj = v.as_object().ok_or(TopicError::Shape {
+            detail: "not a JSON object".into(),
+        })?;
         for k in obj.keys() {
             if k != "partitions" && k != "config" {
-                return Err(TopicError::Shape { detail: format!("unknown field {k:?}") });
+                return Err(TopicError::Shape {
+                    detail: format!("unknown field {k:?}"),
+                });
             }
         }
         let partitions = match obj.get("partitions").and_then(serde_json::Value::as_u64) {
             Some(p) if (1..=u64::from(PARTITIONS_MAX)).contains(&p) => p as u32,
             other => {
                 return Err(TopicError::Partitions {
-                    value: other.map_or_else(|| format!("{:?}", obj.get("partitions")), |p| p.to_string()),
+                    value: other
+                        .map_or_else(|| format!("{:?}", obj.get("partitions")), |p| p.to_string()),
                 })
             }
         };
@@ -251,7 +297,6 @@ impl TopicMeta {
 }
 
 #[cfg(test)]
-#[expect(clippy::unwrap_used, reason = "tests")]
 mod tests {
     use super::*;
 
@@ -263,18 +308,36 @@ mod tests {
         let mut c = TopicConfig::default();
         c.set_pair("cleanup_policy=compact,delete").unwrap();
         c.set_pair("retention_ms=-1").unwrap();
-        let m = TopicMeta { partitions: 4, config: c };
+        let m = TopicMeta {
+            partitions: 4,
+            config: c,
+        };
         assert_eq!(TopicMeta::decode(&m.encode()).unwrap(), m);
     }
 
     #[test]
     fn refusals() {
         let mut c = TopicConfig::default();
-        assert!(matches!(c.set_pair("segment_byte=1"), Err(TopicError::UnknownKey { .. })));
-        assert!(matches!(c.set_pair("segment_bytes=10"), Err(TopicError::OutOfRange { .. })));
-        assert!(matches!(c.set_pair("max_record_bytes=16777217"), Err(TopicError::OutOfRange { .. })));
-        assert!(matches!(c.set_pair("cleanup_policy=keep"), Err(TopicError::OutOfRange { .. })));
-        assert!(matches!(c.set_pair("retention_ms"), Err(TopicError::NotKeyValue { .. })));
+        assert!(matches!(
+            c.set_pair("segment_byte=1"),
+            Err(TopicError::UnknownKey { .. })
+        ));
+        assert!(matches!(
+            c.set_pair("segment_bytes=10"),
+            Err(TopicError::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            c.set_pair("max_record_bytes=16777217"),
+            Err(TopicError::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            c.set_pair("cleanup_policy=keep"),
+            Err(TopicError::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            c.set_pair("retention_ms"),
+            Err(TopicError::NotKeyValue { .. })
+        ));
         assert!(TopicMeta::decode(br#"{"partitions": 0}"#).is_err());
         assert!(TopicMeta::decode(br#"{"partitions": 2, "extra": 1}"#).is_err());
         assert!(TopicMeta::decode(br#"{"partitions": 2, "config": {"nope": 1}}"#).is_err());

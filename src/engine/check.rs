@@ -1,0 +1,667 @@
+//! The one analysis of a partition directory, shared by `verify`, `dump`, `reindex`
+//! and recovery: headers, records, CRCs, index files, segment continuity, leftover
+//! temporary files and compaction markers, each problem with its file, byte position,
+//! offset and severity.
+//!
+//! Severity follows FORMAT.md: what recovery repairs without losing acknowledged data
+//! is `Repairable` (torn tail of the active segment, missing or wrong index, unfinished
+//! seal or compaction, leftover temp files); records that cannot be read back, and
+//! segments that do not join up, are `Corrupt`. Legal states (a zeroed or stale tail
+//! after the active segment's data) are `Info`.
+
+use std::fs::{self, File};
+use std::io;
+use std::path::{Path, PathBuf};
+
+use crate::format::index::{decode_index, IndexBuilder, IndexEntry, IndexError, INDEX_ENTRY_LEN};
+use crate::format::marker::{CompactionMarker, MarkerError, MARKER_BYTES_MAX};
+use crate::format::record::RecordError;
+use crate::format::{HeaderError, SegmentHeader, HEADER_LEN};
+
+use super::layout::{list_partition, PartitionRef, SegmentFiles};
+use super::segment::{
+    open_log, range_is_zero, read_header, scan_segment, Next, RecordReader, ScanEnd, ScanSummary,
+};
+
+/// Largest index file read into memory: one entry per 4 KiB of a 4 GiB segment, with room.
+pub const INDEX_BYTES_MAX: u64 = 64 * 1024 * 1024;
+
+/// How bad a problem is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Severity {
+    /// A legal state worth mentioning.
+    Info,
+    /// `recover` repairs it without losing acknowledged data.
+    Repairable,
+    /// Records cannot be read back, or segments do not join up.
+    Corrupt,
+}
+
+impl Severity {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Severity::Info => "info",
+            Severity::Repairable => "repairable",
+            Severity::Corrupt => "corrupt",
+        }
+    }
+}
+
+/// One finding.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Problem {
+    /// Stable machine-readable name (`torn_tail`, `crc_mismatch`, `missing_index`, …).
+    pub kind: &'static str,
+    pub severity: Severity,
+    /// The file the problem is in.
+    pub file: PathBuf,
+    /// Byte position in `file` where it starts.
+    pub position: Option<u64>,
+    /// The record offset involved, when known.
+    pub offset: Option<u64>,
+    pub detail: String,
+}
+
+/// How much to read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CheckMode {
+    /// Every record of every segment.
+    Full,
+    /// The startup check: a sealed segment whose index agrees with its first record
+    /// and its tail after the last index entry is trusted without reading the rest.
+    Quick,
+}
+
+/// State of a segment's index file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum IndexState {
+    Valid,
+    Missing,
+    Invalid(IndexError),
+    /// Not compared (the segment's header is bad).
+    NotChecked,
+}
+
+/// What the check found in one segment.
+#[derive(Clone, Debug)]
+pub struct SegmentCheck {
+    pub files: SegmentFiles,
+    /// The newest segment of the partition.
+    pub active: bool,
+    pub file_len: u64,
+    pub header: Result<SegmentHeader, HeaderError>,
+    /// The full scan, when the segment was read in full.
+    pub scan: Option<ScanSummary>,
+    /// Quick mode: the index check passed and the middle was not read.
+    pub trusted_by_index: bool,
+    pub first_offset: Option<u64>,
+    pub last_offset: Option<u64>,
+    /// Records counted (None when trusted by the index without a full read).
+    pub records: Option<u64>,
+    /// Position just past the last valid record.
+    pub data_end: u64,
+    pub index: IndexState,
+    pub problems: Vec<Problem>,
+}
+
+impl SegmentCheck {
+    pub fn base_offset(&self) -> u64 {
+        self.files.base_offset
+    }
+
+    /// Generation from the header, if it decoded.
+    pub fn generation(&self) -> Option<u64> {
+        self.header.as_ref().ok().map(|h| h.generation)
+    }
+
+    /// True when this segment holds records that cannot be read back.
+    pub fn is_corrupt(&self) -> bool {
+        self.problems
+            .iter()
+            .any(|p| p.severity == Severity::Corrupt)
+    }
+}
+
+/// What the check found in one partition.
+#[derive(Clone, Debug)]
+pub struct PartitionCheck {
+    pub partition: PartitionRef,
+    pub segments: Vec<SegmentCheck>,
+    pub marker: Option<(PathBuf, Result<CompactionMarker, MarkerError>)>,
+    pub temp_files: Vec<PathBuf>,
+    pub orphan_indexes: Vec<PathBuf>,
+    /// Partition-level problems: marker, temp files, orphan indexes, continuity.
+    pub problems: Vec<Problem>,
+}
+
+impl PartitionCheck {
+    /// Every problem, partition-level first, then per segment.
+    pub fn all_problems(&self) -> impl Iterator<Item = &Problem> {
+        self.problems
+            .iter()
+            .chain(self.segments.iter().flat_map(|s| s.problems.iter()))
+    }
+
+    /// The worst severity found, `None` when clean (info does not count).
+    pub fn severity(&self) -> Option<Severity> {
+        self.all_problems()
+            .map(|p| p.severity)
+            .filter(|s| *s > Severity::Info)
+            .max()
+    }
+
+    /// The offset after the highest valid record, if any record exists.
+    pub fn next_offset(&self) -> Option<u64> {
+        self.segments
+            .iter()
+            .filter_map(|s| s.last_offset)
+            .max()
+            .map(|o| o + 1)
+    }
+}
+
+fn problem(
+    kind: &'static str,
+    severity: Severity,
+    file: &Path,
+    position: Option<u64>,
+    offset: Option<u64>,
+    detail: String,
+) -> Problem {
+    Problem {
+        kind,
+        severity,
+        file: file.to_path_buf(),
+        position,
+        offset,
+        detail,
+    }
+}
+
+/// Checks one partition directory.
+pub fn check_partition(p: &PartitionRef, mode: CheckMode) -> io::Result<PartitionCheck> {
+    let listing = list_partition(&p.dir)?;
+    let mut out = PartitionCheck {
+        partition: p.clone(),
+        segments: Vec::new(),
+        marker: None,
+        temp_files: listing.temp_files.clone(),
+        orphan_indexes: listing.orphan_indexes.clone(),
+        problems: Vec::new(),
+    };
+    if let Some(path) = &listing.marker {
+        let marker = read_marker(path);
+        let detail = match &marker {
+            Ok(m) => format!(
+                "compaction swap not finished: {} new segment(s) replace {} (recover finishes it)",
+                m.new.len(),
+                m.replaced.len()
+            ),
+            Err(e) => {
+                format!("{e}; the swap never started (recover removes it and its temporary files)")
+            }
+        };
+        out.problems.push(problem(
+            "unfinished_compaction",
+            Severity::Repairable,
+            path,
+            Some(0),
+            None,
+            detail,
+        ));
+        out.marker = Some((path.clone(), marker));
+    }
+    for tmp in &listing.temp_files {
+        let detail = if listing.marker.is_some() {
+            "temporary file of the unfinished compaction".to_string()
+        } else {
+            "leftover temporary file with no compaction marker (recover removes it)".to_string()
+        };
+        out.problems.push(problem(
+            "leftover_temp_file",
+            Severity::Repairable,
+            tmp,
+            None,
+            None,
+            detail,
+        ));
+    }
+    for idx in &listing.orphan_indexes {
+        let detail = "index file without its .log (recover removes it)".to_string();
+        out.problems.push(problem(
+            "orphan_index",
+            Severity::Repairable,
+            idx,
+            None,
+            None,
+            detail,
+        ));
+    }
+    for path in &listing.unknown {
+        let detail = "file seglog does not know; left alone".to_string();
+        out.problems.push(problem(
+            "unknown_file",
+            Severity::Info,
+            path,
+            None,
+            None,
+            detail,
+        ));
+    }
+    let newest = listing.segments.last().map(|s| s.base_offset);
+    for files in &listing.segments {
+        if p.only_segment.is_some_and(|b| b != files.base_offset) {
+            continue;
+        }
+        let active = Some(files.base_offset) == newest;
+        out.segments.push(check_segment(files, active, mode)?);
+    }
+    if p.only_segment.is_none() {
+        check_continuity(&mut out);
+    }
+    Ok(out)
+}
+
+fn read_marker(path: &Path) -> Result<CompactionMarker, MarkerError> {
+    let len = fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+    if len > MARKER_BYTES_MAX as u64 {
+        return Err(MarkerError::TooLarge { len: len as usize });
+    }
+    let bytes = fs::read(path).map_err(|e| MarkerError::Json {
+        detail: e.to_string(),
+    })?;
+    CompactionMarker::decode(&bytes)
+}
+
+/// Reads an index file, bounded by [`INDEX_BYTES_MAX`]. `Ok(None)` when missing.
+pub fn read_index_bytes(path: &Path) -> io::Result<Option<Vec<u8>>> {
+    let file = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let len = file.metadata()?.len();
+    if len > INDEX_BYTES_MAX {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "{}: index file is {len} bytes, more than {INDEX_BYTES_MAX}",
+                path.display()
+            ),
+        ));
+    }
+    let mut buf = vec![0u8; len as usize];
+    let n = super::segment::read_full_at(&file, &mut buf, 0)?;
+    buf.truncate(n);
+    Ok(Some(buf))
+}
+
+/// Checks one segment: header, records (all, or only what the index check needs),
+/// and its index.
+pub fn check_segment(
+    files: &SegmentFiles,
+    active: bool,
+    mode: CheckMode,
+) -> io::Result<SegmentCheck> {
+    let (file, file_len) = open_log(&files.log)?;
+    let header = read_header(&file, file_len)?;
+    let mut seg = SegmentCheck {
+        files: files.clone(),
+        active,
+        file_len,
+        header: header.clone(),
+        scan: None,
+        trusted_by_index: false,
+        first_offset: None,
+        last_offset: None,
+        records: None,
+        data_end: (HEADER_LEN as u64).min(file_len),
+        index: IndexState::NotChecked,
+        problems: Vec::new(),
+    };
+    let header = match header {
+        Ok(h) if h.base_offset == files.base_offset => h,
+        Ok(h) => {
+            let detail = format!(
+                "header base_offset {} does not match the file name's {}; no record in it can be trusted",
+                h.base_offset, files.base_offset
+            );
+            seg.problems.push(problem(
+                "base_offset_mismatch",
+                Severity::Corrupt,
+                &files.log,
+                Some(8),
+                None,
+                detail,
+            ));
+            return Ok(seg);
+        }
+        Err(e) => {
+            seg.problems
+                .push(header_problem(&e, files, active, file_len));
+            return Ok(seg);
+        }
+    };
+    let index_bytes = read_index_bytes(&files.index)?;
+    if mode == CheckMode::Quick && !active {
+        if let Some(bytes) = &index_bytes {
+            if let Some((first, last)) = quick_check(&file, &header, file_len, bytes)? {
+                seg.trusted_by_index = true;
+                seg.first_offset = Some(first);
+                seg.last_offset = Some(last);
+                seg.data_end = file_len;
+                seg.index = IndexState::Valid;
+                return Ok(seg);
+            }
+        }
+    }
+    let scan = scan_segment(&file, &header, file_len, |_, _| {})?;
+    seg.first_offset = scan.first_offset;
+    seg.last_offset = scan.last_offset;
+    seg.records = Some(scan.records);
+    seg.data_end = scan.data_end;
+    classify_end(&mut seg, &file, &scan)?;
+    seg.index = compare_index(index_bytes.as_deref(), &scan, seg.is_corrupt());
+    if let Some(p) = index_problem(&seg.index, files, active) {
+        seg.problems.push(p);
+    }
+    seg.scan = Some(scan);
+    Ok(seg)
+}
+
+fn header_problem(e: &HeaderError, files: &SegmentFiles, active: bool, file_len: u64) -> Problem {
+    let never_durable = active && matches!(e, HeaderError::Short { .. } | HeaderError::AllZero);
+    if never_durable {
+        let detail = format!(
+            "{e}: the newest segment never became durable ({file_len} bytes, no record acknowledged); recover removes it"
+        );
+        return problem(
+            "never_durable_segment",
+            Severity::Repairable,
+            &files.log,
+            Some(0),
+            None,
+            detail,
+        );
+    }
+    let detail = format!("{e}; the whole segment ({file_len} bytes) cannot be read");
+    problem(
+        e.kind(),
+        Severity::Corrupt,
+        &files.log,
+        Some(e.position()),
+        Some(files.base_offset),
+        detail,
+    )
+}
+
+/// Sorts what ends the scan into a problem (or none).
+fn classify_end(seg: &mut SegmentCheck, file: &File, scan: &ScanSummary) -> io::Result<()> {
+    let Some(position) = scan.end.position() else {
+        return Ok(());
+    };
+    let log = seg.files.log.clone();
+    let tail = scan.file_len - position;
+    let next = scan
+        .last_offset
+        .map(|o| o + 1)
+        .or(Some(seg.files.base_offset));
+    let zero_to_end = matches!(scan.end, ScanEnd::Record(RecordError::Zero { .. }))
+        && range_is_zero(file, position, scan.file_len)?;
+    let stale = matches!(
+        scan.end,
+        ScanEnd::Record(RecordError::StaleGeneration { .. })
+    );
+    let p = if seg.active {
+        match &scan.end {
+            ScanEnd::Record(RecordError::Zero { .. }) => problem(
+                "zero_tail",
+                Severity::Info,
+                &log,
+                Some(position),
+                None,
+                format!("{tail} unwritten (zero) bytes after the data; recover trims them"),
+            ),
+            ScanEnd::Record(RecordError::StaleGeneration { writer_generation, .. }) => problem(
+                "stale_tail",
+                Severity::Info,
+                &log,
+                Some(position),
+                None,
+                format!("{tail} bytes after the data hold records of older generation {writer_generation}; recover trims them"),
+            ),
+            end => problem(
+                "torn_tail",
+                Severity::Repairable,
+                &log,
+                Some(position),
+                next,
+                format!("{}; the {tail} bytes from here were never acknowledged, recover cuts them", end.detail()),
+            ),
+        }
+    } else if zero_to_end || stale {
+        let what = if stale {
+            "records of an older generation"
+        } else {
+            "zero bytes"
+        };
+        problem(
+            "unfinished_seal",
+            Severity::Repairable,
+            &log,
+            Some(position),
+            None,
+            format!("sealed segment ends with {tail} bytes of {what} after its data (an unfinished roll); recover cuts them"),
+        )
+    } else {
+        problem(
+            scan.end.kind(),
+            Severity::Corrupt,
+            &log,
+            Some(position),
+            next,
+            format!(
+                "{}; bytes {position}..{} ({tail} bytes) of this sealed segment cannot be read",
+                scan.end.detail(),
+                scan.file_len
+            ),
+        )
+    };
+    seg.problems.push(p);
+    Ok(())
+}
+
+/// The startup check of a sealed segment against its index: the first record and
+/// every record after the last index entry decode, pass their CRC, increase, need no
+/// further index entry, and end exactly at the end of the file. Returns the first and
+/// last offsets when it passes.
+pub fn quick_check(
+    file: &File,
+    header: &SegmentHeader,
+    file_len: u64,
+    index: &[u8],
+) -> io::Result<Option<(u64, u64)>> {
+    let Ok(entries) = decode_index(index, Some(file_len)) else {
+        return Ok(None);
+    };
+    let (Some(first_entry), Some(last_entry)) = (entries.first(), entries.last()) else {
+        return Ok(None);
+    };
+    if first_entry.position != HEADER_LEN as u64 {
+        return Ok(None);
+    }
+    let mut reader = RecordReader::new(file, header.generation, HEADER_LEN as u64, file_len);
+    let first = match reader.next_record()? {
+        Next::Record { record, .. }
+            if record.offset.checked_sub(header.base_offset)
+                == Some(first_entry.relative_offset) =>
+        {
+            record.offset
+        }
+        _ => return Ok(None),
+    };
+    let mut reader = RecordReader::new(file, header.generation, last_entry.position, file_len);
+    let mut builder = IndexBuilder::resume(Some(*last_entry));
+    let mut last: Option<u64> = None;
+    loop {
+        match reader.next_record()? {
+            Next::Record { position, record } => {
+                match last {
+                    None if record.offset.checked_sub(header.base_offset)
+                        != Some(last_entry.relative_offset) =>
+                    {
+                        return Ok(None)
+                    }
+                    Some(prev) if record.offset <= prev => return Ok(None),
+                    Some(_)
+                        if builder
+                            .observe(header.base_offset, record.offset, position)
+                            .is_some() =>
+                    {
+                        return Ok(None)
+                    }
+                    _ => {}
+                }
+                last = Some(record.offset);
+            }
+            Next::End(None) => break,
+            Next::End(Some(_)) => return Ok(None),
+        }
+    }
+    Ok(last.map(|l| (first, l)))
+}
+
+/// Compares an index file with the index the rule gives for the scanned records.
+/// For a segment with corrupt data, only entries inside the readable data count.
+fn compare_index(bytes: Option<&[u8]>, scan: &ScanSummary, corrupt: bool) -> IndexState {
+    let Some(bytes) = bytes else {
+        return IndexState::Missing;
+    };
+    let len = bytes.len() as u64;
+    if len % INDEX_ENTRY_LEN as u64 != 0 {
+        return IndexState::Invalid(IndexError::PartialEntry { len });
+    }
+    let found: Vec<IndexEntry> = bytes
+        .chunks_exact(INDEX_ENTRY_LEN)
+        .filter_map(IndexEntry::decode)
+        .collect();
+    let found: &[IndexEntry] = if corrupt {
+        let n = found
+            .iter()
+            .take_while(|e| e.position < scan.data_end)
+            .count();
+        found.get(..n).unwrap_or(&[])
+    } else {
+        &found
+    };
+    for (i, (f, want)) in found.iter().zip(scan.index.iter()).enumerate() {
+        if f != want {
+            let at = (i * INDEX_ENTRY_LEN) as u64;
+            if f.position >= scan.data_end {
+                return IndexState::Invalid(IndexError::PastData {
+                    at,
+                    position: f.position,
+                    data_end: scan.data_end,
+                });
+            }
+            return IndexState::Invalid(IndexError::WrongEntry {
+                at,
+                found_relative_offset: f.relative_offset,
+                found_position: f.position,
+                relative_offset: want.relative_offset,
+                position: want.position,
+            });
+        }
+    }
+    if found.len() != scan.index.len() {
+        let at = (found.len().min(scan.index.len()) * INDEX_ENTRY_LEN) as u64;
+        if let Some(extra) = found.get(scan.index.len()) {
+            if extra.position >= scan.data_end {
+                return IndexState::Invalid(IndexError::PastData {
+                    at,
+                    position: extra.position,
+                    data_end: scan.data_end,
+                });
+            }
+        }
+        return IndexState::Invalid(IndexError::WrongCount {
+            at,
+            found: found.len() as u64,
+            expected: scan.index.len() as u64,
+        });
+    }
+    IndexState::Valid
+}
+
+fn index_problem(state: &IndexState, files: &SegmentFiles, active: bool) -> Option<Problem> {
+    let which = if active { "active" } else { "sealed" };
+    match state {
+        IndexState::Valid | IndexState::NotChecked => None,
+        IndexState::Missing => Some(problem(
+            "missing_index",
+            Severity::Repairable,
+            &files.index,
+            None,
+            None,
+            format!("index of the {which} segment is missing (reindex or recover rebuilds it)"),
+        )),
+        IndexState::Invalid(e) => Some(problem(
+            e.kind(),
+            Severity::Repairable,
+            &files.index,
+            Some(e.position()),
+            None,
+            format!("{e} (reindex or recover rebuilds it)"),
+        )),
+    }
+}
+
+/// Consecutive segments must join up: each first offset above the previous last
+/// offset, and equal to last + 1 unless the partition has been compacted.
+fn check_continuity(out: &mut PartitionCheck) {
+    let compacted = out.partition.config.cleanup_policy.compacts()
+        || out
+            .segments
+            .iter()
+            .any(|s| s.scan.as_ref().is_some_and(|sc| sc.has_gaps));
+    let mut prev: Option<(u64, &SegmentCheck)> = None;
+    let mut found = Vec::new();
+    for seg in &out.segments {
+        let Some(first) = seg.first_offset else {
+            continue;
+        };
+        if let Some((last, p)) = prev {
+            if first <= last || seg.base_offset() <= last {
+                found.push(problem(
+                    "segments_overlap",
+                    Severity::Corrupt,
+                    &seg.files.log,
+                    Some(HEADER_LEN as u64),
+                    Some(first),
+                    format!(
+                        "segment starts at offset {first} (base {}), not above offset {last} that {} ends with",
+                        seg.base_offset(),
+                        p.files.log.file_name().map(|n| n.to_string_lossy()).unwrap_or_default()
+                    ),
+                ));
+            } else if !compacted && first != last + 1 {
+                found.push(problem(
+                    "segments_do_not_join",
+                    Severity::Corrupt,
+                    &seg.files.log,
+                    Some(HEADER_LEN as u64),
+                    Some(last + 1),
+                    format!(
+                        "offsets {}..={} are missing between this segment and the one before",
+                        last + 1,
+                        first - 1
+                    ),
+                ));
+            }
+        }
+        if let Some(last) = seg.last_offset {
+            prev = Some((last, seg));
+        }
+    }
+    out.problems.extend(found);
+}
