@@ -378,7 +378,7 @@ fn produce(args: &Args, addr: &str, records: u64, global: Global) -> anyhow::Res
                 latencies: Vec::new(),
             };
             let mut turn = u64::from(w);
-            while left > 0 && deadline.map_or(true, |d| Instant::now() < d) {
+            while left > 0 && deadline.is_none_or(|d| Instant::now() < d) {
                 let n = left.min(u64::from(args.batch));
                 let partition = (turn % u64::from(args.partitions)) as u32;
                 turn += 1;
