@@ -41,6 +41,8 @@ const ACCEPT_SLEEP: Duration = Duration::from_millis(5);
 const FETCH_SLICE: Duration = Duration::from_millis(200);
 /// Step by which a frame buffer grows while its bytes arrive.
 const READ_STEP_BYTES: usize = 1 << 20;
+/// How long a stopping server waits for a peer stalled in the middle of a frame.
+const STOP_GRACE: Duration = Duration::from_secs(1);
 /// Largest buffer a connection keeps between requests.
 const BUFFER_KEEP_BYTES: usize = 4 << 20;
 
@@ -319,8 +321,16 @@ impl Connection {
                         if self.stop.load(Ordering::SeqCst) {
                             return Err(ReadEnd::Closed);
                         }
-                    } else if last_progress.elapsed() > self.opts.io_timeout {
-                        return Err(ReadEnd::Failed(e));
+                    } else {
+                        // Mid-frame: wait for a slow peer, but not long once stopping.
+                        let patience = if self.stop.load(Ordering::SeqCst) {
+                            STOP_GRACE.min(self.opts.io_timeout)
+                        } else {
+                            self.opts.io_timeout
+                        };
+                        if last_progress.elapsed() > patience {
+                            return Err(ReadEnd::Failed(e));
+                        }
                     }
                 }
                 Err(e) => return Err(ReadEnd::Failed(e)),
