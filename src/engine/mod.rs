@@ -3,6 +3,7 @@
 //! Everything that touches the disk goes through [`io::Storage`] for mutations.
 
 pub mod check;
+pub mod compaction;
 pub mod io;
 pub mod layout;
 pub mod lock;
