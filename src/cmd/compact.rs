@@ -26,7 +26,7 @@ use crate::engine::io::RealStorage;
 use crate::engine::layout::{resolve, LayoutError, PartitionRef, Target, TargetKind};
 use crate::engine::lock::{DirLock, LockError};
 
-use super::{exit, one_line, ExitError, Global};
+use super::{exit, ExitError, Global};
 
 /// Arguments of `seglog compact`.
 #[derive(Debug, clap::Args)]
@@ -146,14 +146,7 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
             &mut |_| {},
         );
         if let Err(e) = &result {
-            if !global.quiet || !args.json {
-                let _ = writeln!(
-                    io::stderr(),
-                    "seglog: {}: {}",
-                    p.label(),
-                    one_line(&anyhow::Error::msg(e.to_string()))
-                );
-            }
+            let _ = writeln!(io::stderr(), "seglog: {}: {e}", p.label());
         }
         rows.push(Row {
             path: target.relative(&p.dir),
@@ -281,7 +274,7 @@ fn render_table(out: &mut impl Write, rows: &[Row], global: Global) -> anyhow::R
                 String::new(),
                 String::new(),
                 String::new(),
-                "error (unchanged, see stderr)".to_string(),
+                "error (see stderr)".to_string(),
             ]),
         };
     }
