@@ -347,8 +347,7 @@ fn model_case(seed: u64) {
             .map(|s| {
                 let len = fs::metadata(&s.log).unwrap().len();
                 assert!(
-                    len <= case.segment_bytes
-                        || read_partition_one(&s.log) == 1,
+                    len <= case.segment_bytes || read_partition_one(&s.log) == 1,
                     "segment {} is {len} bytes, over {}",
                     s.log.display(),
                     case.segment_bytes
@@ -367,7 +366,9 @@ fn model_case(seed: u64) {
 fn read_partition_one(log: &Path) -> u64 {
     let (file, len) = open_log(log).unwrap();
     let header = read_header(&file, len).unwrap().unwrap();
-    scan_segment(&file, &header, len, |_, _| {}).unwrap().records
+    scan_segment(&file, &header, len, |_, _| {})
+        .unwrap()
+        .records
 }
 
 #[test]
@@ -396,7 +397,13 @@ fn keys_in_the_active_segment_are_not_considered() {
     write_segment(dir, 0, 0, &[rec(0, "a", "1"), rec(1, "a", "2")]);
     write_segment(dir, 2, 0, &[rec(2, "a", "3"), rec(3, "a", "")]);
     let p = partition_ref(dir, 1 << 20);
-    let r = offline_compact(&RealStorage, &p, &CompactionOptions::for_topic(&p.config, NOW_MS), &mut Vec::new()).unwrap();
+    let r = offline_compact(
+        &RealStorage,
+        &p,
+        &CompactionOptions::for_topic(&p.config, NOW_MS),
+        &mut Vec::new(),
+    )
+    .unwrap();
     assert_eq!((r.records_read, r.records_kept), (2, 1));
     assert_eq!(
         read_partition(dir),
@@ -418,7 +425,10 @@ fn keys_in_the_active_segment_are_not_considered() {
     let mut opts = CompactionOptions::for_topic(&p.config, NOW_MS);
     opts.tombstone_retention_ms = 1000;
     let r = offline_compact(&RealStorage, &p, &opts, &mut Vec::new()).unwrap();
-    assert_eq!((r.records_kept, r.tombstones_dropped, r.segments_after), (0, 1, 0));
+    assert_eq!(
+        (r.records_kept, r.tombstones_dropped, r.segments_after),
+        (0, 1, 0)
+    );
     assert!(r.new.is_empty());
     let listing = list_partition(dir).unwrap();
     assert_eq!(listing.segments.len(), 1);
@@ -457,7 +467,10 @@ fn refuses_a_partition_with_a_marker_or_temp_files() {
     let p = partition_ref(dir, case.segment_bytes);
     fs::write(dir.join("00000000000000000000.log.tmp"), b"x").unwrap();
     let err = offline_compact(&RealStorage, &p, &case.options(), &mut Vec::new()).unwrap_err();
-    assert!(matches!(err, CompactionError::NeedsRecovery { .. }), "{err}");
+    assert!(
+        matches!(err, CompactionError::NeedsRecovery { .. }),
+        "{err}"
+    );
 }
 
 #[test]
@@ -471,15 +484,14 @@ fn swap_is_cancelled_when_the_sealed_segments_changed() {
     let mut published = Vec::new();
     let (_, want) = case.expected();
     assert!(!want.skipped, "seed 11 must drop something");
-    let err = compact_partition(
-        &RealStorage,
-        &p,
-        &case.options(),
-        &|_| false,
-        &mut |n| published.push(n.to_vec()),
-    )
+    let err = compact_partition(&RealStorage, &p, &case.options(), &|_| false, &mut |n| {
+        published.push(n.to_vec())
+    })
     .unwrap_err();
-    assert!(matches!(err, CompactionError::SegmentsChanged { .. }), "{err}");
+    assert!(
+        matches!(err, CompactionError::SegmentsChanged { .. }),
+        "{err}"
+    );
     assert!(published.is_empty());
     assert_eq!(snapshot(dir), before);
 }
@@ -552,11 +564,18 @@ fn every_failed_mutation_leaves_old_or_new_records() {
         s.calls()
     };
     let (mutations, syncs) = (counts(FailOn::Any), counts(FailOn::Sync));
-    assert!(mutations > 10 && syncs >= 5, "{mutations} mutations, {syncs} syncs");
+    assert!(
+        mutations > 10 && syncs >= 5,
+        "{mutations} mutations, {syncs} syncs"
+    );
 
     let mut outcomes = BTreeMap::new();
     for fail_on in [FailOn::Any, FailOn::Sync] {
-        let total = if fail_on == FailOn::Any { mutations } else { syncs };
+        let total = if fail_on == FailOn::Any {
+            mutations
+        } else {
+            syncs
+        };
         for sticky in [true, false] {
             for n in 1..=total {
                 let tmp = tempfile::tempdir().unwrap();
@@ -578,7 +597,9 @@ fn every_failed_mutation_leaves_old_or_new_records() {
                 } else if got == new {
                     "new"
                 } else {
-                    panic!("{what}: the partition holds neither the old nor the new records: {got:#?}");
+                    panic!(
+                        "{what}: the partition holds neither the old nor the new records: {got:#?}"
+                    );
                 };
                 assert_eq!(
                     state == "new",
@@ -592,8 +613,14 @@ fn every_failed_mutation_leaves_old_or_new_records() {
         }
     }
     // Failures before the marker keep the old records, after it the new ones.
-    assert!(outcomes.get("old").copied().unwrap_or(0) > 0, "{outcomes:?}");
-    assert!(outcomes.get("new").copied().unwrap_or(0) > 0, "{outcomes:?}");
+    assert!(
+        outcomes.get("old").copied().unwrap_or(0) > 0,
+        "{outcomes:?}"
+    );
+    assert!(
+        outcomes.get("new").copied().unwrap_or(0) > 0,
+        "{outcomes:?}"
+    );
 }
 
 #[test]
@@ -616,7 +643,8 @@ fn finishing_a_marker_is_idempotent_at_every_point() {
             copy_dir(template.path(), probe.path());
             let s = FailingStorage::new(Arc::new(RealStorage), u64::MAX, FailOn::Any, false);
             let pp = partition_ref(probe.path(), case.segment_bytes);
-            let prepared = seglog::engine::compaction::prepare_compaction(&s, &pp, &case.options()).unwrap();
+            let prepared =
+                seglog::engine::compaction::prepare_compaction(&s, &pp, &case.options()).unwrap();
             let before_swap = s.calls();
             drop(prepared);
             // Marker: create, write, sync, rename, sync_dir = 5 calls.
@@ -624,7 +652,10 @@ fn finishing_a_marker_is_idempotent_at_every_point() {
         };
         let s = FailingStorage::new(Arc::new(RealStorage), swap_fail_at, FailOn::Any, true);
         let r = offline_compact(&s, &p, &case.options(), &mut Vec::new());
-        assert!(matches!(r, Err(CompactionError::Interrupted { .. })), "{r:?}");
+        assert!(
+            matches!(r, Err(CompactionError::Interrupted { .. })),
+            "{r:?}"
+        );
         let marker =
             CompactionMarker::decode(&fs::read(dir.join(COMPACTION_MARKER)).unwrap()).unwrap();
         let s = FailingStorage::new(Arc::new(RealStorage), n, FailOn::Any, true);
@@ -646,7 +677,13 @@ fn seglog() -> Command {
 }
 
 /// DATA/topics/<topic>/<p>/ with `topic.json` of the given policy, holding `case`.
-fn data_dir_with(root: &Path, topic: &str, policy: CleanupPolicy, case: &Case, seed: u64) -> PathBuf {
+fn data_dir_with(
+    root: &Path,
+    topic: &str,
+    policy: CleanupPolicy,
+    case: &Case,
+    seed: u64,
+) -> PathBuf {
     let topic_dir = root.join("topics").join(topic);
     let part = topic_dir.join("0");
     fs::create_dir_all(&part).unwrap();
@@ -684,7 +721,12 @@ fn cli_reports_the_numbers_and_leaves_a_clean_partition() {
         .arg(data)
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let doc = json_of(&out.stdout);
     let parts = doc["partitions"].as_array().unwrap();
     assert_eq!(parts.len(), 1, "only the compacted topic: {doc}");
@@ -706,9 +748,18 @@ fn cli_reports_the_numbers_and_leaves_a_clean_partition() {
     assert_eq!(p["bytes_before"], sealed_len(&other));
     assert_eq!(p["bytes_after"], sealed_len(&part));
     assert_eq!(read_partition(&part), expected);
-    assert_eq!(snapshot(&other), other_before, "a delete-policy topic was compacted");
+    assert_eq!(
+        snapshot(&other),
+        other_before,
+        "a delete-policy topic was compacted"
+    );
     let check = check_partition(&resolve(&part).unwrap().partitions[0], CheckMode::Full).unwrap();
-    assert_eq!(check.severity(), None, "{:?}", check.all_problems().collect::<Vec<_>>());
+    assert_eq!(
+        check.severity(),
+        None,
+        "{:?}",
+        check.all_problems().collect::<Vec<_>>()
+    );
 
     // Named explicitly, the delete-policy topic is compacted too; human output.
     let out = seglog()
@@ -716,10 +767,21 @@ fn cli_reports_the_numbers_and_leaves_a_clean_partition() {
         .arg(data.join("topics/events"))
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8(out.stdout).unwrap();
-    assert!(text.contains("tombstones dropped") && text.contains("events/0"), "{text}");
-    assert!(text.contains(&format!(" {} ", want.records_dropped)), "{text}");
+    assert!(
+        text.contains("tombstones dropped") && text.contains("events/0"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(" {} ", want.records_dropped)),
+        "{text}"
+    );
     assert_eq!(read_partition(&other), expected);
 
     // A second run drops nothing and says so.
@@ -745,11 +807,22 @@ fn cli_dry_run_changes_nothing_and_takes_no_lock() {
     let before = snapshot(&part);
     let _held = DirLock::acquire(data).unwrap();
     let out = seglog()
-        .args(["compact", "--dry-run", "--json", "--now-ms", &NOW_MS.to_string()])
+        .args([
+            "compact",
+            "--dry-run",
+            "--json",
+            "--now-ms",
+            &NOW_MS.to_string(),
+        ])
         .arg(data)
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let doc = json_of(&out.stdout);
     assert_eq!(doc["dry_run"], true);
     let p = &doc["partitions"][0];
@@ -791,7 +864,10 @@ fn cli_refuses_a_partition_that_needs_recovery() {
     let out = seglog().arg("compact").arg(data).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("recover") && err.contains("torn_tail"), "{err}");
+    assert!(
+        err.contains("recover") && err.contains("torn_tail"),
+        "{err}"
+    );
     assert_eq!(snapshot(&part), before);
 
     // A leftover compaction marker: refused too.
@@ -799,11 +875,20 @@ fn cli_refuses_a_partition_that_needs_recovery() {
     let part = data_dir_with(tmp.path(), "kv", CleanupPolicy::Compact, &case, 11);
     fs::write(
         part.join(COMPACTION_MARKER),
-        CompactionMarker { new: vec![], replaced: vec![] }.encode(),
+        CompactionMarker {
+            new: vec![],
+            replaced: vec![],
+        }
+        .encode(),
     )
     .unwrap();
     let out = seglog().arg("compact").arg(&part).output().unwrap();
-    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
@@ -816,7 +901,11 @@ fn cli_usage_errors() {
         .arg(part.join(log_file_name(case.sealed[0].0)))
         .assert()
         .code(64);
-    seglog().arg("compact").arg(tmp.path().join("nope")).assert().code(64);
+    seglog()
+        .arg("compact")
+        .arg(tmp.path().join("nope"))
+        .assert()
+        .code(64);
     seglog()
         .args(["compact", "--tombstone-retention-ms", "-5"])
         .arg(&part)
@@ -827,6 +916,10 @@ fn cli_usage_errors() {
 // ---- benchmark ----
 
 /// Peak resident memory (KiB) of a child, from wait4's rusage (the kernel's VmHWM).
+#[expect(
+    clippy::zombie_processes,
+    reason = "the child is reaped with wait4, which also returns its peak memory"
+)]
 fn run_measured(cmd: &mut std::process::Command) -> (std::process::Output, u64, f64) {
     use std::io::Read;
     let start = std::time::Instant::now();
@@ -836,11 +929,20 @@ fn run_measured(cmd: &mut std::process::Command) -> (std::process::Output, u64, 
         .spawn()
         .unwrap();
     let pid = child.id() as libc::pid_t;
-    // Also sample VmHWM from /proc while it runs (a lower bound, for the record).
     let mut stdout = Vec::new();
-    child.stdout.take().unwrap().read_to_end(&mut stdout).unwrap();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_end(&mut stdout)
+        .unwrap();
     let mut stderr = Vec::new();
-    child.stderr.take().unwrap().read_to_end(&mut stderr).unwrap();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_end(&mut stderr)
+        .unwrap();
     let mut status = 0;
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: pid is our child, not yet waited for; status and usage are valid.
@@ -861,8 +963,10 @@ fn bench_compaction_memory_and_throughput() {
     const KEYS: u64 = 1_000_000;
     const TOTAL_BYTES: u64 = 512 * 1024 * 1024;
     const VALUE_LEN: usize = 230;
+    // SEGLOG_BENCH_DIR keeps the generated data directory there (for profiling).
     let tmp = tempfile::tempdir().unwrap();
-    let data = tmp.path();
+    let kept_dir = std::env::var_os("SEGLOG_BENCH_DIR").map(PathBuf::from);
+    let data = kept_dir.as_deref().unwrap_or(tmp.path());
     let topic_dir = data.join("topics/kv");
     let part = topic_dir.join("0");
     fs::create_dir_all(&part).unwrap();
@@ -872,7 +976,11 @@ fn bench_compaction_memory_and_throughput() {
     };
     fs::write(
         topic_dir.join("topic.json"),
-        TopicMeta { partitions: 1, config: config.clone() }.encode(),
+        TopicMeta {
+            partitions: 1,
+            config: config.clone(),
+        }
+        .encode(),
     )
     .unwrap();
     // Generate: every key once (1M distinct keys), then random updates until 512 MiB.
@@ -887,13 +995,21 @@ fn bench_compaction_memory_and_throughput() {
     let mut builder = IndexBuilder::new();
     let mut segments = 0;
     while written < TOTAL_BYTES {
-        let k = if offset < KEYS { offset } else { rng.below(KEYS) };
+        let k = if offset < KEYS {
+            offset
+        } else {
+            rng.below(KEYS)
+        };
         let key = format!("key-{k:08}");
         let pos = log.len() as u64;
         if let Some(e) = builder.observe(base, offset, pos) {
             e.encode_into(&mut index);
         }
-        let v = if offset >= KEYS && rng.chance(2) { &[][..] } else { &value[..] };
+        let v = if offset >= KEYS && rng.chance(2) {
+            &[][..]
+        } else {
+            &value[..]
+        };
         let n = encode_record(&mut log, offset, NOW_MS, Some(key.as_bytes()), v, 0).unwrap();
         written += n as u64;
         offset += 1;
@@ -925,11 +1041,19 @@ fn bench_compaction_memory_and_throughput() {
     let scan_secs = t.elapsed().as_secs_f64();
     assert_eq!(check.severity(), None);
     let mb = written as f64 / 1e6;
-    eprintln!("full scan (verify-equivalent): {scan_secs:.2}s, {:.0} MB/s", mb / scan_secs);
+    eprintln!(
+        "full scan (verify-equivalent): {scan_secs:.2}s, {:.0} MB/s",
+        mb / scan_secs
+    );
 
     // Dry run then the real compaction, each in a child running the real binary.
     let bin = assert_cmd::cargo::cargo_bin("seglog");
-    for dry in [true, false] {
+    let runs: &[bool] = if kept_dir.is_some() {
+        &[true]
+    } else {
+        &[true, false]
+    };
+    for &dry in runs {
         let mut cmd = std::process::Command::new(&bin);
         cmd.args(["compact", "--json", "--now-ms", &NOW_MS.to_string()]);
         if dry {
@@ -937,7 +1061,11 @@ fn bench_compaction_memory_and_throughput() {
         }
         cmd.arg(data);
         let (out, maxrss_kib, secs) = run_measured(&mut cmd);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let doc = json_of(&out.stdout);
         let r = &doc["partitions"][0];
         eprintln!(

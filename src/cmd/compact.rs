@@ -30,9 +30,11 @@ use super::{exit, ExitError, Global};
 
 /// Arguments of `seglog compact`.
 #[derive(Debug, clap::Args)]
-#[command(after_help = "Exit codes: 0 done; 1 or 2 a partition needs `seglog recover` first \
+#[command(
+    after_help = "Exit codes: 0 done; 1 or 2 a partition needs `seglog recover` first \
 (1 repairable, 2 corrupt; nothing was compacted), or 2 a sealed segment holds unreadable records \
-(that partition is left unchanged); 64 usage; 73 the data directory is locked; 74 I/O error.")]
+(that partition is left unchanged); 64 usage; 73 the data directory is locked; 74 I/O error."
+)]
 pub struct Args {
     /// Data directory (every topic whose cleanup_policy compacts), topic directory or
     /// partition directory (compacted whatever its policy).

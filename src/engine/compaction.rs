@@ -131,7 +131,9 @@ pub enum CompactionError {
     #[error("{dir}: {detail}; run seglog recover first (compaction never runs on an unrecovered partition)")]
     NeedsRecovery { dir: PathBuf, detail: String },
     /// Step 2 found other sealed segments than the ones read; the swap was cancelled.
-    #[error("{dir}: the sealed segments changed while compacting; swap cancelled, nothing changed")]
+    #[error(
+        "{dir}: the sealed segments changed while compacting; swap cancelled, nothing changed"
+    )]
     SegmentsChanged { dir: PathBuf },
     #[error("{path}: record offset {offset} is above {COMPACT_OFFSET_MAX}, the largest compaction handles")]
     OffsetTooLarge { path: PathBuf, offset: u64 },
@@ -457,7 +459,8 @@ impl OutputWriter<'_> {
             let file = storage.create(&path).map_err(io_at(&path))?;
             self.temp_files.push(path);
             out.log = Some(file);
-            out.pending.extend_from_slice(&SegmentHeader::new(name).encode());
+            out.pending
+                .extend_from_slice(&SegmentHeader::new(name).encode());
             out.pending.reserve(WRITE_CHUNK_BYTES);
         }
         self.current = Some(out);
@@ -805,10 +808,7 @@ pub fn sealed_segments_unchanged(dir: &Path, read: &[u64]) -> bool {
         return false;
     };
     let bases: Vec<u64> = listing.segments.iter().map(|s| s.base_offset).collect();
-    listing.marker.is_none()
-        && bases
-            .split_last()
-            .is_some_and(|(_, sealed)| sealed == read)
+    listing.marker.is_none() && bases.split_last().is_some_and(|(_, sealed)| sealed == read)
 }
 
 /// What finishing a marker did.
