@@ -147,8 +147,13 @@ struct Case {
 
 impl Case {
     fn generate(seed: u64) -> Case {
+        Case::generate_sized(seed, 12, 40)
+    }
+
+    /// Up to `max_keys` distinct keys, up to `max_records` records per segment.
+    fn generate_sized(seed: u64, max_keys: u64, max_records: u64) -> Case {
         let mut rng = Rng(seed);
-        let keys = 1 + rng.below(12);
+        let keys = 1 + rng.below(max_keys);
         let retention_ms = 1 + rng.below(100_000) as i64;
         let segment_bytes = 1024 + rng.below(3000);
         let mut offset = rng.below(1000);
@@ -158,7 +163,7 @@ impl Case {
             let base = offset;
             let mut recs = Vec::new();
             // The active segment may be empty; sealed ones hold at least one record.
-            for i in 0..=rng.below(40) {
+            for i in 0..=rng.below(max_records) {
                 if i > 0 || !recs.is_empty() {
                     // Gaps, as a log that was compacted before has.
                     offset += if rng.chance(10) { 1 + rng.below(5) } else { 1 };
@@ -282,7 +287,10 @@ fn assert_clean(dir: &Path, segment_bytes: u64, what: &str) {
 }
 
 fn model_case(seed: u64) {
-    let case = Case::generate(seed);
+    model_case_of(seed, Case::generate(seed));
+}
+
+fn model_case_of(seed: u64, case: Case) {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     case.write(dir, seed);
@@ -382,6 +390,20 @@ fn model_test_many_seeds() {
             panic!("model test failed for seed {seed} (rerun with SEGLOG_SEED={seed})");
         }
     }
+}
+
+#[test]
+fn model_test_thousands_of_keys() {
+    // Enough keys for the key table to grow several times.
+    let mut most_keys = 0;
+    for seed in 1000..1006 {
+        let case = Case::generate_sized(seed, 20_000, 4000);
+        most_keys = most_keys.max(case.expected().1.keys);
+        if std::panic::catch_unwind(|| model_case_of(seed, case)).is_err() {
+            panic!("model test (many keys) failed for seed {seed}");
+        }
+    }
+    assert!(most_keys > 4096, "{most_keys} keys");
 }
 
 #[test]
