@@ -1104,3 +1104,102 @@ fn bench_compaction_memory_and_throughput() {
     let check = check_partition(&p, CheckMode::Full).unwrap();
     assert_eq!(check.severity(), None);
 }
+
+#[test]
+fn cli_compacts_the_independent_vector_partition_as_the_model_says() {
+    // The expected records come from the vectors' own listing, not from our encoder.
+    let listing = fs::read_to_string("tests/fixtures/vectors/partition.expected.jsonl").unwrap();
+    let unhex = |v: &serde_json::Value| -> Option<Vec<u8>> {
+        let s = v.as_str()?;
+        Some(
+            (0..s.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+                .collect(),
+        )
+    };
+    let mut sealed = Vec::new();
+    let mut active = Vec::new();
+    for line in listing.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        let rec = Rec {
+            offset: v["offset"].as_u64().unwrap(),
+            timestamp_ms: v["timestamp_ms"].as_i64().unwrap(),
+            key: unhex(&v["key_hex"]),
+            value: unhex(&v["value_hex"]).unwrap(),
+        };
+        if v["base_offset"] == 0 {
+            sealed.push(rec);
+        } else {
+            active.push(rec);
+        }
+    }
+    let case = Case {
+        sealed: vec![(0, sealed)],
+        active: (600, active),
+        retention_ms: 30_000,
+        segment_bytes: 4096,
+    };
+    let now_ms = 1_700_000_040_000;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("0");
+    fs::create_dir(&dir).unwrap();
+    copy_dir(Path::new("tests/fixtures/vectors/partition"), &dir);
+    let out = seglog()
+        .args(["compact", "--json", "--now-ms", &now_ms.to_string()])
+        .args(["--tombstone-retention-ms", "30000"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc = json_of(&out.stdout);
+    // The model of `Case::expected`, with this clock.
+    let sealed_recs = &case.sealed[0].1;
+    let mut newest: HashMap<&[u8], u64> = HashMap::new();
+    for r in sealed_recs {
+        if let Some(k) = &r.key {
+            newest.insert(k, r.offset);
+        }
+    }
+    let mut want: Vec<Rec> = sealed_recs
+        .iter()
+        .filter(|r| match &r.key {
+            None => true,
+            Some(k) => {
+                newest[k.as_slice()] == r.offset
+                    && !(r.is_tombstone() && now_ms - r.timestamp_ms > case.retention_ms)
+            }
+        })
+        .cloned()
+        .collect();
+    let dropped_tombstones = sealed_recs.iter().filter(|r| r.is_tombstone()).count()
+        - want.iter().filter(|r| r.is_tombstone()).count();
+    // Every tombstone in the vectors has a newer record of its key.
+    assert_eq!(dropped_tombstones, 12);
+    let p = &doc["partitions"][0];
+    assert_eq!(p["records_read"], 600);
+    assert_eq!(p["records_kept"], want.len());
+    assert_eq!(p["tombstones_dropped"], dropped_tombstones);
+    want.extend(case.active.1.iter().cloned());
+    assert_eq!(read_partition(&dir), want);
+    // Default segment_bytes is large, so one sealed segment, named 0, then the active.
+    let bases: Vec<u64> = list_partition(&dir)
+        .unwrap()
+        .segments
+        .iter()
+        .map(|s| s.base_offset)
+        .collect();
+    assert_eq!(bases, vec![0, 600]);
+    let check = check_partition(&resolve(&dir).unwrap().partitions[0], CheckMode::Full).unwrap();
+    assert_eq!(
+        check.severity(),
+        None,
+        "{:?}",
+        check.all_problems().collect::<Vec<_>>()
+    );
+}
