@@ -322,7 +322,8 @@ impl KeyIndex {
 
     /// Enters the waiting records into the map, in order.
     fn enter_batch(&mut self) {
-        for (d, value) in std::mem::take(&mut self.batch) {
+        let mut batch = std::mem::take(&mut self.batch);
+        for &(d, value) in &batch {
             if value & EXPIRED_BIT != 0 {
                 self.expired_newest += 1;
             }
@@ -336,6 +337,8 @@ impl KeyIndex {
                 }
             }
         }
+        batch.clear();
+        self.batch = batch;
     }
 
     /// Pass 2's decision, which pass 1's counts predict.
