@@ -590,6 +590,7 @@ fn every_failed_mutation_leaves_old_or_new_records() {
         mutations > 10 && syncs >= 5,
         "{mutations} mutations, {syncs} syncs"
     );
+    eprintln!("seed {seed}: {mutations} mutations, {syncs} syncs per compaction");
 
     let mut outcomes = BTreeMap::new();
     for fail_on in [FailOn::Any, FailOn::Sync] {
@@ -635,6 +636,7 @@ fn every_failed_mutation_leaves_old_or_new_records() {
         }
     }
     // Failures before the marker keep the old records, after it the new ones.
+    eprintln!("outcomes: {outcomes:?}");
     assert!(
         outcomes.get("old").copied().unwrap_or(0) > 0,
         "{outcomes:?}"
@@ -1201,5 +1203,267 @@ fn cli_compacts_the_independent_vector_partition_as_the_model_says() {
         None,
         "{:?}",
         check.all_problems().collect::<Vec<_>>()
+    );
+}
+
+// ---- crash images ----
+
+/// Storage that tracks what may survive a power cut: a file's content only as of its
+/// last fsync; a directory's names as of its last fsync plus any prefix of the
+/// creates, renames and removals made since (a journaling file system keeps their
+/// order). Before counted mutation `crash_at` runs, it records every such image and
+/// fails that mutation and every later one (the process died there).
+#[derive(Debug)]
+struct CrashStorage {
+    dir: PathBuf,
+    crash_at: u64,
+    state: std::sync::Mutex<CrashState>,
+}
+
+#[derive(Debug, Default)]
+struct CrashState {
+    calls: u64,
+    next_inode: u64,
+    /// Names in the directory now, and as of its last fsync.
+    names: BTreeMap<String, u64>,
+    durable_names: BTreeMap<String, u64>,
+    /// File content as of each file's last fsync.
+    durable_data: HashMap<u64, Vec<u8>>,
+    /// Name changes since the directory's last fsync, in order.
+    pending: Vec<NameOp>,
+    images: Option<Vec<BTreeMap<String, Vec<u8>>>>,
+}
+
+#[derive(Clone, Debug)]
+enum NameOp {
+    Create(String, u64),
+    Rename(String, String),
+    Remove(String),
+}
+
+impl CrashState {
+    /// The directory after its durable names and the first `k` pending changes.
+    fn image(&self, k: usize) -> BTreeMap<String, Vec<u8>> {
+        let mut names = self.durable_names.clone();
+        for op in &self.pending[..k] {
+            match op {
+                NameOp::Create(n, inode) => {
+                    names.insert(n.clone(), *inode);
+                }
+                NameOp::Rename(f, t) => {
+                    if let Some(inode) = names.remove(f) {
+                        names.insert(t.clone(), inode);
+                    }
+                }
+                NameOp::Remove(n) => {
+                    names.remove(n);
+                }
+            }
+        }
+        names
+            .into_iter()
+            .map(|(name, inode)| {
+                (
+                    name,
+                    self.durable_data.get(&inode).cloned().unwrap_or_default(),
+                )
+            })
+            .collect()
+    }
+}
+
+#[derive(Debug)]
+struct CrashFile {
+    inner: Box<dyn seglog::engine::io::StorageFile>,
+    inode: u64,
+    storage: Arc<CrashStorage>,
+}
+
+impl CrashStorage {
+    fn new(dir: &Path, crash_at: u64) -> Arc<CrashStorage> {
+        let mut state = CrashState::default();
+        for (name, bytes) in snapshot(dir) {
+            state.next_inode += 1;
+            state.names.insert(name.clone(), state.next_inode);
+            state.durable_names.insert(name, state.next_inode);
+            state.durable_data.insert(state.next_inode, bytes);
+        }
+        Arc::new(CrashStorage {
+            dir: dir.to_path_buf(),
+            crash_at,
+            state: std::sync::Mutex::new(state),
+        })
+    }
+
+    fn name(&self, path: &Path) -> String {
+        assert_eq!(
+            path.parent(),
+            Some(self.dir.as_path()),
+            "{}",
+            path.display()
+        );
+        path.file_name().unwrap().to_string_lossy().into_owned()
+    }
+
+    /// Counts a mutation; at the crash point records the durable image and fails.
+    fn step(&self) -> std::io::Result<std::sync::MutexGuard<'_, CrashState>> {
+        let mut s = self.state.lock().unwrap();
+        s.calls += 1;
+        if s.calls >= self.crash_at {
+            if s.images.is_none() {
+                let images = (0..=s.pending.len()).map(|k| s.image(k)).collect();
+                s.images = Some(images);
+            }
+            return Err(std::io::Error::other("crashed"));
+        }
+        Ok(s)
+    }
+
+    fn images(&self) -> Option<Vec<BTreeMap<String, Vec<u8>>>> {
+        self.state.lock().unwrap().images.clone()
+    }
+}
+
+impl seglog::engine::io::StorageFile for CrashFile {
+    fn write_at(&self, buf: &[u8], pos: u64) -> std::io::Result<()> {
+        drop(self.storage.step()?);
+        self.inner.write_at(buf, pos)
+    }
+    fn read_at(&self, buf: &mut [u8], pos: u64) -> std::io::Result<usize> {
+        self.inner.read_at(buf, pos)
+    }
+    fn set_len(&self, len: u64) -> std::io::Result<()> {
+        drop(self.storage.step()?);
+        self.inner.set_len(len)
+    }
+    fn allocate(&self, len: u64) -> std::io::Result<()> {
+        drop(self.storage.step()?);
+        self.inner.allocate(len)
+    }
+    fn sync_data(&self) -> std::io::Result<()> {
+        self.sync_all()
+    }
+    fn sync_all(&self) -> std::io::Result<()> {
+        let mut s = self.storage.step()?;
+        self.inner.sync_all()?;
+        let mut data = vec![0u8; self.inner.len()? as usize];
+        let n = self.inner.read_at(&mut data, 0)?;
+        data.truncate(n);
+        s.durable_data.insert(self.inode, data);
+        Ok(())
+    }
+    fn len(&self) -> std::io::Result<u64> {
+        self.inner.len()
+    }
+}
+
+/// `Storage` for an `Arc<CrashStorage>` (files keep a handle to it).
+#[derive(Debug, Clone)]
+struct Crash(Arc<CrashStorage>);
+
+impl Storage for Crash {
+    fn create(&self, path: &Path) -> std::io::Result<Box<dyn seglog::engine::io::StorageFile>> {
+        let name = self.0.name(path);
+        let mut s = self.0.step()?;
+        let inner = RealStorage.create(path)?;
+        s.next_inode += 1;
+        let inode = s.next_inode;
+        s.names.insert(name.clone(), inode);
+        s.pending.push(NameOp::Create(name, inode));
+        Ok(Box::new(CrashFile {
+            inner,
+            inode,
+            storage: self.0.clone(),
+        }))
+    }
+    fn open(&self, path: &Path) -> std::io::Result<Box<dyn seglog::engine::io::StorageFile>> {
+        let name = self.0.name(path);
+        let inode = *self.0.state.lock().unwrap().names.get(&name).unwrap();
+        Ok(Box::new(CrashFile {
+            inner: RealStorage.open(path)?,
+            inode,
+            storage: self.0.clone(),
+        }))
+    }
+    fn create_dir_all(&self, _path: &Path) -> std::io::Result<()> {
+        unimplemented!("compaction creates no directory")
+    }
+    fn rename(&self, from: &Path, to: &Path) -> std::io::Result<()> {
+        let (f, t) = (self.0.name(from), self.0.name(to));
+        let mut s = self.0.step()?;
+        RealStorage.rename(from, to)?;
+        let inode = s.names.remove(&f).unwrap();
+        s.names.insert(t.clone(), inode);
+        s.pending.push(NameOp::Rename(f, t));
+        Ok(())
+    }
+    fn remove_file(&self, path: &Path) -> std::io::Result<()> {
+        let name = self.0.name(path);
+        let mut s = self.0.step()?;
+        RealStorage.remove_file(path)?;
+        s.names.remove(&name);
+        s.pending.push(NameOp::Remove(name));
+        Ok(())
+    }
+    fn remove_dir_all(&self, _path: &Path) -> std::io::Result<()> {
+        unimplemented!("compaction removes no directory")
+    }
+    fn sync_dir(&self, path: &Path) -> std::io::Result<()> {
+        assert_eq!(path, self.0.dir.as_path());
+        let mut s = self.0.step()?;
+        RealStorage.sync_dir(path)?;
+        s.durable_names = s.names.clone();
+        s.pending.clear();
+        Ok(())
+    }
+}
+
+#[test]
+fn every_crash_image_holds_old_or_new_records() {
+    let (case, seed) = fault_case();
+    let template = tempfile::tempdir().unwrap();
+    case.write(template.path(), seed);
+    let old = case.all();
+    let (new, _) = case.expected();
+    let mut outcomes = BTreeMap::new();
+    for crash_at in 1.. {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        copy_dir(template.path(), dir);
+        let storage = Crash(CrashStorage::new(dir, crash_at));
+        let p = partition_ref(dir, case.segment_bytes);
+        let result = offline_compact(&storage, &p, &case.options(), &mut Vec::new());
+        let Some(images) = storage.0.images() else {
+            // No crash: the run went through.
+            result.unwrap();
+            assert_eq!(read_partition(dir), new);
+            assert!(crash_at > 10, "only {crash_at} mutations");
+            break;
+        };
+        assert!(result.is_err());
+        // Materialise each state the disk may hold after the crash, and start up on it.
+        for (k, image) in images.iter().enumerate() {
+            let what = format!("crash before mutation {crash_at}, {k} unsynced name changes kept");
+            let after = tempfile::tempdir().unwrap();
+            for (name, bytes) in image {
+                fs::write(after.path().join(name), bytes).unwrap();
+            }
+            recover_like_startup(after.path());
+            let got = read_partition(after.path());
+            let state = if got == old {
+                "old"
+            } else if got == new {
+                "new"
+            } else {
+                panic!("{what}: neither the old nor the new records: {got:#?}");
+            };
+            *outcomes.entry(state).or_insert(0) += 1;
+            assert_clean(after.path(), case.segment_bytes, &what);
+        }
+    }
+    eprintln!("crash images: {outcomes:?}");
+    assert!(
+        outcomes.contains_key("old") && outcomes.contains_key("new"),
+        "{outcomes:?}"
     );
 }
