@@ -16,9 +16,13 @@
 //! than a clean end of file in a sealed segment aborts with an error and changes
 //! nothing.
 //!
-//! Two distinct keys share a digest with probability about n²/2¹²⁹ (n keys): for a
-//! billion keys, below 10⁻²⁰. The digest keys are random per run, so nobody can
-//! choose keys that collide.
+//! Memory: 24 bytes per table slot (digest and offset), the table at most 3/4 full
+//! and doubled when it would be fuller, so 32 to 64 bytes per distinct key, up to 96
+//! while it doubles (about 75 MiB peak for a million keys), plus a few MiB of buffers.
+//!
+//! The digest keeps 127 bits (one is forced to mark used slots). Two distinct keys
+//! share one with probability about n²/2¹²⁸ (n keys): for a billion keys, below
+//! 10⁻²⁰. The SipHash keys are random per run, so nobody can choose keys that collide.
 //!
 //! Output segments hold at most `segment_bytes` each (a single larger record gets a
 //! segment of its own). Naming: the first output segment takes the base offset of the
