@@ -4,10 +4,13 @@
 
 pub mod broker;
 pub mod check;
+pub mod client;
 pub mod compaction;
 pub mod error;
 pub mod io;
 pub mod layout;
 pub mod lock;
 pub mod log;
+pub mod protocol;
 pub mod segment;
+pub mod server;
