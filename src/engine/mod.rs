@@ -6,4 +6,5 @@ pub mod check;
 pub mod io;
 pub mod layout;
 pub mod lock;
+pub mod recovery;
 pub mod segment;
