@@ -46,8 +46,15 @@ fn seg(base: u64, generation: u64, offsets: impl IntoIterator<Item = u64>) -> Se
         let pos = log.len() as u64;
         let key = format!("k{}", o % 7);
         let value = vec![b'a' + (o % 26) as u8; VALUE_LEN];
-        let n = encode_record(&mut log, o, o as i64, Some(key.as_bytes()), &value, generation)
-            .unwrap();
+        let n = encode_record(
+            &mut log,
+            o,
+            o as i64,
+            Some(key.as_bytes()),
+            &value,
+            generation,
+        )
+        .unwrap();
         if let Some(e) = b.observe(base, o, pos) {
             e.encode_into(&mut index);
         }
@@ -248,11 +255,7 @@ fn torn_tail_is_cut_and_backed_up() {
     assert_eq!(v["severity_after"], "clean");
     assert_eq!(fs::read(d.log(0)).unwrap(), s.log);
     assert_eq!(fs::read(d.index(0)).unwrap(), s.index);
-    let name = format!(
-        "{P0}/{}.bytes-{pos10}-{}",
-        log_file_name(0),
-        log.len()
-    );
+    let name = format!("{P0}/{}.bytes-{pos10}-{}", log_file_name(0), log.len());
     assert_eq!(backup_file(&d, &name), &log[pos10 as usize..]);
     assert_eq!(offsets(&d.part), (0..10).collect::<Vec<_>>());
 }
@@ -270,7 +273,12 @@ fn zero_tail_is_trimmed_and_a_clean_dry_run_exits_0() {
     let v = recover_twice(&d, 0);
     assert_eq!(v["actions"][0]["tail"], "zero_tail");
     assert_eq!(fs::read(d.log(0)).unwrap(), s.log);
-    let name = format!("{P0}/{}.bytes-{}-{}", log_file_name(0), s.log.len(), log.len());
+    let name = format!(
+        "{P0}/{}.bytes-{}-{}",
+        log_file_name(0),
+        s.log.len(),
+        log.len()
+    );
     assert_eq!(backup_file(&d, &name), vec![0u8; 4096]);
 }
 
@@ -334,14 +342,56 @@ fn never_durable_newest_segment_is_removed() {
         let v = recover_twice(&d, 0);
         assert_eq!(
             kinds(&v),
-            ["remove_never_durable", "trim_seal"],
-            "{newest:?}: {v:#}"
+            ["remove_never_durable", "cut_tail"],
+            "{} bytes: {v:#}",
+            newest.len()
         );
         assert!(!d.log(20).exists() && !d.index(20).exists());
         assert_eq!(fs::read(d.log(0)).unwrap(), s0.log);
-        assert_eq!(backup_file(&d, &format!("{P0}/{}", log_file_name(20))), newest);
+        assert_eq!(
+            backup_file(&d, &format!("{P0}/{}", log_file_name(20))),
+            newest
+        );
         assert_eq!(v["partitions"][0]["next_offset"], 20);
     }
+}
+
+#[test]
+fn segment_that_becomes_the_newest_is_recovered_as_the_active_one() {
+    // Once the never-durable segment is gone, the one before it is the newest: the
+    // next start would scan it in full and cut its tail, so this run does too.
+    let d = Data::new();
+    let s0 = seg(0, 0, 0..39);
+    let whole = seg(0, 0, 0..40);
+    let mut log0 = whole.log.clone();
+    let (_, pos, _) = whole.records[39];
+    log0[pos as usize + 20] ^= 1;
+    d.put(0, &log0, Some(&whole.index));
+    d.put(40, &[0u8; 32], None);
+    d.put(41, &[0u8; 3], None);
+    let v = recover_twice(&d, 0);
+    assert_eq!(
+        kinds(&v),
+        ["remove_never_durable", "remove_never_durable", "cut_tail"]
+    );
+    assert_eq!(v["actions"][2]["from"], pos);
+    assert_eq!(v["actions"][2]["next_offset"], 39);
+    assert_eq!(v["partitions"][0]["next_offset"], 39);
+    assert_eq!(fs::read(d.log(0)).unwrap(), s0.log);
+    assert_eq!(fs::read(d.index(0)).unwrap(), s0.index);
+}
+
+#[test]
+fn backup_dir_inside_the_data_directory_is_refused() {
+    let d = Data::new();
+    let out = seglog()
+        .arg("recover")
+        .arg(&d.data)
+        .arg("--backup-dir")
+        .arg(d.data.join("bk"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64));
 }
 
 #[test]
@@ -360,9 +410,16 @@ fn bad_header_on_the_newest_segment_is_left_and_refuses_writes() {
     let p = &v["partitions"][0];
     assert_eq!(p["refuses_writes"], true);
     assert_eq!(p["corrupt"][0]["kind"], "bad_header");
-    assert_eq!(p["corrupt"][0]["bytes_lost"], serde_json::json!([0, s1.len()]));
+    assert_eq!(
+        p["corrupt"][0]["bytes_lost"],
+        serde_json::json!([0, s1.len()])
+    );
     assert_eq!(v["severity_after"], "corrupt");
-    assert_eq!(snapshot(&d.data).len(), before.len() + 1, "only LOCK was added");
+    assert_eq!(
+        snapshot(&d.data).len(),
+        before.len() + 1,
+        "only LOCK was added"
+    );
     assert_eq!(fs::read(d.log(20)).unwrap(), s1);
 }
 
@@ -447,7 +504,10 @@ fn leftover_temp_files_and_orphan_indexes_are_removed() {
         backup_file(&d, &format!("{P0}/{}.tmp", log_file_name(100))),
         b"half a compaction"
     );
-    assert_eq!(backup_file(&d, &format!("{P0}/{}", index_file_name(50))), s0.index);
+    assert_eq!(
+        backup_file(&d, &format!("{P0}/{}", index_file_name(50))),
+        s0.index
+    );
 }
 
 /// A compacted partition mid-swap: old segments 0 (0..20) and 20 (20..40), the new
@@ -507,7 +567,11 @@ fn marker_with_temp_files_is_finished_at_every_stage() {
 #[test]
 fn marker_that_does_not_parse_means_the_swap_never_started() {
     let (d, _) = swap_partition(0);
-    fs::write(d.part.join("compaction.marker"), b"{\"version\": 1, \"new\": [\"0000").unwrap();
+    fs::write(
+        d.part.join("compaction.marker"),
+        b"{\"version\": 1, \"new\": [\"0000",
+    )
+    .unwrap();
     let old = seg(0, 0, 0..20);
     let v = recover_twice(&d, 0);
     assert_eq!(
@@ -546,7 +610,10 @@ fn lock_held_exits_73_and_dry_run_needs_no_lock() {
     let out = seglog().arg("recover").arg(&d.data).output().unwrap();
     assert_eq!(out.status.code(), Some(73));
     let err = String::from_utf8(out.stderr).unwrap();
-    assert!(err.contains(&d.data.join("LOCK").display().to_string()), "{err}");
+    assert!(
+        err.contains(&d.data.join("LOCK").display().to_string()),
+        "{err}"
+    );
     assert_eq!(fs::read(d.log(0)).unwrap(), log);
     let out = seglog()
         .args(["recover", "--dry-run"])
@@ -617,39 +684,70 @@ fn many_repairs() -> (Data, Vec<u64>, BTreeMap<String, Vec<u8>>) {
     (d, (0..60).collect(), want)
 }
 
+/// A compaction marker that does not parse with its temporary files, a sealed
+/// segment with an unfinished seal, and two newest segments that never became durable.
+fn never_started_swap_and_removals() -> (Data, Vec<u64>, BTreeMap<String, Vec<u8>>) {
+    let d = Data::new();
+    let s0 = seg(0, 0, 0..30);
+    let mut log0 = s0.log.clone();
+    log0.extend_from_slice(&[0u8; 333]);
+    d.put(0, &log0, Some(&s0.index));
+    d.put(30, &[0u8; 4096], Some(b""));
+    d.put(31, &[0u8; 7], None);
+    fs::write(d.part.join("compaction.marker"), b"{\"version\": 1, \"ne").unwrap();
+    fs::write(
+        d.part.join(format!("{}.tmp", log_file_name(0))),
+        &s0.log[..100],
+    )
+    .unwrap();
+    fs::write(d.part.join(format!("{}.tmp", index_file_name(0))), b"").unwrap();
+    let mut want = BTreeMap::new();
+    want.insert(log_file_name(0), s0.log);
+    want.insert(index_file_name(0), s0.index);
+    (d, (0..30).collect(), want)
+}
+
 fn partition_files(part: &Path) -> BTreeMap<String, Vec<u8>> {
     snapshot(part)
 }
 
 #[test]
 fn a_failure_at_any_mutation_or_sync_is_repaired_by_running_again() {
-    for fail_on in [FailOn::Any, FailOn::Sync] {
-        for with_backup in [false, true] {
-            let mut n = 1;
-            loop {
-                let (d, want_offsets, want_files) = many_repairs();
-                let target = resolve(&d.data).unwrap();
-                let plan = recovery::plan(&target).unwrap();
-                let failing = FailingStorage::new(Arc::new(RealStorage), n, fail_on, true);
-                let backup = d.backup();
-                let r = recovery::execute(&failing, &plan, with_backup.then_some(backup.as_path()));
-                if !failing.has_failed() {
-                    assert!(r.is_ok(), "{r:?}");
-                    assert!(n > 5, "{fail_on:?}: only {n} calls");
-                    break;
+    type Scenario = fn() -> (Data, Vec<u64>, BTreeMap<String, Vec<u8>>);
+    let scenarios: [Scenario; 2] = [many_repairs, never_started_swap_and_removals];
+    for scenario in scenarios {
+        for fail_on in [FailOn::Any, FailOn::Sync] {
+            for with_backup in [false, true] {
+                let mut n = 1;
+                loop {
+                    let (d, want_offsets, want_files) = scenario();
+                    let target = resolve(&d.data).unwrap();
+                    let plan = recovery::plan(&target).unwrap();
+                    let failing = FailingStorage::new(Arc::new(RealStorage), n, fail_on, true);
+                    let backup = d.backup();
+                    let r =
+                        recovery::execute(&failing, &plan, with_backup.then_some(backup.as_path()));
+                    if !failing.has_failed() {
+                        assert!(r.is_ok(), "{r:?}");
+                        assert!(n > 5, "{fail_on:?}: only {n} calls");
+                        break;
+                    }
+                    assert!(r.is_err(), "{fail_on:?} call {n}: failure not reported");
+                    // Whatever the failure left, no valid record is lost and none beyond
+                    // a cut point comes back.
+                    assert_eq!(offsets(&d.part), want_offsets, "{fail_on:?} call {n}");
+                    let report = recovery::recover(&RealStorage, &d.data).unwrap();
+                    assert!(report.is_consistent());
+                    assert_eq!(
+                        report.partitions[0].next_offset,
+                        want_offsets.last().unwrap() + 1
+                    );
+                    assert_eq!(partition_files(&d.part), want_files, "{fail_on:?} call {n}");
+                    assert_eq!(full_severity(&d.data), None);
+                    let again = recovery::recover(&RealStorage, &d.data).unwrap();
+                    assert_eq!(again.action_count(), 0, "{fail_on:?} call {n}");
+                    n += 1;
                 }
-                assert!(r.is_err(), "{fail_on:?} call {n}: failure not reported");
-                // Whatever the failure left, no valid record is lost and none beyond
-                // a cut point comes back.
-                assert_eq!(offsets(&d.part), want_offsets, "{fail_on:?} call {n}");
-                let report = recovery::recover(&RealStorage, &d.data).unwrap();
-                assert!(report.is_consistent());
-                assert_eq!(report.partitions[0].next_offset, 60);
-                assert_eq!(partition_files(&d.part), want_files, "{fail_on:?} call {n}");
-                assert_eq!(full_severity(&d.data), None);
-                let again = recovery::recover(&RealStorage, &d.data).unwrap();
-                assert_eq!(again.action_count(), 0, "{fail_on:?} call {n}");
-                n += 1;
             }
         }
     }

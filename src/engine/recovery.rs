@@ -34,7 +34,9 @@ use crate::format::marker::CompactionMarker;
 use crate::format::names::{index_file_name, log_file_name, segment_stem, TMP_SUFFIX};
 use crate::format::{HeaderError, IndexEntry, INDEX_ENTRY_LEN};
 
-use super::check::{check_partition, CheckMode, IndexState, PartitionCheck, Problem, Severity};
+use super::check::{
+    check_partition, check_segment, CheckMode, IndexState, PartitionCheck, Problem, Severity,
+};
 use super::io::Storage;
 use super::layout::{resolve, LayoutError, PartitionRef, Target};
 
@@ -494,19 +496,59 @@ pub fn plan(target: &Target) -> Result<RecoveryPlan, RecoveryError> {
 
 /// Plans recovery of one partition from the quick check. Reads only.
 pub fn plan_partition(p: &PartitionRef) -> Result<PartitionPlan, RecoveryError> {
-    let check = check_partition(p, CheckMode::Quick).map_err(|source| RecoveryError::Check {
-        dir: p.dir.clone(),
-        source,
-    })?;
+    let mut check =
+        check_partition(p, CheckMode::Quick).map_err(|source| RecoveryError::Check {
+            dir: p.dir.clone(),
+            source,
+        })?;
+    let removed = never_durable_newest(&check);
+    let active = check.segments.len().checked_sub(removed + 1);
+    if let Some(seg) = active.and_then(|i| check.segments.get_mut(i)) {
+        if removed > 0 && !seg.active {
+            // Step 2: the segment before the removed ones becomes the active one, and
+            // is checked as such (scanned in full), exactly as the next start would.
+            let files = seg.files.clone();
+            *seg = check_segment(&files, true, CheckMode::Quick).map_err(|source| {
+                RecoveryError::Check {
+                    dir: p.dir.clone(),
+                    source,
+                }
+            })?;
+        }
+    }
     Ok(plan_from_check(&check))
+}
+
+/// How many of the newest segments never became durable (a header shorter than 32
+/// bytes or all zero), counted from the newest while that holds.
+fn never_durable_newest(check: &PartitionCheck) -> usize {
+    if check.partition.only_segment.is_some() {
+        return 0;
+    }
+    let newest_is_active = check.segments.last().is_some_and(|s| s.active);
+    if !newest_is_active {
+        return 0;
+    }
+    check
+        .segments
+        .iter()
+        .rev()
+        .take_while(|s| {
+            matches!(
+                s.header,
+                Err(HeaderError::Short { .. } | HeaderError::AllZero)
+            )
+        })
+        .count()
 }
 
 fn file_len(path: &Path) -> u64 {
     std::fs::metadata(path).map(|m| m.len()).unwrap_or(0)
 }
 
-/// Builds the plan for one partition from its check (FORMAT.md, Recovery).
-pub fn plan_from_check(check: &PartitionCheck) -> PartitionPlan {
+/// Builds the plan for one partition from its check (FORMAT.md, Recovery). The
+/// segment that becomes active after step 2 must have been checked as active.
+fn plan_from_check(check: &PartitionCheck) -> PartitionPlan {
     let p = &check.partition;
     let mut plan = PartitionPlan {
         partition: p.clone(),
@@ -567,18 +609,9 @@ pub fn plan_from_check(check: &PartitionCheck) -> PartitionPlan {
     // Step 2: newest segments that never became durable are removed, newest first;
     // the one before becomes the active segment.
     let segs = &check.segments;
-    let mut kept = segs.len();
-    let mut next_offset = 0u64;
-    while let Some(seg) = kept.checked_sub(1).and_then(|i| segs.get(i)) {
-        // The newest segment, or one whose newer neighbours were all removed here.
-        let newest = seg.active || kept < segs.len();
-        let never_durable = matches!(
-            seg.header,
-            Err(HeaderError::Short { .. } | HeaderError::AllZero)
-        );
-        if !never_durable || !newest || p.only_segment.is_some() {
-            break;
-        }
+    let removed = never_durable_newest(check);
+    let kept = segs.len() - removed;
+    for seg in segs.iter().skip(kept).rev() {
         let reason = match &seg.header {
             Err(e) => format!(
                 "{e}: the newest segment never became durable, no record in it was acknowledged"
@@ -592,9 +625,8 @@ pub fn plan_from_check(check: &PartitionCheck) -> PartitionPlan {
             bytes: seg.file_len,
             reason,
         });
-        next_offset = next_offset.max(seg.base_offset());
-        kept -= 1;
     }
+    let mut next_offset = 0u64;
     let kept_segs = segs.get(..kept).unwrap_or(&[]);
     let active_idx = kept.checked_sub(1);
 
