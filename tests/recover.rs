@@ -251,6 +251,7 @@ fn torn_tail_is_cut_and_backed_up() {
     assert_eq!(a["to"], log.len() as u64);
     assert_eq!(a["next_offset"], 10);
     assert_eq!(a["tail"], "torn_tail");
+    assert_eq!(a["records_cut"], Value::Null);
     assert_eq!(v["partitions"][0]["next_offset"], 10);
     assert_eq!(v["severity_after"], "clean");
     assert_eq!(fs::read(d.log(0)).unwrap(), s.log);
@@ -258,6 +259,33 @@ fn torn_tail_is_cut_and_backed_up() {
     let name = format!("{P0}/{}.bytes-{pos10}-{}", log_file_name(0), log.len());
     assert_eq!(backup_file(&d, &name), &log[pos10 as usize..]);
     assert_eq!(offsets(&d.part), (0..10).collect::<Vec<_>>());
+}
+
+#[test]
+fn damage_inside_the_active_segment_cuts_and_names_the_records_behind_it() {
+    let d = Data::new();
+    let s = seg(0, 0, 0..12);
+    let mut log = s.log.clone();
+    let (_, pos5, _) = s.records[5];
+    log[pos5 as usize + 25] ^= 0x40;
+    d.put(0, &log, Some(&s.index));
+    let v = recover_twice(&d, 0);
+    let a = &v["actions"][0];
+    assert_eq!(a["kind"], "cut_tail");
+    assert_eq!(a["from"], pos5);
+    assert_eq!(a["next_offset"], 5);
+    assert_eq!(
+        a["records_cut"],
+        serde_json::json!({"first_offset": 6, "last_offset": 11, "count": 6})
+    );
+    assert!(a["description"]
+        .as_str()
+        .unwrap()
+        .contains("6 valid record(s), offsets 6..=11"));
+    assert_eq!(fs::read(d.log(0)).unwrap(), &s.log[..pos5 as usize]);
+    let name = format!("{P0}/{}.bytes-{pos5}-{}", log_file_name(0), log.len());
+    assert_eq!(backup_file(&d, &name), &log[pos5 as usize..]);
+    assert_eq!(offsets(&d.part), (0..5).collect::<Vec<_>>());
 }
 
 #[test]

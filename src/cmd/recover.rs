@@ -173,9 +173,15 @@ fn action_json(root: &Path, label: &str, a: &Action, backups: &[PathBuf]) -> Val
         Action::CutTail {
             next_offset,
             kind,
+            records_cut,
             reason,
             ..
-        } => json!({ "next_offset": next_offset, "tail": kind, "reason": reason }),
+        } => json!({
+            "next_offset": next_offset, "tail": kind, "reason": reason,
+            "records_cut": records_cut.map(|r| json!({
+                "first_offset": r.first_offset, "last_offset": r.last_offset, "count": r.count,
+            })),
+        }),
         Action::RebuildIndex {
             log,
             base_offset,

@@ -32,6 +32,7 @@ use std::path::{Path, PathBuf};
 
 use crate::format::marker::CompactionMarker;
 use crate::format::names::{index_file_name, log_file_name, segment_stem, TMP_SUFFIX};
+use crate::format::record::{claimed_encoded_len, LEN_FIELD};
 use crate::format::{HeaderError, IndexEntry, INDEX_ENTRY_LEN};
 
 use super::check::{
@@ -39,6 +40,7 @@ use super::check::{
 };
 use super::io::Storage;
 use super::layout::{resolve, LayoutError, PartitionRef, Target};
+use super::segment::{open_log, read_full_at, read_header, Next, RecordReader};
 
 /// Bytes copied per read/write when backing up.
 const BACKUP_CHUNK_BYTES: usize = 1024 * 1024;
@@ -89,6 +91,14 @@ pub struct Damage {
     pub offsets: Option<(u64, Option<u64>)>,
 }
 
+/// Valid records found in a range that is cut.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecordsCut {
+    pub first_offset: u64,
+    pub last_offset: u64,
+    pub count: u64,
+}
+
 /// One step of recovery. Every variant names its files, byte ranges and offsets.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -131,6 +141,9 @@ pub enum Action {
         next_offset: u64,
         /// What the range holds (`torn_tail`, `zero_tail`, `stale_tail`).
         kind: &'static str,
+        /// Valid records of the segment's generation behind the damaged one: cut
+        /// with it (FORMAT.md, Recovery step 4), so named here.
+        records_cut: Option<RecordsCut>,
         reason: String,
     },
     /// Cut an unfinished seal (zeros or stale records) off a sealed segment.
@@ -238,12 +251,17 @@ impl Action {
                 from,
                 to,
                 next_offset,
+                records_cut,
                 reason,
                 ..
             } => format!(
-                "cut {} bytes {from}..{to} ({} bytes, from where offset {next_offset} would start): {reason}",
+                "cut {} bytes {from}..{to} ({} bytes, from where offset {next_offset} would start): {reason}{}",
                 rel(log),
-                to - from
+                to - from,
+                records_cut.map_or_else(String::new, |r| format!(
+                    "; {} valid record(s), offsets {}..={}, follow the damaged one and are cut with it",
+                    r.count, r.first_offset, r.last_offset
+                ))
             ),
             Action::TrimSeal {
                 log,
@@ -516,7 +534,58 @@ pub fn plan_partition(p: &PartitionRef) -> Result<PartitionPlan, RecoveryError> 
             })?;
         }
     }
-    Ok(plan_from_check(&check))
+    let mut plan = plan_from_check(&check);
+    for a in &mut plan.actions {
+        if let Action::CutTail {
+            log,
+            from,
+            to,
+            kind: "torn_tail",
+            records_cut,
+            ..
+        } = a
+        {
+            *records_cut =
+                records_behind(log, *from, *to).map_err(|source| RecoveryError::Check {
+                    dir: p.dir.clone(),
+                    source,
+                })?;
+        }
+    }
+    Ok(plan)
+}
+
+/// The valid records of the segment's generation that follow the damaged record at
+/// `from` (stepping over it by its claimed length), up to `to`.
+fn records_behind(log: &Path, from: u64, to: u64) -> io::Result<Option<RecordsCut>> {
+    let (file, len) = open_log(log)?;
+    let Ok(header) = read_header(&file, len)? else {
+        return Ok(None);
+    };
+    let mut len_field = [0u8; LEN_FIELD];
+    let n = read_full_at(&file, &mut len_field, from)?;
+    let Some(claimed) = claimed_encoded_len(len_field.get(..n).unwrap_or(&[])) else {
+        return Ok(None);
+    };
+    let mut reader = RecordReader::new(&file, header.generation, from + claimed, to.min(len));
+    let mut found: Option<RecordsCut> = None;
+    while let Next::Record { record, .. } = reader.next_record()? {
+        match &mut found {
+            None => {
+                found = Some(RecordsCut {
+                    first_offset: record.offset,
+                    last_offset: record.offset,
+                    count: 1,
+                })
+            }
+            Some(r) if record.offset > r.last_offset => {
+                r.last_offset = record.offset;
+                r.count += 1;
+            }
+            Some(_) => break,
+        }
+    }
+    Ok(found)
 }
 
 /// How many of the newest segments never became durable (a header shorter than 32
@@ -684,6 +753,7 @@ fn plan_from_check(check: &PartitionCheck) -> PartitionPlan {
                     to: seg.file_len,
                     next_offset: seg.last_offset.map_or(seg.base_offset(), |o| o + 1),
                     kind,
+                    records_cut: None,
                     reason,
                 });
             } else if kind == "unfinished_seal" {
@@ -812,7 +882,7 @@ impl Backup<'_> {
             let want_len = usize::try_from((to - pos).min(BACKUP_CHUNK_BYTES as u64))
                 .unwrap_or(BACKUP_CHUNK_BYTES);
             let chunk = buf.get_mut(..want_len).unwrap_or(&mut []);
-            let n = super::segment::read_full_at(&file, chunk, pos)?;
+            let n = read_full_at(&file, chunk, pos)?;
             if n == 0 {
                 return Err(io::Error::new(
                     io::ErrorKind::UnexpectedEof,
