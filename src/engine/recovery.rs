@@ -36,7 +36,8 @@ use crate::format::record::{claimed_encoded_len, LEN_FIELD};
 use crate::format::{HeaderError, IndexEntry, INDEX_ENTRY_LEN};
 
 use super::check::{
-    check_partition, check_segment, CheckMode, IndexState, PartitionCheck, Problem, Severity,
+    check_partition, check_segment, CheckMode, IndexState, PartitionCheck, Problem, SegmentCheck,
+    Severity,
 };
 use super::io::Storage;
 use super::layout::{resolve, LayoutError, PartitionRef, Target};
@@ -632,54 +633,18 @@ fn plan_from_check(check: &PartitionCheck) -> PartitionPlan {
         severity_before: check.severity(),
     };
 
-    // Step 1: the compaction marker first, then temporary files and orphan indexes.
-    match &check.marker {
-        Some((path, Ok(marker))) => {
-            plan.actions.push(Action::FinishCompaction {
-                marker_path: path.clone(),
-                marker: marker.clone(),
-            });
-            // What the swap leaves is planned after it is finished.
-            plan.recheck_after_marker = true;
-            plan.next_offset = check.next_offset().unwrap_or(0);
-            return plan;
-        }
-        Some((path, Err(e))) => {
-            for tmp in &check.temp_files {
-                plan.actions.push(Action::RemoveTempFile {
-                    path: tmp.clone(),
-                    bytes: file_len(tmp),
-                    reason: "temporary file of a compaction swap that never started".into(),
-                });
-            }
-            plan.actions.push(Action::RemoveMarker {
-                path: path.clone(),
-                bytes: file_len(path),
-                reason: format!("{e}: the swap never started"),
-            });
-        }
-        None => {
-            for tmp in &check.temp_files {
-                plan.actions.push(Action::RemoveTempFile {
-                    path: tmp.clone(),
-                    bytes: file_len(tmp),
-                    reason: "leftover temporary file with no compaction marker".into(),
-                });
-            }
-        }
-    }
-    for idx in &check.orphan_indexes {
-        plan.actions.push(Action::RemoveOrphanIndex {
-            path: idx.clone(),
-            bytes: file_len(idx),
-        });
+    // Step 1.
+    if plan_marker_and_temp_files(check, &mut plan) {
+        // What the swap leaves is planned after it is finished.
+        plan.recheck_after_marker = true;
+        plan.next_offset = check.next_offset().unwrap_or(0);
+        return plan;
     }
 
     // Step 2: newest segments that never became durable are removed, newest first;
     // the one before becomes the active segment.
     let segs = &check.segments;
-    let removed = never_durable_newest(check);
-    let kept = segs.len() - removed;
+    let kept = segs.len() - never_durable_newest(check);
     for seg in segs.iter().skip(kept).rev() {
         let reason = match &seg.header {
             Err(e) => format!(
@@ -695,13 +660,12 @@ fn plan_from_check(check: &PartitionCheck) -> PartitionPlan {
             reason,
         });
     }
-    let mut next_offset = 0u64;
-    let kept_segs = segs.get(..kept).unwrap_or(&[]);
-    let active_idx = kept.checked_sub(1);
 
-    // Steps 3 and 4, per remaining segment.
+    // Steps 3 and 4, per remaining segment; step 6 on the way.
+    let kept_segs = segs.get(..kept).unwrap_or(&[]);
+    let mut next_offset = 0u64;
     for (i, seg) in kept_segs.iter().enumerate() {
-        let is_active = Some(i) == active_idx;
+        let is_active = i + 1 == kept_segs.len();
         if is_active {
             next_offset = next_offset.max(seg.base_offset());
         }
@@ -710,92 +674,8 @@ fn plan_from_check(check: &PartitionCheck) -> PartitionPlan {
         }
         let next_first = kept_segs
             .get(i + 1)
-            .and_then(|s| s.first_offset.or(Some(s.base_offset())));
-        let header_ok = matches!(&seg.header, Ok(h) if h.base_offset == seg.base_offset());
-        if !header_ok {
-            // An invalid header (other than never durable on the newest): left in place.
-            for pr in seg
-                .problems
-                .iter()
-                .filter(|pr| pr.severity == Severity::Corrupt)
-            {
-                plan.corrupt.push(Damage {
-                    problem: pr.clone(),
-                    bytes: Some((0, seg.file_len)),
-                    offsets: Some((seg.base_offset(), next_first.map(|n| n.saturating_sub(1)))),
-                });
-            }
-            if is_active {
-                plan.refuses_writes = true;
-            }
-            continue;
-        }
-        let Some(scan) = &seg.scan else {
-            // Trusted by its index: nothing to do.
-            continue;
-        };
-        if let Some(end) = scan.end.position() {
-            let tail_problem = seg
-                .problems
-                .iter()
-                .find(|pr| pr.file == seg.files.log && pr.position == Some(end));
-            let kind = tail_problem.map_or("tail", |pr| pr.kind);
-            if seg.active {
-                let reason = match kind {
-                    "torn_tail" => format!("{}; never acknowledged", scan.end.detail()),
-                    "zero_tail" => "unwritten (zero) bytes after the data".to_string(),
-                    "stale_tail" => "records of an older generation after the data".to_string(),
-                    _ => scan.end.detail(),
-                };
-                plan.actions.push(Action::CutTail {
-                    log: seg.files.log.clone(),
-                    from: end,
-                    to: seg.file_len,
-                    next_offset: seg.last_offset.map_or(seg.base_offset(), |o| o + 1),
-                    kind,
-                    records_cut: None,
-                    reason,
-                });
-            } else if kind == "unfinished_seal" {
-                plan.actions.push(Action::TrimSeal {
-                    log: seg.files.log.clone(),
-                    from: end,
-                    to: seg.file_len,
-                    reason: tail_problem.map_or_else(String::new, |pr| pr.detail.clone()),
-                });
-            } else {
-                for pr in seg
-                    .problems
-                    .iter()
-                    .filter(|pr| pr.severity == Severity::Corrupt)
-                {
-                    let first = seg.last_offset.map_or(seg.base_offset(), |o| o + 1);
-                    plan.corrupt.push(Damage {
-                        problem: pr.clone(),
-                        bytes: Some((end, seg.file_len)),
-                        offsets: Some((first, next_first.map(|n| n.saturating_sub(1)))),
-                    });
-                }
-                if is_active {
-                    // New records after unreadable bytes could never be read back.
-                    plan.refuses_writes = true;
-                }
-            }
-        }
-        let reason = match &seg.index {
-            IndexState::Missing => Some("the index is missing".to_string()),
-            IndexState::Invalid(e) => Some(e.to_string()),
-            IndexState::Valid | IndexState::NotChecked => None,
-        };
-        if let Some(reason) = reason {
-            plan.actions.push(Action::RebuildIndex {
-                log: seg.files.log.clone(),
-                index: seg.files.index.clone(),
-                base_offset: seg.base_offset(),
-                entries: scan.index.clone(),
-                reason,
-            });
-        }
+            .map(|s| s.first_offset.unwrap_or(s.base_offset()));
+        plan_segment(seg, is_active, next_first, &mut plan);
     }
 
     // Step 5: segments that do not join up are reported.
@@ -809,6 +689,138 @@ fn plan_from_check(check: &PartitionCheck) -> PartitionPlan {
     // Step 6.
     plan.next_offset = next_offset;
     plan
+}
+
+/// Step 1 without a marker to finish: temporary files (and an unparseable marker)
+/// and orphan indexes are removed. Returns true when a marker parses: its swap is
+/// finished first and the rest planned after it.
+fn plan_marker_and_temp_files(check: &PartitionCheck, plan: &mut PartitionPlan) -> bool {
+    let temp_reason = match &check.marker {
+        Some((path, Ok(marker))) => {
+            plan.actions.push(Action::FinishCompaction {
+                marker_path: path.clone(),
+                marker: marker.clone(),
+            });
+            return true;
+        }
+        Some(_) => "temporary file of a compaction swap that never started",
+        None => "leftover temporary file with no compaction marker",
+    };
+    for tmp in &check.temp_files {
+        plan.actions.push(Action::RemoveTempFile {
+            path: tmp.clone(),
+            bytes: file_len(tmp),
+            reason: temp_reason.into(),
+        });
+    }
+    // The marker after its temporary files: a crash in between leaves a marker that
+    // still does not parse, so the next run ends the same way.
+    if let Some((path, Err(e))) = &check.marker {
+        plan.actions.push(Action::RemoveMarker {
+            path: path.clone(),
+            bytes: file_len(path),
+            reason: format!("{e}: the swap never started"),
+        });
+    }
+    for idx in &check.orphan_indexes {
+        plan.actions.push(Action::RemoveOrphanIndex {
+            path: idx.clone(),
+            bytes: file_len(idx),
+        });
+    }
+    false
+}
+
+/// Steps 3 and 4 for one segment that stays. `next_first` is the first offset of the
+/// segment after it, if any.
+fn plan_segment(
+    seg: &SegmentCheck,
+    is_active: bool,
+    next_first: Option<u64>,
+    plan: &mut PartitionPlan,
+) {
+    let lost_to = next_first.map(|n| n.saturating_sub(1));
+    let header_ok = matches!(&seg.header, Ok(h) if h.base_offset == seg.base_offset());
+    if !header_ok {
+        // An invalid header (other than never durable on the newest): left in place.
+        for pr in seg
+            .problems
+            .iter()
+            .filter(|pr| pr.severity == Severity::Corrupt)
+        {
+            plan.corrupt.push(Damage {
+                problem: pr.clone(),
+                bytes: Some((0, seg.file_len)),
+                offsets: Some((seg.base_offset(), lost_to)),
+            });
+        }
+        plan.refuses_writes |= is_active;
+        return;
+    }
+    let Some(scan) = &seg.scan else {
+        // Trusted by its index: nothing to do.
+        return;
+    };
+    if let Some(end) = scan.end.position() {
+        let tail_problem = seg
+            .problems
+            .iter()
+            .find(|pr| pr.file == seg.files.log && pr.position == Some(end));
+        let kind = tail_problem.map_or("tail", |pr| pr.kind);
+        let next_offset = seg.last_offset.map_or(seg.base_offset(), |o| o + 1);
+        if seg.active {
+            let reason = match kind {
+                "torn_tail" => format!("{}; never acknowledged", scan.end.detail()),
+                "zero_tail" => "unwritten (zero) bytes after the data".to_string(),
+                "stale_tail" => "records of an older generation after the data".to_string(),
+                _ => scan.end.detail(),
+            };
+            plan.actions.push(Action::CutTail {
+                log: seg.files.log.clone(),
+                from: end,
+                to: seg.file_len,
+                next_offset,
+                kind,
+                records_cut: None,
+                reason,
+            });
+        } else if kind == "unfinished_seal" {
+            plan.actions.push(Action::TrimSeal {
+                log: seg.files.log.clone(),
+                from: end,
+                to: seg.file_len,
+                reason: tail_problem.map_or_else(String::new, |pr| pr.detail.clone()),
+            });
+        } else {
+            for pr in seg
+                .problems
+                .iter()
+                .filter(|pr| pr.severity == Severity::Corrupt)
+            {
+                plan.corrupt.push(Damage {
+                    problem: pr.clone(),
+                    bytes: Some((end, seg.file_len)),
+                    offsets: Some((next_offset, lost_to)),
+                });
+            }
+            // Records appended after unreadable bytes could never be read back.
+            plan.refuses_writes |= is_active;
+        }
+    }
+    let reason = match &seg.index {
+        IndexState::Missing => Some("the index is missing".to_string()),
+        IndexState::Invalid(e) => Some(e.to_string()),
+        IndexState::Valid | IndexState::NotChecked => None,
+    };
+    if let Some(reason) = reason {
+        plan.actions.push(Action::RebuildIndex {
+            log: seg.files.log.clone(),
+            index: seg.files.index.clone(),
+            base_offset: seg.base_offset(),
+            entries: scan.index.clone(),
+            reason,
+        });
+    }
 }
 
 /// Where backups go: `<backup_dir>/<path relative to root>`, byte ranges as
