@@ -511,10 +511,40 @@ fn a_wrong_middle_index_entry_is_beyond_the_quick_check() {
     wrong[16 + 15] ^= 1;
     d.put(0, &s0.log, Some(&wrong));
     d.put(60, &s1.log, Some(&s1.index));
+    let (code, _) = recover_cli(&d.data, &["--dry-run"]);
+    assert_eq!(code, 1, "the dry run exits with the code verify gives");
     let (code, v) = recover_cli(&d.data, &[]);
     assert_eq!(code, 0);
     assert!(kinds(&v).is_empty());
+    assert_eq!(v["severity_after"], "repairable");
+    assert_eq!(v["problems_after"][0]["kind"], "wrong_index_entry");
     assert_eq!(full_severity(&d.data), Some(Severity::Repairable));
+}
+
+#[test]
+fn corruption_in_the_middle_of_a_trusted_segment_is_found_by_the_full_check_after() {
+    let d = Data::new();
+    let s0 = seg(0, 0, 0..60);
+    let s1 = seg(60, 0, 60..61);
+    let mut log0 = s0.log.clone();
+    let (_, pos, _) = s0.records[20];
+    log0[pos as usize + 40] ^= 4;
+    d.put(0, &log0, Some(&s0.index));
+    d.put(60, &s1.log, Some(&s1.index));
+    let (code, _) = recover_cli(&d.data, &["--dry-run"]);
+    assert_eq!(code, 2);
+    let v = recover_twice(&d, 2);
+    assert!(kinds(&v).is_empty());
+    assert_eq!(v["severity_after"], "corrupt");
+    let crc = v["problems_after"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["kind"] == "crc_mismatch")
+        .unwrap_or_else(|| panic!("{v:#}"));
+    assert_eq!(crc["position"], pos);
+    assert_eq!(crc["path"], format!("{P0}/{}", log_file_name(0)));
+    assert_eq!(fs::read(d.log(0)).unwrap(), log0);
 }
 
 #[test]

@@ -8,7 +8,7 @@ use anyhow::Context;
 use serde_json::{json, Value};
 
 use super::{exit, ExitError, Global};
-use crate::engine::check::{Problem, Severity};
+use crate::engine::check::{check_partition, CheckMode, Problem, Severity};
 use crate::engine::io::RealStorage;
 use crate::engine::layout::{resolve, TargetKind};
 use crate::engine::lock::{DirLock, LockError};
@@ -19,10 +19,18 @@ use crate::engine::recovery::{
 
 /// Arguments of `seglog recover`.
 #[derive(Debug, clap::Args)]
+#[command(
+    after_help = "Runs exactly the recovery the broker runs at startup (FORMAT.md, Recovery) \
+and reports every action with its file, byte range and offsets. Every action is idempotent: \
+a second run finds nothing to do.\n\n\
+Exit: 0 consistent afterwards; 2 corruption remains (left in place for an operator); \
+73 DATA/LOCK is held; 74 I/O error. With --dry-run: the code `verify` gives \
+(0 clean, 1 repairable, 2 corrupt)."
+)]
 pub struct Args {
     /// The data directory (a topic or partition directory also works).
     pub data: PathBuf,
-    /// Print the plan and change nothing; exit with the code `verify --quick` gives.
+    /// Print the plan and change nothing; exit with the code `verify` gives.
     #[arg(long)]
     pub dry_run: bool,
     /// Copy every byte range to be cut and every file to be removed here first.
@@ -43,8 +51,16 @@ pub fn run(args: Args, _global: Global) -> anyhow::Result<u8> {
     }
     if args.dry_run {
         let plan = plan(&target).map_err(|e| ExitError::new(exit::IO, e.to_string()))?;
-        print_plan(&plan, args.json)?;
-        return Ok(match plan.severity_before() {
+        // The exit code is what `verify` gives: a full check, which also sees what
+        // the startup check trusts without reading (the middle of sealed segments).
+        let mut verify = None;
+        for p in &target.partitions {
+            let c = check_partition(p, CheckMode::Full)
+                .with_context(|| format!("checking {}", p.dir.display()))?;
+            verify = verify.max(c.severity());
+        }
+        print_plan(&plan, verify, args.json)?;
+        return Ok(match verify {
             None | Some(Severity::Info) => exit::OK,
             Some(Severity::Repairable) => exit::REPAIRABLE,
             Some(Severity::Corrupt) => exit::CORRUPT,
@@ -71,12 +87,36 @@ pub fn run(args: Args, _global: Global) -> anyhow::Result<u8> {
     let plan = plan(&target).map_err(|e| ExitError::new(exit::IO, e.to_string()))?;
     let report = execute(&RealStorage, &plan, args.backup_dir.as_deref())
         .with_context(|| format!("recovery of {}", args.data.display()))?;
-    print_report(&plan, &report, args.json)?;
-    Ok(if report.is_consistent() {
+    // A full check afterwards (reads only): it also sees what the startup check
+    // trusts without reading, so "consistent" means what `verify` would say.
+    let mut after = Vec::new();
+    for p in &target.partitions {
+        let c = check_partition(p, CheckMode::Full)
+            .with_context(|| format!("checking {}", p.dir.display()))?;
+        after.extend(
+            c.all_problems()
+                .filter(|x| x.severity > Severity::Info)
+                .cloned(),
+        );
+    }
+    let reported = |x: &Problem| {
+        report.partitions.iter().any(|p| {
+            p.corrupt.iter().any(|d| same_problem(&d.problem, x))
+                || p.not_joined.iter().any(|n| same_problem(n, x))
+        })
+    };
+    after.retain(|x| !reported(x));
+    print_report(&plan, &report, &after, args.json)?;
+    let corrupt_after = after.iter().any(|x| x.severity == Severity::Corrupt);
+    Ok(if report.is_consistent() && !corrupt_after {
         exit::OK
     } else {
         exit::CORRUPT
     })
+}
+
+fn same_problem(a: &Problem, b: &Problem) -> bool {
+    a.kind == b.kind && a.file == b.file && a.position == b.position
 }
 
 fn severity_name(s: Option<Severity>) -> &'static str {
@@ -87,7 +127,7 @@ fn severity_name(s: Option<Severity>) -> &'static str {
     }
 }
 
-fn print_plan(plan: &RecoveryPlan, as_json: bool) -> io::Result<()> {
+fn print_plan(plan: &RecoveryPlan, verify: Option<Severity>, as_json: bool) -> io::Result<()> {
     let stdout = io::stdout();
     let mut out = io::BufWriter::new(stdout.lock());
     if as_json {
@@ -113,17 +153,39 @@ fn print_plan(plan: &RecoveryPlan, as_json: bool) -> io::Result<()> {
             "partitions": partitions,
             "severity_before": severity_name(plan.severity_before()),
             "severity_after": if after_corrupt { "corrupt" } else { "clean" },
+            "verify_severity": severity_name(verify),
         });
         writeln!(out, "{v}")?;
     } else {
         for line in plan.lines() {
             writeln!(out, "{line}")?;
         }
+        let quick = plan.severity_before().filter(|s| *s > Severity::Info);
+        if verify.filter(|s| *s > Severity::Info) > quick {
+            writeln!(
+                out,
+                "a full check finds {} problems the startup check does not read (see `seglog verify`)",
+                severity_name(verify)
+            )?;
+        }
     }
     out.flush()
 }
 
-fn print_report(plan: &RecoveryPlan, report: &RecoveryReport, as_json: bool) -> io::Result<()> {
+fn print_report(
+    plan: &RecoveryPlan,
+    report: &RecoveryReport,
+    after: &[Problem],
+    as_json: bool,
+) -> io::Result<()> {
+    let worst_after = after.iter().map(|x| x.severity).max();
+    let severity_after = if !report.is_consistent() || worst_after == Some(Severity::Corrupt) {
+        "corrupt"
+    } else if worst_after.is_some() {
+        "repairable"
+    } else {
+        "clean"
+    };
     let stdout = io::stdout();
     let mut out = io::BufWriter::new(stdout.lock());
     if as_json {
@@ -144,12 +206,27 @@ fn print_report(plan: &RecoveryPlan, report: &RecoveryReport, as_json: bool) -> 
             "actions": actions,
             "partitions": partitions,
             "severity_before": severity_name(plan.severity_before()),
-            "severity_after": if report.is_consistent() { "clean" } else { "corrupt" },
+            "severity_after": severity_after,
+            "problems_after": after.iter().map(|x| problem_json(&report.root, x)).collect::<Vec<_>>(),
         });
         writeln!(out, "{v}")?;
     } else {
         for line in report.lines() {
             writeln!(out, "{line}")?;
+        }
+        for x in after {
+            let hint = if x.severity == Severity::Corrupt {
+                "left for an operator"
+            } else {
+                "`seglog reindex` repairs it"
+            };
+            writeln!(
+                out,
+                "found by a full check, beyond what the startup check reads: {}: {} ({}); {hint}",
+                relative(&report.root, &x.file),
+                x.detail,
+                x.kind
+            )?;
         }
     }
     out.flush()
