@@ -423,6 +423,55 @@ fn backup_dir_inside_the_data_directory_is_refused() {
 }
 
 #[test]
+fn backup_dir_named_relative_inside_the_data_directory_is_refused() {
+    let d = Data::new();
+    let out = seglog()
+        .current_dir(d.data.parent().unwrap())
+        .args(["recover", "data", "--backup-dir", "./data/topics/../bk"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64), "{out:?}");
+}
+
+#[test]
+fn every_partition_of_every_topic_is_recovered() {
+    let d = data_dir("");
+    fs::write(
+        d.data.join("topics/t/topic.json"),
+        br#"{"partitions": 2, "config": {}}"#,
+    )
+    .unwrap();
+    let p1 = d.data.join("topics/t/1");
+    let pb = d.data.join("topics/u/0");
+    fs::create_dir_all(&p1).unwrap();
+    fs::create_dir_all(&pb).unwrap();
+    fs::write(d.data.join("topics/u/topic.json"), br#"{"partitions": 1}"#).unwrap();
+    let s = seg(0, 0, 0..5);
+    d.put(0, &s.log, Some(&s.index));
+    let mut torn = s.log.clone();
+    torn.extend_from_slice(&[0, 0, 1]);
+    fs::write(p1.join(log_file_name(0)), &torn).unwrap();
+    fs::write(p1.join(index_file_name(0)), &s.index).unwrap();
+    fs::write(pb.join(log_file_name(0)), &s.log).unwrap();
+    let v = recover_twice(&d, 0);
+    let labels: Vec<&str> = v["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["partition"].as_str().unwrap())
+        .collect();
+    assert_eq!(labels, ["t/0", "t/1", "u/0"]);
+    assert_eq!(kinds(&v), ["cut_tail", "rebuild_index"]);
+    assert_eq!(v["actions"][0]["partition"], "t/1");
+    assert_eq!(
+        v["actions"][1]["path"],
+        format!("topics/u/0/{}", index_file_name(0))
+    );
+    assert_eq!(fs::read(p1.join(log_file_name(0))).unwrap(), s.log);
+    assert_eq!(fs::read(pb.join(index_file_name(0))).unwrap(), s.index);
+}
+
+#[test]
 fn bad_header_on_the_newest_segment_is_left_and_refuses_writes() {
     let d = Data::new();
     let s0 = seg(0, 0, 0..20);

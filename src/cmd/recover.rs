@@ -75,7 +75,7 @@ pub fn run(args: Args, _global: Global) -> anyhow::Result<u8> {
         None
     };
     if let Some(dir) = &args.backup_dir {
-        if dir.starts_with(&target.root) && target.root_is_data_dir {
+        if target.root_is_data_dir && absolute(dir).starts_with(absolute(&target.root)) {
             return Err(ExitError::usage(format!(
                 "--backup-dir {} is inside the data directory {}",
                 dir.display(),
@@ -113,6 +113,22 @@ pub fn run(args: Args, _global: Global) -> anyhow::Result<u8> {
     } else {
         exit::CORRUPT
     })
+}
+
+/// `path` made absolute and free of `.`/`..` and symlinks as far as it exists.
+fn absolute(path: &Path) -> PathBuf {
+    if let Ok(p) = path.canonicalize() {
+        return p;
+    }
+    match (path.parent(), path.file_name()) {
+        (Some(parent), Some(name)) => absolute(if parent.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            parent
+        })
+        .join(name),
+        _ => path.to_path_buf(),
+    }
 }
 
 fn same_problem(a: &Problem, b: &Problem) -> bool {
