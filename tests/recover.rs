@@ -359,7 +359,17 @@ fn unfinished_seal_is_cut_from_a_sealed_segment() {
 
 #[test]
 fn never_durable_newest_segment_is_removed() {
-    for newest in [vec![0u8; 32 + 4096], vec![0u8; 10], b"SEG".to_vec()] {
+    // A spare taken at roll whose header rewrite never became durable still names
+    // base u64::MAX; behind it, records of its earlier life.
+    let mut spare = SegmentHeader {
+        base_offset: u64::MAX,
+        generation: 4,
+        flags: 0,
+    }
+    .encode()
+    .to_vec();
+    spare.extend_from_slice(&seg(0, 3, 0..5).log[32..]);
+    for newest in [vec![0u8; 32 + 4096], vec![0u8; 10], b"SEG".to_vec(), spare] {
         let d = Data::new();
         let s0 = seg(0, 0, 0..20);
         // The roll's truncation was not durable either: zeros after the data.

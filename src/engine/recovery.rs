@@ -9,7 +9,9 @@
 //!    no marker, and index files without their log, are removed.
 //! 2. A newest segment shorter than its header or with an all-zero header never
 //!    became durable: it is removed (log and index), and the segment before it becomes
-//!    the active one.
+//!    the active one, checked and recovered as such (as the next start would). So is
+//!    a newest segment whose header still marks an unassigned spare (a roll that took
+//!    a spare, whose header rewrite never became durable).
 //! 3. Sealed segments are trusted when their index passes the quick check, else they
 //!    were scanned and their index is rebuilt. A corrupt record in a sealed segment is
 //!    reported and left in place; an unfinished seal (zeros or stale records after the
@@ -33,7 +35,7 @@ use std::path::{Path, PathBuf};
 use crate::format::marker::CompactionMarker;
 use crate::format::names::{index_file_name, log_file_name, segment_stem, TMP_SUFFIX};
 use crate::format::record::{claimed_encoded_len, LEN_FIELD};
-use crate::format::{HeaderError, IndexEntry, INDEX_ENTRY_LEN};
+use crate::format::{HeaderError, IndexEntry, SegmentHeader, INDEX_ENTRY_LEN};
 
 use super::check::{
     check_partition, check_segment, CheckMode, IndexState, PartitionCheck, Problem, SegmentCheck,
@@ -603,13 +605,20 @@ fn never_durable_newest(check: &PartitionCheck) -> usize {
         .segments
         .iter()
         .rev()
-        .take_while(|s| {
-            matches!(
-                s.header,
-                Err(HeaderError::Short { .. } | HeaderError::AllZero)
-            )
-        })
+        .take_while(|s| never_durable_header(&s.header))
         .count()
+}
+
+/// A header that shows the segment never became durable: shorter than 32 bytes, all
+/// zero, or still that of an unassigned spare (FORMAT.md, Spares rule 3: the header
+/// naming the segment's base is made durable before any record in it is
+/// acknowledged).
+fn never_durable_header(header: &Result<SegmentHeader, HeaderError>) -> bool {
+    match header {
+        Err(HeaderError::Short { .. } | HeaderError::AllZero) => true,
+        Ok(h) => h.is_spare(),
+        Err(_) => false,
+    }
 }
 
 fn file_len(path: &Path) -> u64 {
@@ -646,12 +655,16 @@ fn plan_from_check(check: &PartitionCheck) -> PartitionPlan {
     let segs = &check.segments;
     let kept = segs.len() - never_durable_newest(check);
     for seg in segs.iter().skip(kept).rev() {
-        let reason = match &seg.header {
-            Err(e) => format!(
-                "{e}: the newest segment never became durable, no record in it was acknowledged"
+        let why = match &seg.header {
+            Err(e) => e.to_string(),
+            Ok(h) => format!(
+                "the header still marks an unassigned spare (base_offset {}, generation {})",
+                h.base_offset, h.generation
             ),
-            Ok(_) => String::new(),
         };
+        let reason = format!(
+            "{why}: the newest segment never became durable, no record in it was acknowledged"
+        );
         plan.actions.push(Action::RemoveNeverDurable {
             log: seg.files.log.clone(),
             index: seg.files.index.exists().then(|| seg.files.index.clone()),
