@@ -678,6 +678,15 @@ fn marker_with_temp_files_is_finished_at_every_stage() {
         assert!(!d.log(20).exists() && !d.part.join("compaction.marker").exists());
         assert_eq!(offsets(&d.part), swap_expected(), "stage {stage}");
         assert_eq!(v["partitions"][0]["next_offset"], 45);
+        // What the swap replaced is in the backup, as it was.
+        if stage == 0 {
+            let old0 = seg(0, 0, 0..20).log;
+            assert_eq!(backup_file(&d, &format!("{P0}/{}", log_file_name(0))), old0);
+        }
+        if stage < 4 {
+            let old20 = seg(20, 0, 20..40).log;
+            assert_eq!(backup_file(&d, &format!("{P0}/{}", log_file_name(20))), old20);
+        }
     }
 }
 
