@@ -871,12 +871,16 @@ impl Backup<'_> {
         };
         let want = self.target_for(src, &suffix);
         let parent = want.parent().unwrap_or(self.dir).to_path_buf();
-        // 1. the directories, each made durable in its parent.
+        // 1. the directories, each made durable in its parent (the backup
+        //    directory's own entry included).
         storage.create_dir_all(&parent)?;
         let mut d = parent.as_path();
         loop {
             storage.sync_dir(d)?;
             if d == self.dir {
+                if let Some(up) = d.parent().filter(|u| !u.as_os_str().is_empty()) {
+                    storage.sync_dir(up)?;
+                }
                 break;
             }
             match d.parent() {
