@@ -2,9 +2,12 @@
 //! compaction, the partition log, topics, and the broker with its network server.
 //! Everything that touches the disk goes through [`io::Storage`] for mutations.
 
+pub mod broker;
 pub mod check;
+pub mod error;
 pub mod io;
 pub mod layout;
 pub mod lock;
+pub mod log;
 pub mod recovery;
 pub mod segment;

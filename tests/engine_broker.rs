@@ -1,0 +1,647 @@
+//! The broker engine through its public API: produce/fetch round trips across rolls,
+//! reopening, offset errors, group commit, long polls, topic administration, modes.
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread;
+use std::time::Duration;
+
+use seglog::engine::broker::{Broker, BrokerOptions, EngineError, FetchResult, NewRecord};
+use seglog::engine::io::{RealStorage, StorageRef};
+use seglog::format::decode_record;
+use seglog::format::topic::TopicConfig;
+
+/// (offset, timestamp_ms, key, value)
+type Rec = (u64, i64, Option<Vec<u8>>, Vec<u8>);
+
+fn real() -> StorageRef {
+    Arc::new(RealStorage)
+}
+
+fn open(dir: &Path) -> Arc<Broker> {
+    Broker::open(dir, real(), BrokerOptions::default()).unwrap()
+}
+
+fn small_segments(bytes: u64) -> TopicConfig {
+    let mut c = TopicConfig::default();
+    c.set("segment_bytes", &bytes.to_string()).unwrap();
+    c
+}
+
+fn value(i: u64) -> Vec<u8> {
+    format!("value-{i}-{}", "x".repeat((i % 97) as usize)).into_bytes()
+}
+
+fn key(i: u64) -> Vec<u8> {
+    format!("key-{}", i % 13).into_bytes()
+}
+
+/// Produces records `from..to` in batches of `batch`, checking the offsets given.
+fn produce_range(b: &Broker, topic: &str, p: u32, from: u64, to: u64, batch: u64) {
+    let mut i = from;
+    while i < to {
+        let n = batch.min(to - i);
+        let keys: Vec<Vec<u8>> = (i..i + n).map(key).collect();
+        let values: Vec<Vec<u8>> = (i..i + n).map(value).collect();
+        let recs: Vec<NewRecord<'_>> = keys
+            .iter()
+            .zip(&values)
+            .enumerate()
+            .map(|(j, (k, v))| NewRecord {
+                key: Some(k),
+                value: v,
+                timestamp_ms: 1000 + (i + j as u64) as i64,
+            })
+            .collect();
+        let r = b.produce(topic, p, &recs).unwrap();
+        assert_eq!((r.base_offset, r.last_offset), (i, i + n - 1));
+        i += n;
+    }
+}
+
+/// Decodes every record of a fetch, checking CRCs with each chunk's generation.
+fn decode_all(f: &FetchResult) -> Vec<Rec> {
+    let mut out = Vec::new();
+    for chunk in &f.chunks {
+        let mut pos = 0;
+        while pos < chunk.bytes.len() {
+            let r = decode_record(&chunk.bytes[pos..], pos as u64, chunk.generation).unwrap();
+            out.push((
+                r.offset,
+                r.timestamp_ms,
+                r.key.map(<[u8]>::to_vec),
+                r.value.to_vec(),
+            ));
+            pos += r.encoded_len;
+        }
+    }
+    out
+}
+
+/// Fetches everything from `from` with the given budget per request.
+fn fetch_all(b: &Broker, topic: &str, p: u32, from: u64, max_bytes: u32) -> Vec<Rec> {
+    let mut out = Vec::new();
+    let mut next = from;
+    loop {
+        let f = b.fetch(topic, p, next, max_bytes, Duration::ZERO).unwrap();
+        let recs = decode_all(&f);
+        let Some(last) = recs.last() else { break };
+        next = last.0 + 1;
+        out.extend(recs);
+    }
+    out
+}
+
+fn check_records(got: &[Rec], from: u64, to: u64) {
+    assert_eq!(got.len() as u64, to - from, "record count");
+    for (r, i) in got.iter().zip(from..to) {
+        assert_eq!(r.0, i, "offsets are consecutive");
+        assert_eq!(r.1, 1000 + i as i64);
+        assert_eq!(r.2.as_deref(), Some(&key(i)[..]));
+        assert_eq!(r.3, value(i), "value of offset {i}");
+    }
+}
+
+#[test]
+fn round_trip_across_rolls_and_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path());
+    b.create_topic("t", 2, small_segments(1024)).unwrap();
+    produce_range(&b, "t", 0, 0, 300, 7);
+    produce_range(&b, "t", 1, 0, 200, 1);
+    let d = b.describe_topic("t").unwrap();
+    assert!(
+        d.partitions[0].segments > 10,
+        "rolled: {:?}",
+        d.partitions[0]
+    );
+    assert_eq!(
+        (d.partitions[0].start_offset, d.partitions[0].end_offset),
+        (0, 300)
+    );
+    for max_bytes in [0, 100, 700, 5000, 1 << 20] {
+        check_records(&fetch_all(&b, "t", 0, 0, max_bytes), 0, 300);
+    }
+    check_records(&fetch_all(&b, "t", 0, 137, 3000), 137, 300);
+    check_records(&fetch_all(&b, "t", 1, 0, 1 << 20), 0, 200);
+    b.shutdown().unwrap();
+    drop(b);
+
+    let b = open(dir.path());
+    assert_eq!(b.startup_report(), Vec::<String>::new());
+    assert_eq!(b.offsets("t", 0).unwrap(), (0, 300));
+    check_records(&fetch_all(&b, "t", 0, 0, 2000), 0, 300);
+    produce_range(&b, "t", 0, 300, 400, 9);
+    check_records(&fetch_all(&b, "t", 0, 0, 1 << 20), 0, 400);
+    // Partition 1 got one record per request: each sealed segment is as full as the
+    // next record allowed, never over segment_bytes.
+    let pdir = dir.path().join("topics/t/1");
+    let mut logs: Vec<PathBuf> = fs::read_dir(&pdir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    logs.retain(|p| p.extension().is_some_and(|e| e == "log"));
+    logs.sort();
+    assert!(logs.len() > 5);
+    for log in &logs[..logs.len() - 1] {
+        let len = fs::metadata(log).unwrap().len();
+        assert!(
+            (1024 - 150..=1024).contains(&len),
+            "sealed segment {} is {len} bytes",
+            log.display()
+        );
+    }
+}
+
+#[test]
+fn on_disk_index_follows_the_rule() {
+    use seglog::engine::segment::{open_log, read_header, scan_segment};
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path());
+    b.create_topic("big", 1, small_segments(200_000)).unwrap();
+    produce_range(&b, "big", 0, 0, 3000, 37);
+    b.shutdown().unwrap();
+    let pdir = dir.path().join("topics/big/0");
+    let mut checked = 0;
+    for e in fs::read_dir(&pdir).unwrap() {
+        let path = e.unwrap().path();
+        if path.extension().is_none_or(|e| e != "log") {
+            continue;
+        }
+        let (file, len) = open_log(&path).unwrap();
+        let header = read_header(&file, len).unwrap().unwrap();
+        let scan = scan_segment(&file, &header, len, |_, _| {}).unwrap();
+        let mut want = Vec::new();
+        for entry in &scan.index {
+            entry.encode_into(&mut want);
+        }
+        assert_eq!(
+            fs::read(path.with_extension("index")).unwrap(),
+            want,
+            "{}",
+            path.display()
+        );
+        assert_eq!(scan.data_end, len);
+        checked += 1;
+    }
+    assert!(checked > 1);
+}
+
+#[test]
+fn fetch_in_the_middle_of_a_large_segment_uses_the_index() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path());
+    b.create_topic("t", 1, TopicConfig::default()).unwrap();
+    produce_range(&b, "t", 0, 0, 2000, 100);
+    for start in [0, 1, 99, 100, 1234, 1999] {
+        let f = b.fetch("t", 0, start, 1, Duration::ZERO).unwrap();
+        let recs = decode_all(&f);
+        assert_eq!(
+            recs.len(),
+            1,
+            "at least one whole record even with max_bytes 1"
+        );
+        assert_eq!(recs[0].0, start);
+        assert_eq!(recs[0].3, value(start));
+    }
+    let f = b.fetch("t", 0, 500, 10_000, Duration::ZERO).unwrap();
+    let total: usize = f.chunks.iter().map(|c| c.bytes.len()).sum();
+    assert!(total <= 10_000 && total > 5_000, "{total}");
+    assert_eq!(f.end_offset, 2000);
+}
+
+#[test]
+fn offset_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path());
+    b.create_topic("t", 1, TopicConfig::default()).unwrap();
+    produce_range(&b, "t", 0, 0, 10, 10);
+    let f = b.fetch("t", 0, 10, 1000, Duration::ZERO).unwrap();
+    assert!(f.chunks.is_empty());
+    assert_eq!((f.start_offset, f.end_offset), (0, 10));
+    assert!(matches!(
+        b.fetch("t", 0, 11, 1000, Duration::ZERO),
+        Err(EngineError::OffsetOutOfRange {
+            offset: 11,
+            start: 0,
+            end: 10,
+            ..
+        })
+    ));
+    assert!(matches!(
+        b.fetch("t", 1, 0, 1000, Duration::ZERO),
+        Err(EngineError::UnknownPartition { partition: 1, .. })
+    ));
+    assert!(matches!(
+        b.fetch("nope", 0, 0, 1000, Duration::ZERO),
+        Err(EngineError::UnknownTopic { .. })
+    ));
+    assert!(matches!(
+        b.produce("t", 5, &[]),
+        Err(EngineError::UnknownPartition { .. })
+    ));
+    assert!(matches!(
+        b.produce("t", 0, &[]),
+        Err(EngineError::InvalidRequest { .. })
+    ));
+    b.shutdown().unwrap();
+    drop(b);
+
+    // A partition whose oldest segment starts at 100 (as retention leaves it).
+    let pdir = dir.path().join("topics/t/0");
+    for e in fs::read_dir(&pdir).unwrap() {
+        fs::remove_file(e.unwrap().path()).unwrap();
+    }
+    fs::write(
+        pdir.join("00000000000000000100.log"),
+        seglog::format::SegmentHeader::new(100).encode(),
+    )
+    .unwrap();
+    fs::write(pdir.join("00000000000000000100.index"), b"").unwrap();
+    let b = open(dir.path());
+    assert_eq!(b.offsets("t", 0).unwrap(), (100, 100));
+    assert!(matches!(
+        b.fetch("t", 0, 99, 1000, Duration::ZERO),
+        Err(EngineError::OffsetOutOfRange {
+            offset: 99,
+            start: 100,
+            end: 100,
+            ..
+        })
+    ));
+    let r = b
+        .produce(
+            "t",
+            0,
+            &[NewRecord {
+                key: None,
+                value: b"v",
+                timestamp_ms: -1,
+            }],
+        )
+        .unwrap();
+    assert_eq!(r.base_offset, 100);
+    let recs = decode_all(&b.fetch("t", 0, 100, 1000, Duration::ZERO).unwrap());
+    assert_eq!(recs.len(), 1);
+    assert!(
+        recs[0].1 > 1_600_000_000_000,
+        "the broker assigned the time"
+    );
+}
+
+#[test]
+fn group_commit_shares_fsyncs_between_threads() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path());
+    b.create_topic("t", 1, TopicConfig::default()).unwrap();
+    let before = b.stats();
+    let threads: Vec<_> = (0..16)
+        .map(|t| {
+            let b = b.clone();
+            thread::spawn(move || {
+                for i in 0..25u64 {
+                    let v = format!("{t}-{i}");
+                    b.produce(
+                        "t",
+                        0,
+                        &[NewRecord {
+                            key: None,
+                            value: v.as_bytes(),
+                            timestamp_ms: -1,
+                        }],
+                    )
+                    .unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let after = b.stats();
+    let requests = after.produce_requests - before.produce_requests;
+    let fsyncs = after.fsyncs - before.fsyncs;
+    assert_eq!(requests, 400);
+    assert_eq!(after.records_appended - before.records_appended, 400);
+    assert!(fsyncs < requests, "{fsyncs} fsyncs for {requests} requests");
+    let all = fetch_all(&b, "t", 0, 0, 1 << 20);
+    assert_eq!(
+        all.iter().map(|r| r.0).collect::<Vec<_>>(),
+        (0..400).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn long_poll_wakes_on_new_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path());
+    b.create_topic("t", 1, TopicConfig::default()).unwrap();
+    let reader = {
+        let b = b.clone();
+        thread::spawn(move || {
+            b.fetch("t", 0, 0, 1 << 20, Duration::from_secs(60))
+                .unwrap()
+        })
+    };
+    thread::sleep(Duration::from_millis(20));
+    b.produce(
+        "t",
+        0,
+        &[NewRecord {
+            key: None,
+            value: b"hello",
+            timestamp_ms: 5,
+        }],
+    )
+    .unwrap();
+    let f = reader.join().unwrap();
+    let recs = decode_all(&f);
+    assert_eq!(recs.len(), 1);
+    assert_eq!(recs[0].3, b"hello");
+}
+
+#[test]
+fn deleting_a_topic_ends_a_waiting_fetch() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path());
+    b.create_topic("t", 1, TopicConfig::default()).unwrap();
+    let reader = {
+        let b = b.clone();
+        thread::spawn(move || b.fetch("t", 0, 0, 1 << 20, Duration::from_secs(60)))
+    };
+    thread::sleep(Duration::from_millis(20));
+    b.delete_topic("t").unwrap();
+    let r = reader.join().unwrap();
+    assert!(
+        matches!(
+            r,
+            Err(EngineError::TopicDeleted { .. }) | Err(EngineError::UnknownTopic { .. })
+        ),
+        "{r:?}"
+    );
+}
+
+#[test]
+fn flush_every_n_records_acks_before_the_fsync() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = BrokerOptions {
+        flush_every_records: 10,
+        flush_interval: Duration::from_millis(20),
+        ..Default::default()
+    };
+    let b = Broker::open(dir.path(), real(), opts).unwrap();
+    b.create_topic("t", 1, TopicConfig::default()).unwrap();
+    let before = b.stats().fsyncs;
+    for i in 0..25u64 {
+        let v = value(i);
+        let r = b
+            .produce(
+                "t",
+                0,
+                &[NewRecord {
+                    key: None,
+                    value: &v,
+                    timestamp_ms: 1,
+                }],
+            )
+            .unwrap();
+        assert_eq!(r.base_offset, i);
+    }
+    // The flusher makes them durable; a long poll sees them without spinning.
+    let mut got = Vec::new();
+    while got.len() < 25 {
+        let f = b
+            .fetch("t", 0, got.len() as u64, 1 << 20, Duration::from_secs(60))
+            .unwrap();
+        got.extend(decode_all(&f));
+    }
+    assert_eq!(
+        got.iter().map(|r| r.0).collect::<Vec<_>>(),
+        (0..25).collect::<Vec<_>>()
+    );
+    assert!(b.stats().fsyncs - before < 25);
+    b.shutdown().unwrap();
+    drop(b);
+    let b = open(dir.path());
+    assert_eq!(b.offsets("t", 0).unwrap(), (0, 25));
+}
+
+#[test]
+fn topic_administration() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path());
+    for bad in ["../x", "", ".", "..", "a/b", "a b", &"x".repeat(250)] {
+        assert!(
+            matches!(
+                b.create_topic(bad, 1, TopicConfig::default()),
+                Err(EngineError::InvalidName(_))
+            ),
+            "{bad:?}"
+        );
+    }
+    assert!(!dir.path().join("x").exists());
+    assert!(matches!(
+        b.create_topic("t", 0, TopicConfig::default()),
+        Err(EngineError::InvalidConfig(_))
+    ));
+    assert!(matches!(
+        b.create_topic("t", 1025, TopicConfig::default()),
+        Err(EngineError::InvalidConfig(_))
+    ));
+    let bad_config = TopicConfig {
+        segment_bytes: 10,
+        ..TopicConfig::default()
+    };
+    assert!(matches!(
+        b.create_topic("t", 1, bad_config),
+        Err(EngineError::InvalidConfig(_))
+    ));
+    b.create_topic("b-topic", 3, TopicConfig::default())
+        .unwrap();
+    b.create_topic("a.topic", 1, TopicConfig::default())
+        .unwrap();
+    assert!(matches!(
+        b.create_topic("a.topic", 1, TopicConfig::default()),
+        Err(EngineError::TopicExists { .. })
+    ));
+    assert_eq!(b.list_topics(), ["a.topic", "b-topic"]);
+    assert_eq!(b.partition_count("b-topic").unwrap(), 3);
+
+    let set = |k: &str, v: &str| vec![(k.to_string(), v.to_string())];
+    assert!(matches!(
+        b.alter_topic("a.topic", &set("nope", "1")),
+        Err(EngineError::InvalidConfig(_))
+    ));
+    assert!(matches!(
+        b.alter_topic("a.topic", &set("partitions", "4")),
+        Err(EngineError::InvalidConfig(_))
+    ));
+    assert!(matches!(
+        b.alter_topic("a.topic", &set("segment_bytes", "5")),
+        Err(EngineError::InvalidConfig(_))
+    ));
+    assert!(matches!(
+        b.alter_topic("zzz", &set("segment_bytes", "5000")),
+        Err(EngineError::UnknownTopic { .. })
+    ));
+    let c = b
+        .alter_topic("a.topic", &set("max_record_bytes", "100"))
+        .unwrap();
+    assert_eq!(c.max_record_bytes, 100);
+    let big = vec![0u8; 100];
+    assert!(matches!(
+        b.produce(
+            "a.topic",
+            0,
+            &[NewRecord {
+                key: None,
+                value: &big,
+                timestamp_ms: -1
+            }]
+        ),
+        Err(EngineError::RecordTooLarge {
+            size: 128,
+            max: 100
+        })
+    ));
+    b.produce(
+        "a.topic",
+        0,
+        &[NewRecord {
+            key: None,
+            value: &big[..72],
+            timestamp_ms: -1,
+        }],
+    )
+    .unwrap();
+
+    b.produce(
+        "b-topic",
+        2,
+        &[NewRecord {
+            key: None,
+            value: b"gone soon",
+            timestamp_ms: -1,
+        }],
+    )
+    .unwrap();
+    b.delete_topic("b-topic").unwrap();
+    assert!(matches!(
+        b.delete_topic("b-topic"),
+        Err(EngineError::UnknownTopic { .. })
+    ));
+    assert!(matches!(
+        b.delete_topic("../x"),
+        Err(EngineError::InvalidName(_))
+    ));
+    assert!(matches!(
+        b.produce("b-topic", 0, &[]),
+        Err(EngineError::UnknownTopic { .. })
+    ));
+    assert!(!dir.path().join("topics/b-topic").exists());
+    assert_eq!(fs::read_dir(dir.path().join("topics")).unwrap().count(), 1);
+    b.create_topic("b-topic", 1, TopicConfig::default())
+        .unwrap();
+    assert_eq!(b.offsets("b-topic", 0).unwrap(), (0, 0));
+    b.shutdown().unwrap();
+    drop(b);
+
+    let b = open(dir.path());
+    assert_eq!(b.list_topics(), ["a.topic", "b-topic"]);
+    assert_eq!(
+        b.describe_topic("a.topic").unwrap().config.max_record_bytes,
+        100
+    );
+    assert_eq!(b.offsets("a.topic", 0).unwrap(), (0, 1));
+}
+
+#[test]
+fn files_are_0600_and_directories_0700() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let b = open(&data);
+    b.create_topic("t", 2, small_segments(1024)).unwrap();
+    produce_range(&b, "t", 1, 0, 100, 3);
+    b.alter_topic("t", &[("retention_ms".into(), "-1".into())])
+        .unwrap();
+    b.shutdown().unwrap();
+    let mut seen = 0;
+    let mut stack = vec![data.clone()];
+    while let Some(d) = stack.pop() {
+        assert_eq!(
+            fs::metadata(&d).unwrap().permissions().mode() & 0o777,
+            0o700,
+            "{}",
+            d.display()
+        );
+        for e in fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            let meta = fs::metadata(&p).unwrap();
+            if meta.is_dir() {
+                stack.push(p);
+            } else {
+                assert_eq!(meta.permissions().mode() & 0o777, 0o600, "{}", p.display());
+                seen += 1;
+            }
+        }
+    }
+    assert!(seen > 10);
+}
+
+#[test]
+fn second_broker_on_the_same_directory_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path());
+    assert!(matches!(
+        Broker::open(dir.path(), real(), BrokerOptions::default()),
+        Err(EngineError::Locked { .. })
+    ));
+    b.shutdown().unwrap();
+    b.shutdown().unwrap();
+    assert!(matches!(
+        b.produce("t", 0, &[]),
+        Err(EngineError::ShuttingDown)
+    ));
+    drop(b);
+    open(dir.path()).shutdown().unwrap();
+}
+
+#[test]
+fn segments_roll_by_age() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path());
+    let mut c = TopicConfig::default();
+    c.set("segment_ms", "1").unwrap();
+    b.create_topic("t", 1, c).unwrap();
+    for i in 0..3u64 {
+        let v = value(i);
+        b.produce(
+            "t",
+            0,
+            &[NewRecord {
+                key: None,
+                value: &v,
+                timestamp_ms: -1,
+            }],
+        )
+        .unwrap();
+        thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(b.describe_topic("t").unwrap().partitions[0].segments, 3);
+    assert_eq!(fetch_all(&b, "t", 0, 0, 1 << 20).len(), 3);
+}
+
+#[test]
+fn interrupted_create_and_delete_are_cleaned_up() {
+    let dir = tempfile::tempdir().unwrap();
+    open(dir.path()).shutdown().unwrap();
+    fs::create_dir_all(dir.path().join("topics/half~new/0")).unwrap();
+    fs::create_dir_all(dir.path().join("topics/old~del/0")).unwrap();
+    let b = open(dir.path());
+    let report = b.startup_report();
+    assert_eq!(report.len(), 2, "{report:?}");
+    assert!(b.list_topics().is_empty());
+    assert_eq!(fs::read_dir(dir.path().join("topics")).unwrap().count(), 0);
+}
