@@ -685,7 +685,10 @@ fn marker_with_temp_files_is_finished_at_every_stage() {
         }
         if stage < 4 {
             let old20 = seg(20, 0, 20..40).log;
-            assert_eq!(backup_file(&d, &format!("{P0}/{}", log_file_name(20))), old20);
+            assert_eq!(
+                backup_file(&d, &format!("{P0}/{}", log_file_name(20))),
+                old20
+            );
         }
     }
 }
@@ -1031,5 +1034,75 @@ fn random_damage_to_the_active_segment_leaves_a_prefix_of_its_records() {
         assert_eq!(full_severity(&d.data), None, "{ctx}");
         let again = recovery::recover(&RealStorage, &d.data).unwrap();
         assert_eq!(again.action_count(), 0, "{ctx}");
+    }
+}
+
+/// What recovery leaves, the partition log opens (it refuses any tail only recovery
+/// may cut), continues at the offset recovery names, and appends to.
+#[test]
+fn the_partition_log_opens_what_recovery_leaves() {
+    use seglog::engine::log::{LogStats, NewRecord, PartitionLog};
+    use seglog::format::topic::TopicConfig;
+    type Damage = fn(&Data);
+    let torn: Damage = |d| {
+        let s = seg(0, 0, 0..12);
+        d.put(0, &s.log[..s.log.len() - 5], Some(&s.index));
+    };
+    let stale: Damage = |d| {
+        let s = seg(0, 2, 0..4);
+        let mut log = s.log.clone();
+        log.extend_from_slice(&seg(0, 1, 0..9).log[s.log.len()..]);
+        d.put(0, &log, None);
+    };
+    let never_durable: Damage = |d| {
+        let s = seg(0, 0, 0..20);
+        let mut log = s.log.clone();
+        log.extend_from_slice(&[0; 64]);
+        d.put(0, &log, Some(&s.index));
+        d.put(20, &[0; 32], None);
+    };
+    let unfinished_seal: Damage = |d| {
+        let s0 = seg(0, 0, 0..20);
+        let mut log = s0.log.clone();
+        log.extend_from_slice(&[0; 64]);
+        d.put(0, &log, None);
+        let s1 = seg(20, 0, 20..22);
+        d.put(20, &s1.log, Some(&s1.index));
+    };
+    for (name, damage, next) in [
+        ("torn", torn, 11u64),
+        ("stale", stale, 4),
+        ("never durable", never_durable, 20),
+        ("unfinished seal", unfinished_seal, 22),
+    ] {
+        let d = Data::new();
+        damage(&d);
+        let r = recovery::recover(&RealStorage, &d.data).unwrap();
+        assert_eq!(r.partitions[0].next_offset, next, "{name}");
+        let (log, _notes) = PartitionLog::open(
+            "t",
+            0,
+            &d.part,
+            Arc::new(RealStorage),
+            Arc::new(LogStats::default()),
+        )
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(log.written_end(), next, "{name}");
+        let a = log
+            .append(
+                &[NewRecord {
+                    key: None,
+                    value: b"after recovery",
+                    timestamp_ms: 1,
+                }],
+                &TopicConfig::default(),
+            )
+            .unwrap();
+        assert_eq!(a.base_offset, next, "{name}");
+        log.flush().unwrap();
+        drop(log);
+        let again = recovery::recover(&RealStorage, &d.data).unwrap();
+        assert_eq!(again.lines(), ["nothing to do"], "{name}");
+        assert_eq!(again.partitions[0].next_offset, next + 1, "{name}");
     }
 }
