@@ -12,6 +12,7 @@ pub mod layout;
 pub mod lock;
 pub mod log;
 pub mod protocol;
+pub mod recovery;
 pub mod reindex;
 pub mod segment;
 pub mod server;
