@@ -305,7 +305,9 @@ fn a_torn_active_tail_is_cut_by_recovery_at_open() {
     let b = Broker::open(dir.path(), real(), BrokerOptions::default()).unwrap();
     let report = b.startup_report();
     assert!(
-        report.iter().any(|l| l.contains("recovery") && l.contains("t/0")),
+        report
+            .iter()
+            .any(|l| l.contains("recovery") && l.contains("t/0")),
         "{report:?}"
     );
     assert_eq!(fs::read(&log0).unwrap(), good, "the torn tail was cut");
