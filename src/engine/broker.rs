@@ -943,6 +943,7 @@ impl Cleaner {
         std::thread::Builder::new()
             .name(format!("seglog-{}", kind.name()))
             .spawn(move || {
+                lower_priority();
                 while self.sleep(interval) {
                     for line in self.round(kind) {
                         eprintln!("seglog: {line}");
@@ -1025,6 +1026,20 @@ impl Cleaner {
             }
         }
         warnings
+    }
+}
+
+/// Background cleanup gives way to request threads: the calling thread gets nice 10
+/// (on Linux, priorities are per thread). Failure only means it keeps its priority.
+fn lower_priority() {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: gettid and setpriority take and return plain integers; this changes
+        // only the calling thread's scheduling priority.
+        unsafe {
+            let tid = libc::gettid();
+            libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, 10);
+        }
     }
 }
 

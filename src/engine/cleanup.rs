@@ -30,6 +30,10 @@ use crate::format::topic::TopicConfig;
 
 /// Bytes copied per read and write when copying a segment to cold storage.
 const COPY_CHUNK_BYTES: usize = 1024 * 1024;
+/// Background writes are flushed to disk after every this many bytes.
+const PACE_FLUSH_BYTES: u64 = 1024 * 1024;
+/// Background writes go at most this fast (bytes per second).
+const PACE_BYTES_PER_SEC: u64 = 32 * 1024 * 1024;
 
 /// What background cleanup did to one partition since the broker started.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -199,7 +203,10 @@ impl Visit<'_> {
         if let Some(dir) = cold {
             let mut copied = 0;
             for seg in &due {
-                if let Err(e) = archive(self.storage, dir, self.topic, self.partition, seg) {
+                let paced = PacedStorage {
+                    inner: self.storage,
+                };
+                if let Err(e) = archive(&paced, dir, self.topic, self.partition, seg) {
                     done.kept_because = Some(format!(
                         "copying {} to cold storage {} failed, the segment stays (retried next round): {e}",
                         seg.path().display(),
@@ -275,7 +282,10 @@ impl Visit<'_> {
             only_segment: None,
         };
         let opts = CompactionOptions::for_topic(self.config, self.now_ms);
-        let prepared = prepare_compaction(self.storage, &p, &opts).map_err(compaction_error)?;
+        let paced = PacedStorage {
+            inner: self.storage,
+        };
+        let prepared = prepare_compaction(&paced, &p, &opts).map_err(compaction_error)?;
         if !prepared.needs_swap() {
             return Ok(CompactionDone::Skipped(prepared.into_report()));
         }
@@ -393,4 +403,93 @@ fn copy_file(
         let _ = storage.remove_file(&tmp);
     }
     result
+}
+
+/// The storage background compaction and cold-storage copies write through: a file
+/// it creates is flushed
+/// (`sync_data`) after every [`PACE_FLUSH_BYTES`] written, and writes go no faster
+/// than [`PACE_BYTES_PER_SEC`], so its data reaches the disk in small pieces rather
+/// than as one burst at its final fsync. A burst of tens
+/// of MiB would sit in the device queue (and, on ext4, in the journal commit) ahead of
+/// the fsyncs produce requests wait for.
+#[derive(Debug)]
+struct PacedStorage<'a> {
+    inner: &'a dyn Storage,
+}
+
+#[derive(Debug)]
+struct PacedFile {
+    inner: Box<dyn super::io::StorageFile>,
+    unflushed: std::sync::atomic::AtomicU64,
+    /// When the bytes written so far may be written at the paced rate.
+    started: std::time::Instant,
+    written: std::sync::atomic::AtomicU64,
+}
+
+impl super::io::StorageFile for PacedFile {
+    fn write_at(&self, buf: &[u8], pos: u64) -> io::Result<()> {
+        use std::sync::atomic::Ordering;
+        self.inner.write_at(buf, pos)?;
+        let n = self
+            .unflushed
+            .fetch_add(buf.len() as u64, Ordering::Relaxed)
+            + buf.len() as u64;
+        let total = self.written.fetch_add(buf.len() as u64, Ordering::Relaxed) + buf.len() as u64;
+        if n >= PACE_FLUSH_BYTES {
+            self.unflushed.store(0, Ordering::Relaxed);
+            self.inner.sync_data()?;
+            let due = std::time::Duration::from_secs_f64(total as f64 / PACE_BYTES_PER_SEC as f64);
+            if let Some(wait) = due.checked_sub(self.started.elapsed()) {
+                std::thread::sleep(wait);
+            }
+        }
+        Ok(())
+    }
+    fn read_at(&self, buf: &mut [u8], pos: u64) -> io::Result<usize> {
+        self.inner.read_at(buf, pos)
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.inner.set_len(len)
+    }
+    fn allocate(&self, len: u64) -> io::Result<()> {
+        self.inner.allocate(len)
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        self.inner.sync_data()
+    }
+    fn sync_all(&self) -> io::Result<()> {
+        self.inner.sync_all()
+    }
+    fn len(&self) -> io::Result<u64> {
+        self.inner.len()
+    }
+}
+
+impl Storage for PacedStorage<'_> {
+    fn create(&self, path: &Path) -> io::Result<Box<dyn super::io::StorageFile>> {
+        Ok(Box::new(PacedFile {
+            inner: self.inner.create(path)?,
+            unflushed: std::sync::atomic::AtomicU64::new(0),
+            started: std::time::Instant::now(),
+            written: std::sync::atomic::AtomicU64::new(0),
+        }))
+    }
+    fn open(&self, path: &Path) -> io::Result<Box<dyn super::io::StorageFile>> {
+        self.inner.open(path)
+    }
+    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
+        self.inner.create_dir_all(path)
+    }
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        self.inner.rename(from, to)
+    }
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        self.inner.remove_file(path)
+    }
+    fn remove_dir_all(&self, path: &Path) -> io::Result<()> {
+        self.inner.remove_dir_all(path)
+    }
+    fn sync_dir(&self, path: &Path) -> io::Result<()> {
+        self.inner.sync_dir(path)
+    }
 }
