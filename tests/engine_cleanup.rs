@@ -346,8 +346,9 @@ fn the_background_task_runs_on_its_interval() {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let p = b.describe_topic("t").unwrap().partitions[0].clone();
-        if p.cleanup.segments_deleted > 0 {
-            assert!(p.start_offset > 0 && p.bytes <= 2048);
+        // Rounds may also run while the records go in; in the end the partition is
+        // under the limit.
+        if p.cleanup.segments_deleted > 0 && p.start_offset > 0 && p.bytes <= 2048 {
             break;
         }
         assert!(Instant::now() < deadline, "retention never ran: {p:?}");

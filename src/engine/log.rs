@@ -723,7 +723,10 @@ impl PartitionLog {
             s = lock(&self.sync);
             s.syncing = false;
             match result {
-                Ok(end) => s.durable_end = s.durable_end.max(end),
+                Ok(plan) => self.publish_synced(&mut s, &plan),
+                // The topic was deleted while the fsync ran (its directory is gone):
+                // the request ends as deleted, not as a failed partition.
+                Err(_) if s.closed == Some(Closed::Deleted) => {}
                 Err(reason) => {
                     s.failed.get_or_insert(reason);
                 }
@@ -738,9 +741,10 @@ impl PartitionLog {
         self.wait_durable(target)
     }
 
-    /// Takes a plan under the write lock, runs it without the lock, and publishes what
-    /// became readable. Returns the new durable end, or why the fsync failed.
-    fn sync_once(&self) -> Result<u64, String> {
+    /// Takes a plan under the write lock and runs it without the lock. Returns the
+    /// plan, to be published by [`PartitionLog::publish_synced`], or why the fsync
+    /// failed.
+    fn sync_once(&self) -> Result<SyncPlan, String> {
         let plan = {
             let mut w = lock(&self.write);
             SyncPlan {
@@ -753,13 +757,21 @@ impl PartitionLog {
         };
         self.execute(&plan)
             .map_err(|e| format!("fsync in {} failed: {e}", self.dir.display()))?;
+        Ok(plan)
+    }
+
+    /// Publishes what a synced plan made readable, under the sync lock: the segments'
+    /// readable ends and the durable end change together, so a reader that got a
+    /// record from a readable end finds the durable end past it at its next request
+    /// (which takes the sync lock), never an offset beyond the end.
+    fn publish_synced(&self, s: &mut SyncState, plan: &SyncPlan) {
         for (seg, end) in &plan.pending.sealed {
             seg.readable_end.fetch_max(*end, Ordering::AcqRel);
         }
         plan.active_seg
             .readable_end
             .fetch_max(plan.active_end, Ordering::AcqRel);
-        Ok(plan.target)
+        s.durable_end = s.durable_end.max(plan.target);
     }
 
     /// The fsync ordering of a group commit:
@@ -826,10 +838,11 @@ impl PartitionLog {
         let mut s = lock(&self.sync);
         s.syncing = false;
         let out = match result {
-            Ok(end) => {
-                s.durable_end = s.durable_end.max(end);
+            Ok(plan) => {
+                self.publish_synced(&mut s, &plan);
                 Ok(())
             }
+            Err(_) if s.closed == Some(Closed::Deleted) => Err(self.closed_error(Closed::Deleted)),
             Err(reason) => {
                 let reason = s.failed.get_or_insert(reason).clone();
                 Err(self.failed_error(&reason))
@@ -853,9 +866,15 @@ impl PartitionLog {
             .sealed
             .first()
             .map_or(w.active.seg.base_offset, |(seg, _)| seg.base_offset);
+        // A segment leaves `pending` when a group commit takes it, before that commit's
+        // fsync is done: it is settled only once readable (published as durable) to its end.
         self.snapshot()
             .iter()
-            .take_while(|seg| seg.base_offset < unsettled)
+            .take_while(|seg| {
+                seg.base_offset < unsettled
+                    && seg.readable_end.load(Ordering::Acquire)
+                        >= seg.written_end.load(Ordering::Acquire)
+            })
             .cloned()
             .collect()
     }
