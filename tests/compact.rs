@@ -1520,3 +1520,29 @@ fn cli_exits_2_on_a_corrupt_record_the_startup_check_does_not_read() {
     );
     assert_eq!(snapshot(&dir), before);
 }
+
+#[test]
+fn progress_counts_both_passes_up_to_twice_the_sealed_bytes() {
+    use seglog::engine::compaction::compact_partition_with_progress;
+    let case = Case::generate_sized(5, 50, 3000);
+    let tmp = scratch_dir();
+    case.write(tmp.path(), 5);
+    let p = partition_ref(tmp.path(), case.segment_bytes * 64);
+    let seen = std::cell::RefCell::new(Vec::new());
+    let dir = p.dir.clone();
+    let r = compact_partition_with_progress(
+        &RealStorage,
+        &p,
+        &case.options(),
+        &|read| sealed_segments_unchanged(&dir, read),
+        &mut |_| {},
+        &|done, total| seen.borrow_mut().push((done, total)),
+    )
+    .unwrap();
+    assert!(!r.skipped);
+    let seen = seen.into_inner();
+    assert!(seen.len() >= 2, "{seen:?}");
+    assert!(seen.windows(2).all(|w| w[0].0 <= w[1].0), "{seen:?}");
+    assert!(seen.iter().all(|&(d, t)| t == 2 * r.bytes_before && d <= t));
+    assert_eq!(seen.last().unwrap().0, 2 * r.bytes_before);
+}
