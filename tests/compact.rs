@@ -1482,3 +1482,67 @@ fn every_crash_image_holds_old_or_new_records() {
         "{outcomes:?}"
     );
 }
+
+#[test]
+fn cli_exits_2_on_a_corrupt_record_the_startup_check_does_not_read() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("0");
+    fs::create_dir(&dir).unwrap();
+    let recs: Vec<Rec> = (0..300)
+        .map(|i| Rec {
+            offset: i,
+            timestamp_ms: NOW_MS,
+            key: Some(format!("k{}", i % 10).into_bytes()),
+            value: vec![b'v'; 100],
+        })
+        .collect();
+    write_segment(&dir, 0, 0, &recs);
+    write_segment(&dir, 300, 0, &[]);
+    // A byte in the middle of the sealed segment, far from its first record and its
+    // last index entry: the index-trusting startup check does not read it.
+    let log = dir.join(log_file_name(0));
+    let mut bytes = fs::read(&log).unwrap();
+    let at = bytes.len() / 3;
+    bytes[at] ^= 0xFF;
+    fs::write(&log, bytes).unwrap();
+    let p = resolve(&dir).unwrap().partitions.remove(0);
+    assert_eq!(
+        check_partition(&p, CheckMode::Quick).unwrap().severity(),
+        None
+    );
+    let before = snapshot(&dir);
+    let out = seglog().arg("compact").arg(&dir).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("00000000000000000000.log") && err.contains("nothing changed"),
+        "{err}"
+    );
+    assert_eq!(snapshot(&dir), before);
+}
+
+#[test]
+fn progress_counts_both_passes_up_to_twice_the_sealed_bytes() {
+    use seglog::engine::compaction::compact_partition_with_progress;
+    let case = Case::generate_sized(5, 50, 3000);
+    let tmp = scratch_dir();
+    case.write(tmp.path(), 5);
+    let p = partition_ref(tmp.path(), case.segment_bytes * 64);
+    let seen = std::cell::RefCell::new(Vec::new());
+    let dir = p.dir.clone();
+    let r = compact_partition_with_progress(
+        &RealStorage,
+        &p,
+        &case.options(),
+        &|read| sealed_segments_unchanged(&dir, read),
+        &mut |_| {},
+        &|done, total| seen.borrow_mut().push((done, total)),
+    )
+    .unwrap();
+    assert!(!r.skipped);
+    let seen = seen.into_inner();
+    assert!(seen.len() >= 2, "{seen:?}");
+    assert!(seen.windows(2).all(|w| w[0].0 <= w[1].0), "{seen:?}");
+    assert!(seen.iter().all(|&(d, t)| t == 2 * r.bytes_before && d <= t));
+    assert_eq!(seen.last().unwrap().0, 2 * r.bytes_before);
+}

@@ -10,7 +10,8 @@
 //! A compaction that fails aborts that partition unchanged and the run goes on with
 //! the next; the exit code is then 2 for unreadable records, else 74.
 
-use std::io::{self, Write};
+use std::cell::OnceCell;
+use std::io::{self, IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -19,7 +20,7 @@ use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
 
 use crate::engine::check::{check_partition, CheckMode, Severity};
 use crate::engine::compaction::{
-    compact_partition, sealed_segments_unchanged, CompactionError, CompactionOptions,
+    compact_partition_with_progress, sealed_segments_unchanged, CompactionError, CompactionOptions,
     CompactionReport,
 };
 use crate::engine::io::RealStorage;
@@ -51,6 +52,35 @@ pub struct Args {
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
+}
+
+/// A partition whose passes read more than this gets a progress bar (when stderr is
+/// a terminal and not `--quiet`).
+pub const PROGRESS_BYTES_MIN: u64 = 256 * 1024 * 1024;
+
+/// Moves the partition's bar, making it at the first report if the work is large.
+fn show_progress(
+    cell: &OnceCell<Option<indicatif::ProgressBar>>,
+    label: &str,
+    enabled: bool,
+    done: u64,
+    total: u64,
+) {
+    let bar = cell.get_or_init(|| {
+        (enabled && total > PROGRESS_BYTES_MIN).then(|| {
+            let bar = indicatif::ProgressBar::new(total);
+            bar.set_style(
+                indicatif::ProgressStyle::with_template(&format!(
+                    "compact {label} {{bar:40}} {{bytes}}/{{total_bytes}} {{bytes_per_sec}} eta {{eta}}"
+                ))
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            );
+            bar
+        })
+    });
+    if let Some(b) = bar {
+        b.set_position(done);
+    }
 }
 
 struct Row {
@@ -132,6 +162,7 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
     };
     check_recovered(&partitions)?;
     let now = args.now_ms.unwrap_or_else(now_ms);
+    let bars = !global.quiet && io::stderr().is_terminal();
     let mut rows = Vec::with_capacity(partitions.len());
     for p in partitions {
         let mut opts = CompactionOptions::for_topic(&p.config, now);
@@ -140,13 +171,18 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
             opts.tombstone_retention_ms = ms;
         }
         let dir = p.dir.clone();
-        let result = compact_partition(
+        let (bar, label) = (OnceCell::new(), p.label());
+        let result = compact_partition_with_progress(
             &RealStorage,
             &p,
             &opts,
             &|read| sealed_segments_unchanged(&dir, read),
             &mut |_| {},
+            &|done, total| show_progress(&bar, &label, bars, done, total),
         );
+        if let Some(Some(b)) = bar.get() {
+            b.finish_and_clear();
+        }
         if let Err(e) = &result {
             let _ = writeln!(io::stderr(), "seglog: {}: {e}", p.label());
         }

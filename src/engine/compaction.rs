@@ -280,6 +280,39 @@ impl KeyTable {
 /// Records handled per batch: each batch prefetches its slots first, then uses them.
 const BATCH_RECORDS: usize = 32;
 
+/// Bytes read between two progress reports.
+const PROGRESS_STEP_BYTES: u64 = 16 * 1024 * 1024;
+
+/// Reports bytes read so far over both passes, out of twice the sealed bytes.
+struct Progress<'a> {
+    report: &'a dyn Fn(u64, u64),
+    total: u64,
+    /// Bytes of the segments (and pass) already finished.
+    base: u64,
+    next: u64,
+}
+
+impl Progress<'_> {
+    fn at(&mut self, position_in_segment: u64) {
+        let done = self.base + position_in_segment;
+        if done >= self.next {
+            (self.report)(done.min(self.total), self.total);
+            self.next = done + PROGRESS_STEP_BYTES;
+        }
+    }
+
+    fn segment_done(&mut self, file_len: u64) {
+        self.base += file_len;
+        self.at(0);
+    }
+
+    fn finished(&mut self) {
+        self.base = self.total;
+        self.next = 0;
+        self.at(0);
+    }
+}
+
 /// One sealed segment as read in pass 1.
 #[derive(Clone, Debug)]
 struct SealedSegment {
@@ -391,6 +424,7 @@ fn open_sealed(files: &SegmentFiles) -> Result<(File, SegmentHeader, u64), Compa
 fn pass_one(
     sealed: &[SealedSegment],
     opts: &CompactionOptions,
+    progress: &mut Progress<'_>,
 ) -> Result<KeyIndex, CompactionError> {
     let mut keys = KeyIndex {
         digester: Digester::new(),
@@ -405,7 +439,8 @@ fn pass_one(
     for seg in sealed {
         let (file, header, file_len) = open_sealed(&seg.files)?;
         let mut too_large: Option<u64> = None;
-        let scan = scan_segment(&file, &header, file_len, |_, record| {
+        let scan = scan_segment(&file, &header, file_len, |position, record| {
+            progress.at(position);
             if record.offset > COMPACT_OFFSET_MAX {
                 too_large.get_or_insert(record.offset);
             } else if too_large.is_none() {
@@ -442,6 +477,7 @@ fn pass_one(
             prev_last = scan.last_offset;
         }
         debug_assert_eq!(seg.generation, header.generation);
+        progress.segment_done(file_len);
     }
     keys.enter_batch();
     Ok(keys)
@@ -680,6 +716,7 @@ fn pass_two(
     keys: &KeyIndex,
     writer: &mut OutputWriter<'_>,
     report: &mut CompactionReport,
+    progress: &mut Progress<'_>,
 ) -> Result<(), CompactionError> {
     let mut read = 0u64;
     let mut batch = Batch {
@@ -705,6 +742,7 @@ fn pass_two(
                     }
                     prev = Some(record.offset);
                     read += 1;
+                    progress.at(position);
                     batch.push(keys, &seg.files.log, &record)?;
                     if batch.pending.len() >= BATCH_RECORDS {
                         batch.drain(keys, writer, report)?;
@@ -720,6 +758,7 @@ fn pass_two(
                 }
             }
         }
+        progress.segment_done(file_len);
     }
     batch.drain(keys, writer, report)?;
     writer.finish_current()?;
@@ -860,6 +899,17 @@ pub fn prepare_compaction<'a>(
     p: &PartitionRef,
     opts: &CompactionOptions,
 ) -> Result<PreparedCompaction<'a>, CompactionError> {
+    prepare_compaction_with_progress(storage, p, opts, &|_, _| {})
+}
+
+/// [`prepare_compaction`], calling `progress(bytes_read, bytes_total)` every few MiB
+/// (both passes count: the total is twice the sealed segments' bytes).
+pub fn prepare_compaction_with_progress<'a>(
+    storage: &'a dyn Storage,
+    p: &PartitionRef,
+    opts: &CompactionOptions,
+    progress: &dyn Fn(u64, u64),
+) -> Result<PreparedCompaction<'a>, CompactionError> {
     let dir = p.dir.clone();
     let listing = list_partition(&dir).map_err(io_at(&dir))?;
     if listing.marker.is_some() || !listing.temp_files.is_empty() {
@@ -899,8 +949,14 @@ pub fn prepare_compaction<'a>(
         report: CompactionReport::default(),
         temp_files: Vec::new(),
     };
+    let mut progress = Progress {
+        report: progress,
+        total: 2 * report.bytes_before,
+        base: 0,
+        next: 0,
+    };
     // Pass 1.
-    let keys = pass_one(&sealed, opts)?;
+    let keys = pass_one(&sealed, opts, &mut progress)?;
     report.records_read = keys.records;
     report.keys = keys.map.len() as u64;
     if keys.dropped() == 0 {
@@ -910,6 +966,7 @@ pub fn prepare_compaction<'a>(
         report.segments_after = report.segments_before;
         report.new = report.replaced.clone();
         prepared.report = report;
+        progress.finished();
         return Ok(prepared);
     }
     // Pass 2, and step 1: write results to `<name>.log.tmp` and `<name>.index.tmp`,
@@ -925,7 +982,7 @@ pub fn prepare_compaction<'a>(
         done: Vec::new(),
         temp_files: Vec::new(),
     };
-    let result = pass_two(&sealed, &keys, &mut writer, &mut report);
+    let result = pass_two(&sealed, &keys, &mut writer, &mut report, &mut progress);
     prepared.temp_files = std::mem::take(&mut writer.temp_files);
     result?;
     drop(keys);
@@ -938,6 +995,7 @@ pub fn prepare_compaction<'a>(
         storage.sync_dir(&dir).map_err(io_at(&dir))?;
     }
     prepared.report = report;
+    progress.finished();
     Ok(prepared)
 }
 
@@ -954,7 +1012,19 @@ pub fn compact_partition(
     still_sealed: &dyn Fn(&[u64]) -> bool,
     publish: &mut dyn FnMut(&[u64]),
 ) -> Result<CompactionReport, CompactionError> {
-    let prepared = prepare_compaction(storage, p, opts)?;
+    compact_partition_with_progress(storage, p, opts, still_sealed, publish, &|_, _| {})
+}
+
+/// [`compact_partition`] with progress reports as [`prepare_compaction_with_progress`].
+pub fn compact_partition_with_progress(
+    storage: &dyn Storage,
+    p: &PartitionRef,
+    opts: &CompactionOptions,
+    still_sealed: &dyn Fn(&[u64]) -> bool,
+    publish: &mut dyn FnMut(&[u64]),
+    progress: &dyn Fn(u64, u64),
+) -> Result<CompactionReport, CompactionError> {
+    let prepared = prepare_compaction_with_progress(storage, p, opts, progress)?;
     if !prepared.needs_swap() {
         return Ok(prepared.into_report());
     }
