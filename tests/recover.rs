@@ -289,6 +289,27 @@ fn damage_inside_the_active_segment_cuts_and_names_the_records_behind_it() {
 }
 
 #[test]
+fn an_index_that_covered_the_cut_range_is_rebuilt_after_the_cut() {
+    let d = Data::new();
+    let s = seg(0, 0, 0..40);
+    // The record the last index entry points at is the torn one.
+    let last_entry_pos = u64::from_be_bytes(s.index[s.index.len() - 8..].try_into().unwrap());
+    let j = s
+        .records
+        .iter()
+        .position(|r| r.1 == last_entry_pos)
+        .unwrap();
+    let log = &s.log[..last_entry_pos as usize + 10];
+    d.put(0, log, Some(&s.index));
+    let v = recover_twice(&d, 0);
+    assert_eq!(kinds(&v), ["cut_tail", "rebuild_index"]);
+    let want = seg(0, 0, 0..j as u64);
+    assert_eq!(fs::read(d.log(0)).unwrap(), want.log);
+    assert_eq!(fs::read(d.index(0)).unwrap(), want.index);
+    assert_eq!(want.index.len() + 16, s.index.len());
+}
+
+#[test]
 fn zero_tail_is_trimmed_and_a_clean_dry_run_exits_0() {
     let d = Data::new();
     let s = seg(0, 0, 0..5);
