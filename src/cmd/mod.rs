@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 
 pub mod bench;
 pub mod compact;
+pub mod connect;
 pub mod consume;
 pub mod dump;
 pub mod produce;

@@ -1,14 +1,380 @@
-//! `seglog produce`.
+//! `seglog produce`: send records to a topic, one per stdin line (or `--value`).
+//!
+//! Partition choice: `--partition` if given; else a keyed record goes to
+//! CRC-32(key) mod partitions ([`partition_for_key`]); keyless records go
+//! round-robin from partition 0. Lines are batched: a request carries up to
+//! `--batch` records, and is sent as soon as no further line is waiting, so an
+//! interactive producer is never held back. Exit 0 only when every record was
+//! acknowledged. `--json` acks carry `seq`, the record's 0-based position in the
+//! input, besides the contract's `type`, `partition` and `offset`.
 
-use super::{ExitError, Global};
+use std::io::{self, BufRead, Write};
+use std::sync::mpsc;
+use std::thread;
+
+use serde_json::json;
+
+use super::connect::{client_error, BrokerArgs};
+use super::{exit, ExitError, Global};
+use crate::engine::client::{partition_for_key, Client};
+use crate::engine::protocol::{PartitionBatch, WireRecord, RECORDS_PER_PARTITION_MAX};
 
 /// Arguments of `seglog produce`.
 #[derive(Debug, clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// Topic to write to.
+    pub topic: String,
+    /// Send every record to this partition.
+    #[arg(long)]
+    pub partition: Option<u32>,
+    /// Key of every record.
+    #[arg(long, conflicts_with = "key_separator")]
+    pub key: Option<String>,
+    /// Each stdin line is KEY<SEP>VALUE, split at the first SEP.
+    #[arg(long, value_name = "SEP")]
+    pub key_separator: Option<String>,
+    /// Send this one value instead of reading stdin.
+    #[arg(long)]
+    pub value: Option<String>,
+    /// Most records per request.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=i64::from(RECORDS_PER_PARTITION_MAX)))]
+    pub batch: u32,
+    /// Print {"type": "ack", "partition", "offset"} per record.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub broker: BrokerArgs,
+}
 
-pub fn run(_args: Args, _global: Global) -> anyhow::Result<u8> {
-    Err(ExitError::new(
-        super::exit::IO,
-        "seglog produce is not built yet",
+/// One record to send.
+struct Pending {
+    key: Option<Vec<u8>>,
+    value: Vec<u8>,
+}
+
+/// Chooses partitions in the documented way.
+struct Partitioner {
+    fixed: Option<u32>,
+    count: u32,
+    next: u32,
+}
+
+impl Partitioner {
+    fn pick(&mut self, key: Option<&[u8]>) -> u32 {
+        if let Some(p) = self.fixed {
+            return p;
+        }
+        if let Some(k) = key {
+            return partition_for_key(k, self.count);
+        }
+        let p = self.next % self.count.max(1);
+        self.next = self.next.wrapping_add(1);
+        p
+    }
+}
+
+/// Sends `records` as one request and writes an ack line per record (input order;
+/// `seq` counts records from 0 across the whole input, starting at `first_seq` here).
+/// Returns the number acknowledged, or the error after printing the acks it got.
+fn send(
+    client: &mut Client,
+    topic: &str,
+    first_seq: u64,
+    records: &[Pending],
+    partitioner: &mut Partitioner,
+    json_out: bool,
+    out: &mut impl Write,
+) -> anyhow::Result<u64> {
+    let targets: Vec<u32> = records
+        .iter()
+        .map(|r| partitioner.pick(r.key.as_deref()))
+        .collect();
+    let mut batches: Vec<PartitionBatch<'_>> = Vec::new();
+    // (batch index, index within the batch) of each record.
+    let mut place = Vec::with_capacity(records.len());
+    for (r, &p) in records.iter().zip(&targets) {
+        let b = match batches.iter().position(|b| b.partition == p) {
+            Some(b) => b,
+            None => {
+                batches.push(PartitionBatch {
+                    partition: p,
+                    records: Vec::new(),
+                });
+                batches.len() - 1
+            }
+        };
+        let slot = batches.get_mut(b).map_or(0, |batch| {
+            batch.records.push(WireRecord {
+                timestamp_ms: -1,
+                key: r.key.as_deref(),
+                value: &r.value,
+            });
+            batch.records.len() - 1
+        });
+        place.push((b, slot as u64));
+    }
+    let sizes: Vec<u64> = batches.iter().map(|b| b.records.len() as u64).collect();
+    let acks = client.produce(topic, batches).map_err(client_error)?;
+    for (ack, &n) in acks.iter().zip(&sizes) {
+        if let Ok((base, last)) = ack.result {
+            if last.checked_sub(base).map(|d| d + 1) != Some(n) {
+                return Err(ExitError::new(
+                    exit::UNAVAILABLE,
+                    format!(
+                        "the broker at {} acknowledged {n} records of partition {} as offsets {base}..={last}",
+                        client.addr(),
+                        ack.partition
+                    ),
+                ));
+            }
+        }
+    }
+    let mut acked = 0;
+    for (seq, &(b, slot)) in (first_seq..).zip(&place) {
+        if let Some(Ok((base, _))) = acks.get(b).map(|a| &a.result) {
+            acked += 1;
+            if json_out {
+                let partition = acks.get(b).map_or(0, |a| a.partition);
+                let line = json!({ "type": "ack", "partition": partition, "offset": base + slot, "seq": seq });
+                writeln!(out, "{line}")?;
+            }
+        }
+    }
+    out.flush()?;
+    if let Some((failed, Err((code, message)))) = acks
+        .iter()
+        .map(|a| (a, &a.result))
+        .find(|(_, r)| r.is_err())
+    {
+        let lost: u64 = acks
+            .iter()
+            .zip(&sizes)
+            .filter(|(a, _)| a.result.is_err())
+            .map(|(_, n)| n)
+            .sum();
+        return Err(ExitError::new(
+            exit::UNAVAILABLE,
+            format!(
+                "the broker at {} refused {lost} record{} for {topic}/{}: {message} [{code}]",
+                client.addr(),
+                if lost == 1 { "" } else { "s" },
+                failed.partition
+            ),
+        ));
+    }
+    Ok(acked)
+}
+
+/// A line from stdin, or the read error that ended it.
+enum Line {
+    Bytes(Vec<u8>),
+    Failed(io::Error),
+}
+
+/// Reads stdin on its own thread so the sender can batch whatever is waiting.
+fn spawn_reader(depth: usize) -> mpsc::Receiver<Line> {
+    let (tx, rx) = mpsc::sync_channel(depth);
+    thread::spawn(move || {
+        let stdin = io::stdin();
+        let mut input = stdin.lock();
+        loop {
+            let mut line = Vec::new();
+            match input.read_until(b'\n', &mut line) {
+                Ok(0) => return,
+                Ok(_) => {
+                    if line.last() == Some(&b'\n') {
+                        line.pop();
+                    }
+                    if tx.send(Line::Bytes(line)).is_err() {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    let _ = tx.send(Line::Failed(e));
+                    return;
+                }
+            }
+        }
+    });
+    rx
+}
+
+/// Splits `line` at the first `sep`.
+fn split_key(line: &[u8], sep: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
+    if sep.is_empty() {
+        return None;
+    }
+    let at = line.windows(sep.len()).position(|w| w == sep)?;
+    Some((
+        line.get(..at)?.to_vec(),
+        line.get(at + sep.len()..)?.to_vec(),
     ))
+}
+
+pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
+    if args.key_separator.as_deref() == Some("") {
+        return Err(ExitError::usage("--key-separator must not be empty"));
+    }
+    let mut client = args.broker.connect()?;
+    let partitions = client
+        .list_offsets(&args.topic)
+        .map_err(client_error)?
+        .len() as u32;
+    if let Some(p) = args.partition.filter(|&p| p >= partitions) {
+        return Err(ExitError::new(
+            exit::USAGE,
+            format!(
+                "topic {} has {partitions} partitions; there is no partition {p}",
+                args.topic
+            ),
+        ));
+    }
+    let mut partitioner = Partitioner {
+        fixed: args.partition,
+        count: partitions,
+        next: 0,
+    };
+    let stdout = io::stdout();
+    let mut out = io::BufWriter::new(stdout.lock());
+    let key = args.key.as_ref().map(|k| k.as_bytes().to_vec());
+
+    if let Some(value) = &args.value {
+        let one = [Pending {
+            key,
+            value: value.as_bytes().to_vec(),
+        }];
+        send(
+            &mut client,
+            &args.topic,
+            0,
+            &one,
+            &mut partitioner,
+            args.json,
+            &mut out,
+        )?;
+        return Ok(exit::OK);
+    }
+
+    let batch = args.batch as usize;
+    let rx = spawn_reader(batch.saturating_mul(2).max(1024));
+    let sep = args.key_separator.as_ref().map(|s| s.as_bytes().to_vec());
+    let mut line_no: u64 = 0;
+    let mut total: u64 = 0;
+    let mut pending: Vec<Pending> = Vec::with_capacity(batch);
+    let mut done = false;
+    while !done {
+        // Block for the first line, then take whatever else is already waiting.
+        let mut next = rx.recv().ok();
+        while let Some(line) = next {
+            let bytes = match line {
+                Line::Bytes(b) => b,
+                Line::Failed(e) => return Err(anyhow::Error::new(e).context("reading stdin")),
+            };
+            line_no += 1;
+            let record = match &sep {
+                Some(sep) => match split_key(&bytes, sep) {
+                    Some((k, v)) => Pending {
+                        key: Some(k),
+                        value: v,
+                    },
+                    None => {
+                        if !pending.is_empty() {
+                            total += send(
+                                &mut client,
+                                &args.topic,
+                                total,
+                                &pending,
+                                &mut partitioner,
+                                args.json,
+                                &mut out,
+                            )?;
+                        }
+                        return Err(ExitError::usage(format!(
+                            "stdin line {line_no} has no key separator {:?} ({total} earlier records were sent)",
+                            args.key_separator.as_deref().unwrap_or_default()
+                        )));
+                    }
+                },
+                None => Pending {
+                    key: key.clone(),
+                    value: bytes,
+                },
+            };
+            pending.push(record);
+            if pending.len() >= batch {
+                break;
+            }
+            next = match rx.try_recv() {
+                Ok(l) => Some(l),
+                Err(mpsc::TryRecvError::Empty) => None,
+                Err(mpsc::TryRecvError::Disconnected) => {
+                    done = true;
+                    None
+                }
+            };
+        }
+        if pending.is_empty() {
+            break;
+        }
+        total += send(
+            &mut client,
+            &args.topic,
+            total,
+            &pending,
+            &mut partitioner,
+            args.json,
+            &mut out,
+        )?;
+        pending.clear();
+    }
+    out.flush()?;
+    if !global.quiet && !args.json {
+        eprintln!(
+            "seglog: {total} record{} acknowledged by {}",
+            if total == 1 { "" } else { "s" },
+            client.addr()
+        );
+    }
+    Ok(exit::OK)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partitioner_rules() {
+        let mut p = Partitioner {
+            fixed: None,
+            count: 3,
+            next: 0,
+        };
+        let picks: Vec<u32> = (0..5).map(|_| p.pick(None)).collect();
+        assert_eq!(picks, [0, 1, 2, 0, 1]);
+        assert_eq!(
+            p.pick(Some(b"123456789")),
+            partition_for_key(b"123456789", 3)
+        );
+        let mut fixed = Partitioner {
+            fixed: Some(2),
+            count: 3,
+            next: 0,
+        };
+        assert_eq!(fixed.pick(Some(b"x")), 2);
+        assert_eq!(fixed.pick(None), 2);
+    }
+
+    #[test]
+    fn key_separator() {
+        assert_eq!(
+            split_key(b"k:v:w", b":"),
+            Some((b"k".to_vec(), b"v:w".to_vec()))
+        );
+        assert_eq!(
+            split_key(b"key=>value", b"=>"),
+            Some((b"key".to_vec(), b"value".to_vec()))
+        );
+        assert_eq!(split_key(b":v", b":"), Some((b"".to_vec(), b"v".to_vec())));
+        assert_eq!(split_key(b"novalue", b":"), None);
+    }
 }

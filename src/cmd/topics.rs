@@ -1,14 +1,205 @@
-//! `seglog topics`.
+//! `seglog topics create|list|describe|alter|delete`: topic administration over the
+//! wire protocol. The broker validates names and settings; this side only checks
+//! that each `--config` is `KEY=VALUE`.
 
-use super::{ExitError, Global};
+use std::io::{self, Write};
+
+use comfy_table::Table;
+use serde_json::{json, Map, Value};
+
+use super::connect::{client_error, parse_settings, BrokerArgs};
+use super::{exit, Global};
+use crate::engine::client::TopicInfo;
+use crate::format::topic::TopicConfig;
 
 /// Arguments of `seglog topics`.
 #[derive(Debug, clap::Args)]
-pub struct Args {}
+pub struct Args {
+    #[command(subcommand)]
+    pub command: TopicsCommand,
+    /// Print one JSON object instead of text.
+    #[arg(long, global = true)]
+    pub json: bool,
+    #[command(flatten)]
+    pub broker: BrokerArgs,
+}
 
-pub fn run(_args: Args, _global: Global) -> anyhow::Result<u8> {
-    Err(ExitError::new(
-        super::exit::IO,
-        "seglog topics is not built yet",
-    ))
+#[derive(Debug, clap::Subcommand)]
+pub enum TopicsCommand {
+    /// Create a topic.
+    Create {
+        name: String,
+        /// Number of partitions (1..=1024).
+        #[arg(long, default_value_t = 1)]
+        partitions: u32,
+        /// A configuration setting, KEY=VALUE; repeat for several.
+        #[arg(long = "config", value_name = "KEY=VALUE")]
+        config: Vec<String>,
+    },
+    /// List topic names.
+    List,
+    /// Show each partition's offsets, segment count and bytes, and the configuration.
+    Describe { name: String },
+    /// Change configuration settings.
+    Alter {
+        name: String,
+        /// A configuration setting, KEY=VALUE; repeat for several.
+        #[arg(long = "config", value_name = "KEY=VALUE", required = true)]
+        config: Vec<String>,
+    },
+    /// Delete a topic and all its data.
+    Delete { name: String },
+}
+
+pub fn run(args: Args, _global: Global) -> anyhow::Result<u8> {
+    let mut client = args.broker.connect()?;
+    let stdout = io::stdout();
+    let mut out = stdout.lock();
+    match args.command {
+        TopicsCommand::Create {
+            name,
+            partitions,
+            config,
+        } => {
+            let settings = parse_settings(&config)?;
+            client
+                .create_topic(&name, partitions, &settings)
+                .map_err(client_error)?;
+            if args.json {
+                writeln!(
+                    out,
+                    "{}",
+                    json!({ "topic": name, "partitions": partitions, "created": true })
+                )?;
+            } else {
+                writeln!(
+                    out,
+                    "created topic {name} with {partitions} partition{}",
+                    plural(partitions)
+                )?;
+            }
+        }
+        TopicsCommand::List => {
+            let mut topics = client.list_topics().map_err(client_error)?;
+            topics.sort();
+            if args.json {
+                writeln!(out, "{}", json!({ "topics": topics }))?;
+            } else {
+                for t in topics {
+                    writeln!(out, "{t}")?;
+                }
+            }
+        }
+        TopicsCommand::Describe { name } => {
+            let info = client.describe_topic(&name).map_err(client_error)?;
+            if args.json {
+                writeln!(out, "{}", describe_json(&name, &info))?;
+            } else {
+                write_description(&mut out, &name, &info)?;
+            }
+        }
+        TopicsCommand::Alter { name, config } => {
+            let settings = parse_settings(&config)?;
+            let after = client.alter_topic(&name, &settings).map_err(client_error)?;
+            if args.json {
+                writeln!(
+                    out,
+                    "{}",
+                    json!({ "topic": name, "config": config_json(&after) })
+                )?;
+            } else {
+                writeln!(out, "altered topic {name}")?;
+                writeln!(out, "{}", config_table(&after))?;
+            }
+        }
+        TopicsCommand::Delete { name } => {
+            client.delete_topic(&name).map_err(client_error)?;
+            if args.json {
+                writeln!(out, "{}", json!({ "topic": name, "deleted": true }))?;
+            } else {
+                writeln!(out, "deleted topic {name}")?;
+            }
+        }
+    }
+    out.flush()?;
+    Ok(exit::OK)
+}
+
+fn plural(n: u32) -> &'static str {
+    if n == 1 {
+        ""
+    } else {
+        "s"
+    }
+}
+
+/// The configuration as JSON with the same value types as `topic.json`.
+fn config_json(settings: &[(String, String)]) -> Value {
+    let mut config = TopicConfig::default();
+    if settings.iter().all(|(k, v)| config.set(k, v).is_ok()) {
+        return config.to_json();
+    }
+    // A key this build does not know (a newer broker): show the text as given.
+    let map: Map<String, Value> = settings
+        .iter()
+        .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+        .collect();
+    Value::Object(map)
+}
+
+fn describe_json(name: &str, info: &TopicInfo) -> Value {
+    let partitions: Vec<Value> = info
+        .partitions
+        .iter()
+        .map(|p| {
+            json!({
+                "partition": p.partition,
+                "start_offset": p.start_offset,
+                "end_offset": p.end_offset,
+                "records": p.end_offset.saturating_sub(p.start_offset),
+                "segments": p.segments,
+                "bytes": p.bytes,
+            })
+        })
+        .collect();
+    json!({ "topic": name, "partitions": partitions, "config": config_json(&info.config) })
+}
+
+fn config_table(settings: &[(String, String)]) -> Table {
+    let mut t = Table::new();
+    t.set_header(["config", "value"]);
+    for (k, v) in settings {
+        t.add_row([k.as_str(), v.as_str()]);
+    }
+    t
+}
+
+fn write_description(out: &mut impl Write, name: &str, info: &TopicInfo) -> io::Result<()> {
+    writeln!(
+        out,
+        "topic {name}: {} partition{}",
+        info.partitions.len(),
+        plural(info.partitions.len() as u32)
+    )?;
+    let mut t = Table::new();
+    t.set_header([
+        "partition",
+        "start_offset",
+        "end_offset",
+        "records",
+        "segments",
+        "bytes",
+    ]);
+    for p in &info.partitions {
+        t.add_row([
+            p.partition.to_string(),
+            p.start_offset.to_string(),
+            p.end_offset.to_string(),
+            p.end_offset.saturating_sub(p.start_offset).to_string(),
+            p.segments.to_string(),
+            p.bytes.to_string(),
+        ]);
+    }
+    writeln!(out, "{t}")?;
+    writeln!(out, "{}", config_table(&info.config))
 }

@@ -4,10 +4,14 @@
 
 pub mod broker;
 pub mod check;
+pub mod client;
 pub mod error;
 pub mod io;
 pub mod layout;
 pub mod lock;
 pub mod log;
+pub mod protocol;
 pub mod recovery;
+pub mod reindex;
 pub mod segment;
+pub mod server;

@@ -1,0 +1,704 @@
+//! The blocking client: one TCP connection to a broker, one request in flight at a
+//! time. `connect` performs the version handshake; every fetched record's CRC is
+//! checked end to end with [`crate::format::decode_record`] before it is returned.
+//!
+//! Invariants: a response is accepted only when its request id and api key match the
+//! request; after an error that closes the connection (or any I/O or protocol error)
+//! the client refuses further requests instead of reading a desynchronised stream.
+
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::time::Duration;
+
+use super::protocol::{
+    self, check_frame_len, decode_response, encode_request, ApiKey, ErrorCode, PartitionBatch,
+    PartitionDescription, PartitionOffsets, ProtocolError, Request, Response, ResponseBody,
+    StatsBody, LEN_FIELD, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
+};
+use crate::format::{crc32, decode_record, RecordError};
+
+/// Default broker address when neither `--broker` nor `SEGLOG_BROKER` is given.
+pub const DEFAULT_BROKER: &str = "127.0.0.1:9494";
+
+/// Largest frame the client reads before allocating in steps as bytes arrive.
+const READ_RESERVE_BYTES: usize = 1 << 20;
+
+/// The partition a keyed record goes to: CRC-32/ISO-HDLC of the key bytes, modulo
+/// the partition count. Stable across runs, clients and versions (docs/PROTOCOL.md).
+pub fn partition_for_key(key: &[u8], partitions: u32) -> u32 {
+    crc32(key) % partitions.max(1)
+}
+
+/// Why a client call failed. Every message names the broker address.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClientError {
+    #[error("cannot connect to the broker at {addr}: {source}")]
+    Connect { addr: String, source: io::Error },
+    #[error("connection to the broker at {addr} failed: {source}")]
+    Io { addr: String, source: io::Error },
+    #[error("the broker at {addr} sent an invalid response: {detail}")]
+    Protocol { addr: String, detail: String },
+    #[error("the broker at {addr} refused the request: {message} [{code}]")]
+    Refused {
+        addr: String,
+        code: ErrorCode,
+        message: String,
+    },
+    #[error("invalid record from {addr} in {topic}/{partition} (fetched chunk of generation {generation}): {source}")]
+    BadRecord {
+        addr: String,
+        topic: String,
+        partition: u32,
+        generation: u64,
+        source: RecordError,
+    },
+    #[error("cannot encode the request: {0}")]
+    Encode(ProtocolError),
+    #[error("the connection to the broker at {addr} is closed after an earlier error")]
+    Closed { addr: String },
+}
+
+impl ClientError {
+    /// The broker's error code, when the broker refused the request.
+    pub fn code(&self) -> Option<ErrorCode> {
+        match self {
+            ClientError::Refused { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+}
+
+/// The outcome of one partition of a produce request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ack {
+    pub partition: u32,
+    /// `(base_offset, last_offset)`, or the broker's error for this partition.
+    pub result: Result<(u64, u64), (ErrorCode, String)>,
+}
+
+/// One fetched record, its CRC checked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    pub offset: u64,
+    pub timestamp_ms: i64,
+    pub key: Option<Vec<u8>>,
+    pub value: Vec<u8>,
+}
+
+/// What a fetch returned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fetched {
+    pub start_offset: u64,
+    /// Next durable offset of the partition when the broker answered.
+    pub end_offset: u64,
+    /// Records at or after the requested offset, in offset order.
+    pub records: Vec<Record>,
+    /// Bytes of record data received.
+    pub bytes: usize,
+}
+
+/// A topic's description.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TopicInfo {
+    pub partitions: Vec<PartitionDescription>,
+    /// The full configuration as `(key, value)` text.
+    pub config: Vec<(String, String)>,
+}
+
+/// A connection to a broker.
+#[derive(Debug)]
+pub struct Client {
+    stream: TcpStream,
+    addr: String,
+    timeout: Duration,
+    next_id: u32,
+    version: u16,
+    broken: bool,
+    out: Vec<u8>,
+    frame: Vec<u8>,
+}
+
+impl Client {
+    /// Connects to `addr` (host:port), waiting at most `timeout` to connect and for
+    /// each response, and performs the version handshake.
+    pub fn connect(addr: &str, timeout: Duration) -> Result<Client, ClientError> {
+        let err = |source| ClientError::Connect {
+            addr: addr.to_string(),
+            source,
+        };
+        let addrs: Vec<SocketAddr> = addr.to_socket_addrs().map_err(err)?.collect();
+        let mut last = io::Error::new(io::ErrorKind::NotFound, "the address resolves to nothing");
+        let timeout = timeout.max(Duration::from_millis(1));
+        let mut stream = None;
+        for a in addrs {
+            match TcpStream::connect_timeout(&a, timeout) {
+                Ok(s) => {
+                    stream = Some(s);
+                    break;
+                }
+                Err(e) => last = e,
+            }
+        }
+        let stream = stream.ok_or_else(|| err(last))?;
+        stream.set_nodelay(true).map_err(err)?;
+        stream.set_write_timeout(Some(timeout)).map_err(err)?;
+        let mut client = Client {
+            stream,
+            addr: addr.to_string(),
+            timeout,
+            next_id: 1,
+            version: 0,
+            broken: false,
+            out: Vec::new(),
+            frame: Vec::new(),
+        };
+        let req = Request::Handshake {
+            min_version: PROTOCOL_VERSION_MIN,
+            max_version: PROTOCOL_VERSION,
+        };
+        match client.call(&req, Duration::ZERO)? {
+            ResponseBody::Handshake { version, .. } => client.version = version,
+            _ => return Err(client.protocol("handshake answered with another response")),
+        }
+        Ok(client)
+    }
+
+    /// The broker address as given.
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// The protocol version agreed in the handshake.
+    pub fn version(&self) -> u16 {
+        self.version
+    }
+
+    fn protocol(&mut self, detail: impl Into<String>) -> ClientError {
+        self.broken = true;
+        ClientError::Protocol {
+            addr: self.addr.clone(),
+            detail: detail.into(),
+        }
+    }
+
+    fn io(&mut self, source: io::Error) -> ClientError {
+        self.broken = true;
+        ClientError::Io {
+            addr: self.addr.clone(),
+            source,
+        }
+    }
+
+    /// Sends a request and reads its response frame into `self.frame`. `extra_wait`
+    /// is added to the read timeout (a long-polling fetch).
+    fn round_trip(&mut self, req: &Request<'_>, extra_wait: Duration) -> Result<u32, ClientError> {
+        if self.broken {
+            return Err(ClientError::Closed {
+                addr: self.addr.clone(),
+            });
+        }
+        let id = self.next_id;
+        self.next_id = self.next_id.wrapping_add(1).max(1);
+        self.out.clear();
+        encode_request(&mut self.out, id, req).map_err(ClientError::Encode)?;
+        if let Err(e) = self
+            .stream
+            .set_read_timeout(Some(self.timeout + extra_wait))
+        {
+            return Err(self.io(e));
+        }
+        if let Err(e) = self.stream.write_all(&self.out) {
+            return Err(self.io(e));
+        }
+        if let Err(e) = read_frame(&mut self.stream, &mut self.frame) {
+            return Err(match e {
+                ReadError::Io(e) => self.io(e),
+                ReadError::Protocol(p) => self.protocol(p.to_string()),
+            });
+        }
+        Ok(id)
+    }
+
+    /// Sends `req` and returns the body of a successful response.
+    fn call(
+        &mut self,
+        req: &Request<'_>,
+        extra_wait: Duration,
+    ) -> Result<ResponseBody<'_>, ClientError> {
+        let id = self.round_trip(req, extra_wait)?;
+        let api = req.api_key();
+        // Decode once to check the head; a successful body is decoded again below
+        // with the borrow tied to the returned value.
+        let (code, message, head_ok) = match decode_response(&self.frame) {
+            Ok(resp) => (
+                resp.code,
+                resp.message.to_string(),
+                check_head(&resp, id, api),
+            ),
+            Err(e) => return Err(self.protocol(e.to_string())),
+        };
+        if !code.is_ok() {
+            if code.closes_connection() {
+                self.broken = true;
+            } else if let Err(detail) = head_ok {
+                return Err(self.protocol(detail));
+            }
+            return Err(ClientError::Refused {
+                addr: self.addr.clone(),
+                code,
+                message,
+            });
+        }
+        if let Err(detail) = head_ok {
+            return Err(self.protocol(detail));
+        }
+        match decode_response(&self.frame) {
+            Ok(Response {
+                body: Some(body), ..
+            }) => Ok(body),
+            _ => Err(ClientError::Protocol {
+                addr: self.addr.clone(),
+                detail: "response without a body".into(),
+            }),
+        }
+    }
+
+    /// Appends records to one or more partitions. Each partition succeeds or fails
+    /// on its own; an `Err` means the request as a whole failed.
+    pub fn produce(
+        &mut self,
+        topic: &str,
+        batches: Vec<PartitionBatch<'_>>,
+    ) -> Result<Vec<Ack>, ClientError> {
+        let sent: Vec<u32> = batches.iter().map(|b| b.partition).collect();
+        let body = self.call(
+            &Request::Produce {
+                topic,
+                partitions: batches,
+            },
+            Duration::ZERO,
+        )?;
+        let ResponseBody::Produce { partitions } = body else {
+            return Err(self.protocol("produce answered with another response"));
+        };
+        let acks: Vec<Ack> = partitions
+            .iter()
+            .map(|a| Ack {
+                partition: a.partition,
+                result: if a.code.is_ok() {
+                    Ok((a.base_offset, a.last_offset))
+                } else {
+                    Err((a.code, a.message.to_string()))
+                },
+            })
+            .collect();
+        if acks.iter().map(|a| a.partition).ne(sent.iter().copied()) {
+            return Err(self.protocol("produce response partitions do not match the request"));
+        }
+        Ok(acks)
+    }
+
+    /// Fetches records of `topic`/`partition` from `offset`, waiting up to `max_wait`
+    /// for durable records to appear. Every record's CRC is checked; records before
+    /// `offset` (the head of a segment's index window) are dropped.
+    pub fn fetch(
+        &mut self,
+        topic: &str,
+        partition: u32,
+        offset: u64,
+        max_bytes: u32,
+        max_wait: Duration,
+    ) -> Result<Fetched, ClientError> {
+        let max_wait_ms = u32::try_from(max_wait.as_millis())
+            .unwrap_or(u32::MAX)
+            .min(protocol::FETCH_WAIT_MS_MAX);
+        let max_bytes = max_bytes.clamp(1, protocol::FETCH_BYTES_MAX);
+        let req = Request::Fetch {
+            topic,
+            partition,
+            offset,
+            max_bytes,
+            max_wait_ms,
+        };
+        let addr = self.addr.clone();
+        let body = self.call(&req, Duration::from_millis(u64::from(max_wait_ms)))?;
+        let ResponseBody::Fetch {
+            start_offset,
+            end_offset,
+            chunks,
+        } = body
+        else {
+            return Err(self.protocol("fetch answered with another response"));
+        };
+        let mut records = Vec::new();
+        let mut bytes = 0;
+        let mut last: Option<u64> = None;
+        let mut order_error = None;
+        for chunk in &chunks {
+            let mut pos = 0usize;
+            bytes += chunk.bytes.len();
+            while let Some(rest) = chunk.bytes.get(pos..).filter(|r| !r.is_empty()) {
+                let bad = |source| ClientError::BadRecord {
+                    addr: addr.clone(),
+                    topic: topic.to_string(),
+                    partition,
+                    generation: chunk.generation,
+                    source,
+                };
+                let r = decode_record(rest, pos as u64, chunk.generation).map_err(bad)?;
+                pos += r.encoded_len;
+                if last.is_some_and(|l| r.offset <= l) {
+                    order_error = Some(format!(
+                        "offset {} follows offset {:?} in a fetch of {topic}/{partition}",
+                        r.offset, last
+                    ));
+                    break;
+                }
+                last = Some(r.offset);
+                if r.offset >= offset {
+                    records.push(Record {
+                        offset: r.offset,
+                        timestamp_ms: r.timestamp_ms,
+                        key: r.key.map(<[u8]>::to_vec),
+                        value: r.value.to_vec(),
+                    });
+                }
+            }
+        }
+        if let Some(detail) = order_error {
+            return Err(self.protocol(detail));
+        }
+        Ok(Fetched {
+            start_offset,
+            end_offset,
+            records,
+            bytes,
+        })
+    }
+
+    /// Start and end offsets of every partition of `topic`, in partition order.
+    pub fn list_offsets(&mut self, topic: &str) -> Result<Vec<PartitionOffsets>, ClientError> {
+        match self.call(&Request::ListOffsets { topic }, Duration::ZERO)? {
+            ResponseBody::ListOffsets { partitions } => Ok(partitions),
+            _ => Err(self.protocol("list_offsets answered with another response")),
+        }
+    }
+
+    pub fn create_topic(
+        &mut self,
+        topic: &str,
+        partitions: u32,
+        settings: &[(String, String)],
+    ) -> Result<(), ClientError> {
+        let settings = settings
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        match self.call(
+            &Request::CreateTopic {
+                topic,
+                partitions,
+                settings,
+            },
+            Duration::ZERO,
+        )? {
+            ResponseBody::CreateTopic => Ok(()),
+            _ => Err(self.protocol("create_topic answered with another response")),
+        }
+    }
+
+    pub fn delete_topic(&mut self, topic: &str) -> Result<(), ClientError> {
+        match self.call(&Request::DeleteTopic { topic }, Duration::ZERO)? {
+            ResponseBody::DeleteTopic => Ok(()),
+            _ => Err(self.protocol("delete_topic answered with another response")),
+        }
+    }
+
+    pub fn list_topics(&mut self) -> Result<Vec<String>, ClientError> {
+        match self.call(&Request::ListTopics, Duration::ZERO)? {
+            ResponseBody::ListTopics { topics } => {
+                Ok(topics.into_iter().map(str::to_string).collect())
+            }
+            _ => Err(self.protocol("list_topics answered with another response")),
+        }
+    }
+
+    pub fn describe_topic(&mut self, topic: &str) -> Result<TopicInfo, ClientError> {
+        match self.call(&Request::DescribeTopic { topic }, Duration::ZERO)? {
+            ResponseBody::DescribeTopic {
+                partitions,
+                settings,
+            } => Ok(TopicInfo {
+                partitions,
+                config: owned(&settings),
+            }),
+            _ => Err(self.protocol("describe_topic answered with another response")),
+        }
+    }
+
+    /// Changes settings; returns the topic's whole configuration afterwards.
+    pub fn alter_topic(
+        &mut self,
+        topic: &str,
+        settings: &[(String, String)],
+    ) -> Result<Vec<(String, String)>, ClientError> {
+        let settings = settings
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        match self.call(&Request::AlterTopic { topic, settings }, Duration::ZERO)? {
+            ResponseBody::AlterTopic { settings } => Ok(owned(&settings)),
+            _ => Err(self.protocol("alter_topic answered with another response")),
+        }
+    }
+
+    /// The broker's counters.
+    pub fn stats(&mut self) -> Result<StatsBody, ClientError> {
+        match self.call(&Request::Stats, Duration::ZERO)? {
+            ResponseBody::Stats(s) => Ok(s),
+            _ => Err(self.protocol("stats answered with another response")),
+        }
+    }
+}
+
+fn owned(settings: &[(&str, &str)]) -> Vec<(String, String)> {
+    settings
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// A response must echo the request id and api key.
+fn check_head(resp: &Response<'_>, id: u32, api: ApiKey) -> Result<(), String> {
+    if resp.request_id != id {
+        return Err(format!(
+            "response to request {} while waiting for request {id}",
+            resp.request_id
+        ));
+    }
+    if resp.api_key != api as u16 {
+        return Err(format!(
+            "response api key {} to a {} request",
+            resp.api_key,
+            api.name()
+        ));
+    }
+    Ok(())
+}
+
+/// Why a frame could not be read.
+#[derive(Debug)]
+pub enum ReadError {
+    Io(io::Error),
+    Protocol(ProtocolError),
+}
+
+/// Reads one frame (the bytes after `frame_len`) into `buf`. The length is checked
+/// against the limit first, and the buffer grows only as bytes arrive, so a peer
+/// that announces a large frame and sends nothing costs no memory.
+pub fn read_frame(stream: &mut impl Read, buf: &mut Vec<u8>) -> Result<(), ReadError> {
+    let mut len = [0u8; LEN_FIELD];
+    stream.read_exact(&mut len).map_err(|e| match e.kind() {
+        io::ErrorKind::UnexpectedEof => ReadError::Io(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "the broker closed the connection",
+        )),
+        _ => ReadError::Io(e),
+    })?;
+    let len = check_frame_len(u32::from_be_bytes(len)).map_err(ReadError::Protocol)?;
+    buf.clear();
+    buf.reserve(len.min(READ_RESERVE_BYTES));
+    let got = stream
+        .take(len as u64)
+        .read_to_end(buf)
+        .map_err(ReadError::Io)?;
+    if got != len {
+        return Err(ReadError::Io(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!("connection closed after {got} of {len} frame bytes"),
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_hash_is_stable() {
+        // CRC-32 of "123456789" is 0xCBF43926 = 3421780262.
+        assert_eq!(partition_for_key(b"123456789", 1), 0);
+        assert_eq!(partition_for_key(b"123456789", 7), 3_421_780_262 % 7);
+        assert_eq!(partition_for_key(b"123456789", 1000), 262);
+        assert_eq!(partition_for_key(b"", 4), 0);
+        assert_eq!(
+            partition_for_key(b"x", 0),
+            0,
+            "a zero count is treated as one partition"
+        );
+    }
+
+    #[test]
+    fn read_frame_checks_the_length_first() {
+        let mut buf = Vec::new();
+        let mut big = &[0xffu8, 0xff, 0xff, 0xff][..];
+        assert!(matches!(
+            read_frame(&mut big, &mut buf),
+            Err(ReadError::Protocol(_))
+        ));
+        assert!(
+            buf.capacity() == 0,
+            "nothing allocated for a refused length"
+        );
+        let mut short = &[0u8, 0, 0, 8, 1, 2, 3][..];
+        assert!(matches!(
+            read_frame(&mut short, &mut buf),
+            Err(ReadError::Io(_))
+        ));
+        let mut ok = &[0u8, 0, 0, 6, 1, 2, 3, 4, 5, 6, 9][..];
+        assert!(read_frame(&mut ok, &mut buf).is_ok());
+        assert_eq!(buf, [1, 2, 3, 4, 5, 6]);
+    }
+
+    #[test]
+    fn unreachable_broker_names_the_address() {
+        // Port 1 on loopback: nothing listens there in a test environment.
+        let e = Client::connect("127.0.0.1:1", Duration::from_secs(2)).unwrap_err();
+        assert!(matches!(e, ClientError::Connect { .. }));
+        assert!(e.to_string().contains("127.0.0.1:1"), "{e}");
+        let e = Client::connect("no-such-host.invalid:9494", Duration::from_secs(2)).unwrap_err();
+        assert!(e.to_string().contains("no-such-host.invalid:9494"), "{e}");
+    }
+}
+
+#[cfg(test)]
+mod fake_server_tests {
+    use std::net::TcpListener;
+    use std::thread;
+
+    use super::*;
+    use crate::engine::protocol::{decode_request, encode_response, Chunk};
+    use crate::format::encode_record;
+
+    /// A one-connection server that answers the handshake, then one request with
+    /// `answer(request_id)`.
+    fn fake(answer: impl FnOnce(u32) -> Vec<u8> + Send + 'static) -> String {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut buf = Vec::new();
+            read_frame(&mut s, &mut buf).map_err(|_| "read").unwrap();
+            let (id, _) = decode_request(&buf).unwrap();
+            let mut out = Vec::new();
+            let body = ResponseBody::Handshake {
+                version: 1,
+                frame_bytes_max: protocol::FRAME_BYTES_MAX,
+            };
+            encode_response(&mut out, id, 0, ErrorCode::NONE, "", Some(&body)).unwrap();
+            s.write_all(&out).unwrap();
+            read_frame(&mut s, &mut buf).map_err(|_| "read").unwrap();
+            let (id, _) = decode_request(&buf).unwrap();
+            s.write_all(&answer(id)).unwrap();
+        });
+        addr
+    }
+
+    fn fetch_answer(id: u32, generation: u64, bytes: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        let body = ResponseBody::Fetch {
+            start_offset: 0,
+            end_offset: 3,
+            chunks: vec![Chunk { generation, bytes }],
+        };
+        encode_response(
+            &mut out,
+            id,
+            ApiKey::Fetch as u16,
+            ErrorCode::NONE,
+            "",
+            Some(&body),
+        )
+        .unwrap();
+        out
+    }
+
+    fn records(generation: u64) -> Vec<u8> {
+        let mut b = Vec::new();
+        for (o, v) in [(0u64, &b"zero"[..]), (1, b"one"), (2, b"two")] {
+            encode_record(&mut b, o, 5, Some(b"k"), v, generation).unwrap();
+        }
+        b
+    }
+
+    fn fetch(addr: &str, offset: u64) -> Result<Fetched, ClientError> {
+        let mut c = Client::connect(addr, Duration::from_secs(30))?;
+        c.fetch("t", 0, offset, 1 << 20, Duration::ZERO)
+    }
+
+    #[test]
+    fn fetched_records_are_checked_and_trimmed_to_the_offset() {
+        let addr = fake(|id| fetch_answer(id, 9, &records(9)));
+        let f = fetch(&addr, 1).unwrap();
+        let got: Vec<(u64, &[u8])> = f
+            .records
+            .iter()
+            .map(|r| (r.offset, r.value.as_slice()))
+            .collect();
+        assert_eq!(got, [(1, &b"one"[..]), (2, b"two")]);
+    }
+
+    #[test]
+    fn a_flipped_byte_fails_the_crc_end_to_end() {
+        let mut bytes = records(9);
+        let last = bytes.len() - 6;
+        bytes[last] ^= 0x20;
+        let addr = fake(move |id| fetch_answer(id, 9, &bytes));
+        let e = fetch(&addr, 0).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                ClientError::BadRecord {
+                    source: RecordError::CrcMismatch { .. },
+                    ..
+                }
+            ),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_wrong_generation_fails_the_crc() {
+        let addr = fake(|id| fetch_answer(id, 8, &records(9)));
+        assert!(matches!(
+            fetch(&addr, 0),
+            Err(ClientError::BadRecord { .. })
+        ));
+    }
+
+    #[test]
+    fn a_torn_chunk_is_refused() {
+        let mut bytes = records(0);
+        bytes.truncate(bytes.len() - 1);
+        let addr = fake(move |id| fetch_answer(id, 0, &bytes));
+        let e = fetch(&addr, 0).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                ClientError::BadRecord {
+                    source: RecordError::Truncated { .. },
+                    ..
+                }
+            ),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_response_to_another_request_is_a_protocol_error() {
+        let addr = fake(|id| fetch_answer(id + 1, 0, &records(0)));
+        assert!(matches!(fetch(&addr, 0), Err(ClientError::Protocol { .. })));
+    }
+}

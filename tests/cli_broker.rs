@@ -1,0 +1,801 @@
+//! End-to-end tests of the broker commands: each test starts the real binary with
+//! `seglog serve --listen 127.0.0.1:0` on a temporary directory, talks to it with
+//! the client commands (or a raw socket), and stops it with SIGTERM, checking that
+//! it exits 0.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Child, ChildStdout, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use seglog::engine::client::partition_for_key;
+use seglog::engine::protocol::{decode_response, encode_request, ErrorCode, Request};
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_seglog");
+/// Generous bound for anything that should happen "soon": only a hung test waits it out.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// A running `seglog serve`.
+struct Broker {
+    child: Option<Child>,
+    addr: String,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl Broker {
+    fn start(dir: &Path) -> Broker {
+        let mut child = Command::new(BIN)
+            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start seglog serve");
+        let stderr = child.stderr.take().expect("stderr");
+        let text = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = mpsc::channel();
+        let sink = Arc::clone(&text);
+        thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if let Some(rest) = line.strip_prefix("seglog: listening on ") {
+                    let addr = rest
+                        .split_whitespace()
+                        .next()
+                        .unwrap_or_default()
+                        .to_string();
+                    let _ = tx.send(addr);
+                }
+                let mut t = sink.lock().unwrap();
+                t.push_str(&line);
+                t.push('\n');
+            }
+        });
+        let addr = match rx.recv_timeout(PATIENCE) {
+            Ok(a) => a,
+            Err(_) => {
+                let _ = child.kill();
+                panic!("the broker did not start: {}", text.lock().unwrap());
+            }
+        };
+        assert!(
+            addr.starts_with("127.0.0.1:") && !addr.ends_with(":0"),
+            "{addr}"
+        );
+        Broker {
+            child: Some(child),
+            addr,
+            stderr: text,
+        }
+    }
+
+    fn cmd(&self) -> Command {
+        let mut c = Command::new(BIN);
+        c.env("SEGLOG_BROKER", &self.addr);
+        c
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.cmd().args(args).output().expect("run seglog")
+    }
+
+    /// Runs a command that must succeed; returns its stdout.
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        assert!(
+            out.status.success(),
+            "seglog {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).expect("utf-8 stdout")
+    }
+
+    fn ok_with_stdin(&self, args: &[&str], input: &str) -> String {
+        let mut child = self
+            .cmd()
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "seglog {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// SIGTERM; the broker must exit 0.
+    fn stop(mut self) {
+        let mut child = self.child.take().unwrap();
+        // SAFETY: sending a signal to our own child process.
+        let rc = unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+        assert_eq!(rc, 0);
+        let status = child.wait().unwrap();
+        assert!(
+            status.success(),
+            "broker exited with {status}: {}",
+            self.stderr.lock().unwrap()
+        );
+    }
+
+    /// SIGKILL, as a crash would.
+    fn kill9(mut self) {
+        let mut child = self.child.take().unwrap();
+        child.kill().unwrap();
+        let _ = child.wait();
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn json_lines(text: &str) -> Vec<Value> {
+    text.lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
+        .collect()
+}
+
+fn json(text: &str) -> Value {
+    serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("{text:?}: {e}"))
+}
+
+/// (partition, offset) → value of every record in the topic.
+fn read_all(b: &Broker, topic: &str) -> BTreeMap<(u64, u64), String> {
+    json_lines(&b.ok(&["consume", topic, "--json"]))
+        .into_iter()
+        .map(|r| {
+            assert_eq!(r["type"], "record");
+            let key = (
+                r["partition"].as_u64().unwrap(),
+                r["offset"].as_u64().unwrap(),
+            );
+            (key, r["value"].as_str().unwrap().to_string())
+        })
+        .collect()
+}
+
+fn still_serving(b: &Broker) {
+    let out = b.run(&["topics", "list"]);
+    assert!(
+        out.status.success(),
+        "the broker stopped serving: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn round_trip_on_several_partitions() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = Broker::start(dir.path());
+    assert_eq!(
+        b.ok(&["topics", "create", "events", "--partitions", "3"])
+            .trim(),
+        "created topic events with 3 partitions"
+    );
+    let input: String = (0..30).map(|i| format!("value-{i}\n")).collect();
+    let acks =
+        json_lines(&b.ok_with_stdin(&["produce", "events", "--json", "--batch", "7"], &input));
+    assert_eq!(acks.len(), 30);
+    let records = read_all(&b, "events");
+    assert_eq!(records.len(), 30);
+    for (i, ack) in acks.iter().enumerate() {
+        assert_eq!(ack["type"], "ack");
+        // Keyless records go round-robin from partition 0.
+        assert_eq!(ack["partition"].as_u64(), Some(i as u64 % 3), "{ack}");
+        let at = (
+            ack["partition"].as_u64().unwrap(),
+            ack["offset"].as_u64().unwrap(),
+        );
+        assert_eq!(records[&at], format!("value-{i}"));
+    }
+    // One partition, plain output, from an offset, with a count.
+    let p1 = b.ok(&[
+        "consume",
+        "events",
+        "--partition",
+        "1",
+        "--from",
+        "2",
+        "--count",
+        "3",
+    ]);
+    assert_eq!(p1, "value-7\nvalue-10\nvalue-13\n");
+    assert_eq!(b.ok(&["consume", "events", "--from", "latest"]), "");
+    // --value with --partition.
+    let ack = json(&b.ok(&[
+        "produce",
+        "events",
+        "--partition",
+        "2",
+        "--value",
+        "one",
+        "--key",
+        "k",
+        "--json",
+    ]));
+    assert_eq!(
+        (ack["partition"].as_u64(), ack["offset"].as_u64()),
+        (Some(2), Some(10))
+    );
+    let last = json(&b.ok(&[
+        "consume",
+        "events",
+        "--partition",
+        "2",
+        "--from",
+        "10",
+        "--json",
+    ]));
+    assert_eq!(
+        (last["key"].as_str(), last["value"].as_str()),
+        (Some("k"), Some("one"))
+    );
+    // A partition that does not exist.
+    let out = b.run(&["produce", "events", "--partition", "3", "--value", "x"]);
+    assert_eq!(
+        out.status.code(),
+        Some(64),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    b.stop();
+}
+
+#[test]
+fn keys_go_to_a_stable_partition() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = Broker::start(dir.path());
+    b.ok(&["topics", "create", "users", "--partitions", "4"]);
+    let input: String = (0..20)
+        .map(|i| format!("user-{}:event-{i}\n", i % 5))
+        .collect();
+    let first = json_lines(&b.ok_with_stdin(
+        &["produce", "users", "--key-separator", ":", "--json"],
+        &input,
+    ));
+    let second = json_lines(&b.ok_with_stdin(
+        &[
+            "produce",
+            "users",
+            "--key-separator",
+            ":",
+            "--json",
+            "--batch",
+            "1",
+        ],
+        &input,
+    ));
+    assert_eq!(first.len(), 20);
+    let mut seen: HashMap<String, u64> = HashMap::new();
+    for (i, (a, b2)) in first.iter().zip(&second).enumerate() {
+        let key = format!("user-{}", i % 5);
+        let p = a["partition"].as_u64().unwrap();
+        assert_eq!(
+            b2["partition"].as_u64(),
+            Some(p),
+            "same key, same partition across runs"
+        );
+        assert_eq!(
+            p,
+            u64::from(partition_for_key(key.as_bytes(), 4)),
+            "the documented hash"
+        );
+        assert_eq!(*seen.entry(key).or_insert(p), p);
+    }
+    // The records carry their keys.
+    for r in json_lines(&b.ok(&["consume", "users", "--json"])) {
+        let key = r["key"].as_str().unwrap();
+        assert_eq!(
+            r["partition"].as_u64(),
+            Some(u64::from(partition_for_key(key.as_bytes(), 4)))
+        );
+    }
+    // A line without the separator is refused after the earlier lines were sent.
+    let mut child = b
+        .cmd()
+        .args(["produce", "users", "--key-separator", ":"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"a:1\nnoseparator\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("line 2"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    b.stop();
+}
+
+/// Reads one line from a child's stdout on a helper thread, failing after PATIENCE.
+fn line_from(rx: &mpsc::Receiver<String>) -> String {
+    rx.recv_timeout(PATIENCE).expect("a line from the follower")
+}
+
+fn lines_of(stdout: ChildStdout) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+#[test]
+fn follow_sees_new_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = Broker::start(dir.path());
+    b.ok(&["topics", "create", "live", "--partitions", "2"]);
+    b.ok_with_stdin(&["produce", "live"], "a\nb\n");
+    let mut follower = b
+        .cmd()
+        .args(["consume", "live", "--follow", "--count", "4"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let rx = lines_of(follower.stdout.take().unwrap());
+    let mut got = vec![line_from(&rx), line_from(&rx)];
+    got.sort();
+    assert_eq!(got, ["a", "b"]);
+    // The follower has caught up; these arrive only through its long-poll.
+    b.ok_with_stdin(&["produce", "live"], "c\nd\n");
+    let mut more = vec![line_from(&rx), line_from(&rx)];
+    more.sort();
+    assert_eq!(more, ["c", "d"]);
+    let status = follower.wait().unwrap();
+    assert!(status.success(), "--count 4 ends the follower: {status}");
+    // Without --follow the consumer stops at the end.
+    assert_eq!(b.ok(&["consume", "live", "--partition", "0"]), "a\nc\n");
+    b.stop();
+}
+
+#[test]
+fn topic_administration() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = Broker::start(dir.path());
+    let created = json(&b.ok(&[
+        "topics",
+        "create",
+        "orders",
+        "--partitions",
+        "2",
+        "--config",
+        "retention_ms=-1",
+        "--config",
+        "cleanup_policy=compact",
+        "--json",
+    ]));
+    assert_eq!(created["partitions"], 2);
+    b.ok(&["topics", "create", "audit"]);
+    assert_eq!(
+        json(&b.ok(&["topics", "list", "--json"]))["topics"],
+        serde_json::json!(["audit", "orders"])
+    );
+    assert_eq!(b.ok(&["topics", "list"]), "audit\norders\n");
+    b.ok_with_stdin(&["produce", "orders", "--partition", "1"], "x\ny\nz\n");
+    let d = json(&b.ok(&["topics", "describe", "orders", "--json"]));
+    assert_eq!(d["topic"], "orders");
+    let parts = d["partitions"].as_array().unwrap();
+    assert_eq!(parts.len(), 2);
+    assert_eq!(
+        (
+            parts[1]["start_offset"].as_u64(),
+            parts[1]["end_offset"].as_u64()
+        ),
+        (Some(0), Some(3))
+    );
+    assert_eq!(parts[0]["end_offset"].as_u64(), Some(0));
+    assert!(parts[1]["segments"].as_u64().unwrap() >= 1);
+    assert!(parts[1]["bytes"].as_u64().unwrap() > 0);
+    assert_eq!(d["config"]["retention_ms"], -1);
+    assert_eq!(d["config"]["cleanup_policy"], "compact");
+    let text = b.ok(&["topics", "describe", "orders"]);
+    assert!(
+        text.contains("end_offset") && text.contains("segments") && text.contains("cleanup_policy"),
+        "{text}"
+    );
+    let altered = json(&b.ok(&[
+        "topics",
+        "alter",
+        "orders",
+        "--config",
+        "retention_ms=60000",
+        "--json",
+    ]));
+    assert_eq!(altered["config"]["retention_ms"], 60000);
+    assert_eq!(altered["config"]["cleanup_policy"], "compact");
+    // Creating it again is refused (69), and names the topic.
+    let out = b.run(&["topics", "create", "orders"]);
+    assert_eq!(out.status.code(), Some(69));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("orders"));
+    assert_eq!(
+        json(&b.ok(&["topics", "delete", "audit", "--json"]))["deleted"],
+        true
+    );
+    assert_eq!(b.ok(&["topics", "list"]), "orders\n");
+    let out = b.run(&["topics", "describe", "audit"]);
+    assert_eq!(out.status.code(), Some(69));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown_topic"));
+    // --config must be KEY=VALUE: a usage error before anything is sent.
+    assert_eq!(
+        b.run(&["topics", "alter", "orders", "--config", "retention_ms"])
+            .status
+            .code(),
+        Some(64)
+    );
+    b.stop();
+}
+
+/// Sends raw bytes and returns everything the broker answers until it closes.
+fn raw_exchange(addr: &str, bytes: &[u8]) -> Vec<u8> {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(PATIENCE)).unwrap();
+    s.write_all(bytes).unwrap();
+    let mut answer = Vec::new();
+    s.read_to_end(&mut answer)
+        .expect("the broker closes the connection");
+    answer
+}
+
+fn handshake() -> Vec<u8> {
+    let mut out = Vec::new();
+    encode_request(
+        &mut out,
+        1,
+        &Request::Handshake {
+            min_version: 1,
+            max_version: 1,
+        },
+    )
+    .unwrap();
+    out
+}
+
+/// Splits a byte stream into response frames and decodes each (code, message).
+fn responses(bytes: &[u8]) -> Vec<(u32, ErrorCode, String)> {
+    let mut at = 0;
+    let mut out = Vec::new();
+    while at < bytes.len() {
+        let len = u32::from_be_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+        let r = decode_response(&bytes[at + 4..at + 4 + len]).unwrap();
+        out.push((r.request_id, r.code, r.message.to_string()));
+        at += 4 + len;
+    }
+    out
+}
+
+#[test]
+fn bad_requests_get_clear_errors_and_the_broker_keeps_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = Broker::start(dir.path());
+    b.ok(&["topics", "create", "ok"]);
+
+    // A malformed frame: a produce whose record count runs past the frame.
+    let mut bytes = handshake();
+    bytes.extend_from_slice(&[
+        0, 0, 0, 15, 0, 0, 0, 2, 0, 1, 0, 2, b'o', b'k', 0, 0, 0, 1, 0,
+    ]);
+    let r = responses(&raw_exchange(&b.addr, &bytes));
+    assert_eq!(r.len(), 2, "{r:?}");
+    assert_eq!(r[0].1, ErrorCode::NONE);
+    assert_eq!((r[1].0, r[1].1), (2, ErrorCode::MALFORMED), "{r:?}");
+    assert!(r[1].2.contains("produce"), "{}", r[1].2);
+    still_serving(&b);
+
+    // An oversized frame: refused from its length alone.
+    let r = responses(&raw_exchange(&b.addr, &[0xff, 0xff, 0xff, 0xff, 1, 2, 3]));
+    assert_eq!(r.len(), 1);
+    assert_eq!(r[0].1, ErrorCode::FRAME_TOO_LARGE);
+    assert!(r[0].2.contains("4294967295"), "{}", r[0].2);
+    still_serving(&b);
+
+    // No handshake first.
+    let mut bytes = Vec::new();
+    encode_request(&mut bytes, 9, &Request::ListTopics).unwrap();
+    let r = responses(&raw_exchange(&b.addr, &bytes));
+    assert_eq!((r[0].0, r[0].1), (9, ErrorCode::HANDSHAKE_REQUIRED));
+    // An unknown api key.
+    let mut bytes = handshake();
+    bytes.extend_from_slice(&[0, 0, 0, 6, 0, 0, 0, 3, 0x12, 0x34]);
+    let r = responses(&raw_exchange(&b.addr, &bytes));
+    assert_eq!((r[1].0, r[1].1), (3, ErrorCode::UNKNOWN_API));
+    // A peer that disappears mid-frame.
+    drop(
+        TcpStream::connect(&b.addr)
+            .unwrap()
+            .write_all(&[0, 0, 1, 0, 0]),
+    );
+    still_serving(&b);
+
+    // A path-like topic name never reaches the file system.
+    for name in ["../x", "a/b", ".."] {
+        let out = b.run(&["topics", "create", name]);
+        assert_eq!(out.status.code(), Some(69), "{name}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("invalid topic name") && err.contains(&b.addr),
+            "{err}"
+        );
+        assert_eq!(
+            b.run(&["produce", name, "--value", "v"]).status.code(),
+            Some(69)
+        );
+    }
+    assert!(!dir.path().join("x").exists() && !dir.path().join("topics").join("a").exists());
+    still_serving(&b);
+
+    // An unknown configuration key, and a value out of range.
+    let out = b.run(&["topics", "create", "cfg", "--config", "retention_msec=5"]);
+    assert_eq!(out.status.code(), Some(69));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown config key \"retention_msec\""));
+    let out = b.run(&["topics", "alter", "ok", "--config", "segment_bytes=1"]);
+    assert_eq!(out.status.code(), Some(69));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("segment_bytes"));
+    assert_eq!(b.ok(&["topics", "list"]), "ok\n", "nothing was created");
+
+    // A record over the topic's max_record_bytes.
+    b.ok(&["topics", "alter", "ok", "--config", "max_record_bytes=64"]);
+    let out = b.run(&["produce", "ok", "--value", &"x".repeat(100)]);
+    assert_eq!(out.status.code(), Some(69));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("record_too_large"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Reading an offset past the end.
+    let out = b.run(&["consume", "ok", "--from", "5"]);
+    assert_eq!(out.status.code(), Some(69));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("offset_out_of_range"));
+    b.ok(&["produce", "ok", "--value", "short"]);
+    assert_eq!(b.ok(&["consume", "ok"]), "short\n");
+    b.stop();
+}
+
+#[test]
+fn acknowledged_records_survive_kill_9() {
+    let seed = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    // The moment of the kill: 0..1000 ms after the first acknowledgement.
+    let kill_after = Duration::from_millis(seed % 1000);
+    eprintln!("kill -9 test: seed {seed}, kill after {kill_after:?}");
+    let dir = tempfile::tempdir().unwrap();
+    let b = Broker::start(dir.path());
+    b.ok(&["topics", "create", "durable", "--partitions", "2"]);
+    let mut producer = b
+        .cmd()
+        .args([
+            "produce",
+            "durable",
+            "--json",
+            "--batch",
+            "16",
+            "--timeout",
+            "5s",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = producer.stdin.take().unwrap();
+    let writer = thread::spawn(move || {
+        for i in 0u64.. {
+            if writeln!(stdin, "record-{i}").is_err() {
+                return;
+            }
+        }
+    });
+    let rx = lines_of(producer.stdout.take().unwrap());
+    // Streaming has begun once the first ack is in; the kill comes some time later.
+    let first = line_from(&rx);
+    thread::sleep(kill_after);
+    b.kill9();
+    let status = producer.wait().unwrap();
+    let mut stderr = String::new();
+    producer
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    assert_eq!(
+        status.code(),
+        Some(69),
+        "the producer reports the lost broker: {stderr}"
+    );
+    writer.join().unwrap();
+    let acks: Vec<Value> = std::iter::once(first)
+        .chain(rx.iter())
+        .map(|l| serde_json::from_str(&l).unwrap())
+        .collect();
+    eprintln!(
+        "kill -9 test: {} records acknowledged before the kill",
+        acks.len()
+    );
+
+    let b = Broker::start(dir.path());
+    let records = read_all(&b, "durable");
+    for ack in &acks {
+        let at = (
+            ack["partition"].as_u64().unwrap(),
+            ack["offset"].as_u64().unwrap(),
+        );
+        let seq = ack["seq"].as_u64().unwrap();
+        assert_eq!(
+            records.get(&at).map(String::as_str),
+            Some(format!("record-{seq}").as_str()),
+            "seed {seed}: {ack}"
+        );
+    }
+    // Offsets stay dense after recovery: appending continues after the survivors.
+    let ack = json(&b.ok(&[
+        "produce",
+        "durable",
+        "--partition",
+        "0",
+        "--value",
+        "after",
+        "--json",
+    ]));
+    let end0 = records.keys().filter(|(p, _)| *p == 0).count() as u64;
+    assert_eq!(ack["offset"].as_u64(), Some(end0), "seed {seed}");
+    b.stop();
+}
+
+#[test]
+fn unreachable_broker_exits_69() {
+    // A port that was free a moment ago and has no listener now.
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    for args in [
+        vec!["topics", "list"],
+        vec!["produce", "t", "--value", "v"],
+        vec!["consume", "t"],
+        vec!["bench", "produce", "--records", "1"],
+    ] {
+        let out = Command::new(BIN)
+            .args(&args)
+            .env("SEGLOG_BROKER", &addr)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(69), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(&addr), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "one line: {err}");
+    }
+    // --broker wins over the environment.
+    let out = Command::new(BIN)
+        .args(["topics", "list", "--broker", &addr])
+        .env("SEGLOG_BROKER", "127.0.0.1:1")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(69));
+    assert!(String::from_utf8_lossy(&out.stderr).contains(&addr));
+}
+
+#[test]
+fn a_second_broker_on_the_same_directory_exits_73() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = Broker::start(dir.path());
+    let out = Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(73),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    still_serving(&b);
+    b.stop();
+    // Released on shutdown: a new broker starts and sees the data.
+    let b = Broker::start(dir.path());
+    b.stop();
+}
+
+#[test]
+fn embedded_bench_reports_its_fields() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN)
+        .args([
+            "bench",
+            "produce",
+            "--records",
+            "200",
+            "--batch",
+            "10",
+            "--connections",
+            "2",
+            "--partitions",
+            "2",
+            "--json",
+            "--embedded",
+        ])
+        .arg(dir.path().join("data"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = json(&String::from_utf8(out.stdout).unwrap());
+    assert_eq!(r["records"], 200);
+    assert_eq!(r["requests"], 20);
+    for field in [
+        "records_per_sec",
+        "mb_per_sec",
+        "requests_per_sec",
+        "p50_ms",
+        "p99_ms",
+        "max_ms",
+    ] {
+        assert!(r[field].as_f64().is_some_and(|v| v > 0.0), "{field}: {r}");
+    }
+    assert!(r["fsyncs"].as_u64().is_some_and(|f| f >= 1), "{r}");
+    let out = Command::new(BIN)
+        .args([
+            "bench",
+            "consume",
+            "--records",
+            "200",
+            "--batch",
+            "50",
+            "--partitions",
+            "2",
+            "--json",
+            "--embedded",
+        ])
+        .arg(dir.path().join("data"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = json(&String::from_utf8(out.stdout).unwrap());
+    assert_eq!(r["records"], 200);
+}
