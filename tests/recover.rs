@@ -1545,3 +1545,21 @@ fn committed_fixtures_recover_as_their_readme_says() {
         );
     }
 }
+
+#[test]
+fn a_path_seglog_does_not_know_is_a_usage_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = seglog()
+        .arg("recover")
+        .arg(tmp.path().join("missing"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(err.contains("missing: no such file or directory"), "{err}");
+    let d = Data::new();
+    let s = seg(0, 0, 0..2);
+    d.put(0, &s.log, Some(&s.index));
+    let out = seglog().arg("recover").arg(d.log(0)).output().unwrap();
+    assert_eq!(out.status.code(), Some(64));
+}
