@@ -5,6 +5,7 @@
 pub mod broker;
 pub mod check;
 pub mod client;
+pub mod compaction;
 pub mod error;
 pub mod io;
 pub mod layout;
