@@ -7,10 +7,11 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use serde_json::{json, Value};
 
+use super::verify::{exit_code, resolve_target, severity_name};
 use super::{exit, ExitError, Global};
 use crate::engine::check::{check_partition, CheckMode, Problem, Severity};
 use crate::engine::io::RealStorage;
-use crate::engine::layout::{resolve, TargetKind};
+use crate::engine::layout::TargetKind;
 use crate::engine::lock::{DirLock, LockError};
 use crate::engine::recovery::{
     execute, plan, relative, Action, ActionDone, Damage, PartitionPlan, PartitionReport,
@@ -42,7 +43,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args, _global: Global) -> anyhow::Result<u8> {
-    let target = resolve(&args.data).map_err(|e| ExitError::new(exit::IO, e.to_string()))?;
+    let target = resolve_target(&args.data)?;
     if target.kind == TargetKind::LogFile {
         return Err(ExitError::usage(format!(
             "{}: recover works on a data, topic or partition directory, not one .log file",
@@ -60,11 +61,7 @@ pub fn run(args: Args, _global: Global) -> anyhow::Result<u8> {
             verify = verify.max(c.severity());
         }
         print_plan(&plan, verify, args.json)?;
-        return Ok(match verify {
-            None | Some(Severity::Info) => exit::OK,
-            Some(Severity::Repairable) => exit::REPAIRABLE,
-            Some(Severity::Corrupt) => exit::CORRUPT,
-        });
+        return Ok(exit_code(verify));
     }
     let _lock = if target.root_is_data_dir {
         Some(DirLock::acquire(&target.root).map_err(|e| match e {
@@ -133,14 +130,6 @@ fn absolute(path: &Path) -> PathBuf {
 
 fn same_problem(a: &Problem, b: &Problem) -> bool {
     a.kind == b.kind && a.file == b.file && a.position == b.position
-}
-
-fn severity_name(s: Option<Severity>) -> &'static str {
-    match s {
-        None | Some(Severity::Info) => "clean",
-        Some(Severity::Repairable) => "repairable",
-        Some(Severity::Corrupt) => "corrupt",
-    }
 }
 
 fn print_plan(plan: &RecoveryPlan, verify: Option<Severity>, as_json: bool) -> io::Result<()> {

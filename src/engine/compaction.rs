@@ -1049,66 +1049,10 @@ pub fn sealed_segments_unchanged(dir: &Path, read: &[u64]) -> bool {
     listing.marker.is_none() && bases.split_last().is_some_and(|(_, sealed)| sealed == read)
 }
 
-/// What finishing a marker did.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct MarkerFinish {
-    /// Temporary files renamed into place: (from, to).
-    pub renamed: Vec<(PathBuf, PathBuf)>,
-    /// Replaced segment files deleted.
-    pub removed: Vec<PathBuf>,
-}
-
-/// Finishes the swap a compaction marker records; idempotent, so a crash at any
-/// point of it (or of the swap) is finished by running it again:
-/// 1. rename what is still temporary (`<name>.index.tmp`, then `<name>.log.tmp`);
-/// 2. delete what is still replaced and not new;
-/// 3. fsync the directory;
-/// 4. delete the marker;
-/// 5. fsync the directory.
-///
-/// This is the function recovery runs for a marker found at startup. Recovery
-/// (`engine::recovery`) is meant to own it with exactly this signature; until that
-/// lands, this copy is the implementation and the two become one at integration.
-pub fn finish_compaction_marker(
-    storage: &dyn Storage,
-    partition_dir: &Path,
-    marker: &CompactionMarker,
-) -> io::Result<MarkerFinish> {
-    let mut done = MarkerFinish::default();
-    // 1.
-    for &base in &marker.new {
-        for name in [index_file_name(base), log_file_name(base)] {
-            let tmp = tmp_path(partition_dir, &name);
-            if tmp.symlink_metadata().is_ok() {
-                let to = partition_dir.join(&name);
-                storage.rename(&tmp, &to)?;
-                done.renamed.push((tmp, to));
-            }
-        }
-    }
-    // 2.
-    for base in marker.replaced.iter().filter(|b| !marker.new.contains(b)) {
-        for name in [log_file_name(*base), index_file_name(*base)] {
-            let path = partition_dir.join(name);
-            match storage.remove_file(&path) {
-                Ok(()) => done.removed.push(path),
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => return Err(e),
-            }
-        }
-    }
-    // 3.
-    storage.sync_dir(partition_dir)?;
-    // 4.
-    match storage.remove_file(&partition_dir.join(COMPACTION_MARKER)) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e),
-    }
-    // 5.
-    storage.sync_dir(partition_dir)?;
-    Ok(done)
-}
+/// Finishing a marker (swap step 4, and recovery step 1) is one function, owned by
+/// recovery: rename what is still temporary, delete what is still replaced and not
+/// new, fsync, delete the marker, fsync.
+pub use super::recovery::{finish_compaction_marker, MarkerFinish};
 
 #[cfg(test)]
 mod tests {

@@ -42,7 +42,8 @@ use super::check::{
     Severity,
 };
 use super::io::Storage;
-use super::layout::{resolve, LayoutError, PartitionRef, Target};
+use super::layout::{resolve, LayoutError, PartitionRef, SegmentFiles, Target};
+use super::reindex::{index_bytes, write_index};
 use super::segment::{open_log, read_full_at, read_header, Next, RecordReader};
 
 /// Bytes copied per read/write when backing up.
@@ -1032,42 +1033,6 @@ fn tmp_path(path: &Path) -> PathBuf {
     PathBuf::from(s)
 }
 
-/// Writes the index `entries` for the segment `base_offset` in `dir`:
-/// 1. `<base>.index.tmp` created (a leftover one removed first) and written,
-/// 2. fsynced, 3. renamed over `<base>.index`, 4. the directory fsynced.
-pub fn rebuild_index(
-    storage: &dyn Storage,
-    dir: &Path,
-    base_offset: u64,
-    entries: &[IndexEntry],
-) -> io::Result<()> {
-    let index = dir.join(index_file_name(base_offset));
-    let tmp = tmp_path(&index);
-    let mut bytes = Vec::with_capacity(entries.len() * INDEX_ENTRY_LEN);
-    for e in entries {
-        e.encode_into(&mut bytes);
-    }
-    if exists(&tmp)? {
-        storage.remove_file(&tmp)?;
-    }
-    // 1.
-    let f = storage.create(&tmp)?;
-    let result = (|| {
-        f.write_at(&bytes, 0)?;
-        // 2.
-        f.sync_all()?;
-        drop(f);
-        // 3.
-        storage.rename(&tmp, &index)?;
-        // 4.
-        storage.sync_dir(dir)
-    })();
-    if result.is_err() && exists(&tmp).unwrap_or(false) {
-        let _ = storage.remove_file(&tmp);
-    }
-    result
-}
-
 /// Executes a plan. With `backup_dir`, every byte range cut and every file removed is
 /// copied there first and fsynced. Stops at the first failure (nothing after it is
 /// attempted); running recovery again finishes the work.
@@ -1162,10 +1127,20 @@ fn run_action(
             cut(storage, log, *from, *to, backup, &mut backups).map_err(wrap)?;
         }
         Action::RebuildIndex {
+            log,
+            index,
             base_offset,
             entries,
             ..
-        } => rebuild_index(storage, &pp.dir, *base_offset, entries).map_err(wrap)?,
+        } => {
+            let files = SegmentFiles {
+                base_offset: *base_offset,
+                log: log.clone(),
+                index: index.clone(),
+                has_index: true,
+            };
+            write_index(storage, &files, &index_bytes(entries)).map_err(wrap)?;
+        }
     }
     Ok(ActionDone {
         action: action.clone(),
