@@ -270,21 +270,18 @@ impl Broker {
     }
 }
 
-/// Runs recovery (FORMAT.md, Recovery) over the data directory before any partition
-/// opens; returns its report lines when it did anything or left something.
+/// Runs recovery (FORMAT.md, Recovery: the same function as `seglog recover`) over the
+/// data directory before any partition opens; returns its report as lines.
 fn run_recovery(storage: &dyn Storage, data_dir: &Path) -> Result<Vec<String>, EngineError> {
-    let report = super::recovery::recover(storage, data_dir).map_err(|e| EngineError::Corrupt {
-        path: data_dir.to_path_buf(),
-        detail: format!("recovery failed: {e}"),
-    })?;
+    let report =
+        crate::engine::recovery::recover(storage, data_dir).map_err(|e| EngineError::Corrupt {
+            path: data_dir.to_path_buf(),
+            detail: format!("recovery failed: {e}"),
+        })?;
     if report.action_count() == 0 && report.is_consistent() {
         return Ok(Vec::new());
     }
-    Ok(report
-        .lines()
-        .into_iter()
-        .map(|l| format!("recovery: {l}"))
-        .collect())
+    Ok(report.lines())
 }
 
 fn check_options(opts: &BrokerOptions) -> Result<(), EngineError> {
