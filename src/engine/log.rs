@@ -1702,6 +1702,51 @@ mod tests {
     }
 
     #[test]
+    fn removed_and_replaced_segments_keep_serving_readers_that_hold_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = new_log(dir.path(), Arc::new(RealStorage));
+        let v = vec![5u8; 100];
+        for _ in 0..30 {
+            let a = log
+                .append(
+                    &[NewRecord {
+                        key: None,
+                        value: &v,
+                        timestamp_ms: 1,
+                    }],
+                    &config(1024),
+                )
+                .unwrap();
+            log.wait_durable(a.last_offset + 1).unwrap();
+        }
+        let held = log.snapshot();
+        let settled = log.settled_segments();
+        assert_eq!(settled.len(), held.len() - 1, "all but the active one");
+        let oldest = held[0].clone();
+        let bytes_before = read_segment(&oldest, 0, 1 << 20, true).unwrap().bytes;
+        // Retention: the list no longer has it, its files are gone ...
+        let gone = log.remove_oldest(&[oldest.base_offset]).unwrap();
+        assert_eq!(gone.len(), 1);
+        assert!(!oldest.path().exists());
+        assert_eq!(log.start_offset(), held[1].base_offset);
+        assert!(matches!(
+            log.fetch(0, 1 << 20, Duration::ZERO),
+            Err(EngineError::OffsetOutOfRange { start, .. }) if start == held[1].base_offset
+        ));
+        // ... yet a reader holding it reads the same bytes through its open file.
+        assert_eq!(
+            read_segment(&oldest, 0, 1 << 20, true).unwrap().bytes,
+            bytes_before
+        );
+        // Only the oldest segments, in order, and never the active one.
+        assert!(log.remove_oldest(&[held[2].base_offset]).is_err());
+        let active = held.last().unwrap().base_offset;
+        let all_but: Vec<u64> = held[1..].iter().map(|s| s.base_offset).collect();
+        assert!(log.remove_oldest(&all_but).is_err());
+        assert!(log.snapshot().iter().any(|s| s.base_offset == active));
+    }
+
+    #[test]
     fn a_fetch_continues_into_the_next_segment() {
         let dir = tempfile::tempdir().unwrap();
         let log = new_log(dir.path(), Arc::new(RealStorage));
