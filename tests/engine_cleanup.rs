@@ -693,3 +693,56 @@ fn a_crash_during_compaction_keeps_every_newest_value_and_no_replaced_segment() 
     }
     assert!(crashes > 5, "{crashes}");
 }
+
+#[test]
+fn stopping_the_broker_cuts_a_compaction_short_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = Broker::open(dir.path(), real(), manual()).unwrap();
+    b.create_topic(
+        "c",
+        1,
+        config(&[
+            ("segment_bytes", &(4 << 20).to_string()),
+            ("cleanup_policy", "compact"),
+        ]),
+    )
+    .unwrap();
+    // 24 MiB over 2 000 keys, each written twice: about 12 MiB to write back, which
+    // the paced writer (32 MiB/s) needs well over a third of a second for.
+    let v = vec![b'v'; 6 * 1024];
+    let keys: Vec<Vec<u8>> = (0..2000u32).map(|k| k.to_be_bytes().to_vec()).collect();
+    for round in 0..2 {
+        for chunk in keys.chunks(100) {
+            let recs: Vec<NewRecord<'_>> = chunk
+                .iter()
+                .map(|k| NewRecord {
+                    key: Some(k),
+                    value: &v,
+                    timestamp_ms: round,
+                })
+                .collect();
+            b.produce("c", 0, &recs).unwrap();
+        }
+    }
+    let end = b.offsets("c", 0).unwrap().1;
+    let compactor = {
+        let b = b.clone();
+        thread::spawn(move || b.run_compaction())
+    };
+    thread::sleep(Duration::from_millis(100));
+    b.shutdown().unwrap();
+    let warnings = compactor.join().unwrap();
+    assert!(
+        warnings.is_empty(),
+        "stopping is not a failure: {warnings:?}"
+    );
+    let p = b.describe_topic("c").unwrap().partitions[0].clone();
+    assert_eq!(p.cleanup.compactions, 0, "{p:?}");
+    drop(b);
+    let pdir = partition_dir(dir.path(), "c");
+    assert!(files(&pdir, ".tmp").is_empty());
+    assert!(!pdir.join("compaction.marker").exists());
+    let b = Broker::open(dir.path(), real(), manual()).unwrap();
+    assert_eq!(b.offsets("c", 0).unwrap(), (0, end));
+    assert_eq!(fetch_all(&b, "c", 0).len() as u64, end);
+}

@@ -220,6 +220,7 @@ impl Broker {
             cold: opts.cold_storage_dir.clone(),
             stop: Mutex::new(false),
             wake: Condvar::new(),
+            stopping: Arc::new(AtomicBool::new(false)),
         });
         let mut cleaner_threads = Vec::new();
         for (kind, interval) in [
@@ -929,6 +930,8 @@ struct Cleaner {
     cold: Option<PathBuf>,
     stop: Mutex<bool>,
     wake: Condvar,
+    /// Set with `stop`: a compaction or copy in progress gives up at its next write.
+    stopping: Arc<AtomicBool>,
 }
 
 impl Cleaner {
@@ -971,6 +974,7 @@ impl Cleaner {
     }
 
     fn stop(&self) {
+        self.stopping.store(true, Ordering::Release);
         *lock(&self.stop) = true;
         self.wake.notify_all();
     }
@@ -999,6 +1003,7 @@ impl Cleaner {
                     config: &config,
                     storage: &*self.storage,
                     now_ms: now_ms(),
+                    stopping: &self.stopping,
                 };
                 let label = format!("{}/{p}", topic.name);
                 let result = visit.roll_if_due().and_then(|_| match kind {

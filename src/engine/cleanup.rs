@@ -18,7 +18,9 @@
 
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
 use super::compaction::{prepare_compaction, CompactionError, CompactionOptions, CompactionReport};
 use super::error::EngineError;
@@ -112,12 +114,14 @@ impl PartitionCleanup {
 pub struct Visit<'a> {
     pub topic: &'a str,
     pub partition: u32,
-    pub log: &'a PartitionLog,
+    pub log: &'a Arc<PartitionLog>,
     pub cleanup: &'a PartitionCleanup,
     pub config: &'a TopicConfig,
     pub storage: &'a dyn Storage,
     /// The clock, in milliseconds since the epoch.
     pub now_ms: i64,
+    /// Set when the broker stops: work in progress gives up at its next write.
+    pub stopping: &'a Arc<AtomicBool>,
 }
 
 /// What one retention visit did.
@@ -148,6 +152,24 @@ pub enum CompactionDone {
 impl Visit<'_> {
     fn label(&self) -> String {
         format!("{}/{}", self.topic, self.partition)
+    }
+
+    /// The storage background writes go through: paced, and giving up once the
+    /// broker stops or the partition closes (its topic deleted).
+    fn paced(&self) -> PacedStorage<'_> {
+        PacedStorage {
+            inner: self.storage,
+            log: self.log.clone(),
+            stopping: self.stopping.clone(),
+        }
+    }
+
+    /// Why work that gave up did so, as the error its caller expects.
+    fn given_up(&self) -> Option<EngineError> {
+        if self.stopping.load(Ordering::Acquire) {
+            return Some(EngineError::ShuttingDown);
+        }
+        self.log.check_writable_pub().err()
     }
 
     /// Rolls the active segment by age (any cleanup policy), so a quiet partition's
@@ -203,10 +225,10 @@ impl Visit<'_> {
         if let Some(dir) = cold {
             let mut copied = 0;
             for seg in &due {
-                let paced = PacedStorage {
-                    inner: self.storage,
-                };
-                if let Err(e) = archive(&paced, dir, self.topic, self.partition, seg) {
+                if let Err(e) = archive(&self.paced(), dir, self.topic, self.partition, seg) {
+                    if let Some(why) = self.given_up() {
+                        return Err(why);
+                    }
                     done.kept_because = Some(format!(
                         "copying {} to cold storage {} failed, the segment stays (retried next round): {e}",
                         seg.path().display(),
@@ -282,10 +304,11 @@ impl Visit<'_> {
             only_segment: None,
         };
         let opts = CompactionOptions::for_topic(self.config, self.now_ms);
-        let paced = PacedStorage {
-            inner: self.storage,
+        let paced = self.paced();
+        let prepared = match prepare_compaction(&paced, &p, &opts) {
+            Ok(prepared) => prepared,
+            Err(e) => return Err(self.given_up().unwrap_or_else(|| compaction_error(e))),
         };
-        let prepared = prepare_compaction(&paced, &p, &opts).map_err(compaction_error)?;
         if !prepared.needs_swap() {
             return Ok(CompactionDone::Skipped(prepared.into_report()));
         }
@@ -412,23 +435,36 @@ fn copy_file(
 /// than as one burst at its final fsync. A burst of tens
 /// of MiB would sit in the device queue (and, on ext4, in the journal commit) ahead of
 /// the fsyncs produce requests wait for.
+///
+/// Writes fail (`Interrupted`) once the broker stops or the partition's log closes, so
+/// a shutdown or a topic delete does not wait for a long compaction or copy: before
+/// its marker a compaction that gives up changes nothing.
 #[derive(Debug)]
 struct PacedStorage<'a> {
     inner: &'a dyn Storage,
+    log: Arc<PartitionLog>,
+    stopping: Arc<AtomicBool>,
 }
 
 #[derive(Debug)]
 struct PacedFile {
     inner: Box<dyn super::io::StorageFile>,
-    unflushed: std::sync::atomic::AtomicU64,
-    /// When the bytes written so far may be written at the paced rate.
-    started: std::time::Instant,
-    written: std::sync::atomic::AtomicU64,
+    log: Arc<PartitionLog>,
+    stopping: Arc<AtomicBool>,
+    unflushed: AtomicU64,
+    /// When the file was created: its bytes may be written at the paced rate since.
+    started: Instant,
+    written: AtomicU64,
 }
 
 impl super::io::StorageFile for PacedFile {
     fn write_at(&self, buf: &[u8], pos: u64) -> io::Result<()> {
-        use std::sync::atomic::Ordering;
+        if self.stopping.load(Ordering::Acquire) || self.log.check_writable_pub().is_err() {
+            return Err(io::Error::new(
+                io::ErrorKind::Interrupted,
+                "background work gave up: the broker is stopping or the topic was deleted",
+            ));
+        }
         self.inner.write_at(buf, pos)?;
         let n = self
             .unflushed
@@ -438,7 +474,7 @@ impl super::io::StorageFile for PacedFile {
         if n >= PACE_FLUSH_BYTES {
             self.unflushed.store(0, Ordering::Relaxed);
             self.inner.sync_data()?;
-            let due = std::time::Duration::from_secs_f64(total as f64 / PACE_BYTES_PER_SEC as f64);
+            let due = Duration::from_secs_f64(total as f64 / PACE_BYTES_PER_SEC as f64);
             if let Some(wait) = due.checked_sub(self.started.elapsed()) {
                 std::thread::sleep(wait);
             }
@@ -469,9 +505,11 @@ impl Storage for PacedStorage<'_> {
     fn create(&self, path: &Path) -> io::Result<Box<dyn super::io::StorageFile>> {
         Ok(Box::new(PacedFile {
             inner: self.inner.create(path)?,
-            unflushed: std::sync::atomic::AtomicU64::new(0),
-            started: std::time::Instant::now(),
-            written: std::sync::atomic::AtomicU64::new(0),
+            log: self.log.clone(),
+            stopping: self.stopping.clone(),
+            unflushed: AtomicU64::new(0),
+            started: Instant::now(),
+            written: AtomicU64::new(0),
         }))
     }
     fn open(&self, path: &Path) -> io::Result<Box<dyn super::io::StorageFile>> {

@@ -542,6 +542,11 @@ impl PartitionLog {
         })
     }
 
+    /// Why the log refuses writes (failed, deleted, shutting down), if it does.
+    pub fn check_writable_pub(&self) -> Result<(), EngineError> {
+        self.check_writable()
+    }
+
     fn check_writable(&self) -> Result<(), EngineError> {
         let s = lock(&self.sync);
         if let Some(reason) = &s.failed {
