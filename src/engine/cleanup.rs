@@ -15,8 +15,8 @@
 //! - Compaction is the shared [`crate::engine::compaction`] with its swap protocol;
 //!   step 2 runs under the partition's write lock ([`PartitionLog::sealed_unchanged`])
 //!   and the new list is published by [`PartitionLog::replace_oldest`].
-//! - Everything background work writes goes through [`PacedStorage`]: flushed every
-//!   [`PACE_FLUSH_BYTES`], at most [`PACE_BYTES_PER_SEC`], and refused once the broker
+//! - Everything background work writes goes through `PacedStorage`: flushed every
+//!   `PACE_FLUSH_BYTES`, at most `PACE_BYTES_PER_SEC`, and refused once the broker
 //!   stops or the partition's log closes.
 
 use std::io;
