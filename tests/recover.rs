@@ -1,4 +1,4 @@
-//! Recovery (FORMAT.md, Recovery) on damaged partitions built with the format encoder:
+//! Recovery (docs/FORMAT.md, Recovery) on damaged partitions built with the format encoder:
 //! the exact bytes left, the report, the backups, a clean check afterwards (or exit 2
 //! where corruption remains), a second run that changes nothing, fault injection at
 //! every mutation and every sync, and the `seglog recover` command line.
@@ -587,7 +587,7 @@ fn indexes_missing_wrong_or_partial_are_rebuilt() {
 
 #[test]
 fn a_wrong_middle_index_entry_is_beyond_the_quick_check() {
-    // FORMAT.md, Recovery step 2 trusts a sealed segment whose first record and tail
+    // docs/FORMAT.md, Recovery step 2 trusts a sealed segment whose first record and tail
     // after the last entry check out; a wrong entry in between is found by verify
     // and repaired by reindex, not by recovery.
     let d = Data::new();

@@ -1,5 +1,5 @@
 //! `seglog recover DATA [--dry-run] [--backup-dir DIR] [--json]`: the startup recovery
-//! (FORMAT.md, Recovery), run offline. Without `--dry-run` it takes `DATA/LOCK`.
+//! (docs/FORMAT.md, Recovery), run offline. Without `--dry-run` it takes `DATA/LOCK`.
 
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
@@ -21,7 +21,7 @@ use crate::engine::recovery::{
 /// Arguments of `seglog recover`.
 #[derive(Debug, clap::Args)]
 #[command(
-    after_help = "Runs exactly the recovery the broker runs at startup (FORMAT.md, Recovery) \
+    after_help = "Runs exactly the recovery the broker runs at startup (docs/FORMAT.md, Recovery) \
 and reports every action with its file, byte range and offsets. Every action is idempotent: \
 a second run finds nothing to do.\n\n\
 Exit: 0 consistent afterwards; 2 corruption remains (left in place for an operator); \

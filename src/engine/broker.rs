@@ -271,7 +271,7 @@ impl Broker {
     }
 }
 
-/// Runs recovery (FORMAT.md, Recovery: the same function as `seglog recover`) over the
+/// Runs recovery (docs/FORMAT.md, Recovery: the same function as `seglog recover`) over the
 /// data directory before any partition opens; returns its report as lines.
 fn run_recovery(storage: &dyn Storage, data_dir: &Path) -> Result<Vec<String>, EngineError> {
     let report =

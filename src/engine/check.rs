@@ -3,7 +3,7 @@
 //! temporary files and compaction markers, each problem with its file, byte position,
 //! offset and severity.
 //!
-//! Severity follows FORMAT.md: what recovery repairs without losing acknowledged data
+//! Severity follows docs/FORMAT.md: what recovery repairs without losing acknowledged data
 //! is `Repairable` (torn tail of the active segment, missing or wrong index, unfinished
 //! seal or compaction, leftover temp files); records that cannot be read back, and
 //! segments that do not join up, are `Corrupt`. Legal states (a zeroed or stale tail

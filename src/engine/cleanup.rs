@@ -1,4 +1,4 @@
-//! Background cleanup in the running broker (DESIGN.md, Background work): rolling a
+//! Background cleanup in the running broker: rolling a
 //! quiet partition by age, retention (by age and by size, with an optional copy to
 //! cold storage first) and compaction, one partition at a time.
 //!
@@ -254,7 +254,7 @@ impl Visit<'_> {
         Ok(done)
     }
 
-    /// Compaction on one partition (FORMAT.md, Compaction), with the topic's
+    /// Compaction on one partition (docs/FORMAT.md, Compaction), with the topic's
     /// `tombstone_retention_ms` and `segment_bytes` and the visit's clock.
     pub fn compaction(&self) -> Result<CompactionDone, EngineError> {
         let _busy = self.cleanup.exclusive();

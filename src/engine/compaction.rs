@@ -1,4 +1,4 @@
-//! Log compaction (FORMAT.md, Compaction): the one implementation shared by
+//! Log compaction (docs/FORMAT.md, Compaction): the one implementation shared by
 //! `seglog compact` and the broker's background task.
 //!
 //! What survives, among the records of the *sealed* segments (every segment but the
@@ -33,7 +33,7 @@
 //! segment's last offset, and every name is below the active segment's base: a name
 //! can only ever equal a replaced segment's, never one that stays.
 //!
-//! Swap protocol (FORMAT.md): the numbered steps are in [`PreparedCompaction`] and
+//! Swap protocol (docs/FORMAT.md): the numbered steps are in [`PreparedCompaction`] and
 //! [`compact_partition`]; every mutation goes through the [`Storage`] seam.
 
 use std::collections::hash_map::RandomState;
@@ -999,7 +999,7 @@ pub fn prepare_compaction_with_progress<'a>(
     Ok(prepared)
 }
 
-/// Compacts one partition: both passes, then the swap protocol of FORMAT.md.
+/// Compacts one partition: both passes, then the swap protocol of docs/FORMAT.md.
 ///
 /// `still_sealed` is step 2: given the base offsets read, it answers (under the
 /// partition's write lock, for a broker) whether the partition's sealed segments are

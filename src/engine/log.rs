@@ -10,7 +10,7 @@
 //!   good fsync is ever acknowledged or served.
 //! - `durable_end` (next offset not yet durable) only grows, and only after an fsync
 //!   that covers every record below it, including the syncs a roll left pending
-//!   (FORMAT.md, Segment states). Readers never see a record at or past it: each
+//!   (docs/FORMAT.md, Segment states). Readers never see a record at or past it: each
 //!   segment's `readable_end` is published before `durable_end` and only after the
 //!   fsync that covers it.
 //! - The segment list is an immutable snapshot swapped under a lock; a reader keeps the
@@ -901,7 +901,7 @@ impl PartitionLog {
                 .all(|(seg, &base)| seg.base_offset == base)
     }
 
-    /// Step 2 of the compaction swap (FORMAT.md, Compaction), under the write lock:
+    /// Step 2 of the compaction swap (docs/FORMAT.md, Compaction), under the write lock:
     /// true when the segments `read` are still the oldest sealed segments, their seals
     /// durable, and the log takes writes. Segments sealed since the read may follow
     /// them: they are newer than anything compacted and every new segment's name lies
@@ -911,7 +911,7 @@ impl PartitionLog {
         self.check_changeable().is_ok() && self.is_settled_prefix(&w, read)
     }
 
-    /// Retention (DESIGN.md, Background work): removes the oldest segments `bases`
+    /// Retention: removes the oldest segments `bases`
     /// (settled, a prefix of the list):
     /// 1. under the write lock, publish the list without them: the start offset moves
     ///    to the next segment and new readers no longer pick them (readers already in

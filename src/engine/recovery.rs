@@ -1,4 +1,4 @@
-//! Crash recovery (FORMAT.md, Recovery): one function that plans from the shared
+//! Crash recovery (docs/FORMAT.md, Recovery): one function that plans from the shared
 //! partition check and reads only, one that executes a plan through the I/O seam.
 //! `seglog recover` and the broker's startup both run them.
 //!
@@ -146,7 +146,7 @@ pub enum Action {
         /// What the range holds (`torn_tail`, `zero_tail`, `stale_tail`).
         kind: &'static str,
         /// Valid records of the segment's generation behind the damaged one: cut
-        /// with it (FORMAT.md, Recovery step 4), so named here.
+        /// with it (docs/FORMAT.md, Recovery step 4), so named here.
         records_cut: Option<RecordsCut>,
         reason: String,
     },
@@ -611,7 +611,7 @@ fn never_durable_newest(check: &PartitionCheck) -> usize {
 }
 
 /// A header that shows the segment never became durable: shorter than 32 bytes, all
-/// zero, or still that of an unassigned spare (FORMAT.md, Spares rule 3: the header
+/// zero, or still that of an unassigned spare (docs/FORMAT.md, Spares rule 3: the header
 /// naming the segment's base is made durable before any record in it is
 /// acknowledged).
 fn never_durable_header(header: &Result<SegmentHeader, HeaderError>) -> bool {
@@ -626,7 +626,7 @@ fn file_len(path: &Path) -> u64 {
     std::fs::metadata(path).map(|m| m.len()).unwrap_or(0)
 }
 
-/// Builds the plan for one partition from its check (FORMAT.md, Recovery). The
+/// Builds the plan for one partition from its check (docs/FORMAT.md, Recovery). The
 /// segment that becomes active after step 2 must have been checked as active.
 fn plan_from_check(check: &PartitionCheck) -> PartitionPlan {
     let p = &check.partition;
@@ -940,7 +940,7 @@ pub struct MarkerFinish {
     pub backups: Vec<PathBuf>,
 }
 
-/// Finishes the compaction swap `marker` records in `partition_dir` (FORMAT.md,
+/// Finishes the compaction swap `marker` records in `partition_dir` (docs/FORMAT.md,
 /// Compaction). Idempotent: a crash at any point is finished by calling it again.
 pub fn finish_compaction_marker(
     storage: &dyn Storage,

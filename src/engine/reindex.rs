@@ -1,6 +1,6 @@
 //! Rebuilding index files from their logs.
 //!
-//! An index is derived data: the rule in FORMAT.md (an entry for the first record,
+//! An index is derived data: the rule in docs/FORMAT.md (an entry for the first record,
 //! then one for each record at least 4 KiB past the previous entry) gives exactly one
 //! index for a log, so a rebuilt index is byte-identical to the one the writer made.
 //! The plan comes from the shared partition check ([`super::check`]); every write

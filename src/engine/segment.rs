@@ -1,5 +1,5 @@
 //! Reading segment files: records in large positional windows, the scan that
-//! classifies what ends the data (FORMAT.md, Recovery), and the index rule applied
+//! classifies what ends the data (docs/FORMAT.md, Recovery), and the index rule applied
 //! while scanning. Reads use `std::fs::File` directly (reads are not mutations).
 
 use std::fs::File;
