@@ -957,8 +957,14 @@ fn planted_bugs_are_caught() {
         c.flag.store(true, Ordering::SeqCst);
         let run = catch_unwind(AssertUnwindSafe(|| {
             let mut caught = 0;
+            let mut example = None;
             for model in [DirModel::InOrder, DirModel::AnyOrder] {
-                caught += run_workload(c.name, c.workload, model, b, seed, &scratch).violating;
+                let t = run_workload(c.name, c.workload, model, b, seed, &scratch);
+                caught += t.violating;
+                example = example.or(t.messages.into_iter().next());
+            }
+            if let Some(e) = example {
+                println!("  e.g. {}", e.chars().take(300).collect::<String>());
             }
             caught
         }));
