@@ -5,8 +5,8 @@
 //! workload was told. A crash during that recovery is simulated too. Planted bugs
 //! (`engine::planted`) must be caught.
 //!
-//! `SEGLOG_CRASH_STATES=N` raises the per-workload budget (default 12000 states per
-//! workload and model); `SEGLOG_SEED=S` reruns a seed.
+//! `SEGLOG_CRASH_STATES=N` sets the target number of states (default 100000, shared
+//! out among the workloads and models; the effort per crash point grows with it); `SEGLOG_SEED=S` reruns a seed.
 
 #![expect(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
 
@@ -370,17 +370,21 @@ struct Budget {
     nested_every: u64,
 }
 
+/// `scale` is the target number of states of a whole run (shared out among the
+/// workloads and models); the effort per crash point grows with it.
 fn budget(scale: usize) -> Budget {
+    let factor = (scale / 100_000).max(1);
     Budget {
         states: scale,
-        exhaustive_max: (scale / 40).clamp(64, 100_000),
-        random: (scale / 600).clamp(8, 10_000),
+        exhaustive_max: 512 * factor,
+        random: 24 * factor,
         nested_every: 6,
     }
 }
 
 #[derive(Default)]
 struct Tally {
+    rounds: u64,
     explored: u64,
     violating: u64,
     nested: u64,
@@ -550,8 +554,11 @@ fn crash_during_recovery(
 // ----- workloads -----
 
 fn value(p: u32, n: u64, rng: &mut Rng) -> Vec<u8> {
+    sized_value(p, n, 10 + rng.below(120) as usize)
+}
+
+fn sized_value(p: u32, n: u64, extra: usize) -> Vec<u8> {
     let mut v = format!("p{p}-v{n}-").into_bytes();
-    let extra = 10 + rng.below(120) as usize;
     v.extend(std::iter::repeat_n(b'a' + (n % 26) as u8, extra));
     v
 }
@@ -591,10 +598,29 @@ fn produce(run: &mut Run, b: &Broker, p: u32, values: Vec<Vec<u8>>) -> bool {
 
 /// Broker start on an empty directory, topic create, produces with rolls.
 fn workload_produce(root: &Path, rng: &mut Rng, batches: u64) -> Run {
+    produce_with(root, rng, batches, small_config(), 120)
+}
+
+/// Records up to 1.5 KiB: writes span several sectors, so more ways to tear.
+fn workload_produce_large(root: &Path, rng: &mut Rng, batches: u64) -> Run {
+    let config = TopicConfig {
+        segment_bytes: 4096,
+        ..TopicConfig::default()
+    };
+    produce_with(root, rng, batches, config, 1500)
+}
+
+fn produce_with(
+    root: &Path,
+    rng: &mut Rng,
+    batches: u64,
+    config: TopicConfig,
+    max_value: u64,
+) -> Run {
     let mut run = Run::new(root);
     let storage: StorageRef = Arc::new(run.sim.clone());
     let b = Broker::open(root, storage, broker_opts()).unwrap();
-    b.create_topic(TOPIC, 2, small_config()).unwrap();
+    b.create_topic(TOPIC, 2, config).unwrap();
     run.mark(Ev::TopicCreated);
     let mut n = 0;
     for _ in 0..batches {
@@ -603,7 +629,7 @@ fn workload_produce(root: &Path, rng: &mut Rng, batches: u64) -> Run {
         let values = (0..count)
             .map(|_| {
                 n += 1;
-                value(p, n, rng)
+                sized_value(p, n, 10 + rng.below(max_value) as usize)
             })
             .collect();
         produce(&mut run, &b, p, values);
@@ -807,22 +833,26 @@ fn scale() -> usize {
     std::env::var("SEGLOG_CRASH_STATES")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(12_000)
+        .unwrap_or(100_000)
 }
 
 type Workload = fn(&Path, &mut Rng) -> Run;
 
-fn workloads() -> Vec<(&'static str, Workload)> {
+/// The workloads with their share (percent) of the state budget.
+fn workloads() -> Vec<(&'static str, Workload, usize)> {
     vec![
-        ("produce", |r, g| workload_produce(r, g, 60)),
-        ("alter_topic", workload_alter),
-        ("compaction", workload_compact),
-        ("torn_tail", workload_torn_tail),
-        ("fsync_failure", workload_fsync_failure),
+        ("produce", |r, g| workload_produce(r, g, 60), 25),
+        ("produce_large", |r, g| workload_produce_large(r, g, 40), 25),
+        ("alter_topic", workload_alter, 10),
+        ("compaction", workload_compact, 15),
+        ("torn_tail", workload_torn_tail, 10),
+        ("fsync_failure", workload_fsync_failure, 15),
     ]
 }
 
-/// Runs a workload and explores its crash states under `model`.
+/// Runs a workload again and again (a new seed each round: other record sizes,
+/// partitions and keys) and explores the crash states of each run under `model`,
+/// until `b.states` states or `max_rounds` rounds.
 fn run_workload(
     name: &str,
     w: Workload,
@@ -830,31 +860,38 @@ fn run_workload(
     b: Budget,
     seed: u64,
     scratch: &Scratch,
+    max_rounds: u64,
 ) -> Tally {
-    let mut rng = Rng::new(seed);
-    let root = scratch.dir();
-    let run = w(&root, &mut rng);
-    let trace = run.sim.trace();
     let mut tally = Tally::default();
-    for m in &run.live_violations {
-        tally.violating += 1;
-        tally.messages.push(format!("{name}: {m}"));
+    for round in 0..max_rounds {
+        if tally.explored as usize >= b.states {
+            break;
+        }
+        let mut rng = Rng::new(seed ^ round.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let root = scratch.dir();
+        let run = w(&root, &mut rng);
+        let trace = run.sim.trace();
+        for m in &run.live_violations {
+            tally.violating += 1;
+            tally.messages.push(format!("{name} round {round}: {m}"));
+        }
+        explore(
+            &trace,
+            &run.events,
+            run.preamble,
+            (run.topic_preexisting, run.gaps_allowed),
+            None,
+            None,
+            model,
+            b,
+            &mut rng,
+            scratch,
+            &mut tally,
+            false,
+        );
+        tally.rounds += 1;
+        let _ = fs::remove_dir_all(&root);
     }
-    explore(
-        &trace,
-        &run.events,
-        run.preamble,
-        (run.topic_preexisting, run.gaps_allowed),
-        None,
-        None,
-        model,
-        b,
-        &mut rng,
-        scratch,
-        &mut tally,
-        false,
-    );
-    let _ = fs::remove_dir_all(&root);
     tally
 }
 
@@ -874,20 +911,40 @@ fn crash_states_of_every_workload_recover_with_nothing_acknowledged_lost() {
     let _g = FLAGS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let seed = seed();
     let b = budget(scale());
-    println!("crash_sim seed {seed} (SEGLOG_SEED={seed} reruns it), budget {} states per workload and model", b.states);
+    println!(
+        "crash_sim seed {seed} (SEGLOG_SEED={seed} reruns it), target {} states",
+        b.states
+    );
     let scratch = Scratch::new();
     let start = Instant::now();
     let mut total = 0;
     let mut failures = Vec::new();
-    for (name, w) in workloads() {
-        for model in [DirModel::InOrder, DirModel::AnyOrder] {
-            let t0 = Instant::now();
-            let tally = run_workload(name, w, model, b, seed, &scratch);
+    for (name, w, share) in workloads() {
+        let b = Budget {
+            states: b.states * share / 100 / 2,
+            ..b
+        };
+        // The two models run side by side (one thread each).
+        let t0 = Instant::now();
+        let tallies: Vec<(DirModel, Tally)> = std::thread::scope(|sc| {
+            let handles: Vec<_> = [DirModel::InOrder, DirModel::AnyOrder]
+                .into_iter()
+                .map(|model| {
+                    let scratch = &scratch;
+                    sc.spawn(move || {
+                        (model, run_workload(name, w, model, b, seed, scratch, 1000))
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (model, tally) in tallies {
             println!(
-                "{name} / {}: crash states: {} explored ({} during recovery), {} violations [{:.1}s]",
+                "{name} / {}: crash states: {} explored ({} during recovery, {} runs), {} violations [{:.1}s]",
                 model_name(model),
                 tally.explored,
                 tally.nested,
+                tally.rounds,
                 tally.violating,
                 t0.elapsed().as_secs_f64()
             );
@@ -919,7 +976,10 @@ fn planted_bugs_are_caught() {
     let _g = FLAGS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let seed = seed();
     let scratch = Scratch::new();
-    let b = budget(3_000);
+    let b = Budget {
+        states: 1_500,
+        ..budget(0)
+    };
     let cases = [
         Planted {
             name: "skip_roll_dir_fsync",
@@ -959,7 +1019,7 @@ fn planted_bugs_are_caught() {
             let mut caught = 0;
             let mut example = None;
             for model in [DirModel::InOrder, DirModel::AnyOrder] {
-                let t = run_workload(c.name, c.workload, model, b, seed, &scratch);
+                let t = run_workload(c.name, c.workload, model, b, seed, &scratch, 1);
                 caught += t.violating;
                 example = example.or(t.messages.into_iter().next());
             }

@@ -23,6 +23,8 @@ const BIN: &str = env!("CARGO_BIN_EXE_seglog");
 const TOPIC: &str = "k9";
 const PARTITIONS: u32 = 3;
 const PATIENCE: Duration = Duration::from_secs(60);
+/// Kills in a row on one data directory before a fresh one is taken.
+const ROUNDS_PER_DIR: u64 = 20;
 
 struct Server {
     child: Child,
@@ -194,17 +196,24 @@ fn acknowledged_records_survive_repeated_kill_9() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(100);
     println!("kill -9 loop: seed {seed} (SEGLOG_SEED reruns it), {iterations} iterations");
-    let dir = tempfile::tempdir().unwrap();
     let mut rng = Rng(seed | 1);
-    let acks: Acks = Arc::default();
+    let mut dir = tempfile::tempdir().unwrap();
+    let mut acks: Acks = Arc::default();
     let start = Instant::now();
     let mut verified_total = 0u64;
     let mut lost = Vec::new();
+    let mut acked_total = 0;
     for it in 0..iterations {
+        if it > 0 && it % ROUNDS_PER_DIR == 0 {
+            // A fresh directory now and then keeps each start's fsyncs few.
+            acked_total += final_check(dir.path(), &acks, &mut verified_total, &mut lost);
+            dir = tempfile::tempdir().unwrap();
+            acks = Arc::default();
+        }
         let server = Server::start(dir.path());
         let mut c = Client::connect(&server.addr, Duration::from_secs(5)).unwrap();
-        if it == 0 {
-            c.create_topic(TOPIC, PARTITIONS, &[("segment_bytes".into(), "1024".into())])
+        if it % ROUNDS_PER_DIR == 0 {
+            c.create_topic(TOPIC, PARTITIONS, &[("segment_bytes".into(), "2048".into())])
                 .unwrap();
         }
         // Everything acknowledged before the earlier kills is still there.
@@ -233,7 +242,7 @@ fn acknowledged_records_survive_repeated_kill_9() {
                 thread::spawn(move || producer(addr, it, t, seed, acks, stop))
             })
             .collect();
-        thread::sleep(Duration::from_millis(10 + rng.below(200)));
+        thread::sleep(Duration::from_millis(10 + rng.below(150)));
         server.kill9();
         stop.store(true, Ordering::Relaxed);
         for t in threads {
@@ -241,22 +250,27 @@ fn acknowledged_records_survive_repeated_kill_9() {
         }
     }
     // A last start checks the acknowledgements of the last iteration.
-    let server = Server::start(dir.path());
-    let got = read_back(&server.addr);
-    let a = acks.lock().unwrap();
-    for (at, v) in a.iter() {
-        if got.get(at) == Some(v) {
-            verified_total += 1;
-        } else {
-            lost.push(format!("final: {}/{} lost", at.0, at.1));
-        }
-    }
+    acked_total += final_check(dir.path(), &acks, &mut verified_total, &mut lost);
     println!(
-        "kill -9 loop: {iterations} iterations, {} records acknowledged, {verified_total} acknowledgement checks passed, {} lost, {:.1}s, seed {seed}",
-        a.len(),
+        "kill -9 loop: {iterations} iterations, {acked_total} records acknowledged, {verified_total} acknowledgement checks passed, {} lost, {:.1}s, seed {seed}",
         lost.len(),
         start.elapsed().as_secs_f64()
     );
     assert!(lost.is_empty(), "lost acknowledged records (seed {seed}): {lost:?}");
-    assert!(!a.is_empty(), "no record was acknowledged at all");
+    assert!(acked_total > 0, "no record was acknowledged at all");
+}
+
+/// Starts the broker once more and checks every acknowledgement; returns how many.
+fn final_check(dir: &Path, acks: &Acks, verified: &mut u64, lost: &mut Vec<String>) -> u64 {
+    let server = Server::start(dir);
+    let got = read_back(&server.addr);
+    let a = acks.lock().unwrap();
+    for (at, v) in a.iter() {
+        if got.get(at) == Some(v) {
+            *verified += 1;
+        } else {
+            lost.push(format!("{}: {}/{} lost", dir.display(), at.0, at.1));
+        }
+    }
+    a.len() as u64
 }
