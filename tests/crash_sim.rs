@@ -8,7 +8,7 @@
 //! `SEGLOG_CRASH_STATES=N` sets the target number of states (default 100000, shared
 //! out among the workloads and models; the effort per crash point grows with it); `SEGLOG_SEED=S` reruns a seed.
 
-#![expect(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
+#![expect(clippy::unwrap_used, reason = "tests")]
 
 use std::collections::{BTreeMap, HashSet};
 use std::fs;
@@ -20,16 +20,12 @@ use std::time::{Duration, Instant};
 
 use seglog::engine::broker::{Broker, BrokerOptions, NewRecord};
 use seglog::engine::check::{check_partition, CheckMode};
-use seglog::engine::compaction::{
-    compact_partition, sealed_segments_unchanged, CompactionOptions,
-};
+use seglog::engine::compaction::{compact_partition, sealed_segments_unchanged, CompactionOptions};
 use seglog::engine::io::{RealStorage, StorageRef};
 use seglog::engine::layout::{list_partition, resolve};
 use seglog::engine::planted;
 use seglog::engine::segment::{open_log, read_header, scan_segment};
-use seglog::engine::sim::{
-    crash_states, DirModel, Image, Materialiser, Rng, SimStorage, Trace,
-};
+use seglog::engine::sim::{crash_states, DirModel, Image, Materialiser, Rng, SimStorage, Trace};
 use seglog::format::marker::CompactionMarker;
 use seglog::format::names::{COMPACTION_MARKER, TOPICS_DIR, TOPIC_FILE};
 use seglog::format::topic::{TopicConfig, TopicMeta};
@@ -45,12 +41,21 @@ enum Ev {
     /// The topic was created (create_topic returned).
     TopicCreated,
     /// Values about to be written to a partition (not acknowledged).
-    Intent { p: u32, values: Vec<Vec<u8>> },
+    Intent {
+        p: u32,
+        values: Vec<Vec<u8>>,
+    },
     /// Acknowledged records.
-    Ack { p: u32, base: u64, values: Vec<Vec<u8>> },
+    Ack {
+        p: u32,
+        base: u64,
+        values: Vec<Vec<u8>>,
+    },
     /// Recovery cut the partition: every value written but not acknowledged so far
     /// must never come back.
-    Cut { p: u32 },
+    Cut {
+        p: u32,
+    },
     /// `retention_ms` about to be set / set (alter_topic returned).
     AlterIntent(i64),
     AlterAck(i64),
@@ -61,7 +66,9 @@ enum Ev {
         old: Vec<Rec>,
         new: Vec<Rec>,
     },
-    CompactCommitted { p: u32 },
+    CompactCommitted {
+        p: u32,
+    },
 }
 
 type Rec = (u64, Option<Vec<u8>>, Vec<u8>);
@@ -120,7 +127,8 @@ impl Oracle {
                 Ev::AlterAck(v) => {
                     o.alter_acked = Some(*v);
                     // Older values may no longer be seen.
-                    let keep: Vec<i64> = o.alter_allowed.iter().copied().filter(|x| x >= v).collect();
+                    let keep: Vec<i64> =
+                        o.alter_allowed.iter().copied().filter(|x| x >= v).collect();
                     o.alter_allowed = keep;
                 }
                 Ev::CompactSets { p, old, new } => {
@@ -235,7 +243,11 @@ fn check_metadata(dir: &Path, o: &Oracle, v: &mut Vec<String>) {
 
 /// Opens the state with the real broker (which runs the real recovery), then checks
 /// every partition against the oracle. Returns the violations and the records.
-fn check_state(dir: &Path, o: &Oracle, run_meta: (bool, bool)) -> (Vec<String>, BTreeMap<u32, Vec<Rec>>) {
+fn check_state(
+    dir: &Path,
+    o: &Oracle,
+    run_meta: (bool, bool),
+) -> (Vec<String>, BTreeMap<u32, Vec<Rec>>) {
     let (topic_preexisting, gaps_allowed) = run_meta;
     let mut v = Vec::new();
     check_metadata(dir, o, &mut v);
@@ -258,7 +270,10 @@ fn check_state(dir: &Path, o: &Oracle, run_meta: (bool, bool)) -> (Vec<String>, 
         Ok(d) => {
             for p in &d.partitions {
                 if let Some(e) = &p.error {
-                    v.push(format!("partition {} unavailable after recovery: {e}", p.partition));
+                    v.push(format!(
+                        "partition {} unavailable after recovery: {e}",
+                        p.partition
+                    ));
                 }
             }
         }
@@ -288,7 +303,10 @@ fn check_state(dir: &Path, o: &Oracle, run_meta: (bool, bool)) -> (Vec<String>, 
                         .filter(|pr| pr.severity > seglog::engine::check::Severity::Info)
                         .map(|pr| format!("{} {}: {}", pr.kind, pr.file.display(), pr.detail))
                         .collect();
-                    v.push(format!("partition {p} not clean after recovery ({}): {probs:?}", sev.as_str()));
+                    v.push(format!(
+                        "partition {p} not clean after recovery ({}): {probs:?}",
+                        sev.as_str()
+                    ));
                 }
             }
             Err(e) => v.push(format!("check of partition {p}: {e}")),
@@ -332,7 +350,7 @@ fn check_records(p: u32, recs: &[Rec], o: &Oracle, gaps_allowed: bool, v: &mut V
                 )),
             }
         }
-        if o.compact.get(&p).is_none() {
+        if !o.compact.contains_key(&p) {
             for (off, _, val) in recs {
                 if !po.alive.contains(val) {
                     v.push(format!(
@@ -352,7 +370,11 @@ fn check_records(p: u32, recs: &[Rec], o: &Oracle, gaps_allowed: bool, v: &mut V
                 recs.len(),
                 old.len(),
                 new.len(),
-                if *committed { " after the compaction committed" } else { "" }
+                if *committed {
+                    " after the compaction committed"
+                } else {
+                    ""
+                }
             ));
         }
     }
@@ -510,19 +532,26 @@ fn crash_during_recovery(
     img.write_to(&dir).unwrap();
     let sim = SimStorage::new(&dir).unwrap();
     let storage: StorageRef = Arc::new(sim.clone());
-    let opened = catch_unwind(AssertUnwindSafe(|| Broker::open(&dir, storage, broker_opts())));
+    let opened = catch_unwind(AssertUnwindSafe(|| {
+        Broker::open(&dir, storage, broker_opts())
+    }));
     match opened {
         Ok(Ok(b)) => drop(b),
         _ => {
             tally.violating += 1;
-            tally.messages.push("recovery on the simulated disk failed".into());
+            tally
+                .messages
+                .push("recovery on the simulated disk failed".into());
             return;
         }
     }
     let mut want = BTreeMap::new();
     if let Ok(t) = resolve(&dir.join(TOPICS_DIR).join(TOPIC)) {
         for pref in &t.partitions {
-            want.insert(pref.partition.unwrap_or(0), read_records(&pref.dir).unwrap_or_default());
+            want.insert(
+                pref.partition.unwrap_or(0),
+                read_records(&pref.dir).unwrap_or_default(),
+            );
         }
     }
     let trace = sim.trace();
@@ -639,7 +668,14 @@ fn produce_with(
 }
 
 /// Setup with the real disk: a topic with some records, acknowledged.
-fn setup_topic(root: &Path, config: TopicConfig, partitions: u32, records: u64, keyed: bool, rng: &mut Rng) -> Vec<Ev> {
+fn setup_topic(
+    root: &Path,
+    config: TopicConfig,
+    partitions: u32,
+    records: u64,
+    keyed: bool,
+    rng: &mut Rng,
+) -> Vec<Ev> {
     let b = Broker::open(root, Arc::new(RealStorage), broker_opts()).unwrap();
     b.create_topic(TOPIC, partitions, config).unwrap();
     let mut evs = vec![Ev::TopicCreated];
@@ -908,7 +944,9 @@ static FLAGS: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 #[test]
 fn crash_states_of_every_workload_recover_with_nothing_acknowledged_lost() {
-    let _g = FLAGS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _g = FLAGS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let seed = seed();
     let b = budget(scale());
     println!(
@@ -931,9 +969,7 @@ fn crash_states_of_every_workload_recover_with_nothing_acknowledged_lost() {
                 .into_iter()
                 .map(|model| {
                     let scratch = &scratch;
-                    sc.spawn(move || {
-                        (model, run_workload(name, w, model, b, seed, scratch, 1000))
-                    })
+                    sc.spawn(move || (model, run_workload(name, w, model, b, seed, scratch, 1000)))
                 })
                 .collect();
             handles.into_iter().map(|h| h.join().unwrap()).collect()
@@ -962,7 +998,10 @@ fn crash_states_of_every_workload_recover_with_nothing_acknowledged_lost() {
         failures.len(),
         start.elapsed().as_secs_f64()
     );
-    assert!(failures.is_empty(), "violations in {failures:?} (SEGLOG_SEED={seed})");
+    assert!(
+        failures.is_empty(),
+        "violations in {failures:?} (SEGLOG_SEED={seed})"
+    );
 }
 
 struct Planted {
@@ -973,7 +1012,9 @@ struct Planted {
 
 #[test]
 fn planted_bugs_are_caught() {
-    let _g = FLAGS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _g = FLAGS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let seed = seed();
     let scratch = Scratch::new();
     let b = Budget {
@@ -1023,15 +1064,15 @@ fn planted_bugs_are_caught() {
                 caught += t.violating;
                 example = example.or(t.messages.into_iter().next());
             }
-            if let Some(e) = example {
-                println!("  e.g. {}", e.chars().take(300).collect::<String>());
-            }
-            caught
+            (caught, example)
         }));
         c.flag.store(false, Ordering::SeqCst);
         match run {
-            Ok(caught) if caught > 0 => {
+            Ok((caught, example)) if caught > 0 => {
                 println!("planted {}: caught ({caught} violating states)", c.name);
+                if let Some(e) = example {
+                    println!("  e.g. {}", e.chars().take(300).collect::<String>());
+                }
             }
             Ok(_) => {
                 println!("planted {}: MISSED", c.name);
@@ -1045,5 +1086,8 @@ fn planted_bugs_are_caught() {
         }
     }
     println!("planted seed {seed}");
-    assert!(missed.is_empty(), "planted bugs missed: {missed:?} (SEGLOG_SEED={seed})");
+    assert!(
+        missed.is_empty(),
+        "planted bugs missed: {missed:?} (SEGLOG_SEED={seed})"
+    );
 }

@@ -99,7 +99,14 @@ impl Rng {
 type Acks = Arc<Mutex<BTreeMap<(u32, u64), Vec<u8>>>>;
 
 /// Produces until the broker goes away; records every acknowledged record.
-fn producer(addr: String, iteration: u64, thread: u64, seed: u64, acks: Acks, stop: Arc<AtomicBool>) {
+fn producer(
+    addr: String,
+    iteration: u64,
+    thread: u64,
+    seed: u64,
+    acks: Acks,
+    stop: Arc<AtomicBool>,
+) {
     let Ok(mut c) = Client::connect(&addr, Duration::from_secs(5)) else {
         return;
     };
@@ -150,7 +157,11 @@ fn producer(addr: String, iteration: u64, thread: u64, seed: u64, acks: Acks, st
                 assert_eq!(last - base + 1, vs.len() as u64);
                 for (i, v) in vs.iter().enumerate() {
                     let prev = a.insert((*p, base + i as u64), v.clone());
-                    assert!(prev.is_none(), "offset {p}/{} acknowledged twice", base + i as u64);
+                    assert!(
+                        prev.is_none(),
+                        "offset {p}/{} acknowledged twice",
+                        base + i as u64
+                    );
                 }
             }
         }
@@ -164,9 +175,7 @@ fn read_back(addr: &str) -> BTreeMap<(u32, u64), Vec<u8>> {
     for p in 0..PARTITIONS {
         let mut offset = 0;
         loop {
-            let f = c
-                .fetch(TOPIC, p, offset, 1 << 20, Duration::ZERO)
-                .unwrap();
+            let f = c.fetch(TOPIC, p, offset, 1 << 20, Duration::ZERO).unwrap();
             let Some(last) = f.records.last() else { break };
             offset = last.offset + 1;
             for r in f.records {
@@ -213,8 +222,12 @@ fn acknowledged_records_survive_repeated_kill_9() {
         let server = Server::start(dir.path());
         let mut c = Client::connect(&server.addr, Duration::from_secs(5)).unwrap();
         if it % ROUNDS_PER_DIR == 0 {
-            c.create_topic(TOPIC, PARTITIONS, &[("segment_bytes".into(), "2048".into())])
-                .unwrap();
+            c.create_topic(
+                TOPIC,
+                PARTITIONS,
+                &[("segment_bytes".into(), "2048".into())],
+            )
+            .unwrap();
         }
         // Everything acknowledged before the earlier kills is still there.
         let got = read_back(&server.addr);
@@ -233,7 +246,10 @@ fn acknowledged_records_survive_repeated_kill_9() {
                 }
             }
         }
-        assert!(lost.is_empty(), "lost acknowledged records (seed {seed}): {lost:?}");
+        assert!(
+            lost.is_empty(),
+            "lost acknowledged records (seed {seed}): {lost:?}"
+        );
         // Producers, then the kill at a random moment.
         let stop = Arc::new(AtomicBool::new(false));
         let threads: Vec<_> = (0..2)
@@ -256,7 +272,10 @@ fn acknowledged_records_survive_repeated_kill_9() {
         lost.len(),
         start.elapsed().as_secs_f64()
     );
-    assert!(lost.is_empty(), "lost acknowledged records (seed {seed}): {lost:?}");
+    assert!(
+        lost.is_empty(),
+        "lost acknowledged records (seed {seed}): {lost:?}"
+    );
     assert!(acked_total > 0, "no record was acknowledged at all");
 }
 

@@ -718,13 +718,17 @@ impl PartitionLog {
             self.sync_all(&**f)?;
         }
         // 2.
-        if plan.pending.dir && !super::planted::SKIP_ROLL_DIR_FSYNC.load(std::sync::atomic::Ordering::Relaxed) {
+        if plan.pending.dir
+            && !super::planted::SKIP_ROLL_DIR_FSYNC.load(std::sync::atomic::Ordering::Relaxed)
+        {
             self.sync_dir()?;
         }
         // 3.
         if plan.active_end > plan.active_seg.readable_end.load(Ordering::Acquire) {
             let synced = self.sync_data(&*plan.active_log);
-            if synced.is_err() && super::planted::RETRY_FAILED_FSYNC.load(std::sync::atomic::Ordering::Relaxed) {
+            if synced.is_err()
+                && super::planted::RETRY_FAILED_FSYNC.load(std::sync::atomic::Ordering::Relaxed)
+            {
                 return self.sync_data(&*plan.active_log);
             }
             synced?;

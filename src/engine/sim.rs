@@ -54,7 +54,11 @@ pub enum Op {
     /// Removes a name (a file, or a directory with everything below it).
     Unlink { parent: NodeId, name: String },
     /// Writes bytes into a file.
-    Write { id: NodeId, pos: u64, bytes: Vec<u8> },
+    Write {
+        id: NodeId,
+        pos: u64,
+        bytes: Vec<u8>,
+    },
     /// Truncates or extends a file.
     SetLen { id: NodeId, len: u64 },
     /// A successful `sync_data` or `sync_all`.
@@ -77,7 +81,10 @@ impl Op {
     }
 
     fn is_name_op(&self) -> bool {
-        matches!(self, Op::Create { .. } | Op::Rename { .. } | Op::Unlink { .. })
+        matches!(
+            self,
+            Op::Create { .. } | Op::Rename { .. } | Op::Unlink { .. }
+        )
     }
 }
 
@@ -134,7 +141,8 @@ impl Image {
                 self.load(&entry.path(), child, next)?;
             } else if ft.is_file() {
                 *next += 1;
-                self.nodes.insert(child, Node::File(fs::read(entry.path())?));
+                self.nodes
+                    .insert(child, Node::File(fs::read(entry.path())?));
             } else {
                 continue;
             }
@@ -231,7 +239,10 @@ impl Image {
     }
 
     fn file_mut(&mut self, id: NodeId) -> &mut Vec<u8> {
-        let node = self.nodes.entry(id).or_insert_with(|| Node::File(Vec::new()));
+        let node = self
+            .nodes
+            .entry(id)
+            .or_insert_with(|| Node::File(Vec::new()));
         if let Node::Dir(_) = node {
             *node = Node::File(Vec::new());
         }
@@ -272,8 +283,7 @@ impl Image {
                 to_parent,
                 to_name,
             } => {
-                let Some(id) = self.dir_mut(*from_parent).and_then(|n| n.remove(from_name))
-                else {
+                let Some(id) = self.dir_mut(*from_parent).and_then(|n| n.remove(from_name)) else {
                     return;
                 };
                 match self.dir_mut(*to_parent) {
@@ -506,14 +516,7 @@ impl<'t> Materialiser<'t> {
         self.base_at = settled;
         let mut img = self.base.clone();
         let mut next_pending = 0;
-        for (i, op) in self
-            .trace
-            .ops
-            .iter()
-            .enumerate()
-            .take(k)
-            .skip(settled)
-        {
+        for (i, op) in self.trace.ops.iter().enumerate().take(k).skip(settled) {
             let choice = if pending.get(next_pending) == Some(&i) {
                 let c = choices.get(next_pending).copied().unwrap_or(Choice::Skip);
                 next_pending += 1;
@@ -598,7 +601,11 @@ pub fn crash_states(
         let mut v = vec![Choice::Skip; ops.len()];
         for (n, &j) in name_idx.iter().enumerate() {
             if let Some(c) = v.get_mut(j) {
-                *c = if n < prefix { Choice::Apply } else { Choice::Skip };
+                *c = if n < prefix {
+                    Choice::Apply
+                } else {
+                    Choice::Skip
+                };
             }
         }
         for (f, &j) in free.iter().enumerate() {
@@ -1042,7 +1049,10 @@ mod tests {
         assert!(img.lookup(Path::new("b/old")).is_none());
         assert!(img.lookup(Path::new("b/c")).is_some());
         assert!(img.lookup(Path::new("b/c/x")).is_none());
-        assert!(img.lookup(Path::new("a")).is_some(), "removal of a not durable");
+        assert!(
+            img.lookup(Path::new("a")).is_some(),
+            "removal of a not durable"
+        );
         // Torn: 1300 bytes at 100 are 4 pieces (412, 512, 376).
         assert_eq!(
             piece_count(&Op::Write {
@@ -1052,7 +1062,14 @@ mod tests {
             }),
             3
         );
-        let states = crash_states(&trace, &pending, DirModel::AnyOrder, 10_000, 0, &mut Rng::new(1));
+        let states = crash_states(
+            &trace,
+            &pending,
+            DirModel::AnyOrder,
+            10_000,
+            0,
+            &mut Rng::new(1),
+        );
         assert_eq!(states.len(), 1 << pending.len());
     }
 }
