@@ -40,6 +40,10 @@ const TOPIC: &str = "t";
 enum Ev {
     /// The topic was created (create_topic returned).
     TopicCreated,
+    /// delete_topic was called: the topic may be gone from here on.
+    DeleteIntent,
+    /// The topic was deleted (delete_topic returned): nothing of it may come back.
+    TopicDeleted,
     /// Values about to be written to a partition (not acknowledged).
     Intent {
         p: u32,
@@ -77,6 +81,7 @@ type Rec = (u64, Option<Vec<u8>>, Vec<u8>);
 #[derive(Clone, Debug, Default)]
 struct Oracle {
     topic_created: bool,
+    topic_deleting: bool,
     partitions: BTreeMap<u32, PartOracle>,
     alter_acked: Option<i64>,
     alter_allowed: Vec<i64>,
@@ -102,6 +107,16 @@ impl Oracle {
         for m in all {
             match &events[m as usize] {
                 Ev::TopicCreated => o.topic_created = true,
+                Ev::DeleteIntent => {
+                    o.topic_deleting = true;
+                    o.topic_created = false;
+                }
+                Ev::TopicDeleted => {
+                    o.topic_created = false;
+                    for po in o.partitions.values_mut() {
+                        *po = PartOracle::default();
+                    }
+                }
                 Ev::Intent { p, values } => {
                     let po = o.partitions.entry(*p).or_default();
                     for v in values {
@@ -265,7 +280,7 @@ fn check_state(
         }
         Ok(Ok(b)) => b,
     };
-    let must_exist = o.topic_created || topic_preexisting;
+    let must_exist = o.topic_created || (topic_preexisting && !o.topic_deleting);
     match broker.describe_topic(TOPIC) {
         Ok(d) => {
             for p in &d.partitions {
@@ -731,6 +746,27 @@ fn workload_alter(root: &Path, rng: &mut Rng) -> Run {
     run
 }
 
+/// A topic deleted and created again under the same name, with produces.
+fn workload_delete(root: &Path, rng: &mut Rng) -> Run {
+    let evs = setup_topic(root, small_config(), 2, 6, false, rng);
+    let mut run = Run::new(root);
+    run.topic_preexisting = true;
+    replay(&mut run, evs);
+    let storage: StorageRef = Arc::new(run.sim.clone());
+    let b = Broker::open(root, storage, broker_opts()).unwrap();
+    run.mark(Ev::DeleteIntent);
+    b.delete_topic(TOPIC).unwrap();
+    run.mark(Ev::TopicDeleted);
+    b.create_topic(TOPIC, 2, small_config()).unwrap();
+    run.mark(Ev::TopicCreated);
+    for i in 0..4 {
+        let p = rng.below(2) as u32;
+        produce(&mut run, &b, p, vec![value(p, 600 + i, rng)]);
+    }
+    drop(b);
+    run
+}
+
 /// A compaction swap over the simulated disk.
 fn workload_compact(root: &Path, rng: &mut Rng) -> Run {
     let mut evs = setup_topic(root, small_config(), 1, 40, true, rng);
@@ -877,8 +913,9 @@ type Workload = fn(&Path, &mut Rng) -> Run;
 /// The workloads with their share (percent) of the state budget.
 fn workloads() -> Vec<(&'static str, Workload, usize)> {
     vec![
-        ("produce", |r, g| workload_produce(r, g, 60), 25),
-        ("produce_large", |r, g| workload_produce_large(r, g, 40), 25),
+        ("produce", |r, g| workload_produce(r, g, 60), 20),
+        ("produce_large", |r, g| workload_produce_large(r, g, 40), 20),
+        ("topic_delete", workload_delete, 10),
         ("alter_topic", workload_alter, 10),
         ("compaction", workload_compact, 15),
         ("torn_tail", workload_torn_tail, 10),
@@ -907,6 +944,12 @@ fn run_workload(
         let root = scratch.dir();
         let run = w(&root, &mut rng);
         let trace = run.sim.trace();
+        if std::env::var("SEGLOG_DEBUG_TRACE").is_ok_and(|v| v == name) && round == 0 {
+            for (i, op) in trace.ops.iter().enumerate() {
+                let short = format!("{op:?}");
+                eprintln!("{i}: {}", short.chars().take(120).collect::<String>());
+            }
+        }
         for m in &run.live_violations {
             tally.violating += 1;
             tally.messages.push(format!("{name} round {round}: {m}"));
