@@ -1019,12 +1019,12 @@ fn crash_states_of_every_workload_recover_with_nothing_acknowledged_lost() {
         });
         for (model, tally) in tallies {
             println!(
-                "{name} / {}: crash states: {} explored ({} during recovery, {} runs), {} violations [{:.1}s]",
+                "{name} / {}: crash states: {} explored, {} violations ({} of them during recovery; {} runs; {:.1}s)",
                 model_name(model),
                 tally.explored,
+                tally.violating,
                 tally.nested,
                 tally.rounds,
-                tally.violating,
                 t0.elapsed().as_secs_f64()
             );
             total += tally.explored;
