@@ -1072,4 +1072,61 @@ mod tests {
         );
         assert_eq!(states.len(), 1 << pending.len());
     }
+
+    #[test]
+    fn a_failed_sync_leaves_its_writes_uncovered_for_good() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("d");
+        fs::create_dir_all(&root).unwrap();
+        fs::write(root.join("f"), b"").unwrap();
+        let s = SimStorage::new(&root).unwrap();
+        let f = s.open(&root.join("f")).unwrap();
+        f.write_at(b"one", 0).unwrap();
+        s.fail_sync_in(1);
+        assert!(f.sync_data().is_err());
+        assert_eq!(s.failed_syncs(), 1);
+        // The retry succeeds, yet what the failed sync should have covered is not
+        // durable: only what is written after it is covered.
+        f.sync_data().unwrap();
+        f.write_at(b"two", 3).unwrap();
+        f.sync_data().unwrap();
+        let trace = s.trace();
+        let dur = trace.durability();
+        let k = trace.ops.len();
+        let pending = dur.pending(&trace, k);
+        assert_eq!(
+            pending.len(),
+            1,
+            "the first write stays pending: {pending:?}"
+        );
+        let mut m = Materialiser::new(&trace);
+        let lost = m.image(&dur, k, &pending, &[Choice::Skip]);
+        assert_eq!(lost.file(Path::new("f")), Some(&b"\0\0\0two"[..]));
+    }
+
+    #[test]
+    fn in_order_directory_changes_persist_as_a_prefix() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("d");
+        let s = SimStorage::new(&root).unwrap();
+        for name in ["a", "b", "c"] {
+            drop(s.create(&root.join(name)).unwrap());
+        }
+        let trace = s.trace();
+        let dur = trace.durability();
+        let pending = dur.pending(&trace, 3);
+        let mut rng = Rng::new(7);
+        let in_order = crash_states(&trace, &pending, DirModel::InOrder, 100, 0, &mut rng);
+        let any = crash_states(&trace, &pending, DirModel::AnyOrder, 100, 0, &mut rng);
+        assert_eq!((in_order.len(), any.len()), (4, 8));
+        let mut m = Materialiser::new(&trace);
+        for c in &in_order {
+            let img = m.image(&dur, 3, &pending, c);
+            let names: Vec<bool> = ["a", "b", "c"]
+                .iter()
+                .map(|n| img.lookup(Path::new(n)).is_some())
+                .collect();
+            assert!(names.windows(2).all(|w| w[0] >= w[1]), "{names:?}");
+        }
+    }
 }
