@@ -440,7 +440,12 @@ impl Scratch {
         } else {
             std::env::temp_dir()
         };
-        let root = base.join(format!("seglog-crash-{}", std::process::id()));
+        static SEQ: AtomicU64 = AtomicU64::new(0);
+        let root = base.join(format!(
+            "seglog-crash-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
         fs::create_dir_all(&root).unwrap();
         Scratch {
             root,
