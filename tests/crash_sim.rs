@@ -687,6 +687,61 @@ fn produce_with(
     run
 }
 
+/// Three producers at once: group commits where one fsync covers several requests,
+/// and rolls with writers waiting. (The interleaving is the scheduler's: a seed
+/// reproduces the records, not always the trace.)
+fn workload_produce_concurrent(root: &Path, rng: &mut Rng) -> Run {
+    let run = Run::new(root);
+    let storage: StorageRef = Arc::new(run.sim.clone());
+    let b = Broker::open(root, storage, broker_opts()).unwrap();
+    b.create_topic(TOPIC, 2, small_config()).unwrap();
+    let run = std::sync::Mutex::new(run);
+    let mark = |ev: Ev| {
+        let mut r = run.lock().unwrap();
+        r.events.push(ev);
+        let at = r.events.len() as u64 - 1;
+        r.sim.mark(at);
+    };
+    mark(Ev::TopicCreated);
+    let seeds: Vec<u64> = (0..3).map(|_| rng.next_u64()).collect();
+    std::thread::scope(|sc| {
+        for (t, seed) in seeds.into_iter().enumerate() {
+            let (b, mark) = (&b, &mark);
+            sc.spawn(move || {
+                let mut rng = Rng::new(seed);
+                for i in 0..15u64 {
+                    let p = rng.below(2) as u32;
+                    let count = 1 + rng.below(2);
+                    let values: Vec<Vec<u8>> = (0..count)
+                        .map(|j| value(p, (t as u64 + 1) * 1000 + i * 10 + j, &mut rng))
+                        .collect();
+                    mark(Ev::Intent {
+                        p,
+                        values: values.clone(),
+                    });
+                    let recs: Vec<NewRecord<'_>> = values
+                        .iter()
+                        .map(|v| NewRecord {
+                            key: None,
+                            value: v,
+                            timestamp_ms: 1,
+                        })
+                        .collect();
+                    if let Ok(r) = b.produce(TOPIC, p, &recs) {
+                        mark(Ev::Ack {
+                            p,
+                            base: r.base_offset,
+                            values,
+                        });
+                    }
+                }
+            });
+        }
+    });
+    drop(b);
+    run.into_inner().unwrap()
+}
+
 /// Setup with the real disk: a topic with some records, acknowledged.
 fn setup_topic(
     root: &Path,
@@ -918,8 +973,9 @@ type Workload = fn(&Path, &mut Rng) -> Run;
 /// The workloads with their share (percent) of the state budget.
 fn workloads() -> Vec<(&'static str, Workload, usize)> {
     vec![
-        ("produce", |r, g| workload_produce(r, g, 60), 20),
-        ("produce_large", |r, g| workload_produce_large(r, g, 40), 20),
+        ("produce", |r, g| workload_produce(r, g, 60), 15),
+        ("produce_large", |r, g| workload_produce_large(r, g, 40), 15),
+        ("produce_concurrent", workload_produce_concurrent, 10),
         ("topic_delete", workload_delete, 10),
         ("alter_topic", workload_alter, 10),
         ("compaction", workload_compact, 15),
