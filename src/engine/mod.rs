@@ -12,8 +12,12 @@ pub mod io;
 pub mod layout;
 pub mod lock;
 pub mod log;
+#[doc(hidden)]
+pub mod planted;
 pub mod protocol;
 pub mod recovery;
 pub mod reindex;
 pub mod segment;
 pub mod server;
+#[doc(hidden)]
+pub mod sim;

@@ -1202,7 +1202,9 @@ fn cut(
         backups.push(b.copy(storage, log, from, to, false)?);
     }
     // 2. truncate.
-    f.set_len(from)?;
+    if !super::planted::SKIP_TORN_TAIL_TRUNCATE.load(std::sync::atomic::Ordering::Relaxed) {
+        f.set_len(from)?;
+    }
     // 3. fsync: the cut is durable before anything new is appended.
     f.sync_all()
 }

@@ -1,0 +1,18 @@
+//! Planted bugs for the crash simulator: each flag, when set, makes the code under
+//! test skip or reorder one durability step, so the crash tests can show that they
+//! notice. All are false unless a test sets them; checking one costs a relaxed load.
+
+use std::sync::atomic::AtomicBool;
+
+/// log.rs: a roll's new segment names are not made durable (no directory fsync).
+pub static SKIP_ROLL_DIR_FSYNC: AtomicBool = AtomicBool::new(false);
+/// log.rs: a produce is acknowledged before the fsync that covers it.
+pub static ACK_BEFORE_FSYNC: AtomicBool = AtomicBool::new(false);
+/// recovery.rs: a torn tail is not truncated (only fsynced).
+pub static SKIP_TORN_TAIL_TRUNCATE: AtomicBool = AtomicBool::new(false);
+/// log.rs: a failed fsync is retried, and the retry's success acknowledges.
+pub static RETRY_FAILED_FSYNC: AtomicBool = AtomicBool::new(false);
+/// compaction.rs: the results are renamed into place before the marker is durable.
+pub static RENAME_BEFORE_MARKER: AtomicBool = AtomicBool::new(false);
+/// io.rs: an atomic file replace (topic.json, the marker) skips its directory fsync.
+pub static SKIP_ATOMIC_DIR_FSYNC: AtomicBool = AtomicBool::new(false);

@@ -1,0 +1,1197 @@
+//! Crash-state simulation: workloads run over `engine::sim::SimStorage`, and every
+//! crash state the trace allows (every crash point; exhaustively, or by prefixes,
+//! single omissions and seeded random subsets) is materialised on tmpfs, opened by
+//! the real broker (which runs the real recovery) and checked against what the
+//! workload was told. A crash during that recovery is simulated too. Planted bugs
+//! (`engine::planted`) must be caught.
+//!
+//! `SEGLOG_CRASH_STATES=N` sets the target number of states (default 100000, shared
+//! out among the workloads and models; the effort per crash point grows with it); `SEGLOG_SEED=S` reruns a seed.
+
+#![expect(clippy::unwrap_used, reason = "tests")]
+
+use std::collections::{BTreeMap, HashSet};
+use std::fs;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use seglog::engine::broker::{Broker, BrokerOptions, NewRecord};
+use seglog::engine::check::{check_partition, CheckMode};
+use seglog::engine::compaction::{compact_partition, sealed_segments_unchanged, CompactionOptions};
+use seglog::engine::io::{RealStorage, StorageRef};
+use seglog::engine::layout::{list_partition, resolve};
+use seglog::engine::planted;
+use seglog::engine::segment::{open_log, read_header, scan_segment};
+use seglog::engine::sim::{crash_states, DirModel, Image, Materialiser, Rng, SimStorage, Trace};
+use seglog::format::marker::CompactionMarker;
+use seglog::format::names::{COMPACTION_MARKER, TOPICS_DIR, TOPIC_FILE};
+use seglog::format::topic::{TopicConfig, TopicMeta};
+use seglog::format::{encode_record, HEADER_LEN};
+
+const TOPIC: &str = "t";
+
+// ----- what the workload was told -----
+
+/// One thing the workload learnt, in trace order.
+#[derive(Clone, Debug)]
+enum Ev {
+    /// The topic was created (create_topic returned).
+    TopicCreated,
+    /// delete_topic was called: the topic may be gone from here on.
+    DeleteIntent,
+    /// The topic was deleted (delete_topic returned): nothing of it may come back.
+    TopicDeleted,
+    /// Values about to be written to a partition (not acknowledged).
+    Intent {
+        p: u32,
+        values: Vec<Vec<u8>>,
+    },
+    /// Acknowledged records.
+    Ack {
+        p: u32,
+        base: u64,
+        values: Vec<Vec<u8>>,
+    },
+    /// Recovery cut the partition: every value written but not acknowledged so far
+    /// must never come back.
+    Cut {
+        p: u32,
+    },
+    /// `retention_ms` about to be set / set (alter_topic returned).
+    AlterIntent(i64),
+    AlterAck(i64),
+    /// The record sets before and after a compaction; `CompactCommitted` once
+    /// compact_partition returned.
+    CompactSets {
+        p: u32,
+        old: Vec<Rec>,
+        new: Vec<Rec>,
+    },
+    CompactCommitted {
+        p: u32,
+    },
+}
+
+type Rec = (u64, Option<Vec<u8>>, Vec<u8>);
+
+/// The expectations at one crash point, folded from the events before it.
+#[derive(Clone, Debug, Default)]
+struct Oracle {
+    topic_created: bool,
+    topic_deleting: bool,
+    partitions: BTreeMap<u32, PartOracle>,
+    alter_acked: Option<i64>,
+    alter_allowed: Vec<i64>,
+    /// Compaction: partition -> (old, new, committed).
+    compact: BTreeMap<u32, (Vec<Rec>, Vec<Rec>, bool)>,
+}
+
+#[derive(Clone, Debug, Default)]
+struct PartOracle {
+    /// Values that may appear (written, not cut).
+    alive: HashSet<Vec<u8>>,
+    /// Written but not acknowledged.
+    unacked: HashSet<Vec<u8>>,
+    acked: BTreeMap<u64, Vec<u8>>,
+}
+
+impl Oracle {
+    /// Folds the first `preamble` events (what the setup before the trace was told),
+    /// then those the markers name.
+    fn from(events: &[Ev], preamble: usize, markers: &[u64]) -> Oracle {
+        let mut o = Oracle::default();
+        let all = (0..preamble as u64).chain(markers.iter().copied());
+        for m in all {
+            match &events[m as usize] {
+                Ev::TopicCreated => o.topic_created = true,
+                Ev::DeleteIntent => {
+                    o.topic_deleting = true;
+                    o.topic_created = false;
+                }
+                Ev::TopicDeleted => {
+                    o.topic_created = false;
+                    for po in o.partitions.values_mut() {
+                        *po = PartOracle::default();
+                    }
+                }
+                Ev::Intent { p, values } => {
+                    let po = o.partitions.entry(*p).or_default();
+                    for v in values {
+                        po.alive.insert(v.clone());
+                        po.unacked.insert(v.clone());
+                    }
+                }
+                Ev::Ack { p, base, values } => {
+                    let po = o.partitions.entry(*p).or_default();
+                    for (i, v) in values.iter().enumerate() {
+                        po.alive.insert(v.clone());
+                        po.unacked.remove(v);
+                        po.acked.insert(base + i as u64, v.clone());
+                    }
+                }
+                Ev::Cut { p } => {
+                    let po = o.partitions.entry(*p).or_default();
+                    for v in po.unacked.drain() {
+                        po.alive.remove(&v);
+                    }
+                }
+                Ev::AlterIntent(v) => o.alter_allowed.push(*v),
+                Ev::AlterAck(v) => {
+                    o.alter_acked = Some(*v);
+                    // Older values may no longer be seen.
+                    let keep: Vec<i64> =
+                        o.alter_allowed.iter().copied().filter(|x| x >= v).collect();
+                    o.alter_allowed = keep;
+                }
+                Ev::CompactSets { p, old, new } => {
+                    o.compact.insert(*p, (old.clone(), new.clone(), false));
+                }
+                Ev::CompactCommitted { p } => {
+                    if let Some(c) = o.compact.get_mut(p) {
+                        c.2 = true;
+                    }
+                }
+            }
+        }
+        o
+    }
+}
+
+/// A workload's recording: the storage and the events its markers index.
+struct Run {
+    sim: SimStorage,
+    events: Vec<Ev>,
+    /// Violations seen while the workload ran (e.g. an ack after a failed fsync).
+    live_violations: Vec<String>,
+    /// The topic exists before the trace starts.
+    topic_preexisting: bool,
+    /// Records of a partition may have gaps (compaction).
+    gaps_allowed: bool,
+    /// The first events happened before the trace started.
+    preamble: usize,
+}
+
+impl Run {
+    fn new(root: &Path) -> Run {
+        Run {
+            sim: SimStorage::new(root).unwrap(),
+            events: Vec::new(),
+            live_violations: Vec::new(),
+            topic_preexisting: false,
+            gaps_allowed: false,
+            preamble: 0,
+        }
+    }
+    fn mark(&mut self, ev: Ev) {
+        self.events.push(ev);
+        self.sim.mark(self.events.len() as u64 - 1);
+    }
+}
+
+// ----- the state checker -----
+
+fn broker_opts() -> BrokerOptions {
+    BrokerOptions {
+        flush_every_records: 1,
+        flush_interval: Duration::from_secs(3600),
+        cold_storage_dir: None,
+    }
+}
+
+/// Every record of a partition directory, in file order.
+fn read_records(dir: &Path) -> Result<Vec<Rec>, String> {
+    let listing = list_partition(dir).map_err(|e| format!("listing {}: {e}", dir.display()))?;
+    let mut out = Vec::new();
+    for seg in &listing.segments {
+        let (file, len) = open_log(&seg.log).map_err(|e| e.to_string())?;
+        let header = read_header(&file, len)
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("{}: {e}", seg.log.display()))?;
+        scan_segment(&file, &header, len, |_, r| {
+            out.push((r.offset, r.key.map(<[u8]>::to_vec), r.value.to_vec()));
+        })
+        .map_err(|e| e.to_string())?;
+    }
+    Ok(out)
+}
+
+/// Checks the metadata of a crash state before anything repairs it.
+fn check_metadata(dir: &Path, o: &Oracle, v: &mut Vec<String>) {
+    let tdir = dir.join(TOPICS_DIR).join(TOPIC);
+    let meta_path = tdir.join(TOPIC_FILE);
+    if let Ok(bytes) = fs::read(&meta_path) {
+        match TopicMeta::decode(&bytes) {
+            Err(e) => v.push(format!("topic.json torn: {e}")),
+            Ok(meta) => {
+                let r = meta.config.retention_ms;
+                let ok = match o.alter_acked {
+                    None => {
+                        r == TopicConfig::default().retention_ms || o.alter_allowed.contains(&r)
+                    }
+                    Some(_) => o.alter_allowed.contains(&r),
+                };
+                if !ok {
+                    v.push(format!(
+                        "topic.json has retention_ms {r}; acknowledged {:?}, allowed {:?}",
+                        o.alter_acked, o.alter_allowed
+                    ));
+                }
+            }
+        }
+    } else if o.topic_created && tdir.exists() {
+        v.push("topic.json missing from a created topic".into());
+    }
+    if let Ok(rd) = fs::read_dir(&tdir) {
+        for e in rd.flatten() {
+            let m = e.path().join(COMPACTION_MARKER);
+            if let Ok(bytes) = fs::read(&m) {
+                if let Err(err) = CompactionMarker::decode(&bytes) {
+                    v.push(format!("{} torn: {err}", m.display()));
+                }
+            }
+        }
+    }
+}
+
+/// Opens the state with the real broker (which runs the real recovery), then checks
+/// every partition against the oracle. Returns the violations and the records.
+fn check_state(
+    dir: &Path,
+    o: &Oracle,
+    run_meta: (bool, bool),
+) -> (Vec<String>, BTreeMap<u32, Vec<Rec>>) {
+    let (topic_preexisting, gaps_allowed) = run_meta;
+    let mut v = Vec::new();
+    check_metadata(dir, o, &mut v);
+    let opened = catch_unwind(AssertUnwindSafe(|| {
+        Broker::open(dir, Arc::new(RealStorage), broker_opts())
+    }));
+    let broker = match opened {
+        Err(_) => {
+            v.push("recovery/open panicked".into());
+            return (v, BTreeMap::new());
+        }
+        Ok(Err(e)) => {
+            v.push(format!("broker open failed: {e}"));
+            return (v, BTreeMap::new());
+        }
+        Ok(Ok(b)) => b,
+    };
+    let must_exist = o.topic_created || (topic_preexisting && !o.topic_deleting);
+    match broker.describe_topic(TOPIC) {
+        Ok(d) => {
+            for p in &d.partitions {
+                if let Some(e) = &p.error {
+                    v.push(format!(
+                        "partition {} unavailable after recovery: {e}",
+                        p.partition
+                    ));
+                }
+            }
+        }
+        Err(e) if must_exist => v.push(format!("topic lost: {e}")),
+        Err(_) => {}
+    }
+    drop(broker);
+    let mut records = BTreeMap::new();
+    let tdir = dir.join(TOPICS_DIR).join(TOPIC);
+    if !tdir.exists() {
+        return (v, records);
+    }
+    let target = match resolve(&tdir) {
+        Ok(t) => t,
+        Err(e) => {
+            v.push(format!("resolve after recovery: {e}"));
+            return (v, records);
+        }
+    };
+    for pref in &target.partitions {
+        let p = pref.partition.unwrap_or(0);
+        match check_partition(pref, CheckMode::Full) {
+            Ok(c) => {
+                if let Some(sev) = c.severity() {
+                    let probs: Vec<String> = c
+                        .all_problems()
+                        .filter(|pr| pr.severity > seglog::engine::check::Severity::Info)
+                        .map(|pr| format!("{} {}: {}", pr.kind, pr.file.display(), pr.detail))
+                        .collect();
+                    v.push(format!(
+                        "partition {p} not clean after recovery ({}): {probs:?}",
+                        sev.as_str()
+                    ));
+                }
+            }
+            Err(e) => v.push(format!("check of partition {p}: {e}")),
+        }
+        let recs = match read_records(&pref.dir) {
+            Ok(r) => r,
+            Err(e) => {
+                v.push(format!("partition {p}: {e}"));
+                continue;
+            }
+        };
+        check_records(p, &recs, o, gaps_allowed, &mut v);
+        records.insert(p, recs);
+    }
+    (v, records)
+}
+
+fn check_records(p: u32, recs: &[Rec], o: &Oracle, gaps_allowed: bool, v: &mut Vec<String>) {
+    let mut prev: Option<u64> = None;
+    for (off, _, _) in recs {
+        if let Some(q) = prev {
+            if *off <= q || (!gaps_allowed && *off != q + 1) {
+                v.push(format!("partition {p}: offset {off} follows {q}"));
+            }
+        }
+        prev = Some(*off);
+    }
+    if let Some(po) = o.partitions.get(&p) {
+        let by_offset: BTreeMap<u64, &Vec<u8>> = recs.iter().map(|r| (r.0, &r.2)).collect();
+        for (off, val) in &po.acked {
+            match by_offset.get(off) {
+                Some(got) if *got == val => {}
+                Some(got) => v.push(format!(
+                    "partition {p}: acknowledged offset {off} holds {:?}, not {:?}",
+                    String::from_utf8_lossy(got),
+                    String::from_utf8_lossy(val)
+                )),
+                None => v.push(format!(
+                    "partition {p}: acknowledged offset {off} ({:?}) lost",
+                    String::from_utf8_lossy(val)
+                )),
+            }
+        }
+        if !o.compact.contains_key(&p) {
+            for (off, _, val) in recs {
+                if !po.alive.contains(val) {
+                    v.push(format!(
+                        "partition {p}: offset {off} holds {:?}, never written or cut by recovery",
+                        String::from_utf8_lossy(val)
+                    ));
+                }
+            }
+        }
+    }
+    if let Some((old, new, committed)) = o.compact.get(&p) {
+        let is_new = recs == new.as_slice();
+        let is_old = recs == old.as_slice();
+        if !(is_new || (!committed && is_old)) {
+            v.push(format!(
+                "partition {p}: {} records, neither the old set ({}) nor the new ({}){}",
+                recs.len(),
+                old.len(),
+                new.len(),
+                if *committed {
+                    " after the compaction committed"
+                } else {
+                    ""
+                }
+            ));
+        }
+    }
+}
+
+// ----- enumeration -----
+
+#[derive(Clone, Copy)]
+struct Budget {
+    /// Most states per workload and model.
+    states: usize,
+    exhaustive_max: usize,
+    random: usize,
+    /// One in this many states whose recovery acted also gets a crash during recovery.
+    nested_every: u64,
+}
+
+/// `scale` is the target number of states of a whole run (shared out among the
+/// workloads and models); the effort per crash point grows with it.
+fn budget(scale: usize) -> Budget {
+    let factor = (scale / 100_000).max(1);
+    Budget {
+        states: scale,
+        exhaustive_max: 512 * factor,
+        random: 24 * factor,
+        nested_every: 6,
+    }
+}
+
+#[derive(Default)]
+struct Tally {
+    rounds: u64,
+    explored: u64,
+    violating: u64,
+    nested: u64,
+    messages: Vec<String>,
+}
+
+struct Scratch {
+    root: PathBuf,
+    n: AtomicU64,
+}
+
+impl Scratch {
+    fn new() -> Scratch {
+        let base = if Path::new("/dev/shm").is_dir() {
+            PathBuf::from("/dev/shm")
+        } else {
+            std::env::temp_dir()
+        };
+        static SEQ: AtomicU64 = AtomicU64::new(0);
+        let root = base.join(format!(
+            "seglog-crash-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        fs::create_dir_all(&root).unwrap();
+        Scratch {
+            root,
+            n: AtomicU64::new(0),
+        }
+    }
+    fn dir(&self) -> PathBuf {
+        self.root
+            .join(format!("s{}", self.n.fetch_add(1, Ordering::Relaxed)))
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.root);
+    }
+}
+
+/// Explores the crash states of `trace` under `model`; `expect_records`, when given,
+/// is what every state's recovered partitions must hold (a crash during recovery).
+#[expect(clippy::too_many_arguments, reason = "test driver")]
+fn explore(
+    trace: &Trace,
+    events: &[Ev],
+    preamble: usize,
+    meta: (bool, bool),
+    oracle_override: Option<&Oracle>,
+    expect_records: Option<&BTreeMap<u32, Vec<Rec>>>,
+    model: DirModel,
+    b: Budget,
+    rng: &mut Rng,
+    scratch: &Scratch,
+    tally: &mut Tally,
+    nested: bool,
+) {
+    let dur = trace.durability();
+    let mut mat = Materialiser::new(trace);
+    let mut seen: HashSet<(u64, usize)> = HashSet::new();
+    let n = trace.ops.len();
+    for k in 0..=n {
+        if !nested && tally.explored as usize >= b.states {
+            break;
+        }
+        let markers = trace.markers_before(k);
+        let oracle = match oracle_override {
+            Some(o) => o.clone(),
+            None => Oracle::from(events, preamble, &markers),
+        };
+        let pending = dur.pending(trace, k);
+        let states = crash_states(trace, &pending, model, b.exhaustive_max, b.random, rng);
+        for choices in states {
+            let img = mat.image(&dur, k, &pending, &choices);
+            if !seen.insert((img.digest(), markers.len())) {
+                continue;
+            }
+            let dir = scratch.dir();
+            img.write_to(&dir).unwrap();
+            let (mut v, records) = check_state(&dir, &oracle, meta);
+            if let Some(want) = expect_records {
+                if v.is_empty() && &records != want {
+                    v.push(format!(
+                        "after a crash during recovery the records differ from the first recovery's: {:?} vs {:?}",
+                        records.iter().map(|(p, r)| (p, r.len())).collect::<Vec<_>>(),
+                        want.iter().map(|(p, r)| (p, r.len())).collect::<Vec<_>>()
+                    ));
+                }
+            }
+            let _ = fs::remove_dir_all(&dir);
+            tally.explored += 1;
+            if !v.is_empty() {
+                tally.violating += 1;
+                if tally.messages.len() < 5 {
+                    tally.messages.push(format!(
+                        "crash point {k}/{n}{}, choices {:?}: {}",
+                        if nested { " (during recovery)" } else { "" },
+                        choices,
+                        v.join("; ")
+                    ));
+                }
+                continue;
+            }
+            // A crash during the recovery of this state.
+            if !nested && rng.below(b.nested_every) == 0 {
+                crash_during_recovery(&img, &oracle, meta, model, b, rng, scratch, tally);
+            }
+        }
+    }
+}
+
+/// Recovers `img` on a simulated disk, then explores the crash states of that
+/// recovery: each must recover to the same records.
+#[expect(clippy::too_many_arguments, reason = "test driver")]
+fn crash_during_recovery(
+    img: &Image,
+    oracle: &Oracle,
+    meta: (bool, bool),
+    model: DirModel,
+    b: Budget,
+    rng: &mut Rng,
+    scratch: &Scratch,
+    tally: &mut Tally,
+) {
+    let dir = scratch.dir();
+    img.write_to(&dir).unwrap();
+    let sim = SimStorage::new(&dir).unwrap();
+    let storage: StorageRef = Arc::new(sim.clone());
+    let opened = catch_unwind(AssertUnwindSafe(|| {
+        Broker::open(&dir, storage, broker_opts())
+    }));
+    match opened {
+        Ok(Ok(b)) => drop(b),
+        _ => {
+            tally.violating += 1;
+            tally
+                .messages
+                .push("recovery on the simulated disk failed".into());
+            return;
+        }
+    }
+    let mut want = BTreeMap::new();
+    if let Ok(t) = resolve(&dir.join(TOPICS_DIR).join(TOPIC)) {
+        for pref in &t.partitions {
+            want.insert(
+                pref.partition.unwrap_or(0),
+                read_records(&pref.dir).unwrap_or_default(),
+            );
+        }
+    }
+    let trace = sim.trace();
+    drop(sim);
+    let _ = fs::remove_dir_all(&dir);
+    let small = Budget {
+        exhaustive_max: (b.exhaustive_max / 8).max(16),
+        random: (b.random / 4).max(2),
+        ..b
+    };
+    let before = tally.explored;
+    explore(
+        &trace,
+        &[],
+        0,
+        meta,
+        Some(oracle),
+        Some(&want),
+        model,
+        small,
+        rng,
+        scratch,
+        tally,
+        true,
+    );
+    tally.nested += tally.explored - before;
+}
+
+// ----- workloads -----
+
+fn value(p: u32, n: u64, rng: &mut Rng) -> Vec<u8> {
+    sized_value(p, n, 10 + rng.below(120) as usize)
+}
+
+fn sized_value(p: u32, n: u64, extra: usize) -> Vec<u8> {
+    let mut v = format!("p{p}-v{n}-").into_bytes();
+    v.extend(std::iter::repeat_n(b'a' + (n % 26) as u8, extra));
+    v
+}
+
+fn small_config() -> TopicConfig {
+    TopicConfig {
+        segment_bytes: 1024,
+        ..TopicConfig::default()
+    }
+}
+
+fn produce(run: &mut Run, b: &Broker, p: u32, values: Vec<Vec<u8>>) -> bool {
+    run.mark(Ev::Intent {
+        p,
+        values: values.clone(),
+    });
+    let recs: Vec<NewRecord<'_>> = values
+        .iter()
+        .map(|v| NewRecord {
+            key: None,
+            value: v,
+            timestamp_ms: 1,
+        })
+        .collect();
+    match b.produce(TOPIC, p, &recs) {
+        Ok(r) => {
+            run.mark(Ev::Ack {
+                p,
+                base: r.base_offset,
+                values,
+            });
+            true
+        }
+        Err(_) => false,
+    }
+}
+
+/// Broker start on an empty directory, topic create, produces with rolls.
+fn workload_produce(root: &Path, rng: &mut Rng, batches: u64) -> Run {
+    produce_with(root, rng, batches, small_config(), 120)
+}
+
+/// Records up to 1.5 KiB: writes span several sectors, so more ways to tear.
+fn workload_produce_large(root: &Path, rng: &mut Rng, batches: u64) -> Run {
+    let config = TopicConfig {
+        segment_bytes: 4096,
+        ..TopicConfig::default()
+    };
+    produce_with(root, rng, batches, config, 1500)
+}
+
+fn produce_with(
+    root: &Path,
+    rng: &mut Rng,
+    batches: u64,
+    config: TopicConfig,
+    max_value: u64,
+) -> Run {
+    let mut run = Run::new(root);
+    let storage: StorageRef = Arc::new(run.sim.clone());
+    let b = Broker::open(root, storage, broker_opts()).unwrap();
+    b.create_topic(TOPIC, 2, config).unwrap();
+    run.mark(Ev::TopicCreated);
+    let mut n = 0;
+    for _ in 0..batches {
+        let p = rng.below(2) as u32;
+        let count = 1 + rng.below(3);
+        let values = (0..count)
+            .map(|_| {
+                n += 1;
+                sized_value(p, n, 10 + rng.below(max_value) as usize)
+            })
+            .collect();
+        produce(&mut run, &b, p, values);
+    }
+    drop(b);
+    run
+}
+
+/// Three producers at once: group commits where one fsync covers several requests,
+/// and rolls with writers waiting. (The interleaving is the scheduler's: a seed
+/// reproduces the records, not always the trace.)
+fn workload_produce_concurrent(root: &Path, rng: &mut Rng) -> Run {
+    let run = Run::new(root);
+    let storage: StorageRef = Arc::new(run.sim.clone());
+    let b = Broker::open(root, storage, broker_opts()).unwrap();
+    b.create_topic(TOPIC, 2, small_config()).unwrap();
+    let run = std::sync::Mutex::new(run);
+    let mark = |ev: Ev| {
+        let mut r = run.lock().unwrap();
+        r.events.push(ev);
+        let at = r.events.len() as u64 - 1;
+        r.sim.mark(at);
+    };
+    mark(Ev::TopicCreated);
+    let seeds: Vec<u64> = (0..3).map(|_| rng.next_u64()).collect();
+    std::thread::scope(|sc| {
+        for (t, seed) in seeds.into_iter().enumerate() {
+            let (b, mark) = (&b, &mark);
+            sc.spawn(move || {
+                let mut rng = Rng::new(seed);
+                for i in 0..15u64 {
+                    let p = rng.below(2) as u32;
+                    let count = 1 + rng.below(2);
+                    let values: Vec<Vec<u8>> = (0..count)
+                        .map(|j| value(p, (t as u64 + 1) * 1000 + i * 10 + j, &mut rng))
+                        .collect();
+                    mark(Ev::Intent {
+                        p,
+                        values: values.clone(),
+                    });
+                    let recs: Vec<NewRecord<'_>> = values
+                        .iter()
+                        .map(|v| NewRecord {
+                            key: None,
+                            value: v,
+                            timestamp_ms: 1,
+                        })
+                        .collect();
+                    if let Ok(r) = b.produce(TOPIC, p, &recs) {
+                        mark(Ev::Ack {
+                            p,
+                            base: r.base_offset,
+                            values,
+                        });
+                    }
+                }
+            });
+        }
+    });
+    drop(b);
+    run.into_inner().unwrap()
+}
+
+/// Setup with the real disk: a topic with some records, acknowledged.
+fn setup_topic(
+    root: &Path,
+    config: TopicConfig,
+    partitions: u32,
+    records: u64,
+    keyed: bool,
+    rng: &mut Rng,
+) -> Vec<Ev> {
+    let b = Broker::open(root, Arc::new(RealStorage), broker_opts()).unwrap();
+    b.create_topic(TOPIC, partitions, config).unwrap();
+    let mut evs = vec![Ev::TopicCreated];
+    for i in 0..records {
+        let p = (i % u64::from(partitions)) as u32;
+        let v = value(p, 10_000 + i, rng);
+        let key = format!("k{}", rng.below(6)).into_bytes();
+        let r = b
+            .produce(
+                TOPIC,
+                p,
+                &[NewRecord {
+                    key: keyed.then_some(&key[..]),
+                    value: &v,
+                    timestamp_ms: 1,
+                }],
+            )
+            .unwrap();
+        evs.push(Ev::Ack {
+            p,
+            base: r.base_offset,
+            values: vec![v],
+        });
+    }
+    drop(b);
+    evs
+}
+
+fn replay(run: &mut Run, evs: Vec<Ev>) {
+    assert!(run.events.is_empty() && run.sim.is_empty());
+    run.preamble = evs.len();
+    run.events = evs;
+}
+
+/// topic.json replaced by alter_topic, with produces between.
+fn workload_alter(root: &Path, rng: &mut Rng) -> Run {
+    let evs = setup_topic(root, small_config(), 1, 3, false, rng);
+    let mut run = Run::new(root);
+    run.topic_preexisting = true;
+    replay(&mut run, evs);
+    let storage: StorageRef = Arc::new(run.sim.clone());
+    let b = Broker::open(root, storage, broker_opts()).unwrap();
+    for i in 0..6i64 {
+        let ms = 1_000_000 + i;
+        run.mark(Ev::AlterIntent(ms));
+        b.alter_topic(TOPIC, &[("retention_ms".into(), ms.to_string())])
+            .unwrap();
+        run.mark(Ev::AlterAck(ms));
+        let v = value(0, 500 + i as u64, rng);
+        produce(&mut run, &b, 0, vec![v]);
+    }
+    drop(b);
+    run
+}
+
+/// A topic deleted and created again under the same name, with produces.
+fn workload_delete(root: &Path, rng: &mut Rng) -> Run {
+    let evs = setup_topic(root, small_config(), 2, 6, false, rng);
+    let mut run = Run::new(root);
+    run.topic_preexisting = true;
+    replay(&mut run, evs);
+    let storage: StorageRef = Arc::new(run.sim.clone());
+    let b = Broker::open(root, storage, broker_opts()).unwrap();
+    run.mark(Ev::DeleteIntent);
+    b.delete_topic(TOPIC).unwrap();
+    run.mark(Ev::TopicDeleted);
+    b.create_topic(TOPIC, 2, small_config()).unwrap();
+    run.mark(Ev::TopicCreated);
+    for i in 0..4 {
+        let p = rng.below(2) as u32;
+        produce(&mut run, &b, p, vec![value(p, 600 + i, rng)]);
+    }
+    drop(b);
+    run
+}
+
+/// A compaction swap over the simulated disk.
+fn workload_compact(root: &Path, rng: &mut Rng) -> Run {
+    let mut evs = setup_topic(root, small_config(), 1, 40, true, rng);
+    // Acks hold for offsets; compaction may drop superseded records, so the
+    // acknowledged-offset check gives way to the old/new set check.
+    evs.retain(|e| !matches!(e, Ev::Ack { .. }));
+    let pdir = root.join(TOPICS_DIR).join(TOPIC).join("0");
+    let old = read_records(&pdir).unwrap();
+    let mut run = Run::new(root);
+    run.topic_preexisting = true;
+    run.gaps_allowed = true;
+    replay(&mut run, evs);
+    let target = resolve(&pdir).unwrap();
+    let pref = &target.partitions[0];
+    let opts = CompactionOptions::for_topic(&small_config(), 1_000);
+    // The new set is known only afterwards: mark it with a placeholder now and fill
+    // it in below (markers index the event list).
+    run.mark(Ev::CompactSets {
+        p: 0,
+        old: old.clone(),
+        new: Vec::new(),
+    });
+    let sets_at = run.events.len() - 1;
+    let sim = run.sim.clone();
+    let report = compact_partition(
+        &sim,
+        pref,
+        &opts,
+        &|read| sealed_segments_unchanged(&pdir, read),
+        &mut |_| {},
+    )
+    .unwrap();
+    assert!(!report.skipped, "the setup must leave something to compact");
+    run.mark(Ev::CompactCommitted { p: 0 });
+    let new = read_records(&pdir).unwrap();
+    run.events[sets_at] = Ev::CompactSets { p: 0, old, new };
+    run
+}
+
+/// A torn tail (a damaged record with a valid one behind it) cut by the broker's
+/// startup recovery, then new appends at the same offsets.
+fn workload_torn_tail(root: &Path, rng: &mut Rng) -> Run {
+    let evs = setup_topic(root, small_config(), 2, 6, false, rng);
+    let pdir = root.join(TOPICS_DIR).join(TOPIC).join("0");
+    let listing = list_partition(&pdir).unwrap();
+    let active = &listing.segments.last().unwrap().log;
+    let len = fs::metadata(active).unwrap().len();
+    let next = evs
+        .iter()
+        .filter_map(|e| match e {
+            Ev::Ack { p: 0, base, .. } => Some(base + 1),
+            _ => None,
+        })
+        .max()
+        .unwrap_or(0);
+    let torn_v = b"p0-torn-record".to_vec();
+    let behind_v = b"p0-behind-the-torn-one".to_vec();
+    let mut bytes = Vec::new();
+    encode_record(&mut bytes, next, 1, None, &torn_v, 0).unwrap();
+    let half = bytes.len() / 2;
+    bytes[half] ^= 0xff;
+    encode_record(&mut bytes, next + 1, 1, None, &behind_v, 0).unwrap();
+    let f = fs::OpenOptions::new().append(true).open(active).unwrap();
+    std::io::Write::write_all(&mut &f, &bytes).unwrap();
+    assert!(len >= HEADER_LEN as u64);
+    let mut run = Run::new(root);
+    run.topic_preexisting = true;
+    replay(&mut run, evs);
+    run.mark(Ev::Intent {
+        p: 0,
+        values: vec![torn_v, behind_v],
+    });
+    let storage: StorageRef = Arc::new(run.sim.clone());
+    let b = Broker::open(root, storage, broker_opts()).unwrap();
+    run.mark(Ev::Cut { p: 0 });
+    for i in 0..4 {
+        let v = value(0, 700 + i, rng);
+        produce(&mut run, &b, 0, vec![v]);
+    }
+    drop(b);
+    run
+}
+
+/// An fsync fails in the middle of produces: the partition must acknowledge nothing
+/// after it.
+fn workload_fsync_failure(root: &Path, rng: &mut Rng) -> Run {
+    // Large segments: the failing fsync is the group commit's fdatasync.
+    let config = TopicConfig {
+        segment_bytes: 64 * 1024,
+        ..TopicConfig::default()
+    };
+    let evs = setup_topic(root, config, 2, 4, false, rng);
+    let mut run = Run::new(root);
+    run.topic_preexisting = true;
+    replay(&mut run, evs);
+    let storage: StorageRef = Arc::new(run.sim.clone());
+    let b = Broker::open(root, storage, broker_opts()).unwrap();
+    for i in 0..3 {
+        produce(&mut run, &b, 0, vec![value(0, 800 + i, rng)]);
+    }
+    run.sim.fail_sync_in(1);
+    let acked = produce(&mut run, &b, 0, vec![value(0, 900, rng)]);
+    assert_eq!(run.sim.failed_syncs(), 1);
+    let mut failed = !acked;
+    if acked {
+        run.live_violations
+            .push("a produce whose fsync failed was acknowledged".into());
+    }
+    for i in 0..4 {
+        let ok0 = produce(&mut run, &b, 0, vec![value(0, 910 + i, rng)]);
+        if ok0 && failed {
+            run.live_violations
+                .push("partition 0 acknowledged a produce after a failed fsync".into());
+            failed = false;
+        }
+        produce(&mut run, &b, 1, vec![value(1, 910 + i, rng)]);
+    }
+    drop(b);
+    run
+}
+
+// ----- driving -----
+
+fn seed() -> u64 {
+    std::env::var("SEGLOG_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64)
+        })
+}
+
+fn scale() -> usize {
+    std::env::var("SEGLOG_CRASH_STATES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(100_000)
+}
+
+type Workload = fn(&Path, &mut Rng) -> Run;
+
+/// The workloads with their share (percent) of the state budget.
+fn workloads() -> Vec<(&'static str, Workload, usize)> {
+    vec![
+        ("produce", |r, g| workload_produce(r, g, 60), 15),
+        ("produce_large", |r, g| workload_produce_large(r, g, 40), 15),
+        ("produce_concurrent", workload_produce_concurrent, 10),
+        ("topic_delete", workload_delete, 10),
+        ("alter_topic", workload_alter, 10),
+        ("compaction", workload_compact, 15),
+        ("torn_tail", workload_torn_tail, 10),
+        ("fsync_failure", workload_fsync_failure, 15),
+    ]
+}
+
+/// Runs a workload again and again (a new seed each round: other record sizes,
+/// partitions and keys) and explores the crash states of each run under `model`,
+/// until `b.states` states or `max_rounds` rounds.
+fn run_workload(
+    name: &str,
+    w: Workload,
+    model: DirModel,
+    b: Budget,
+    seed: u64,
+    scratch: &Scratch,
+    max_rounds: u64,
+) -> Tally {
+    let mut tally = Tally::default();
+    for round in 0..max_rounds {
+        if tally.explored as usize >= b.states {
+            break;
+        }
+        let mut rng = Rng::new(seed ^ round.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let root = scratch.dir();
+        let run = w(&root, &mut rng);
+        let trace = run.sim.trace();
+        if std::env::var("SEGLOG_DEBUG_TRACE").is_ok_and(|v| v == name) && round == 0 {
+            for (i, op) in trace.ops.iter().enumerate() {
+                let short = format!("{op:?}");
+                eprintln!("{i}: {}", short.chars().take(120).collect::<String>());
+            }
+        }
+        for m in &run.live_violations {
+            tally.violating += 1;
+            tally.messages.push(format!("{name} round {round}: {m}"));
+        }
+        explore(
+            &trace,
+            &run.events,
+            run.preamble,
+            (run.topic_preexisting, run.gaps_allowed),
+            None,
+            None,
+            model,
+            b,
+            &mut rng,
+            scratch,
+            &mut tally,
+            false,
+        );
+        tally.rounds += 1;
+        let _ = fs::remove_dir_all(&root);
+    }
+    tally
+}
+
+fn model_name(m: DirModel) -> &'static str {
+    match m {
+        DirModel::InOrder => "in-order",
+        DirModel::AnyOrder => "any-order",
+    }
+}
+
+/// Planted flags are process-global: the planted cases and the clean ones never run
+/// at the same time.
+static FLAGS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+#[test]
+fn crash_states_of_every_workload_recover_with_nothing_acknowledged_lost() {
+    let _g = FLAGS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let seed = seed();
+    let b = budget(scale());
+    println!(
+        "crash_sim seed {seed} (SEGLOG_SEED={seed} reruns it), target {} states",
+        b.states
+    );
+    let scratch = Scratch::new();
+    let start = Instant::now();
+    let mut total = 0;
+    let mut failures = Vec::new();
+    for (name, w, share) in workloads() {
+        let b = Budget {
+            states: b.states * share / 100 / 2,
+            ..b
+        };
+        // The two models run side by side (one thread each).
+        let t0 = Instant::now();
+        let tallies: Vec<(DirModel, Tally)> = std::thread::scope(|sc| {
+            let handles: Vec<_> = [DirModel::InOrder, DirModel::AnyOrder]
+                .into_iter()
+                .map(|model| {
+                    let scratch = &scratch;
+                    sc.spawn(move || (model, run_workload(name, w, model, b, seed, scratch, 1000)))
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (model, tally) in tallies {
+            println!(
+                "{name} / {}: crash states: {} explored, {} violations ({} of them during recovery; {} runs; {:.1}s)",
+                model_name(model),
+                tally.explored,
+                tally.violating,
+                tally.nested,
+                tally.rounds,
+                t0.elapsed().as_secs_f64()
+            );
+            total += tally.explored;
+            if tally.violating > 0 {
+                for m in &tally.messages {
+                    println!("  {m}");
+                }
+                failures.push(format!("{name}/{}", model_name(model)));
+            }
+        }
+    }
+    println!(
+        "crash states: {total} explored in total, {} workloads with violations, {:.1}s, seed {seed}",
+        failures.len(),
+        start.elapsed().as_secs_f64()
+    );
+    assert!(
+        failures.is_empty(),
+        "violations in {failures:?} (SEGLOG_SEED={seed})"
+    );
+}
+
+struct Planted {
+    name: &'static str,
+    flag: &'static AtomicBool,
+    workload: Workload,
+}
+
+#[test]
+fn planted_bugs_are_caught() {
+    let _g = FLAGS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let seed = seed();
+    let scratch = Scratch::new();
+    let b = Budget {
+        states: 1_500,
+        ..budget(0)
+    };
+    let cases = [
+        Planted {
+            name: "skip_roll_dir_fsync",
+            flag: &planted::SKIP_ROLL_DIR_FSYNC,
+            workload: |r, g| workload_produce(r, g, 25),
+        },
+        Planted {
+            name: "ack_before_fsync",
+            flag: &planted::ACK_BEFORE_FSYNC,
+            workload: |r, g| workload_produce(r, g, 10),
+        },
+        Planted {
+            name: "skip_torn_tail_truncate",
+            flag: &planted::SKIP_TORN_TAIL_TRUNCATE,
+            workload: workload_torn_tail,
+        },
+        Planted {
+            name: "retry_failed_fsync",
+            flag: &planted::RETRY_FAILED_FSYNC,
+            workload: workload_fsync_failure,
+        },
+        Planted {
+            name: "rename_before_marker",
+            flag: &planted::RENAME_BEFORE_MARKER,
+            workload: workload_compact,
+        },
+        Planted {
+            name: "skip_topic_json_dir_fsync",
+            flag: &planted::SKIP_ATOMIC_DIR_FSYNC,
+            workload: workload_alter,
+        },
+    ];
+    let mut missed = Vec::new();
+    for c in &cases {
+        c.flag.store(true, Ordering::SeqCst);
+        let run = catch_unwind(AssertUnwindSafe(|| {
+            let mut caught = 0;
+            let mut example = None;
+            for model in [DirModel::InOrder, DirModel::AnyOrder] {
+                let t = run_workload(c.name, c.workload, model, b, seed, &scratch, 1);
+                caught += t.violating;
+                example = example.or(t.messages.into_iter().next());
+            }
+            (caught, example)
+        }));
+        c.flag.store(false, Ordering::SeqCst);
+        match run {
+            Ok((caught, example)) if caught > 0 => {
+                println!("planted {}: caught ({caught} violating states)", c.name);
+                if let Some(e) = example {
+                    println!("  e.g. {}", e.chars().take(300).collect::<String>());
+                }
+            }
+            Ok(_) => {
+                println!("planted {}: MISSED", c.name);
+                missed.push(c.name);
+            }
+            Err(_) => {
+                // The workload itself broke down (e.g. a partition refused to open):
+                // the bug was noticed.
+                println!("planted {}: caught (the workload failed)", c.name);
+            }
+        }
+    }
+    println!("planted seed {seed}");
+    assert!(
+        missed.is_empty(),
+        "planted bugs missed: {missed:?} (SEGLOG_SEED={seed})"
+    );
+}

@@ -1,0 +1,295 @@
+//! A kill -9 loop against the real binary on the real file system: producers stream
+//! records into several partitions (small segments, so rolls happen), the broker is
+//! SIGKILLed at a random moment, restarted on the same directory, and every record
+//! acknowledged so far must be read back at its offset with its value.
+//!
+//! `SEGLOG_KILL9_ITERATIONS` (default 100) and `SEGLOG_SEED` change the run.
+
+#![expect(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use seglog::engine::client::Client;
+use seglog::engine::protocol::{PartitionBatch, WireRecord};
+
+const BIN: &str = env!("CARGO_BIN_EXE_seglog");
+const TOPIC: &str = "k9";
+const PARTITIONS: u32 = 3;
+const PATIENCE: Duration = Duration::from_secs(60);
+/// Kills in a row on one data directory before a fresh one is taken.
+const ROUNDS_PER_DIR: u64 = 20;
+
+struct Server {
+    child: Child,
+    addr: String,
+}
+
+impl Server {
+    fn start(dir: &Path) -> Server {
+        let mut child = Command::new(BIN)
+            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start seglog serve");
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        thread::spawn(move || {
+            let mut log = String::new();
+            let mut sent = false;
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if let Some(rest) = line.strip_prefix("seglog: listening on ") {
+                    let addr = rest.split_whitespace().next().unwrap_or_default();
+                    let _ = tx.send(Ok(addr.to_string()));
+                    sent = true;
+                }
+                log.push_str(&line);
+                log.push('\n');
+            }
+            if !sent {
+                let _ = tx.send(Err(log));
+            }
+        });
+        match rx.recv_timeout(PATIENCE) {
+            Ok(Ok(addr)) => Server { child, addr },
+            other => {
+                let _ = child.kill();
+                panic!("the broker did not start: {other:?}");
+            }
+        }
+    }
+
+    fn kill9(mut self) {
+        self.child.kill().unwrap();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// xorshift64*.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D) % n.max(1)
+    }
+}
+
+/// (partition, offset) -> value of every acknowledged record.
+type Acks = Arc<Mutex<BTreeMap<(u32, u64), Vec<u8>>>>;
+
+/// Produces until the broker goes away; records every acknowledged record.
+fn producer(
+    addr: String,
+    iteration: u64,
+    thread: u64,
+    seed: u64,
+    acks: Acks,
+    stop: Arc<AtomicBool>,
+) {
+    let Ok(mut c) = Client::connect(&addr, Duration::from_secs(5)) else {
+        return;
+    };
+    let mut rng = Rng(seed ^ (iteration << 20) ^ (thread << 8) | 1);
+    let mut n = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        // One request: one or two partitions, 1..4 records each.
+        let first = rng.below(u64::from(PARTITIONS)) as u32;
+        let parts: Vec<u32> = if rng.below(3) == 0 {
+            vec![first, (first + 1) % PARTITIONS]
+        } else {
+            vec![first]
+        };
+        let mut values: Vec<(u32, Vec<Vec<u8>>)> = Vec::new();
+        for &p in &parts {
+            let count = 1 + rng.below(4);
+            let vs = (0..count)
+                .map(|_| {
+                    n += 1;
+                    let pad = rng.below(200) as usize;
+                    let mut v = format!("i{iteration}-t{thread}-n{n}-").into_bytes();
+                    v.resize(v.len() + pad, b'x');
+                    v
+                })
+                .collect();
+            values.push((p, vs));
+        }
+        let batches = values
+            .iter()
+            .map(|(p, vs)| PartitionBatch {
+                partition: *p,
+                records: vs
+                    .iter()
+                    .map(|v| WireRecord {
+                        timestamp_ms: 1,
+                        key: None,
+                        value: v,
+                    })
+                    .collect(),
+            })
+            .collect();
+        let Ok(result) = c.produce(TOPIC, batches) else {
+            return;
+        };
+        let mut a = acks.lock().unwrap();
+        for (ack, (p, vs)) in result.iter().zip(&values) {
+            if let Ok((base, last)) = ack.result {
+                assert_eq!(last - base + 1, vs.len() as u64);
+                for (i, v) in vs.iter().enumerate() {
+                    let prev = a.insert((*p, base + i as u64), v.clone());
+                    assert!(
+                        prev.is_none(),
+                        "offset {p}/{} acknowledged twice",
+                        base + i as u64
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Reads every partition from its start; (partition, offset) -> value.
+fn read_back(addr: &str) -> BTreeMap<(u32, u64), Vec<u8>> {
+    let mut c = Client::connect(addr, Duration::from_secs(5)).unwrap();
+    let mut out = BTreeMap::new();
+    for p in 0..PARTITIONS {
+        let mut offset = 0;
+        loop {
+            let f = c.fetch(TOPIC, p, offset, 1 << 20, Duration::ZERO).unwrap();
+            let Some(last) = f.records.last() else { break };
+            offset = last.offset + 1;
+            for r in f.records {
+                out.insert((p, r.offset), r.value);
+            }
+            if offset >= f.end_offset {
+                break;
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn acknowledged_records_survive_repeated_kill_9() {
+    let seed = std::env::var("SEGLOG_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+        });
+    let iterations: u64 = std::env::var("SEGLOG_KILL9_ITERATIONS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(100);
+    println!("kill -9 loop: seed {seed} (SEGLOG_SEED reruns it), {iterations} iterations");
+    let mut rng = Rng(seed | 1);
+    let mut dir = tempfile::tempdir().unwrap();
+    let mut acks: Acks = Arc::default();
+    let start = Instant::now();
+    let mut verified_total = 0u64;
+    let mut lost = Vec::new();
+    let mut acked_total = 0;
+    for it in 0..iterations {
+        if it > 0 && it % ROUNDS_PER_DIR == 0 {
+            // A fresh directory now and then keeps each start's fsyncs few.
+            acked_total += final_check(dir.path(), &acks, &mut verified_total, &mut lost);
+            dir = tempfile::tempdir().unwrap();
+            acks = Arc::default();
+        }
+        let server = Server::start(dir.path());
+        let mut c = Client::connect(&server.addr, Duration::from_secs(5)).unwrap();
+        if it % ROUNDS_PER_DIR == 0 {
+            c.create_topic(
+                TOPIC,
+                PARTITIONS,
+                &[("segment_bytes".into(), "2048".into())],
+            )
+            .unwrap();
+        }
+        // Everything acknowledged before the earlier kills is still there.
+        let got = read_back(&server.addr);
+        {
+            let a = acks.lock().unwrap();
+            for (at, v) in a.iter() {
+                match got.get(at) {
+                    Some(g) if g == v => verified_total += 1,
+                    other => lost.push(format!(
+                        "iteration {it}: {}/{} acknowledged as {:?}, read back {:?}",
+                        at.0,
+                        at.1,
+                        String::from_utf8_lossy(v),
+                        other.map(|g| String::from_utf8_lossy(g).into_owned())
+                    )),
+                }
+            }
+        }
+        assert!(
+            lost.is_empty(),
+            "lost acknowledged records (seed {seed}): {lost:?}"
+        );
+        // Producers, then the kill at a random moment.
+        let stop = Arc::new(AtomicBool::new(false));
+        let threads: Vec<_> = (0..2)
+            .map(|t| {
+                let (addr, acks, stop) = (server.addr.clone(), acks.clone(), stop.clone());
+                thread::spawn(move || producer(addr, it, t, seed, acks, stop))
+            })
+            .collect();
+        thread::sleep(Duration::from_millis(10 + rng.below(150)));
+        server.kill9();
+        stop.store(true, Ordering::Relaxed);
+        for t in threads {
+            t.join().unwrap();
+        }
+    }
+    // A last start checks the acknowledgements of the last iteration.
+    acked_total += final_check(dir.path(), &acks, &mut verified_total, &mut lost);
+    println!(
+        "kill -9 loop: {iterations} iterations, {acked_total} records acknowledged, {verified_total} acknowledgement checks passed, {} lost, {:.1}s, seed {seed}",
+        lost.len(),
+        start.elapsed().as_secs_f64()
+    );
+    assert!(
+        lost.is_empty(),
+        "lost acknowledged records (seed {seed}): {lost:?}"
+    );
+    assert!(acked_total > 0, "no record was acknowledged at all");
+}
+
+/// Starts the broker once more and checks every acknowledgement; returns how many.
+fn final_check(dir: &Path, acks: &Acks, verified: &mut u64, lost: &mut Vec<String>) -> u64 {
+    let server = Server::start(dir);
+    let got = read_back(&server.addr);
+    let a = acks.lock().unwrap();
+    for (at, v) in a.iter() {
+        if got.get(at) == Some(v) {
+            *verified += 1;
+        } else {
+            lost.push(format!("{}: {}/{} lost", dir.display(), at.0, at.1));
+        }
+    }
+    a.len() as u64
+}
