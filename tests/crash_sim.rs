@@ -198,6 +198,9 @@ fn broker_opts() -> BrokerOptions {
         flush_every_records: 1,
         flush_interval: Duration::from_secs(3600),
         cold_storage_dir: None,
+        // Background cleanup stays out of the traced workloads unless one asks for it.
+        retention_check_interval: Duration::from_secs(3600),
+        compaction_check_interval: Duration::from_secs(3600),
     }
 }
 
