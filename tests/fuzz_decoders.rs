@@ -137,6 +137,18 @@ fn seeds_and_vectors_hold_the_properties() {
     for frame in fuzzprops::seed_response_frames() {
         assert!(seglog::engine::protocol::decode_response(&frame).is_ok());
     }
+    // The scan recipes reach valid records, a sealed segment and an index.
+    let cases: Vec<SegmentCase> = fuzzprops::seeds("segment_scan")
+        .iter()
+        .map(|s| fuzzprops::segment_case(s))
+        .collect();
+    let clean = fuzzprops::oracle_scan(&cases[0].log).unwrap();
+    assert_eq!(clean.records.len(), 8);
+    assert_eq!(clean.end, seglog::engine::segment::ScanEnd::Eof);
+    assert!(cases[0].next_base.is_some() && cases[0].index.is_some());
+    let torn = fuzzprops::oracle_scan(&cases[1].log).unwrap();
+    assert!(!torn.records.is_empty(), "{torn:?}");
+    assert!(torn.end != seglog::engine::segment::ScanEnd::Eof, "{torn:?}");
     let log = vector_segment(5);
     fuzzprops::check_segment_case(&SegmentCase {
         base_offset: 0,

@@ -1020,10 +1020,19 @@ pub fn seeds(target: &str) -> Vec<Vec<u8>> {
         "protocol_response" => seed_response_frames(),
         "segment_scan" => {
             // Recipes: a clean sealed segment with an index, and one with a torn tail.
-            vec![
-                vec![3, 1, 0x20, 0, 0, 8, 0x10, 3, 0x10, 0, 0x01, 0, 0, 0, 0, 1],
-                vec![1, 0, 0, 5, 0, 3, b'a', b'b', b'c', 4, 1, 2, 3, 4, 2, 9, 0, 0, 0],
-            ]
+            // Layout: flags, base, generation, count, records (op, key, value), tail,
+            // flips, cut, index choice. See `segment_case`.
+            let mut clean = vec![3, 1, 0x20, 0x00, 1, 2, 8];
+            for _ in 0..8 {
+                clean.extend_from_slice(&[0x10, 2, b'k', b'1', 0x08, 0x00]);
+            }
+            clean.extend_from_slice(&[0, 0, 0, 1]);
+            let mut torn = vec![1, 0, 0, 3];
+            for _ in 0..3 {
+                torn.extend_from_slice(&[0, 1, b'a', 2, b'x', b'y']);
+            }
+            torn.extend_from_slice(&[2, 9, 0, 0, 0]);
+            vec![clean, torn]
         }
         _ => Vec::new(),
     }
