@@ -1,14 +1,542 @@
-//! `seglog dump`.
+//! `seglog dump`: records in offset order, one line each (or JSON Lines), streamed
+//! segment by segment with the windowed reader so memory stays flat on any size.
+//!
+//! Dump checks what it reads with the shared classification ([`crate::engine::check`]):
+//! per partition it first runs the quick check (headers, indexes, sealed tails,
+//! the active segment, continuity, markers), then names what ends each segment's
+//! records with [`classify_scan_end`]. A problem becomes a `{"type": "problem"}`
+//! line and the dump goes on with the next segment; the exit code is the one
+//! `verify` gives for what dump met.
 
-use super::{ExitError, Global};
+use std::collections::HashSet;
+use std::fs::File;
+use std::io::{self, BufWriter, Write};
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use serde_json::json;
+
+use super::verify::{exit_code, problem_json, problem_line, resolve_target};
+use super::{BytesAs, ExitError, Global};
+use crate::engine::check::{
+    check_partition_with, classify_scan_end, read_index_bytes, segment_header, CheckMode,
+    IndexState, PartitionCheck, Problem, SegmentCheck, Severity,
+};
+use crate::engine::layout::{PartitionRef, Target};
+use crate::engine::segment::{open_log, read_header, Next, RecordReader, ScanEnd};
+use crate::format::index::{lookup_bytes, IndexEntry};
+use crate::format::{RecordView, SegmentHeader, HEADER_LEN, INDEX_ENTRY_LEN};
+
+/// Longest key shown in human output, in characters.
+const KEY_SHOWN_MAX: usize = 32;
+/// Longest value shown in human output, in characters.
+const VALUE_SHOWN_MAX: usize = 80;
 
 /// Arguments of `seglog dump`.
 #[derive(Debug, clap::Args)]
-pub struct Args {}
+#[command(
+    after_long_help = "Prints records in offset order: one line per record (offset, time, key, value, \
+shortened), or JSON Lines with --json: {\"type\": \"record\", \"path\", \"position\", \"offset\", \
+\"timestamp_ms\", \"key\", \"value\", \"base_offset\", \"topic\", \"partition\"}; --index adds \
+{\"type\": \"index\"} lines and --header {\"type\": \"header\"} lines. A problem met on the way \
+is a {\"type\": \"problem\"} line (on stderr without --json) and the dump goes on with the next \
+segment. Read-only.\n\n\
+Exit: 0, or the code `seglog verify` gives for what dump met (1 repairable, 2 corrupt); \
+74 I/O error. A closed stdout ends the dump quietly with exit 0."
+)]
+pub struct Args {
+    /// Data directory, topic directory, partition directory or one .log file.
+    pub path: PathBuf,
+    /// First offset to print (inclusive).
+    #[arg(long, value_name = "OFFSET")]
+    pub from: Option<u64>,
+    /// Last offset to print (inclusive).
+    #[arg(long, value_name = "OFFSET")]
+    pub to: Option<u64>,
+    /// Print at most N records.
+    #[arg(long, value_name = "N")]
+    pub limit: Option<u64>,
+    /// JSON Lines, every line an object with a "type".
+    #[arg(long)]
+    pub json: bool,
+    /// Also print each segment's index entries.
+    #[arg(long)]
+    pub index: bool,
+    /// Also print each segment's header.
+    #[arg(long)]
+    pub header: bool,
+    /// How keys and values are written in JSON.
+    #[arg(long, value_enum, default_value_t = BytesAs::Auto)]
+    pub bytes: BytesAs,
+}
 
-pub fn run(_args: Args, _global: Global) -> anyhow::Result<u8> {
-    Err(ExitError::new(
-        super::exit::IO,
-        "seglog dump is not built yet",
-    ))
+struct Dumper<'a> {
+    args: &'a Args,
+    target: &'a Target,
+    out: BufWriter<io::StdoutLock<'static>>,
+    printed: u64,
+    worst: Option<Severity>,
+    /// Problems already printed for the current partition: (kind, file, position).
+    seen: HashSet<(&'static str, PathBuf, Option<u64>)>,
+    /// Label lines between partitions (human output, several partitions).
+    labels: bool,
+}
+
+pub fn run(args: Args, _global: Global) -> anyhow::Result<u8> {
+    if let (Some(from), Some(to)) = (args.from, args.to) {
+        if from > to {
+            return Err(ExitError::usage(format!(
+                "--from {from} is after --to {to}"
+            )));
+        }
+    }
+    let target = resolve_target(&args.path)?;
+    let mut d = Dumper {
+        args: &args,
+        target: &target,
+        out: BufWriter::with_capacity(256 * 1024, io::stdout().lock()),
+        printed: 0,
+        worst: None,
+        seen: HashSet::new(),
+        labels: target.partitions.len() > 1,
+    };
+    for p in &target.partitions {
+        if d.done() {
+            break;
+        }
+        d.partition(p)?;
+    }
+    d.out.flush()?;
+    Ok(exit_code(d.worst))
+}
+
+impl Dumper<'_> {
+    fn done(&self) -> bool {
+        self.args.limit.is_some_and(|l| self.printed >= l)
+    }
+
+    fn partition(&mut self, p: &PartitionRef) -> anyhow::Result<()> {
+        let check = check_partition_with(p, CheckMode::Quick, &mut |s| s.release_scan_index())
+            .with_context(|| format!("checking {}", p.dir.display()))?;
+        self.seen.clear();
+        if self.labels && !self.args.json {
+            writeln!(self.out, "# {}", self.target.relative(&p.dir))?;
+        }
+        for prob in &check.problems {
+            self.problem(&check, prob)?;
+        }
+        for (i, seg) in check.segments.iter().enumerate() {
+            let next_base = check.segments.get(i + 1).map(SegmentCheck::base_offset);
+            if let (Some(from), Some(next)) = (self.args.from, next_base) {
+                if next <= from {
+                    continue;
+                }
+            }
+            if self.args.to.is_some_and(|t| seg.base_offset() > t) || self.done() {
+                break;
+            }
+            self.segment(&check, seg)
+                .with_context(|| format!("reading {}", seg.files.log.display()))?;
+        }
+        Ok(())
+    }
+
+    fn problem(&mut self, check: &PartitionCheck, p: &Problem) -> anyhow::Result<()> {
+        if !self.seen.insert((p.kind, p.file.clone(), p.position)) {
+            return Ok(());
+        }
+        if p.severity > Severity::Info {
+            self.worst = self.worst.max(Some(p.severity));
+        }
+        if self.args.json {
+            let mut v = problem_json(self.target, p);
+            v["type"] = json!("problem");
+            v["topic"] = json!(check.partition.topic);
+            v["partition"] = json!(check.partition.partition);
+            write_json(&mut self.out, &v)?;
+        } else if p.severity > Severity::Info {
+            // Diagnostics go to stderr; flush the records before it so a terminal
+            // shows them in order.
+            self.out.flush()?;
+            writeln!(
+                io::stderr(),
+                "seglog: {}",
+                problem_line(self.target, p).trim_start()
+            )?;
+        }
+        Ok(())
+    }
+
+    fn segment(&mut self, check: &PartitionCheck, seg: &SegmentCheck) -> anyhow::Result<()> {
+        let (file, file_len) = open_log(&seg.files.log)?;
+        let decoded = read_header(&file, file_len)?;
+        if self.args.header {
+            self.header_line(check, seg, &decoded, file_len)?;
+        }
+        let header = match segment_header(&seg.files, seg.active, file_len, &decoded) {
+            Ok(h) => h,
+            Err(p) => {
+                self.problem(check, &p)?;
+                return self.rest_of_problems(check, seg);
+            }
+        };
+        let index = if self.args.index || self.args.from.is_some() {
+            read_index_bytes(&seg.files.index)?
+        } else {
+            None
+        };
+        if self.args.index {
+            self.index_lines(check, seg, index.as_deref().unwrap_or(&[]))?;
+        }
+        let start = self.start_position(seg, index.as_deref());
+        drop(index);
+        if let Some(end) = self.records(check, seg, &file, &header, start, file_len)? {
+            if let Some(p) =
+                classify_scan_end(&seg.files, seg.active, &file, &end.0, end.1, file_len)?
+            {
+                self.problem(check, &p)?;
+            }
+        }
+        self.rest_of_problems(check, seg)
+    }
+
+    /// The problems the quick check found in a segment that reading it did not meet
+    /// again (index problems, a tail past where the dump stopped).
+    fn rest_of_problems(
+        &mut self,
+        check: &PartitionCheck,
+        seg: &SegmentCheck,
+    ) -> anyhow::Result<()> {
+        for p in &seg.problems {
+            self.problem(check, p)?;
+        }
+        Ok(())
+    }
+
+    /// Where to start reading: with `--from`, the index entry at or before it when the
+    /// index is known to be valid; else the first record.
+    fn start_position(&self, seg: &SegmentCheck, index: Option<&[u8]>) -> u64 {
+        let (Some(from), Some(bytes)) = (self.args.from, index) else {
+            return HEADER_LEN as u64;
+        };
+        if seg.index != IndexState::Valid {
+            return HEADER_LEN as u64;
+        }
+        from.checked_sub(seg.base_offset())
+            .and_then(|rel| lookup_bytes(bytes, rel))
+            .map_or(HEADER_LEN as u64, |e| e.position)
+    }
+
+    /// Streams the records of one segment from `start`. Returns what ended the data
+    /// and the last valid offset, or `None` when the dump stopped before the end
+    /// (`--to`, `--limit`).
+    fn records(
+        &mut self,
+        check: &PartitionCheck,
+        seg: &SegmentCheck,
+        file: &File,
+        header: &SegmentHeader,
+        start: u64,
+        file_len: u64,
+    ) -> anyhow::Result<Option<(ScanEnd, Option<u64>)>> {
+        let mut reader = RecordReader::new(file, header.generation, start, file_len);
+        let mut last: Option<u64> = None;
+        let path = self.target.relative(&seg.files.log);
+        let end = loop {
+            let (position, record) = match reader.next_record()? {
+                Next::Record { position, record } => (position, record),
+                Next::End(None) => break ScanEnd::Eof,
+                Next::End(Some(e)) => break ScanEnd::Record(e),
+            };
+            let in_order = match last {
+                Some(prev) => record.offset > prev,
+                None => record.offset >= header.base_offset,
+            };
+            if !in_order {
+                break ScanEnd::OffsetOrder {
+                    position,
+                    offset: record.offset,
+                    previous: last,
+                    base_offset: header.base_offset,
+                };
+            }
+            last = Some(record.offset);
+            if self.args.from.is_some_and(|f| record.offset < f) {
+                continue;
+            }
+            if self.args.to.is_some_and(|t| record.offset > t) {
+                return Ok(None);
+            }
+            write_record(
+                &mut self.out,
+                self.args,
+                check,
+                &path,
+                header.base_offset,
+                position,
+                &record,
+            )?;
+            self.printed += 1;
+            if self.done() {
+                return Ok(None);
+            }
+        };
+        Ok(Some((end, last)))
+    }
+
+    fn header_line(
+        &mut self,
+        check: &PartitionCheck,
+        seg: &SegmentCheck,
+        decoded: &Result<SegmentHeader, crate::format::HeaderError>,
+        file_len: u64,
+    ) -> anyhow::Result<()> {
+        let path = self.target.relative(&seg.files.log);
+        if self.args.json {
+            let mut v = json!({
+                "type": "header",
+                "topic": check.partition.topic,
+                "partition": check.partition.partition,
+                "path": path,
+                "file_bytes": file_len,
+                "active": seg.active,
+            });
+            match decoded {
+                Ok(h) => {
+                    v["version"] = json!(crate::format::FORMAT_VERSION);
+                    v["base_offset"] = json!(h.base_offset);
+                    v["generation"] = json!(h.generation);
+                    v["flags"] = json!(h.flags);
+                    v["error"] = json!(null);
+                }
+                Err(e) => v["error"] = json!(e.to_string()),
+            }
+            write_json(&mut self.out, &v)?;
+        } else {
+            match decoded {
+                Ok(h) => writeln!(
+                    self.out,
+                    "# header {path}: version {} base_offset {} generation {} flags {} ({file_len} bytes)",
+                    crate::format::FORMAT_VERSION,
+                    h.base_offset,
+                    h.generation,
+                    h.flags
+                )?,
+                Err(e) => writeln!(self.out, "# header {path}: {e}")?,
+            }
+        }
+        Ok(())
+    }
+
+    fn index_lines(
+        &mut self,
+        check: &PartitionCheck,
+        seg: &SegmentCheck,
+        bytes: &[u8],
+    ) -> anyhow::Result<()> {
+        let path = self.target.relative(&seg.files.index);
+        for (i, chunk) in bytes.chunks_exact(INDEX_ENTRY_LEN).enumerate() {
+            let Some(IndexEntry {
+                relative_offset,
+                position,
+            }) = IndexEntry::decode(chunk)
+            else {
+                break;
+            };
+            let offset = seg.base_offset().checked_add(relative_offset);
+            if self.args.json {
+                let v = json!({
+                    "type": "index",
+                    "topic": check.partition.topic,
+                    "partition": check.partition.partition,
+                    "path": path,
+                    "entry": i,
+                    "at": i * INDEX_ENTRY_LEN,
+                    "relative_offset": relative_offset,
+                    "offset": offset,
+                    "position": position,
+                });
+                write_json(&mut self.out, &v)?;
+            } else {
+                writeln!(
+                    self.out,
+                    "# index {path} entry {i}: offset {} (relative {relative_offset}) at position {position}",
+                    offset.map_or_else(|| "?".to_string(), |o| o.to_string())
+                )?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Writes one JSON line with its `"type"` first (the other fields follow in name
+/// order).
+fn write_json(out: &mut impl Write, v: &serde_json::Value) -> io::Result<()> {
+    let Some(map) = v.as_object() else {
+        serde_json::to_writer(&mut *out, v)?;
+        return out.write_all(b"\n");
+    };
+    out.write_all(b"{")?;
+    let mut first = true;
+    let typed = map.get_key_value("type");
+    for (k, val) in typed
+        .into_iter()
+        .chain(map.iter().filter(|(k, _)| *k != "type"))
+    {
+        if !first {
+            out.write_all(b",")?;
+        }
+        first = false;
+        serde_json::to_writer(&mut *out, k)?;
+        out.write_all(b":")?;
+        serde_json::to_writer(&mut *out, val)?;
+    }
+    out.write_all(b"}\n")
+}
+
+/// A record line, its fields in the documented order.
+#[derive(serde::Serialize)]
+struct RecordLine<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    topic: Option<&'a str>,
+    partition: Option<u32>,
+    path: &'a str,
+    base_offset: u64,
+    position: u64,
+    offset: u64,
+    timestamp_ms: i64,
+    key: serde_json::Value,
+    value: serde_json::Value,
+}
+
+fn write_record(
+    out: &mut impl Write,
+    args: &Args,
+    check: &PartitionCheck,
+    path: &str,
+    base_offset: u64,
+    position: u64,
+    r: &RecordView<'_>,
+) -> io::Result<()> {
+    if args.json {
+        let line = RecordLine {
+            kind: "record",
+            topic: check.partition.topic.as_deref(),
+            partition: check.partition.partition,
+            path,
+            base_offset,
+            position,
+            offset: r.offset,
+            timestamp_ms: r.timestamp_ms,
+            key: args.bytes.json(r.key),
+            value: args.bytes.json(Some(r.value)),
+        };
+        serde_json::to_writer(&mut *out, &line)?;
+        return out.write_all(b"\n");
+    }
+    let key = r
+        .key
+        .map_or_else(|| "-".to_string(), |k| shown(k, KEY_SHOWN_MAX));
+    let value = if r.is_tombstone() {
+        "(tombstone)".to_string()
+    } else {
+        shown(r.value, VALUE_SHOWN_MAX)
+    };
+    writeln!(
+        out,
+        "{}  {}  {key}  {value}",
+        r.offset,
+        format_timestamp_ms(r.timestamp_ms)
+    )
+}
+
+/// Bytes as printable text: UTF-8 with control characters escaped, other bytes as
+/// `\xNN`, cut to `max` characters with the number of bytes left out.
+pub fn shown(bytes: &[u8], max: usize) -> String {
+    let mut s = String::new();
+    let mut chars = 0usize;
+    let mut used = 0usize;
+    for chunk in bytes.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            if chars >= max {
+                break;
+            }
+            if c.is_control() {
+                s.extend(c.escape_default());
+            } else {
+                s.push(c);
+            }
+            chars += 1;
+            used += c.len_utf8();
+        }
+        for b in chunk.invalid() {
+            if chars >= max {
+                break;
+            }
+            s.push_str(&format!("\\x{b:02x}"));
+            chars += 1;
+            used += 1;
+        }
+    }
+    if used < bytes.len() {
+        s.push_str(&format!("…(+{} bytes)", bytes.len() - used));
+    }
+    if s.is_empty() {
+        s.push_str("\"\"");
+    }
+    s
+}
+
+/// `2023-11-14T22:13:20.000Z` for a Unix time in milliseconds (proleptic Gregorian,
+/// UTC).
+pub fn format_timestamp_ms(ms: i64) -> String {
+    let secs = ms.div_euclid(1000);
+    let milli = ms.rem_euclid(1000);
+    let days = secs.div_euclid(86_400);
+    let sod = secs.rem_euclid(86_400);
+    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{milli:03}Z",
+        sod / 3600,
+        (sod / 60) % 60,
+        sod % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps() {
+        assert_eq!(format_timestamp_ms(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(
+            format_timestamp_ms(1_700_000_000_123),
+            "2023-11-14T22:13:20.123Z"
+        );
+        assert_eq!(format_timestamp_ms(-1), "1969-12-31T23:59:59.999Z");
+        assert_eq!(
+            format_timestamp_ms(951_782_400_000),
+            "2000-02-29T00:00:00.000Z"
+        );
+    }
+
+    #[test]
+    fn shortened_text() {
+        assert_eq!(shown(b"abc", 10), "abc");
+        assert_eq!(shown(b"a\nb", 10), "a\\nb");
+        assert_eq!(shown(&[0xff, b'a'], 10), "\\xffa");
+        assert_eq!(shown(b"abcdef", 3), "abc…(+3 bytes)");
+        assert_eq!(shown(b"", 3), "\"\"");
+    }
 }

@@ -114,6 +114,15 @@ impl SegmentCheck {
         self.header.as_ref().ok().map(|h| h.generation)
     }
 
+    /// Frees the rule-built index of the full scan (16 bytes per 4 KiB of data), once
+    /// it has been compared with the index file. Callers that only report keep memory
+    /// flat this way; the index state and problems stay.
+    pub fn release_scan_index(&mut self) {
+        if let Some(scan) = &mut self.scan {
+            scan.index = Vec::new();
+        }
+    }
+
     /// True when this segment holds records that cannot be read back.
     pub fn is_corrupt(&self) -> bool {
         self.problems
@@ -180,6 +189,17 @@ fn problem(
 
 /// Checks one partition directory.
 pub fn check_partition(p: &PartitionRef, mode: CheckMode) -> io::Result<PartitionCheck> {
+    check_partition_with(p, mode, &mut |_| {})
+}
+
+/// [`check_partition`], calling `on_segment` after each segment is checked (for
+/// progress reports, or to drop what the caller does not need, such as
+/// [`SegmentCheck::release_scan_index`], so memory stays flat on any partition size).
+pub fn check_partition_with(
+    p: &PartitionRef,
+    mode: CheckMode,
+    on_segment: &mut dyn FnMut(&mut SegmentCheck),
+) -> io::Result<PartitionCheck> {
     let listing = list_partition(&p.dir)?;
     let mut out = PartitionCheck {
         partition: p.clone(),
@@ -254,7 +274,9 @@ pub fn check_partition(p: &PartitionRef, mode: CheckMode) -> io::Result<Partitio
             continue;
         }
         let active = Some(files.base_offset) == newest;
-        out.segments.push(check_segment(files, active, mode)?);
+        let mut seg = check_segment(files, active, mode)?;
+        on_segment(&mut seg);
+        out.segments.push(seg);
     }
     if p.only_segment.is_none() {
         check_continuity(&mut out);
@@ -319,26 +341,10 @@ pub fn check_segment(
         index: IndexState::NotChecked,
         problems: Vec::new(),
     };
-    let header = match header {
-        Ok(h) if h.base_offset == files.base_offset => h,
-        Ok(h) => {
-            let detail = format!(
-                "header base_offset {} does not match the file name's {}; no record in it can be trusted",
-                h.base_offset, files.base_offset
-            );
-            seg.problems.push(problem(
-                "base_offset_mismatch",
-                Severity::Corrupt,
-                &files.log,
-                Some(8),
-                None,
-                detail,
-            ));
-            return Ok(seg);
-        }
-        Err(e) => {
-            seg.problems
-                .push(header_problem(&e, files, active, file_len));
+    let header = match segment_header(files, active, file_len, &header) {
+        Ok(h) => h,
+        Err(p) => {
+            seg.problems.push(p);
             return Ok(seg);
         }
     };
@@ -369,6 +375,34 @@ pub fn check_segment(
     Ok(seg)
 }
 
+/// The header of a segment, or the problem that makes it unreadable: a header that
+/// fails its checks, or whose base offset is not the one in the file name.
+pub fn segment_header(
+    files: &SegmentFiles,
+    active: bool,
+    file_len: u64,
+    header: &Result<SegmentHeader, HeaderError>,
+) -> Result<SegmentHeader, Problem> {
+    match header {
+        Ok(h) if h.base_offset == files.base_offset => Ok(*h),
+        Ok(h) => {
+            let detail = format!(
+                "header base_offset {} does not match the file name's {}; no record in it can be trusted",
+                h.base_offset, files.base_offset
+            );
+            Err(problem(
+                "base_offset_mismatch",
+                Severity::Corrupt,
+                &files.log,
+                Some(8),
+                None,
+                detail,
+            ))
+        }
+        Err(e) => Err(header_problem(e, files, active, file_len)),
+    }
+}
+
 fn header_problem(e: &HeaderError, files: &SegmentFiles, active: bool, file_len: u64) -> Problem {
     let never_durable = active && matches!(e, HeaderError::Short { .. } | HeaderError::AllZero);
     if never_durable {
@@ -397,27 +431,45 @@ fn header_problem(e: &HeaderError, files: &SegmentFiles, active: bool, file_len:
 
 /// Sorts what ends the scan into a problem (or none).
 fn classify_end(seg: &mut SegmentCheck, file: &File, scan: &ScanSummary) -> io::Result<()> {
-    let Some(position) = scan.end.position() else {
-        return Ok(());
+    let p = classify_scan_end(
+        &seg.files,
+        seg.active,
+        file,
+        &scan.end,
+        scan.last_offset,
+        scan.file_len,
+    )?;
+    seg.problems.extend(p);
+    Ok(())
+}
+
+/// Sorts what ends a segment's valid data into a problem (or none when the data ends
+/// exactly at the end of the file). `last_offset` is the last valid record's offset.
+/// Shared by the check and by readers that stream records (`dump`), so both name a
+/// damaged tail the same way.
+pub fn classify_scan_end(
+    files: &SegmentFiles,
+    active: bool,
+    file: &File,
+    end: &ScanEnd,
+    last_offset: Option<u64>,
+    file_len: u64,
+) -> io::Result<Option<Problem>> {
+    let Some(position) = end.position() else {
+        return Ok(None);
     };
-    let log = seg.files.log.clone();
-    let tail = scan.file_len - position;
-    let next = scan
-        .last_offset
-        .map(|o| o + 1)
-        .or(Some(seg.files.base_offset));
-    let zero_to_end = matches!(scan.end, ScanEnd::Record(RecordError::Zero { .. }))
-        && range_is_zero(file, position, scan.file_len)?;
-    let stale = matches!(
-        scan.end,
-        ScanEnd::Record(RecordError::StaleGeneration { .. })
-    );
-    let p = if seg.active {
-        match &scan.end {
+    let log = &files.log;
+    let tail = file_len.saturating_sub(position);
+    let next = last_offset.map(|o| o + 1).or(Some(files.base_offset));
+    let zero_to_end = matches!(end, ScanEnd::Record(RecordError::Zero { .. }))
+        && range_is_zero(file, position, file_len)?;
+    let stale = matches!(end, ScanEnd::Record(RecordError::StaleGeneration { .. }));
+    let p = if active {
+        match end {
             ScanEnd::Record(RecordError::Zero { .. }) => problem(
                 "zero_tail",
                 Severity::Info,
-                &log,
+                log,
                 Some(position),
                 None,
                 format!("{tail} unwritten (zero) bytes after the data; recover trims them"),
@@ -425,7 +477,7 @@ fn classify_end(seg: &mut SegmentCheck, file: &File, scan: &ScanSummary) -> io::
             ScanEnd::Record(RecordError::StaleGeneration { writer_generation, .. }) => problem(
                 "stale_tail",
                 Severity::Info,
-                &log,
+                log,
                 Some(position),
                 None,
                 format!("{tail} bytes after the data hold records of older generation {writer_generation}; recover trims them"),
@@ -433,7 +485,7 @@ fn classify_end(seg: &mut SegmentCheck, file: &File, scan: &ScanSummary) -> io::
             end => problem(
                 "torn_tail",
                 Severity::Repairable,
-                &log,
+                log,
                 Some(position),
                 next,
                 format!("{}; the {tail} bytes from here were never acknowledged, recover cuts them", end.detail()),
@@ -448,27 +500,25 @@ fn classify_end(seg: &mut SegmentCheck, file: &File, scan: &ScanSummary) -> io::
         problem(
             "unfinished_seal",
             Severity::Repairable,
-            &log,
+            log,
             Some(position),
             None,
             format!("sealed segment ends with {tail} bytes of {what} after its data (an unfinished roll); recover cuts them"),
         )
     } else {
         problem(
-            scan.end.kind(),
+            end.kind(),
             Severity::Corrupt,
-            &log,
+            log,
             Some(position),
             next,
             format!(
-                "{}; bytes {position}..{} ({tail} bytes) of this sealed segment cannot be read",
-                scan.end.detail(),
-                scan.file_len
+                "{}; bytes {position}..{file_len} ({tail} bytes) of this sealed segment cannot be read",
+                end.detail(),
             ),
         )
     };
-    seg.problems.push(p);
-    Ok(())
+    Ok(Some(p))
 }
 
 /// The startup check of a sealed segment against its index: the first record and
@@ -625,9 +675,14 @@ fn check_continuity(out: &mut PartitionCheck) {
             .iter()
             .any(|s| s.scan.as_ref().is_some_and(|sc| sc.has_gaps));
     let mut prev: Option<(u64, &SegmentCheck)> = None;
+    // Set when a corrupt segment lies between `prev`'s readable records and the next
+    // segment: the offsets missing there are that corruption, already reported, not
+    // a second problem.
+    let mut gap_explained = false;
     let mut found = Vec::new();
     for seg in &out.segments {
         let Some(first) = seg.first_offset else {
+            gap_explained |= seg.is_corrupt();
             continue;
         };
         if let Some((last, p)) = prev {
@@ -644,7 +699,7 @@ fn check_continuity(out: &mut PartitionCheck) {
                         p.files.log.file_name().map(|n| n.to_string_lossy()).unwrap_or_default()
                     ),
                 ));
-            } else if !compacted && first != last + 1 {
+            } else if !compacted && !gap_explained && first != last + 1 {
                 found.push(problem(
                     "segments_do_not_join",
                     Severity::Corrupt,
@@ -662,6 +717,7 @@ fn check_continuity(out: &mut PartitionCheck) {
         if let Some(last) = seg.last_offset {
             prev = Some((last, seg));
         }
+        gap_explained = seg.is_corrupt();
     }
     out.problems.extend(found);
 }

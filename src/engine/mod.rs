@@ -11,5 +11,6 @@ pub mod layout;
 pub mod lock;
 pub mod log;
 pub mod protocol;
+pub mod reindex;
 pub mod segment;
 pub mod server;

@@ -61,7 +61,10 @@ pub struct RecordReader<'f> {
     generation: u64,
     /// Absolute position of `buf[0]`.
     buf_pos: u64,
+    /// Storage, reused between reads (never zeroed again); `buf[..filled]` holds data.
     buf: Vec<u8>,
+    /// Bytes of `buf` read from the file.
+    filled: usize,
     /// Bytes of `buf` consumed.
     used: usize,
     /// Position where reading stops (normally the file length).
@@ -89,6 +92,7 @@ impl<'f> RecordReader<'f> {
             generation,
             buf_pos: start,
             buf: Vec::new(),
+            filled: 0,
             used: 0,
             limit,
             window: window.max(64),
@@ -107,11 +111,11 @@ impl<'f> RecordReader<'f> {
             if pos >= self.limit {
                 return Ok(Next::End(None));
             }
-            let avail = self.buf.get(self.used..).unwrap_or(&[]);
+            let avail = self.buf.get(self.used..self.filled).unwrap_or(&[]);
             match decode_record(avail, pos, self.generation) {
                 Ok(_) => break,
                 Err(RecordError::Truncated { needed, .. })
-                    if self.buf_pos + self.buf.len() as u64 == self.limit =>
+                    if self.buf_pos + self.filled as u64 == self.limit =>
                 {
                     let available = self.limit - pos;
                     return Ok(Next::End(Some(RecordError::Truncated {
@@ -129,7 +133,7 @@ impl<'f> RecordReader<'f> {
             }
         }
         let pos = self.position();
-        let avail = self.buf.get(self.used..).unwrap_or(&[]);
+        let avail = self.buf.get(self.used..self.filled).unwrap_or(&[]);
         match decode_record(avail, pos, self.generation) {
             Ok(record) => {
                 self.used += record.encoded_len;
@@ -143,30 +147,39 @@ impl<'f> RecordReader<'f> {
     }
 
     fn at_limit(&self) -> bool {
-        self.buf_pos + self.buf.len() as u64 >= self.limit
+        self.buf_pos + self.filled as u64 >= self.limit
     }
 
     /// Drops consumed bytes and reads until at least `needed` bytes are buffered (or
-    /// the limit is reached). `needed` is bounded by the record length check.
+    /// the limit is reached). `needed` is bounded by the record length check. The
+    /// storage is only zero-filled when it grows, not on every read.
     fn refill(&mut self, needed: usize) -> io::Result<()> {
         let needed = needed.min(RECORD_BUFFER_MAX);
-        self.buf.drain(..self.used.min(self.buf.len()));
-        self.buf_pos += self.used as u64;
+        let used = self.used.min(self.filled);
+        self.buf.copy_within(used..self.filled, 0);
+        self.filled -= used;
+        self.buf_pos += used as u64;
         self.used = 0;
-        let end = self.buf_pos + self.buf.len() as u64;
+        let end = self.buf_pos + self.filled as u64;
         let room = self.limit.saturating_sub(end);
-        let want = needed.max(self.window).saturating_sub(self.buf.len());
+        let want = needed.max(self.window).saturating_sub(self.filled);
         let want = usize::try_from((want as u64).min(room)).unwrap_or(0);
         if want == 0 {
             return Ok(());
         }
-        let old = self.buf.len();
-        self.buf.resize(old + want, 0);
-        let n = read_full_at(self.file, self.buf.get_mut(old..).unwrap_or(&mut []), end)?;
-        self.buf.truncate(old + n);
+        let old = self.filled;
+        if self.buf.len() < old + want {
+            self.buf.resize(old + want, 0);
+        }
+        let n = read_full_at(
+            self.file,
+            self.buf.get_mut(old..old + want).unwrap_or(&mut []),
+            end,
+        )?;
+        self.filled = old + n;
         if n < want {
             // The file is shorter than the limit said: stop there.
-            self.limit = self.buf_pos + self.buf.len() as u64;
+            self.limit = self.buf_pos + self.filled as u64;
         }
         Ok(())
     }

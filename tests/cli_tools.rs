@@ -1,0 +1,924 @@
+//! The offline tools (`verify`, `dump`, `reindex`) run as the real binary on copies
+//! of the committed fixtures: exit codes, the problem each damaged fixture holds
+//! (kind, file, byte position, offset), and that the read-only tools change nothing.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command as StdCommand, Stdio};
+use std::time::SystemTime;
+
+use assert_cmd::Command;
+use serde_json::Value;
+
+use seglog::engine::lock::DirLock;
+use seglog::format::names::{index_file_name, log_file_name};
+use seglog::format::{encode_record, SegmentHeader};
+
+fn seglog() -> Command {
+    Command::cargo_bin("seglog").unwrap()
+}
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+fn copy_tree(from: &Path, to: &Path) {
+    fs::create_dir_all(to).unwrap();
+    for e in fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let dest = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_tree(&e.path(), &dest);
+        } else {
+            fs::copy(e.path(), &dest).unwrap();
+        }
+    }
+}
+
+/// A copy of a fixture in a fresh temporary directory; returns (guard, data dir).
+fn copy(name: &str) -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join(name);
+    copy_tree(&fixture(name), &data);
+    (tmp, data)
+}
+
+/// Every file and directory below `dir` with its bytes (files), length and mtime.
+/// `LOCK` is left out: tools that modify create it.
+type Snapshot = BTreeMap<PathBuf, (Option<Vec<u8>>, SystemTime)>;
+
+fn snapshot(dir: &Path) -> Snapshot {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let m = fs::metadata(&d).unwrap();
+        out.insert(d.clone(), (None, m.modified().unwrap()));
+        for e in fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.file_name().is_some_and(|n| n == "LOCK") {
+                continue;
+            }
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                let m = fs::metadata(&p).unwrap();
+                out.insert(
+                    p.clone(),
+                    (Some(fs::read(&p).unwrap()), m.modified().unwrap()),
+                );
+            }
+        }
+    }
+    out
+}
+
+fn assert_unchanged(before: &Snapshot, dir: &Path, what: &str) {
+    let after = snapshot(dir);
+    let names = |s: &Snapshot| s.keys().cloned().collect::<Vec<_>>();
+    assert_eq!(
+        names(before),
+        names(&after),
+        "{what}: the file list changed"
+    );
+    for (p, (bytes, mtime)) in before {
+        let (b2, m2) = &after[p];
+        assert!(bytes == b2, "{what}: {} changed", p.display());
+        assert_eq!(mtime, m2, "{what}: mtime of {} changed", p.display());
+    }
+}
+
+/// Runs the binary; returns (exit code, stdout, stderr).
+fn run(args: &[&str], dir: &Path) -> (i32, String, String) {
+    let out = seglog().current_dir(dir).args(args).output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+fn verify_json(data: &Path, extra: &[&str]) -> (i32, Value) {
+    let mut args = vec!["verify", "--json"];
+    args.extend_from_slice(extra);
+    args.push(data.to_str().unwrap());
+    let (code, out, err) = run(&args, data.parent().unwrap());
+    let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out} {err}"));
+    (code, v)
+}
+
+/// Every problem of a verify report: (kind, severity, path, position, offset).
+/// (kind, severity, path, position, offset)
+type Found = (String, String, String, Option<u64>, Option<u64>);
+/// (kind, severity, file in the partition, position, offset)
+type Expected = (
+    &'static str,
+    &'static str,
+    &'static str,
+    Option<u64>,
+    Option<u64>,
+);
+
+fn problems(v: &Value) -> Vec<Found> {
+    let mut all: Vec<&Value> = v["problems"].as_array().unwrap().iter().collect();
+    for s in v["segments"].as_array().unwrap() {
+        all.extend(s["problems"].as_array().unwrap());
+    }
+    let mut out: Vec<_> = all
+        .iter()
+        .map(|p| {
+            (
+                p["kind"].as_str().unwrap().to_string(),
+                p["severity"].as_str().unwrap().to_string(),
+                p["path"].as_str().unwrap().to_string(),
+                p["position"].as_u64(),
+                p["offset"].as_u64(),
+            )
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+const P: &str = "topics/events/0/";
+
+struct Case {
+    name: &'static str,
+    exit: i32,
+    severity: &'static str,
+    /// (kind, severity, file in the partition, position, offset)
+    problems: &'static [Expected],
+    /// `verify --quick` exit code.
+    quick_exit: i32,
+    /// `reindex --check` exit code.
+    reindex_check_exit: i32,
+}
+
+const CASES: &[Case] = &[
+    Case {
+        name: "clean",
+        exit: 0,
+        severity: "clean",
+        problems: &[],
+        quick_exit: 0,
+        reindex_check_exit: 0,
+    },
+    Case {
+        name: "torn-tail",
+        exit: 1,
+        severity: "repairable",
+        problems: &[(
+            "torn_tail",
+            "repairable",
+            "00000000000000000060.log",
+            Some(1559),
+            Some(70),
+        )],
+        quick_exit: 1,
+        reindex_check_exit: 0,
+    },
+    Case {
+        name: "zero-tail",
+        exit: 0,
+        severity: "clean",
+        problems: &[(
+            "zero_tail",
+            "info",
+            "00000000000000000060.log",
+            Some(1559),
+            None,
+        )],
+        quick_exit: 0,
+        reindex_check_exit: 0,
+    },
+    Case {
+        name: "stale-tail",
+        exit: 0,
+        severity: "clean",
+        problems: &[(
+            "stale_tail",
+            "info",
+            "00000000000000000060.log",
+            Some(1559),
+            None,
+        )],
+        quick_exit: 0,
+        reindex_check_exit: 0,
+    },
+    Case {
+        name: "bit-flip-sealed",
+        exit: 2,
+        severity: "corrupt",
+        problems: &[(
+            "crc_mismatch",
+            "corrupt",
+            "00000000000000000000.log",
+            Some(1489),
+            Some(10),
+        )],
+        // The startup check trusts a sealed segment whose index, first record and
+        // tail agree: a flip in its middle is only found by a full read.
+        quick_exit: 0,
+        reindex_check_exit: 0,
+    },
+    Case {
+        name: "missing-index",
+        exit: 1,
+        severity: "repairable",
+        problems: &[(
+            "missing_index",
+            "repairable",
+            "00000000000000000000.index",
+            None,
+            None,
+        )],
+        quick_exit: 1,
+        reindex_check_exit: 1,
+    },
+    Case {
+        name: "wrong-index-entry",
+        exit: 1,
+        severity: "repairable",
+        problems: &[(
+            "wrong_index_entry",
+            "repairable",
+            "00000000000000000000.index",
+            Some(16),
+            None,
+        )],
+        quick_exit: 1,
+        reindex_check_exit: 1,
+    },
+    Case {
+        name: "partial-index-entry",
+        exit: 1,
+        severity: "repairable",
+        problems: &[(
+            "partial_index_entry",
+            "repairable",
+            "00000000000000000060.index",
+            Some(16),
+            None,
+        )],
+        quick_exit: 1,
+        reindex_check_exit: 1,
+    },
+    Case {
+        name: "leftover-temp",
+        exit: 1,
+        severity: "repairable",
+        problems: &[(
+            "leftover_temp_file",
+            "repairable",
+            "00000000000000000030.index.tmp",
+            None,
+            None,
+        )],
+        quick_exit: 1,
+        reindex_check_exit: 0,
+    },
+    Case {
+        name: "compaction-marker",
+        exit: 1,
+        severity: "repairable",
+        problems: &[
+            (
+                "leftover_temp_file",
+                "repairable",
+                "00000000000000000000.index.tmp",
+                None,
+                None,
+            ),
+            (
+                "leftover_temp_file",
+                "repairable",
+                "00000000000000000000.log.tmp",
+                None,
+                None,
+            ),
+            (
+                "unfinished_compaction",
+                "repairable",
+                "compaction.marker",
+                Some(0),
+                None,
+            ),
+        ],
+        quick_exit: 1,
+        // reindex leaves a partition with a marker alone, and says so with 1.
+        reindex_check_exit: 1,
+    },
+    Case {
+        name: "bad-header-newest",
+        exit: 2,
+        severity: "corrupt",
+        problems: &[(
+            "bad_header",
+            "corrupt",
+            "00000000000000000060.log",
+            Some(28),
+            Some(60),
+        )],
+        quick_exit: 2,
+        reindex_check_exit: 0,
+    },
+    Case {
+        name: "unwritten-newest",
+        exit: 1,
+        severity: "repairable",
+        problems: &[(
+            "never_durable_segment",
+            "repairable",
+            "00000000000000000070.log",
+            Some(0),
+            None,
+        )],
+        quick_exit: 1,
+        reindex_check_exit: 0,
+    },
+    Case {
+        name: "unfinished-seal",
+        exit: 1,
+        severity: "repairable",
+        problems: &[(
+            "unfinished_seal",
+            "repairable",
+            "00000000000000000030.log",
+            Some(4565),
+            None,
+        )],
+        quick_exit: 1,
+        reindex_check_exit: 0,
+    },
+    Case {
+        name: "missing-middle-segment",
+        exit: 2,
+        severity: "corrupt",
+        problems: &[(
+            "segments_do_not_join",
+            "corrupt",
+            "00000000000000000060.log",
+            Some(32),
+            Some(30),
+        )],
+        quick_exit: 2,
+        reindex_check_exit: 0,
+    },
+];
+
+#[test]
+fn every_fixture_has_a_case_and_a_readme_line() {
+    let readme = fs::read_to_string(fixture("README.md")).unwrap();
+    let mut on_disk: Vec<String> = fs::read_dir(fixture(""))
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| e.path().is_dir() && e.file_name() != "vectors")
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    on_disk.sort();
+    let mut cases: Vec<String> = CASES.iter().map(|c| c.name.to_string()).collect();
+    cases.sort();
+    assert_eq!(on_disk, cases);
+    for c in CASES {
+        assert!(
+            readme.contains(&format!("`{}/`", c.name)),
+            "README.md has no line for {}",
+            c.name
+        );
+    }
+}
+
+#[test]
+fn verify_finds_each_fixtures_problem_and_changes_nothing() {
+    for c in CASES {
+        let (_tmp, data) = copy(c.name);
+        let before = snapshot(&data);
+        let (code, v) = verify_json(&data, &[]);
+        assert_eq!(code, c.exit, "{}: exit", c.name);
+        assert_eq!(v["severity"], c.severity, "{}", c.name);
+        let want: Vec<_> = c
+            .problems
+            .iter()
+            .map(|(k, s, f, pos, off)| {
+                (k.to_string(), s.to_string(), format!("{P}{f}"), *pos, *off)
+            })
+            .collect();
+        assert_eq!(problems(&v), want, "{}: problems", c.name);
+        assert_unchanged(&before, &data, &format!("verify {}", c.name));
+
+        let (code, _) = verify_json(&data, &["--quick"]);
+        assert_eq!(code, c.quick_exit, "{}: verify --quick exit", c.name);
+        let (code, out, _) = run(&["verify", data.to_str().unwrap()], &data);
+        assert_eq!(code, c.exit, "{}: human verify exit", c.name);
+        assert!(out.contains("segment") && out.contains("status"), "{out}");
+        for (kind, ..) in c.problems {
+            assert!(
+                out.contains(kind),
+                "{}: human output lacks {kind}:\n{out}",
+                c.name
+            );
+        }
+        assert_unchanged(&before, &data, &format!("verify --quick {}", c.name));
+    }
+}
+
+#[test]
+fn dump_reports_the_same_problems_and_changes_nothing() {
+    for c in CASES {
+        let (_tmp, data) = copy(c.name);
+        let before = snapshot(&data);
+        let (code, out, err) = run(&["dump", "--json", data.to_str().unwrap()], &data);
+        assert_eq!(code, c.exit, "{}: dump exit ({err})", c.name);
+        let lines: Vec<Value> = out
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        for (kind, sev, file, pos, _) in c.problems {
+            assert!(
+                lines.iter().any(|l| l["type"] == "problem"
+                    && l["kind"] == *kind
+                    && l["severity"] == *sev
+                    && l["path"] == format!("{P}{file}")
+                    && l["position"].as_u64() == *pos),
+                "{}: dump has no {kind} line",
+                c.name
+            );
+        }
+        // Records come in offset order within each partition.
+        let mut last: BTreeMap<(String, u64), u64> = BTreeMap::new();
+        for l in lines.iter().filter(|l| l["type"] == "record") {
+            let key = (
+                l["topic"].as_str().unwrap().to_string(),
+                l["partition"].as_u64().unwrap(),
+            );
+            let off = l["offset"].as_u64().unwrap();
+            if let Some(prev) = last.insert(key, off) {
+                assert!(off > prev, "{}: offset {off} after {prev}", c.name);
+            }
+        }
+        let (code, _, _) = run(&["dump", data.to_str().unwrap()], &data);
+        assert_eq!(code, c.exit, "{}: human dump exit", c.name);
+        let (code, _, _) = run(
+            &[
+                "dump",
+                "--json",
+                "--index",
+                "--header",
+                "--bytes",
+                "base64",
+                data.to_str().unwrap(),
+            ],
+            &data,
+        );
+        assert_eq!(code, c.exit, "{}: dump --index --header exit", c.name);
+        assert_unchanged(&before, &data, &format!("dump {}", c.name));
+    }
+}
+
+#[test]
+fn reindex_check_changes_nothing() {
+    for c in CASES {
+        let (_tmp, data) = copy(c.name);
+        let before = snapshot(&data);
+        let (code, out, err) = run(&["reindex", "--check", data.to_str().unwrap()], &data);
+        assert_eq!(code, c.reindex_check_exit, "{}: {out} {err}", c.name);
+        let (code, out, _) = run(
+            &["reindex", "--check", "--json", data.to_str().unwrap()],
+            &data,
+        );
+        assert_eq!(code, c.reindex_check_exit, "{}", c.name);
+        let _: Value = serde_json::from_str(&out).unwrap();
+        assert_unchanged(&before, &data, &format!("reindex --check {}", c.name));
+        assert!(!data.join("LOCK").exists(), "reindex --check took the lock");
+    }
+}
+
+#[test]
+fn dump_of_the_clean_fixture() {
+    let data = fixture("clean");
+    let (code, out, err) = run(&["dump", "--json", data.to_str().unwrap()], &data);
+    assert_eq!((code, err.as_str()), (0, ""));
+    let records: Vec<Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(records.len(), 70 + 12 + 60);
+    assert!(records.iter().all(|r| r["type"] == "record"));
+    let first = &records[0];
+    assert_eq!(first["topic"], "events");
+    assert_eq!(first["partition"], 0);
+    assert_eq!(first["path"], format!("{P}00000000000000000000.log"));
+    assert_eq!(first["position"], 32);
+    assert_eq!(first["offset"], 0);
+    assert_eq!(first["timestamp_ms"], 1_700_000_000_000i64);
+    assert_eq!(first["key"], Value::Null);
+    assert!(first["value"].as_str().unwrap().starts_with("event 0: "));
+    assert_eq!(records[1]["key"], "user-1");
+    // A tombstone of the compacted topic: a key and an empty value.
+    assert!(records
+        .iter()
+        .any(|r| r["topic"] == "users" && r["value"] == "" && r["key"].is_string()));
+}
+
+#[test]
+fn dump_from_to_limit_cross_segments() {
+    let data = fixture("clean").join("topics/events/0");
+    let offsets = |args: &[&str]| -> Vec<u64> {
+        let mut a = vec!["dump", "--json"];
+        a.extend_from_slice(args);
+        a.push(data.to_str().unwrap());
+        let (code, out, _) = run(&a, &data);
+        assert_eq!(code, 0);
+        out.lines()
+            .map(|l| {
+                serde_json::from_str::<Value>(l).unwrap()["offset"]
+                    .as_u64()
+                    .unwrap()
+            })
+            .collect()
+    };
+    assert_eq!(
+        offsets(&["--from", "25", "--to", "35"]),
+        (25..=35).collect::<Vec<_>>()
+    );
+    assert_eq!(offsets(&["--from", "29", "--limit", "3"]), vec![29, 30, 31]);
+    assert_eq!(offsets(&["--from", "65"]), (65..70).collect::<Vec<_>>());
+    assert_eq!(offsets(&["--to", "2"]), vec![0, 1, 2]);
+    assert_eq!(offsets(&["--from", "70"]), Vec::<u64>::new());
+    // One .log file.
+    let log = data.join("00000000000000000030.log");
+    let (code, out, _) = run(&["dump", "--json", log.to_str().unwrap()], &data);
+    assert_eq!(code, 0);
+    assert_eq!(out.lines().count(), 30);
+}
+
+#[test]
+fn dump_index_and_header_lines() {
+    let data = fixture("clean").join("topics/events/0");
+    let (code, out, _) = run(
+        &[
+            "dump",
+            "--json",
+            "--index",
+            "--header",
+            data.to_str().unwrap(),
+        ],
+        &data,
+    );
+    assert_eq!(code, 0);
+    let lines: Vec<Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let count = |t: &str| lines.iter().filter(|l| l["type"] == t).count();
+    assert_eq!(
+        (count("header"), count("index"), count("record")),
+        (3, 5, 70)
+    );
+    let h = lines
+        .iter()
+        .find(|l| l["type"] == "header" && l["base_offset"] == 30)
+        .unwrap();
+    assert_eq!(h["generation"], 3);
+    let idx: Vec<&Value> = lines
+        .iter()
+        .filter(|l| l["type"] == "index" && l["path"] == format!("{P}00000000000000000000.index"))
+        .collect();
+    assert_eq!(idx[0]["position"], 32);
+    // Every index entry points at the record it names.
+    for e in lines.iter().filter(|l| l["type"] == "index") {
+        assert!(lines.iter().any(|r| r["type"] == "record"
+            && r["offset"] == e["offset"]
+            && r["position"] == e["position"]));
+    }
+    let (code, out, _) = run(
+        &[
+            "dump",
+            "--index",
+            "--header",
+            "--limit",
+            "2",
+            data.to_str().unwrap(),
+        ],
+        &data,
+    );
+    assert_eq!(code, 0);
+    assert!(
+        out.starts_with("# header topics/events/0/00000000000000000000.log: version 1"),
+        "{out}"
+    );
+    assert!(
+        out.contains("\n0  2023-11-14T22:13:20.000Z  -  event 0: "),
+        "{out}"
+    );
+}
+
+#[test]
+fn dump_goes_on_after_a_corrupt_segment() {
+    let data = fixture("bit-flip-sealed");
+    let (code, out, _) = run(&["dump", "--json", data.to_str().unwrap()], &data);
+    assert_eq!(code, 2);
+    let lines: Vec<Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let offsets: Vec<u64> = lines
+        .iter()
+        .filter(|l| l["type"] == "record")
+        .map(|l| l["offset"].as_u64().unwrap())
+        .collect();
+    let want: Vec<u64> = (0..10).chain(30..70).collect();
+    assert_eq!(offsets, want);
+    // The problem line sits between the last readable record and the next segment.
+    let at = lines.iter().position(|l| l["type"] == "problem").unwrap();
+    assert_eq!(lines[at - 1]["offset"], 9);
+    assert_eq!(lines[at + 1]["offset"], 30);
+    // Human output: records on stdout, the problem on stderr.
+    let (code, out, err) = run(&["dump", data.to_str().unwrap()], &data);
+    assert_eq!(code, 2);
+    assert_eq!(out.lines().count(), 50);
+    assert!(
+        err.contains("crc_mismatch") && err.contains("at byte 1489"),
+        "{err}"
+    );
+}
+
+/// A partition of `n` records of `value_len` bytes, one segment per `per_segment`.
+fn big_partition(dir: &Path, n: u64, per_segment: u64, value_len: usize) {
+    fs::create_dir_all(dir).unwrap();
+    let value = vec![b'x'; value_len];
+    let mut base = 0;
+    while base < n {
+        let mut log = SegmentHeader::new(base).encode().to_vec();
+        let mut b = seglog::format::IndexBuilder::new();
+        let mut idx = Vec::new();
+        for off in base..(base + per_segment).min(n) {
+            if let Some(e) = b.observe(base, off, log.len() as u64) {
+                e.encode_into(&mut idx);
+            }
+            encode_record(&mut log, off, off as i64, None, &value, 0).unwrap();
+        }
+        fs::write(dir.join(log_file_name(base)), &log).unwrap();
+        fs::write(dir.join(index_file_name(base)), &idx).unwrap();
+        base += per_segment;
+    }
+}
+
+#[test]
+fn dump_into_a_closed_pipe_ends_quietly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("0");
+    big_partition(&dir, 20_000, 5_000, 200);
+    for json in [false, true] {
+        let mut cmd = StdCommand::new(env!("CARGO_BIN_EXE_seglog"));
+        cmd.arg("dump").arg(&dir);
+        if json {
+            cmd.arg("--json");
+        }
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut first = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut first)
+            .unwrap();
+        assert!(!first.is_empty());
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "json {json}");
+        assert_eq!(String::from_utf8_lossy(&out.stderr), "", "json {json}");
+    }
+}
+
+fn index_of(data: &Path, base: u64) -> PathBuf {
+    data.join(P).join(index_file_name(base))
+}
+
+#[test]
+fn reindex_rebuilds_byte_identical_indexes() {
+    let clean = fixture("clean");
+    for (name, base) in [
+        ("missing-index", 0u64),
+        ("wrong-index-entry", 0),
+        ("partial-index-entry", 60),
+    ] {
+        let (_tmp, data) = copy(name);
+        let (code, out, err) = run(&["reindex", data.to_str().unwrap()], &data);
+        assert_eq!(code, 0, "{name}: {out} {err}");
+        assert!(out.contains("rebuilt"), "{out}");
+        assert_eq!(
+            fs::read(index_of(&data, base)).unwrap(),
+            fs::read(index_of(&clean, base)).unwrap(),
+            "{name}"
+        );
+        let (code, _) = verify_json(&data, &[]);
+        assert_eq!(code, 0, "{name}: verify after reindex");
+        let tmps: Vec<_> = fs::read_dir(data.join(P))
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_string_lossy()
+                    .ends_with(".tmp")
+            })
+            .collect();
+        assert!(tmps.is_empty(), "{name}: temporary file left");
+        // Now nothing would change.
+        let (code, _, _) = run(&["reindex", "--check", data.to_str().unwrap()], &data);
+        assert_eq!(code, 0);
+    }
+}
+
+#[test]
+fn reindex_all_rewrites_the_same_bytes() {
+    let (_tmp, data) = copy("clean");
+    let before = snapshot(&data);
+    let (code, out, _) = run(
+        &["reindex", "--all", "--json", data.to_str().unwrap()],
+        &data,
+    );
+    assert_eq!(code, 0);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["totals"]["written"], 7);
+    assert_eq!(v["totals"]["would_change"], 0);
+    let after = snapshot(&data);
+    for (p, (bytes, _)) in &before {
+        assert!(after[p].0 == *bytes, "{} differs", p.display());
+    }
+}
+
+#[test]
+fn reindex_of_a_corrupt_sealed_segment_covers_its_readable_records() {
+    let (_tmp, data) = copy("bit-flip-sealed");
+    // The old index is valid for what can be read: kept without --all.
+    let (code, out, _) = run(&["reindex", "--check", data.to_str().unwrap()], &data);
+    assert_eq!(code, 0, "{out}");
+    let (code, out, _) = run(&["reindex", "--all", data.to_str().unwrap()], &data);
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("covers only the readable records before byte 1489"),
+        "{out}"
+    );
+    // Ten readable records, all within the first 4 KiB: one entry.
+    assert_eq!(fs::read(index_of(&data, 0)).unwrap().len(), 16);
+}
+
+#[test]
+fn reindex_skips_a_segment_whose_header_is_bad_and_a_partition_with_a_marker() {
+    let (_tmp, data) = copy("bad-header-newest");
+    let before = snapshot(&data);
+    let (code, out, _) = run(&["reindex", "--all", data.to_str().unwrap()], &data);
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("00000000000000000060.index: the header of"),
+        "{out}"
+    );
+    assert_eq!(
+        fs::read(index_of(&data, 60)).unwrap(),
+        before[&index_of(&data, 60)].0.clone().unwrap()
+    );
+
+    let (_tmp, data) = copy("compaction-marker");
+    drop(DirLock::acquire(&data).unwrap()); // LOCK exists before the snapshot
+    let before = snapshot(&data);
+    let (code, out, _) = run(&["reindex", "--all", data.to_str().unwrap()], &data);
+    assert_eq!(code, 1);
+    assert!(out.contains("run `seglog recover` first"), "{out}");
+    assert_unchanged(&before, &data, "reindex with a marker");
+}
+
+#[test]
+fn reindex_refuses_while_the_lock_is_held() {
+    let (_tmp, data) = copy("missing-index");
+    let lock = DirLock::acquire(&data).unwrap();
+    let before = snapshot(&data);
+    let (code, _, err) = run(&["reindex", data.to_str().unwrap()], &data);
+    assert_eq!(code, 73, "{err}");
+    assert!(
+        err.contains(&data.join("LOCK").display().to_string()),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert_unchanged(&before, &data, "locked reindex");
+    // --check works beside a broker.
+    let (code, _, _) = run(&["reindex", "--check", data.to_str().unwrap()], &data);
+    assert_eq!(code, 1);
+    drop(lock);
+    // A child process another test forks at this moment holds a copy of the lock's
+    // descriptor until it execs: wait that out.
+    let mut code = 73;
+    for _ in 0..100 {
+        code = run(&["reindex", data.to_str().unwrap()], &data).0;
+        if code != 73 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(code, 0);
+}
+
+#[test]
+fn paths_a_topic_a_partition_and_one_log_file() {
+    let clean = fixture("clean");
+    let (code, v) = verify_json(&clean.join("topics/users"), &[]);
+    assert_eq!(code, 0);
+    assert_eq!(v["kind"], "topic");
+    assert_eq!(v["segments"].as_array().unwrap().len(), 3);
+    assert_eq!(
+        v["segments"][0]["path"],
+        "topics/users/0/00000000000000000000.log"
+    );
+    let (code, v) = verify_json(&clean.join("topics/events/1"), &[]);
+    assert_eq!((code, v["kind"].as_str()), (0, Some("partition")));
+    let log = fixture("bit-flip-sealed")
+        .join(P)
+        .join("00000000000000000000.log");
+    let (code, v) = verify_json(&log, &[]);
+    assert_eq!((code, v["kind"].as_str()), (2, Some("log_file")));
+    assert_eq!(v["segments"].as_array().unwrap().len(), 1);
+    // The vector partition has no topic.json: the default configuration applies and
+    // paths are relative to the partition directory.
+    let vectors = fixture("vectors/partition");
+    let (code, v) = verify_json(&vectors, &[]);
+    assert_eq!(code, 0);
+    assert_eq!(v["segments"][0]["path"], "00000000000000000000.log");
+    assert_eq!(v["totals"]["records"], 700);
+}
+
+#[test]
+fn usage_errors_exit_64() {
+    let here = fixture("clean");
+    for args in [
+        &["verify"][..],
+        &["verify", "--bogus", "x"],
+        &["dump", "--limit", "many", "x"],
+        &["dump", "--from", "5", "--to", "2", here.to_str().unwrap()],
+        &["dump", "--bytes", "octal", here.to_str().unwrap()],
+        &["reindex", "--check", "/no/such/dir"],
+        &["verify", fixture("").join("README.md").to_str().unwrap()],
+    ] {
+        let (code, _, err) = run(args, &here);
+        assert_eq!(code, 64, "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}
+
+#[test]
+fn verify_json_shape() {
+    let data = fixture("torn-tail");
+    let (_, v) = verify_json(&data, &[]);
+    let seg = &v["segments"][2];
+    for field in [
+        "path",
+        "first_offset",
+        "last_offset",
+        "records",
+        "bytes",
+        "problems",
+    ] {
+        assert!(seg.get(field).is_some(), "segment field {field}");
+    }
+    assert_eq!(seg["first_offset"], 60);
+    assert_eq!(seg["last_offset"], 69);
+    assert_eq!(seg["records"], 10);
+    assert_eq!(seg["bytes"], 1579);
+    assert_eq!(seg["active"], true);
+    assert_eq!(seg["generation"], 2);
+    let p = &seg["problems"][0];
+    for field in ["kind", "position", "offset", "detail"] {
+        assert!(p.get(field).is_some(), "problem field {field}");
+    }
+    assert_eq!(v["totals"]["records"], 70);
+    assert_eq!(v["totals"]["repairable"], 1);
+    assert_eq!(v["totals"]["segments"], 3);
+    // stdout is exactly one JSON object.
+    let (_, out, _) = run(&["verify", "--json", data.to_str().unwrap()], &data);
+    assert!(serde_json::from_str::<Value>(&out).is_ok());
+    let _ = std::io::stdout().flush();
+}
+
+#[test]
+fn a_corrupt_segment_is_not_also_reported_as_a_gap() {
+    // A bad header in the middle segment: its offsets are unreadable, which is the
+    // one problem; the offsets "missing" around it are not a second one.
+    let (_tmp, data) = copy("clean");
+    let log = data.join(P).join("00000000000000000030.log");
+    let mut bytes = fs::read(&log).unwrap();
+    bytes[0] = b'X';
+    fs::write(&log, &bytes).unwrap();
+    let (code, v) = verify_json(&data, &[]);
+    assert_eq!(code, 2);
+    let found = problems(&v);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0].0, "bad_header");
+    assert_eq!(found[0].3, Some(0));
+    // A real gap after a clean segment is still reported.
+    let (_tmp2, data) = copy("missing-middle-segment");
+    let (_, v) = verify_json(&data, &[]);
+    assert_eq!(problems(&v)[0].0, "segments_do_not_join");
+}
