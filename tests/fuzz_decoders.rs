@@ -158,6 +158,55 @@ fn seeds_and_vectors_hold_the_properties() {
     });
 }
 
+/// Every input a fuzzer once crashed on, kept under `fuzz/regressions/<target>/`.
+#[test]
+fn fuzz_regressions_hold_the_properties() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/regressions");
+    let mut ran = 0;
+    for target in fuzzprops::TARGETS {
+        let Ok(dir) = std::fs::read_dir(root.join(target)) else {
+            continue;
+        };
+        for entry in dir {
+            let path = entry.unwrap().path();
+            let data = std::fs::read(&path).unwrap();
+            eprintln!("{}", path.display());
+            fuzzprops::run_target(target, &data);
+            ran += 1;
+        }
+    }
+    assert!(ran > 0);
+}
+
+/// A valid record at offset `u64::MAX` followed by damage: the check has no next
+/// offset to name (it once computed `u64::MAX + 1`).
+#[test]
+fn record_at_the_last_offset_then_a_torn_tail() {
+    use seglog::engine::check::{check_partition, CheckMode};
+    use seglog::format::names::log_file_name;
+    let base = u64::MAX - 1;
+    let mut log = seglog::format::SegmentHeader::new(base).encode().to_vec();
+    seglog::format::encode_record(&mut log, u64::MAX, 0, None, b"v", 0).unwrap();
+    log.extend_from_slice(&[0, 0, 0, 40, 1]);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join(log_file_name(base)), &log).unwrap();
+    let p = seglog::engine::layout::PartitionRef {
+        dir: dir.path().to_path_buf(),
+        topic: None,
+        partition: None,
+        config: Default::default(),
+        only_segment: None,
+    };
+    let check = check_partition(&p, CheckMode::Full).unwrap();
+    let torn = check
+        .all_problems()
+        .find(|p| p.kind == "torn_tail")
+        .expect("torn tail reported");
+    assert_eq!(torn.offset, None);
+    assert_eq!(check.segments[0].last_offset, Some(u64::MAX));
+    assert_eq!(check.next_offset(), Some(u64::MAX));
+}
+
 #[test]
 #[ignore = "writes seed files for the fuzzers; run by hand"]
 fn write_fuzz_seeds() {
