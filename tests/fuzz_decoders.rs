@@ -103,12 +103,10 @@ fn vector_segment(generation: u64) -> Vec<u8> {
     }
     .encode()
     .to_vec();
-    let mut offset = 0;
-    for (bytes, g) in vector_records() {
+    for (offset, (bytes, g)) in (0u64..).zip(vector_records()) {
         let r = seglog::format::decode_record(&bytes, 0, g).unwrap();
         seglog::format::encode_record(&mut log, offset, r.timestamp_ms, r.key, r.value, generation)
             .unwrap();
-        offset += 1;
     }
     log
 }
@@ -148,7 +146,10 @@ fn seeds_and_vectors_hold_the_properties() {
     assert!(cases[0].next_base.is_some() && cases[0].index.is_some());
     let torn = fuzzprops::oracle_scan(&cases[1].log).unwrap();
     assert!(!torn.records.is_empty(), "{torn:?}");
-    assert!(torn.end != seglog::engine::segment::ScanEnd::Eof, "{torn:?}");
+    assert!(
+        torn.end != seglog::engine::segment::ScanEnd::Eof,
+        "{torn:?}"
+    );
     let log = vector_segment(5);
     fuzzprops::check_segment_case(&SegmentCase {
         base_offset: 0,

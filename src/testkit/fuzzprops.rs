@@ -26,9 +26,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::engine::check::{check_partition, quick_check, CheckMode, Severity};
 use crate::engine::layout::PartitionRef;
 use crate::engine::protocol::{
-    check_frame_len, decode_request, decode_response, encode_request, encode_response,
-    frame_head, ApiKey, Chunk, ErrorCode, PartitionAck, PartitionBatch, PartitionDescription,
-    PartitionOffsets, Request, ResponseBody, StatsBody, WireRecord, FRAME_BYTES_MAX, LEN_FIELD,
+    check_frame_len, decode_request, decode_response, encode_request, encode_response, frame_head,
+    ApiKey, Chunk, ErrorCode, PartitionAck, PartitionBatch, PartitionDescription, PartitionOffsets,
+    Request, ResponseBody, StatsBody, WireRecord, FRAME_BYTES_MAX, LEN_FIELD,
 };
 use crate::engine::segment::{read_header, scan_segment, Next, RecordReader, ScanEnd};
 use crate::format::index::{decode_index, lookup, lookup_bytes, IndexEntry, INDEX_ENTRY_LEN};
@@ -117,7 +117,10 @@ pub fn record(data: &[u8]) {
 /// Rewrites the CRC of the record at the start of `buf` (if its length fits) so that
 /// it is valid under `generation`.
 pub fn fix_record_crc(buf: &mut [u8], generation: u64) {
-    let Some(len) = buf.get(..4).map(|b| u32::from_be_bytes(b.try_into().unwrap())) else {
+    let Some(len) = buf
+        .get(..4)
+        .map(|b| u32::from_be_bytes(b.try_into().unwrap()))
+    else {
         return;
     };
     let total = len as usize + 4;
@@ -754,13 +757,11 @@ pub fn check_segment_case(case: &SegmentCase) {
         if oracle.end == ScanEnd::Eof && clean_index {
             assert_eq!(check.severity(), None, "{:?}", check.problems);
         }
-        let damaged = match &oracle.end {
-            ScanEnd::Eof => false,
-            ScanEnd::Record(RecordError::Zero { .. } | RecordError::StaleGeneration { .. }) => {
-                false
-            }
-            _ => true,
-        };
+        let damaged = !matches!(
+            &oracle.end,
+            ScanEnd::Eof
+                | ScanEnd::Record(RecordError::Zero { .. } | RecordError::StaleGeneration { .. })
+        );
         if damaged && !seg.active {
             assert!(seg.is_corrupt(), "{:?}", seg.problems);
         }
@@ -796,7 +797,15 @@ pub fn seed_records() -> Vec<(Vec<u8>, u64)> {
     .enumerate()
     {
         let mut bytes = Vec::new();
-        encode_record(&mut bytes, i as u64, 1_700_000_000_000, key, value, generation).unwrap();
+        encode_record(
+            &mut bytes,
+            i as u64,
+            1_700_000_000_000,
+            key,
+            value,
+            generation,
+        )
+        .unwrap();
         out.push((bytes, generation));
     }
     out
