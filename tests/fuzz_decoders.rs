@@ -314,6 +314,13 @@ proptest! {
     }
 
     #[test]
+    fn names_random(name in "[0-9a-z._/-]{0,30}", digits in "[0-9]{20}", ext in "(log|index)(\\.tmp)?") {
+        fuzzprops::names(name.as_bytes());
+        fuzzprops::names(digits.as_bytes());
+        fuzzprops::names(format!("{digits}.{ext}").as_bytes());
+    }
+
+    #[test]
     fn protocol_random(data in vec(any::<u8>(), 0..120)) {
         fuzzprops::protocol_request(&data);
         fuzzprops::protocol_response(&data);

@@ -293,6 +293,42 @@ pub fn topic_json(data: &[u8]) {
     }
 }
 
+/// Fuzz entry: a file name found in a partition directory, or a topic name.
+pub fn names(data: &[u8]) {
+    use crate::format::names::{
+        classify_partition_file, parse_stem, segment_stem, validate_name, PartitionFile,
+        NAME_LEN_MAX,
+    };
+    let Ok(name) = std::str::from_utf8(data) else {
+        return;
+    };
+    // Whatever a name is classified as, it is exactly the name that kind would have.
+    match classify_partition_file(name) {
+        PartitionFile::Log(b) => assert_eq!(log_file_name(b), name),
+        PartitionFile::Index(b) => assert_eq!(index_file_name(b), name),
+        PartitionFile::LogTmp(b) => assert_eq!(format!("{}.tmp", log_file_name(b)), name),
+        PartitionFile::IndexTmp(b) => assert_eq!(format!("{}.tmp", index_file_name(b)), name),
+        PartitionFile::Marker => assert_eq!(name, "compaction.marker"),
+        PartitionFile::OtherTmp => assert!(name.ends_with(".tmp")),
+        PartitionFile::Unknown => {}
+    }
+    if let Some(b) = parse_stem(name) {
+        assert_eq!(segment_stem(b), name);
+    }
+    match validate_name(name) {
+        Ok(()) => {
+            assert!((1..=NAME_LEN_MAX).contains(&name.len()));
+            assert!(name != "." && name != "..");
+            assert!(name
+                .bytes()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-')));
+        }
+        Err(e) => {
+            let _ = e.to_string();
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------
 // Protocol frames.
 
@@ -1027,6 +1063,15 @@ pub fn seeds(target: &str) -> Vec<Vec<u8>> {
         "topic_json" => seed_json().1,
         "protocol_request" => seed_request_frames(),
         "protocol_response" => seed_response_frames(),
+        "names" => [
+            "00000000000000000147.log",
+            "00000000000000000147.index.tmp",
+            "compaction.marker",
+            "orders.v2",
+        ]
+        .iter()
+        .map(|s| s.as_bytes().to_vec())
+        .collect(),
         "segment_scan" => {
             // Recipes: a clean sealed segment with an index, and one with a torn tail.
             // Layout: flags, base, generation, count, records (op, key, value), tail,
@@ -1048,7 +1093,7 @@ pub fn seeds(target: &str) -> Vec<Vec<u8>> {
 }
 
 /// Names of the fuzz targets, matching `fuzz/fuzz_targets/<name>.rs`.
-pub const TARGETS: [&str; 8] = [
+pub const TARGETS: [&str; 9] = [
     "record",
     "segment_header",
     "segment_scan",
@@ -1057,6 +1102,7 @@ pub const TARGETS: [&str; 8] = [
     "topic_json",
     "protocol_request",
     "protocol_response",
+    "names",
 ];
 
 /// Runs the property of the named fuzz target on one input.
@@ -1070,6 +1116,7 @@ pub fn run_target(target: &str, data: &[u8]) {
         "topic_json" => topic_json(data),
         "protocol_request" => protocol_request(data),
         "protocol_response" => protocol_response(data),
+        "names" => names(data),
         other => panic!("unknown fuzz target {other}"),
     }
 }
