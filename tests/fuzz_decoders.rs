@@ -56,14 +56,22 @@ fn unhex(s: &str) -> Vec<u8> {
         .collect()
 }
 
-/// The committed record and header vectors: (bytes, generation).
+/// `tests/fixtures/vectors/records.json`, read once.
+fn vectors() -> &'static serde_json::Value {
+    static VECTORS: std::sync::OnceLock<serde_json::Value> = std::sync::OnceLock::new();
+    VECTORS.get_or_init(|| {
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/vectors/records.json"
+        ))
+        .unwrap();
+        serde_json::from_str(&text).unwrap()
+    })
+}
+
+/// The committed record vectors: (bytes, generation).
 fn vector_records() -> Vec<(Vec<u8>, u64)> {
-    let text = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/vectors/records.json"
-    ))
-    .unwrap();
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let v = vectors();
     let records: Vec<(Vec<u8>, u64)> = v["records"]
         .as_array()
         .unwrap()
@@ -79,14 +87,9 @@ fn vector_records() -> Vec<(Vec<u8>, u64)> {
     records
 }
 
+/// The committed segment header vectors.
 fn vector_headers() -> Vec<Vec<u8>> {
-    let text = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/vectors/records.json"
-    ))
-    .unwrap();
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-    v["headers"]
+    vectors()["headers"]
         .as_array()
         .unwrap()
         .iter()
@@ -230,7 +233,7 @@ fn write_fuzz_seeds() {
 
 proptest! {
     #![proptest_config(ProptestConfig {
-        cases: 2000,
+        cases: 8000,
         failure_persistence: None,
         ..ProptestConfig::default()
     })]
@@ -340,7 +343,7 @@ proptest! {
 proptest! {
     // Each case writes a partition directory: fewer cases.
     #![proptest_config(ProptestConfig {
-        cases: 300,
+        cases: 1200,
         failure_persistence: None,
         ..ProptestConfig::default()
     })]
