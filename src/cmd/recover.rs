@@ -1,14 +1,345 @@
-//! `seglog recover`.
+//! `seglog recover DATA [--dry-run] [--backup-dir DIR] [--json]`: the startup recovery
+//! (FORMAT.md, Recovery), run offline. Without `--dry-run` it takes `DATA/LOCK`.
 
-use super::{ExitError, Global};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use serde_json::{json, Value};
+
+use super::verify::{exit_code, resolve_target, severity_name};
+use super::{exit, ExitError, Global};
+use crate::engine::check::{check_partition, CheckMode, Problem, Severity};
+use crate::engine::io::RealStorage;
+use crate::engine::layout::TargetKind;
+use crate::engine::lock::{DirLock, LockError};
+use crate::engine::recovery::{
+    execute, plan, relative, Action, ActionDone, Damage, PartitionPlan, PartitionReport,
+    RecoveryPlan, RecoveryReport,
+};
 
 /// Arguments of `seglog recover`.
 #[derive(Debug, clap::Args)]
-pub struct Args {}
+#[command(
+    after_help = "Runs exactly the recovery the broker runs at startup (FORMAT.md, Recovery) \
+and reports every action with its file, byte range and offsets. Every action is idempotent: \
+a second run finds nothing to do.\n\n\
+Exit: 0 consistent afterwards; 2 corruption remains (left in place for an operator); \
+73 DATA/LOCK is held; 74 I/O error. With --dry-run: the code `verify` gives \
+(0 clean, 1 repairable, 2 corrupt)."
+)]
+pub struct Args {
+    /// The data directory (a topic or partition directory also works).
+    pub data: PathBuf,
+    /// Print the plan and change nothing; exit with the code `verify` gives.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Copy every byte range to be cut and every file to be removed here first.
+    #[arg(long, value_name = "DIR")]
+    pub backup_dir: Option<PathBuf>,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
 
-pub fn run(_args: Args, _global: Global) -> anyhow::Result<u8> {
-    Err(ExitError::new(
-        super::exit::IO,
-        "seglog recover is not built yet",
-    ))
+pub fn run(args: Args, _global: Global) -> anyhow::Result<u8> {
+    let target = resolve_target(&args.data)?;
+    if target.kind == TargetKind::LogFile {
+        return Err(ExitError::usage(format!(
+            "{}: recover works on a data, topic or partition directory, not one .log file",
+            args.data.display()
+        )));
+    }
+    if args.dry_run {
+        let plan = plan(&target).map_err(|e| ExitError::new(exit::IO, e.to_string()))?;
+        // The exit code is what `verify` gives: a full check, which also sees what
+        // the startup check trusts without reading (the middle of sealed segments).
+        let mut verify = None;
+        for p in &target.partitions {
+            let c = check_partition(p, CheckMode::Full)
+                .with_context(|| format!("checking {}", p.dir.display()))?;
+            verify = verify.max(c.severity());
+        }
+        print_plan(&plan, verify, args.json)?;
+        return Ok(exit_code(verify));
+    }
+    let _lock = if target.root_is_data_dir {
+        Some(DirLock::acquire(&target.root).map_err(|e| match e {
+            LockError::Held { .. } => ExitError::new(exit::LOCKED, e.to_string()),
+            other => ExitError::new(exit::IO, other.to_string()),
+        })?)
+    } else {
+        None
+    };
+    if let Some(dir) = &args.backup_dir {
+        if target.root_is_data_dir && absolute(dir).starts_with(absolute(&target.root)) {
+            return Err(ExitError::usage(format!(
+                "--backup-dir {} is inside the data directory {}",
+                dir.display(),
+                target.root.display()
+            )));
+        }
+    }
+    // Planned under the lock, so nothing changes between plan and execution.
+    let plan = plan(&target).map_err(|e| ExitError::new(exit::IO, e.to_string()))?;
+    let report = execute(&RealStorage, &plan, args.backup_dir.as_deref())
+        .with_context(|| format!("recovery of {}", args.data.display()))?;
+    // A full check afterwards (reads only): it also sees what the startup check
+    // trusts without reading, so "consistent" means what `verify` would say.
+    let mut after = Vec::new();
+    for p in &target.partitions {
+        let c = check_partition(p, CheckMode::Full)
+            .with_context(|| format!("checking {}", p.dir.display()))?;
+        after.extend(
+            c.all_problems()
+                .filter(|x| x.severity > Severity::Info)
+                .cloned(),
+        );
+    }
+    let reported = |x: &Problem| {
+        report.partitions.iter().any(|p| {
+            p.corrupt.iter().any(|d| same_problem(&d.problem, x))
+                || p.not_joined.iter().any(|n| same_problem(n, x))
+        })
+    };
+    after.retain(|x| !reported(x));
+    print_report(&plan, &report, &after, args.json)?;
+    let corrupt_after = after.iter().any(|x| x.severity == Severity::Corrupt);
+    Ok(if report.is_consistent() && !corrupt_after {
+        exit::OK
+    } else {
+        exit::CORRUPT
+    })
+}
+
+/// `path` made absolute and free of `.`/`..` and symlinks as far as it exists.
+fn absolute(path: &Path) -> PathBuf {
+    if let Ok(p) = path.canonicalize() {
+        return p;
+    }
+    match (path.parent(), path.file_name()) {
+        (Some(parent), Some(name)) => absolute(if parent.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            parent
+        })
+        .join(name),
+        _ => path.to_path_buf(),
+    }
+}
+
+fn same_problem(a: &Problem, b: &Problem) -> bool {
+    a.kind == b.kind && a.file == b.file && a.position == b.position
+}
+
+fn print_plan(plan: &RecoveryPlan, verify: Option<Severity>, as_json: bool) -> io::Result<()> {
+    let stdout = io::stdout();
+    let mut out = io::BufWriter::new(stdout.lock());
+    if as_json {
+        let mut actions = Vec::new();
+        for p in &plan.partitions {
+            for a in &p.actions {
+                actions.push(action_json(&plan.root, &p.label, a, &[]));
+            }
+        }
+        let partitions: Vec<Value> = plan
+            .partitions
+            .iter()
+            .map(|p| plan_partition_json(&plan.root, p))
+            .collect();
+        let after_corrupt = plan
+            .partitions
+            .iter()
+            .any(|p| !p.corrupt.is_empty() || !p.not_joined.is_empty() || p.refuses_writes);
+        let v = json!({
+            "dry_run": true,
+            "root": plan.root.display().to_string(),
+            "actions": actions,
+            "partitions": partitions,
+            "severity_before": severity_name(plan.severity_before()),
+            "severity_after": if after_corrupt { "corrupt" } else { "clean" },
+            "verify_severity": severity_name(verify),
+        });
+        writeln!(out, "{v}")?;
+    } else {
+        for line in plan.lines() {
+            writeln!(out, "{line}")?;
+        }
+        let quick = plan.severity_before().filter(|s| *s > Severity::Info);
+        if verify.filter(|s| *s > Severity::Info) > quick {
+            writeln!(
+                out,
+                "a full check finds {} problems the startup check does not read (see `seglog verify`)",
+                severity_name(verify)
+            )?;
+        }
+    }
+    out.flush()
+}
+
+fn print_report(
+    plan: &RecoveryPlan,
+    report: &RecoveryReport,
+    after: &[Problem],
+    as_json: bool,
+) -> io::Result<()> {
+    let worst_after = after.iter().map(|x| x.severity).max();
+    let severity_after = if !report.is_consistent() || worst_after == Some(Severity::Corrupt) {
+        "corrupt"
+    } else if worst_after.is_some() {
+        "repairable"
+    } else {
+        "clean"
+    };
+    let stdout = io::stdout();
+    let mut out = io::BufWriter::new(stdout.lock());
+    if as_json {
+        let mut actions = Vec::new();
+        for p in &report.partitions {
+            for ActionDone { action, backups } in &p.actions {
+                actions.push(action_json(&report.root, &p.label, action, backups));
+            }
+        }
+        let partitions: Vec<Value> = report
+            .partitions
+            .iter()
+            .map(|p| report_partition_json(&report.root, p))
+            .collect();
+        let v = json!({
+            "dry_run": false,
+            "root": report.root.display().to_string(),
+            "actions": actions,
+            "partitions": partitions,
+            "severity_before": severity_name(plan.severity_before()),
+            "severity_after": severity_after,
+            "problems_after": after.iter().map(|x| problem_json(&report.root, x)).collect::<Vec<_>>(),
+        });
+        writeln!(out, "{v}")?;
+    } else {
+        for line in report.lines() {
+            writeln!(out, "{line}")?;
+        }
+        for x in after {
+            let hint = if x.severity == Severity::Corrupt {
+                "left for an operator"
+            } else {
+                "`seglog reindex` repairs it"
+            };
+            writeln!(
+                out,
+                "found by a full check, beyond what the startup check reads: {}: {} ({}); {hint}",
+                relative(&report.root, &x.file),
+                x.detail,
+                x.kind
+            )?;
+        }
+    }
+    out.flush()
+}
+
+fn action_json(root: &Path, label: &str, a: &Action, backups: &[PathBuf]) -> Value {
+    let mut v = json!({
+        "partition": label,
+        "kind": a.kind(),
+        "path": relative(root, a.path()),
+        "from": a.byte_range().map(|r| r.0),
+        "to": a.byte_range().map(|r| r.1),
+        "bytes": a.byte_range().map(|(f, t)| t - f),
+        "description": a.describe(root),
+        "backups": backups.iter().map(|b| b.display().to_string()).collect::<Vec<_>>(),
+    });
+    let extra = match a {
+        Action::FinishCompaction { marker, .. } => json!({
+            "new": marker.new, "replaced": marker.replaced,
+        }),
+        Action::CutTail {
+            next_offset,
+            kind,
+            records_cut,
+            reason,
+            ..
+        } => json!({
+            "next_offset": next_offset, "tail": kind, "reason": reason,
+            "records_cut": records_cut.map(|r| json!({
+                "first_offset": r.first_offset, "last_offset": r.last_offset, "count": r.count,
+            })),
+        }),
+        Action::RebuildIndex {
+            log,
+            base_offset,
+            entries,
+            reason,
+            ..
+        } => json!({
+            "log": relative(root, log), "base_offset": base_offset,
+            "entries": entries.len(), "reason": reason,
+        }),
+        Action::RemoveNeverDurable {
+            index,
+            base_offset,
+            reason,
+            ..
+        } => json!({
+            "index": index.as_ref().map(|i| relative(root, i)),
+            "base_offset": base_offset, "reason": reason,
+        }),
+        Action::TrimSeal { reason, .. }
+        | Action::RemoveMarker { reason, .. }
+        | Action::RemoveTempFile { reason, .. } => json!({ "reason": reason }),
+        _ => json!({}),
+    };
+    if let (Some(obj), Value::Object(extra)) = (v.as_object_mut(), extra) {
+        obj.extend(extra);
+    }
+    v
+}
+
+fn problem_json(root: &Path, p: &Problem) -> Value {
+    json!({
+        "kind": p.kind,
+        "severity": p.severity.as_str(),
+        "path": relative(root, &p.file),
+        "position": p.position,
+        "offset": p.offset,
+        "detail": p.detail,
+    })
+}
+
+fn damage_json(root: &Path, d: &Damage) -> Value {
+    let mut v = problem_json(root, &d.problem);
+    if let Some(obj) = v.as_object_mut() {
+        obj.insert("bytes_lost".into(), json!(d.bytes.map(|(f, t)| [f, t])));
+        obj.insert(
+            "offsets_lost".into(),
+            json!(d.offsets.map(|(a, b)| json!([a, b]))),
+        );
+    }
+    v
+}
+
+fn plan_partition_json(root: &Path, p: &PartitionPlan) -> Value {
+    json!({
+        "partition": p.label,
+        "path": relative(root, &p.dir),
+        "actions": p.actions.len(),
+        "next_offset": p.next_offset,
+        "recheck_after_marker": p.recheck_after_marker,
+        "refuses_writes": p.refuses_writes,
+        "corrupt": p.corrupt.iter().map(|d| damage_json(root, d)).collect::<Vec<_>>(),
+        "not_joined": p.not_joined.iter().map(|x| problem_json(root, x)).collect::<Vec<_>>(),
+        "severity_before": severity_name(p.severity_before),
+    })
+}
+
+fn report_partition_json(root: &Path, p: &PartitionReport) -> Value {
+    json!({
+        "partition": p.label,
+        "path": relative(root, &p.dir),
+        "actions": p.actions.len(),
+        "next_offset": p.next_offset,
+        "refuses_writes": p.refuses_writes,
+        "corrupt": p.corrupt.iter().map(|d| damage_json(root, d)).collect::<Vec<_>>(),
+        "not_joined": p.not_joined.iter().map(|x| problem_json(root, x)).collect::<Vec<_>>(),
+        "consistent": p.is_consistent(),
+    })
 }

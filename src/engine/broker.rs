@@ -230,14 +230,18 @@ impl Broker {
     }
 }
 
-/// Runs recovery over the data directory before any partition opens.
-///
-/// `crate::engine::recovery::recover(storage, data_dir)` belongs here; until it is
-/// available this does nothing, and a partition whose active segment has a torn tail
-/// refuses to open instead of being cut.
+/// Runs recovery (FORMAT.md, Recovery: the same function as `seglog recover`) over the
+/// data directory before any partition opens; returns its report as lines.
 fn run_recovery(storage: &dyn Storage, data_dir: &Path) -> Result<Vec<String>, EngineError> {
-    let _ = (storage, data_dir);
-    Ok(Vec::new())
+    let report =
+        crate::engine::recovery::recover(storage, data_dir).map_err(|e| EngineError::Corrupt {
+            path: data_dir.to_path_buf(),
+            detail: format!("recovery failed: {e}"),
+        })?;
+    if report.action_count() == 0 && report.is_consistent() {
+        return Ok(Vec::new());
+    }
+    Ok(report.lines())
 }
 
 fn check_options(opts: &BrokerOptions) -> Result<(), EngineError> {

@@ -350,10 +350,13 @@ pub fn check_segment(
             return Ok(seg);
         }
     };
-    let index_bytes = read_index_bytes(&files.index)?;
     if mode == CheckMode::Quick && !active {
-        if let Some(bytes) = &index_bytes {
-            if let Some((first, last)) = quick_check(&file, &header, file_len, bytes)? {
+        // Only the index's first and last entries are read here: the quick check
+        // needs no more, and a trusted segment costs a few KiB of reads.
+        if let Some((first_entry, last_entry)) = read_index_ends(&files.index, file_len)? {
+            if let Some((first, last)) =
+                quick_check_entries(&file, &header, file_len, first_entry, last_entry)?
+            {
                 seg.trusted_by_index = true;
                 seg.first_offset = Some(first);
                 seg.last_offset = Some(last);
@@ -363,6 +366,7 @@ pub fn check_segment(
             }
         }
     }
+    let index_bytes = read_index_bytes(&files.index)?;
     let scan = scan_segment(&file, &header, file_len, |_, _| {})?;
     seg.first_offset = scan.first_offset;
     seg.last_offset = scan.last_offset;
@@ -543,10 +547,63 @@ pub fn quick_check(
     let (Some(first_entry), Some(last_entry)) = (entries.first(), entries.last()) else {
         return Ok(None);
     };
+    quick_check_entries(file, header, file_len, *first_entry, *last_entry)
+}
+
+/// Bytes read per system call by the quick check: the first record, and the tail
+/// after the last index entry (at most 4 KiB plus one record; a longer record is
+/// read in full all the same).
+pub const QUICK_WINDOW_BYTES: usize = 8 * 1024;
+
+/// The first and last entries of an index file, read without the rest: `None` when
+/// the file is missing or empty, its length is not a multiple of 16, or the two
+/// entries are not in order inside `..file_len`.
+pub fn read_index_ends(path: &Path, file_len: u64) -> io::Result<Option<(IndexEntry, IndexEntry)>> {
+    let file = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let len = file.metadata()?.len();
+    let entry_len = INDEX_ENTRY_LEN as u64;
+    if len == 0 || len % entry_len != 0 || len > INDEX_BYTES_MAX {
+        return Ok(None);
+    }
+    let mut buf = [0u8; INDEX_ENTRY_LEN];
+    let mut entry_at = |pos: u64| -> io::Result<Option<IndexEntry>> {
+        let n = super::segment::read_full_at(&file, &mut buf, pos)?;
+        Ok(buf.get(..n).and_then(IndexEntry::decode))
+    };
+    let (Some(first), Some(last)) = (entry_at(0)?, entry_at(len - entry_len)?) else {
+        return Ok(None);
+    };
+    let ordered = len == entry_len
+        || (last.relative_offset > first.relative_offset && last.position > first.position);
+    if !ordered || last.position >= file_len {
+        return Ok(None);
+    }
+    Ok(Some((first, last)))
+}
+
+/// [`quick_check`] given the index's first and last entries.
+pub fn quick_check_entries(
+    file: &File,
+    header: &SegmentHeader,
+    file_len: u64,
+    first_entry: IndexEntry,
+    last_entry: IndexEntry,
+) -> io::Result<Option<(u64, u64)>> {
+    let (first_entry, last_entry) = (&first_entry, &last_entry);
     if first_entry.position != HEADER_LEN as u64 {
         return Ok(None);
     }
-    let mut reader = RecordReader::new(file, header.generation, HEADER_LEN as u64, file_len);
+    let mut reader = RecordReader::with_window(
+        file,
+        header.generation,
+        HEADER_LEN as u64,
+        file_len,
+        QUICK_WINDOW_BYTES,
+    );
     let first = match reader.next_record()? {
         Next::Record { record, .. }
             if record.offset.checked_sub(header.base_offset)
@@ -556,7 +613,13 @@ pub fn quick_check(
         }
         _ => return Ok(None),
     };
-    let mut reader = RecordReader::new(file, header.generation, last_entry.position, file_len);
+    let mut reader = RecordReader::with_window(
+        file,
+        header.generation,
+        last_entry.position,
+        file_len,
+        QUICK_WINDOW_BYTES,
+    );
     let mut builder = IndexBuilder::resume(Some(*last_entry));
     let mut last: Option<u64> = None;
     loop {

@@ -5,12 +5,14 @@
 pub mod broker;
 pub mod check;
 pub mod client;
+pub mod compaction;
 pub mod error;
 pub mod io;
 pub mod layout;
 pub mod lock;
 pub mod log;
 pub mod protocol;
+pub mod recovery;
 pub mod reindex;
 pub mod segment;
 pub mod server;

@@ -144,6 +144,17 @@ pub fn encoded_len(key_len: Option<usize>, value_len: usize) -> Option<usize> {
     record_len(key_len, value_len).map(|l| l as usize + LEN_FIELD)
 }
 
+/// Bytes the record at the start of `buf` claims to take (`record_len` field
+/// included) when its `record_len` is plausible (`28 ..= MAX_RECORD_LEN`), whether or
+/// not the rest of it checks out: lets a tool step over a damaged record and report
+/// what follows it.
+pub fn claimed_encoded_len(buf: &[u8]) -> Option<u64> {
+    let len = be_u32(buf, 0)?;
+    (RECORD_OVERHEAD..=MAX_RECORD_LEN)
+        .contains(&len)
+        .then(|| u64::from(len) + LEN_FIELD as u64)
+}
+
 /// CRC of a record's payload (offset .. value), before the generation XOR.
 pub fn payload_crc(payload: &[u8]) -> u32 {
     crc32(payload)
@@ -275,6 +286,17 @@ pub fn decode_record(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn claimed_len_steps_over_a_damaged_record() {
+        let mut buf = Vec::new();
+        let n = encode_record(&mut buf, 5, 0, None, b"abc", 0).unwrap();
+        *buf.last_mut().unwrap() ^= 1;
+        assert_eq!(claimed_encoded_len(&buf), Some(n as u64));
+        assert_eq!(claimed_encoded_len(&[0, 0, 0, 0]), None);
+        assert_eq!(claimed_encoded_len(&[0, 0, 0]), None);
+        assert_eq!(claimed_encoded_len(&[0xff, 0, 0, 0]), None);
+    }
 
     fn one(key: Option<&[u8]>, value: &[u8], generation: u64) -> Vec<u8> {
         let mut v = Vec::new();
