@@ -1,6 +1,7 @@
 //! A bounded randomized corpus for every decoder, run by `cargo test`: the same
 //! properties the fuzz targets under `fuzz/` check (`seglog::testkit::fuzzprops`),
-//! on random bytes and on valid encodings with bytes flipped, inserted and deleted.
+//! on random bytes and on valid encodings with bytes flipped, inserted and deleted;
+//! damaged segments also go through recovery, which must leave nothing to redo.
 //! Runs under an allocator that aborts on any single allocation over 80 MiB.
 //!
 //! `cargo test --release --test fuzz_decoders -- --ignored write_fuzz_seeds` writes
@@ -211,6 +212,41 @@ fn record_at_the_last_offset_then_a_torn_tail() {
     assert_eq!(check.next_offset(), Some(u64::MAX));
 }
 
+/// Recovery of a partition whose last valid record is at offset `u64::MAX`: there is
+/// no offset to append at, so it refuses writes (it once computed `u64::MAX + 1`).
+#[test]
+fn recovery_after_a_record_at_the_last_offset() {
+    use seglog::engine::recovery::plan_partition;
+    use seglog::format::names::log_file_name;
+    let base = u64::MAX - 1;
+    let mut log = seglog::format::SegmentHeader::new(base).encode().to_vec();
+    seglog::format::encode_record(&mut log, u64::MAX, 0, None, b"v", 0).unwrap();
+    log.extend_from_slice(&[0, 0, 0, 40, 1]);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join(log_file_name(base)), &log).unwrap();
+    let p = seglog::engine::layout::PartitionRef {
+        dir: dir.path().to_path_buf(),
+        topic: None,
+        partition: None,
+        config: Default::default(),
+        only_segment: None,
+    };
+    let plan = plan_partition(&p).unwrap();
+    assert_eq!(plan.next_offset, u64::MAX);
+    assert!(plan.refuses_writes);
+    assert!(
+        matches!(
+            plan.actions[0],
+            seglog::engine::recovery::Action::CutTail {
+                next_offset: u64::MAX,
+                ..
+            }
+        ),
+        "{:?}",
+        plan.actions
+    );
+}
+
 #[test]
 #[ignore = "writes seed files for the fuzzers; run by hand"]
 fn write_fuzz_seeds() {
@@ -343,7 +379,7 @@ proptest! {
 proptest! {
     // Each case writes a partition directory: fewer cases.
     #![proptest_config(ProptestConfig {
-        cases: 1200,
+        cases: 600,
         failure_persistence: None,
         ..ProptestConfig::default()
     })]
@@ -375,11 +411,13 @@ proptest! {
     ) {
         let clean = vector_segment(generation);
         let log = apply(&clean, &edits);
-        fuzzprops::check_segment_case(&SegmentCase {
+        let case = SegmentCase {
             base_offset: 0,
             index: with_index.then(|| fuzzprops::rule_index_bytes(&clean)),
             next_base: sealed.then_some(8),
             log,
-        });
+        };
+        fuzzprops::check_segment_case(&case);
+        fuzzprops::check_recovery(&case);
     }
 }

@@ -16,7 +16,8 @@
 //!   (the wire format is canonical);
 //! - segment scan: the windowed file reader and `scan_segment` agree with a plain
 //!   in-memory decoding loop written here, and the partition check neither fails nor
-//!   reports positions outside the files.
+//!   reports positions outside the files; recovery of the partition succeeds, puts the
+//!   next offset after every valid record, and leaves nothing for a second run to do.
 
 use std::fs::{self, File};
 use std::io::Write;
@@ -396,7 +397,9 @@ pub struct SegmentCase {
 /// Fuzz entry: builds a segment from the bytes (literally, or as a recipe of valid
 /// records, tails, flipped bytes and index choices) and checks it.
 pub fn segment_scan(data: &[u8]) {
-    check_segment_case(&segment_case(data));
+    let case = segment_case(data);
+    check_segment_case(&case);
+    check_recovery(&case);
 }
 
 /// Turns fuzz bytes into a [`SegmentCase`]. Flag bit 0 clear: the rest is a raw
@@ -643,22 +646,27 @@ fn write(path: &Path, bytes: &[u8]) {
     f.write_all(bytes).expect("write scratch file");
 }
 
+/// Writes the case's files into `dir`.
+fn write_case(dir: &Path, case: &SegmentCase) {
+    write(&dir.join(log_file_name(case.base_offset)), &case.log);
+    if let Some(ix) = &case.index {
+        write(&dir.join(index_file_name(case.base_offset)), ix);
+    }
+    if let Some(next) = case.next_base {
+        write(
+            &dir.join(log_file_name(next)),
+            &SegmentHeader::new(next).encode(),
+        );
+        write(&dir.join(index_file_name(next)), &[]);
+    }
+}
+
 /// Writes the case as a partition directory and checks the reader, the scan and the
 /// partition check against the in-memory oracle.
 pub fn check_segment_case(case: &SegmentCase) {
     let dir = ScratchDir::new();
+    write_case(&dir.0, case);
     let log_path = dir.0.join(log_file_name(case.base_offset));
-    write(&log_path, &case.log);
-    if let Some(ix) = &case.index {
-        write(&dir.0.join(index_file_name(case.base_offset)), ix);
-    }
-    if let Some(next) = case.next_base {
-        write(
-            &dir.0.join(log_file_name(next)),
-            &SegmentHeader::new(next).encode(),
-        );
-        write(&dir.0.join(index_file_name(next)), &[]);
-    }
     let file = File::open(&log_path).unwrap();
     let file_len = case.log.len() as u64;
 
@@ -802,6 +810,45 @@ pub fn check_segment_case(case: &SegmentCase) {
             assert!(seg.is_corrupt(), "{:?}", seg.problems);
         }
     }
+}
+
+/// Recovery of the case's partition: plans from the check, executes through the I/O
+/// seam, and leaves nothing for a second run to do.
+pub fn check_recovery(case: &SegmentCase) {
+    use crate::engine::io::RealStorage;
+    use crate::engine::recovery::{execute, plan_partition, RecoveryPlan};
+    let dir = ScratchDir::new();
+    write_case(&dir.0, case);
+    let p = PartitionRef {
+        dir: dir.0.clone(),
+        topic: None,
+        partition: None,
+        config: TopicConfig::default(),
+        only_segment: None,
+    };
+    let first = plan_partition(&p).expect("plan recovery");
+    if let Some(o) = oracle_scan(&case.log) {
+        if o.header.base_offset == case.base_offset {
+            if let Some(last) = o.records.last().map(|r| r.1) {
+                assert!(
+                    first.next_offset > last || last == u64::MAX,
+                    "next offset {} after a valid record at {last}",
+                    first.next_offset
+                );
+            }
+        }
+    }
+    let plan = RecoveryPlan {
+        root: dir.0.clone(),
+        partitions: vec![first],
+    };
+    execute(&RealStorage, &plan, None).expect("execute recovery");
+    let again = plan_partition(&p).expect("plan recovery again");
+    assert!(
+        again.actions.is_empty(),
+        "second recovery still acts: {:?}",
+        again.actions
+    );
 }
 
 fn oracle_record_at(
