@@ -21,15 +21,24 @@ use seglog::format::{encode_record, IndexBuilder, SegmentHeader, HEADER_LEN};
 const MIB: u64 = 1024 * 1024;
 const SEGMENT_BYTES: u64 = 64 * MIB;
 const VALUE_BYTES: usize = 4096;
+/// The newest (active) segment is small, as in a running broker shortly after a roll.
+const ACTIVE_BYTES: u64 = MIB;
 
-/// Writes a partition of about `total` bytes into `dir`; returns its log files.
+/// Writes a partition of about `total` bytes of sealed segments plus a small active
+/// segment into `dir`; returns its log files.
 fn build(dir: &Path, total: u64) -> Vec<PathBuf> {
+    let total_with_active = total + ACTIVE_BYTES;
     fs::create_dir_all(dir).unwrap();
     let mut logs = Vec::new();
     let mut offset = 0u64;
     let mut value = vec![0u8; VALUE_BYTES];
     let mut written = 0u64;
-    while written < total {
+    while written < total_with_active {
+        let limit = if written >= total {
+            ACTIVE_BYTES
+        } else {
+            SEGMENT_BYTES
+        };
         let base = offset;
         let path = dir.join(log_file_name(base));
         let mut log = BufWriter::with_capacity(4 * MIB as usize, File::create(&path).unwrap());
@@ -38,7 +47,7 @@ fn build(dir: &Path, total: u64) -> Vec<PathBuf> {
         let mut index = Vec::new();
         let mut b = IndexBuilder::new();
         let mut rec = Vec::with_capacity(VALUE_BYTES + 64);
-        while pos < SEGMENT_BYTES && written + pos < total {
+        while pos < limit && (written >= total || written + pos < total) {
             for (i, byte) in value.iter_mut().enumerate().step_by(64) {
                 *byte = (offset as usize + i) as u8;
             }

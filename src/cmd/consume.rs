@@ -15,8 +15,8 @@ use serde_json::json;
 
 use super::connect::{client_error, BrokerArgs};
 use super::{exit, BytesAs, ExitError, Global};
-use crate::engine::client::{Client, Record};
-use crate::engine::protocol::FETCH_BYTES_MAX;
+use crate::engine::client::{Client, ClientError, Fetched as Fetch, Record};
+use crate::engine::protocol::{ErrorCode, FETCH_BYTES_MAX};
 
 /// How long one long-poll fetch waits for new records under `--follow`.
 const FOLLOW_WAIT: Duration = Duration::from_secs(5);
@@ -150,15 +150,27 @@ pub fn run(args: Args, _global: Global) -> anyhow::Result<u8> {
                 .map_err(client_error)?;
         }
         while pos < o.end_offset && printed < limit {
-            let f = client
-                .fetch(
-                    &args.topic,
-                    o.partition,
-                    pos,
-                    args.max_bytes,
-                    Duration::ZERO,
-                )
-                .map_err(client_error)?;
+            let fetched = client.fetch(
+                &args.topic,
+                o.partition,
+                pos,
+                args.max_bytes,
+                Duration::ZERO,
+            );
+            let f = match moved_start(
+                &mut client,
+                &args.topic,
+                args.from == StartAt::Earliest,
+                o.partition,
+                pos,
+                fetched,
+            )? {
+                Ok(f) => f,
+                Err(start) => {
+                    pos = start;
+                    continue;
+                }
+            };
             if f.records.is_empty() {
                 // Nothing at or after `pos` below the end we started with (the
                 // tail was compacted away): this partition is done.
@@ -177,6 +189,31 @@ pub fn run(args: Args, _global: Global) -> anyhow::Result<u8> {
     }
     out.flush()?;
     Ok(exit::OK)
+}
+
+/// Under `--from earliest`, retention may remove the records at `pos` while we read:
+/// the fetch is then refused as out of range, and reading goes on from the
+/// partition's new start (`Err(start)`), as a Kafka consumer with
+/// `auto.offset.reset=earliest` does. Any other refusal is the command's error.
+fn moved_start(
+    client: &mut Client,
+    topic: &str,
+    earliest: bool,
+    partition: u32,
+    pos: u64,
+    fetched: Result<Fetch, ClientError>,
+) -> anyhow::Result<Result<Fetch, u64>> {
+    match fetched {
+        Ok(f) => Ok(Ok(f)),
+        Err(e) if earliest && e.code() == Some(ErrorCode::OFFSET_OUT_OF_RANGE) => {
+            let offsets = client.list_offsets(topic).map_err(client_error)?;
+            match offsets.iter().find(|o| o.partition == partition) {
+                Some(o) if o.start_offset > pos => Ok(Err(o.start_offset)),
+                _ => Err(client_error(e)),
+            }
+        }
+        Err(e) => Err(client_error(e)),
+    }
 }
 
 /// What a follower thread sends to the printer.
@@ -199,13 +236,26 @@ fn follow(
         let broker = args.broker.clone();
         let topic = args.topic.clone();
         let max_bytes = args.max_bytes;
+        let earliest = args.from == StartAt::Earliest;
         thread::spawn(move || {
             let mut run = || -> anyhow::Result<()> {
                 let mut client: Client = broker.connect()?;
                 loop {
-                    let f = client
-                        .fetch(&topic, partition, pos, max_bytes, FOLLOW_WAIT)
-                        .map_err(client_error)?;
+                    let fetched = client.fetch(&topic, partition, pos, max_bytes, FOLLOW_WAIT);
+                    let f = match moved_start(
+                        &mut client,
+                        &topic,
+                        earliest,
+                        partition,
+                        pos,
+                        fetched,
+                    )? {
+                        Ok(f) => f,
+                        Err(start) => {
+                            pos = start;
+                            continue;
+                        }
+                    };
                     if let Some(last) = f.records.last() {
                         pos = last.offset + 1;
                         if tx.send(Fetched::Records(partition, f.records)).is_err() {

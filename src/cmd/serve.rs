@@ -31,9 +31,17 @@ pub struct Args {
     /// Longest time written records wait for an fsync: 500ms, 1s, 1m.
     #[arg(long, default_value = "1s", value_parser = parse_duration)]
     pub flush_interval: Duration,
-    /// Where retention copies segments before deleting them.
+    /// Where retention copies segments (log and index, fsynced) before deleting
+    /// them: DIR/<topic>/<partition>/. A failed copy keeps the segment for the next
+    /// round.
     #[arg(long)]
     pub cold_storage_dir: Option<PathBuf>,
+    /// How often retention (and rolling by segment_ms) visits every partition.
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    pub retention_check_interval: Duration,
+    /// How often compaction visits every partition of a compacted topic.
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    pub compaction_check_interval: Duration,
     /// Connections served at once.
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=65536))]
     pub max_connections: u64,
@@ -82,6 +90,8 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
         flush_every_records: args.flush_every_records,
         flush_interval: args.flush_interval,
         cold_storage_dir: args.cold_storage_dir.clone(),
+        retention_check_interval: args.retention_check_interval,
+        compaction_check_interval: args.compaction_check_interval,
     };
     let broker = Broker::open(&args.data_dir, Arc::new(RealStorage), opts)
         .map_err(|e| open_error(e, &args.data_dir))?;

@@ -10,6 +10,8 @@ use serde_json::{json, Map, Value};
 use super::connect::{client_error, parse_settings, BrokerArgs};
 use super::{exit, Global};
 use crate::engine::client::TopicInfo;
+use crate::engine::log::now_ms;
+use crate::engine::protocol::CleanupInfo;
 use crate::format::topic::TopicConfig;
 
 /// Arguments of `seglog topics`.
@@ -38,7 +40,8 @@ pub enum TopicsCommand {
     },
     /// List topic names.
     List,
-    /// Show each partition's offsets, segment count and bytes, and the configuration.
+    /// Show each partition's offsets, segment count and bytes, what retention and
+    /// compaction last did, and the configuration.
     Describe { name: String },
     /// Change configuration settings.
     Alter {
@@ -147,6 +150,26 @@ fn config_json(settings: &[(String, String)]) -> Value {
     Value::Object(map)
 }
 
+/// The cleanup info of `partition`, if the broker sent any (protocol version 2 on).
+fn cleanup_of(info: &TopicInfo, partition: u32) -> Option<&CleanupInfo> {
+    info.cleanup.iter().find(|c| c.partition == partition)
+}
+
+fn cleanup_json(c: &CleanupInfo) -> Value {
+    let ms = |v: i64| if v < 0 { Value::Null } else { json!(v) };
+    json!({
+        "last_retention_ms": ms(c.last_retention_ms),
+        "segments_deleted": c.segments_deleted,
+        "bytes_deleted": c.bytes_deleted,
+        "segments_archived": c.segments_archived,
+        "last_compaction_ms": ms(c.last_compaction_ms),
+        "compactions": c.compactions,
+        "records_dropped": c.records_dropped,
+        "bytes_compacted": c.bytes_compacted,
+        "error": (!c.last_error.is_empty()).then_some(c.last_error.as_str()),
+    })
+}
+
 fn describe_json(name: &str, info: &TopicInfo) -> Value {
     let partitions: Vec<Value> = info
         .partitions
@@ -159,6 +182,7 @@ fn describe_json(name: &str, info: &TopicInfo) -> Value {
                 "records": p.end_offset.saturating_sub(p.start_offset),
                 "segments": p.segments,
                 "bytes": p.bytes,
+                "cleanup": cleanup_of(info, p.partition).map(cleanup_json),
             })
         })
         .collect();
@@ -201,5 +225,51 @@ fn write_description(out: &mut impl Write, name: &str, info: &TopicInfo) -> io::
         ]);
     }
     writeln!(out, "{t}")?;
+    if !info.cleanup.is_empty() {
+        writeln!(out, "{}", cleanup_table(&info.cleanup, now_ms()))?;
+    }
     writeln!(out, "{}", config_table(&info.config))
+}
+
+/// When a background task last ran, as an age: `never`, `12s ago`.
+fn ago(at_ms: i64, now: i64) -> String {
+    if at_ms < 0 {
+        return "never".into();
+    }
+    let s = now.saturating_sub(at_ms).max(0) / 1000;
+    match s {
+        0..=119 => format!("{s}s ago"),
+        120..=7199 => format!("{}m ago", s / 60),
+        7200..=172_799 => format!("{}h ago", s / 3600),
+        _ => format!("{}d ago", s / 86_400),
+    }
+}
+
+fn cleanup_table(cleanup: &[CleanupInfo], now: i64) -> Table {
+    let mut t = Table::new();
+    t.set_header([
+        "partition",
+        "retention",
+        "segments_deleted",
+        "bytes_deleted",
+        "archived",
+        "compaction",
+        "records_dropped",
+        "bytes_compacted",
+        "error",
+    ]);
+    for c in cleanup {
+        t.add_row([
+            c.partition.to_string(),
+            ago(c.last_retention_ms, now),
+            c.segments_deleted.to_string(),
+            c.bytes_deleted.to_string(),
+            c.segments_archived.to_string(),
+            ago(c.last_compaction_ms, now),
+            c.records_dropped.to_string(),
+            c.bytes_compacted.to_string(),
+            c.last_error.clone(),
+        ]);
+    }
+    t
 }

@@ -20,11 +20,12 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::cleanup::{CleanupStats, CompactionDone, PartitionCleanup, Visit};
 pub use super::error::EngineError;
 use super::io::{write_file_atomic, Storage, StorageRef};
 use super::layout::{self, LayoutError};
 use super::lock::{DirLock, LockError};
-use super::log::{create_first_segment, Closed, LogStats, PartitionLog};
+use super::log::{create_first_segment, now_ms, Closed, LogStats, PartitionLog};
 pub use super::log::{FetchChunk, NewRecord};
 use crate::format::names::{validate_name, TOPICS_DIR, TOPIC_FILE};
 use crate::format::topic::{TopicConfig, TopicError, TopicMeta, PARTITIONS_MAX};
@@ -44,6 +45,10 @@ pub struct BrokerOptions {
     pub flush_interval: Duration,
     /// Where retention copies segments before deleting them.
     pub cold_storage_dir: Option<PathBuf>,
+    /// How often retention (and rolling by `segment_ms`) visits every partition.
+    pub retention_check_interval: Duration,
+    /// How often compaction visits every partition of a compacted topic.
+    pub compaction_check_interval: Duration,
 }
 
 impl Default for BrokerOptions {
@@ -52,6 +57,8 @@ impl Default for BrokerOptions {
             flush_every_records: 1,
             flush_interval: Duration::from_secs(1),
             cold_storage_dir: None,
+            retention_check_interval: Duration::from_secs(300),
+            compaction_check_interval: Duration::from_secs(300),
         }
     }
 }
@@ -86,6 +93,8 @@ pub struct PartitionInfo {
     pub bytes: u64,
     /// Why the partition refuses writes (or everything), if it does.
     pub error: Option<String>,
+    /// What retention and compaction did to it since the broker started.
+    pub cleanup: CleanupStats,
 }
 
 /// A topic's partitions and configuration.
@@ -119,6 +128,8 @@ struct Topic {
     dir: PathBuf,
     config: RwLock<TopicConfig>,
     partitions: Vec<Slot>,
+    /// Per partition, the state of its background cleanup.
+    cleanup: Vec<Arc<PartitionCleanup>>,
 }
 
 impl Topic {
@@ -161,6 +172,8 @@ pub struct Broker {
     shut: Mutex<bool>,
     flusher: Arc<Flusher>,
     flusher_thread: Mutex<Option<JoinHandle<()>>>,
+    cleaner: Arc<Cleaner>,
+    cleaner_threads: Mutex<Vec<JoinHandle<()>>>,
     dir_lock: Mutex<Option<DirLock>>,
 }
 
@@ -201,6 +214,32 @@ impl Broker {
         let flusher = Arc::new(Flusher::new(opts.flush_interval));
         let topics = Arc::new(RwLock::new(topics));
         let thread = flusher.clone().start(topics.clone())?;
+        let cleaner = Arc::new(Cleaner {
+            topics: topics.clone(),
+            storage: storage.clone(),
+            cold: opts.cold_storage_dir.clone(),
+            stop: Mutex::new(false),
+            wake: Condvar::new(),
+            stopping: Arc::new(AtomicBool::new(false)),
+        });
+        let mut cleaner_threads = Vec::new();
+        for (kind, interval) in [
+            (CleanupKind::Retention, opts.retention_check_interval),
+            (CleanupKind::Compaction, opts.compaction_check_interval),
+        ] {
+            match cleaner.clone().start(kind, interval) {
+                Ok(t) => cleaner_threads.push(t),
+                Err(e) => {
+                    cleaner.stop();
+                    flusher.stop();
+                    let _ = thread.join();
+                    for t in cleaner_threads {
+                        let _ = t.join();
+                    }
+                    return Err(e);
+                }
+            }
+        }
         Ok(Arc::new(Broker {
             data_dir: data_dir.to_path_buf(),
             topics_dir,
@@ -214,6 +253,8 @@ impl Broker {
             shut: Mutex::new(false),
             flusher,
             flusher_thread: Mutex::new(Some(thread)),
+            cleaner,
+            cleaner_threads: Mutex::new(cleaner_threads),
             dir_lock: Mutex::new(Some(dir_lock)),
         }))
     }
@@ -253,6 +294,11 @@ fn check_options(opts: &BrokerOptions) -> Result<(), EngineError> {
     if opts.flush_interval.is_zero() {
         return Err(EngineError::InvalidRequest {
             detail: "flush_interval must be longer than zero".into(),
+        });
+    }
+    if opts.retention_check_interval.is_zero() || opts.compaction_check_interval.is_zero() {
+        return Err(EngineError::InvalidRequest {
+            detail: "retention and compaction check intervals must be longer than zero".into(),
         });
     }
     Ok(())
@@ -398,6 +444,10 @@ fn load_topic(
         name: name.to_string(),
         dir: dir.to_path_buf(),
         config: RwLock::new(meta.config),
+        cleanup: partitions
+            .iter()
+            .map(|_| Arc::new(PartitionCleanup::default()))
+            .collect(),
         partitions,
     })
 }
@@ -537,6 +587,9 @@ impl Broker {
         for log in topic.logs() {
             log.close(Closed::Deleted);
         }
+        // Background work in progress on its partitions finishes first (it changes
+        // nothing more: the logs are closed), and none starts while the files go.
+        let _busy: Vec<_> = topic.cleanup.iter().map(|c| c.exclusive()).collect();
         if let Err(e) = self.remove_topic_dir(&topic.dir) {
             // Still in place: bring the topic back as it is on disk.
             let mut notes = Vec::new();
@@ -622,8 +675,9 @@ impl Broker {
         let partitions = topic
             .partitions
             .iter()
+            .zip(&topic.cleanup)
             .enumerate()
-            .map(|(p, slot)| partition_info(p as u32, slot))
+            .map(|(p, (slot, cleanup))| partition_info(p as u32, slot, cleanup.stats()))
             .collect();
         let config = read(&topic.config).clone();
         Ok(TopicDescription {
@@ -639,7 +693,7 @@ impl Broker {
     }
 }
 
-fn partition_info(partition: u32, slot: &Slot) -> PartitionInfo {
+fn partition_info(partition: u32, slot: &Slot, cleanup: CleanupStats) -> PartitionInfo {
     match slot {
         Slot::Open(log) => {
             let segs = log.snapshot();
@@ -650,6 +704,7 @@ fn partition_info(partition: u32, slot: &Slot) -> PartitionInfo {
                 segments: segs.len() as u64,
                 bytes: segs.iter().map(|s| s.bytes()).sum(),
                 error: log.failure(),
+                cleanup,
             }
         }
         Slot::Unavailable(reason) => PartitionInfo {
@@ -659,6 +714,7 @@ fn partition_info(partition: u32, slot: &Slot) -> PartitionInfo {
             segments: 0,
             bytes: 0,
             error: Some(reason.clone()),
+            cleanup,
         },
     }
 }
@@ -735,6 +791,10 @@ impl Broker {
             return Ok(());
         }
         self.shutting_down.store(true, Ordering::Release);
+        self.cleaner.stop();
+        for handle in std::mem::take(&mut *lock(&self.cleaner_threads)) {
+            let _ = handle.join();
+        }
         self.flusher.stop();
         if let Some(handle) = lock(&self.flusher_thread).take() {
             let _ = handle.join();
@@ -841,5 +901,160 @@ impl Flusher {
                 deadline = Instant::now() + self.interval;
             }
         }
+    }
+}
+
+// ----- background cleanup -----
+
+/// Which background task a cleaner thread runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum CleanupKind {
+    Retention,
+    Compaction,
+}
+
+impl CleanupKind {
+    fn name(self) -> &'static str {
+        match self {
+            CleanupKind::Retention => "retention",
+            CleanupKind::Compaction => "compaction",
+        }
+    }
+}
+
+/// What the cleanup threads share with the broker.
+#[derive(Debug)]
+struct Cleaner {
+    topics: Arc<Topics>,
+    storage: StorageRef,
+    cold: Option<PathBuf>,
+    stop: Mutex<bool>,
+    wake: Condvar,
+    /// Set with `stop`: a compaction or copy in progress gives up at its next write.
+    stopping: Arc<AtomicBool>,
+}
+
+impl Cleaner {
+    fn start(
+        self: Arc<Self>,
+        kind: CleanupKind,
+        interval: Duration,
+    ) -> Result<JoinHandle<()>, EngineError> {
+        std::thread::Builder::new()
+            .name(format!("seglog-{}", kind.name()))
+            .spawn(move || {
+                lower_priority();
+                while self.sleep(interval) {
+                    for line in self.round(kind) {
+                        eprintln!("seglog: {line}");
+                    }
+                }
+            })
+            .map_err(|e| EngineError::io(format!("starting the {} thread", kind.name()), e))
+    }
+
+    /// Waits `interval`; false once stopped.
+    fn sleep(&self, interval: Duration) -> bool {
+        let deadline = Instant::now() + interval;
+        let mut stop = lock(&self.stop);
+        loop {
+            if *stop {
+                return false;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return true;
+            }
+            stop = self
+                .wake
+                .wait_timeout(stop, deadline - now)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+    }
+
+    fn stop(&self) {
+        self.stopping.store(true, Ordering::Release);
+        *lock(&self.stop) = true;
+        self.wake.notify_all();
+    }
+
+    fn stopped(&self) -> bool {
+        *lock(&self.stop)
+    }
+
+    /// One visit of every partition: roll by age, then retention or compaction where
+    /// the topic's `cleanup_policy` asks for it. Returns warnings (failures) as lines.
+    fn round(&self, kind: CleanupKind) -> Vec<String> {
+        let mut warnings = Vec::new();
+        let topics: Vec<Arc<Topic>> = read(&self.topics).values().cloned().collect();
+        for topic in topics {
+            let config = read(&topic.config).clone();
+            for (p, (slot, cleanup)) in topic.partitions.iter().zip(&topic.cleanup).enumerate() {
+                if self.stopped() {
+                    return warnings;
+                }
+                let Slot::Open(log) = slot else { continue };
+                let visit = Visit {
+                    topic: &topic.name,
+                    partition: p as u32,
+                    log,
+                    cleanup,
+                    config: &config,
+                    storage: &*self.storage,
+                    now_ms: now_ms(),
+                    stopping: &self.stopping,
+                };
+                let label = format!("{}/{p}", topic.name);
+                let result = visit.roll_if_due().and_then(|_| match kind {
+                    CleanupKind::Retention if config.cleanup_policy.deletes() => {
+                        visit.retention(self.cold.as_deref()).map(|done| {
+                            if let Some(why) = done.kept_because {
+                                warnings.push(format!("retention of {label}: {why}"));
+                            }
+                        })
+                    }
+                    CleanupKind::Compaction if config.cleanup_policy.compacts() => {
+                        visit.compaction().map(|_: CompactionDone| ())
+                    }
+                    _ => Ok(()),
+                });
+                match result {
+                    Ok(()) => {}
+                    // The topic went, or the broker is stopping: nothing to report.
+                    Err(EngineError::TopicDeleted { .. } | EngineError::ShuttingDown) => {}
+                    Err(e) => warnings.push(format!("{} of {label} failed: {e}", kind.name())),
+                }
+            }
+        }
+        warnings
+    }
+}
+
+/// Background cleanup gives way to request threads: the calling thread gets nice 10
+/// (on Linux, priorities are per thread). Failure only means it keeps its priority.
+fn lower_priority() {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: gettid and setpriority take and return plain integers; this changes
+        // only the calling thread's scheduling priority.
+        unsafe {
+            let tid = libc::gettid();
+            libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, 10);
+        }
+    }
+}
+
+impl Broker {
+    /// Runs one retention round now (rolling by age too), as the background task
+    /// does every `retention_check_interval`. Returns the warnings it printed would be.
+    pub fn run_retention(&self) -> Vec<String> {
+        self.cleaner.round(CleanupKind::Retention)
+    }
+
+    /// Runs one compaction round now, as the background task does every
+    /// `compaction_check_interval`. Returns warnings (failures).
+    pub fn run_compaction(&self) -> Vec<String> {
+        self.cleaner.round(CleanupKind::Compaction)
     }
 }

@@ -11,9 +11,9 @@ use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
 use super::protocol::{
-    self, check_frame_len, decode_response, encode_request, ApiKey, ErrorCode, PartitionBatch,
-    PartitionDescription, PartitionOffsets, ProtocolError, Request, Response, ResponseBody,
-    StatsBody, LEN_FIELD, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
+    self, check_frame_len, decode_response_version, encode_request, ApiKey, CleanupInfo, ErrorCode,
+    PartitionBatch, PartitionDescription, PartitionOffsets, ProtocolError, Request, Response,
+    ResponseBody, StatsBody, LEN_FIELD, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
 };
 use crate::format::{crc32, decode_record, RecordError};
 
@@ -102,6 +102,8 @@ pub struct Fetched {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TopicInfo {
     pub partitions: Vec<PartitionDescription>,
+    /// What background cleanup did per partition (empty from a version-1 broker).
+    pub cleanup: Vec<CleanupInfo>,
     /// The full configuration as `(key, value)` text.
     pub config: Vec<(String, String)>,
 }
@@ -230,7 +232,8 @@ impl Client {
         let api = req.api_key();
         // Decode once to check the head; a successful body is decoded again below
         // with the borrow tied to the returned value.
-        let (code, message, head_ok) = match decode_response(&self.frame) {
+        let version = self.version.max(PROTOCOL_VERSION_MIN);
+        let (code, message, head_ok) = match decode_response_version(&self.frame, version) {
             Ok(resp) => (
                 resp.code,
                 resp.message.to_string(),
@@ -253,7 +256,7 @@ impl Client {
         if let Err(detail) = head_ok {
             return Err(self.protocol(detail));
         }
-        match decode_response(&self.frame) {
+        match decode_response_version(&self.frame, version) {
             Ok(Response {
                 body: Some(body), ..
             }) => Ok(body),
@@ -429,8 +432,10 @@ impl Client {
             ResponseBody::DescribeTopic {
                 partitions,
                 settings,
+                cleanup,
             } => Ok(TopicInfo {
                 partitions,
+                cleanup: cleanup.unwrap_or_default(),
                 config: owned(&settings),
             }),
             _ => Err(self.protocol("describe_topic answered with another response")),

@@ -23,7 +23,7 @@ use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, RwLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::error::EngineError;
@@ -103,6 +103,9 @@ pub struct Segment {
     written_end: AtomicU64,
     /// End of the data covered by an fsync: readers stop here.
     readable_end: AtomicU64,
+    /// Largest record timestamp, once the segment is sealed (`None`: no records).
+    /// Set at the roll for segments this process sealed, else by a scan on demand.
+    max_timestamp: OnceLock<Option<i64>>,
 }
 
 impl Segment {
@@ -122,6 +125,7 @@ impl Segment {
             index: RwLock::new(index),
             written_end: AtomicU64::new(data_end),
             readable_end: AtomicU64::new(data_end),
+            max_timestamp: OnceLock::new(),
         })
     }
 
@@ -133,6 +137,44 @@ impl Segment {
     /// Bytes of data written to the segment, header included.
     pub fn bytes(&self) -> u64 {
         self.written_end.load(Ordering::Acquire)
+    }
+
+    /// The segment's read handle (the file it was opened as, even once unlinked).
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    /// The segment's index as it is held in memory, encoded as in a `.index` file.
+    pub fn index_bytes(&self) -> Vec<u8> {
+        let index = self.index.read().unwrap_or_else(PoisonError::into_inner);
+        let mut out = Vec::with_capacity(index.len() * INDEX_ENTRY_LEN);
+        for e in index.iter() {
+            e.encode_into(&mut out);
+        }
+        out
+    }
+
+    /// The largest record timestamp of a *sealed* segment (`None` when it holds no
+    /// records). Known from the roll for segments this process sealed; otherwise the
+    /// first call scans the segment through its read handle, and the answer is kept.
+    pub fn max_timestamp(&self) -> Result<Option<i64>, EngineError> {
+        if let Some(ts) = self.max_timestamp.get() {
+            return Ok(*ts);
+        }
+        let io_err = |e| EngineError::io(format!("reading {}", self.path.display()), e);
+        let len = self.bytes();
+        let header = checked_header(&self.file, len, &self.path, self.base_offset)?;
+        let scan = scan_segment(&self.file, &header, len, |_, _| {}).map_err(io_err)?;
+        if !matches!(scan.end, ScanEnd::Eof) {
+            return Err(EngineError::Corrupt {
+                path: self.path.clone(),
+                detail: format!(
+                    "sealed segment does not read to its end ({})",
+                    scan.end.detail()
+                ),
+            });
+        }
+        Ok(*self.max_timestamp.get_or_init(|| scan.max_timestamp_ms))
     }
 }
 
@@ -150,6 +192,8 @@ struct Active {
     builder: IndexBuilder,
     /// Wall-clock time the segment began, for `segment_ms`.
     born_ms: i64,
+    /// Largest record timestamp written to it so far.
+    max_timestamp: Option<i64>,
 }
 
 /// Syncs that rolls left for the next group commit.
@@ -203,6 +247,8 @@ pub struct PartitionLog {
     /// Notified after every fsync attempt, failure and close.
     synced: Condvar,
     segments: RwLock<Arc<Vec<Arc<Segment>>>>,
+    /// Files of segments retention dropped from the list but could not delete yet.
+    doomed: Mutex<Vec<PathBuf>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -268,6 +314,7 @@ impl PartitionLog {
             }),
             synced: Condvar::new(),
             segments: RwLock::new(Arc::new(segments)),
+            doomed: Mutex::new(Vec::new()),
         };
         Ok((log, notes))
     }
@@ -337,6 +384,12 @@ impl PartitionLog {
         self.failed_error(&reason)
     }
 
+    /// Puts the log into the failed state (it refuses writes until a restart runs
+    /// recovery) when background work left its files out of line with its list.
+    pub fn mark_failed(&self, reason: String) -> EngineError {
+        self.fail(reason)
+    }
+
     /// Refuses every later write and wakes waiters. Takes the write lock, so a write
     /// in progress finishes first.
     pub fn close(&self, why: Closed) {
@@ -402,6 +455,7 @@ struct Encoded {
     index_bytes: Vec<u8>,
     entries: Vec<IndexEntry>,
     builder: IndexBuilder,
+    max_timestamp: Option<i64>,
 }
 
 fn encode_batch(
@@ -414,6 +468,7 @@ fn encode_batch(
     let mut log_bytes = Vec::with_capacity(usize::try_from(batch_len).unwrap_or(0));
     let mut builder = a.builder.clone();
     let mut entries = Vec::new();
+    let mut max_timestamp = None;
     for (i, r) in records.iter().enumerate() {
         let offset = base + i as u64;
         let position = a.data_end + log_bytes.len() as u64;
@@ -422,6 +477,7 @@ fn encode_batch(
         } else {
             r.timestamp_ms
         };
+        max_timestamp = max_timestamp.max(Some(ts));
         encode_record(&mut log_bytes, offset, ts, r.key, r.value, a.seg.generation).map_err(
             |e| EngineError::InvalidRequest {
                 detail: e.to_string(),
@@ -438,6 +494,7 @@ fn encode_batch(
         index_bytes,
         entries,
         builder,
+        max_timestamp,
     })
 }
 
@@ -465,6 +522,7 @@ impl PartitionLog {
         a.file_len = a.file_len.max(a.data_end);
         a.index_len += enc.index_bytes.len() as u64;
         a.builder = enc.builder;
+        a.max_timestamp = a.max_timestamp.max(enc.max_timestamp);
         a.seg
             .index
             .write()
@@ -482,6 +540,11 @@ impl PartitionLog {
             last_offset: base + count - 1,
             unflushed,
         })
+    }
+
+    /// Why the log refuses writes (failed, deleted, shutting down), if it does.
+    pub fn check_writable_pub(&self) -> Result<(), EngineError> {
+        self.check_writable()
     }
 
     fn check_writable(&self) -> Result<(), EngineError> {
@@ -621,8 +684,10 @@ impl PartitionLog {
             index_len: 0,
             builder: IndexBuilder::new(),
             born_ms: now,
+            max_timestamp: None,
         };
         let old = std::mem::replace(&mut w.active, new);
+        let _ = old.seg.max_timestamp.set(old.max_timestamp);
         // 3.
         w.pending.files.extend([old.log, old.index, log]);
         w.pending.dir = true;
@@ -663,7 +728,10 @@ impl PartitionLog {
             s = lock(&self.sync);
             s.syncing = false;
             match result {
-                Ok(end) => s.durable_end = s.durable_end.max(end),
+                Ok(plan) => self.publish_synced(&mut s, &plan),
+                // The topic was deleted while the fsync ran (its directory is gone):
+                // the request ends as deleted, not as a failed partition.
+                Err(_) if s.closed == Some(Closed::Deleted) => {}
                 Err(reason) => {
                     s.failed.get_or_insert(reason);
                 }
@@ -678,9 +746,10 @@ impl PartitionLog {
         self.wait_durable(target)
     }
 
-    /// Takes a plan under the write lock, runs it without the lock, and publishes what
-    /// became readable. Returns the new durable end, or why the fsync failed.
-    fn sync_once(&self) -> Result<u64, String> {
+    /// Takes a plan under the write lock and runs it without the lock. Returns the
+    /// plan, to be published by [`PartitionLog::publish_synced`], or why the fsync
+    /// failed.
+    fn sync_once(&self) -> Result<SyncPlan, String> {
         let plan = {
             let mut w = lock(&self.write);
             SyncPlan {
@@ -693,13 +762,21 @@ impl PartitionLog {
         };
         self.execute(&plan)
             .map_err(|e| format!("fsync in {} failed: {e}", self.dir.display()))?;
+        Ok(plan)
+    }
+
+    /// Publishes what a synced plan made readable, under the sync lock: the segments'
+    /// readable ends and the durable end change together, so a reader that got a
+    /// record from a readable end finds the durable end past it at its next request
+    /// (which takes the sync lock), never an offset beyond the end.
+    fn publish_synced(&self, s: &mut SyncState, plan: &SyncPlan) {
         for (seg, end) in &plan.pending.sealed {
             seg.readable_end.fetch_max(*end, Ordering::AcqRel);
         }
         plan.active_seg
             .readable_end
             .fetch_max(plan.active_end, Ordering::AcqRel);
-        Ok(plan.target)
+        s.durable_end = s.durable_end.max(plan.target);
     }
 
     /// The fsync ordering of a group commit:
@@ -722,6 +799,212 @@ impl PartitionLog {
         if plan.active_end > plan.active_seg.readable_end.load(Ordering::Acquire) {
             self.sync_data(&*plan.active_log)?;
         }
+        Ok(())
+    }
+}
+
+// ----- background work: rolling by age, retention, compaction -----
+
+impl PartitionLog {
+    /// Rolls the active segment when it holds records and is older than the topic's
+    /// `segment_ms` (a quiet partition's data can then age out), and runs the syncs the
+    /// roll left at once. Returns whether it rolled.
+    pub fn roll_if_due(&self, config: &TopicConfig, now: i64) -> Result<bool, EngineError> {
+        {
+            let mut w = lock(&self.write);
+            self.check_writable()?;
+            let a = &w.active;
+            let empty = a.data_end <= HEADER_LEN as u64;
+            if empty || now.saturating_sub(a.born_ms) < config.segment_ms {
+                return Ok(false);
+            }
+            self.roll(&mut w, now)?;
+        }
+        self.sync_pending()?;
+        Ok(true)
+    }
+
+    /// Runs one group commit even when no record waits for it, so the syncs rolls
+    /// left (file, header, directory) are done when this returns.
+    pub fn sync_pending(&self) -> Result<(), EngineError> {
+        let mut s = lock(&self.sync);
+        loop {
+            if let Some(reason) = &s.failed {
+                return Err(self.failed_error(reason));
+            }
+            if !s.syncing {
+                break;
+            }
+            s = self.synced.wait(s).unwrap_or_else(PoisonError::into_inner);
+        }
+        s.syncing = true;
+        drop(s);
+        let result = self.sync_once();
+        let mut s = lock(&self.sync);
+        s.syncing = false;
+        let out = match result {
+            Ok(plan) => {
+                self.publish_synced(&mut s, &plan);
+                Ok(())
+            }
+            Err(_) if s.closed == Some(Closed::Deleted) => Err(self.closed_error(Closed::Deleted)),
+            Err(reason) => {
+                let reason = s.failed.get_or_insert(reason).clone();
+                Err(self.failed_error(&reason))
+            }
+        };
+        self.synced.notify_all();
+        out
+    }
+
+    /// The sealed segments whose seal is durable, oldest first: neither the active
+    /// segment nor a segment whose roll still waits for its fsyncs (nor anything after
+    /// such a segment). Background work acts on these only.
+    pub fn settled_segments(&self) -> Vec<Arc<Segment>> {
+        let w = lock(&self.write);
+        self.settled_locked(&w)
+    }
+
+    fn settled_locked(&self, w: &WriteState) -> Vec<Arc<Segment>> {
+        let unsettled = w
+            .pending
+            .sealed
+            .first()
+            .map_or(w.active.seg.base_offset, |(seg, _)| seg.base_offset);
+        // A segment leaves `pending` when a group commit takes it, before that commit's
+        // fsync is done: it is settled only once readable (published as durable) to its end.
+        self.snapshot()
+            .iter()
+            .take_while(|seg| {
+                seg.base_offset < unsettled
+                    && seg.readable_end.load(Ordering::Acquire)
+                        >= seg.written_end.load(Ordering::Acquire)
+            })
+            .cloned()
+            .collect()
+    }
+
+    /// Refuses background changes to a log that refuses writes (failed, deleted or
+    /// shutting down).
+    fn check_changeable(&self) -> Result<(), EngineError> {
+        self.check_writable()
+    }
+
+    /// True when `bases` are the oldest settled segments, in order (checked under the
+    /// write lock).
+    fn is_settled_prefix(&self, w: &WriteState, bases: &[u64]) -> bool {
+        let settled = self.settled_locked(w);
+        settled.len() >= bases.len()
+            && settled
+                .iter()
+                .zip(bases)
+                .all(|(seg, &base)| seg.base_offset == base)
+    }
+
+    /// Step 2 of the compaction swap (FORMAT.md, Compaction), under the write lock:
+    /// true when the segments `read` are still the oldest sealed segments, their seals
+    /// durable, and the log takes writes. Segments sealed since the read may follow
+    /// them: they are newer than anything compacted and every new segment's name lies
+    /// below theirs, so the swap cannot touch them.
+    pub fn sealed_unchanged(&self, read: &[u64]) -> bool {
+        let w = lock(&self.write);
+        self.check_changeable().is_ok() && self.is_settled_prefix(&w, read)
+    }
+
+    /// Retention (DESIGN.md, Background work): removes the oldest segments `bases`
+    /// (settled, a prefix of the list):
+    /// 1. under the write lock, publish the list without them: the start offset moves
+    ///    to the next segment and new readers no longer pick them (readers already in
+    ///    them keep reading through their open handles);
+    /// 2. delete each `.log`, then its `.index`;
+    /// 3. fsync the partition directory.
+    ///
+    /// A crash between the steps leaves whole segments or an index without its log,
+    /// which recovery removes; the start offset on disk only ever moves forward.
+    /// Files that could not be deleted are retried by the next call.
+    pub fn remove_oldest(&self, bases: &[u64]) -> Result<Vec<Arc<Segment>>, EngineError> {
+        // 1.
+        let removed = {
+            let w = lock(&self.write);
+            self.check_changeable()?;
+            if !self.is_settled_prefix(&w, bases) {
+                return Err(EngineError::InvalidRequest {
+                    detail: format!(
+                        "{}: segments to remove are not the oldest sealed ones",
+                        self.dir.display()
+                    ),
+                });
+            }
+            let list = self.snapshot();
+            let (gone, kept) = list.split_at(bases.len().min(list.len()));
+            let gone = gone.to_vec();
+            self.publish(kept.to_vec());
+            gone
+        };
+        let mut doomed = lock(&self.doomed);
+        for seg in &removed {
+            doomed.push(seg.path.clone());
+            doomed.push(seg.path.with_extension("index"));
+        }
+        self.delete_doomed(&mut doomed)?;
+        Ok(removed)
+    }
+
+    /// Steps 2 and 3 of [`PartitionLog::remove_oldest`] for every file still waiting.
+    fn delete_doomed(&self, doomed: &mut Vec<PathBuf>) -> Result<(), EngineError> {
+        if doomed.is_empty() {
+            return Ok(());
+        }
+        // 2.
+        while let Some(path) = doomed.first() {
+            match self.storage.remove_file(path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(EngineError::io(format!("removing {}", path.display()), e)),
+            }
+            doomed.remove(0);
+        }
+        // 3.
+        self.sync_dir()
+            .map_err(|e| EngineError::io(format!("syncing {}", self.dir.display()), e))
+    }
+
+    /// Retries deleting files an earlier retention could not delete.
+    pub fn retry_removals(&self) -> Result<(), EngineError> {
+        self.delete_doomed(&mut lock(&self.doomed))
+    }
+
+    /// Publishes a finished compaction swap: the oldest segments `replaced` give way
+    /// to the segments now on disk under the names `new`. The new segments are opened
+    /// first; the list is then replaced under the write lock. Readers already in a
+    /// replaced segment keep reading it from the same bytes (their `Arc<Segment>`
+    /// holds its open file). If the new segments cannot be opened, the log is failed:
+    /// its list no longer matches the directory, and a restart reopens it from disk.
+    pub fn replace_oldest(&self, replaced: &[u64], new: &[u64]) -> Result<(), EngineError> {
+        let mut notes = Vec::new();
+        let mut opened = Vec::with_capacity(new.len());
+        for &base in new {
+            match open_sealed(&self.dir, base, &mut notes) {
+                Ok(seg) => opened.push(Arc::new(seg)),
+                Err(e) => {
+                    return Err(self.fail(format!(
+                        "cannot open segment {} written by compaction: {e}",
+                        log_file_name(base)
+                    )))
+                }
+            }
+        }
+        let w = lock(&self.write);
+        if !self.is_settled_prefix(&w, replaced) {
+            drop(w);
+            return Err(self.fail(format!(
+                "{}: the segments a compaction replaced are no longer the oldest",
+                self.dir.display()
+            )));
+        }
+        let list = self.snapshot();
+        opened.extend(list.iter().skip(replaced.len()).cloned());
+        self.publish(opened);
         Ok(())
     }
 }
@@ -1100,6 +1383,7 @@ fn open_sealed(dir: &Path, base: u64, notes: &mut Vec<String>) -> Result<Segment
         index: RwLock::new(index),
         written_end: AtomicU64::new(len),
         readable_end: AtomicU64::new(len),
+        max_timestamp: OnceLock::new(),
     })
 }
 
@@ -1143,6 +1427,7 @@ fn open_active(
         index: RwLock::new(scan.index.clone()),
         written_end: AtomicU64::new(scan.data_end),
         readable_end: AtomicU64::new(scan.data_end),
+        max_timestamp: OnceLock::new(),
     };
     let now = now_ms();
     let active = Active {
@@ -1155,6 +1440,7 @@ fn open_active(
         builder: IndexBuilder::resume(scan.index.last().copied()),
         // The segment's age counts from its first record (clamped to now), like Kafka.
         born_ms: first_ts.map_or(now, |t: i64| t.min(now)),
+        max_timestamp: scan.max_timestamp_ms,
     };
     Ok((active, scan.last_offset.map_or(base, |l| l + 1)))
 }
@@ -1418,6 +1704,51 @@ mod tests {
             "the budget stops before the big record"
         );
         assert_eq!(value_of(&log, 3, 1 << 20), [(3, 10)]);
+    }
+
+    #[test]
+    fn removed_and_replaced_segments_keep_serving_readers_that_hold_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = new_log(dir.path(), Arc::new(RealStorage));
+        let v = vec![5u8; 100];
+        for _ in 0..30 {
+            let a = log
+                .append(
+                    &[NewRecord {
+                        key: None,
+                        value: &v,
+                        timestamp_ms: 1,
+                    }],
+                    &config(1024),
+                )
+                .unwrap();
+            log.wait_durable(a.last_offset + 1).unwrap();
+        }
+        let held = log.snapshot();
+        let settled = log.settled_segments();
+        assert_eq!(settled.len(), held.len() - 1, "all but the active one");
+        let oldest = held[0].clone();
+        let bytes_before = read_segment(&oldest, 0, 1 << 20, true).unwrap().bytes;
+        // Retention: the list no longer has it, its files are gone ...
+        let gone = log.remove_oldest(&[oldest.base_offset]).unwrap();
+        assert_eq!(gone.len(), 1);
+        assert!(!oldest.path().exists());
+        assert_eq!(log.start_offset(), held[1].base_offset);
+        assert!(matches!(
+            log.fetch(0, 1 << 20, Duration::ZERO),
+            Err(EngineError::OffsetOutOfRange { start, .. }) if start == held[1].base_offset
+        ));
+        // ... yet a reader holding it reads the same bytes through its open file.
+        assert_eq!(
+            read_segment(&oldest, 0, 1 << 20, true).unwrap().bytes,
+            bytes_before
+        );
+        // Only the oldest segments, in order, and never the active one.
+        assert!(log.remove_oldest(&[held[2].base_offset]).is_err());
+        let active = held.last().unwrap().base_offset;
+        let all_but: Vec<u64> = held[1..].iter().map(|s| s.base_offset).collect();
+        assert!(log.remove_oldest(&all_but).is_err());
+        assert!(log.snapshot().iter().any(|s| s.base_offset == active));
     }
 
     #[test]

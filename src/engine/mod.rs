@@ -4,6 +4,7 @@
 
 pub mod broker;
 pub mod check;
+pub mod cleanup;
 pub mod client;
 pub mod compaction;
 pub mod error;

@@ -30,8 +30,11 @@ use crate::format::names::NAME_LEN_MAX;
 use crate::format::record::MAX_RECORD_LEN;
 use crate::format::topic::PARTITIONS_MAX;
 
-/// The protocol version this build speaks.
-pub const PROTOCOL_VERSION: u16 = 1;
+/// The newest protocol version this build speaks. Version 2 adds the `cleanup` array
+/// to the describe-topic response; everything else is as in version 1.
+pub const PROTOCOL_VERSION: u16 = 2;
+/// The first version whose describe-topic response carries `cleanup`.
+pub const CLEANUP_INFO_VERSION: u16 = 2;
 /// The oldest protocol version this build speaks.
 pub const PROTOCOL_VERSION_MIN: u16 = 1;
 
@@ -72,6 +75,8 @@ const PARTITION_BATCH_MIN: usize = 4 + 4; // partition, record count
 const ACK_WIRE_MIN: usize = 4 + 2 + 2 + 8 + 8;
 const OFFSETS_WIRE_LEN: usize = 4 + 8 + 8;
 const INFO_WIRE_LEN: usize = 4 + 8 + 8 + 8 + 8;
+/// Smallest encoded cleanup info (empty `last_error`).
+const CLEANUP_WIRE_MIN: usize = 4 + 8 * 8 + 2;
 const CHUNK_WIRE_MIN: usize = 8 + 4;
 const SETTING_WIRE_MIN: usize = 2 + 2;
 const STRING_WIRE_MIN: usize = 2;
@@ -379,6 +384,25 @@ pub struct PartitionDescription {
     pub bytes: u64,
 }
 
+/// What background cleanup did to one partition since the broker started
+/// (describe response, protocol version 2 and later).
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct CleanupInfo {
+    pub partition: u32,
+    /// Milliseconds since the epoch; -1: not yet.
+    pub last_retention_ms: i64,
+    pub segments_deleted: u64,
+    pub bytes_deleted: u64,
+    pub segments_archived: u64,
+    /// Milliseconds since the epoch; -1: not yet.
+    pub last_compaction_ms: i64,
+    pub compactions: u64,
+    pub records_dropped: u64,
+    pub bytes_compacted: u64,
+    /// Empty when the last visit succeeded.
+    pub last_error: String,
+}
+
 /// Broker counters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct StatsBody {
@@ -413,6 +437,9 @@ pub enum ResponseBody<'a> {
     DescribeTopic {
         partitions: Vec<PartitionDescription>,
         settings: Vec<Setting<'a>>,
+        /// Present from protocol version 2 on (the server sends it only on a
+        /// connection that agreed on version 2 or later).
+        cleanup: Option<Vec<CleanupInfo>>,
     },
     AlterTopic {
         settings: Vec<Setting<'a>>,
@@ -770,6 +797,7 @@ fn encode_response_body(out: &mut Vec<u8>, body: &ResponseBody<'_>) -> Result<()
         ResponseBody::DescribeTopic {
             partitions,
             settings,
+            cleanup,
         } => {
             put_count(
                 out,
@@ -785,6 +813,31 @@ fn encode_response_body(out: &mut Vec<u8>, body: &ResponseBody<'_>) -> Result<()
                 out.extend_from_slice(&p.bytes.to_be_bytes());
             }
             put_settings(out, settings)?;
+            if let Some(cleanup) = cleanup {
+                put_count(out, "cleanup", cleanup.len(), PARTITIONS_PER_MESSAGE_MAX)?;
+                for c in cleanup {
+                    out.extend_from_slice(&c.partition.to_be_bytes());
+                    for v in [c.last_retention_ms, c.last_compaction_ms] {
+                        out.extend_from_slice(&v.to_be_bytes());
+                    }
+                    for v in [
+                        c.segments_deleted,
+                        c.bytes_deleted,
+                        c.segments_archived,
+                        c.compactions,
+                        c.records_dropped,
+                        c.bytes_compacted,
+                    ] {
+                        out.extend_from_slice(&v.to_be_bytes());
+                    }
+                    put_str(
+                        out,
+                        "last_error",
+                        clip(&c.last_error, MESSAGE_BYTES_MAX),
+                        MESSAGE_BYTES_MAX,
+                    )?;
+                }
+            }
         }
         ResponseBody::AlterTopic { settings } => put_settings(out, settings)?,
         ResponseBody::Stats(s) => {
@@ -1062,8 +1115,14 @@ pub fn decode_request(frame: &[u8]) -> Result<(u32, Request<'_>), ProtocolError>
     Ok((request_id, req))
 }
 
-/// Decodes a response frame (the bytes after `frame_len`).
+/// Decodes a response frame (the bytes after `frame_len`) as the newest protocol
+/// version lays it out.
 pub fn decode_response(frame: &[u8]) -> Result<Response<'_>, ProtocolError> {
+    decode_response_version(frame, PROTOCOL_VERSION)
+}
+
+/// Decodes a response frame of a connection that agreed on protocol `version`.
+pub fn decode_response_version(frame: &[u8], version: u16) -> Result<Response<'_>, ProtocolError> {
     let mut r = Reader::new(frame, 0);
     let request_id = r.u32("request_id")?;
     let api_key = r.u16("api_key")?;
@@ -1071,7 +1130,7 @@ pub fn decode_response(frame: &[u8]) -> Result<Response<'_>, ProtocolError> {
     let message = r.str("message", MESSAGE_BYTES_MAX)?;
     let body = if code.is_ok() {
         let api = ApiKey::from_u16(api_key).ok_or(ProtocolError::UnknownApi { key: api_key })?;
-        Some(decode_response_body(&mut r, api)?)
+        Some(decode_response_body(&mut r, api, version)?)
     } else {
         None
     };
@@ -1088,6 +1147,7 @@ pub fn decode_response(frame: &[u8]) -> Result<Response<'_>, ProtocolError> {
 fn decode_response_body<'a>(
     r: &mut Reader<'a>,
     api: ApiKey,
+    version: u16,
 ) -> Result<ResponseBody<'a>, ProtocolError> {
     Ok(match api {
         ApiKey::Handshake => ResponseBody::Handshake {
@@ -1164,9 +1224,36 @@ fn decode_response_body<'a>(
                     bytes: r.u64("bytes")?,
                 });
             }
+            let settings = r.settings()?;
+            // Version 2 on: the cleanup array follows.
+            let cleanup = if version >= CLEANUP_INFO_VERSION {
+                let n = r.count("cleanup", PARTITIONS_PER_MESSAGE_MAX, CLEANUP_WIRE_MIN)?;
+                let mut v = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let partition = r.u32("partition")?;
+                    let last_retention_ms = r.i64("last_retention_ms")?;
+                    let last_compaction_ms = r.i64("last_compaction_ms")?;
+                    v.push(CleanupInfo {
+                        partition,
+                        last_retention_ms,
+                        last_compaction_ms,
+                        segments_deleted: r.u64("segments_deleted")?,
+                        bytes_deleted: r.u64("bytes_deleted")?,
+                        segments_archived: r.u64("segments_archived")?,
+                        compactions: r.u64("compactions")?,
+                        records_dropped: r.u64("records_dropped")?,
+                        bytes_compacted: r.u64("bytes_compacted")?,
+                        last_error: r.str("last_error", MESSAGE_BYTES_MAX)?.to_string(),
+                    });
+                }
+                Some(v)
+            } else {
+                None
+            };
             ResponseBody::DescribeTopic {
                 partitions,
-                settings: r.settings()?,
+                settings,
+                cleanup,
             }
         }
         ApiKey::AlterTopic => ResponseBody::AlterTopic {
@@ -1303,6 +1390,23 @@ mod tests {
                     bytes: 5,
                 }],
                 settings: vec![("segment_bytes", "1024")],
+                cleanup: None,
+            },
+            ResponseBody::DescribeTopic {
+                partitions: vec![],
+                settings: vec![],
+                cleanup: Some(vec![CleanupInfo {
+                    partition: 0,
+                    last_retention_ms: -1,
+                    segments_deleted: 2,
+                    bytes_deleted: 3,
+                    segments_archived: 4,
+                    last_compaction_ms: 5,
+                    compactions: 6,
+                    records_dropped: 7,
+                    bytes_compacted: 8,
+                    last_error: "cold storage full".into(),
+                }]),
             },
             ResponseBody::AlterTopic { settings: vec![] },
             ResponseBody::Stats(StatsBody {
@@ -1311,6 +1415,14 @@ mod tests {
                 records_appended: 3,
             }),
         ]
+    }
+
+    /// The protocol version a sample response is encoded for.
+    fn version_for(body: &ResponseBody<'_>) -> u16 {
+        match body {
+            ResponseBody::DescribeTopic { cleanup: None, .. } => 1,
+            _ => PROTOCOL_VERSION,
+        }
     }
 
     fn request_frame(id: u32, req: &Request<'_>) -> Vec<u8> {
@@ -1353,7 +1465,7 @@ mod tests {
     fn responses_round_trip() {
         for (i, body) in sample_responses().iter().enumerate() {
             let frame = response_frame(i as u32, body);
-            let resp = decode_response(&frame[4..]).unwrap();
+            let resp = decode_response_version(&frame[4..], version_for(body)).unwrap();
             assert_eq!(resp.request_id, i as u32);
             assert_eq!(resp.api_key, body.api_key() as u16);
             assert_eq!(resp.code, ErrorCode::NONE);
@@ -1457,7 +1569,7 @@ mod tests {
             let b = &frame[4..];
             for cut in 0..b.len() {
                 assert!(
-                    decode_response(&b[..cut]).is_err(),
+                    decode_response_version(&b[..cut], version_for(&body)).is_err(),
                     "{body:?} cut at {cut} accepted"
                 );
             }
@@ -1465,7 +1577,7 @@ mod tests {
             longer.push(0);
             assert!(
                 matches!(
-                    decode_response(&longer),
+                    decode_response_version(&longer, version_for(&body)),
                     Err(ProtocolError::Trailing { .. })
                 ),
                 "{body:?}"

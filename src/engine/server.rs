@@ -25,9 +25,9 @@ use super::broker::{Broker, NewRecord};
 use super::error::EngineError;
 use super::protocol::{
     check_frame_len, decode_request, encode_error, encode_response, frame_head, ApiKey, Chunk,
-    ErrorCode, PartitionAck, PartitionBatch, PartitionDescription, PartitionOffsets, Request,
-    ResponseBody, StatsBody, API_KEY_NONE, FRAME_BYTES_MAX, LEN_FIELD, PROTOCOL_VERSION,
-    PROTOCOL_VERSION_MIN,
+    CleanupInfo, ErrorCode, PartitionAck, PartitionBatch, PartitionDescription, PartitionOffsets,
+    Request, ResponseBody, StatsBody, API_KEY_NONE, CLEANUP_INFO_VERSION, FRAME_BYTES_MAX,
+    LEN_FIELD, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
 };
 use crate::format::names::validate_name;
 use crate::format::topic::{TopicConfig, CONFIG_KEYS};
@@ -180,6 +180,7 @@ impl Server {
             frame: Vec::new(),
             out: Vec::new(),
             handshaken: false,
+            version: PROTOCOL_VERSION_MIN,
         };
         let active = Arc::clone(&self.active);
         let spawned = thread::Builder::new()
@@ -220,6 +221,8 @@ struct Connection {
     frame: Vec<u8>,
     out: Vec<u8>,
     handshaken: bool,
+    /// The protocol version agreed in the handshake.
+    version: u16,
 }
 
 impl Connection {
@@ -404,6 +407,7 @@ impl Connection {
             }
             self.handshaken = true;
             let version = max_version.min(PROTOCOL_VERSION);
+            self.version = version;
             self.reply(
                 id,
                 api,
@@ -650,6 +654,26 @@ impl Connection {
                 bytes: p.bytes,
             })
             .collect();
+        let cleanup = (self.version >= CLEANUP_INFO_VERSION).then(|| {
+            d.partitions
+                .iter()
+                .map(|p| {
+                    let c = &p.cleanup;
+                    CleanupInfo {
+                        partition: p.partition,
+                        last_retention_ms: c.last_retention_ms,
+                        segments_deleted: c.segments_deleted,
+                        bytes_deleted: c.bytes_deleted,
+                        segments_archived: c.segments_archived,
+                        last_compaction_ms: c.last_compaction_ms,
+                        compactions: c.compactions,
+                        records_dropped: c.records_dropped,
+                        bytes_compacted: c.bytes_compacted,
+                        last_error: c.last_error.clone().unwrap_or_default(),
+                    }
+                })
+                .collect()
+        });
         let text = config_settings(&d.config);
         let settings = text.iter().map(|(k, v)| (*k, v.as_str())).collect();
         self.reply(
@@ -658,6 +682,7 @@ impl Connection {
             &ResponseBody::DescribeTopic {
                 partitions,
                 settings,
+                cleanup,
             },
         );
         Ok(())
@@ -812,7 +837,7 @@ mod tests {
     #[test]
     fn unsupported_versions_are_refused() {
         let r = Running::start(quiet());
-        for (min, max) in [(2u16, 5u16), (0, 0), (1, 0)] {
+        for (min, max) in [(PROTOCOL_VERSION + 1, PROTOCOL_VERSION + 5), (0, 0), (1, 0)] {
             let mut s = TcpStream::connect(&r.addr).unwrap();
             let mut out = Vec::new();
             encode_request(
@@ -834,7 +859,7 @@ mod tests {
                 "{min}..={max}"
             );
         }
-        // A range that includes version 1 is answered with version 1.
+        // A range that includes the newest version is answered with it.
         let mut s = TcpStream::connect(&r.addr).unwrap();
         let mut out = Vec::new();
         encode_request(
@@ -855,7 +880,7 @@ mod tests {
         assert_eq!(
             resp.body,
             Some(ResponseBody::Handshake {
-                version: 1,
+                version: PROTOCOL_VERSION,
                 frame_bytes_max: FRAME_BYTES_MAX
             })
         );
