@@ -27,9 +27,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::engine::check::{check_partition, quick_check, CheckMode, Severity};
 use crate::engine::layout::PartitionRef;
 use crate::engine::protocol::{
-    check_frame_len, decode_request, decode_response, encode_request, encode_response, frame_head,
-    ApiKey, Chunk, ErrorCode, PartitionAck, PartitionBatch, PartitionDescription, PartitionOffsets,
-    Request, ResponseBody, StatsBody, WireRecord, FRAME_BYTES_MAX, LEN_FIELD,
+    check_frame_len, decode_request, decode_response, decode_response_version, encode_request,
+    encode_response, frame_head, ApiKey, Chunk, CleanupInfo, ErrorCode, PartitionAck,
+    PartitionBatch, PartitionDescription, PartitionOffsets, Request, ResponseBody, StatsBody,
+    WireRecord, CLEANUP_INFO_VERSION, FRAME_BYTES_MAX, LEN_FIELD, PROTOCOL_VERSION,
+    PROTOCOL_VERSION_MIN,
 };
 use crate::engine::segment::{read_header, scan_segment, Next, RecordReader, ScanEnd};
 use crate::format::index::{decode_index, lookup, lookup_bytes, IndexEntry, INDEX_ENTRY_LEN};
@@ -351,14 +353,26 @@ pub fn protocol_request(frame: &[u8]) {
     }
 }
 
-/// Fuzz entry: the bytes of a response frame after `frame_len`.
+/// Fuzz entry: the bytes of a response frame after `frame_len`, decoded as every
+/// protocol version lays it out.
 pub fn protocol_response(frame: &[u8]) {
-    match decode_response(frame) {
+    let newest = decode_response(frame);
+    assert_eq!(newest, decode_response_version(frame, PROTOCOL_VERSION));
+    for version in PROTOCOL_VERSION_MIN..=PROTOCOL_VERSION {
+        check_response_version(frame, version);
+    }
+}
+
+fn check_response_version(frame: &[u8], version: u16) {
+    match decode_response_version(frame, version) {
         Ok(r) => {
             assert_eq!(frame_head(frame), Some((r.request_id, r.api_key)));
             assert_eq!(r.body.is_some(), r.code.is_ok());
             if let Some(b) = &r.body {
                 assert_eq!(b.api_key() as u16, r.api_key);
+                if let ResponseBody::DescribeTopic { cleanup, .. } = b {
+                    assert_eq!(cleanup.is_some(), version >= CLEANUP_INFO_VERSION);
+                }
             }
             let mut out = Vec::new();
             encode_response(
@@ -1004,6 +1018,23 @@ pub fn seed_response_frames() -> Vec<Vec<u8>> {
                 bytes: 5,
             }],
             settings: vec![("segment_bytes", "1024")],
+            cleanup: None,
+        },
+        ResponseBody::DescribeTopic {
+            partitions: vec![],
+            settings: vec![],
+            cleanup: Some(vec![CleanupInfo {
+                partition: 0,
+                last_retention_ms: -1,
+                segments_deleted: 2,
+                bytes_deleted: 4096,
+                segments_archived: 0,
+                last_compaction_ms: 1_700_000_000_000,
+                compactions: 1,
+                records_dropped: 9,
+                bytes_compacted: 100,
+                last_error: "disk full".to_string(),
+            }]),
         },
         ResponseBody::AlterTopic { settings: vec![] },
         ResponseBody::Stats(StatsBody {
