@@ -5,3 +5,5 @@
 pub mod cmd;
 pub mod engine;
 pub mod format;
+#[doc(hidden)]
+pub mod testkit;

@@ -159,13 +159,15 @@ impl PartitionCheck {
             .max()
     }
 
-    /// The offset after the highest valid record, if any record exists.
+    /// The offset after the highest valid record, if any record exists. A record at
+    /// offset `u64::MAX` (only a damaged or crafted file holds one) has no next offset:
+    /// it saturates.
     pub fn next_offset(&self) -> Option<u64> {
         self.segments
             .iter()
             .filter_map(|s| s.last_offset)
             .max()
-            .map(|o| o + 1)
+            .map(|o| o.saturating_add(1))
     }
 }
 
@@ -464,7 +466,11 @@ pub fn classify_scan_end(
     };
     let log = &files.log;
     let tail = file_len.saturating_sub(position);
-    let next = last_offset.map(|o| o + 1).or(Some(files.base_offset));
+    // No next offset after a record at u64::MAX.
+    let next = match last_offset {
+        Some(o) => o.checked_add(1),
+        None => Some(files.base_offset),
+    };
     let zero_to_end = matches!(end, ScanEnd::Record(RecordError::Zero { .. }))
         && range_is_zero(file, position, file_len)?;
     let stale = matches!(end, ScanEnd::Record(RecordError::StaleGeneration { .. }));

@@ -684,7 +684,10 @@ fn plan_from_check(check: &PartitionCheck) -> PartitionPlan {
             next_offset = next_offset.max(seg.base_offset());
         }
         if let Some(last) = seg.last_offset {
-            next_offset = next_offset.max(last + 1);
+            // A record at u64::MAX (only a damaged or crafted file holds one) leaves no
+            // offset to append at.
+            plan.refuses_writes |= last == u64::MAX;
+            next_offset = next_offset.max(last.saturating_add(1));
         }
         let next_first = kept_segs
             .get(i + 1)
@@ -781,7 +784,9 @@ fn plan_segment(
             .iter()
             .find(|pr| pr.file == seg.files.log && pr.position == Some(end));
         let kind = tail_problem.map_or("tail", |pr| pr.kind);
-        let next_offset = seg.last_offset.map_or(seg.base_offset(), |o| o + 1);
+        let next_offset = seg
+            .last_offset
+            .map_or(seg.base_offset(), |o| o.saturating_add(1));
         if seg.active {
             let reason = match kind {
                 "torn_tail" => format!("{}; never acknowledged", scan.end.detail()),

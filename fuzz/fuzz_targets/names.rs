@@ -1,0 +1,12 @@
+//! Fuzz target `names`: the property is `seglog::testkit::fuzzprops::names`.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use seglog::testkit::CappedAlloc;
+
+#[global_allocator]
+static ALLOC: CappedAlloc = CappedAlloc;
+
+fuzz_target!(|data: &[u8]| {
+    seglog::testkit::fuzzprops::names(data);
+});

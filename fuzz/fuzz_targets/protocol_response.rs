@@ -1,0 +1,12 @@
+//! Fuzz target `protocol_response`: the property is `seglog::testkit::fuzzprops::protocol_response`.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use seglog::testkit::CappedAlloc;
+
+#[global_allocator]
+static ALLOC: CappedAlloc = CappedAlloc;
+
+fuzz_target!(|data: &[u8]| {
+    seglog::testkit::fuzzprops::protocol_response(data);
+});

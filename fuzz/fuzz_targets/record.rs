@@ -1,0 +1,12 @@
+//! Fuzz target `record`: the property is `seglog::testkit::fuzzprops::record`.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use seglog::testkit::CappedAlloc;
+
+#[global_allocator]
+static ALLOC: CappedAlloc = CappedAlloc;
+
+fuzz_target!(|data: &[u8]| {
+    seglog::testkit::fuzzprops::record(data);
+});
