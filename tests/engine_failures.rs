@@ -549,3 +549,26 @@ fn seeded_model() {
         model_run(base.wrapping_add(i * 7919));
     }
 }
+
+/// A record at the largest offset leaves no offset to append at: the partition is
+/// refused with an error (no overflow, no wrapped offsets), the others keep working.
+#[test]
+fn a_record_at_the_last_offset_refuses_the_partition_without_overflow() {
+    use seglog::format::{encode_record, SegmentHeader};
+    let dir = tempfile::tempdir().unwrap();
+    setup(dir.path(), 2);
+    let b = Broker::open(dir.path(), real(), BrokerOptions::default()).unwrap();
+    b.shutdown().unwrap();
+    drop(b);
+    let log0 = dir.path().join("topics/t/0/00000000000000000000.log");
+    let mut bytes = SegmentHeader::new(0).encode().to_vec();
+    encode_record(&mut bytes, 0, 1, None, b"first", 0).unwrap();
+    encode_record(&mut bytes, u64::MAX, 1, None, b"last", 0).unwrap();
+    fs::write(&log0, &bytes).unwrap();
+    let _ = fs::remove_file(dir.path().join("topics/t/0/00000000000000000000.index"));
+
+    let b = Broker::open(dir.path(), real(), BrokerOptions::default()).unwrap();
+    let r = b.produce("t", 0, &[rec(b"x")]);
+    assert!(r.is_err(), "{r:?}");
+    assert_eq!(b.produce("t", 1, &[rec(b"y")]).unwrap().base_offset, 0);
+}

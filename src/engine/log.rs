@@ -514,9 +514,17 @@ impl PartitionLog {
             self.roll(&mut w, now)?;
         }
         let base = w.next_offset;
+        let count = records.len() as u64;
+        let Some(next_offset) = base.checked_add(count) else {
+            return Err(EngineError::InvalidRequest {
+                detail: format!(
+                    "{}: offset {base} + {count} records would pass the largest offset",
+                    self.dir.display()
+                ),
+            });
+        };
         let enc = encode_batch(records, &w.active, base, batch_len, now)?;
         self.write_batch(&w.active, &enc)?;
-        let count = records.len() as u64;
         let a = &mut w.active;
         a.data_end += enc.log_bytes.len() as u64;
         a.file_len = a.file_len.max(a.data_end);
@@ -529,7 +537,7 @@ impl PartitionLog {
             .unwrap_or_else(PoisonError::into_inner)
             .extend(enc.entries);
         a.seg.written_end.store(a.data_end, Ordering::Release);
-        w.next_offset += count;
+        w.next_offset = next_offset;
         self.stats.produce_requests.fetch_add(1, Ordering::Relaxed);
         self.stats
             .records_appended
@@ -1052,7 +1060,7 @@ impl PartitionLog {
         fetched.chunks = chunks;
         if let Some(last) = last {
             // The readable ends may already show a newer fsync than `end` did.
-            fetched.end_offset = fetched.end_offset.max(last + 1);
+            fetched.end_offset = fetched.end_offset.max(last.saturating_add(1));
         }
         Ok(fetched)
     }
@@ -1453,7 +1461,15 @@ fn open_active(
         born_ms: first_ts.map_or(now, |t: i64| t.min(now)),
         max_timestamp: scan.max_timestamp_ms,
     };
-    Ok((active, scan.last_offset.map_or(base, |l| l + 1)))
+    // A record at u64::MAX leaves no offset to append at: refuse the partition.
+    let next = match scan.last_offset {
+        None => base,
+        Some(last) => last.checked_add(1).ok_or_else(|| EngineError::Corrupt {
+            path: dir.join(log_file_name(base)),
+            detail: format!("a record has offset {last}, leaving no next offset"),
+        })?,
+    };
+    Ok((active, next))
 }
 
 /// Makes the active segment's index file equal to `entries` (the index is derived
