@@ -1252,6 +1252,16 @@ fn planted_bugs_are_caught() {
             flag: &planted::SKIP_ATOMIC_DIR_FSYNC,
             workload: workload_alter,
         },
+        Planted {
+            name: "unordered_retention_removals",
+            flag: &planted::UNORDERED_RETENTION_REMOVALS,
+            workload: workload_retention,
+        },
+        Planted {
+            name: "skip_retention_dir_fsync",
+            flag: &planted::SKIP_RETENTION_DIR_FSYNC,
+            workload: workload_retention,
+        },
     ];
     let mut missed = Vec::new();
     for c in &cases {

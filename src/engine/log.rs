@@ -976,7 +976,11 @@ impl PartitionLog {
             // between the segments. Directory operations need not persist in the
             // order they were made, so the ones before a segment's log are made
             // durable before it goes.
-            if unsynced && path.extension().is_some_and(|e| e == "log") {
+            if unsynced
+                && path.extension().is_some_and(|e| e == "log")
+                && !super::planted::UNORDERED_RETENTION_REMOVALS
+                    .load(std::sync::atomic::Ordering::Relaxed)
+            {
                 self.sync_dir()
                     .map_err(|e| EngineError::io(format!("syncing {}", self.dir.display()), e))?;
                 unsynced = false;
@@ -990,6 +994,9 @@ impl PartitionLog {
             doomed.remove(0);
         }
         // 3.
+        if super::planted::SKIP_RETENTION_DIR_FSYNC.load(std::sync::atomic::Ordering::Relaxed) {
+            return Ok(());
+        }
         self.sync_dir()
             .map_err(|e| EngineError::io(format!("syncing {}", self.dir.display()), e))
     }
