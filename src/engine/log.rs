@@ -969,28 +969,27 @@ impl PartitionLog {
             return Ok(());
         }
         // 2.
-        let mut unsynced = false;
+        let mut removed_one = false;
         while let Some(path) = doomed.first() {
             // The removals must persist oldest first: a newer segment's log gone
             // while an older one's is back after a crash would leave offsets missing
             // between the segments. Directory operations need not persist in the
             // order they were made, so the ones before a segment's log are made
             // durable before it goes.
-            if unsynced
+            if removed_one
                 && path.extension().is_some_and(|e| e == "log")
                 && !super::planted::UNORDERED_RETENTION_REMOVALS
                     .load(std::sync::atomic::Ordering::Relaxed)
             {
                 self.sync_dir()
                     .map_err(|e| EngineError::io(format!("syncing {}", self.dir.display()), e))?;
-                unsynced = false;
             }
             match self.storage.remove_file(path) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                 Err(e) => return Err(EngineError::io(format!("removing {}", path.display()), e)),
             }
-            unsynced = true;
+            removed_one = true;
             doomed.remove(0);
         }
         // 3.
