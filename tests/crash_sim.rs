@@ -1355,6 +1355,11 @@ fn planted_bugs_are_caught() {
             workload: workload_alter,
         },
         Planted {
+            name: "rename_before_marker (broker)",
+            flag: &planted::RENAME_BEFORE_MARKER,
+            workload: workload_broker_compaction,
+        },
+        Planted {
             name: "unordered_retention_removals",
             flag: &planted::UNORDERED_RETENTION_REMOVALS,
             workload: workload_retention,
