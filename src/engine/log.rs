@@ -935,7 +935,9 @@ impl PartitionLog {
     /// 1. under the write lock, publish the list without them: the start offset moves
     ///    to the next segment and new readers no longer pick them (readers already in
     ///    them keep reading through their open handles);
-    /// 2. delete each `.log`, then its `.index`;
+    /// 2. delete each `.log`, then its `.index`, oldest segment first, with a
+    ///    directory fsync before each segment's `.log` but the first (so only a
+    ///    prefix of the segments can be gone after a crash);
     /// 3. fsync the partition directory.
     ///
     /// A crash between the steps leaves whole segments or an index without its log,
@@ -975,15 +977,33 @@ impl PartitionLog {
             return Ok(());
         }
         // 2.
+        let mut removed_one = false;
         while let Some(path) = doomed.first() {
+            // The removals must persist oldest first: a newer segment's log gone
+            // while an older one's is back after a crash would leave offsets missing
+            // between the segments. Directory operations need not persist in the
+            // order they were made, so the ones before a segment's log are made
+            // durable before it goes.
+            if removed_one
+                && path.extension().is_some_and(|e| e == "log")
+                && !super::planted::UNORDERED_RETENTION_REMOVALS
+                    .load(std::sync::atomic::Ordering::Relaxed)
+            {
+                self.sync_dir()
+                    .map_err(|e| EngineError::io(format!("syncing {}", self.dir.display()), e))?;
+            }
             match self.storage.remove_file(path) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                 Err(e) => return Err(EngineError::io(format!("removing {}", path.display()), e)),
             }
+            removed_one = true;
             doomed.remove(0);
         }
         // 3.
+        if super::planted::SKIP_RETENTION_DIR_FSYNC.load(std::sync::atomic::Ordering::Relaxed) {
+            return Ok(());
+        }
         self.sync_dir()
             .map_err(|e| EngineError::io(format!("syncing {}", self.dir.display()), e))
     }

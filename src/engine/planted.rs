@@ -16,3 +16,9 @@ pub static RETRY_FAILED_FSYNC: AtomicBool = AtomicBool::new(false);
 pub static RENAME_BEFORE_MARKER: AtomicBool = AtomicBool::new(false);
 /// io.rs: an atomic file replace (topic.json, the marker) skips its directory fsync.
 pub static SKIP_ATOMIC_DIR_FSYNC: AtomicBool = AtomicBool::new(false);
+/// log.rs: retention removes segments without the directory fsync between them (a
+/// newer segment's removal may persist while an older one's is lost).
+pub static UNORDERED_RETENTION_REMOVALS: AtomicBool = AtomicBool::new(false);
+/// log.rs: retention returns without the directory fsync after its removals (a
+/// removed segment may come back after a crash).
+pub static SKIP_RETENTION_DIR_FSYNC: AtomicBool = AtomicBool::new(false);
