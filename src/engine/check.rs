@@ -282,8 +282,36 @@ pub fn check_partition_with(
     }
     if p.only_segment.is_none() {
         check_continuity(&mut out);
+        excuse_swap_in_progress(&mut out);
     }
     Ok(out)
+}
+
+/// Half-way through a compaction swap (a marker that parses), new segments stand
+/// beside the ones they replace, so segments overlap or skip: recovery finishes the
+/// swap, so those problems are repairable, not corruption.
+fn excuse_swap_in_progress(out: &mut PartitionCheck) {
+    let Some((_, Ok(marker))) = &out.marker else {
+        return;
+    };
+    let named: Vec<PathBuf> = marker
+        .new
+        .iter()
+        .chain(marker.replaced.iter())
+        .map(|&b| {
+            out.partition
+                .dir
+                .join(crate::format::names::log_file_name(b))
+        })
+        .collect();
+    for p in &mut out.problems {
+        let continuity = matches!(p.kind, "segments_overlap" | "segments_do_not_join");
+        if continuity && p.severity == Severity::Corrupt && named.contains(&p.file) {
+            p.severity = Severity::Repairable;
+            p.detail
+                .push_str(" (part of the unfinished compaction swap; recover finishes it)");
+        }
+    }
 }
 
 fn read_marker(path: &Path) -> Result<CompactionMarker, MarkerError> {

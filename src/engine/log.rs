@@ -212,6 +212,8 @@ struct WriteState {
     active: Active,
     next_offset: u64,
     pending: Pending,
+    /// Rolls made since the log opened.
+    rolls: u64,
 }
 
 #[derive(Debug)]
@@ -228,6 +230,8 @@ struct SyncState {
 /// What one group-commit fsync covers, taken under the write lock.
 struct SyncPlan {
     target: u64,
+    /// Rolls the plan's syncs cover (every roll made before it was taken).
+    rolls: u64,
     pending: Pending,
     active_log: Arc<dyn StorageFile>,
     active_seg: Arc<Segment>,
@@ -249,6 +253,8 @@ pub struct PartitionLog {
     segments: RwLock<Arc<Vec<Arc<Segment>>>>,
     /// Files of segments retention dropped from the list but could not delete yet.
     doomed: Mutex<Vec<PathBuf>>,
+    /// Rolls whose new segment (name, header) and outgoing segment are durable.
+    rolls_durable: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -305,6 +311,7 @@ impl PartitionLog {
                 active,
                 next_offset,
                 pending: Pending::default(),
+                rolls: 0,
             }),
             sync: Mutex::new(SyncState {
                 durable_end: next_offset,
@@ -315,6 +322,7 @@ impl PartitionLog {
             synced: Condvar::new(),
             segments: RwLock::new(Arc::new(segments)),
             doomed: Mutex::new(Vec::new()),
+            rolls_durable: AtomicU64::new(0),
         };
         Ok((log, notes))
     }
@@ -508,8 +516,7 @@ impl PartitionLog {
     ) -> Result<Appended, EngineError> {
         let batch_len = check_batch(records, config.max_record_bytes)?;
         let now = now_ms();
-        let mut w = lock(&self.write);
-        self.check_writable()?;
+        let mut w = self.lock_for_roll(|a| should_roll(a, batch_len, config, now))?;
         if should_roll(&w.active, batch_len, config, now) {
             self.roll(&mut w, now)?;
         }
@@ -644,6 +651,31 @@ impl PartitionLog {
     ///    group commit, which runs them before any record of the new segment is
     ///    acknowledged or served (see [`PartitionLog::execute`]);
     /// 4. publish the new segment list.
+    /// Takes the write lock for an append or roll. When `wants_roll` says the active
+    /// segment is to be rolled while an earlier roll is not yet durable, it first runs
+    /// a group commit without the lock: directory entries may reach the disk in any
+    /// order, and a second new segment whose name survives a crash without the first
+    /// one's would leave a hole in the offsets. At most a few attempts; a roll that
+    /// races in between is then made as before.
+    fn lock_for_roll(
+        &self,
+        wants_roll: impl Fn(&Active) -> bool,
+    ) -> Result<MutexGuard<'_, WriteState>, EngineError> {
+        for _ in 0..3 {
+            let w = lock(&self.write);
+            self.check_writable()?;
+            let outstanding = w.rolls > self.rolls_durable.load(Ordering::Acquire);
+            if !(outstanding && wants_roll(&w.active)) {
+                return Ok(w);
+            }
+            drop(w);
+            self.sync_pending()?;
+        }
+        let w = lock(&self.write);
+        self.check_writable()?;
+        Ok(w)
+    }
+
     fn roll(&self, w: &mut WriteState, now: i64) -> Result<(), EngineError> {
         let base = w.next_offset;
         let old = &mut w.active;
@@ -704,6 +736,7 @@ impl PartitionLog {
         let mut list = self.snapshot().as_ref().clone();
         list.push(seg);
         self.publish(list);
+        w.rolls += 1;
         Ok(())
     }
 }
@@ -765,6 +798,7 @@ impl PartitionLog {
             let mut w = lock(&self.write);
             SyncPlan {
                 target: w.next_offset,
+                rolls: w.rolls,
                 pending: std::mem::take(&mut w.pending),
                 active_log: w.active.log.clone(),
                 active_seg: w.active.seg.clone(),
@@ -788,6 +822,7 @@ impl PartitionLog {
             .readable_end
             .fetch_max(plan.active_end, Ordering::AcqRel);
         s.durable_end = s.durable_end.max(plan.target);
+        self.rolls_durable.fetch_max(plan.rolls, Ordering::AcqRel);
     }
 
     /// The fsync ordering of a group commit:
@@ -830,11 +865,11 @@ impl PartitionLog {
     /// roll left at once. Returns whether it rolled.
     pub fn roll_if_due(&self, config: &TopicConfig, now: i64) -> Result<bool, EngineError> {
         {
-            let mut w = lock(&self.write);
-            self.check_writable()?;
-            let a = &w.active;
-            let empty = a.data_end <= HEADER_LEN as u64;
-            if empty || now.saturating_sub(a.born_ms) < config.segment_ms {
+            let due = |a: &Active| {
+                a.data_end > HEADER_LEN as u64 && now.saturating_sub(a.born_ms) >= config.segment_ms
+            };
+            let mut w = self.lock_for_roll(due)?;
+            if !due(&w.active) {
                 return Ok(false);
             }
             self.roll(&mut w, now)?;
