@@ -644,13 +644,6 @@ fn create_segment_files(
 }
 
 impl PartitionLog {
-    /// Seals the active segment and starts a new one at the next offset:
-    /// 1. truncate the outgoing log to the end of its data;
-    /// 2. create the new log (generation-0 header) and its index;
-    /// 3. leave their fsyncs (outgoing log and index, new log, directory) to the next
-    ///    group commit, which runs them before any record of the new segment is
-    ///    acknowledged or served (see [`PartitionLog::execute`]);
-    /// 4. publish the new segment list.
     /// Takes the write lock for an append or roll. When `wants_roll` says the active
     /// segment is to be rolled while an earlier roll is not yet durable, it first runs
     /// a group commit without the lock: directory entries may reach the disk in any
@@ -676,6 +669,13 @@ impl PartitionLog {
         Ok(w)
     }
 
+    /// Seals the active segment and starts a new one at the next offset:
+    /// 1. truncate the outgoing log to the end of its data;
+    /// 2. create the new log (generation-0 header) and its index;
+    /// 3. leave their fsyncs (outgoing log and index, new log, directory) to the next
+    ///    group commit, which runs them before any record of the new segment is
+    ///    acknowledged or served (see [`PartitionLog::execute`]);
+    /// 4. publish the new segment list.
     fn roll(&self, w: &mut WriteState, now: i64) -> Result<(), EngineError> {
         let base = w.next_offset;
         let old = &mut w.active;
