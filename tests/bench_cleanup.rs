@@ -23,11 +23,11 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use seglog::engine::broker::{Broker, BrokerOptions, NewRecord};
-use seglog::engine::client::Client;
-use seglog::engine::io::RealStorage;
-use seglog::engine::protocol::{PartitionBatch, WireRecord};
-use seglog::engine::server::{Server, ServerOptions};
+use seglog::engine::net::client::Client;
+use seglog::engine::net::server::{Server, ServerOptions};
+use seglog::engine::storage::io::RealStorage;
 use seglog::format::topic::TopicConfig;
+use seglog::format::wire::{PartitionBatch, WireRecord};
 
 const CONNECTIONS: usize = 4;
 const BATCH: usize = 10;

@@ -8,8 +8,8 @@ use std::fs;
 use std::io::Write;
 use std::time::Instant;
 
-use seglog::engine::layout::resolve;
-use seglog::engine::recovery;
+use seglog::engine::maintenance::recovery;
+use seglog::engine::storage::layout::resolve;
 use seglog::format::names::{index_file_name, log_file_name};
 use seglog::format::{encode_record, IndexBuilder, SegmentHeader};
 

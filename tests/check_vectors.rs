@@ -2,8 +2,8 @@
 
 use std::path::Path;
 
-use seglog::engine::check::{check_partition, CheckMode, IndexState};
-use seglog::engine::layout::{resolve, TargetKind};
+use seglog::engine::maintenance::check::{check_partition, CheckMode, IndexState};
+use seglog::engine::storage::layout::{resolve, TargetKind};
 
 #[test]
 fn vector_partition_is_clean_in_both_modes() {

@@ -13,8 +13,8 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use seglog::engine::client::partition_for_key;
-use seglog::engine::protocol::{decode_response, encode_request, ErrorCode, Request};
+use seglog::engine::net::client::partition_for_key;
+use seglog::format::wire::{decode_response, encode_request, ErrorCode, Request};
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_seglog");

@@ -11,7 +11,7 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use seglog::engine::protocol::{decode_response_version, encode_request, Request, ResponseBody};
+use seglog::format::wire::{decode_response_version, encode_request, Request, ResponseBody};
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_seglog");

@@ -12,7 +12,7 @@ use std::time::SystemTime;
 use assert_cmd::Command;
 use serde_json::Value;
 
-use seglog::engine::lock::DirLock;
+use seglog::engine::storage::lock::DirLock;
 use seglog::format::names::{index_file_name, log_file_name};
 use seglog::format::{encode_record, SegmentHeader};
 

@@ -8,15 +8,15 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use assert_cmd::Command;
-use seglog::engine::check::{check_partition, CheckMode};
-use seglog::engine::compaction::{
+use seglog::engine::maintenance::check::{check_partition, CheckMode};
+use seglog::engine::maintenance::compaction::{
     compact_partition, finish_compaction_marker, sealed_segments_unchanged, CompactionError,
     CompactionOptions, CompactionReport,
 };
-use seglog::engine::io::{FailOn, FailingStorage, RealStorage, Storage};
-use seglog::engine::layout::{list_partition, resolve, PartitionRef};
-use seglog::engine::lock::DirLock;
-use seglog::engine::segment::{open_log, read_header, scan_segment};
+use seglog::engine::storage::io::{FailOn, FailingStorage, RealStorage, Storage};
+use seglog::engine::storage::layout::{list_partition, resolve, PartitionRef};
+use seglog::engine::storage::lock::DirLock;
+use seglog::engine::storage::reader::{open_log, read_header, scan_segment};
 use seglog::format::marker::CompactionMarker;
 use seglog::format::names::{index_file_name, log_file_name, COMPACTION_MARKER};
 use seglog::format::topic::{CleanupPolicy, TopicConfig, TopicMeta};
@@ -682,8 +682,12 @@ fn finishing_a_marker_is_idempotent_at_every_point() {
             copy_dir(template.path(), probe.path());
             let s = FailingStorage::new(Arc::new(RealStorage), u64::MAX, FailOn::Any, false);
             let pp = partition_ref(probe.path(), case.segment_bytes);
-            let prepared =
-                seglog::engine::compaction::prepare_compaction(&s, &pp, &case.options()).unwrap();
+            let prepared = seglog::engine::maintenance::compaction::prepare_compaction(
+                &s,
+                &pp,
+                &case.options(),
+            )
+            .unwrap();
             let before_swap = s.calls();
             drop(prepared);
             // Marker: create, write, sync, rename, sync_dir = 5 calls.
@@ -1289,7 +1293,7 @@ impl CrashState {
 
 #[derive(Debug)]
 struct CrashFile {
-    inner: Box<dyn seglog::engine::io::StorageFile>,
+    inner: Box<dyn seglog::engine::storage::io::StorageFile>,
     inode: u64,
     storage: Arc<CrashStorage>,
 }
@@ -1339,7 +1343,7 @@ impl CrashStorage {
     }
 }
 
-impl seglog::engine::io::StorageFile for CrashFile {
+impl seglog::engine::storage::io::StorageFile for CrashFile {
     fn write_at(&self, buf: &[u8], pos: u64) -> std::io::Result<()> {
         drop(self.storage.step()?);
         self.inner.write_at(buf, pos)
@@ -1377,7 +1381,10 @@ impl seglog::engine::io::StorageFile for CrashFile {
 struct Crash(Arc<CrashStorage>);
 
 impl Storage for Crash {
-    fn create(&self, path: &Path) -> std::io::Result<Box<dyn seglog::engine::io::StorageFile>> {
+    fn create(
+        &self,
+        path: &Path,
+    ) -> std::io::Result<Box<dyn seglog::engine::storage::io::StorageFile>> {
         let name = self.0.name(path);
         let mut s = self.0.step()?;
         let inner = RealStorage.create(path)?;
@@ -1391,7 +1398,10 @@ impl Storage for Crash {
             storage: self.0.clone(),
         }))
     }
-    fn open(&self, path: &Path) -> std::io::Result<Box<dyn seglog::engine::io::StorageFile>> {
+    fn open(
+        &self,
+        path: &Path,
+    ) -> std::io::Result<Box<dyn seglog::engine::storage::io::StorageFile>> {
         let name = self.0.name(path);
         let inode = *self.0.state.lock().unwrap().names.get(&name).unwrap();
         Ok(Box::new(CrashFile {
@@ -1523,7 +1533,7 @@ fn cli_exits_2_on_a_corrupt_record_the_startup_check_does_not_read() {
 
 #[test]
 fn progress_counts_both_passes_up_to_twice_the_sealed_bytes() {
-    use seglog::engine::compaction::compact_partition_with_progress;
+    use seglog::engine::maintenance::compaction::compact_partition_with_progress;
     let case = Case::generate_sized(5, 50, 3000);
     let tmp = scratch_dir();
     case.write(tmp.path(), 5);

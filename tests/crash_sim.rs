@@ -20,17 +20,19 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use seglog::engine::broker::{Broker, BrokerOptions, NewRecord};
-use seglog::engine::check::{check_partition, CheckMode};
-use seglog::engine::compaction::{compact_partition, sealed_segments_unchanged, CompactionOptions};
-use seglog::engine::io::{RealStorage, StorageRef};
-use seglog::engine::layout::{list_partition, resolve};
-use seglog::engine::planted;
-use seglog::engine::segment::{open_log, read_header, scan_segment};
-use seglog::engine::sim::{crash_states, DirModel, Image, Materialiser, Rng, SimStorage, Trace};
+use seglog::engine::maintenance::check::{check_partition, CheckMode};
+use seglog::engine::maintenance::compaction::{
+    compact_partition, sealed_segments_unchanged, CompactionOptions,
+};
+use seglog::engine::storage::io::{RealStorage, StorageRef};
+use seglog::engine::storage::layout::{list_partition, resolve};
+use seglog::engine::storage::reader::{open_log, read_header, scan_segment};
 use seglog::format::marker::CompactionMarker;
 use seglog::format::names::{COMPACTION_MARKER, TOPICS_DIR, TOPIC_FILE};
 use seglog::format::topic::{TopicConfig, TopicMeta};
 use seglog::format::{encode_record, HEADER_LEN};
+use seglog::testkit::planted;
+use seglog::testkit::sim::{crash_states, DirModel, Image, Materialiser, Rng, SimStorage, Trace};
 
 const TOPIC: &str = "t";
 
@@ -346,7 +348,9 @@ fn check_state(
                 if let Some(sev) = c.severity() {
                     let probs: Vec<String> = c
                         .all_problems()
-                        .filter(|pr| pr.severity > seglog::engine::check::Severity::Info)
+                        .filter(|pr| {
+                            pr.severity > seglog::engine::maintenance::check::Severity::Info
+                        })
                         .map(|pr| format!("{} {}: {}", pr.kind, pr.file.display(), pr.detail))
                         .collect();
                     v.push(format!(

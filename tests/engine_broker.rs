@@ -9,7 +9,7 @@ use std::thread;
 use std::time::Duration;
 
 use seglog::engine::broker::{Broker, BrokerOptions, EngineError, FetchResult, NewRecord};
-use seglog::engine::io::{RealStorage, StorageRef};
+use seglog::engine::storage::io::{RealStorage, StorageRef};
 use seglog::format::decode_record;
 use seglog::format::topic::TopicConfig;
 
@@ -157,7 +157,7 @@ fn round_trip_across_rolls_and_reopen() {
 
 #[test]
 fn on_disk_index_follows_the_rule() {
-    use seglog::engine::segment::{open_log, read_header, scan_segment};
+    use seglog::engine::storage::reader::{open_log, read_header, scan_segment};
     let dir = tempfile::tempdir().unwrap();
     let b = open(dir.path());
     b.create_topic("big", 1, small_segments(200_000)).unwrap();

@@ -12,10 +12,10 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use seglog::engine::broker::{Broker, BrokerOptions, EngineError, FetchResult, NewRecord};
-use seglog::engine::check::{check_partition, CheckMode};
-use seglog::engine::io::{FailOn, FailingStorage, RealStorage, StorageRef};
-use seglog::engine::layout::PartitionRef;
-use seglog::engine::log::now_ms;
+use seglog::engine::maintenance::check::{check_partition, CheckMode};
+use seglog::engine::partition::now_ms;
+use seglog::engine::storage::io::{FailOn, FailingStorage, RealStorage, StorageRef};
+use seglog::engine::storage::layout::PartitionRef;
 use seglog::format::decode_record;
 use seglog::format::topic::TopicConfig;
 

@@ -11,7 +11,9 @@ use std::thread;
 use std::time::Duration;
 
 use seglog::engine::broker::{Broker, BrokerOptions, EngineError, FetchResult, NewRecord};
-use seglog::engine::io::{FailOn, FailingStorage, RealStorage, Storage, StorageFile, StorageRef};
+use seglog::engine::storage::io::{
+    FailOn, FailingStorage, RealStorage, Storage, StorageFile, StorageRef,
+};
 use seglog::format::decode_record;
 use seglog::format::topic::TopicConfig;
 

@@ -134,12 +134,12 @@ fn seeds_and_vectors_hold_the_properties() {
         fuzzprops::segment_header(&h);
     }
     for frame in fuzzprops::seed_request_frames() {
-        assert!(seglog::engine::protocol::decode_request(&frame).is_ok());
+        assert!(seglog::format::wire::decode_request(&frame).is_ok());
     }
     for frame in fuzzprops::seed_response_frames() {
         // Each seed is valid under some protocol version (the describe-topic layout
         // differs between versions 1 and 2).
-        use seglog::engine::protocol::{
+        use seglog::format::wire::{
             decode_response_version, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
         };
         assert!((PROTOCOL_VERSION_MIN..=PROTOCOL_VERSION)
@@ -152,12 +152,12 @@ fn seeds_and_vectors_hold_the_properties() {
         .collect();
     let clean = fuzzprops::oracle_scan(&cases[0].log).unwrap();
     assert_eq!(clean.records.len(), 8);
-    assert_eq!(clean.end, seglog::engine::segment::ScanEnd::Eof);
+    assert_eq!(clean.end, seglog::engine::storage::reader::ScanEnd::Eof);
     assert!(cases[0].next_base.is_some() && cases[0].index.is_some());
     let torn = fuzzprops::oracle_scan(&cases[1].log).unwrap();
     assert!(!torn.records.is_empty(), "{torn:?}");
     assert!(
-        torn.end != seglog::engine::segment::ScanEnd::Eof,
+        torn.end != seglog::engine::storage::reader::ScanEnd::Eof,
         "{torn:?}"
     );
     let log = vector_segment(5);
@@ -193,7 +193,7 @@ fn fuzz_regressions_hold_the_properties() {
 /// offset to name (it once computed `u64::MAX + 1`).
 #[test]
 fn record_at_the_last_offset_then_a_torn_tail() {
-    use seglog::engine::check::{check_partition, CheckMode};
+    use seglog::engine::maintenance::check::{check_partition, CheckMode};
     use seglog::format::names::log_file_name;
     let base = u64::MAX - 1;
     let mut log = seglog::format::SegmentHeader::new(base).encode().to_vec();
@@ -201,7 +201,7 @@ fn record_at_the_last_offset_then_a_torn_tail() {
     log.extend_from_slice(&[0, 0, 0, 40, 1]);
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join(log_file_name(base)), &log).unwrap();
-    let p = seglog::engine::layout::PartitionRef {
+    let p = seglog::engine::storage::layout::PartitionRef {
         dir: dir.path().to_path_buf(),
         topic: None,
         partition: None,
@@ -222,7 +222,7 @@ fn record_at_the_last_offset_then_a_torn_tail() {
 /// no offset to append at, so it refuses writes (it once computed `u64::MAX + 1`).
 #[test]
 fn recovery_after_a_record_at_the_last_offset() {
-    use seglog::engine::recovery::plan_partition;
+    use seglog::engine::maintenance::recovery::plan_partition;
     use seglog::format::names::log_file_name;
     let base = u64::MAX - 1;
     let mut log = seglog::format::SegmentHeader::new(base).encode().to_vec();
@@ -230,7 +230,7 @@ fn recovery_after_a_record_at_the_last_offset() {
     log.extend_from_slice(&[0, 0, 0, 40, 1]);
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join(log_file_name(base)), &log).unwrap();
-    let p = seglog::engine::layout::PartitionRef {
+    let p = seglog::engine::storage::layout::PartitionRef {
         dir: dir.path().to_path_buf(),
         topic: None,
         partition: None,
@@ -243,7 +243,7 @@ fn recovery_after_a_record_at_the_last_offset() {
     assert!(
         matches!(
             plan.actions[0],
-            seglog::engine::recovery::Action::CutTail {
+            seglog::engine::maintenance::recovery::Action::CutTail {
                 next_offset: u64::MAX,
                 ..
             }

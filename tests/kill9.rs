@@ -16,8 +16,8 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use seglog::engine::client::Client;
-use seglog::engine::protocol::{PartitionBatch, WireRecord};
+use seglog::engine::net::client::Client;
+use seglog::format::wire::{PartitionBatch, WireRecord};
 
 const BIN: &str = env!("CARGO_BIN_EXE_seglog");
 const TOPIC: &str = "k9";

@@ -11,12 +11,12 @@ use std::sync::Arc;
 use assert_cmd::Command;
 use serde_json::Value;
 
-use seglog::engine::check::{check_partition, CheckMode, Severity};
-use seglog::engine::io::{FailOn, FailingStorage, RealStorage};
-use seglog::engine::layout::resolve;
-use seglog::engine::lock::DirLock;
-use seglog::engine::recovery::{self, Action};
-use seglog::engine::segment::{open_log, read_header, scan_segment};
+use seglog::engine::maintenance::check::{check_partition, CheckMode, Severity};
+use seglog::engine::maintenance::recovery::{self, Action};
+use seglog::engine::storage::io::{FailOn, FailingStorage, RealStorage};
+use seglog::engine::storage::layout::resolve;
+use seglog::engine::storage::lock::DirLock;
+use seglog::engine::storage::reader::{open_log, read_header, scan_segment};
 use seglog::format::marker::CompactionMarker;
 use seglog::format::names::{index_file_name, log_file_name};
 use seglog::format::{encode_record, IndexBuilder, SegmentHeader};
@@ -1069,7 +1069,7 @@ fn random_damage_to_the_active_segment_leaves_a_prefix_of_its_records() {
 /// may cut), continues at the offset recovery names, and appends to.
 #[test]
 fn the_partition_log_opens_what_recovery_leaves() {
-    use seglog::engine::log::{LogStats, NewRecord, PartitionLog};
+    use seglog::engine::partition::{LogStats, NewRecord, PartitionLog};
     use seglog::format::topic::TopicConfig;
     type Damage = fn(&Data);
     let torn: Damage = |d| {
@@ -1149,7 +1149,7 @@ mod crash {
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::{Arc, Mutex};
 
-    use seglog::engine::io::{RealStorage, Storage, StorageFile};
+    use seglog::engine::storage::io::{RealStorage, Storage, StorageFile};
 
     #[derive(Debug)]
     enum Undo {

@@ -18,14 +18,14 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use anyhow::Context as _;
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
 
-use crate::engine::check::{check_partition, CheckMode, Severity};
-use crate::engine::compaction::{
+use crate::engine::maintenance::check::{check_partition, CheckMode, Severity};
+use crate::engine::maintenance::compaction::{
     compact_partition_with_progress, sealed_segments_unchanged, CompactionError, CompactionOptions,
     CompactionReport,
 };
-use crate::engine::io::RealStorage;
-use crate::engine::layout::{resolve, LayoutError, PartitionRef, Target, TargetKind};
-use crate::engine::lock::{DirLock, LockError};
+use crate::engine::storage::io::RealStorage;
+use crate::engine::storage::layout::{resolve, LayoutError, PartitionRef, Target, TargetKind};
+use crate::engine::storage::lock::{DirLock, LockError};
 
 use super::{exit, ExitError, Global};
 

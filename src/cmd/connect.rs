@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use super::{exit, ExitError};
-use crate::engine::client::{Client, ClientError, DEFAULT_BROKER};
+use crate::engine::net::client::{Client, ClientError, DEFAULT_BROKER};
 
 /// `--broker` and `--timeout`.
 #[derive(Debug, Clone, clap::Args)]

@@ -15,8 +15,8 @@ use serde_json::json;
 
 use super::connect::{client_error, BrokerArgs};
 use super::{exit, BytesAs, ExitError, Global};
-use crate::engine::client::{Client, ClientError, Fetched as Fetch, Record};
-use crate::engine::protocol::{ErrorCode, FETCH_BYTES_MAX};
+use crate::engine::net::client::{Client, ClientError, Fetched as Fetch, Record};
+use crate::format::wire::{ErrorCode, FETCH_BYTES_MAX};
 
 /// How long one long-poll fetch waits for new records under `--follow`.
 const FOLLOW_WAIT: Duration = Duration::from_secs(5);

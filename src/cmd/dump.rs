@@ -1,7 +1,7 @@
 //! `seglog dump`: records in offset order, one line each (or JSON Lines), streamed
 //! segment by segment with the windowed reader so memory stays flat on any size.
 //!
-//! Dump checks what it reads with the shared classification ([`crate::engine::check`]):
+//! Dump checks what it reads with the shared classification ([`crate::engine::maintenance::check`]):
 //! per partition it first runs the quick check (headers, indexes, sealed tails,
 //! the active segment, continuity, markers), then names what ends each segment's
 //! records with [`classify_scan_end`]. A problem becomes a `{"type": "problem"}`
@@ -18,12 +18,12 @@ use serde_json::json;
 
 use super::verify::{exit_code, problem_json, problem_line, resolve_target};
 use super::{BytesAs, ExitError, Global};
-use crate::engine::check::{
+use crate::engine::maintenance::check::{
     check_partition_with, classify_scan_end, read_index_bytes, segment_header, CheckMode,
     IndexState, PartitionCheck, Problem, SegmentCheck, Severity,
 };
-use crate::engine::layout::{PartitionRef, Target};
-use crate::engine::segment::{open_log, read_header, Next, RecordReader, ScanEnd};
+use crate::engine::storage::layout::{PartitionRef, Target};
+use crate::engine::storage::reader::{open_log, read_header, Next, RecordReader, ScanEnd};
 use crate::format::index::{lookup_bytes, IndexEntry};
 use crate::format::{RecordView, SegmentHeader, HEADER_LEN, INDEX_ENTRY_LEN};
 

@@ -16,8 +16,8 @@ use serde_json::json;
 
 use super::connect::{client_error, BrokerArgs};
 use super::{exit, ExitError, Global};
-use crate::engine::client::{partition_for_key, Client};
-use crate::engine::protocol::{PartitionBatch, WireRecord, RECORDS_PER_PARTITION_MAX};
+use crate::engine::net::client::{partition_for_key, Client};
+use crate::format::wire::{PartitionBatch, WireRecord, RECORDS_PER_PARTITION_MAX};
 
 /// Arguments of `seglog produce`.
 #[derive(Debug, clap::Args)]

@@ -9,14 +9,14 @@ use serde_json::{json, Value};
 
 use super::verify::{exit_code, resolve_target, severity_name};
 use super::{exit, ExitError, Global};
-use crate::engine::check::{check_partition, CheckMode, Problem, Severity};
-use crate::engine::io::RealStorage;
-use crate::engine::layout::TargetKind;
-use crate::engine::lock::{DirLock, LockError};
-use crate::engine::recovery::{
+use crate::engine::maintenance::check::{check_partition, CheckMode, Problem, Severity};
+use crate::engine::maintenance::recovery::{
     execute, plan, relative, Action, ActionDone, Damage, PartitionPlan, PartitionReport,
     RecoveryPlan, RecoveryReport,
 };
+use crate::engine::storage::io::RealStorage;
+use crate::engine::storage::layout::TargetKind;
+use crate::engine::storage::lock::{DirLock, LockError};
 
 /// Arguments of `seglog recover`.
 #[derive(Debug, clap::Args)]

@@ -9,10 +9,10 @@ use serde_json::json;
 
 use super::verify::resolve_target;
 use super::{exit, ExitError, Global};
-use crate::engine::io::RealStorage;
-use crate::engine::layout::Target;
-use crate::engine::lock::{DirLock, LockError};
-use crate::engine::reindex::{reindex_partition, Action, PartitionPlan, SegmentPlan};
+use crate::engine::maintenance::reindex::{reindex_partition, Action, PartitionPlan, SegmentPlan};
+use crate::engine::storage::io::RealStorage;
+use crate::engine::storage::layout::Target;
+use crate::engine::storage::lock::{DirLock, LockError};
 
 /// Arguments of `seglog reindex`.
 #[derive(Debug, clap::Args)]

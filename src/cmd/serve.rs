@@ -12,8 +12,8 @@ use super::connect::parse_duration;
 use super::{exit, ExitError, Global};
 use crate::engine::broker::{Broker, BrokerOptions};
 use crate::engine::error::EngineError;
-use crate::engine::io::RealStorage;
-use crate::engine::server::{Server, ServerOptions};
+use crate::engine::net::server::{Server, ServerOptions};
+use crate::engine::storage::io::RealStorage;
 
 /// Arguments of `seglog serve`.
 #[derive(Debug, clap::Args)]

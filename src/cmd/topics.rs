@@ -9,10 +9,10 @@ use serde_json::{json, Map, Value};
 
 use super::connect::{client_error, parse_settings, BrokerArgs};
 use super::{exit, Global};
-use crate::engine::client::TopicInfo;
-use crate::engine::log::now_ms;
-use crate::engine::protocol::CleanupInfo;
+use crate::engine::net::client::TopicInfo;
+use crate::engine::partition::now_ms;
 use crate::format::topic::TopicConfig;
+use crate::format::wire::CleanupInfo;
 
 /// Arguments of `seglog topics`.
 #[derive(Debug, clap::Args)]

@@ -10,10 +10,10 @@ use comfy_table::{presets, CellAlignment, Table};
 use serde_json::json;
 
 use super::{exit, ExitError, Global};
-use crate::engine::check::{
+use crate::engine::maintenance::check::{
     check_partition_with, CheckMode, IndexState, PartitionCheck, Problem, SegmentCheck, Severity,
 };
-use crate::engine::layout::{list_partition, resolve, LayoutError, Target, TargetKind};
+use crate::engine::storage::layout::{list_partition, resolve, LayoutError, Target, TargetKind};
 
 /// Data larger than this gets a progress bar (when stderr is a terminal).
 pub const PROGRESS_BYTES_MIN: u64 = 256 * 1024 * 1024;

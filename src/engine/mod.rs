@@ -1,23 +1,31 @@
-//! State and I/O: the I/O seam, segment files, scanning and checking, recovery,
-//! compaction, the partition log, topics, and the broker with its network server.
-//! Everything that touches the disk goes through [`io::Storage`] for mutations.
+//! State and I/O. Each folder is one layer; a layer uses only the layers below it.
+//!
+//! ```text
+//! net/          TCP server and client of the native protocol (bytes: format::wire)
+//!   ↓
+//! broker/       topics, their partitions, the flusher and the background cleaner
+//!   ↓
+//! partition/    one partition's log: append, roll, group commit, read, open,
+//!               retention, background cleanup of one partition
+//!   ↓
+//! maintenance/  check, reindex, recovery, compaction: shared by tools and startup
+//!   ↓
+//! storage/      the I/O seam, the windowed record reader and scan, layout, DATA/LOCK
+//! ```
+//! [`error`] holds the broker-facing error type and its typed failure reasons.
+//!
+//! Lock order, outermost first (nothing takes an outer lock while holding an inner):
+//! 1. `DATA/LOCK` (the process's flock on the data directory);
+//! 2. broker: the topic table (`RwLock`), then one topic's partition slot;
+//! 3. partition: `write` → `sync` → `segments`; no fsync runs while `write` is held
+//!    (except the cut after a failed write, an error path);
+//! 4. partition cleanup state, taken alone by the cleaner.
+//!
+//! Every file-system mutation goes through [`storage::io::Storage`].
 
 pub mod broker;
-pub mod check;
-pub mod cleanup;
-pub mod client;
-pub mod compaction;
 pub mod error;
-pub mod io;
-pub mod layout;
-pub mod lock;
-pub mod log;
-#[doc(hidden)]
-pub mod planted;
-pub mod protocol;
-pub mod recovery;
-pub mod reindex;
-pub mod segment;
-pub mod server;
-#[doc(hidden)]
-pub mod sim;
+pub mod maintenance;
+pub mod net;
+pub mod partition;
+pub mod storage;

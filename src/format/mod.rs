@@ -41,6 +41,7 @@ pub mod marker;
 pub mod names;
 pub mod record;
 pub mod topic;
+pub mod wire;
 
 pub use header::{HeaderError, SegmentHeader, HEADER_LEN};
 pub use index::{IndexBuilder, IndexEntry, IndexError, INDEX_ENTRY_LEN, INDEX_INTERVAL_BYTES};

@@ -24,21 +24,21 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::engine::check::{check_partition, quick_check, CheckMode, Severity};
-use crate::engine::layout::PartitionRef;
-use crate::engine::protocol::{
+use crate::engine::maintenance::check::{check_partition, quick_check, CheckMode, Severity};
+use crate::engine::storage::layout::PartitionRef;
+use crate::engine::storage::reader::{read_header, scan_segment, Next, RecordReader, ScanEnd};
+use crate::format::index::{decode_index, lookup, lookup_bytes, IndexEntry, INDEX_ENTRY_LEN};
+use crate::format::marker::CompactionMarker;
+use crate::format::names::{index_file_name, log_file_name};
+use crate::format::record::{decode_record, encode_record, encoded_len, RecordError};
+use crate::format::topic::{TopicConfig, TopicMeta};
+use crate::format::wire::{
     check_frame_len, decode_request, decode_response, decode_response_version, encode_request,
     encode_response, frame_head, ApiKey, Chunk, CleanupInfo, ErrorCode, PartitionAck,
     PartitionBatch, PartitionDescription, PartitionOffsets, Request, ResponseBody, StatsBody,
     WireRecord, CLEANUP_INFO_VERSION, FRAME_BYTES_MAX, LEN_FIELD, PROTOCOL_VERSION,
     PROTOCOL_VERSION_MIN,
 };
-use crate::engine::segment::{read_header, scan_segment, Next, RecordReader, ScanEnd};
-use crate::format::index::{decode_index, lookup, lookup_bytes, IndexEntry, INDEX_ENTRY_LEN};
-use crate::format::marker::CompactionMarker;
-use crate::format::names::{index_file_name, log_file_name};
-use crate::format::record::{decode_record, encode_record, encoded_len, RecordError};
-use crate::format::topic::{TopicConfig, TopicMeta};
 use crate::format::{
     HeaderError, SegmentHeader, HEADER_LEN, INDEX_INTERVAL_BYTES, RECORD_OVERHEAD,
 };
@@ -829,8 +829,8 @@ pub fn check_segment_case(case: &SegmentCase) {
 /// Recovery of the case's partition: plans from the check, executes through the I/O
 /// seam, and leaves nothing for a second run to do.
 pub fn check_recovery(case: &SegmentCase) {
-    use crate::engine::io::RealStorage;
-    use crate::engine::recovery::{execute, plan_partition, RecoveryPlan};
+    use crate::engine::maintenance::recovery::{execute, plan_partition, RecoveryPlan};
+    use crate::engine::storage::io::RealStorage;
     let dir = ScratchDir::new();
     write_case(&dir.0, case);
     let p = PartitionRef {

@@ -4,6 +4,8 @@
 //! Not part of the public API; it may change with any release.
 
 pub mod fuzzprops;
+pub mod planted;
+pub mod sim;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 

@@ -21,16 +21,16 @@ use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use super::broker::{Broker, NewRecord};
-use super::error::EngineError;
-use super::protocol::{
+use crate::engine::broker::{Broker, NewRecord};
+use crate::engine::error::EngineError;
+use crate::format::names::validate_name;
+use crate::format::topic::{TopicConfig, CONFIG_KEYS};
+use crate::format::wire::{
     check_frame_len, decode_request, encode_error, encode_response, frame_head, ApiKey, Chunk,
     CleanupInfo, ErrorCode, PartitionAck, PartitionBatch, PartitionDescription, PartitionOffsets,
     Request, ResponseBody, StatsBody, API_KEY_NONE, CLEANUP_INFO_VERSION, FRAME_BYTES_MAX,
     LEN_FIELD, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
 };
-use crate::format::names::validate_name;
-use crate::format::topic::{TopicConfig, CONFIG_KEYS};
 
 /// How often an idle connection and the accept loop look at the stop flag.
 const POLL_INTERVAL: Duration = Duration::from_millis(100);
@@ -373,7 +373,7 @@ impl Connection {
         let close = match decode_request(&frame) {
             Err(e) => {
                 let code = match e {
-                    super::protocol::ProtocolError::UnknownApi { .. } => ErrorCode::UNKNOWN_API,
+                    crate::format::wire::ProtocolError::UnknownApi { .. } => ErrorCode::UNKNOWN_API,
                     _ => ErrorCode::MALFORMED,
                 };
                 let detail = format!("malformed {} request: {e}", api_name(api_key));
@@ -772,9 +772,9 @@ mod tests {
 
     use super::*;
     use crate::engine::broker::BrokerOptions;
-    use crate::engine::client::{Client, ClientError};
-    use crate::engine::io::RealStorage;
-    use crate::engine::protocol::{decode_response, encode_request, PartitionBatch, WireRecord};
+    use crate::engine::net::client::{Client, ClientError};
+    use crate::engine::storage::io::RealStorage;
+    use crate::format::wire::{decode_response, encode_request, PartitionBatch, WireRecord};
 
     /// A broker on a temp dir and its server running on a thread.
     struct Running {
@@ -873,7 +873,7 @@ mod tests {
         .unwrap();
         s.write_all(&out).unwrap();
         let mut buf = Vec::new();
-        crate::engine::client::read_frame(&mut s, &mut buf)
+        crate::engine::net::client::read_frame(&mut s, &mut buf)
             .map_err(|_| "read")
             .unwrap();
         let resp = decode_response(&buf).unwrap();

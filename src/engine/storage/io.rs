@@ -345,7 +345,8 @@ pub fn write_file_atomic(
         // 3.
         storage.rename(&tmp, &dir.join(name))?;
         // 4.
-        if super::planted::SKIP_ATOMIC_DIR_FSYNC.load(std::sync::atomic::Ordering::Relaxed) {
+        if crate::testkit::planted::SKIP_ATOMIC_DIR_FSYNC.load(std::sync::atomic::Ordering::Relaxed)
+        {
             return Ok(());
         }
         storage.sync_dir(dir)

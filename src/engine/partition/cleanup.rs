@@ -12,7 +12,7 @@
 //!   moves forward and segments always join up. With a cold-storage directory, a
 //!   segment is removed only once its copy (log and index) and the directories holding
 //!   it are fsynced; a failed copy keeps it (and every newer one) for the next round.
-//! - Compaction is the shared [`crate::engine::compaction`] with its swap protocol;
+//! - Compaction is the shared [`crate::engine::maintenance::compaction`] with its swap protocol;
 //!   step 2 runs under the partition's write lock ([`PartitionLog::sealed_unchanged`])
 //!   and the new list is published by [`PartitionLog::replace_oldest`].
 //! - Everything background work writes goes through `PacedStorage`: flushed every
@@ -25,11 +25,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::compaction::{prepare_compaction, CompactionError, CompactionOptions, CompactionReport};
-use super::error::EngineError;
-use super::io::Storage;
-use super::layout::PartitionRef;
-use super::log::{PartitionLog, Segment};
+use crate::engine::error::EngineError;
+use crate::engine::maintenance::compaction::{
+    prepare_compaction, CompactionError, CompactionOptions, CompactionReport,
+};
+use crate::engine::partition::{PartitionLog, Segment};
+use crate::engine::storage::io::Storage;
+use crate::engine::storage::layout::PartitionRef;
 use crate::format::names::{index_file_name, log_file_name};
 use crate::format::topic::TopicConfig;
 
@@ -378,7 +380,7 @@ pub fn archive(
             let want =
                 usize::try_from(len - pos).map_or(COPY_CHUNK_BYTES, |n| n.min(COPY_CHUNK_BYTES));
             let chunk = buf.get_mut(..want).unwrap_or(&mut []);
-            let n = super::segment::read_full_at(seg.file(), chunk, pos)?;
+            let n = crate::engine::storage::reader::read_full_at(seg.file(), chunk, pos)?;
             if n < want {
                 return Err(io::Error::new(
                     io::ErrorKind::UnexpectedEof,
@@ -410,7 +412,7 @@ fn copy_file(
     storage: &dyn Storage,
     dir: &Path,
     name: &str,
-    fill: impl FnOnce(&dyn super::io::StorageFile) -> io::Result<()>,
+    fill: impl FnOnce(&dyn crate::engine::storage::io::StorageFile) -> io::Result<()>,
 ) -> io::Result<()> {
     let tmp = dir.join(format!("{name}.tmp"));
     match storage.remove_file(&tmp) {
@@ -451,7 +453,7 @@ struct PacedStorage<'a> {
 
 #[derive(Debug)]
 struct PacedFile {
-    inner: Box<dyn super::io::StorageFile>,
+    inner: Box<dyn crate::engine::storage::io::StorageFile>,
     log: Arc<PartitionLog>,
     stopping: Arc<AtomicBool>,
     unflushed: AtomicU64,
@@ -460,7 +462,7 @@ struct PacedFile {
     written: AtomicU64,
 }
 
-impl super::io::StorageFile for PacedFile {
+impl crate::engine::storage::io::StorageFile for PacedFile {
     fn write_at(&self, buf: &[u8], pos: u64) -> io::Result<()> {
         if self.stopping.load(Ordering::Acquire) || self.log.check_writable_pub().is_err() {
             return Err(io::Error::new(
@@ -505,7 +507,7 @@ impl super::io::StorageFile for PacedFile {
 }
 
 impl Storage for PacedStorage<'_> {
-    fn create(&self, path: &Path) -> io::Result<Box<dyn super::io::StorageFile>> {
+    fn create(&self, path: &Path) -> io::Result<Box<dyn crate::engine::storage::io::StorageFile>> {
         Ok(Box::new(PacedFile {
             inner: self.inner.create(path)?,
             log: self.log.clone(),
@@ -515,7 +517,7 @@ impl Storage for PacedStorage<'_> {
             written: AtomicU64::new(0),
         }))
     }
-    fn open(&self, path: &Path) -> io::Result<Box<dyn super::io::StorageFile>> {
+    fn open(&self, path: &Path) -> io::Result<Box<dyn crate::engine::storage::io::StorageFile>> {
         self.inner.open(path)
     }
     fn create_dir_all(&self, path: &Path) -> io::Result<()> {

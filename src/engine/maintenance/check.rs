@@ -18,8 +18,8 @@ use crate::format::marker::{CompactionMarker, MarkerError, MARKER_BYTES_MAX};
 use crate::format::record::RecordError;
 use crate::format::{HeaderError, SegmentHeader, HEADER_LEN};
 
-use super::layout::{list_partition, PartitionRef, SegmentFiles};
-use super::segment::{
+use crate::engine::storage::layout::{list_partition, PartitionRef, SegmentFiles};
+use crate::engine::storage::reader::{
     open_log, range_is_zero, read_header, scan_segment, Next, RecordReader, ScanEnd, ScanSummary,
 };
 
@@ -343,7 +343,7 @@ pub fn read_index_bytes(path: &Path) -> io::Result<Option<Vec<u8>>> {
         ));
     }
     let mut buf = vec![0u8; len as usize];
-    let n = super::segment::read_full_at(&file, &mut buf, 0)?;
+    let n = crate::engine::storage::reader::read_full_at(&file, &mut buf, 0)?;
     buf.truncate(n);
     Ok(Some(buf))
 }
@@ -599,7 +599,7 @@ pub fn read_index_ends(path: &Path, file_len: u64) -> io::Result<Option<(IndexEn
     }
     let mut buf = [0u8; INDEX_ENTRY_LEN];
     let mut entry_at = |pos: u64| -> io::Result<Option<IndexEntry>> {
-        let n = super::segment::read_full_at(&file, &mut buf, pos)?;
+        let n = crate::engine::storage::reader::read_full_at(&file, &mut buf, pos)?;
         Ok(buf.get(..n).and_then(IndexEntry::decode))
     };
     let (Some(first), Some(last)) = (entry_at(0)?, entry_at(len - entry_len)?) else {

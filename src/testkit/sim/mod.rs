@@ -26,7 +26,7 @@ use std::io;
 use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use super::io::{RealStorage, Storage, StorageFile};
+use crate::engine::storage::io::{RealStorage, Storage, StorageFile};
 
 /// Sector size for torn writes.
 pub const SECTOR: u64 = 512;
@@ -1015,7 +1015,7 @@ impl StorageFile for SimFile {
 #[expect(clippy::unwrap_used, reason = "tests")]
 mod tests {
     use super::*;
-    use crate::engine::io::write_file_atomic;
+    use crate::engine::storage::io::write_file_atomic;
 
     #[test]
     fn the_written_image_is_the_real_directory() {

@@ -10,10 +10,10 @@ use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
-use super::protocol::{
-    self, check_frame_len, decode_response_version, encode_request, ApiKey, CleanupInfo, ErrorCode,
-    PartitionBatch, PartitionDescription, PartitionOffsets, ProtocolError, Request, Response,
-    ResponseBody, StatsBody, LEN_FIELD, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
+use crate::format::wire::{
+    self as wire, check_frame_len, decode_response_version, encode_request, ApiKey, CleanupInfo,
+    ErrorCode, PartitionBatch, PartitionDescription, PartitionOffsets, ProtocolError, Request,
+    Response, ResponseBody, StatsBody, LEN_FIELD, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
 };
 use crate::format::{crc32, decode_record, RecordError};
 
@@ -315,8 +315,8 @@ impl Client {
     ) -> Result<Fetched, ClientError> {
         let max_wait_ms = u32::try_from(max_wait.as_millis())
             .unwrap_or(u32::MAX)
-            .min(protocol::FETCH_WAIT_MS_MAX);
-        let max_bytes = max_bytes.clamp(1, protocol::FETCH_BYTES_MAX);
+            .min(wire::FETCH_WAIT_MS_MAX);
+        let max_bytes = max_bytes.clamp(1, wire::FETCH_BYTES_MAX);
         let req = Request::Fetch {
             topic,
             partition,
@@ -584,8 +584,8 @@ mod fake_server_tests {
     use std::thread;
 
     use super::*;
-    use crate::engine::protocol::{decode_request, encode_response, Chunk};
     use crate::format::encode_record;
+    use crate::format::wire::{decode_request, encode_response, Chunk};
 
     /// A one-connection server that answers the handshake, then one request with
     /// `answer(request_id)`.
@@ -600,7 +600,7 @@ mod fake_server_tests {
             let mut out = Vec::new();
             let body = ResponseBody::Handshake {
                 version: 1,
-                frame_bytes_max: protocol::FRAME_BYTES_MAX,
+                frame_bytes_max: wire::FRAME_BYTES_MAX,
             };
             encode_response(&mut out, id, 0, ErrorCode::NONE, "", Some(&body)).unwrap();
             s.write_all(&out).unwrap();

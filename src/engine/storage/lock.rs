@@ -35,7 +35,7 @@ impl DirLock {
             .write(true)
             .create(true)
             .truncate(false)
-            .mode(super::io::FILE_MODE)
+            .mode(crate::engine::storage::io::FILE_MODE)
             .open(&path)
             .map_err(|source| LockError::Io {
                 path: path.clone(),

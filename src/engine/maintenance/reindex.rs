@@ -3,7 +3,7 @@
 //! An index is derived data: the rule in docs/FORMAT.md (an entry for the first record,
 //! then one for each record at least 4 KiB past the previous entry) gives exactly one
 //! index for a log, so a rebuilt index is byte-identical to the one the writer made.
-//! The plan comes from the shared partition check ([`super::check`]); every write
+//! The plan comes from the shared partition check ([`crate::engine::maintenance::check`]); every write
 //! goes through the I/O seam.
 //!
 //! Invariants:
@@ -19,11 +19,11 @@ use std::path::{Path, PathBuf};
 use crate::format::index::{IndexEntry, IndexError};
 use crate::format::names::COMPACTION_MARKER;
 
-use super::check::{
+use crate::engine::maintenance::check::{
     check_partition_with, read_index_bytes, CheckMode, IndexState, PartitionCheck, SegmentCheck,
 };
-use super::io::Storage;
-use super::layout::{list_partition, PartitionRef, SegmentFiles};
+use crate::engine::storage::io::Storage;
+use crate::engine::storage::layout::{list_partition, PartitionRef, SegmentFiles};
 
 /// Why an index is (re)written.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -170,7 +170,7 @@ fn plan_segment(seg: &SegmentCheck, all: bool) -> io::Result<SegmentPlan> {
 }
 
 /// Plans the rebuild of a partition from a full check
-/// ([`super::check::CheckMode::Full`]): every missing or invalid index, or every
+/// ([`crate::engine::maintenance::check::CheckMode::Full`]): every missing or invalid index, or every
 /// index with `all`.
 /// Reads the current index files of forced rewrites, to tell whether they change.
 pub fn plan_partition(check: &PartitionCheck, all: bool) -> io::Result<PartitionPlan> {
@@ -310,9 +310,9 @@ fn blocked_reason() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::check::{check_partition, CheckMode};
-    use crate::engine::io::{FailOn, FailingStorage, RealStorage};
-    use crate::engine::layout::resolve;
+    use crate::engine::maintenance::check::{check_partition, CheckMode};
+    use crate::engine::storage::io::{FailOn, FailingStorage, RealStorage};
+    use crate::engine::storage::layout::resolve;
     use crate::format::{encode_record, SegmentHeader};
     use std::fs;
     use std::sync::Arc;

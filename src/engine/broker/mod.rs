@@ -1,0 +1,194 @@
+//! The broker: topics, their partitions, and the API the network server calls.
+//!
+//! `DATA/topics/<name>/topic.json` holds a topic's partition count and configuration;
+//! `DATA/topics/<name>/<p>/` holds partition `p`'s segments. Invariants:
+//! - Names are validated before anything touches the file system.
+//! - A topic appears on disk whole or not at all: it is built under `<name>~new` and
+//!   renamed into place; it disappears by a rename to `<name>~del` before it is
+//!   removed. Startup removes leftovers of both (neither is a valid topic name).
+//! - Creates, deletes and alters are serialized by one admin lock; produce and fetch
+//!   take only the topic map's read lock, then the partition's own locks.
+//! - With `flush_every_records` = 1 a produce returns after the fsync that covers it;
+//!   with N > 1 it returns after the write, and the flusher thread fsyncs a partition
+//!   once N records wait and every partition at least every `flush_interval`.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+pub use crate::engine::error::EngineError;
+use crate::engine::partition::cleanup::{CleanupStats, CompactionDone, PartitionCleanup, Visit};
+use crate::engine::partition::{create_first_segment, now_ms, Closed, LogStats, PartitionLog};
+pub use crate::engine::partition::{FetchChunk, NewRecord};
+use crate::engine::storage::io::{write_file_atomic, Storage, StorageRef};
+use crate::engine::storage::layout::{self, LayoutError};
+use crate::engine::storage::lock::{DirLock, LockError};
+use crate::format::names::{validate_name, TOPICS_DIR, TOPIC_FILE};
+use crate::format::topic::{TopicConfig, TopicError, TopicMeta, PARTITIONS_MAX};
+
+mod cleaner;
+mod flusher;
+mod open;
+mod requests;
+mod topics;
+
+use cleaner::*;
+use flusher::*;
+use open::*;
+
+/// Suffix of a topic directory being built (not a valid topic name).
+const CREATING_SUFFIX: &str = "~new";
+/// Suffix of a topic directory being removed (not a valid topic name).
+const DELETING_SUFFIX: &str = "~del";
+
+/// How the broker makes writes durable.
+#[derive(Clone, Debug)]
+pub struct BrokerOptions {
+    /// 1: every produce is acknowledged after an fsync covering it (group commit).
+    /// N > 1: fsync once N records wait; acknowledgements do not wait.
+    pub flush_every_records: u64,
+    /// Longest time written records wait for an fsync.
+    pub flush_interval: Duration,
+    /// Where retention copies segments before deleting them.
+    pub cold_storage_dir: Option<PathBuf>,
+    /// How often retention (and rolling by `segment_ms`) visits every partition.
+    pub retention_check_interval: Duration,
+    /// How often compaction visits every partition of a compacted topic.
+    pub compaction_check_interval: Duration,
+}
+
+impl Default for BrokerOptions {
+    fn default() -> Self {
+        BrokerOptions {
+            flush_every_records: 1,
+            flush_interval: Duration::from_secs(1),
+            cold_storage_dir: None,
+            retention_check_interval: Duration::from_secs(300),
+            compaction_check_interval: Duration::from_secs(300),
+        }
+    }
+}
+
+/// Offsets given to a produce request's records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProduceResult {
+    pub base_offset: u64,
+    pub last_offset: u64,
+}
+
+/// What a fetch returns.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FetchResult {
+    /// Whole records in offset order, one chunk per segment read.
+    pub chunks: Vec<FetchChunk>,
+    /// First offset of the partition.
+    pub start_offset: u64,
+    /// Next durable offset of the partition.
+    pub end_offset: u64,
+}
+
+/// One partition in a topic description.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PartitionInfo {
+    pub partition: u32,
+    pub start_offset: u64,
+    /// Next durable offset.
+    pub end_offset: u64,
+    pub segments: u64,
+    /// Bytes of data in the segments, headers included.
+    pub bytes: u64,
+    /// Why the partition refuses writes (or everything), if it does.
+    pub error: Option<String>,
+    /// What retention and compaction did to it since the broker started.
+    pub cleanup: CleanupStats,
+}
+
+/// A topic's partitions and configuration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TopicDescription {
+    pub name: String,
+    pub partitions: Vec<PartitionInfo>,
+    pub config: TopicConfig,
+}
+
+/// Counters since the broker started.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BrokerStats {
+    /// Every fsync, fdatasync and directory fsync the broker made.
+    pub fsyncs: u64,
+    pub produce_requests: u64,
+    pub records_appended: u64,
+}
+
+/// A partition as the broker holds it.
+#[derive(Debug)]
+enum Slot {
+    Open(Arc<PartitionLog>),
+    /// The partition could not be opened (corrupt, or left for recovery).
+    Unavailable(String),
+}
+
+#[derive(Debug)]
+struct Topic {
+    name: String,
+    dir: PathBuf,
+    config: RwLock<TopicConfig>,
+    partitions: Vec<Slot>,
+    /// Per partition, the state of its background cleanup.
+    cleanup: Vec<Arc<PartitionCleanup>>,
+}
+
+impl Topic {
+    fn logs(&self) -> impl Iterator<Item = &Arc<PartitionLog>> {
+        self.partitions.iter().filter_map(|s| match s {
+            Slot::Open(log) => Some(log),
+            Slot::Unavailable(_) => None,
+        })
+    }
+}
+
+type TopicMap = BTreeMap<String, Arc<Topic>>;
+type Topics = RwLock<TopicMap>;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn read<T>(m: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    m.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn write<T>(m: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    m.write().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The broker engine. Shared as `Arc<Broker>`; every method takes `&self`.
+#[derive(Debug)]
+pub struct Broker {
+    data_dir: PathBuf,
+    topics_dir: PathBuf,
+    storage: StorageRef,
+    opts: BrokerOptions,
+    topics: Arc<Topics>,
+    admin: Mutex<()>,
+    stats: Arc<LogStats>,
+    report: Vec<String>,
+    shutting_down: AtomicBool,
+    /// Held while shutting down; true once done.
+    shut: Mutex<bool>,
+    flusher: Arc<Flusher>,
+    flusher_thread: Mutex<Option<JoinHandle<()>>>,
+    cleaner: Arc<Cleaner>,
+    cleaner_threads: Mutex<Vec<JoinHandle<()>>>,
+    dir_lock: Mutex<Option<DirLock>>,
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        let _ = self.shutdown();
+    }
+}

@@ -1,0 +1,279 @@
+//! Opening the broker: options checked, `DATA/LOCK` taken, recovery run, leftovers of
+//! interrupted topic creations and deletions removed, every topic loaded.
+
+use super::*;
+
+impl Broker {
+    /// Creates `data_dir` (0700) if missing, takes `DATA/LOCK`, removes leftovers of
+    /// interrupted topic creates and deletes, runs recovery, opens every topic and
+    /// partition, and starts the flusher thread.
+    pub fn open(
+        data_dir: &Path,
+        storage: StorageRef,
+        opts: BrokerOptions,
+    ) -> Result<Arc<Broker>, EngineError> {
+        check_options(&opts)?;
+        let stats = Arc::new(LogStats::default());
+        ensure_dir(&*storage, data_dir, &stats)?;
+        let dir_lock = DirLock::acquire(data_dir).map_err(|e| match e {
+            LockError::Held { path } => EngineError::Locked { path },
+            LockError::Io { path, source } => {
+                EngineError::io(format!("locking {}", path.display()), source)
+            }
+        })?;
+        let topics_dir = data_dir.join(TOPICS_DIR);
+        ensure_dir(&*storage, &topics_dir, &stats)?;
+        let mut report = remove_leftovers(&*storage, &topics_dir, &stats)?;
+        // RECOVERY CALL SITE: recovery must run here, with the lock held and before
+        // any partition is opened.
+        report.extend(run_recovery(&*storage, data_dir)?);
+        let (topics, notes) = load_topics(&storage, &topics_dir, &stats)?;
+        report.extend(notes);
+        let flusher = Arc::new(Flusher::new(opts.flush_interval));
+        let topics = Arc::new(RwLock::new(topics));
+        let thread = flusher.clone().start(topics.clone())?;
+        let cleaner = Arc::new(Cleaner {
+            topics: topics.clone(),
+            storage: storage.clone(),
+            cold: opts.cold_storage_dir.clone(),
+            stop: Mutex::new(false),
+            wake: Condvar::new(),
+            stopping: Arc::new(AtomicBool::new(false)),
+        });
+        let mut cleaner_threads = Vec::new();
+        for (kind, interval) in [
+            (CleanupKind::Retention, opts.retention_check_interval),
+            (CleanupKind::Compaction, opts.compaction_check_interval),
+        ] {
+            match cleaner.clone().start(kind, interval) {
+                Ok(t) => cleaner_threads.push(t),
+                Err(e) => {
+                    cleaner.stop();
+                    flusher.stop();
+                    let _ = thread.join();
+                    for t in cleaner_threads {
+                        let _ = t.join();
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(Arc::new(Broker {
+            data_dir: data_dir.to_path_buf(),
+            topics_dir,
+            storage,
+            opts,
+            topics,
+            admin: Mutex::new(()),
+            stats,
+            report,
+            shutting_down: AtomicBool::new(false),
+            shut: Mutex::new(false),
+            flusher,
+            flusher_thread: Mutex::new(Some(thread)),
+            cleaner,
+            cleaner_threads: Mutex::new(cleaner_threads),
+            dir_lock: Mutex::new(Some(dir_lock)),
+        }))
+    }
+
+    /// Human-readable lines about what recovery and opening repaired or refused
+    /// (empty if nothing).
+    pub fn startup_report(&self) -> Vec<String> {
+        self.report.clone()
+    }
+
+    /// The data directory.
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+}
+
+/// Runs recovery (docs/FORMAT.md, Recovery: the same function as `seglog recover`) over the
+/// data directory before any partition opens; returns its report as lines.
+pub(super) fn run_recovery(
+    storage: &dyn Storage,
+    data_dir: &Path,
+) -> Result<Vec<String>, EngineError> {
+    let report = crate::engine::maintenance::recovery::recover(storage, data_dir).map_err(|e| {
+        EngineError::Corrupt {
+            path: data_dir.to_path_buf(),
+            detail: format!("recovery failed: {e}"),
+        }
+    })?;
+    if report.action_count() == 0 && report.is_consistent() {
+        return Ok(Vec::new());
+    }
+    Ok(report.lines())
+}
+
+pub(super) fn check_options(opts: &BrokerOptions) -> Result<(), EngineError> {
+    if opts.flush_every_records == 0 {
+        return Err(EngineError::InvalidRequest {
+            detail: "flush_every_records must be at least 1".into(),
+        });
+    }
+    if opts.flush_interval.is_zero() {
+        return Err(EngineError::InvalidRequest {
+            detail: "flush_interval must be longer than zero".into(),
+        });
+    }
+    if opts.retention_check_interval.is_zero() || opts.compaction_check_interval.is_zero() {
+        return Err(EngineError::InvalidRequest {
+            detail: "retention and compaction check intervals must be longer than zero".into(),
+        });
+    }
+    Ok(())
+}
+
+/// Creates `dir` (0700) if missing: 1. create it, 2. fsync its parent.
+pub(super) fn ensure_dir(
+    storage: &dyn Storage,
+    dir: &Path,
+    stats: &LogStats,
+) -> Result<(), EngineError> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    let ctx = || format!("creating directory {}", dir.display());
+    // 1.
+    storage
+        .create_dir_all(dir)
+        .map_err(|e| EngineError::io(ctx(), e))?;
+    // 2.
+    let parent = dir
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    stats.fsyncs.fetch_add(1, Ordering::Relaxed);
+    storage
+        .sync_dir(parent)
+        .map_err(|e| EngineError::io(ctx(), e))
+}
+
+/// Removes `<name>~new` and `<name>~del` directories left by a crash:
+/// 1. remove each, 2. fsync the topics directory once.
+pub(super) fn remove_leftovers(
+    storage: &dyn Storage,
+    topics_dir: &Path,
+    stats: &LogStats,
+) -> Result<Vec<String>, EngineError> {
+    let mut report = Vec::new();
+    for (name, path) in list_dir(topics_dir)? {
+        let what = if name.ends_with(CREATING_SUFFIX) {
+            "an interrupted topic create"
+        } else if name.ends_with(DELETING_SUFFIX) {
+            "an interrupted topic delete"
+        } else {
+            continue;
+        };
+        // 1.
+        storage
+            .remove_dir_all(&path)
+            .map_err(|e| EngineError::io(format!("removing {}", path.display()), e))?;
+        report.push(format!("removed {} left by {what}", path.display()));
+    }
+    if !report.is_empty() {
+        // 2.
+        stats.fsyncs.fetch_add(1, Ordering::Relaxed);
+        storage
+            .sync_dir(topics_dir)
+            .map_err(|e| EngineError::io(format!("syncing {}", topics_dir.display()), e))?;
+    }
+    Ok(report)
+}
+
+/// The entries of a directory as (name, path), names lossily decoded.
+pub(super) fn list_dir(dir: &Path) -> Result<Vec<(String, PathBuf)>, EngineError> {
+    let ctx = || format!("listing {}", dir.display());
+    let mut out = Vec::new();
+    for entry in fs::read_dir(dir).map_err(|e| EngineError::io(ctx(), e))? {
+        let entry = entry.map_err(|e| EngineError::io(ctx(), e))?;
+        out.push((
+            entry.file_name().to_string_lossy().into_owned(),
+            entry.path(),
+        ));
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Reads and validates `dir/topic.json` (through the layout module, the one reader).
+pub(super) fn read_topic_meta(dir: &Path) -> Result<TopicMeta, EngineError> {
+    let path = dir.join(TOPIC_FILE);
+    layout::read_topic_meta(&path).map_err(|e| match e {
+        LayoutError::Io { path, source } => {
+            EngineError::io(format!("reading {}", path.display()), source)
+        }
+        other => EngineError::Corrupt {
+            path,
+            detail: other.to_string(),
+        },
+    })
+}
+
+/// Opens every topic under `topics_dir`. A topic whose `topic.json` is unreadable is
+/// left out (and reported); a partition that cannot open is kept as unavailable.
+pub(super) fn load_topics(
+    storage: &StorageRef,
+    topics_dir: &Path,
+    stats: &Arc<LogStats>,
+) -> Result<(TopicMap, Vec<String>), EngineError> {
+    let mut topics = BTreeMap::new();
+    let mut notes = Vec::new();
+    for (name, path) in list_dir(topics_dir)? {
+        if validate_name(&name).is_err() || !path.is_dir() {
+            notes.push(format!(
+                "ignoring {}: not a topic directory",
+                path.display()
+            ));
+            continue;
+        }
+        match load_topic(storage, &name, &path, stats, &mut notes) {
+            Ok(topic) => {
+                topics.insert(name, Arc::new(topic));
+            }
+            Err(e) => notes.push(format!("topic {name} not loaded: {e}")),
+        }
+    }
+    Ok((topics, notes))
+}
+
+pub(super) fn load_topic(
+    storage: &StorageRef,
+    name: &str,
+    dir: &Path,
+    stats: &Arc<LogStats>,
+    notes: &mut Vec<String>,
+) -> Result<Topic, EngineError> {
+    let meta = read_topic_meta(dir)?;
+    let mut partitions = Vec::with_capacity(meta.partitions as usize);
+    for p in 0..meta.partitions {
+        let pdir = dir.join(p.to_string());
+        let slot = if !pdir.is_dir() {
+            Slot::Unavailable(format!("partition directory {} is missing", pdir.display()))
+        } else {
+            match PartitionLog::open(name, p, &pdir, storage.clone(), stats.clone()) {
+                Ok((log, more)) => {
+                    notes.extend(more);
+                    Slot::Open(Arc::new(log))
+                }
+                Err(e) => Slot::Unavailable(e.to_string()),
+            }
+        };
+        if let Slot::Unavailable(reason) = &slot {
+            notes.push(format!("partition {name}/{p} is unavailable: {reason}"));
+        }
+        partitions.push(slot);
+    }
+    Ok(Topic {
+        name: name.to_string(),
+        dir: dir.to_path_buf(),
+        config: RwLock::new(meta.config),
+        cleanup: partitions
+            .iter()
+            .map(|_| Arc::new(PartitionCleanup::default()))
+            .collect(),
+        partitions,
+    })
+}

@@ -1,0 +1,98 @@
+//! Produce and fetch: routing a request to its partition's log.
+
+use super::*;
+
+impl Broker {
+    /// Appends the records to one partition as one write; returns once they are
+    /// durable under the flush policy. Offsets are assigned under the partition's
+    /// write lock.
+    pub fn produce(
+        &self,
+        topic: &str,
+        partition: u32,
+        records: &[NewRecord<'_>],
+    ) -> Result<ProduceResult, EngineError> {
+        self.check_running()?;
+        let (t, log) = self.partition(topic, partition)?;
+        let config = read(&t.config).clone();
+        let appended = log.append(records, &config)?;
+        if self.opts.flush_every_records <= 1 {
+            log.wait_durable(appended.last_offset + 1)?;
+        } else if appended.unflushed >= self.opts.flush_every_records {
+            self.flusher.request(&log);
+        }
+        Ok(ProduceResult {
+            base_offset: appended.base_offset,
+            last_offset: appended.last_offset,
+        })
+    }
+
+    /// Durable records from `offset`, at most `max_bytes` (capped at
+    /// [`crate::engine::partition::FETCH_BYTES_MAX`]; always at least one whole record if one
+    /// exists), waiting up to `max_wait` for new durable data when `offset` is the end.
+    pub fn fetch(
+        &self,
+        topic: &str,
+        partition: u32,
+        offset: u64,
+        max_bytes: u32,
+        max_wait: Duration,
+    ) -> Result<FetchResult, EngineError> {
+        self.check_running()?;
+        let (_, log) = self.partition(topic, partition)?;
+        let f = log.fetch(offset, max_bytes, max_wait)?;
+        Ok(FetchResult {
+            chunks: f.chunks,
+            start_offset: f.start_offset,
+            end_offset: f.end_offset,
+        })
+    }
+
+    /// (start offset, end offset = next durable offset) of a partition.
+    pub fn offsets(&self, topic: &str, partition: u32) -> Result<(u64, u64), EngineError> {
+        let (_, log) = self.partition(topic, partition)?;
+        Ok((log.start_offset(), log.durable_end()))
+    }
+
+    /// Counters since the broker started.
+    pub fn stats(&self) -> BrokerStats {
+        BrokerStats {
+            fsyncs: self.stats.fsyncs.load(Ordering::Relaxed),
+            produce_requests: self.stats.produce_requests.load(Ordering::Relaxed),
+            records_appended: self.stats.records_appended.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Stops taking requests, stops the flusher, fsyncs every partition, releases the
+    /// lock. Idempotent. Returns the first failure of a final fsync (a partition that
+    /// had failed before is skipped: nothing more of it will be acknowledged).
+    pub fn shutdown(&self) -> Result<(), EngineError> {
+        let mut done = lock(&self.shut);
+        if *done {
+            return Ok(());
+        }
+        self.shutting_down.store(true, Ordering::Release);
+        self.cleaner.stop();
+        for handle in std::mem::take(&mut *lock(&self.cleaner_threads)) {
+            let _ = handle.join();
+        }
+        self.flusher.stop();
+        if let Some(handle) = lock(&self.flusher_thread).take() {
+            let _ = handle.join();
+        }
+        let mut first_error = None;
+        let topics: Vec<Arc<Topic>> = read(&self.topics).values().cloned().collect();
+        for log in topics.iter().flat_map(|t| t.logs()) {
+            let failed_before = log.failure().is_some();
+            log.close(Closed::ShuttingDown);
+            if let Err(e) = log.flush() {
+                if !failed_before {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        lock(&self.dir_lock).take();
+        *done = true;
+        first_error.map_or(Ok(()), Err)
+    }
+}

@@ -1,0 +1,269 @@
+//! Topic administration: create (built under `<name>~new`, then renamed), list,
+//! describe, alter, delete (renamed to `<name>~del`, then removed).
+
+use super::*;
+
+impl Broker {
+    pub(super) fn check_running(&self) -> Result<(), EngineError> {
+        if self.shutting_down.load(Ordering::Acquire) {
+            return Err(EngineError::ShuttingDown);
+        }
+        Ok(())
+    }
+
+    pub(super) fn topic(&self, name: &str) -> Result<Arc<Topic>, EngineError> {
+        read(&self.topics)
+            .get(name)
+            .cloned()
+            .ok_or_else(|| EngineError::UnknownTopic {
+                topic: name.to_string(),
+            })
+    }
+
+    pub(super) fn partition(
+        &self,
+        topic: &str,
+        partition: u32,
+    ) -> Result<(Arc<Topic>, Arc<PartitionLog>), EngineError> {
+        let t = self.topic(topic)?;
+        let log = match t.partitions.get(partition as usize) {
+            Some(Slot::Open(log)) => log.clone(),
+            Some(Slot::Unavailable(reason)) => {
+                return Err(EngineError::PartitionUnavailable {
+                    topic: topic.to_string(),
+                    partition,
+                    reason: reason.clone(),
+                })
+            }
+            None => {
+                return Err(EngineError::UnknownPartition {
+                    topic: topic.to_string(),
+                    partition,
+                })
+            }
+        };
+        Ok((t, log))
+    }
+
+    pub(super) fn count_fsyncs(&self, n: u64) {
+        self.stats.fsyncs.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Creates a topic with `partitions` partitions, each with an empty segment 0.
+    /// Returns once the whole topic is durable.
+    pub fn create_topic(
+        &self,
+        name: &str,
+        partitions: u32,
+        config: TopicConfig,
+    ) -> Result<(), EngineError> {
+        validate_name(name)?;
+        if !(1..=PARTITIONS_MAX).contains(&partitions) {
+            return Err(TopicError::Partitions {
+                value: partitions.to_string(),
+            }
+            .into());
+        }
+        // Values set directly on the struct get the same range checks as KEY=VALUE.
+        let config = TopicConfig::from_json(&config.to_json())?;
+        self.check_running()?;
+        let _admin = lock(&self.admin);
+        let dir = self.topics_dir.join(name);
+        if read(&self.topics).contains_key(name) || dir.exists() {
+            return Err(EngineError::TopicExists {
+                topic: name.to_string(),
+            });
+        }
+        let meta = TopicMeta { partitions, config };
+        self.build_topic_dir(name, &meta)?;
+        let mut notes = Vec::new();
+        let topic = load_topic(&self.storage, name, &dir, &self.stats, &mut notes)?;
+        write(&self.topics).insert(name.to_string(), Arc::new(topic));
+        Ok(())
+    }
+
+    /// Builds the topic under `<name>~new` and renames it into place:
+    /// 1. create each partition directory with segment 0, fsync each log and
+    ///    partition directory;
+    /// 2. write `topic.json` atomically (fsyncs the file and the staging directory);
+    /// 3. rename `<name>~new` to `<name>`;
+    /// 4. fsync the topics directory.
+    pub(super) fn build_topic_dir(&self, name: &str, meta: &TopicMeta) -> Result<(), EngineError> {
+        let staging = self.topics_dir.join(format!("{name}{CREATING_SUFFIX}"));
+        let dir = self.topics_dir.join(name);
+        let s = &*self.storage;
+        let built = (|| {
+            let ctx = |what: &str| format!("creating topic {name}: {what}");
+            if staging.exists() {
+                s.remove_dir_all(&staging)
+                    .map_err(|e| EngineError::io(ctx("removing a stale staging directory"), e))?;
+            }
+            // 1.
+            for p in 0..meta.partitions {
+                let pdir = staging.join(p.to_string());
+                s.create_dir_all(&pdir)
+                    .map_err(|e| EngineError::io(ctx("creating a partition directory"), e))?;
+                create_first_segment(s, &pdir, &self.stats)?;
+            }
+            // 2.
+            self.count_fsyncs(2);
+            write_file_atomic(s, &staging, TOPIC_FILE, &meta.encode())
+                .map_err(|e| EngineError::io(ctx("writing topic.json"), e))?;
+            // 3.
+            s.rename(&staging, &dir)
+                .map_err(|e| EngineError::io(ctx("renaming the staging directory"), e))?;
+            // 4.
+            self.count_fsyncs(1);
+            s.sync_dir(&self.topics_dir)
+                .map_err(|e| EngineError::io(ctx("syncing the topics directory"), e))
+        })();
+        if built.is_err() && staging.exists() {
+            let _ = s.remove_dir_all(&staging);
+        }
+        built
+    }
+
+    /// Deletes a topic. Requests in progress on it end with `TopicDeleted`.
+    pub fn delete_topic(&self, name: &str) -> Result<(), EngineError> {
+        validate_name(name)?;
+        self.check_running()?;
+        let _admin = lock(&self.admin);
+        let topic = write(&self.topics)
+            .remove(name)
+            .ok_or_else(|| EngineError::UnknownTopic {
+                topic: name.to_string(),
+            })?;
+        for log in topic.logs() {
+            log.close(Closed::Deleted);
+        }
+        // Background work in progress on its partitions finishes first (it changes
+        // nothing more: the logs are closed), and none starts while the files go.
+        let _busy: Vec<_> = topic.cleanup.iter().map(|c| c.exclusive()).collect();
+        if let Err(e) = self.remove_topic_dir(&topic.dir) {
+            // Still in place: bring the topic back as it is on disk.
+            let mut notes = Vec::new();
+            if let Ok(t) = load_topic(&self.storage, name, &topic.dir, &self.stats, &mut notes) {
+                write(&self.topics).insert(name.to_string(), Arc::new(t));
+            }
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Removes a topic directory: 1. rename it to `<name>~del`, 2. fsync the topics
+    /// directory (the topic is gone from here, even after a crash), 3. remove the
+    /// renamed directory, 4. fsync the topics directory. A failure after step 2 leaves
+    /// a leftover that the next start removes.
+    pub(super) fn remove_topic_dir(&self, dir: &Path) -> Result<(), EngineError> {
+        let s = &*self.storage;
+        let name = dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let doomed = self.topics_dir.join(format!("{name}{DELETING_SUFFIX}"));
+        let ctx = |what: &str| format!("deleting topic {name}: {what}");
+        if doomed.exists() {
+            // A leftover of an earlier delete whose removal failed.
+            s.remove_dir_all(&doomed)
+                .map_err(|e| EngineError::io(ctx("removing an earlier leftover"), e))?;
+        }
+        // 1.
+        s.rename(dir, &doomed)
+            .map_err(|e| EngineError::io(ctx("renaming its directory"), e))?;
+        // 2.
+        self.count_fsyncs(1);
+        s.sync_dir(&self.topics_dir)
+            .map_err(|e| EngineError::io(ctx("syncing the topics directory"), e))?;
+        // 3. and 4.: the topic is already gone; a failure only leaves a leftover.
+        if s.remove_dir_all(&doomed).is_ok() {
+            self.count_fsyncs(1);
+            let _ = s.sync_dir(&self.topics_dir);
+        }
+        Ok(())
+    }
+
+    /// Changes configuration keys (`KEY`, `VALUE` as in `--config KEY=VALUE`); unknown
+    /// keys and out-of-range values are refused and nothing changes. Returns the new
+    /// configuration once `topic.json` is durably replaced.
+    pub fn alter_topic(
+        &self,
+        name: &str,
+        settings: &[(String, String)],
+    ) -> Result<TopicConfig, EngineError> {
+        validate_name(name)?;
+        self.check_running()?;
+        let _admin = lock(&self.admin);
+        let topic = self.topic(name)?;
+        let mut config = read(&topic.config).clone();
+        for (key, value) in settings {
+            config.set(key, value)?;
+        }
+        let meta = TopicMeta {
+            partitions: topic.partitions.len() as u32,
+            config: config.clone(),
+        };
+        self.count_fsyncs(2);
+        write_file_atomic(&*self.storage, &topic.dir, TOPIC_FILE, &meta.encode()).map_err(|e| {
+            EngineError::io(
+                format!("writing {}", topic.dir.join(TOPIC_FILE).display()),
+                e,
+            )
+        })?;
+        *write(&topic.config) = config.clone();
+        Ok(config)
+    }
+
+    /// Topic names, sorted.
+    pub fn list_topics(&self) -> Vec<String> {
+        read(&self.topics).keys().cloned().collect()
+    }
+
+    /// Per partition: start and end offsets, segment count, bytes; and the config.
+    pub fn describe_topic(&self, name: &str) -> Result<TopicDescription, EngineError> {
+        let topic = self.topic(name)?;
+        let partitions = topic
+            .partitions
+            .iter()
+            .zip(&topic.cleanup)
+            .enumerate()
+            .map(|(p, (slot, cleanup))| partition_info(p as u32, slot, cleanup.stats()))
+            .collect();
+        let config = read(&topic.config).clone();
+        Ok(TopicDescription {
+            name: topic.name.clone(),
+            partitions,
+            config,
+        })
+    }
+
+    /// Number of partitions of a topic.
+    pub fn partition_count(&self, topic: &str) -> Result<u32, EngineError> {
+        Ok(self.topic(topic)?.partitions.len() as u32)
+    }
+}
+
+pub(super) fn partition_info(partition: u32, slot: &Slot, cleanup: CleanupStats) -> PartitionInfo {
+    match slot {
+        Slot::Open(log) => {
+            let segs = log.snapshot();
+            PartitionInfo {
+                partition,
+                start_offset: log.start_offset(),
+                end_offset: log.durable_end(),
+                segments: segs.len() as u64,
+                bytes: segs.iter().map(|s| s.bytes()).sum(),
+                error: log.failure(),
+                cleanup,
+            }
+        }
+        Slot::Unavailable(reason) => PartitionInfo {
+            partition,
+            start_offset: 0,
+            end_offset: 0,
+            segments: 0,
+            bytes: 0,
+            error: Some(reason.clone()),
+            cleanup,
+        },
+    }
+}

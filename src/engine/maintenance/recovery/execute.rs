@@ -1,0 +1,181 @@
+//! Carrying out a recovery plan through the I/O seam, action by action, each step
+//! made durable before the next.
+
+use super::*;
+
+/// Executes a plan. With `backup_dir`, every byte range cut and every file removed is
+/// copied there first and fsynced. Stops at the first failure (nothing after it is
+/// attempted); running recovery again finishes the work.
+pub fn execute(
+    storage: &dyn Storage,
+    plan: &RecoveryPlan,
+    backup_dir: Option<&Path>,
+) -> Result<RecoveryReport, RecoveryError> {
+    let backup = backup_dir.map(|dir| Backup {
+        dir,
+        root: &plan.root,
+    });
+    let mut partitions = Vec::with_capacity(plan.partitions.len());
+    for pp in &plan.partitions {
+        partitions.push(execute_partition(storage, pp, backup)?);
+    }
+    Ok(RecoveryReport {
+        root: plan.root.clone(),
+        partitions,
+    })
+}
+
+pub(super) fn execute_partition(
+    storage: &dyn Storage,
+    pp: &PartitionPlan,
+    backup: Option<Backup<'_>>,
+) -> Result<PartitionReport, RecoveryError> {
+    let mut done = Vec::new();
+    for a in &pp.actions {
+        done.push(run_action(storage, pp, a, backup)?);
+    }
+    let mut last = pp.clone();
+    if pp.recheck_after_marker {
+        // Step 1, continued: check again what the finished swap left.
+        let again = plan_partition(&pp.partition)?;
+        if let Some(Action::FinishCompaction { marker_path, .. }) = again.actions.first() {
+            return Err(RecoveryError::MarkerAgain {
+                label: pp.label.clone(),
+                path: marker_path.clone(),
+                detail: "the marker is still there after the swap was finished".into(),
+            });
+        }
+        for a in &again.actions {
+            done.push(run_action(storage, &again, a, backup)?);
+        }
+        last = again;
+    }
+    Ok(PartitionReport {
+        label: last.label,
+        dir: last.dir,
+        actions: done,
+        next_offset: last.next_offset,
+        corrupt: last.corrupt,
+        not_joined: last.not_joined,
+        refuses_writes: last.refuses_writes,
+    })
+}
+
+pub(super) fn run_action(
+    storage: &dyn Storage,
+    pp: &PartitionPlan,
+    action: &Action,
+    backup: Option<Backup<'_>>,
+) -> Result<ActionDone, RecoveryError> {
+    let wrap = |source: io::Error| RecoveryError::Action {
+        label: pp.label.clone(),
+        action: format!("{} {}", action.kind(), action.path().display()),
+        source,
+    };
+    let mut backups = Vec::new();
+    match action {
+        Action::FinishCompaction { marker, .. } => {
+            let f = finish_marker_with(storage, &pp.dir, marker, backup).map_err(wrap)?;
+            backups = f.backups;
+        }
+        Action::RemoveMarker { path, .. }
+        | Action::RemoveTempFile { path, .. }
+        | Action::RemoveOrphanIndex { path, .. } => {
+            remove_files(storage, &pp.dir, &[path.as_path()], backup, &mut backups)
+                .map_err(wrap)?;
+        }
+        Action::RemoveNeverDurable { log, index, .. } => {
+            // The index first: a crash in between leaves the log, removed next time.
+            let mut files: Vec<&Path> = Vec::new();
+            if let Some(i) = index {
+                files.push(i);
+            }
+            files.push(log);
+            remove_files(storage, &pp.dir, &files, backup, &mut backups).map_err(wrap)?;
+        }
+        Action::CutTail { log, from, to, .. } | Action::TrimSeal { log, from, to, .. } => {
+            cut(storage, log, *from, *to, backup, &mut backups).map_err(wrap)?;
+        }
+        Action::RebuildIndex {
+            log,
+            index,
+            base_offset,
+            entries,
+            ..
+        } => {
+            let files = SegmentFiles {
+                base_offset: *base_offset,
+                log: log.clone(),
+                index: index.clone(),
+                has_index: true,
+            };
+            write_index(storage, &files, &index_bytes(entries)).map_err(wrap)?;
+        }
+    }
+    Ok(ActionDone {
+        action: action.clone(),
+        backups,
+    })
+}
+
+/// Removes files (each backed up first, if asked), then fsyncs the directory.
+/// A file already gone counts as removed (an earlier run got that far).
+pub(super) fn remove_files(
+    storage: &dyn Storage,
+    dir: &Path,
+    files: &[&Path],
+    backup: Option<Backup<'_>>,
+    backups: &mut Vec<PathBuf>,
+) -> io::Result<()> {
+    for &path in files {
+        if !exists(path)? {
+            continue;
+        }
+        // 1. backup, fsynced.
+        if let Some(b) = backup {
+            backups.push(b.copy(storage, path, 0, file_len(path), true)?);
+        }
+        // 2. remove.
+        storage.remove_file(path)?;
+    }
+    // 3. the removals durable.
+    storage.sync_dir(dir)
+}
+
+/// Cuts `log` at `from` (its length must still be `to`): backup of `from..to` if
+/// asked, `set_len`, then `sync_all` before anything else may append.
+pub(super) fn cut(
+    storage: &dyn Storage,
+    log: &Path,
+    from: u64,
+    to: u64,
+    backup: Option<Backup<'_>>,
+    backups: &mut Vec<PathBuf>,
+) -> io::Result<()> {
+    let f = storage.open(log)?;
+    let len = f.len()?;
+    if len == from {
+        // Cut by an earlier run whose fsync may not have happened: fsync again.
+        return f.sync_all();
+    }
+    if len != to {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "{} is {len} bytes, not the {to} bytes it had when the cut was planned; nothing cut",
+                log.display()
+            ),
+        ));
+    }
+    // 1. backup of the range, fsynced.
+    if let Some(b) = backup {
+        backups.push(b.copy(storage, log, from, to, false)?);
+    }
+    // 2. truncate.
+    if !crate::testkit::planted::SKIP_TORN_TAIL_TRUNCATE.load(std::sync::atomic::Ordering::Relaxed)
+    {
+        f.set_len(from)?;
+    }
+    // 3. fsync: the cut is durable before anything new is appended.
+    f.sync_all()
+}

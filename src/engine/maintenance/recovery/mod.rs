@@ -1,0 +1,483 @@
+//! Crash recovery (docs/FORMAT.md, Recovery): one function that plans from the shared
+//! partition check and reads only, one that executes a plan through the I/O seam.
+//! `seglog recover` and the broker's startup both run them.
+//!
+//! Per partition, in this order:
+//! 1. A `compaction.marker` that parses: the swap it records is finished first, then
+//!    the partition is checked again. One that does not parse means the swap never
+//!    started: its temporary files and the marker are removed. Temporary files with
+//!    no marker, and index files without their log, are removed.
+//! 2. A newest segment shorter than its header or with an all-zero header never
+//!    became durable: it is removed (log and index), and the segment before it becomes
+//!    the active one, checked and recovered as such (as the next start would). So is
+//!    a newest segment whose header still marks an unassigned spare (a roll that took
+//!    a spare, whose header rewrite never became durable).
+//! 3. Sealed segments are trusted when their index passes the quick check, else they
+//!    were scanned and their index is rebuilt. A corrupt record in a sealed segment is
+//!    reported and left in place; an unfinished seal (zeros or stale records after the
+//!    data) is cut off.
+//! 4. The active segment's tail after its last valid record is cut off: `set_len`,
+//!    then `sync_all`, before anything new is appended; its index is then rebuilt if it
+//!    covered the cut range. Any other invalid header on the newest segment is left in
+//!    place and the partition refuses writes.
+//! 5. Segments that do not join up are reported; nothing is deleted for it.
+//! 6. The next offset follows the highest valid record.
+//!
+//! Invariants: nothing is removed or cut without an [`Action`] that names the file,
+//! the byte range and the offsets; with a backup directory every such byte range and
+//! file is copied there and fsynced first. Every action is idempotent, so a crash
+//! during recovery is repaired by running it again.
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use crate::format::marker::CompactionMarker;
+use crate::format::names::segment_stem;
+use crate::format::record::{claimed_encoded_len, LEN_FIELD};
+use crate::format::{HeaderError, IndexEntry, SegmentHeader, INDEX_ENTRY_LEN};
+
+use crate::engine::maintenance::check::{
+    check_partition, check_segment, CheckMode, IndexState, PartitionCheck, Problem, SegmentCheck,
+    Severity,
+};
+use crate::engine::maintenance::reindex::{index_bytes, write_index};
+use crate::engine::storage::io::Storage;
+use crate::engine::storage::layout::{resolve, LayoutError, PartitionRef, SegmentFiles, Target};
+use crate::engine::storage::reader::{open_log, read_full_at, read_header, Next, RecordReader};
+
+mod execute;
+mod plan;
+
+pub use crate::engine::maintenance::backup::Backup;
+use crate::engine::maintenance::compaction::swap::finish_marker_with;
+pub use crate::engine::maintenance::compaction::{finish_compaction_marker, MarkerFinish};
+use crate::engine::maintenance::{exists, file_len};
+pub use execute::execute;
+use plan::*;
+pub use plan::{plan, plan_partition};
+
+/// What recovery will do to a partition, planned from a read-only check.
+#[derive(Clone, Debug)]
+pub struct RecoveryPlan {
+    /// Directory the report's paths are relative to (the data directory).
+    pub root: PathBuf,
+    pub partitions: Vec<PartitionPlan>,
+}
+
+/// The plan for one partition.
+#[derive(Clone, Debug)]
+pub struct PartitionPlan {
+    pub partition: PartitionRef,
+    /// `topic/partition`, or the directory.
+    pub label: String,
+    pub dir: PathBuf,
+    /// In the order they are executed.
+    pub actions: Vec<Action>,
+    /// The offset the next appended record takes.
+    pub next_offset: u64,
+    /// Corruption left in place (records that cannot be read back).
+    pub corrupt: Vec<Damage>,
+    /// Segments that do not join up (reported; nothing deleted).
+    pub not_joined: Vec<Problem>,
+    /// The newest segment cannot be appended to (bad header, or corrupt data at its
+    /// end): the partition takes no writes until an operator deals with it.
+    pub refuses_writes: bool,
+    /// A compaction swap is finished first; the rest of the partition is planned
+    /// again after it, from what the swap leaves.
+    pub recheck_after_marker: bool,
+    /// Worst severity the check found (`None` when clean).
+    pub severity_before: Option<Severity>,
+}
+
+/// Corruption that recovery reports and leaves in place.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Damage {
+    pub problem: Problem,
+    /// Byte range of the file that cannot be read (`from..to`).
+    pub bytes: Option<(u64, u64)>,
+    /// First offset that cannot be read back, and the last one when known (the next
+    /// segment's first offset minus one).
+    pub offsets: Option<(u64, Option<u64>)>,
+}
+
+/// Valid records found in a range that is cut.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecordsCut {
+    pub first_offset: u64,
+    pub last_offset: u64,
+    pub count: u64,
+}
+
+/// One step of recovery. Every variant names its files, byte ranges and offsets.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Action {
+    /// Finish the compaction swap a marker records (rename what is still temporary,
+    /// delete what is still replaced and not new, delete the marker).
+    FinishCompaction {
+        marker_path: PathBuf,
+        marker: CompactionMarker,
+    },
+    /// A marker that does not parse: the swap never started.
+    RemoveMarker {
+        path: PathBuf,
+        bytes: u64,
+        reason: String,
+    },
+    /// A `*.tmp` file: an unfinished compaction or rewrite that never took effect.
+    RemoveTempFile {
+        path: PathBuf,
+        bytes: u64,
+        reason: String,
+    },
+    /// An `.index` whose `.log` is gone.
+    RemoveOrphanIndex { path: PathBuf, bytes: u64 },
+    /// Write the index the rule gives for the segment's valid records.
+    RebuildIndex {
+        log: PathBuf,
+        index: PathBuf,
+        base_offset: u64,
+        entries: Vec<IndexEntry>,
+        reason: String,
+    },
+    /// Cut the tail of the active segment after its last valid record.
+    CutTail {
+        log: PathBuf,
+        from: u64,
+        /// The file length when planned.
+        to: u64,
+        /// The offset the cut range would have started with.
+        next_offset: u64,
+        /// What the range holds (`torn_tail`, `zero_tail`, `stale_tail`).
+        kind: &'static str,
+        /// Valid records of the segment's generation behind the damaged one: cut
+        /// with it (docs/FORMAT.md, Recovery step 4), so named here.
+        records_cut: Option<RecordsCut>,
+        reason: String,
+    },
+    /// Cut an unfinished seal (zeros or stale records) off a sealed segment.
+    TrimSeal {
+        log: PathBuf,
+        from: u64,
+        to: u64,
+        reason: String,
+    },
+    /// Remove a newest segment that never became durable.
+    RemoveNeverDurable {
+        log: PathBuf,
+        index: Option<PathBuf>,
+        base_offset: u64,
+        bytes: u64,
+        reason: String,
+    },
+}
+
+impl Action {
+    /// Stable machine-readable name.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Action::FinishCompaction { .. } => "finish_compaction",
+            Action::RemoveMarker { .. } => "remove_marker",
+            Action::RemoveTempFile { .. } => "remove_temp_file",
+            Action::RemoveOrphanIndex { .. } => "remove_orphan_index",
+            Action::RebuildIndex { .. } => "rebuild_index",
+            Action::CutTail { .. } => "cut_tail",
+            Action::TrimSeal { .. } => "trim_seal",
+            Action::RemoveNeverDurable { .. } => "remove_never_durable",
+        }
+    }
+
+    /// The file the action is about.
+    pub fn path(&self) -> &Path {
+        match self {
+            Action::FinishCompaction { marker_path, .. } => marker_path,
+            Action::RemoveMarker { path, .. }
+            | Action::RemoveTempFile { path, .. }
+            | Action::RemoveOrphanIndex { path, .. } => path,
+            Action::RebuildIndex { index, .. } => index,
+            Action::CutTail { log, .. }
+            | Action::TrimSeal { log, .. }
+            | Action::RemoveNeverDurable { log, .. } => log,
+        }
+    }
+
+    /// The byte range cut or removed, if any (`from..to`).
+    pub fn byte_range(&self) -> Option<(u64, u64)> {
+        match self {
+            Action::RemoveMarker { bytes, .. }
+            | Action::RemoveTempFile { bytes, .. }
+            | Action::RemoveOrphanIndex { bytes, .. }
+            | Action::RemoveNeverDurable { bytes, .. } => Some((0, *bytes)),
+            Action::CutTail { from, to, .. } | Action::TrimSeal { from, to, .. } => {
+                Some((*from, *to))
+            }
+            Action::FinishCompaction { .. } | Action::RebuildIndex { .. } => None,
+        }
+    }
+
+    /// True for an action that may lose bytes a reader could once see (a cut or a
+    /// removal of data), as opposed to derived or temporary files.
+    pub fn removes_data(&self) -> bool {
+        matches!(
+            self,
+            Action::CutTail { .. } | Action::TrimSeal { .. } | Action::RemoveNeverDurable { .. }
+        )
+    }
+
+    /// One readable line; paths relative to `root`.
+    pub fn describe(&self, root: &Path) -> String {
+        let rel = |p: &Path| relative(root, p);
+        match self {
+            Action::FinishCompaction { marker_path, marker } => format!(
+                "finish the compaction swap recorded in {}: new segment(s) {} replace {}",
+                rel(marker_path),
+                stems(&marker.new),
+                stems(&marker.replaced)
+            ),
+            Action::RemoveMarker { path, bytes, reason } => {
+                format!("remove {} ({bytes} bytes): {reason}", rel(path))
+            }
+            Action::RemoveTempFile { path, bytes, reason } => {
+                format!("remove {} ({bytes} bytes): {reason}", rel(path))
+            }
+            Action::RemoveOrphanIndex { path, bytes } => format!(
+                "remove {} ({bytes} bytes): index file without its .log",
+                rel(path)
+            ),
+            Action::RebuildIndex {
+                index,
+                entries,
+                reason,
+                ..
+            } => format!(
+                "rebuild {} ({} entries, {} bytes): {reason}",
+                rel(index),
+                entries.len(),
+                entries.len() * INDEX_ENTRY_LEN
+            ),
+            Action::CutTail {
+                log,
+                from,
+                to,
+                next_offset,
+                records_cut,
+                reason,
+                ..
+            } => format!(
+                "cut {} bytes {from}..{to} ({} bytes, from where offset {next_offset} would start): {reason}{}",
+                rel(log),
+                to - from,
+                records_cut.map_or_else(String::new, |r| format!(
+                    "; {} valid record(s), offsets {}..={}, follow the damaged one and are cut with it",
+                    r.count, r.first_offset, r.last_offset
+                ))
+            ),
+            Action::TrimSeal {
+                log,
+                from,
+                to,
+                reason,
+            } => format!(
+                "cut {} bytes {from}..{to} ({} bytes): {reason}",
+                rel(log),
+                to - from
+            ),
+            Action::RemoveNeverDurable {
+                log,
+                index,
+                base_offset,
+                bytes,
+                reason,
+            } => format!(
+                "remove {}{} ({bytes} bytes, base offset {base_offset}): {reason}",
+                rel(log),
+                index
+                    .as_ref()
+                    .map(|i| format!(" and {}", rel(i)))
+                    .unwrap_or_default()
+            ),
+        }
+    }
+}
+
+fn stems(bases: &[u64]) -> String {
+    let v: Vec<String> = bases.iter().map(|&b| segment_stem(b)).collect();
+    if v.is_empty() {
+        "(none)".into()
+    } else {
+        v.join(", ")
+    }
+}
+
+/// `path` relative to `root`, for reports.
+pub fn relative(root: &Path, path: &Path) -> String {
+    path.strip_prefix(root)
+        .unwrap_or(path)
+        .display()
+        .to_string()
+}
+
+/// Why recovery could not run or finish.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RecoveryError {
+    #[error(transparent)]
+    Layout(#[from] LayoutError),
+    #[error("{}: cannot check partition: {source}", dir.display())]
+    Check { dir: PathBuf, source: io::Error },
+    #[error("{label}: {action} failed: {source}")]
+    Action {
+        label: String,
+        action: String,
+        source: io::Error,
+    },
+    #[error("{label}: {}: {detail}; planned again it still needs a compaction swap", path.display())]
+    MarkerAgain {
+        label: String,
+        path: PathBuf,
+        detail: String,
+    },
+}
+
+/// One action done, with the backups made for it.
+#[derive(Clone, Debug)]
+pub struct ActionDone {
+    pub action: Action,
+    /// Files written to the backup directory before the action.
+    pub backups: Vec<PathBuf>,
+}
+
+/// What recovery did to one partition.
+#[derive(Clone, Debug)]
+pub struct PartitionReport {
+    pub label: String,
+    pub dir: PathBuf,
+    pub actions: Vec<ActionDone>,
+    pub next_offset: u64,
+    pub corrupt: Vec<Damage>,
+    pub not_joined: Vec<Problem>,
+    pub refuses_writes: bool,
+}
+
+impl PartitionReport {
+    /// Nothing needs an operator.
+    pub fn is_consistent(&self) -> bool {
+        self.corrupt.is_empty() && self.not_joined.is_empty() && !self.refuses_writes
+    }
+}
+
+/// What recovery did.
+#[derive(Clone, Debug)]
+pub struct RecoveryReport {
+    pub root: PathBuf,
+    pub partitions: Vec<PartitionReport>,
+}
+
+impl RecoveryReport {
+    /// Every partition is consistent (no corruption remains).
+    pub fn is_consistent(&self) -> bool {
+        self.partitions.iter().all(PartitionReport::is_consistent)
+    }
+
+    /// Number of actions done.
+    pub fn action_count(&self) -> usize {
+        self.partitions.iter().map(|p| p.actions.len()).sum()
+    }
+
+    /// A human summary, one line per action and per problem left.
+    pub fn lines(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for p in &self.partitions {
+            for a in &p.actions {
+                let mut line = format!("{}: {}", p.label, a.action.describe(&self.root));
+                if !a.backups.is_empty() {
+                    let names: Vec<String> =
+                        a.backups.iter().map(|b| b.display().to_string()).collect();
+                    line.push_str(&format!(" [backup: {}]", names.join(", ")));
+                }
+                out.push(line);
+            }
+            out.extend(damage_lines(
+                &self.root,
+                &p.label,
+                &p.corrupt,
+                &p.not_joined,
+            ));
+            if p.refuses_writes {
+                out.push(format!(
+                    "{}: the newest segment cannot be appended to; the partition takes no writes until an operator deals with it",
+                    p.label
+                ));
+            }
+        }
+        if self.action_count() == 0 {
+            out.push("nothing to do".into());
+        }
+        let remaining = self
+            .partitions
+            .iter()
+            .filter(|p| !p.is_consistent())
+            .count();
+        if remaining > 0 {
+            out.push(format!(
+                "{remaining} partition(s) keep corruption that needs an operator"
+            ));
+        }
+        out
+    }
+}
+
+impl RecoveryPlan {
+    /// Number of actions planned.
+    pub fn action_count(&self) -> usize {
+        self.partitions.iter().map(|p| p.actions.len()).sum()
+    }
+
+    /// The worst severity the check found, as `verify --quick` reports it.
+    pub fn severity_before(&self) -> Option<Severity> {
+        self.partitions
+            .iter()
+            .filter_map(|p| p.severity_before)
+            .max()
+    }
+
+    /// A human summary of the plan.
+    pub fn lines(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for p in &self.partitions {
+            for a in &p.actions {
+                out.push(format!("{}: would {}", p.label, a.describe(&self.root)));
+            }
+            if p.recheck_after_marker {
+                out.push(format!(
+                    "{}: then checks the partition again and plans the rest",
+                    p.label
+                ));
+            }
+            out.extend(damage_lines(
+                &self.root,
+                &p.label,
+                &p.corrupt,
+                &p.not_joined,
+            ));
+            if p.refuses_writes {
+                out.push(format!(
+                    "{}: the newest segment cannot be appended to; the partition would take no writes",
+                    p.label
+                ));
+            }
+        }
+        if self.action_count() == 0 {
+            out.push("nothing to do".into());
+        }
+        out
+    }
+}
+
+/// Plans and executes recovery on a whole data directory (the broker's startup; the
+/// caller holds `DATA/LOCK`).
+pub fn recover(storage: &dyn Storage, data_dir: &Path) -> Result<RecoveryReport, RecoveryError> {
+    let target = resolve(data_dir)?;
+    let plan = plan(&target)?;
+    execute(storage, &plan, None)
+}

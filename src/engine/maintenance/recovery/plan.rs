@@ -1,0 +1,373 @@
+//! Planning recovery: reads only, from the shared partition check; decides what each
+//! problem needs (docs/FORMAT.md, Recovery, steps 1-5).
+
+use super::*;
+
+pub(super) fn damage_lines(
+    root: &Path,
+    label: &str,
+    corrupt: &[Damage],
+    not_joined: &[Problem],
+) -> Vec<String> {
+    let mut out = Vec::new();
+    for d in corrupt {
+        let bytes = d
+            .bytes
+            .map(|(f, t)| format!(" bytes {f}..{t} ({} bytes)", t - f))
+            .unwrap_or_default();
+        let offsets = match d.offsets {
+            Some((a, Some(b))) if b >= a => format!(", offsets {a}..={b}"),
+            Some((a, _)) => format!(", offsets from {a}"),
+            None => String::new(),
+        };
+        out.push(format!(
+            "{label}: left in place, cannot be read back: {}{bytes}{offsets}: {} ({})",
+            relative(root, &d.problem.file),
+            d.problem.detail,
+            d.problem.kind
+        ));
+    }
+    for p in not_joined {
+        out.push(format!(
+            "{label}: {}: {} ({}); nothing deleted",
+            relative(root, &p.file),
+            p.detail,
+            p.kind
+        ));
+    }
+    out
+}
+
+/// Plans recovery of every partition of `target`. Reads only.
+pub fn plan(target: &Target) -> Result<RecoveryPlan, RecoveryError> {
+    let mut partitions = Vec::with_capacity(target.partitions.len());
+    for p in &target.partitions {
+        partitions.push(plan_partition(p)?);
+    }
+    Ok(RecoveryPlan {
+        root: target.root.clone(),
+        partitions,
+    })
+}
+
+/// Plans recovery of one partition from the quick check. Reads only.
+pub fn plan_partition(p: &PartitionRef) -> Result<PartitionPlan, RecoveryError> {
+    let mut check =
+        check_partition(p, CheckMode::Quick).map_err(|source| RecoveryError::Check {
+            dir: p.dir.clone(),
+            source,
+        })?;
+    let removed = never_durable_newest(&check);
+    let active = check.segments.len().checked_sub(removed + 1);
+    if let Some(seg) = active.and_then(|i| check.segments.get_mut(i)) {
+        if removed > 0 && !seg.active {
+            // Step 2: the segment before the removed ones becomes the active one, and
+            // is checked as such (scanned in full), exactly as the next start would.
+            let files = seg.files.clone();
+            *seg = check_segment(&files, true, CheckMode::Quick).map_err(|source| {
+                RecoveryError::Check {
+                    dir: p.dir.clone(),
+                    source,
+                }
+            })?;
+        }
+    }
+    let mut plan = plan_from_check(&check);
+    for a in &mut plan.actions {
+        if let Action::CutTail {
+            log,
+            from,
+            to,
+            kind: "torn_tail",
+            records_cut,
+            ..
+        } = a
+        {
+            *records_cut =
+                records_behind(log, *from, *to).map_err(|source| RecoveryError::Check {
+                    dir: p.dir.clone(),
+                    source,
+                })?;
+        }
+    }
+    Ok(plan)
+}
+
+/// The valid records of the segment's generation that follow the damaged record at
+/// `from` (stepping over it by its claimed length), up to `to`.
+pub(super) fn records_behind(log: &Path, from: u64, to: u64) -> io::Result<Option<RecordsCut>> {
+    let (file, len) = open_log(log)?;
+    let Ok(header) = read_header(&file, len)? else {
+        return Ok(None);
+    };
+    let mut len_field = [0u8; LEN_FIELD];
+    let n = read_full_at(&file, &mut len_field, from)?;
+    let Some(claimed) = claimed_encoded_len(len_field.get(..n).unwrap_or(&[])) else {
+        return Ok(None);
+    };
+    let mut reader = RecordReader::new(&file, header.generation, from + claimed, to.min(len));
+    let mut found: Option<RecordsCut> = None;
+    while let Next::Record { record, .. } = reader.next_record()? {
+        match &mut found {
+            None => {
+                found = Some(RecordsCut {
+                    first_offset: record.offset,
+                    last_offset: record.offset,
+                    count: 1,
+                })
+            }
+            Some(r) if record.offset > r.last_offset => {
+                r.last_offset = record.offset;
+                r.count += 1;
+            }
+            Some(_) => break,
+        }
+    }
+    Ok(found)
+}
+
+/// How many of the newest segments never became durable (a header shorter than 32
+/// bytes or all zero), counted from the newest while that holds.
+pub(super) fn never_durable_newest(check: &PartitionCheck) -> usize {
+    if check.partition.only_segment.is_some() {
+        return 0;
+    }
+    let newest_is_active = check.segments.last().is_some_and(|s| s.active);
+    if !newest_is_active {
+        return 0;
+    }
+    check
+        .segments
+        .iter()
+        .rev()
+        .take_while(|s| never_durable_header(&s.header))
+        .count()
+}
+
+/// A header that shows the segment never became durable: shorter than 32 bytes, all
+/// zero, or still that of an unassigned spare (docs/FORMAT.md, Spares rule 3: the header
+/// naming the segment's base is made durable before any record in it is
+/// acknowledged).
+pub(super) fn never_durable_header(header: &Result<SegmentHeader, HeaderError>) -> bool {
+    match header {
+        Err(HeaderError::Short { .. } | HeaderError::AllZero) => true,
+        Ok(h) => h.is_spare(),
+        Err(_) => false,
+    }
+}
+
+/// Builds the plan for one partition from its check (docs/FORMAT.md, Recovery). The
+/// segment that becomes active after step 2 must have been checked as active.
+pub(super) fn plan_from_check(check: &PartitionCheck) -> PartitionPlan {
+    let p = &check.partition;
+    let mut plan = PartitionPlan {
+        partition: p.clone(),
+        label: p.label(),
+        dir: p.dir.clone(),
+        actions: Vec::new(),
+        next_offset: 0,
+        corrupt: Vec::new(),
+        not_joined: Vec::new(),
+        refuses_writes: false,
+        recheck_after_marker: false,
+        severity_before: check.severity(),
+    };
+
+    // Step 1.
+    if plan_marker_and_temp_files(check, &mut plan) {
+        // What the swap leaves is planned after it is finished.
+        plan.recheck_after_marker = true;
+        plan.next_offset = check.next_offset().unwrap_or(0);
+        return plan;
+    }
+
+    // Step 2: newest segments that never became durable are removed, newest first;
+    // the one before becomes the active segment.
+    let segs = &check.segments;
+    let kept = segs.len() - never_durable_newest(check);
+    for seg in segs.iter().skip(kept).rev() {
+        let why = match &seg.header {
+            Err(e) => e.to_string(),
+            Ok(h) => format!(
+                "the header still marks an unassigned spare (base_offset {}, generation {})",
+                h.base_offset, h.generation
+            ),
+        };
+        let reason = format!(
+            "{why}: the newest segment never became durable, no record in it was acknowledged"
+        );
+        plan.actions.push(Action::RemoveNeverDurable {
+            log: seg.files.log.clone(),
+            index: seg.files.index.exists().then(|| seg.files.index.clone()),
+            base_offset: seg.base_offset(),
+            bytes: seg.file_len,
+            reason,
+        });
+    }
+
+    // Steps 3 and 4, per remaining segment; step 6 on the way.
+    let kept_segs = segs.get(..kept).unwrap_or(&[]);
+    let mut next_offset = 0u64;
+    for (i, seg) in kept_segs.iter().enumerate() {
+        let is_active = i + 1 == kept_segs.len();
+        if is_active {
+            next_offset = next_offset.max(seg.base_offset());
+        }
+        if let Some(last) = seg.last_offset {
+            // A record at u64::MAX (only a damaged or crafted file holds one) leaves no
+            // offset to append at.
+            plan.refuses_writes |= last == u64::MAX;
+            next_offset = next_offset.max(last.saturating_add(1));
+        }
+        let next_first = kept_segs
+            .get(i + 1)
+            .map(|s| s.first_offset.unwrap_or(s.base_offset()));
+        plan_segment(seg, is_active, next_first, &mut plan);
+    }
+
+    // Step 5: segments that do not join up are reported.
+    plan.not_joined = check
+        .problems
+        .iter()
+        .filter(|pr| pr.severity == Severity::Corrupt)
+        .cloned()
+        .collect();
+
+    // Step 6.
+    plan.next_offset = next_offset;
+    plan
+}
+
+/// Step 1 without a marker to finish: temporary files (and an unparseable marker)
+/// and orphan indexes are removed. Returns true when a marker parses: its swap is
+/// finished first and the rest planned after it.
+pub(super) fn plan_marker_and_temp_files(check: &PartitionCheck, plan: &mut PartitionPlan) -> bool {
+    let temp_reason = match &check.marker {
+        Some((path, Ok(marker))) => {
+            plan.actions.push(Action::FinishCompaction {
+                marker_path: path.clone(),
+                marker: marker.clone(),
+            });
+            return true;
+        }
+        Some(_) => "temporary file of a compaction swap that never started",
+        None => "leftover temporary file with no compaction marker",
+    };
+    for tmp in &check.temp_files {
+        plan.actions.push(Action::RemoveTempFile {
+            path: tmp.clone(),
+            bytes: file_len(tmp),
+            reason: temp_reason.into(),
+        });
+    }
+    // The marker after its temporary files: a crash in between leaves a marker that
+    // still does not parse, so the next run ends the same way.
+    if let Some((path, Err(e))) = &check.marker {
+        plan.actions.push(Action::RemoveMarker {
+            path: path.clone(),
+            bytes: file_len(path),
+            reason: format!("{e}: the swap never started"),
+        });
+    }
+    for idx in &check.orphan_indexes {
+        plan.actions.push(Action::RemoveOrphanIndex {
+            path: idx.clone(),
+            bytes: file_len(idx),
+        });
+    }
+    false
+}
+
+/// Steps 3 and 4 for one segment that stays. `next_first` is the first offset of the
+/// segment after it, if any.
+pub(super) fn plan_segment(
+    seg: &SegmentCheck,
+    is_active: bool,
+    next_first: Option<u64>,
+    plan: &mut PartitionPlan,
+) {
+    let lost_to = next_first.map(|n| n.saturating_sub(1));
+    let header_ok = matches!(&seg.header, Ok(h) if h.base_offset == seg.base_offset());
+    if !header_ok {
+        // An invalid header (other than never durable on the newest): left in place.
+        for pr in seg
+            .problems
+            .iter()
+            .filter(|pr| pr.severity == Severity::Corrupt)
+        {
+            plan.corrupt.push(Damage {
+                problem: pr.clone(),
+                bytes: Some((0, seg.file_len)),
+                offsets: Some((seg.base_offset(), lost_to)),
+            });
+        }
+        plan.refuses_writes |= is_active;
+        return;
+    }
+    let Some(scan) = &seg.scan else {
+        // Trusted by its index: nothing to do.
+        return;
+    };
+    if let Some(end) = scan.end.position() {
+        let tail_problem = seg
+            .problems
+            .iter()
+            .find(|pr| pr.file == seg.files.log && pr.position == Some(end));
+        let kind = tail_problem.map_or("tail", |pr| pr.kind);
+        let next_offset = seg
+            .last_offset
+            .map_or(seg.base_offset(), |o| o.saturating_add(1));
+        if seg.active {
+            let reason = match kind {
+                "torn_tail" => format!("{}; never acknowledged", scan.end.detail()),
+                "zero_tail" => "unwritten (zero) bytes after the data".to_string(),
+                "stale_tail" => "records of an older generation after the data".to_string(),
+                _ => scan.end.detail(),
+            };
+            plan.actions.push(Action::CutTail {
+                log: seg.files.log.clone(),
+                from: end,
+                to: seg.file_len,
+                next_offset,
+                kind,
+                records_cut: None,
+                reason,
+            });
+        } else if kind == "unfinished_seal" {
+            plan.actions.push(Action::TrimSeal {
+                log: seg.files.log.clone(),
+                from: end,
+                to: seg.file_len,
+                reason: tail_problem.map_or_else(String::new, |pr| pr.detail.clone()),
+            });
+        } else {
+            for pr in seg
+                .problems
+                .iter()
+                .filter(|pr| pr.severity == Severity::Corrupt)
+            {
+                plan.corrupt.push(Damage {
+                    problem: pr.clone(),
+                    bytes: Some((end, seg.file_len)),
+                    offsets: Some((next_offset, lost_to)),
+                });
+            }
+            // Records appended after unreadable bytes could never be read back.
+            plan.refuses_writes |= is_active;
+        }
+    }
+    let reason = match &seg.index {
+        IndexState::Missing => Some("the index is missing".to_string()),
+        IndexState::Invalid(e) => Some(e.to_string()),
+        IndexState::Valid | IndexState::NotChecked => None,
+    };
+    if let Some(reason) = reason {
+        plan.actions.push(Action::RebuildIndex {
+            log: seg.files.log.clone(),
+            index: seg.files.index.clone(),
+            base_offset: seg.base_offset(),
+            entries: scan.index.clone(),
+            reason,
+        });
+    }
+}

@@ -1,0 +1,6 @@
+//! The network side: the native protocol's TCP server over the broker ([`server`])
+//! and the blocking client the command-line tools use ([`client`]). The bytes of the
+//! protocol live in [`crate::format::wire`].
+
+pub mod client;
+pub mod server;

@@ -1,0 +1,197 @@
+//! The write path: checking and encoding a batch, appending it under the write lock,
+//! cutting off a write that failed part-way.
+
+use super::*;
+
+// ----- the write path -----
+
+/// Checks sizes and returns the encoded length of the batch.
+pub(super) fn check_batch(
+    records: &[NewRecord<'_>],
+    max_record_bytes: u32,
+) -> Result<u64, EngineError> {
+    if records.is_empty() {
+        return Err(EngineError::InvalidRequest {
+            detail: "produce request without records".into(),
+        });
+    }
+    let mut total = 0u64;
+    for r in records {
+        let size = record_len(r.key.map(<[u8]>::len), r.value.len());
+        let logical = 28 + r.key.map_or(0, |k| k.len() as u64) + r.value.len() as u64;
+        match size {
+            Some(len) if len <= max_record_bytes => total += u64::from(len) + LEN_FIELD as u64,
+            _ => {
+                return Err(EngineError::RecordTooLarge {
+                    size: logical,
+                    max: u64::from(max_record_bytes),
+                })
+            }
+        }
+    }
+    if total > BATCH_BYTES_MAX {
+        return Err(EngineError::BatchTooLarge {
+            size: total,
+            max: BATCH_BYTES_MAX,
+        });
+    }
+    Ok(total)
+}
+
+/// A batch encoded for the active segment.
+pub(super) struct Encoded {
+    log_bytes: Vec<u8>,
+    index_bytes: Vec<u8>,
+    entries: Vec<IndexEntry>,
+    builder: IndexBuilder,
+    max_timestamp: Option<i64>,
+}
+
+pub(super) fn encode_batch(
+    records: &[NewRecord<'_>],
+    a: &Active,
+    base: u64,
+    batch_len: u64,
+    now: i64,
+) -> Result<Encoded, EngineError> {
+    let mut log_bytes = Vec::with_capacity(usize::try_from(batch_len).unwrap_or(0));
+    let mut builder = a.builder.clone();
+    let mut entries = Vec::new();
+    let mut max_timestamp = None;
+    for (i, r) in records.iter().enumerate() {
+        let offset = base + i as u64;
+        let position = a.data_end + log_bytes.len() as u64;
+        let ts = if r.timestamp_ms == -1 {
+            now
+        } else {
+            r.timestamp_ms
+        };
+        max_timestamp = max_timestamp.max(Some(ts));
+        encode_record(&mut log_bytes, offset, ts, r.key, r.value, a.seg.generation).map_err(
+            |e| EngineError::InvalidRequest {
+                detail: e.to_string(),
+            },
+        )?;
+        entries.extend(builder.observe(a.seg.base_offset, offset, position));
+    }
+    let mut index_bytes = Vec::with_capacity(entries.len() * INDEX_ENTRY_LEN);
+    for e in &entries {
+        e.encode_into(&mut index_bytes);
+    }
+    Ok(Encoded {
+        log_bytes,
+        index_bytes,
+        entries,
+        builder,
+        max_timestamp,
+    })
+}
+
+impl PartitionLog {
+    /// Appends `records` as one write, assigning consecutive offsets. Returns once
+    /// written, not once durable: call [`PartitionLog::wait_durable`] for that.
+    pub fn append(
+        &self,
+        records: &[NewRecord<'_>],
+        config: &TopicConfig,
+    ) -> Result<Appended, EngineError> {
+        let batch_len = check_batch(records, config.max_record_bytes)?;
+        let now = now_ms();
+        let mut w = self.lock_for_roll(|a| should_roll(a, batch_len, config, now))?;
+        if should_roll(&w.active, batch_len, config, now) {
+            self.roll(&mut w, now)?;
+        }
+        let base = w.next_offset;
+        let count = records.len() as u64;
+        let Some(next_offset) = base.checked_add(count) else {
+            return Err(EngineError::InvalidRequest {
+                detail: format!(
+                    "{}: offset {base} + {count} records would pass the largest offset",
+                    self.dir.display()
+                ),
+            });
+        };
+        let enc = encode_batch(records, &w.active, base, batch_len, now)?;
+        self.write_batch(&w.active, &enc)?;
+        let a = &mut w.active;
+        a.data_end += enc.log_bytes.len() as u64;
+        a.file_len = a.file_len.max(a.data_end);
+        a.index_len += enc.index_bytes.len() as u64;
+        a.builder = enc.builder;
+        a.max_timestamp = a.max_timestamp.max(enc.max_timestamp);
+        a.seg
+            .index
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .extend(enc.entries);
+        a.seg.written_end.store(a.data_end, Ordering::Release);
+        w.next_offset = next_offset;
+        self.stats.produce_requests.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .records_appended
+            .fetch_add(count, Ordering::Relaxed);
+        let unflushed = w.next_offset - lock(&self.sync).durable_end;
+        Ok(Appended {
+            base_offset: base,
+            last_offset: base + count - 1,
+            unflushed,
+        })
+    }
+
+    /// Why the log refuses writes (failed, deleted, shutting down), if it does.
+    pub fn check_writable_pub(&self) -> Result<(), EngineError> {
+        self.check_writable()
+    }
+
+    pub(super) fn check_writable(&self) -> Result<(), EngineError> {
+        let s = lock(&self.sync);
+        if let Some(reason) = &s.failed {
+            return Err(self.failed_error(reason));
+        }
+        if let Some(c) = s.closed {
+            return Err(self.closed_error(c));
+        }
+        Ok(())
+    }
+
+    /// One write to the log, at most one to the index. On failure both are cut back.
+    pub(super) fn write_batch(&self, a: &Active, enc: &Encoded) -> Result<(), EngineError> {
+        if let Err(e) = a.log.write_at(&enc.log_bytes, a.data_end) {
+            return Err(self.cut_back(a, e, "appending to"));
+        }
+        if !enc.index_bytes.is_empty() {
+            if let Err(e) = a.index.write_at(&enc.index_bytes, a.index_len) {
+                return Err(self.cut_back(a, e, "appending to the index of"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Cuts a failed write off the files: 1. truncate the log to the end of its data
+    /// and the index to its entries, 2. fsync both, so no part of the failed write can
+    /// come back after a crash. If either step fails the log is failed.
+    pub(super) fn cut_back(&self, a: &Active, err: io::Error, what: &str) -> EngineError {
+        let path = a.seg.path.display();
+        let cut = (|| {
+            // 1.
+            a.log.set_len(a.data_end)?;
+            a.index.set_len(a.index_len)?;
+            // 2.
+            self.sync_all(&*a.log)?;
+            self.sync_all(&*a.index)
+        })();
+        match cut {
+            Ok(()) => EngineError::io(format!("{what} {path} at position {}", a.data_end), err),
+            Err(e) => self.fail(format!(
+                "write to {path} failed ({err}) and could not be cut off: {e}"
+            )),
+        }
+    }
+}
+
+pub(super) fn should_roll(a: &Active, batch_len: u64, config: &TopicConfig, now: i64) -> bool {
+    let empty = a.data_end <= HEADER_LEN as u64;
+    let full = a.data_end.saturating_add(batch_len) > config.segment_bytes;
+    let old = now.saturating_sub(a.born_ms) >= config.segment_ms;
+    !empty && (full || old)
+}

@@ -1,0 +1,122 @@
+//! Group commit: the first request that needs an fsync syncs the newest data it can
+//! see; requests behind it find their write covered and return without a system call.
+
+use super::*;
+
+// ----- group commit -----
+
+impl PartitionLog {
+    /// Returns once every offset below `target` is durable. The first caller that
+    /// finds it is not runs one fsync covering everything written so far; callers
+    /// behind it wait and usually find their write covered without a system call.
+    pub fn wait_durable(&self, target: u64) -> Result<(), EngineError> {
+        if crate::testkit::planted::ACK_BEFORE_FSYNC.load(std::sync::atomic::Ordering::Relaxed) {
+            return Ok(());
+        }
+        let mut s = lock(&self.sync);
+        loop {
+            if s.durable_end >= target {
+                return Ok(());
+            }
+            if let Some(reason) = &s.failed {
+                return Err(self.failed_error(reason));
+            }
+            if s.closed == Some(Closed::Deleted) {
+                return Err(self.closed_error(Closed::Deleted));
+            }
+            if s.syncing {
+                s = self.synced.wait(s).unwrap_or_else(PoisonError::into_inner);
+                continue;
+            }
+            s.syncing = true;
+            drop(s);
+            let result = self.sync_once();
+            s = lock(&self.sync);
+            s.syncing = false;
+            match result {
+                Ok(plan) => self.publish_synced(&mut s, &plan),
+                // The topic was deleted while the fsync ran (its directory is gone):
+                // the request ends as deleted, not as a failed partition.
+                Err(_) if s.closed == Some(Closed::Deleted) => {}
+                Err(reason) => {
+                    s.failed.get_or_insert(reason);
+                }
+            }
+            self.synced.notify_all();
+        }
+    }
+
+    /// Makes everything written so far durable (the flusher and shutdown call this).
+    pub fn flush(&self) -> Result<(), EngineError> {
+        let target = self.written_end();
+        self.wait_durable(target)
+    }
+
+    /// Takes a plan under the write lock and runs it without the lock. Returns the
+    /// plan, to be published by [`PartitionLog::publish_synced`], or why the fsync
+    /// failed.
+    pub(super) fn sync_once(&self) -> Result<SyncPlan, String> {
+        let plan = {
+            let mut w = lock(&self.write);
+            SyncPlan {
+                target: w.next_offset,
+                rolls: w.rolls,
+                pending: std::mem::take(&mut w.pending),
+                active_log: w.active.log.clone(),
+                active_seg: w.active.seg.clone(),
+                active_end: w.active.data_end,
+            }
+        };
+        self.execute(&plan)
+            .map_err(|e| format!("fsync in {} failed: {e}", self.dir.display()))?;
+        Ok(plan)
+    }
+
+    /// Publishes what a synced plan made readable, under the sync lock: the segments'
+    /// readable ends and the durable end change together, so a reader that got a
+    /// record from a readable end finds the durable end past it at its next request
+    /// (which takes the sync lock), never an offset beyond the end.
+    pub(super) fn publish_synced(&self, s: &mut SyncState, plan: &SyncPlan) {
+        for (seg, end) in &plan.pending.sealed {
+            seg.readable_end.fetch_max(*end, Ordering::AcqRel);
+        }
+        plan.active_seg
+            .readable_end
+            .fetch_max(plan.active_end, Ordering::AcqRel);
+        s.durable_end = s.durable_end.max(plan.target);
+        self.rolls_durable.fetch_max(plan.rolls, Ordering::AcqRel);
+    }
+
+    /// The fsync ordering of a group commit:
+    /// 1. `sync_all` every file a roll left: outgoing logs (last data and truncation),
+    ///    their indexes, new logs (header);
+    /// 2. fsync the partition directory (the new segments' names);
+    /// 3. `sync_data` the active log, covering every record written before the plan.
+    ///
+    /// Only then may any record below the plan's target be acknowledged or served.
+    pub(super) fn execute(&self, plan: &SyncPlan) -> io::Result<()> {
+        // 1.
+        for f in &plan.pending.files {
+            self.sync_all(&**f)?;
+        }
+        // 2.
+        if plan.pending.dir
+            && !crate::testkit::planted::SKIP_ROLL_DIR_FSYNC
+                .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            self.sync_dir()?;
+        }
+        // 3.
+        if plan.active_end > plan.active_seg.readable_end.load(Ordering::Acquire) {
+            let synced = self.sync_data(&*plan.active_log);
+            if synced.is_err()
+                && crate::testkit::planted::RETRY_FAILED_FSYNC
+                    .load(std::sync::atomic::Ordering::Relaxed)
+            {
+                return self.sync_data(&*plan.active_log);
+            }
+            synced?;
+        }
+        Ok(())
+    }
+}

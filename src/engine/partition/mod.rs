@@ -1,0 +1,444 @@
+//! The partition log: one directory of segments, appended to under a write lock,
+//! made durable by shared fsyncs (group commit), read by positional reads.
+//!
+//! Invariants:
+//! - Offsets are assigned under the write lock and are consecutive.
+//! - One produce request is one `write_at` on the active log (plus at most one on its
+//!   index). A write that fails part-way is cut off and the cut fsynced before the
+//!   error is returned; if that fails, or any fsync fails, the log is *failed*: it
+//!   refuses writes until a restart runs recovery, and nothing written after the last
+//!   good fsync is ever acknowledged or served.
+//! - `durable_end` (next offset not yet durable) only grows, and only after an fsync
+//!   that covers every record below it, including the syncs a roll left pending
+//!   (docs/FORMAT.md, Segment states). Readers never see a record at or past it: each
+//!   segment's `readable_end` is published before `durable_end` and only after the
+//!   fsync that covers it.
+//! - The segment list is an immutable snapshot swapped under a lock; a reader keeps the
+//!   segments (and their open files) it took, whatever happens to the list after.
+//! - Lock order: `write` → `sync` → `segments`. Nothing holds `sync` while taking
+//!   `write`, and no fsync runs while `write` is held, except the fsync of a cut after a
+//!   failed write (an error path).
+
+use std::fs::File;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError, RwLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crate::engine::error::EngineError;
+use crate::engine::storage::io::{Storage, StorageFile, StorageRef};
+use crate::engine::storage::reader::{read_full_at, read_header, scan_segment, ScanEnd};
+use crate::format::index::{decode_index, lookup};
+use crate::format::names::{
+    classify_partition_file, index_file_name, log_file_name, PartitionFile,
+};
+use crate::format::record::{record_len, LEN_FIELD, MAX_RECORD_LEN};
+use crate::format::topic::TopicConfig;
+use crate::format::{
+    decode_record, encode_record, IndexBuilder, IndexEntry, RecordError, SegmentHeader, HEADER_LEN,
+    INDEX_ENTRY_LEN, INDEX_INTERVAL_BYTES,
+};
+
+/// Largest produce request a log accepts, in encoded bytes.
+pub const BATCH_BYTES_MAX: u64 = 64 * 1024 * 1024;
+/// Largest `max_bytes` a fetch honours; larger requests are served this much.
+pub const FETCH_BYTES_MAX: u32 = 32 * 1024 * 1024;
+/// Smallest read a fetch makes (beyond the scan from the index entry).
+const FETCH_READ_MIN_BYTES: u64 = 64 * 1024;
+
+/// One record to append.
+#[derive(Clone, Copy, Debug)]
+pub struct NewRecord<'a> {
+    pub key: Option<&'a [u8]>,
+    pub value: &'a [u8],
+    /// Milliseconds since the epoch; -1: the log assigns the current time.
+    pub timestamp_ms: i64,
+}
+
+/// Whole records in their on-disk encoding, all from one segment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FetchChunk {
+    /// The segment's generation: decode with `format::decode_record(bytes, _, generation)`.
+    pub generation: u64,
+    pub bytes: Vec<u8>,
+}
+
+/// Counters shared by every log of a broker.
+#[derive(Debug, Default)]
+pub struct LogStats {
+    pub fsyncs: AtomicU64,
+    pub produce_requests: AtomicU64,
+    pub records_appended: AtomicU64,
+}
+
+/// Why a log stopped taking requests for good.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Closed {
+    /// Its topic was deleted.
+    Deleted,
+    /// The broker is shutting down.
+    ShuttingDown,
+}
+
+/// What an append did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Appended {
+    pub base_offset: u64,
+    pub last_offset: u64,
+    /// Records written but not yet covered by an fsync, this batch included.
+    pub unflushed: u64,
+}
+
+/// One segment as readers see it: its own read handle and its index in memory.
+#[derive(Debug)]
+pub struct Segment {
+    pub base_offset: u64,
+    pub generation: u64,
+    path: PathBuf,
+    file: File,
+    /// Index entries; only the active segment's grow (under the log's write lock).
+    index: RwLock<Vec<IndexEntry>>,
+    /// End of the data written so far.
+    written_end: AtomicU64,
+    /// End of the data covered by an fsync: readers stop here.
+    readable_end: AtomicU64,
+    /// Largest record timestamp, once the segment is sealed (`None`: no records).
+    /// Set at the roll for segments this process sealed, else by a scan on demand.
+    max_timestamp: OnceLock<Option<i64>>,
+}
+
+impl Segment {
+    fn new(
+        base_offset: u64,
+        generation: u64,
+        path: PathBuf,
+        index: Vec<IndexEntry>,
+        data_end: u64,
+    ) -> io::Result<Self> {
+        let file = File::open(&path)?;
+        Ok(Segment {
+            base_offset,
+            generation,
+            path,
+            file,
+            index: RwLock::new(index),
+            written_end: AtomicU64::new(data_end),
+            readable_end: AtomicU64::new(data_end),
+            max_timestamp: OnceLock::new(),
+        })
+    }
+
+    /// Path of the segment's `.log` file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Bytes of data written to the segment, header included.
+    pub fn bytes(&self) -> u64 {
+        self.written_end.load(Ordering::Acquire)
+    }
+
+    /// The segment's read handle (the file it was opened as, even once unlinked).
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    /// The segment's index as it is held in memory, encoded as in a `.index` file.
+    pub fn index_bytes(&self) -> Vec<u8> {
+        let index = self.index.read().unwrap_or_else(PoisonError::into_inner);
+        let mut out = Vec::with_capacity(index.len() * INDEX_ENTRY_LEN);
+        for e in index.iter() {
+            e.encode_into(&mut out);
+        }
+        out
+    }
+
+    /// The largest record timestamp of a *sealed* segment (`None` when it holds no
+    /// records). Known from the roll for segments this process sealed; otherwise the
+    /// first call scans the segment through its read handle, and the answer is kept.
+    pub fn max_timestamp(&self) -> Result<Option<i64>, EngineError> {
+        if let Some(ts) = self.max_timestamp.get() {
+            return Ok(*ts);
+        }
+        let io_err = |e| EngineError::io(format!("reading {}", self.path.display()), e);
+        let len = self.bytes();
+        let header = checked_header(&self.file, len, &self.path, self.base_offset)?;
+        let scan = scan_segment(&self.file, &header, len, |_, _| {}).map_err(io_err)?;
+        if !matches!(scan.end, ScanEnd::Eof) {
+            return Err(EngineError::Corrupt {
+                path: self.path.clone(),
+                detail: format!(
+                    "sealed segment does not read to its end ({})",
+                    scan.end.detail()
+                ),
+            });
+        }
+        Ok(*self.max_timestamp.get_or_init(|| scan.max_timestamp_ms))
+    }
+}
+
+/// The segment being appended to, with its write handles.
+#[derive(Debug)]
+struct Active {
+    seg: Arc<Segment>,
+    log: Arc<dyn StorageFile>,
+    index: Arc<dyn StorageFile>,
+    /// End of the valid data: the next record goes here.
+    data_end: u64,
+    /// Length of the log file (may exceed `data_end` by a zero tail).
+    file_len: u64,
+    index_len: u64,
+    builder: IndexBuilder,
+    /// Wall-clock time the segment began, for `segment_ms`.
+    born_ms: i64,
+    /// Largest record timestamp written to it so far.
+    max_timestamp: Option<i64>,
+}
+
+/// Syncs that rolls left for the next group commit.
+#[derive(Debug, Default)]
+struct Pending {
+    /// To `sync_all`: outgoing logs and indexes (last data, truncation), new logs (header).
+    files: Vec<Arc<dyn StorageFile>>,
+    /// The partition directory holds new names.
+    dir: bool,
+    /// Segments sealed since, with their final data end.
+    sealed: Vec<(Arc<Segment>, u64)>,
+}
+
+#[derive(Debug)]
+struct WriteState {
+    active: Active,
+    next_offset: u64,
+    pending: Pending,
+    /// Rolls made since the log opened.
+    rolls: u64,
+}
+
+#[derive(Debug)]
+struct SyncState {
+    /// Every offset below this is durable.
+    durable_end: u64,
+    /// A thread is running an fsync for this log.
+    syncing: bool,
+    /// Set by the first failed fsync (or failed cut); never cleared.
+    failed: Option<String>,
+    closed: Option<Closed>,
+}
+
+/// What one group-commit fsync covers, taken under the write lock.
+struct SyncPlan {
+    target: u64,
+    /// Rolls the plan's syncs cover (every roll made before it was taken).
+    rolls: u64,
+    pending: Pending,
+    active_log: Arc<dyn StorageFile>,
+    active_seg: Arc<Segment>,
+    active_end: u64,
+}
+
+/// One partition's log.
+#[derive(Debug)]
+pub struct PartitionLog {
+    topic: String,
+    partition: u32,
+    dir: PathBuf,
+    storage: StorageRef,
+    stats: Arc<LogStats>,
+    write: Mutex<WriteState>,
+    sync: Mutex<SyncState>,
+    /// Notified after every fsync attempt, failure and close.
+    synced: Condvar,
+    segments: RwLock<Arc<Vec<Arc<Segment>>>>,
+    /// Files of segments retention dropped from the list but could not delete yet.
+    doomed: Mutex<Vec<PathBuf>>,
+    /// Rolls whose new segment (name, header) and outgoing segment are durable.
+    rolls_durable: AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+impl PartitionLog {
+    /// Opens the log in `dir` as recovery left it: sealed segments are trusted with
+    /// their index (rebuilt in memory if unreadable), the active segment is scanned in
+    /// full, and everything is fsynced before it is served as durable. A torn or
+    /// corrupt tail in the active segment refuses the open: only recovery cuts data.
+    /// Returns the log and notes for the startup report.
+    pub fn open(
+        topic: &str,
+        partition: u32,
+        dir: &Path,
+        storage: StorageRef,
+        stats: Arc<LogStats>,
+    ) -> Result<(PartitionLog, Vec<String>), EngineError> {
+        let mut notes = Vec::new();
+        let bases = list_segments(dir)?;
+        let (sealed, active_base) = match bases.split_last() {
+            Some((last, sealed)) => (sealed.to_vec(), *last),
+            None => {
+                create_first_segment(&*storage, dir, &stats)?;
+                notes.push(format!(
+                    "{}: no segment found, created an empty one at offset 0",
+                    dir.display()
+                ));
+                (Vec::new(), 0)
+            }
+        };
+        let mut segments = Vec::with_capacity(sealed.len() + 1);
+        for base in sealed {
+            segments.push(Arc::new(open_sealed(dir, base, &mut notes)?));
+        }
+        let (active, next_offset) = open_active(&*storage, dir, active_base, &mut notes)?;
+        segments.push(active.seg.clone());
+        sync_on_open(&*storage, dir, &segments, &*active.log, &stats)?;
+        let log = PartitionLog {
+            topic: topic.to_string(),
+            partition,
+            dir: dir.to_path_buf(),
+            storage,
+            stats,
+            write: Mutex::new(WriteState {
+                active,
+                next_offset,
+                pending: Pending::default(),
+                rolls: 0,
+            }),
+            sync: Mutex::new(SyncState {
+                durable_end: next_offset,
+                syncing: false,
+                failed: None,
+                closed: None,
+            }),
+            synced: Condvar::new(),
+            segments: RwLock::new(Arc::new(segments)),
+            doomed: Mutex::new(Vec::new()),
+            rolls_durable: AtomicU64::new(0),
+        };
+        Ok((log, notes))
+    }
+
+    /// The partition directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The current segment list.
+    pub fn snapshot(&self) -> Arc<Vec<Arc<Segment>>> {
+        self.segments
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn publish(&self, segments: Vec<Arc<Segment>>) {
+        *self
+            .segments
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = Arc::new(segments);
+    }
+
+    /// First offset of the log (the base of its oldest segment).
+    pub fn start_offset(&self) -> u64 {
+        self.snapshot().first().map_or(0, |s| s.base_offset)
+    }
+
+    /// Next offset not yet durable.
+    pub fn durable_end(&self) -> u64 {
+        lock(&self.sync).durable_end
+    }
+
+    /// Next offset to be assigned.
+    pub fn written_end(&self) -> u64 {
+        lock(&self.write).next_offset
+    }
+
+    /// Why the log refuses writes, if it does.
+    pub fn failure(&self) -> Option<String> {
+        lock(&self.sync).failed.clone()
+    }
+
+    fn failed_error(&self, reason: &str) -> EngineError {
+        EngineError::PartitionFailed {
+            topic: self.topic.clone(),
+            partition: self.partition,
+            reason: reason.to_string(),
+        }
+    }
+
+    fn closed_error(&self, closed: Closed) -> EngineError {
+        match closed {
+            Closed::Deleted => EngineError::TopicDeleted {
+                topic: self.topic.clone(),
+            },
+            Closed::ShuttingDown => EngineError::ShuttingDown,
+        }
+    }
+
+    /// Puts the log into the failed state (first reason wins) and wakes every waiter.
+    fn fail(&self, reason: String) -> EngineError {
+        let mut s = lock(&self.sync);
+        let reason = s.failed.get_or_insert(reason).clone();
+        self.synced.notify_all();
+        self.failed_error(&reason)
+    }
+
+    /// Puts the log into the failed state (it refuses writes until a restart runs
+    /// recovery) when background work left its files out of line with its list.
+    pub fn mark_failed(&self, reason: String) -> EngineError {
+        self.fail(reason)
+    }
+
+    /// Refuses every later write and wakes waiters. Takes the write lock, so a write
+    /// in progress finishes first.
+    pub fn close(&self, why: Closed) {
+        let _w = lock(&self.write);
+        let mut s = lock(&self.sync);
+        s.closed.get_or_insert(why);
+        self.synced.notify_all();
+    }
+
+    // ----- fsync helpers: each call is one counted system call -----
+
+    fn sync_all(&self, f: &dyn StorageFile) -> io::Result<()> {
+        self.stats.fsyncs.fetch_add(1, Ordering::Relaxed);
+        f.sync_all()
+    }
+
+    fn sync_data(&self, f: &dyn StorageFile) -> io::Result<()> {
+        self.stats.fsyncs.fetch_add(1, Ordering::Relaxed);
+        f.sync_data()
+    }
+
+    fn sync_dir(&self) -> io::Result<()> {
+        self.stats.fsyncs.fetch_add(1, Ordering::Relaxed);
+        self.storage.sync_dir(&self.dir)
+    }
+}
+
+mod append;
+pub mod cleanup;
+mod commit;
+mod open;
+mod read;
+mod retention;
+mod roll;
+
+#[cfg(test)]
+#[expect(clippy::unwrap_used, clippy::indexing_slicing, reason = "tests")]
+mod tests;
+
+use open::{checked_header, list_segments, open_active, open_sealed, sync_on_open};
+use roll::create_segment_files;
+
+pub(crate) use open::create_first_segment;
+pub use read::LogFetch;

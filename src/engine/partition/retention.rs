@@ -1,0 +1,233 @@
+//! Background work on one partition's log: rolling by age, retention (oldest
+//! settled segments first, a directory fsync between removals) and the compaction
+//! swap under the log's own lock.
+
+use super::*;
+
+// ----- background work: rolling by age, retention, compaction -----
+
+impl PartitionLog {
+    /// Rolls the active segment when it holds records and is older than the topic's
+    /// `segment_ms` (a quiet partition's data can then age out), and runs the syncs the
+    /// roll left at once. Returns whether it rolled.
+    pub fn roll_if_due(&self, config: &TopicConfig, now: i64) -> Result<bool, EngineError> {
+        {
+            let due = |a: &Active| {
+                a.data_end > HEADER_LEN as u64 && now.saturating_sub(a.born_ms) >= config.segment_ms
+            };
+            let mut w = self.lock_for_roll(due)?;
+            if !due(&w.active) {
+                return Ok(false);
+            }
+            self.roll(&mut w, now)?;
+        }
+        self.sync_pending()?;
+        Ok(true)
+    }
+
+    /// Runs one group commit even when no record waits for it, so the syncs rolls
+    /// left (file, header, directory) are done when this returns.
+    pub fn sync_pending(&self) -> Result<(), EngineError> {
+        let mut s = lock(&self.sync);
+        loop {
+            if let Some(reason) = &s.failed {
+                return Err(self.failed_error(reason));
+            }
+            if !s.syncing {
+                break;
+            }
+            s = self.synced.wait(s).unwrap_or_else(PoisonError::into_inner);
+        }
+        s.syncing = true;
+        drop(s);
+        let result = self.sync_once();
+        let mut s = lock(&self.sync);
+        s.syncing = false;
+        let out = match result {
+            Ok(plan) => {
+                self.publish_synced(&mut s, &plan);
+                Ok(())
+            }
+            Err(_) if s.closed == Some(Closed::Deleted) => Err(self.closed_error(Closed::Deleted)),
+            Err(reason) => {
+                let reason = s.failed.get_or_insert(reason).clone();
+                Err(self.failed_error(&reason))
+            }
+        };
+        self.synced.notify_all();
+        out
+    }
+
+    /// The sealed segments whose seal is durable, oldest first: neither the active
+    /// segment nor a segment whose roll still waits for its fsyncs (nor anything after
+    /// such a segment). Background work acts on these only.
+    pub fn settled_segments(&self) -> Vec<Arc<Segment>> {
+        let w = lock(&self.write);
+        self.settled_locked(&w)
+    }
+
+    pub(super) fn settled_locked(&self, w: &WriteState) -> Vec<Arc<Segment>> {
+        let unsettled = w
+            .pending
+            .sealed
+            .first()
+            .map_or(w.active.seg.base_offset, |(seg, _)| seg.base_offset);
+        // A segment leaves `pending` when a group commit takes it, before that commit's
+        // fsync is done: it is settled only once readable (published as durable) to its end.
+        self.snapshot()
+            .iter()
+            .take_while(|seg| {
+                seg.base_offset < unsettled
+                    && seg.readable_end.load(Ordering::Acquire)
+                        >= seg.written_end.load(Ordering::Acquire)
+            })
+            .cloned()
+            .collect()
+    }
+
+    /// Refuses background changes to a log that refuses writes (failed, deleted or
+    /// shutting down).
+    pub(super) fn check_changeable(&self) -> Result<(), EngineError> {
+        self.check_writable()
+    }
+
+    /// True when `bases` are the oldest settled segments, in order (checked under the
+    /// write lock).
+    pub(super) fn is_settled_prefix(&self, w: &WriteState, bases: &[u64]) -> bool {
+        let settled = self.settled_locked(w);
+        settled.len() >= bases.len()
+            && settled
+                .iter()
+                .zip(bases)
+                .all(|(seg, &base)| seg.base_offset == base)
+    }
+
+    /// Step 2 of the compaction swap (docs/FORMAT.md, Compaction), under the write lock:
+    /// true when the segments `read` are still the oldest sealed segments, their seals
+    /// durable, and the log takes writes. Segments sealed since the read may follow
+    /// them: they are newer than anything compacted and every new segment's name lies
+    /// below theirs, so the swap cannot touch them.
+    pub fn sealed_unchanged(&self, read: &[u64]) -> bool {
+        let w = lock(&self.write);
+        self.check_changeable().is_ok() && self.is_settled_prefix(&w, read)
+    }
+
+    /// Retention: removes the oldest segments `bases`
+    /// (settled, a prefix of the list):
+    /// 1. under the write lock, publish the list without them: the start offset moves
+    ///    to the next segment and new readers no longer pick them (readers already in
+    ///    them keep reading through their open handles);
+    /// 2. delete each `.log`, then its `.index`, oldest segment first, with a
+    ///    directory fsync before each segment's `.log` but the first (so only a
+    ///    prefix of the segments can be gone after a crash);
+    /// 3. fsync the partition directory.
+    ///
+    /// A crash between the steps leaves whole segments or an index without its log,
+    /// which recovery removes; the start offset on disk only ever moves forward.
+    /// Files that could not be deleted are retried by the next call.
+    pub fn remove_oldest(&self, bases: &[u64]) -> Result<Vec<Arc<Segment>>, EngineError> {
+        // 1.
+        let removed = {
+            let w = lock(&self.write);
+            self.check_changeable()?;
+            if !self.is_settled_prefix(&w, bases) {
+                return Err(EngineError::InvalidRequest {
+                    detail: format!(
+                        "{}: segments to remove are not the oldest sealed ones",
+                        self.dir.display()
+                    ),
+                });
+            }
+            let list = self.snapshot();
+            let (gone, kept) = list.split_at(bases.len().min(list.len()));
+            let gone = gone.to_vec();
+            self.publish(kept.to_vec());
+            gone
+        };
+        let mut doomed = lock(&self.doomed);
+        for seg in &removed {
+            doomed.push(seg.path.clone());
+            doomed.push(seg.path.with_extension("index"));
+        }
+        self.delete_doomed(&mut doomed)?;
+        Ok(removed)
+    }
+
+    /// Steps 2 and 3 of [`PartitionLog::remove_oldest`] for every file still waiting.
+    pub(super) fn delete_doomed(&self, doomed: &mut Vec<PathBuf>) -> Result<(), EngineError> {
+        if doomed.is_empty() {
+            return Ok(());
+        }
+        // 2.
+        let mut removed_one = false;
+        while let Some(path) = doomed.first() {
+            // The removals must persist oldest first: a newer segment's log gone
+            // while an older one's is back after a crash would leave offsets missing
+            // between the segments. Directory operations need not persist in the
+            // order they were made, so the ones before a segment's log are made
+            // durable before it goes.
+            if removed_one
+                && path.extension().is_some_and(|e| e == "log")
+                && !crate::testkit::planted::UNORDERED_RETENTION_REMOVALS
+                    .load(std::sync::atomic::Ordering::Relaxed)
+            {
+                self.sync_dir()
+                    .map_err(|e| EngineError::io(format!("syncing {}", self.dir.display()), e))?;
+            }
+            match self.storage.remove_file(path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(EngineError::io(format!("removing {}", path.display()), e)),
+            }
+            removed_one = true;
+            doomed.remove(0);
+        }
+        // 3.
+        if crate::testkit::planted::SKIP_RETENTION_DIR_FSYNC
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            return Ok(());
+        }
+        self.sync_dir()
+            .map_err(|e| EngineError::io(format!("syncing {}", self.dir.display()), e))
+    }
+
+    /// Retries deleting files an earlier retention could not delete.
+    pub fn retry_removals(&self) -> Result<(), EngineError> {
+        self.delete_doomed(&mut lock(&self.doomed))
+    }
+
+    /// Publishes a finished compaction swap: the oldest segments `replaced` give way
+    /// to the segments now on disk under the names `new`. The new segments are opened
+    /// first; the list is then replaced under the write lock. Readers already in a
+    /// replaced segment keep reading it from the same bytes (their `Arc<Segment>`
+    /// holds its open file). If the new segments cannot be opened, the log is failed:
+    /// its list no longer matches the directory, and a restart reopens it from disk.
+    pub fn replace_oldest(&self, replaced: &[u64], new: &[u64]) -> Result<(), EngineError> {
+        let mut notes = Vec::new();
+        let mut opened = Vec::with_capacity(new.len());
+        for &base in new {
+            match open_sealed(&self.dir, base, &mut notes) {
+                Ok(seg) => opened.push(Arc::new(seg)),
+                Err(e) => {
+                    return Err(self.fail(format!(
+                        "cannot open segment {} written by compaction: {e}",
+                        log_file_name(base)
+                    )))
+                }
+            }
+        }
+        let w = lock(&self.write);
+        if !self.is_settled_prefix(&w, replaced) {
+            drop(w);
+            return Err(self.fail(format!(
+                "{}: the segments a compaction replaced are no longer the oldest",
+                self.dir.display()
+            )));
+        }
+        let list = self.snapshot();
+        opened.extend(list.iter().skip(replaced.len()).cloned());
+        self.publish(opened);
+        Ok(())
+    }
+}

@@ -1,0 +1,292 @@
+//! Unit tests of the partition log.
+
+use super::read::read_segment;
+use super::*;
+use crate::engine::storage::io::RealStorage;
+
+/// Real storage that records every fsync, in order, as (kind, file name).
+#[derive(Debug, Default)]
+struct Recorder(Mutex<Vec<(&'static str, String)>>);
+
+#[derive(Debug)]
+struct RecFile {
+    inner: Box<dyn StorageFile>,
+    name: String,
+    rec: Arc<Recorder>,
+}
+
+impl Recorder {
+    fn push(&self, kind: &'static str, name: &str) {
+        self.0.lock().unwrap().push((kind, name.to_string()));
+    }
+    fn take(&self) -> Vec<(&'static str, String)> {
+        std::mem::take(&mut *self.0.lock().unwrap())
+    }
+}
+
+fn file_name(p: &Path) -> String {
+    p.file_name().unwrap().to_string_lossy().into_owned()
+}
+
+impl StorageFile for RecFile {
+    fn write_at(&self, buf: &[u8], pos: u64) -> io::Result<()> {
+        self.inner.write_at(buf, pos)
+    }
+    fn read_at(&self, buf: &mut [u8], pos: u64) -> io::Result<usize> {
+        self.inner.read_at(buf, pos)
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.inner.set_len(len)
+    }
+    fn allocate(&self, len: u64) -> io::Result<()> {
+        self.inner.allocate(len)
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        self.rec.push("sync_data", &self.name);
+        self.inner.sync_data()
+    }
+    fn sync_all(&self) -> io::Result<()> {
+        self.rec.push("sync_all", &self.name);
+        self.inner.sync_all()
+    }
+    fn len(&self) -> io::Result<u64> {
+        self.inner.len()
+    }
+}
+
+#[derive(Debug)]
+struct RecStorage(Arc<Recorder>);
+
+impl Storage for RecStorage {
+    fn create(&self, path: &Path) -> io::Result<Box<dyn StorageFile>> {
+        Ok(Box::new(RecFile {
+            inner: RealStorage.create(path)?,
+            name: file_name(path),
+            rec: self.0.clone(),
+        }))
+    }
+    fn open(&self, path: &Path) -> io::Result<Box<dyn StorageFile>> {
+        Ok(Box::new(RecFile {
+            inner: RealStorage.open(path)?,
+            name: file_name(path),
+            rec: self.0.clone(),
+        }))
+    }
+    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
+        RealStorage.create_dir_all(path)
+    }
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        RealStorage.rename(from, to)
+    }
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        RealStorage.remove_file(path)
+    }
+    fn remove_dir_all(&self, path: &Path) -> io::Result<()> {
+        RealStorage.remove_dir_all(path)
+    }
+    fn sync_dir(&self, path: &Path) -> io::Result<()> {
+        self.0.push("sync_dir", &file_name(path));
+        RealStorage.sync_dir(path)
+    }
+}
+
+fn new_log(dir: &Path, storage: StorageRef) -> PartitionLog {
+    let stats = Arc::new(LogStats::default());
+    create_first_segment(&*storage, dir, &stats).unwrap();
+    PartitionLog::open("t", 0, dir, storage, stats).unwrap().0
+}
+
+fn config(segment_bytes: u64) -> TopicConfig {
+    TopicConfig {
+        segment_bytes,
+        ..TopicConfig::default()
+    }
+}
+
+fn value_of(log: &PartitionLog, offset: u64, budget: u32) -> Vec<(u64, usize)> {
+    let f = log.fetch(offset, budget, Duration::ZERO).unwrap();
+    let mut out = Vec::new();
+    for c in &f.chunks {
+        let mut pos = 0;
+        while pos < c.bytes.len() {
+            let r = decode_record(&c.bytes[pos..], pos as u64, c.generation).unwrap();
+            out.push((r.offset, r.value.len()));
+            pos += r.encoded_len;
+        }
+    }
+    out
+}
+
+#[test]
+fn a_roll_is_made_durable_before_the_new_segment_is_acknowledged() {
+    let dir = tempfile::tempdir().unwrap();
+    let rec = Arc::new(Recorder::default());
+    let log = new_log(dir.path(), Arc::new(RecStorage(rec.clone())));
+    let v = vec![7u8; 600];
+    let a = log
+        .append(
+            &[NewRecord {
+                key: None,
+                value: &v,
+                timestamp_ms: 1,
+            }],
+            &config(1024),
+        )
+        .unwrap();
+    log.wait_durable(a.last_offset + 1).unwrap();
+    rec.take();
+    // Does not fit: rolls to segment 1. Nothing is synced by the roll itself.
+    let b = log
+        .append(
+            &[NewRecord {
+                key: None,
+                value: &v,
+                timestamp_ms: 1,
+            }],
+            &config(1024),
+        )
+        .unwrap();
+    assert_eq!(b.base_offset, 1);
+    assert_eq!(rec.take(), []);
+    assert_eq!(log.durable_end(), 1);
+    assert_eq!(
+        value_of(&log, 1, 1 << 20),
+        [],
+        "not served before it is durable"
+    );
+    log.wait_durable(2).unwrap();
+    let old = log_file_name(0);
+    let new = log_file_name(1);
+    assert_eq!(
+        rec.take(),
+        [
+            ("sync_all", old),
+            ("sync_all", index_file_name(0)),
+            ("sync_all", new.clone()),
+            ("sync_dir", file_name(dir.path())),
+            ("sync_data", new),
+        ]
+    );
+    assert_eq!(value_of(&log, 0, 1 << 20), [(0, 600), (1, 600)]);
+    assert_eq!(log.snapshot().len(), 2);
+}
+
+#[test]
+fn records_larger_than_the_read_window_are_read_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = new_log(dir.path(), Arc::new(RealStorage));
+    let big = vec![1u8; 300 * 1024];
+    let small = vec![2u8; 10];
+    let recs = [
+        NewRecord {
+            key: None,
+            value: &small,
+            timestamp_ms: 1,
+        },
+        NewRecord {
+            key: None,
+            value: &big,
+            timestamp_ms: 1,
+        },
+        NewRecord {
+            key: None,
+            value: &big,
+            timestamp_ms: 1,
+        },
+        NewRecord {
+            key: None,
+            value: &small,
+            timestamp_ms: 1,
+        },
+    ];
+    let a = log.append(&recs, &config(64 << 20)).unwrap();
+    log.wait_durable(a.last_offset + 1).unwrap();
+    assert_eq!(value_of(&log, 0, 1), [(0, 10)]);
+    assert_eq!(value_of(&log, 1, 1), [(1, 300 * 1024)]);
+    assert_eq!(
+        value_of(&log, 1, 700 * 1024),
+        [(1, 300 * 1024), (2, 300 * 1024), (3, 10)]
+    );
+    assert_eq!(
+        value_of(&log, 0, 200 * 1024),
+        [(0, 10)],
+        "the budget stops before the big record"
+    );
+    assert_eq!(value_of(&log, 3, 1 << 20), [(3, 10)]);
+}
+
+#[test]
+fn removed_and_replaced_segments_keep_serving_readers_that_hold_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = new_log(dir.path(), Arc::new(RealStorage));
+    let v = vec![5u8; 100];
+    for _ in 0..30 {
+        let a = log
+            .append(
+                &[NewRecord {
+                    key: None,
+                    value: &v,
+                    timestamp_ms: 1,
+                }],
+                &config(1024),
+            )
+            .unwrap();
+        log.wait_durable(a.last_offset + 1).unwrap();
+    }
+    let held = log.snapshot();
+    let settled = log.settled_segments();
+    assert_eq!(settled.len(), held.len() - 1, "all but the active one");
+    let oldest = held[0].clone();
+    let bytes_before = read_segment(&oldest, 0, 1 << 20, true).unwrap().bytes;
+    // Retention: the list no longer has it, its files are gone ...
+    let gone = log.remove_oldest(&[oldest.base_offset]).unwrap();
+    assert_eq!(gone.len(), 1);
+    assert!(!oldest.path().exists());
+    assert_eq!(log.start_offset(), held[1].base_offset);
+    assert!(matches!(
+        log.fetch(0, 1 << 20, Duration::ZERO),
+        Err(EngineError::OffsetOutOfRange { start, .. }) if start == held[1].base_offset
+    ));
+    // ... yet a reader holding it reads the same bytes through its open file.
+    assert_eq!(
+        read_segment(&oldest, 0, 1 << 20, true).unwrap().bytes,
+        bytes_before
+    );
+    // Only the oldest segments, in order, and never the active one.
+    assert!(log.remove_oldest(&[held[2].base_offset]).is_err());
+    let active = held.last().unwrap().base_offset;
+    let all_but: Vec<u64> = held[1..].iter().map(|s| s.base_offset).collect();
+    assert!(log.remove_oldest(&all_but).is_err());
+    assert!(log.snapshot().iter().any(|s| s.base_offset == active));
+}
+
+#[test]
+fn a_fetch_continues_into_the_next_segment() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = new_log(dir.path(), Arc::new(RealStorage));
+    let v = vec![3u8; 100];
+    for _ in 0..40 {
+        let a = log
+            .append(
+                &[NewRecord {
+                    key: None,
+                    value: &v,
+                    timestamp_ms: 1,
+                }],
+                &config(1024),
+            )
+            .unwrap();
+        log.wait_durable(a.last_offset + 1).unwrap();
+    }
+    let segs = log.snapshot();
+    assert!(segs.len() > 3);
+    let boundary = segs[1].base_offset;
+    let got = value_of(&log, boundary - 2, 1 << 20);
+    assert_eq!(
+        got.iter().map(|r| r.0).collect::<Vec<_>>(),
+        (boundary - 2..40).collect::<Vec<_>>()
+    );
+    let f = log.fetch(boundary - 2, 1 << 20, Duration::ZERO).unwrap();
+    assert_eq!(f.chunks.len(), segs.len(), "one chunk per segment read");
+    assert_eq!((f.start_offset, f.end_offset), (0, 40));
+}
