@@ -14,12 +14,13 @@
 //! ```
 //! [`error`] holds the broker-facing error type and its typed failure reasons.
 //!
-//! Lock order, outermost first (nothing takes an outer lock while holding an inner):
-//! 1. `DATA/LOCK` (the process's flock on the data directory);
-//! 2. broker: the topic table (`RwLock`), then one topic's partition slot;
-//! 3. partition: `write` → `sync` → `segments`; no fsync runs while `write` is held
-//!    (except the cut after a failed write, an error path);
-//! 4. partition cleanup state, taken alone by the cleaner.
+//! Lock order, outermost first (nothing takes an outer lock while holding an inner one):
+//! 1. `DATA/LOCK`, the process's `flock` on the data directory (held for its lifetime);
+//! 2. broker: `admin` (serialises create, delete, alter) → the topic map (`RwLock`,
+//!    held only to look up, insert or remove) → a topic's `config`;
+//! 3. partition cleanup: `busy` (one background visit per partition at a time);
+//! 4. partition log: `write` → `sync` → `segments`. No fsync runs while `write` is
+//!    held, except the cut after a failed write (an error path).
 //!
 //! Every file-system mutation goes through [`storage::io::Storage`].
 
