@@ -28,16 +28,16 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::engine::error::EngineError;
 use crate::engine::storage::io::{Storage, StorageFile, StorageRef};
-use crate::engine::storage::reader::{read_full_at, read_header, scan_segment, ScanEnd};
+use crate::engine::storage::reader::{read_header, scan_segment, RecordReader, ScanEnd};
 use crate::format::index::{decode_index, lookup};
 use crate::format::names::{
     classify_partition_file, index_file_name, log_file_name, PartitionFile,
 };
-use crate::format::record::{record_len, LEN_FIELD, MAX_RECORD_LEN};
+use crate::format::record::{record_len, LEN_FIELD};
 use crate::format::topic::TopicConfig;
 use crate::format::{
-    decode_record, encode_index, encode_record, IndexBuilder, IndexEntry, RecordError,
-    SegmentHeader, HEADER_LEN, INDEX_ENTRY_LEN, INDEX_INTERVAL_BYTES,
+    encode_index, encode_record, IndexBuilder, IndexEntry, RecordError, SegmentHeader, HEADER_LEN,
+    INDEX_ENTRY_LEN, INDEX_INTERVAL_BYTES,
 };
 
 /// Largest produce request a log accepts, in encoded bytes.
