@@ -43,7 +43,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use crate::format::marker::CompactionMarker;
-use crate::format::names::{index_file_name, log_file_name, COMPACTION_MARKER, TMP_SUFFIX};
+use crate::format::names::{index_file_name, log_file_name, tmp_file_name, COMPACTION_MARKER};
 use crate::format::record::RecordView;
 use crate::format::topic::TopicConfig;
 use crate::format::{

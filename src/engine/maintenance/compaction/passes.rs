@@ -243,7 +243,7 @@ pub(super) struct OutputWriter<'a> {
 }
 
 pub(super) fn tmp_path(dir: &Path, file_name: &str) -> PathBuf {
-    dir.join(format!("{file_name}{TMP_SUFFIX}"))
+    dir.join(tmp_file_name(file_name))
 }
 
 impl OutputWriter<'_> {
