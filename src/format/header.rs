@@ -21,7 +21,20 @@ pub const SPARE_BASE_OFFSET: u64 = u64::MAX;
 /// Flag bits this version understands (none).
 pub const KNOWN_FLAGS: u32 = 0;
 
+const MAGIC_AT: usize = 0;
+const VERSION_AT: usize = MAGIC_AT + MAGIC.len();
+const HEADER_LEN_AT: usize = VERSION_AT + 2;
+const BASE_OFFSET_AT: usize = HEADER_LEN_AT + 2;
+const GENERATION_AT: usize = BASE_OFFSET_AT + 8;
+const FLAGS_AT: usize = GENERATION_AT + 8;
+/// Where the header CRC sits; it covers the bytes before it.
+const HEADER_CRC_AT: usize = FLAGS_AT + 4;
+
+const _: () = assert!(HEADER_CRC_AT + 4 == HEADER_LEN);
 const _: () = assert!(HEADER_LEN == 32);
+// The error messages name these bytes.
+const _: () = assert!(VERSION_AT == 4 && HEADER_LEN_AT == 6 && BASE_OFFSET_AT == 8);
+const _: () = assert!(GENERATION_AT == 16 && FLAGS_AT == 24 && HEADER_CRC_AT == 28);
 
 /// A decoded segment header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,10 +71,10 @@ impl HeaderError {
     pub fn position(&self) -> u64 {
         match self {
             HeaderError::Short { .. } | HeaderError::AllZero | HeaderError::BadMagic { .. } => 0,
-            HeaderError::BadVersion { .. } => 4,
-            HeaderError::BadHeaderLen { .. } => 6,
-            HeaderError::UnknownFlags { .. } => 24,
-            HeaderError::CrcMismatch { .. } => 28,
+            HeaderError::BadVersion { .. } => VERSION_AT as u64,
+            HeaderError::BadHeaderLen { .. } => HEADER_LEN_AT as u64,
+            HeaderError::UnknownFlags { .. } => FLAGS_AT as u64,
+            HeaderError::CrcMismatch { .. } => HEADER_CRC_AT as u64,
         }
     }
 
@@ -88,16 +101,16 @@ impl SegmentHeader {
     /// Encodes the header into its 32 bytes.
     pub fn encode(&self) -> [u8; HEADER_LEN] {
         let mut out = [0u8; HEADER_LEN];
-        let (head, crc_field) = out.split_at_mut(28);
-        let (magic, rest) = head.split_at_mut(4);
+        let (head, crc_field) = out.split_at_mut(HEADER_CRC_AT);
+        let (magic, rest) = head.split_at_mut(VERSION_AT);
         magic.copy_from_slice(&MAGIC);
-        let (version, rest) = rest.split_at_mut(2);
+        let (version, rest) = rest.split_at_mut(HEADER_LEN_AT - VERSION_AT);
         version.copy_from_slice(&FORMAT_VERSION.to_be_bytes());
-        let (hlen, rest) = rest.split_at_mut(2);
+        let (hlen, rest) = rest.split_at_mut(BASE_OFFSET_AT - HEADER_LEN_AT);
         hlen.copy_from_slice(&(HEADER_LEN as u16).to_be_bytes());
-        let (base, rest) = rest.split_at_mut(8);
+        let (base, rest) = rest.split_at_mut(GENERATION_AT - BASE_OFFSET_AT);
         base.copy_from_slice(&self.base_offset.to_be_bytes());
-        let (generation, flags) = rest.split_at_mut(8);
+        let (generation, flags) = rest.split_at_mut(FLAGS_AT - GENERATION_AT);
         generation.copy_from_slice(&self.generation.to_be_bytes());
         flags.copy_from_slice(&self.flags.to_be_bytes());
         let crc = crc32(head);
@@ -114,30 +127,30 @@ impl SegmentHeader {
             return Err(HeaderError::AllZero);
         }
         let mut magic = [0u8; 4];
-        magic.copy_from_slice(h.get(..4).unwrap_or(&[0; 4]));
+        magic.copy_from_slice(h.get(MAGIC_AT..VERSION_AT).unwrap_or(&[0; 4]));
         if magic != MAGIC {
             return Err(HeaderError::BadMagic { found: magic });
         }
-        let version = be_u16(h, 4).unwrap_or(0);
+        let version = be_u16(h, VERSION_AT).unwrap_or(0);
         if version != FORMAT_VERSION {
             return Err(HeaderError::BadVersion { found: version });
         }
-        let header_len = be_u16(h, 6).unwrap_or(0);
+        let header_len = be_u16(h, HEADER_LEN_AT).unwrap_or(0);
         if usize::from(header_len) != HEADER_LEN {
             return Err(HeaderError::BadHeaderLen { found: header_len });
         }
-        let stored = be_u32(h, 28).unwrap_or(0);
-        let computed = crc32(h.get(..28).unwrap_or(&[]));
+        let stored = be_u32(h, HEADER_CRC_AT).unwrap_or(0);
+        let computed = crc32(h.get(..HEADER_CRC_AT).unwrap_or(&[]));
         if stored != computed {
             return Err(HeaderError::CrcMismatch { stored, computed });
         }
-        let flags = be_u32(h, 24).unwrap_or(0);
+        let flags = be_u32(h, FLAGS_AT).unwrap_or(0);
         if flags & !KNOWN_FLAGS != 0 {
             return Err(HeaderError::UnknownFlags { found: flags });
         }
         Ok(SegmentHeader {
-            base_offset: be_u64(h, 8).unwrap_or(0),
-            generation: be_u64(h, 16).unwrap_or(0),
+            base_offset: be_u64(h, BASE_OFFSET_AT).unwrap_or(0),
+            generation: be_u64(h, GENERATION_AT).unwrap_or(0),
             flags,
         })
     }

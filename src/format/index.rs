@@ -13,6 +13,10 @@ pub const INDEX_ENTRY_LEN: usize = 16;
 /// Minimum distance in bytes between the positions of two consecutive entries.
 pub const INDEX_INTERVAL_BYTES: u64 = 4096;
 
+const RELATIVE_OFFSET_AT: usize = 0;
+const POSITION_AT: usize = RELATIVE_OFFSET_AT + 8;
+
+const _: () = assert!(POSITION_AT + 8 == INDEX_ENTRY_LEN);
 const _: () = assert!(INDEX_ENTRY_LEN == 16);
 
 /// One index entry.
@@ -80,7 +84,7 @@ impl IndexEntry {
     /// The entry's 16 bytes.
     pub fn encode(&self) -> [u8; INDEX_ENTRY_LEN] {
         let mut out = [0u8; INDEX_ENTRY_LEN];
-        let (rel, pos) = out.split_at_mut(8);
+        let (rel, pos) = out.split_at_mut(POSITION_AT);
         rel.copy_from_slice(&self.relative_offset.to_be_bytes());
         pos.copy_from_slice(&self.position.to_be_bytes());
         out
@@ -94,10 +98,19 @@ impl IndexEntry {
     /// Decodes the entry at the start of `bytes`.
     pub fn decode(bytes: &[u8]) -> Option<IndexEntry> {
         Some(IndexEntry {
-            relative_offset: be_u64(bytes, 0)?,
-            position: be_u64(bytes, 8)?,
+            relative_offset: be_u64(bytes, RELATIVE_OFFSET_AT)?,
+            position: be_u64(bytes, POSITION_AT)?,
         })
     }
+}
+
+/// Encodes entries as the bytes of an index file: the one producer of index bytes.
+pub fn encode_index(entries: &[IndexEntry]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(entries.len().saturating_mul(INDEX_ENTRY_LEN));
+    for e in entries {
+        e.encode_into(&mut out);
+    }
+    out
 }
 
 /// Decodes a whole index file. Checks the length is a multiple of 16 and that both
@@ -232,10 +245,7 @@ mod tests {
             assert!(w[1].position - w[0].position >= INDEX_INTERVAL_BYTES);
             assert!(w[1].position - w[0].position < INDEX_INTERVAL_BYTES + 100);
         }
-        let mut bytes = Vec::new();
-        for e in &entries {
-            e.encode_into(&mut bytes);
-        }
+        let bytes = encode_index(&entries);
         assert_eq!(decode_index(&bytes, Some(pos)).unwrap(), entries);
         assert_eq!(lookup(&entries, 0), Some(entries[0]));
         assert_eq!(lookup(&entries, 299), entries.last().copied());

@@ -44,7 +44,9 @@ pub mod topic;
 pub mod wire;
 
 pub use header::{HeaderError, SegmentHeader, HEADER_LEN};
-pub use index::{IndexBuilder, IndexEntry, IndexError, INDEX_ENTRY_LEN, INDEX_INTERVAL_BYTES};
+pub use index::{
+    encode_index, IndexBuilder, IndexEntry, IndexError, INDEX_ENTRY_LEN, INDEX_INTERVAL_BYTES,
+};
 pub use record::{
     decode_record, encode_record, encoded_len, payload_crc, RecordError, RecordView,
     MAX_RECORD_LEN, RECORD_OVERHEAD,

@@ -16,6 +16,10 @@ pub const LOCK_FILE: &str = "LOCK";
 pub const TOPIC_FILE: &str = "topic.json";
 /// Directory holding topics inside the data directory.
 pub const TOPICS_DIR: &str = "topics";
+/// Suffix of a topic directory being built (never part of a valid topic name).
+pub const TOPIC_CREATING_SUFFIX: &str = "~new";
+/// Suffix of a topic directory being removed (never part of a valid topic name).
+pub const TOPIC_DELETING_SUFFIX: &str = "~del";
 /// Longest topic or group name.
 pub const NAME_LEN_MAX: usize = 249;
 
@@ -32,6 +36,28 @@ pub fn log_file_name(base_offset: u64) -> String {
 /// `00000000000000000147.index`
 pub fn index_file_name(base_offset: u64) -> String {
     format!("{base_offset:020}.{INDEX_EXT}")
+}
+
+/// `<name>.tmp`: the name a file is written under before it is renamed to `name`
+/// (compaction results, rewritten indexes, cleanup copies).
+pub fn tmp_file_name(name: &str) -> String {
+    format!("{name}{TMP_SUFFIX}")
+}
+
+/// `.<name>.<pid>.<seq>.tmp`: the unique temporary name of an atomic replace of
+/// `name`, hidden and classified as a leftover temporary file.
+pub fn atomic_tmp_file_name(name: &str, pid: u32, seq: u64) -> String {
+    format!(".{name}.{pid}.{seq}{TMP_SUFFIX}")
+}
+
+/// `<topic>~new`: a topic directory being built.
+pub fn creating_topic_dir_name(topic: &str) -> String {
+    format!("{topic}{TOPIC_CREATING_SUFFIX}")
+}
+
+/// `<topic>~del`: a topic directory being removed.
+pub fn deleting_topic_dir_name(topic: &str) -> String {
+    format!("{topic}{TOPIC_DELETING_SUFFIX}")
 }
 
 /// What a file in a partition directory is.
@@ -147,6 +173,26 @@ mod tests {
             PartitionFile::Unknown
         );
         assert_eq!(classify_partition_file("x.tmp"), PartitionFile::OtherTmp);
+        assert_eq!(
+            tmp_file_name(&log_file_name(3)),
+            "00000000000000000003.log.tmp"
+        );
+        assert_eq!(
+            classify_partition_file(&tmp_file_name(&index_file_name(3))),
+            PartitionFile::IndexTmp(3)
+        );
+        assert_eq!(
+            atomic_tmp_file_name(COMPACTION_MARKER, 7, 2),
+            ".compaction.marker.7.2.tmp"
+        );
+        assert_eq!(
+            classify_partition_file(&atomic_tmp_file_name(COMPACTION_MARKER, 7, 2)),
+            PartitionFile::OtherTmp
+        );
+        assert_eq!(creating_topic_dir_name("t"), "t~new");
+        assert_eq!(deleting_topic_dir_name("t"), "t~del");
+        assert!(validate_name(&creating_topic_dir_name("t")).is_err());
+        assert!(validate_name(&deleting_topic_dir_name("t")).is_err());
         assert_eq!(
             classify_partition_file("compaction.marker"),
             PartitionFile::Marker

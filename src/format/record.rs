@@ -17,17 +17,26 @@ use super::{be_u32, be_u64, crc32};
 
 /// Largest `record_len` any reader accepts (16 MiB).
 pub const MAX_RECORD_LEN: u32 = 16 * 1024 * 1024;
-/// `record_len` of a record with no key bytes and an empty value.
-pub const RECORD_OVERHEAD: u32 = 28;
 /// Size of the `record_len` field.
 pub const LEN_FIELD: usize = 4;
 
-const OFFSET_AT: usize = 4;
-const TIMESTAMP_AT: usize = 12;
-const KEY_LEN_AT: usize = 20;
-const KEY_AT: usize = 24;
+const OFFSET_LEN: usize = 8;
+const TIMESTAMP_LEN: usize = 8;
+const KEY_LEN_LEN: usize = 4;
+const VALUE_LEN_LEN: usize = 4;
+const CRC_LEN: usize = 4;
 
-const _: () = assert!(RECORD_OVERHEAD as usize == 8 + 8 + 4 + 4 + 4);
+const OFFSET_AT: usize = LEN_FIELD;
+const TIMESTAMP_AT: usize = OFFSET_AT + OFFSET_LEN;
+const KEY_LEN_AT: usize = TIMESTAMP_AT + TIMESTAMP_LEN;
+const KEY_AT: usize = KEY_LEN_AT + KEY_LEN_LEN;
+
+/// `record_len` of a record with no key bytes and an empty value.
+pub const RECORD_OVERHEAD: u32 =
+    (OFFSET_LEN + TIMESTAMP_LEN + KEY_LEN_LEN + VALUE_LEN_LEN + CRC_LEN) as u32;
+
+const _: () = assert!(RECORD_OVERHEAD == 28);
+const _: () = assert!(KEY_AT == 24);
 
 /// A decoded record, borrowing key and value from the input.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -144,15 +153,63 @@ pub fn encoded_len(key_len: Option<usize>, value_len: usize) -> Option<usize> {
     record_len(key_len, value_len).map(|l| l as usize + LEN_FIELD)
 }
 
+/// What the `record_len` field at the start of a buffer says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LenPrefix {
+    /// Unwritten space, the end of the data: `record_len` is 0, or fewer than
+    /// [`LEN_FIELD`] bytes remain and all of them are zero.
+    Zero,
+    /// `record_len` is outside `28 ..= MAX_RECORD_LEN`.
+    Implausible { record_len: u32 },
+    /// The buffer ends first: the record (or, before the whole field is there, its
+    /// `record_len` field) takes `needed` bytes from the start of the buffer, which
+    /// holds fewer. `needed` never exceeds `MAX_RECORD_LEN + LEN_FIELD`.
+    Short { needed: usize },
+    /// The buffer holds the whole record claimed: `encoded_len` bytes, `record_len`
+    /// field included.
+    Whole { encoded_len: usize },
+}
+
+/// Reads and classifies the `record_len` field at the start of `buf`: the one
+/// parser of a record's length prefix.
+pub fn len_prefix(buf: &[u8]) -> LenPrefix {
+    let Some(record_len) = be_u32(buf, 0) else {
+        if buf.iter().all(|&b| b == 0) {
+            return LenPrefix::Zero;
+        }
+        return LenPrefix::Short { needed: LEN_FIELD };
+    };
+    if record_len == 0 {
+        return LenPrefix::Zero;
+    }
+    if !(RECORD_OVERHEAD..=MAX_RECORD_LEN).contains(&record_len) {
+        return LenPrefix::Implausible { record_len };
+    }
+    let encoded_len = record_len as usize + LEN_FIELD;
+    if buf.len() < encoded_len {
+        LenPrefix::Short {
+            needed: encoded_len,
+        }
+    } else {
+        LenPrefix::Whole { encoded_len }
+    }
+}
+
 /// Bytes the record at the start of `buf` claims to take (`record_len` field
 /// included) when its `record_len` is plausible (`28 ..= MAX_RECORD_LEN`), whether or
 /// not the rest of it checks out: lets a tool step over a damaged record and report
 /// what follows it.
 pub fn claimed_encoded_len(buf: &[u8]) -> Option<u64> {
-    let len = be_u32(buf, 0)?;
-    (RECORD_OVERHEAD..=MAX_RECORD_LEN)
-        .contains(&len)
-        .then(|| u64::from(len) + LEN_FIELD as u64)
+    if buf.len() < LEN_FIELD {
+        return None;
+    }
+    match len_prefix(buf) {
+        LenPrefix::Short { needed }
+        | LenPrefix::Whole {
+            encoded_len: needed,
+        } => Some(needed as u64),
+        LenPrefix::Zero | LenPrefix::Implausible { .. } => None,
+    }
 }
 
 /// CRC of a record's payload (offset .. value), before the generation XOR.
@@ -204,26 +261,23 @@ pub fn decode_record(
     position: u64,
     generation: u64,
 ) -> Result<RecordView<'_>, RecordError> {
-    let Some(record_len) = be_u32(buf, 0) else {
-        if buf.iter().all(|&b| b == 0) {
-            return Err(RecordError::Zero { position });
+    let total = match len_prefix(buf) {
+        LenPrefix::Zero => return Err(RecordError::Zero { position }),
+        LenPrefix::Implausible { record_len } => {
+            return Err(RecordError::ImplausibleLength {
+                position,
+                record_len,
+            })
         }
-        return Err(RecordError::Truncated {
-            position,
-            needed: LEN_FIELD as u64,
-            available: buf.len() as u64,
-        });
+        LenPrefix::Short { needed } => {
+            return Err(RecordError::Truncated {
+                position,
+                needed: needed as u64,
+                available: buf.len() as u64,
+            })
+        }
+        LenPrefix::Whole { encoded_len } => encoded_len,
     };
-    if record_len == 0 {
-        return Err(RecordError::Zero { position });
-    }
-    if !(RECORD_OVERHEAD..=MAX_RECORD_LEN).contains(&record_len) {
-        return Err(RecordError::ImplausibleLength {
-            position,
-            record_len,
-        });
-    }
-    let total = record_len as usize + LEN_FIELD;
     let Some(rec) = buf.get(..total) else {
         return Err(RecordError::Truncated {
             position,
@@ -231,6 +285,8 @@ pub fn decode_record(
             available: buf.len() as u64,
         });
     };
+    // `len_prefix` bounds it by MAX_RECORD_LEN, so it fits a u32.
+    let record_len = (total - LEN_FIELD) as u32;
     let key_len = be_u32(rec, KEY_LEN_AT).unwrap_or(0) as i32;
     let key_bytes = match key_len {
         -1 => None,
@@ -253,7 +309,7 @@ pub fn decode_record(
             expected,
         });
     }
-    let value_at = key_end + 4;
+    let value_at = key_end + VALUE_LEN_LEN;
     let crc_at = value_at + value_len as usize;
     let stored = be_u32(rec, crc_at).unwrap_or(0);
     let computed = crc32(rec.get(LEN_FIELD..crc_at).unwrap_or(&[]));
@@ -296,6 +352,32 @@ mod tests {
         assert_eq!(claimed_encoded_len(&[0, 0, 0, 0]), None);
         assert_eq!(claimed_encoded_len(&[0, 0, 0]), None);
         assert_eq!(claimed_encoded_len(&[0xff, 0, 0, 0]), None);
+    }
+
+    #[test]
+    fn len_prefix_classes() {
+        let mut buf = Vec::new();
+        let n = encode_record(&mut buf, 5, 0, None, b"abc", 0).unwrap();
+        assert_eq!(len_prefix(&buf), LenPrefix::Whole { encoded_len: n });
+        assert_eq!(len_prefix(&buf[..n - 1]), LenPrefix::Short { needed: n });
+        assert_eq!(len_prefix(&buf[..4]), LenPrefix::Short { needed: n });
+        assert_eq!(len_prefix(&buf[..3]), LenPrefix::Zero);
+        assert_eq!(
+            len_prefix(&[0, 0, 1]),
+            LenPrefix::Short { needed: LEN_FIELD }
+        );
+        assert_eq!(len_prefix(&[]), LenPrefix::Zero);
+        assert_eq!(len_prefix(&[0; 8]), LenPrefix::Zero);
+        assert_eq!(
+            len_prefix(&27u32.to_be_bytes()),
+            LenPrefix::Implausible { record_len: 27 }
+        );
+        assert_eq!(
+            len_prefix(&(MAX_RECORD_LEN + 1).to_be_bytes()),
+            LenPrefix::Implausible {
+                record_len: MAX_RECORD_LEN + 1
+            }
+        );
     }
 
     fn one(key: Option<&[u8]>, value: &[u8], generation: u64) -> Vec<u8> {

@@ -40,10 +40,9 @@ use cleaner::*;
 use flusher::*;
 use open::*;
 
-/// Suffix of a topic directory being built (not a valid topic name).
-const CREATING_SUFFIX: &str = "~new";
-/// Suffix of a topic directory being removed (not a valid topic name).
-const DELETING_SUFFIX: &str = "~del";
+use crate::format::names::{
+    creating_topic_dir_name, deleting_topic_dir_name, TOPIC_CREATING_SUFFIX, TOPIC_DELETING_SUFFIX,
+};
 
 /// How the broker makes writes durable.
 #[derive(Clone, Debug)]

@@ -160,9 +160,9 @@ pub(super) fn remove_leftovers(
 ) -> Result<Vec<String>, EngineError> {
     let mut report = Vec::new();
     for (name, path) in list_dir(topics_dir)? {
-        let what = if name.ends_with(CREATING_SUFFIX) {
+        let what = if name.ends_with(TOPIC_CREATING_SUFFIX) {
             "an interrupted topic create"
-        } else if name.ends_with(DELETING_SUFFIX) {
+        } else if name.ends_with(TOPIC_DELETING_SUFFIX) {
             "an interrupted topic delete"
         } else {
             continue;

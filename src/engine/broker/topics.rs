@@ -89,7 +89,7 @@ impl Broker {
     /// 3. rename `<name>~new` to `<name>`;
     /// 4. fsync the topics directory.
     pub(super) fn build_topic_dir(&self, name: &str, meta: &TopicMeta) -> Result<(), EngineError> {
-        let staging = self.topics_dir.join(format!("{name}{CREATING_SUFFIX}"));
+        let staging = self.topics_dir.join(creating_topic_dir_name(name));
         let dir = self.topics_dir.join(name);
         let s = &*self.storage;
         let built = (|| {
@@ -160,7 +160,7 @@ impl Broker {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let doomed = self.topics_dir.join(format!("{name}{DELETING_SUFFIX}"));
+        let doomed = self.topics_dir.join(deleting_topic_dir_name(&name));
         let ctx = |what: &str| format!("deleting topic {name}: {what}");
         if doomed.exists() {
             // A leftover of an earlier delete whose removal failed.

@@ -122,11 +122,7 @@ pub struct PartitionPlan {
 
 /// The bytes of an index made of `entries`.
 pub fn index_bytes(entries: &[IndexEntry]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(entries.len() * crate::format::INDEX_ENTRY_LEN);
-    for e in entries {
-        e.encode_into(&mut out);
-    }
-    out
+    crate::format::encode_index(entries)
 }
 
 fn plan_segment(seg: &SegmentCheck, all: bool) -> io::Result<SegmentPlan> {

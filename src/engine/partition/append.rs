@@ -74,10 +74,7 @@ pub(super) fn encode_batch(
         )?;
         entries.extend(builder.observe(a.seg.base_offset, offset, position));
     }
-    let mut index_bytes = Vec::with_capacity(entries.len() * INDEX_ENTRY_LEN);
-    for e in &entries {
-        e.encode_into(&mut index_bytes);
-    }
+    let index_bytes = encode_index(&entries);
     Ok(Encoded {
         log_bytes,
         index_bytes,

@@ -414,7 +414,7 @@ fn copy_file(
     name: &str,
     fill: impl FnOnce(&dyn crate::engine::storage::io::StorageFile) -> io::Result<()>,
 ) -> io::Result<()> {
-    let tmp = dir.join(format!("{name}.tmp"));
+    let tmp = dir.join(crate::format::names::tmp_file_name(name));
     match storage.remove_file(&tmp) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}

@@ -28,22 +28,22 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::engine::error::EngineError;
 use crate::engine::storage::io::{Storage, StorageFile, StorageRef};
-use crate::engine::storage::reader::{read_full_at, read_header, scan_segment, ScanEnd};
+use crate::engine::storage::reader::{read_header, scan_segment, RecordReader, ScanEnd};
 use crate::format::index::{decode_index, lookup};
 use crate::format::names::{
     classify_partition_file, index_file_name, log_file_name, PartitionFile,
 };
-use crate::format::record::{record_len, LEN_FIELD, MAX_RECORD_LEN};
+use crate::format::record::{record_len, LEN_FIELD};
 use crate::format::topic::TopicConfig;
 use crate::format::{
-    decode_record, encode_record, IndexBuilder, IndexEntry, RecordError, SegmentHeader, HEADER_LEN,
+    encode_index, encode_record, IndexBuilder, IndexEntry, RecordError, SegmentHeader, HEADER_LEN,
     INDEX_ENTRY_LEN, INDEX_INTERVAL_BYTES,
 };
 
 /// Largest produce request a log accepts, in encoded bytes.
 pub const BATCH_BYTES_MAX: u64 = 64 * 1024 * 1024;
 /// Largest `max_bytes` a fetch honours; larger requests are served this much.
-pub const FETCH_BYTES_MAX: u32 = 32 * 1024 * 1024;
+pub use crate::format::wire::FETCH_BYTES_MAX;
 /// Smallest read a fetch makes (beyond the scan from the index entry).
 const FETCH_READ_MIN_BYTES: u64 = 64 * 1024;
 
@@ -146,12 +146,7 @@ impl Segment {
 
     /// The segment's index as it is held in memory, encoded as in a `.index` file.
     pub fn index_bytes(&self) -> Vec<u8> {
-        let index = self.index.read().unwrap_or_else(PoisonError::into_inner);
-        let mut out = Vec::with_capacity(index.len() * INDEX_ENTRY_LEN);
-        for e in index.iter() {
-            e.encode_into(&mut out);
-        }
-        out
+        encode_index(&self.index.read().unwrap_or_else(PoisonError::into_inner))
     }
 
     /// The largest record timestamp of a *sealed* segment (`None` when it holds no

@@ -228,10 +228,7 @@ pub(super) fn sync_index_file(
 ) -> Result<Arc<dyn StorageFile>, EngineError> {
     let path = dir.join(index_file_name(base));
     let io_err = |e| EngineError::io(format!("writing {}", path.display()), e);
-    let mut want = Vec::with_capacity(entries.len() * INDEX_ENTRY_LEN);
-    for e in entries {
-        e.encode_into(&mut want);
-    }
+    let want = encode_index(entries);
     let opened = match storage.open(&path) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => storage.create(&path).map_err(io_err)?,

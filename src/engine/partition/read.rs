@@ -1,5 +1,5 @@
-//! The read path: durable records only, in large positional windows through the
-//! segment's own file handle.
+//! The read path: durable records only, read by the storage's one record reader
+//! (large positional windows) through the segment's own file handle.
 
 use super::*;
 
@@ -119,51 +119,9 @@ pub(super) struct SegmentRead {
     pub(super) budget_hit: bool,
 }
 
-/// A read buffer over `[pos, pos + buf.len())` of a file, refilled by large reads.
-pub(super) struct Window<'f> {
-    file: &'f File,
-    pos: u64,
-    buf: Vec<u8>,
-    limit: u64,
-    read_bytes: u64,
-}
-
-impl Window<'_> {
-    /// Bytes available from `at` (which must lie in the window).
-    pub(super) fn from(&self, at: u64) -> &[u8] {
-        let i = usize::try_from(at.saturating_sub(self.pos)).unwrap_or(usize::MAX);
-        self.buf.get(i..).unwrap_or(&[])
-    }
-
-    /// Drops what lies before `at` and reads on until `needed` bytes from `at` are
-    /// buffered (or the limit is reached). Returns false if nothing more could be read.
-    pub(super) fn fill(&mut self, at: u64, needed: u64) -> io::Result<bool> {
-        let drop_n = usize::try_from(at.saturating_sub(self.pos))
-            .unwrap_or(usize::MAX)
-            .min(self.buf.len());
-        self.buf.drain(..drop_n);
-        self.pos += drop_n as u64;
-        let end = self.pos + self.buf.len() as u64;
-        let want = needed
-            .max(self.read_bytes)
-            .saturating_sub(self.buf.len() as u64)
-            .min(self.limit.saturating_sub(end));
-        let Ok(want) = usize::try_from(want) else {
-            return Ok(false);
-        };
-        if want == 0 {
-            return Ok(false);
-        }
-        let old = self.buf.len();
-        self.buf.resize(old + want, 0);
-        let n = read_full_at(self.file, self.buf.get_mut(old..).unwrap_or(&mut []), end)?;
-        self.buf.truncate(old + n);
-        Ok(n > 0)
-    }
-}
-
 /// Reads whole records with offsets ≥ `offset` from one segment, up to its readable
-/// end: index lookup, one large read from the entry, scan forward.
+/// end: index lookup, then the storage's record reader from the entry, through the
+/// segment's own file handle, in reads of about the budget.
 pub(super) fn read_segment(
     seg: &Segment,
     offset: u64,
@@ -180,63 +138,28 @@ pub(super) fn read_segment(
         .map_or(HEADER_LEN as u64, |e| e.position)
         .max(HEADER_LEN as u64);
     let read_bytes = (budget + INDEX_INTERVAL_BYTES).max(FETCH_READ_MIN_BYTES);
-    let mut win = Window {
-        file: &seg.file,
-        pos: start,
-        buf: Vec::new(),
-        limit,
-        read_bytes,
-    };
-    let mut out = SegmentRead {
-        bytes: Vec::new(),
-        last_offset: None,
-        budget_hit: false,
-    };
-    let mut pos = start;
+    let window = usize::try_from(read_bytes).unwrap_or(usize::MAX);
+    let mut reader =
+        RecordReader::with_window(&seg.file, seg.generation, start, limit, window).strict_limit();
+    let mut bytes = Vec::new();
+    let copied = reader
+        .copy_records(offset, budget, take_one, &mut bytes)
+        .map_err(|e| EngineError::io(format!("reading {}", seg.path.display()), e))?;
     let corrupt = |detail: String| EngineError::Corrupt {
         path: seg.path.clone(),
         detail,
     };
-    let io_err = |e: io::Error| EngineError::io(format!("reading {}", seg.path.display()), e);
-    while pos < limit {
-        let avail = win.from(pos);
-        let need = needed_len(avail);
-        let more_on_disk = pos + (avail.len() as u64) < limit;
-        if (avail.len() as u64) < need && more_on_disk {
-            if !win.fill(pos, need).map_err(io_err)? {
-                return Err(corrupt(format!(
-                    "file ends before its durable data does ({limit} bytes)"
-                )));
-            }
-            continue;
-        }
-        let record =
-            decode_record(avail, pos, seg.generation).map_err(|e| corrupt(e.to_string()))?;
-        let len = record.encoded_len as u64;
-        if record.offset >= offset {
-            let fits = out.bytes.len() as u64 + len <= budget;
-            if !(fits || take_one && out.bytes.is_empty()) {
-                out.budget_hit = true;
-                break;
-            }
-            out.bytes
-                .extend_from_slice(avail.get(..record.encoded_len).unwrap_or(&[]));
-            out.last_offset = Some(record.offset);
-        }
-        pos += len;
+    if reader.file_short() {
+        return Err(corrupt(format!(
+            "file ends before its durable data does ({limit} bytes)"
+        )));
     }
-    Ok(out)
-}
-
-/// Bytes the record at the start of `avail` needs: its length field, then its whole
-/// length (bounded by the largest record, so an implausible length is never read for;
-/// the decoder reports it).
-pub(super) fn needed_len(avail: &[u8]) -> u64 {
-    match avail
-        .get(..LEN_FIELD)
-        .and_then(|b| <[u8; 4]>::try_from(b).ok())
-    {
-        Some(b) => u64::from(u32::from_be_bytes(b).min(MAX_RECORD_LEN)) + LEN_FIELD as u64,
-        None => LEN_FIELD as u64,
+    if let Some(e) = copied.end {
+        return Err(corrupt(e.to_string()));
     }
+    Ok(SegmentRead {
+        bytes,
+        last_offset: copied.last_offset,
+        budget_hit: copied.budget_hit,
+    })
 }

@@ -3,6 +3,7 @@
 //! swap under the log's own lock.
 
 use super::*;
+use crate::format::names::{INDEX_EXT, LOG_EXT};
 
 // ----- background work: rolling by age, retention, compaction -----
 
@@ -147,7 +148,7 @@ impl PartitionLog {
         let mut doomed = lock(&self.doomed);
         for seg in &removed {
             doomed.push(seg.path.clone());
-            doomed.push(seg.path.with_extension("index"));
+            doomed.push(seg.path.with_extension(INDEX_EXT));
         }
         self.delete_doomed(&mut doomed)?;
         Ok(removed)
@@ -167,7 +168,7 @@ impl PartitionLog {
             // order they were made, so the ones before a segment's log are made
             // durable before it goes.
             if removed_one
-                && path.extension().is_some_and(|e| e == "log")
+                && path.extension().is_some_and(|e| e == LOG_EXT)
                 && !crate::testkit::planted::UNORDERED_RETENTION_REMOVALS
                     .load(std::sync::atomic::Ordering::Relaxed)
             {

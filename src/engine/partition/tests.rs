@@ -3,6 +3,7 @@
 use super::read::read_segment;
 use super::*;
 use crate::engine::storage::io::RealStorage;
+use crate::format::decode_record;
 
 /// Real storage that records every fsync, in order, as (kind, file name).
 #[derive(Debug, Default)]

@@ -330,10 +330,10 @@ pub fn write_file_atomic(
     bytes: &[u8],
 ) -> io::Result<()> {
     static SEQ: AtomicU64 = AtomicU64::new(0);
-    let tmp = dir.join(format!(
-        ".{name}.{}.{}.tmp",
+    let tmp = dir.join(crate::format::names::atomic_tmp_file_name(
+        name,
         std::process::id(),
-        SEQ.fetch_add(1, Ordering::Relaxed)
+        SEQ.fetch_add(1, Ordering::Relaxed),
     ));
     let result = (|| {
         // 1.

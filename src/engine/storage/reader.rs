@@ -7,7 +7,9 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
-use crate::format::record::{decode_record, RecordError, RecordView, LEN_FIELD, MAX_RECORD_LEN};
+use crate::format::record::{
+    decode_record, len_prefix, LenPrefix, RecordError, RecordView, LEN_FIELD, MAX_RECORD_LEN,
+};
 use crate::format::{HeaderError, IndexBuilder, IndexEntry, SegmentHeader, HEADER_LEN};
 
 /// Bytes read per system call while scanning.
@@ -53,8 +55,20 @@ pub enum Next<'a> {
     End(Option<RecordError>),
 }
 
+/// What [`RecordReader::copy_records`] copied.
+#[derive(Debug, Default)]
+pub struct Copied {
+    /// Offset of the last record copied.
+    pub last_offset: Option<u64>,
+    /// Stopped at a record that did not fit the budget; the reader is left at it.
+    pub budget_hit: bool,
+    /// Why the data ended before the limit, when it did.
+    pub end: Option<RecordError>,
+}
+
 /// Sequential reader of the records in one log file, from a start position up to a
-/// limit, using large positional reads.
+/// limit, using large positional reads. Every reader of records goes through it:
+/// scan, check, recovery, compaction, dump and the fetch path.
 #[derive(Debug)]
 pub struct RecordReader<'f> {
     file: &'f File,
@@ -70,6 +84,10 @@ pub struct RecordReader<'f> {
     /// Position where reading stops (normally the file length).
     limit: u64,
     window: usize,
+    /// The file must reach `limit` (see [`RecordReader::strict_limit`]).
+    strict: bool,
+    /// A strict reader found the file ending before its limit.
+    file_short: bool,
 }
 
 impl<'f> RecordReader<'f> {
@@ -96,7 +114,23 @@ impl<'f> RecordReader<'f> {
             used: 0,
             limit,
             window: window.max(64),
+            strict: false,
+            file_short: false,
         }
+    }
+
+    /// Makes the limit a promise rather than a bound: the bytes up to it are known to
+    /// exist (the durable end of a segment). A read that finds no bytes before the
+    /// limit ends the data there and [`RecordReader::file_short`] says so; a lenient
+    /// reader instead takes the shorter file's end as its limit.
+    pub fn strict_limit(mut self) -> Self {
+        self.strict = true;
+        self
+    }
+
+    /// True when a strict reader found the file ending before its limit.
+    pub fn file_short(&self) -> bool {
+        self.file_short
     }
 
     /// Position of the next record to be read.
@@ -106,31 +140,8 @@ impl<'f> RecordReader<'f> {
 
     /// Reads the next record, or says why the data ends.
     pub fn next_record(&mut self) -> io::Result<Next<'_>> {
-        loop {
-            let pos = self.position();
-            if pos >= self.limit {
-                return Ok(Next::End(None));
-            }
-            let avail = self.buf.get(self.used..self.filled).unwrap_or(&[]);
-            match decode_record(avail, pos, self.generation) {
-                Ok(_) => break,
-                Err(RecordError::Truncated { needed, .. })
-                    if self.buf_pos + self.filled as u64 == self.limit =>
-                {
-                    let available = self.limit - pos;
-                    return Ok(Next::End(Some(RecordError::Truncated {
-                        position: pos,
-                        needed,
-                        available,
-                    })));
-                }
-                Err(RecordError::Truncated { needed, .. }) => self.refill(needed as usize)?,
-                // Fewer than 4 zero bytes buffered: read on before calling it the end.
-                Err(RecordError::Zero { .. }) if avail.len() < LEN_FIELD && !self.at_limit() => {
-                    self.refill(LEN_FIELD)?
-                }
-                Err(e) => return Ok(Next::End(Some(e))),
-            }
+        if let Some(end) = self.buffer_next()? {
+            return Ok(Next::End(end));
         }
         let pos = self.position();
         let avail = self.buf.get(self.used..self.filled).unwrap_or(&[]);
@@ -143,6 +154,84 @@ impl<'f> RecordReader<'f> {
                 })
             }
             Err(e) => Ok(Next::End(Some(e))),
+        }
+    }
+
+    /// Appends to `out` the whole encoded records (one copy, from the read buffer)
+    /// whose offsets are at least `min_offset`, until the limit, the first position
+    /// that is not a valid record, or a record that would take the bytes appended by
+    /// this call past `budget_bytes`. With `take_one`, the first record appended may
+    /// exceed the budget on its own. Records below `min_offset` are read over and not
+    /// counted.
+    pub fn copy_records(
+        &mut self,
+        min_offset: u64,
+        budget_bytes: u64,
+        take_one: bool,
+        out: &mut Vec<u8>,
+    ) -> io::Result<Copied> {
+        let start_len = out.len();
+        let mut copied = Copied::default();
+        loop {
+            if let Some(end) = self.buffer_next()? {
+                copied.end = end;
+                return Ok(copied);
+            }
+            let pos = self.position();
+            let avail = self.buf.get(self.used..self.filled).unwrap_or(&[]);
+            let record = match decode_record(avail, pos, self.generation) {
+                Ok(r) => r,
+                Err(e) => {
+                    copied.end = Some(e);
+                    return Ok(copied);
+                }
+            };
+            let len = record.encoded_len;
+            if record.offset >= min_offset {
+                let taken = (out.len() - start_len) as u64;
+                let fits = taken + len as u64 <= budget_bytes;
+                if !(fits || take_one && taken == 0) {
+                    copied.budget_hit = true;
+                    return Ok(copied);
+                }
+                copied.last_offset = Some(record.offset);
+                out.extend_from_slice(avail.get(..len).unwrap_or(&[]));
+            }
+            self.used += len;
+        }
+    }
+
+    /// Buffers the whole record claimed at the position. `Some(end)` when the data
+    /// ends there instead: `None` at the limit, else why the bytes are not a record
+    /// (as far as the length prefix tells).
+    fn buffer_next(&mut self) -> io::Result<Option<Option<RecordError>>> {
+        loop {
+            let pos = self.position();
+            if pos >= self.limit {
+                return Ok(Some(None));
+            }
+            let avail = self.buf.get(self.used..self.filled).unwrap_or(&[]);
+            let short = avail.len() < LEN_FIELD;
+            match len_prefix(avail) {
+                LenPrefix::Whole { .. } => return Ok(None),
+                LenPrefix::Short { needed } if !self.at_limit() => self.refill(needed)?,
+                // Fewer than 4 zero bytes buffered: read on before calling it the end.
+                LenPrefix::Zero if short && !self.at_limit() => self.refill(LEN_FIELD)?,
+                LenPrefix::Short { needed } => {
+                    return Ok(Some(Some(RecordError::Truncated {
+                        position: pos,
+                        needed: needed as u64,
+                        available: self.limit - pos,
+                    })))
+                }
+                LenPrefix::Zero => return Ok(Some(Some(RecordError::Zero { position: pos }))),
+                LenPrefix::Implausible { record_len } => {
+                    return Ok(Some(Some(RecordError::ImplausibleLength {
+                        position: pos,
+                        record_len,
+                    })))
+                }
+            }
         }
     }
 
@@ -177,7 +266,11 @@ impl<'f> RecordReader<'f> {
             end,
         )?;
         self.filled = old + n;
-        if n < want {
+        if n == 0 && self.strict {
+            // Bytes the limit promised are missing: the data ends here.
+            self.file_short = true;
+            self.limit = self.buf_pos + self.filled as u64;
+        } else if n < want && !self.strict {
             // The file is shorter than the limit said: stop there.
             self.limit = self.buf_pos + self.filled as u64;
         }
@@ -474,5 +567,42 @@ mod tests {
             }
         ));
         assert_eq!(s.records, 3);
+    }
+
+    #[test]
+    fn copy_records_keeps_the_budget_and_a_strict_limit() {
+        let bytes = segment(0, 20, 50);
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(&bytes).unwrap();
+        let rec_len = (bytes.len() - 32) / 20;
+        let limit = bytes.len() as u64;
+        let mut r = RecordReader::with_window(&f, 0, 32, limit, 64).strict_limit();
+        let mut out = Vec::new();
+        let c = r
+            .copy_records(13, 3 * rec_len as u64, false, &mut out)
+            .unwrap();
+        assert_eq!((c.last_offset, c.budget_hit), (Some(15), true));
+        assert_eq!(out, bytes[32 + 3 * rec_len..32 + 6 * rec_len]);
+        let mut out = Vec::new();
+        let c = r.copy_records(0, 1, true, &mut out).unwrap();
+        assert_eq!(
+            (c.last_offset, c.budget_hit, out.len()),
+            (Some(16), true, rec_len)
+        );
+        let c = r.copy_records(0, u64::MAX, false, &mut out).unwrap();
+        assert_eq!(
+            (c.last_offset, c.budget_hit, c.end),
+            (Some(29), false, None)
+        );
+        assert!(!r.file_short());
+        // A limit past the file's end: lenient readers stop at the end, strict ones say so.
+        let mut r = RecordReader::new(&f, 0, 32, limit + 100).strict_limit();
+        let c = r.copy_records(0, u64::MAX, false, &mut Vec::new()).unwrap();
+        assert_eq!(c.last_offset, Some(29));
+        assert!(r.file_short());
+        let mut r = RecordReader::new(&f, 0, 32, limit + 100);
+        let c = r.copy_records(0, u64::MAX, false, &mut Vec::new()).unwrap();
+        assert_eq!((c.last_offset, c.end), (Some(29), None));
+        assert!(!r.file_short());
     }
 }

@@ -43,10 +43,12 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use crate::format::marker::CompactionMarker;
-use crate::format::names::{index_file_name, log_file_name, COMPACTION_MARKER, TMP_SUFFIX};
+use crate::format::names::{index_file_name, log_file_name, tmp_file_name, COMPACTION_MARKER};
 use crate::format::record::RecordView;
 use crate::format::topic::TopicConfig;
-use crate::format::{encode_record, IndexBuilder, SegmentHeader, HEADER_LEN};
+use crate::format::{
+    encode_index, encode_record, IndexBuilder, IndexEntry, SegmentHeader, HEADER_LEN,
+};
 
 use crate::engine::storage::io::{write_file_atomic, Storage, StorageFile};
 use crate::engine::storage::layout::{list_partition, PartitionRef, SegmentFiles};

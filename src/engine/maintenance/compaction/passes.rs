@@ -221,7 +221,7 @@ pub(super) struct OpenOutput {
     pub(super) pending: Vec<u8>,
     /// Position of `pending[0]`.
     pub(super) pending_at: u64,
-    pub(super) index: Vec<u8>,
+    pub(super) index: Vec<IndexEntry>,
     pub(super) builder: IndexBuilder,
     pub(super) records: u64,
     pub(super) last_offset: u64,
@@ -243,7 +243,7 @@ pub(super) struct OutputWriter<'a> {
 }
 
 pub(super) fn tmp_path(dir: &Path, file_name: &str) -> PathBuf {
-    dir.join(format!("{file_name}{TMP_SUFFIX}"))
+    dir.join(tmp_file_name(file_name))
 }
 
 impl OutputWriter<'_> {
@@ -284,7 +284,7 @@ impl OutputWriter<'_> {
             unreachable!("an output segment was just started")
         };
         if let Some(e) = cur.builder.observe(cur.name, offset, cur.len) {
-            e.encode_into(&mut cur.index);
+            cur.index.push(e);
         }
         cur.len += len;
         cur.records += 1;
@@ -341,7 +341,9 @@ impl OutputWriter<'_> {
             let index = storage.create(&index_path).map_err(io_at(&index_path))?;
             self.temp_files.push(index_path.clone());
             if !cur.index.is_empty() {
-                index.write_at(&cur.index, 0).map_err(io_at(&index_path))?;
+                index
+                    .write_at(&encode_index(&cur.index), 0)
+                    .map_err(io_at(&index_path))?;
             }
             index.sync_all().map_err(io_at(&index_path))?;
         }

@@ -155,7 +155,7 @@ pub(crate) fn finish_marker_with(
     // deleting the replaced ones would lose their records.
     for &n in &marker.new {
         let log = dir.join(log_file_name(n));
-        let tmp = tmp_path(&log);
+        let tmp = passes::tmp_path(dir, &log_file_name(n));
         if !exists(&tmp)? && !exists(&log)? {
             return Err(io::Error::new(
                 io::ErrorKind::NotFound,
@@ -171,8 +171,8 @@ pub(crate) fn finish_marker_with(
     // 1. rename what is still temporary (log first, then its index).
     for &n in &marker.new {
         for name in [log_file_name(n), index_file_name(n)] {
+            let from = passes::tmp_path(dir, &name);
             let to = dir.join(name);
-            let from = tmp_path(&to);
             if !exists(&from)? {
                 continue;
             }
@@ -213,12 +213,6 @@ pub(crate) fn finish_marker_with(
     Ok(out)
 }
 
-fn tmp_path(path: &Path) -> PathBuf {
-    let mut s = path.as_os_str().to_os_string();
-    s.push(TMP_SUFFIX);
-    PathBuf::from(s)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -251,13 +245,13 @@ mod tests {
         std::fs::write(d.join(index_file_name(0)), &old0i).unwrap();
         std::fs::write(d.join(log_file_name(10)), &old1).unwrap();
         std::fs::write(d.join(index_file_name(10)), &old1i).unwrap();
-        std::fs::write(d.join(format!("{}.tmp", log_file_name(0))), &new0).unwrap();
-        std::fs::write(d.join(format!("{}.tmp", index_file_name(0))), &new0i).unwrap();
+        std::fs::write(d.join(tmp_file_name(&log_file_name(0))), &new0).unwrap();
+        std::fs::write(d.join(tmp_file_name(&index_file_name(0))), &new0i).unwrap();
         let m = CompactionMarker {
             new: vec![0],
             replaced: vec![0, 10],
         };
-        std::fs::write(d.join("compaction.marker"), m.encode()).unwrap();
+        std::fs::write(d.join(COMPACTION_MARKER), m.encode()).unwrap();
         let f = finish_compaction_marker(&RealStorage, d, &m).unwrap();
         assert_eq!(f.renamed.len(), 2);
         assert_eq!(f.removed.len(), 2);
