@@ -171,7 +171,6 @@ impl PartitionLog {
     /// and the index to its entries, 2. fsync both, so no part of the failed write can
     /// come back after a crash. If either step fails the log is failed.
     pub(super) fn cut_back(&self, a: &Active, err: io::Error, what: &str) -> EngineError {
-        let path = a.seg.path.display();
         let cut = (|| {
             // 1.
             a.log.set_len(a.data_end)?;
@@ -181,10 +180,15 @@ impl PartitionLog {
             self.sync_all(&*a.index)
         })();
         match cut {
-            Ok(()) => EngineError::io(format!("{what} {path} at position {}", a.data_end), err),
-            Err(e) => self.fail(format!(
-                "write to {path} failed ({err}) and could not be cut off: {e}"
-            )),
+            Ok(()) => EngineError::io(
+                format!("{what} {} at position {}", a.seg.path.display(), a.data_end),
+                err,
+            ),
+            Err(e) => self.fail(FailureReason::CutFailed {
+                path: a.seg.path.clone(),
+                write: Arc::new(err),
+                cut: Arc::new(e),
+            }),
         }
     }
 }

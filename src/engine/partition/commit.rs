@@ -55,7 +55,7 @@ impl PartitionLog {
     /// Takes a plan under the write lock and runs it without the lock. Returns the
     /// plan, to be published by [`PartitionLog::publish_synced`], or why the fsync
     /// failed.
-    pub(super) fn sync_once(&self) -> Result<SyncPlan, String> {
+    pub(super) fn sync_once(&self) -> Result<SyncPlan, FailureReason> {
         let plan = {
             let mut w = lock(&self.write);
             SyncPlan {
@@ -68,7 +68,10 @@ impl PartitionLog {
             }
         };
         self.execute(&plan)
-            .map_err(|e| format!("fsync in {} failed: {e}", self.dir.display()))?;
+            .map_err(|e| FailureReason::FsyncFailed {
+                dir: self.dir.clone(),
+                error: Arc::new(e),
+            })?;
         Ok(plan)
     }
 

@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::engine::error::EngineError;
+use crate::engine::error::{EngineError, FailureReason};
 use crate::engine::storage::io::{Storage, StorageFile, StorageRef};
 use crate::engine::storage::reader::{read_full_at, read_header, scan_segment, ScanEnd};
 use crate::format::index::{decode_index, lookup};
@@ -223,7 +223,7 @@ struct SyncState {
     /// A thread is running an fsync for this log.
     syncing: bool,
     /// Set by the first failed fsync (or failed cut); never cleared.
-    failed: Option<String>,
+    failed: Option<FailureReason>,
     closed: Option<Closed>,
 }
 
@@ -363,15 +363,15 @@ impl PartitionLog {
     }
 
     /// Why the log refuses writes, if it does.
-    pub fn failure(&self) -> Option<String> {
+    pub fn failure(&self) -> Option<FailureReason> {
         lock(&self.sync).failed.clone()
     }
 
-    fn failed_error(&self, reason: &str) -> EngineError {
+    fn failed_error(&self, reason: &FailureReason) -> EngineError {
         EngineError::PartitionFailed {
             topic: self.topic.clone(),
             partition: self.partition,
-            reason: reason.to_string(),
+            reason: reason.clone(),
         }
     }
 
@@ -385,7 +385,7 @@ impl PartitionLog {
     }
 
     /// Puts the log into the failed state (first reason wins) and wakes every waiter.
-    fn fail(&self, reason: String) -> EngineError {
+    fn fail(&self, reason: FailureReason) -> EngineError {
         let mut s = lock(&self.sync);
         let reason = s.failed.get_or_insert(reason).clone();
         self.synced.notify_all();
@@ -394,7 +394,7 @@ impl PartitionLog {
 
     /// Puts the log into the failed state (it refuses writes until a restart runs
     /// recovery) when background work left its files out of line with its list.
-    pub fn mark_failed(&self, reason: String) -> EngineError {
+    pub fn mark_failed(&self, reason: FailureReason) -> EngineError {
         self.fail(reason)
     }
 

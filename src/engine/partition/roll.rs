@@ -97,10 +97,11 @@ impl PartitionLog {
                     .and_then(|()| self.storage.remove_file(&path.with_extension("index")));
                 return Err(match removed {
                     Ok(()) => EngineError::io(format!("opening {}", path.display()), e),
-                    Err(r) => self.fail(format!(
-                        "cannot open new segment {} ({e}) nor remove it ({r})",
-                        path.display()
-                    )),
+                    Err(r) => self.fail(FailureReason::NewSegmentStuck {
+                        path: path.clone(),
+                        open: Arc::new(e),
+                        remove: Arc::new(r),
+                    }),
                 });
             }
         };
