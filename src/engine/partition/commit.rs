@@ -80,7 +80,11 @@ impl PartitionLog {
     /// record from a readable end finds the durable end past it at its next request
     /// (which takes the sync lock), never an offset beyond the end.
     pub(super) fn publish_synced(&self, s: &mut SyncState, plan: &SyncPlan) {
+        // Group commits run one at a time, each planned after the one before published.
+        assert!(plan.target >= s.durable_end, "durable end would shrink");
+        assert!(plan.active_end <= plan.active_seg.written_end.load(Ordering::Acquire));
         for (seg, end) in &plan.pending.sealed {
+            debug_assert!(*end <= seg.written_end.load(Ordering::Acquire));
             seg.readable_end.fetch_max(*end, Ordering::AcqRel);
         }
         plan.active_seg

@@ -341,6 +341,13 @@ impl PartitionLog {
     }
 
     fn publish(&self, segments: Vec<Arc<Segment>>) {
+        assert!(!segments.is_empty(), "a log keeps its active segment");
+        debug_assert!(
+            segments
+                .windows(2)
+                .all(|p| matches!(p, [a, b] if a.base_offset < b.base_offset)),
+            "segment list not sorted by base offset"
+        );
         *self
             .segments
             .write()

@@ -140,6 +140,11 @@ impl PartitionLog {
             }
             let list = self.snapshot();
             let (gone, kept) = list.split_at(bases.len().min(list.len()));
+            assert_eq!(
+                gone.len(),
+                bases.len(),
+                "settled prefix longer than the list"
+            );
             let gone = gone.to_vec();
             self.publish(kept.to_vec());
             gone
