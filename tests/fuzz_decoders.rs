@@ -211,7 +211,7 @@ fn record_at_the_last_offset_then_a_torn_tail() {
     let check = check_partition(&p, CheckMode::Full).unwrap();
     let torn = check
         .all_problems()
-        .find(|p| p.kind == "torn_tail")
+        .find(|p| p.kind.as_str() == "torn_tail")
         .expect("torn tail reported");
     assert_eq!(torn.offset, None);
     assert_eq!(check.segments[0].last_offset, Some(u64::MAX));

@@ -20,7 +20,7 @@ use super::verify::{exit_code, problem_json, problem_line, resolve_target};
 use super::{BytesAs, ExitError, Global};
 use crate::engine::maintenance::check::{
     check_partition_with, classify_scan_end, read_index_bytes, segment_header, CheckMode,
-    IndexState, PartitionCheck, Problem, SegmentCheck, Severity,
+    IndexState, PartitionCheck, Problem, ProblemKind, SegmentCheck, Severity,
 };
 use crate::engine::storage::layout::{PartitionRef, Target};
 use crate::engine::storage::reader::{open_log, read_header, Next, RecordReader, ScanEnd};
@@ -77,7 +77,7 @@ struct Dumper<'a> {
     printed: u64,
     worst: Option<Severity>,
     /// Problems already printed for the current partition: (kind, file, position).
-    seen: HashSet<(&'static str, PathBuf, Option<u64>)>,
+    seen: HashSet<(ProblemKind, PathBuf, Option<u64>)>,
     /// Label lines between partitions (human output, several partitions).
     labels: bool,
 }

@@ -259,7 +259,7 @@ fn action_json(root: &Path, label: &str, a: &Action, backups: &[PathBuf]) -> Val
             reason,
             ..
         } => json!({
-            "next_offset": next_offset, "tail": kind, "reason": reason,
+            "next_offset": next_offset, "tail": kind.map_or("tail", |k| k.as_str()), "reason": reason,
             "records_cut": records_cut.map(|r| json!({
                 "first_offset": r.first_offset, "last_offset": r.last_offset, "count": r.count,
             })),

@@ -288,7 +288,7 @@ fn status(s: &SegmentCheck) -> String {
         s.problems
             .iter()
             .filter(|p| p.severity >= min)
-            .map(|p| p.kind)
+            .map(|p| p.kind.as_str())
             .collect::<Vec<_>>()
             .join(", ")
     };

@@ -3,7 +3,11 @@
 
 use std::io;
 use std::path::PathBuf;
+use std::sync::Arc;
 
+use crate::engine::maintenance::compaction::CompactionError;
+use crate::engine::maintenance::recovery::RecoveryError;
+use crate::engine::storage::layout::LayoutError;
 use crate::format::names::NameError;
 use crate::format::topic::TopicError;
 
@@ -43,7 +47,7 @@ pub enum EngineError {
     PartitionFailed {
         topic: String,
         partition: u32,
-        reason: String,
+        reason: FailureReason,
     },
     #[error("partition {topic}/{partition} is unavailable: {reason}")]
     PartitionUnavailable {
@@ -59,6 +63,80 @@ pub enum EngineError {
     ShuttingDown,
     #[error("{context}: {source}")]
     Io { context: String, source: io::Error },
+    /// Recovery of the data directory at startup failed.
+    #[error("data in {path} is corrupt: recovery failed: {source}")]
+    Recovery {
+        path: PathBuf,
+        source: RecoveryError,
+    },
+    /// A background compaction of a partition failed (nothing changed, or the swap
+    /// was interrupted and the log failed with it).
+    #[error("{}", compaction_message(.0))]
+    Compaction(#[source] CompactionError),
+    /// A topic's `topic.json` could not be read or is not valid.
+    #[error("{}", topic_meta_message(path, source))]
+    TopicMeta { path: PathBuf, source: LayoutError },
+}
+
+/// What a client is told of a failed compaction: an I/O error names what was being
+/// compacted, unreadable data is corruption, anything else a refused request.
+fn compaction_message(e: &CompactionError) -> String {
+    match e {
+        CompactionError::Io { path, source } => format!("compacting {}: {source}", path.display()),
+        CompactionError::Unreadable { path, detail, .. } => {
+            format!("data in {} is corrupt: {detail}", path.display())
+        }
+        other => format!("invalid request: {other}"),
+    }
+}
+
+/// `topic.json` at `path`: an I/O error names the file read, anything else is
+/// corruption of that file.
+fn topic_meta_message(path: &std::path::Path, e: &LayoutError) -> String {
+    match e {
+        LayoutError::Io { path, source } => format!("reading {}: {source}", path.display()),
+        other => format!("data in {} is corrupt: {other}", path.display()),
+    }
+}
+
+/// Why a partition log is failed: it refuses writes until a restart runs recovery.
+/// The first reason is kept for good; the I/O errors are shared by every error that
+/// reports it.
+#[derive(Clone, Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FailureReason {
+    /// A group-commit fsync failed (it is never retried).
+    #[error("fsync in {} failed: {error}", dir.display())]
+    FsyncFailed { dir: PathBuf, error: Arc<io::Error> },
+    /// A write failed part-way and cutting it off (truncate, fsync) failed too.
+    #[error("write to {} failed ({write}) and could not be cut off: {cut}", path.display())]
+    CutFailed {
+        path: PathBuf,
+        write: Arc<io::Error>,
+        cut: Arc<io::Error>,
+    },
+    /// A roll created a segment it could neither open nor remove.
+    #[error("cannot open new segment {} ({open}) nor remove it ({remove})", path.display())]
+    NewSegmentStuck {
+        path: PathBuf,
+        open: Arc<io::Error>,
+        remove: Arc<io::Error>,
+    },
+    /// A finished compaction swap wrote a segment the log cannot open.
+    #[error("cannot open segment {name} written by compaction: {error}")]
+    CompactedSegmentUnopenable {
+        name: String,
+        error: Arc<EngineError>,
+    },
+    /// The segments a compaction replaced on disk were no longer the log's oldest.
+    #[error("{}: the segments a compaction replaced are no longer the oldest", dir.display())]
+    CompactionRaced { dir: PathBuf },
+    /// A compaction swap failed after its marker was written.
+    #[error("{label}: {error}")]
+    CompactionInterrupted {
+        label: String,
+        error: Arc<CompactionError>,
+    },
 }
 
 impl EngineError {
@@ -89,7 +167,10 @@ mod tests {
             EngineError::PartitionFailed {
                 topic: "t".into(),
                 partition: 1,
-                reason: "fsync failed".into(),
+                reason: FailureReason::FsyncFailed {
+                    dir: "d".into(),
+                    error: Arc::new(io::Error::other("disk full")),
+                },
             },
             EngineError::io("writing x", io::Error::other("disk full")),
         ];

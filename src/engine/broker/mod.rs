@@ -25,7 +25,7 @@ use crate::engine::partition::cleanup::{CleanupStats, CompactionDone, PartitionC
 use crate::engine::partition::{create_first_segment, now_ms, Closed, LogStats, PartitionLog};
 pub use crate::engine::partition::{FetchChunk, NewRecord};
 use crate::engine::storage::io::{write_file_atomic, Storage, StorageRef};
-use crate::engine::storage::layout::{self, LayoutError};
+use crate::engine::storage::layout;
 use crate::engine::storage::lock::{DirLock, LockError};
 use crate::format::names::{validate_name, TOPICS_DIR, TOPIC_FILE};
 use crate::format::topic::{TopicConfig, TopicError, TopicMeta, PARTITIONS_MAX};

@@ -95,12 +95,13 @@ pub(super) fn run_recovery(
     storage: &dyn Storage,
     data_dir: &Path,
 ) -> Result<Vec<String>, EngineError> {
-    let report = crate::engine::maintenance::recovery::recover(storage, data_dir).map_err(|e| {
-        EngineError::Corrupt {
-            path: data_dir.to_path_buf(),
-            detail: format!("recovery failed: {e}"),
-        }
-    })?;
+    let report =
+        crate::engine::maintenance::recovery::recover(storage, data_dir).map_err(|source| {
+            EngineError::Recovery {
+                path: data_dir.to_path_buf(),
+                source,
+            }
+        })?;
     if report.action_count() == 0 && report.is_consistent() {
         return Ok(Vec::new());
     }
@@ -201,15 +202,7 @@ pub(super) fn list_dir(dir: &Path) -> Result<Vec<(String, PathBuf)>, EngineError
 /// Reads and validates `dir/topic.json` (through the layout module, the one reader).
 pub(super) fn read_topic_meta(dir: &Path) -> Result<TopicMeta, EngineError> {
     let path = dir.join(TOPIC_FILE);
-    layout::read_topic_meta(&path).map_err(|e| match e {
-        LayoutError::Io { path, source } => {
-            EngineError::io(format!("reading {}", path.display()), source)
-        }
-        other => EngineError::Corrupt {
-            path,
-            detail: other.to_string(),
-        },
-    })
+    layout::read_topic_meta(&path).map_err(|source| EngineError::TopicMeta { path, source })
 }
 
 /// Opens every topic under `topics_dir`. A topic whose `topic.json` is unreadable is

@@ -252,7 +252,7 @@ pub(super) fn partition_info(partition: u32, slot: &Slot, cleanup: CleanupStats)
                 end_offset: log.durable_end(),
                 segments: segs.len() as u64,
                 bytes: segs.iter().map(|s| s.bytes()).sum(),
-                error: log.failure(),
+                error: log.failure().map(|r| r.to_string()),
                 cleanup,
             }
         }

@@ -47,11 +47,218 @@ impl Severity {
     }
 }
 
+/// What a problem is: one variant per finding the check reports. Each has a stable
+/// snake_case name ([`ProblemKind::as_str`], the `kind` of the JSON and the tables) and
+/// the severity it has by default ([`ProblemKind::severity`]). It serializes as its
+/// name (two kinds share `zero_tail`, so the name is not derived from the variant).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ProblemKind {
+    // ----- partition level -----
+    /// A compaction marker: the swap did not finish, or never started.
+    UnfinishedCompaction,
+    /// A `.tmp` file (of an unfinished compaction, or left with no marker).
+    LeftoverTempFile,
+    /// An `.index` whose `.log` is gone.
+    OrphanIndex,
+    /// A file seglog does not know; left alone.
+    UnknownFile,
+    /// A segment starts at or below the last offset of the one before.
+    SegmentsOverlap,
+    /// Offsets are missing between two segments of a partition that is not compacted.
+    SegmentsDoNotJoin,
+
+    // ----- segment header -----
+    /// The header's base offset is not the file name's.
+    BaseOffsetMismatch,
+    /// The newest segment's header is short or zero: it never became durable.
+    NeverDurableSegment,
+    /// A header shorter than 32 bytes (not on the newest segment).
+    ShortHeader,
+    /// An all-zero header (not on the newest segment).
+    ZeroHeader,
+    /// A header that fails its checks (magic, version, length, flags, CRC).
+    BadHeader,
+
+    // ----- after the active segment's data -----
+    /// Zero bytes up to the end of the file (unwritten or preallocated).
+    ZeroTail,
+    /// Records of an older generation (a reused spare).
+    StaleTail,
+    /// Anything else: a write that never completed, never acknowledged.
+    TornTail,
+
+    // ----- after a sealed segment's data -----
+    /// Zero bytes or stale records up to the end of the file: a roll that did not
+    /// finish its truncation.
+    UnfinishedSeal,
+    /// Zero bytes followed by something else. Reported as `zero_tail`, the name the
+    /// record decoder gives a zero `record_len`; unlike [`ProblemKind::ZeroTail`] the
+    /// data cannot be read past it.
+    SealedZeroRun,
+    /// A record cut short.
+    TornRecord,
+    /// A `record_len` outside the plausible range.
+    ImplausibleLength,
+    BadKeyLen,
+    BadValueLen,
+    CrcMismatch,
+    /// A record of another generation than the segment's, before the end of its data.
+    StaleGeneration,
+    /// A record longer than `MAX_RECORD_LEN`.
+    TooLarge,
+    /// A valid record whose offset does not increase.
+    OffsetOutOfOrder,
+
+    // ----- index file -----
+    MissingIndex,
+    /// The index length is not a multiple of 16.
+    PartialIndexEntry,
+    IndexNotIncreasing,
+    /// An entry points at or past the end of the valid data.
+    IndexPastData,
+    /// An entry differs from the one the rule gives.
+    WrongIndexEntry,
+    /// More or fewer entries than the rule gives.
+    WrongIndexLength,
+}
+
+impl ProblemKind {
+    /// The stable machine-readable name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProblemKind::UnfinishedCompaction => "unfinished_compaction",
+            ProblemKind::LeftoverTempFile => "leftover_temp_file",
+            ProblemKind::OrphanIndex => "orphan_index",
+            ProblemKind::UnknownFile => "unknown_file",
+            ProblemKind::SegmentsOverlap => "segments_overlap",
+            ProblemKind::SegmentsDoNotJoin => "segments_do_not_join",
+            ProblemKind::BaseOffsetMismatch => "base_offset_mismatch",
+            ProblemKind::NeverDurableSegment => "never_durable_segment",
+            ProblemKind::ShortHeader => "short_header",
+            ProblemKind::ZeroHeader => "zero_header",
+            ProblemKind::BadHeader => "bad_header",
+            ProblemKind::ZeroTail | ProblemKind::SealedZeroRun => "zero_tail",
+            ProblemKind::StaleTail => "stale_tail",
+            ProblemKind::TornTail => "torn_tail",
+            ProblemKind::UnfinishedSeal => "unfinished_seal",
+            ProblemKind::TornRecord => "torn_record",
+            ProblemKind::ImplausibleLength => "implausible_length",
+            ProblemKind::BadKeyLen => "bad_key_len",
+            ProblemKind::BadValueLen => "bad_value_len",
+            ProblemKind::CrcMismatch => "crc_mismatch",
+            ProblemKind::StaleGeneration => "stale_generation",
+            ProblemKind::TooLarge => "too_large",
+            ProblemKind::OffsetOutOfOrder => "offset_out_of_order",
+            ProblemKind::MissingIndex => "missing_index",
+            ProblemKind::PartialIndexEntry => "partial_index_entry",
+            ProblemKind::IndexNotIncreasing => "index_not_increasing",
+            ProblemKind::IndexPastData => "index_past_data",
+            ProblemKind::WrongIndexEntry => "wrong_index_entry",
+            ProblemKind::WrongIndexLength => "wrong_index_length",
+        }
+    }
+
+    /// The severity a problem of this kind is reported with. Only the continuity
+    /// problems of segments named by a compaction marker that parses are reported as
+    /// repairable instead (recovery finishes the swap).
+    pub fn severity(self) -> Severity {
+        match self {
+            ProblemKind::UnknownFile | ProblemKind::ZeroTail | ProblemKind::StaleTail => {
+                Severity::Info
+            }
+            ProblemKind::UnfinishedCompaction
+            | ProblemKind::LeftoverTempFile
+            | ProblemKind::OrphanIndex
+            | ProblemKind::NeverDurableSegment
+            | ProblemKind::TornTail
+            | ProblemKind::UnfinishedSeal
+            | ProblemKind::MissingIndex
+            | ProblemKind::PartialIndexEntry
+            | ProblemKind::IndexNotIncreasing
+            | ProblemKind::IndexPastData
+            | ProblemKind::WrongIndexEntry
+            | ProblemKind::WrongIndexLength => Severity::Repairable,
+            ProblemKind::SegmentsOverlap
+            | ProblemKind::SegmentsDoNotJoin
+            | ProblemKind::BaseOffsetMismatch
+            | ProblemKind::ShortHeader
+            | ProblemKind::ZeroHeader
+            | ProblemKind::BadHeader
+            | ProblemKind::SealedZeroRun
+            | ProblemKind::TornRecord
+            | ProblemKind::ImplausibleLength
+            | ProblemKind::BadKeyLen
+            | ProblemKind::BadValueLen
+            | ProblemKind::CrcMismatch
+            | ProblemKind::StaleGeneration
+            | ProblemKind::TooLarge
+            | ProblemKind::OffsetOutOfOrder => Severity::Corrupt,
+        }
+    }
+
+    /// The kind of a header that fails its checks (on any segment but a newest one
+    /// that never became durable).
+    pub fn of_header_error(e: &HeaderError) -> ProblemKind {
+        match e {
+            HeaderError::Short { .. } => ProblemKind::ShortHeader,
+            HeaderError::AllZero => ProblemKind::ZeroHeader,
+            HeaderError::BadMagic { .. }
+            | HeaderError::BadVersion { .. }
+            | HeaderError::BadHeaderLen { .. }
+            | HeaderError::UnknownFlags { .. }
+            | HeaderError::CrcMismatch { .. } => ProblemKind::BadHeader,
+        }
+    }
+
+    /// The kind of an index file that is not what the rule gives.
+    pub fn of_index_error(e: &IndexError) -> ProblemKind {
+        match e {
+            IndexError::PartialEntry { .. } => ProblemKind::PartialIndexEntry,
+            IndexError::NotIncreasing { .. } => ProblemKind::IndexNotIncreasing,
+            IndexError::PastData { .. } => ProblemKind::IndexPastData,
+            IndexError::WrongEntry { .. } => ProblemKind::WrongIndexEntry,
+            IndexError::WrongCount { .. } => ProblemKind::WrongIndexLength,
+        }
+    }
+
+    /// The kind of what ends a sealed segment's valid data before the end of the file,
+    /// when it is not an unfinished seal. `None` at the end of the file.
+    fn of_sealed_end(end: &ScanEnd) -> Option<ProblemKind> {
+        let kind = match end {
+            ScanEnd::Eof => return None,
+            ScanEnd::OffsetOrder { .. } => ProblemKind::OffsetOutOfOrder,
+            ScanEnd::Record(e) => match e {
+                RecordError::Zero { .. } => ProblemKind::SealedZeroRun,
+                RecordError::Truncated { .. } => ProblemKind::TornRecord,
+                RecordError::ImplausibleLength { .. } => ProblemKind::ImplausibleLength,
+                RecordError::BadKeyLen { .. } => ProblemKind::BadKeyLen,
+                RecordError::BadValueLen { .. } => ProblemKind::BadValueLen,
+                RecordError::CrcMismatch { .. } => ProblemKind::CrcMismatch,
+                RecordError::StaleGeneration { .. } => ProblemKind::StaleGeneration,
+                RecordError::TooLarge { .. } => ProblemKind::TooLarge,
+            },
+        };
+        Some(kind)
+    }
+}
+
+impl serde::Serialize for ProblemKind {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+impl std::fmt::Display for ProblemKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// One finding.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Problem {
-    /// Stable machine-readable name (`torn_tail`, `crc_mismatch`, `missing_index`, …).
-    pub kind: &'static str,
+    pub kind: ProblemKind,
+    /// `kind.severity()`, but for what [`excuse_swap_in_progress`] lowers.
     pub severity: Severity,
     /// The file the problem is in.
     pub file: PathBuf,
@@ -172,8 +379,7 @@ impl PartitionCheck {
 }
 
 fn problem(
-    kind: &'static str,
-    severity: Severity,
+    kind: ProblemKind,
     file: &Path,
     position: Option<u64>,
     offset: Option<u64>,
@@ -181,7 +387,7 @@ fn problem(
 ) -> Problem {
     Problem {
         kind,
-        severity,
+        severity: kind.severity(),
         file: file.to_path_buf(),
         position,
         offset,
@@ -224,8 +430,7 @@ pub fn check_partition_with(
             }
         };
         out.problems.push(problem(
-            "unfinished_compaction",
-            Severity::Repairable,
+            ProblemKind::UnfinishedCompaction,
             path,
             Some(0),
             None,
@@ -240,8 +445,7 @@ pub fn check_partition_with(
             "leftover temporary file with no compaction marker (recover removes it)".to_string()
         };
         out.problems.push(problem(
-            "leftover_temp_file",
-            Severity::Repairable,
+            ProblemKind::LeftoverTempFile,
             tmp,
             None,
             None,
@@ -250,25 +454,13 @@ pub fn check_partition_with(
     }
     for idx in &listing.orphan_indexes {
         let detail = "index file without its .log (recover removes it)".to_string();
-        out.problems.push(problem(
-            "orphan_index",
-            Severity::Repairable,
-            idx,
-            None,
-            None,
-            detail,
-        ));
+        out.problems
+            .push(problem(ProblemKind::OrphanIndex, idx, None, None, detail));
     }
     for path in &listing.unknown {
         let detail = "file seglog does not know; left alone".to_string();
-        out.problems.push(problem(
-            "unknown_file",
-            Severity::Info,
-            path,
-            None,
-            None,
-            detail,
-        ));
+        out.problems
+            .push(problem(ProblemKind::UnknownFile, path, None, None, detail));
     }
     let newest = listing.segments.last().map(|s| s.base_offset);
     for files in &listing.segments {
@@ -305,7 +497,10 @@ fn excuse_swap_in_progress(out: &mut PartitionCheck) {
         })
         .collect();
     for p in &mut out.problems {
-        let continuity = matches!(p.kind, "segments_overlap" | "segments_do_not_join");
+        let continuity = matches!(
+            p.kind,
+            ProblemKind::SegmentsOverlap | ProblemKind::SegmentsDoNotJoin
+        );
         if continuity && p.severity == Severity::Corrupt && named.contains(&p.file) {
             p.severity = Severity::Repairable;
             p.detail
@@ -425,8 +620,7 @@ pub fn segment_header(
                 h.base_offset, files.base_offset
             );
             Err(problem(
-                "base_offset_mismatch",
-                Severity::Corrupt,
+                ProblemKind::BaseOffsetMismatch,
                 &files.log,
                 Some(8),
                 None,
@@ -444,8 +638,7 @@ fn header_problem(e: &HeaderError, files: &SegmentFiles, active: bool, file_len:
             "{e}: the newest segment never became durable ({file_len} bytes, no record acknowledged); recover removes it"
         );
         return problem(
-            "never_durable_segment",
-            Severity::Repairable,
+            ProblemKind::NeverDurableSegment,
             &files.log,
             Some(0),
             None,
@@ -454,8 +647,7 @@ fn header_problem(e: &HeaderError, files: &SegmentFiles, active: bool, file_len:
     }
     let detail = format!("{e}; the whole segment ({file_len} bytes) cannot be read");
     problem(
-        e.kind(),
-        Severity::Corrupt,
+        ProblemKind::of_header_error(e),
         &files.log,
         Some(e.position()),
         Some(files.base_offset),
@@ -489,7 +681,7 @@ pub fn classify_scan_end(
     last_offset: Option<u64>,
     file_len: u64,
 ) -> io::Result<Option<Problem>> {
-    let Some(position) = end.position() else {
+    let (Some(position), Some(damage)) = (end.position(), ProblemKind::of_sealed_end(end)) else {
         return Ok(None);
     };
     let log = &files.log;
@@ -505,24 +697,21 @@ pub fn classify_scan_end(
     let p = if active {
         match end {
             ScanEnd::Record(RecordError::Zero { .. }) => problem(
-                "zero_tail",
-                Severity::Info,
+                ProblemKind::ZeroTail,
                 log,
                 Some(position),
                 None,
                 format!("{tail} unwritten (zero) bytes after the data; recover trims them"),
             ),
             ScanEnd::Record(RecordError::StaleGeneration { writer_generation, .. }) => problem(
-                "stale_tail",
-                Severity::Info,
+                ProblemKind::StaleTail,
                 log,
                 Some(position),
                 None,
                 format!("{tail} bytes after the data hold records of older generation {writer_generation}; recover trims them"),
             ),
             end => problem(
-                "torn_tail",
-                Severity::Repairable,
+                ProblemKind::TornTail,
                 log,
                 Some(position),
                 next,
@@ -536,8 +725,7 @@ pub fn classify_scan_end(
             "zero bytes"
         };
         problem(
-            "unfinished_seal",
-            Severity::Repairable,
+            ProblemKind::UnfinishedSeal,
             log,
             Some(position),
             None,
@@ -545,8 +733,7 @@ pub fn classify_scan_end(
         )
     } else {
         problem(
-            end.kind(),
-            Severity::Corrupt,
+            damage,
             log,
             Some(position),
             next,
@@ -745,16 +932,14 @@ fn index_problem(state: &IndexState, files: &SegmentFiles, active: bool) -> Opti
     match state {
         IndexState::Valid | IndexState::NotChecked => None,
         IndexState::Missing => Some(problem(
-            "missing_index",
-            Severity::Repairable,
+            ProblemKind::MissingIndex,
             &files.index,
             None,
             None,
             format!("index of the {which} segment is missing (reindex or recover rebuilds it)"),
         )),
         IndexState::Invalid(e) => Some(problem(
-            e.kind(),
-            Severity::Repairable,
+            ProblemKind::of_index_error(e),
             &files.index,
             Some(e.position()),
             None,
@@ -785,8 +970,7 @@ fn check_continuity(out: &mut PartitionCheck) {
         if let Some((last, p)) = prev {
             if first <= last || seg.base_offset() <= last {
                 found.push(problem(
-                    "segments_overlap",
-                    Severity::Corrupt,
+                    ProblemKind::SegmentsOverlap,
                     &seg.files.log,
                     Some(HEADER_LEN as u64),
                     Some(first),
@@ -798,8 +982,7 @@ fn check_continuity(out: &mut PartitionCheck) {
                 ));
             } else if !compacted && !gap_explained && first != last + 1 {
                 found.push(problem(
-                    "segments_do_not_join",
-                    Severity::Corrupt,
+                    ProblemKind::SegmentsDoNotJoin,
                     &seg.files.log,
                     Some(HEADER_LEN as u64),
                     Some(last + 1),
@@ -817,4 +1000,122 @@ fn check_continuity(out: &mut PartitionCheck) {
         gap_explained = seg.is_corrupt();
     }
     out.problems.extend(found);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The names the check reports for decoder errors are the names the decoders give
+    /// them, so reports and decoders never disagree.
+    #[test]
+    fn kinds_of_decoder_errors_keep_the_decoders_names() {
+        let headers = [
+            HeaderError::Short { len: 3 },
+            HeaderError::AllZero,
+            HeaderError::BadMagic { found: [0; 4] },
+            HeaderError::BadVersion { found: 9 },
+            HeaderError::BadHeaderLen { found: 9 },
+            HeaderError::UnknownFlags { found: 1 },
+            HeaderError::CrcMismatch {
+                stored: 1,
+                computed: 2,
+            },
+        ];
+        for e in &headers {
+            assert_eq!(ProblemKind::of_header_error(e).as_str(), e.kind(), "{e:?}");
+        }
+        let indexes = [
+            IndexError::PartialEntry { len: 3 },
+            IndexError::NotIncreasing {
+                at: 0,
+                relative_offset: 0,
+                position: 0,
+            },
+            IndexError::PastData {
+                at: 0,
+                position: 0,
+                data_end: 0,
+            },
+            IndexError::WrongEntry {
+                at: 0,
+                found_relative_offset: 0,
+                found_position: 0,
+                relative_offset: 0,
+                position: 0,
+            },
+            IndexError::WrongCount {
+                at: 0,
+                found: 0,
+                expected: 0,
+            },
+        ];
+        for e in &indexes {
+            assert_eq!(ProblemKind::of_index_error(e).as_str(), e.kind(), "{e:?}");
+        }
+        let ends = [
+            ScanEnd::Record(RecordError::Zero { position: 32 }),
+            ScanEnd::Record(RecordError::Truncated {
+                position: 32,
+                needed: 9,
+                available: 1,
+            }),
+            ScanEnd::Record(RecordError::ImplausibleLength {
+                position: 32,
+                record_len: 1,
+            }),
+            ScanEnd::Record(RecordError::BadKeyLen {
+                position: 32,
+                key_len: 7,
+                record_len: 30,
+            }),
+            ScanEnd::Record(RecordError::BadValueLen {
+                position: 32,
+                value_len: 7,
+                expected: 1,
+            }),
+            ScanEnd::Record(RecordError::CrcMismatch {
+                position: 32,
+                stored: 1,
+                expected: 2,
+                computed: 3,
+            }),
+            ScanEnd::Record(RecordError::StaleGeneration {
+                position: 32,
+                writer_generation: 1,
+                generation: 2,
+            }),
+            ScanEnd::Record(RecordError::TooLarge { len: u64::MAX }),
+            ScanEnd::OffsetOrder {
+                position: 32,
+                offset: 1,
+                previous: Some(2),
+                base_offset: 0,
+            },
+        ];
+        for end in &ends {
+            let kind = ProblemKind::of_sealed_end(end);
+            assert_eq!(kind.map(ProblemKind::as_str), Some(end.kind()), "{end:?}");
+            assert_eq!(kind.map(ProblemKind::severity), Some(Severity::Corrupt));
+        }
+        assert_eq!(ProblemKind::of_sealed_end(&ScanEnd::Eof), None);
+    }
+
+    #[test]
+    fn json_names_are_the_stable_names() {
+        for kind in [
+            ProblemKind::UnfinishedCompaction,
+            ProblemKind::SegmentsDoNotJoin,
+            ProblemKind::NeverDurableSegment,
+            ProblemKind::TornTail,
+            ProblemKind::ZeroTail,
+            ProblemKind::SealedZeroRun,
+            ProblemKind::OffsetOutOfOrder,
+            ProblemKind::WrongIndexLength,
+        ] {
+            let json = serde_json::to_value(kind).unwrap_or_default();
+            assert_eq!(json.as_str(), Some(kind.as_str()), "{kind:?}");
+            assert_eq!(kind.to_string(), kind.as_str());
+        }
+    }
 }

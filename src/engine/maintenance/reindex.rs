@@ -20,7 +20,8 @@ use crate::format::index::{IndexEntry, IndexError};
 use crate::format::names::COMPACTION_MARKER;
 
 use crate::engine::maintenance::check::{
-    check_partition_with, read_index_bytes, CheckMode, IndexState, PartitionCheck, SegmentCheck,
+    check_partition_with, read_index_bytes, CheckMode, IndexState, PartitionCheck, ProblemKind,
+    SegmentCheck,
 };
 use crate::engine::storage::io::Storage;
 use crate::engine::storage::layout::{list_partition, PartitionRef, SegmentFiles};
@@ -40,8 +41,8 @@ impl Reason {
     /// Stable machine-readable name.
     pub fn kind(&self) -> &'static str {
         match self {
-            Reason::Missing => "missing_index",
-            Reason::Invalid(e) => e.kind(),
+            Reason::Missing => ProblemKind::MissingIndex.as_str(),
+            Reason::Invalid(e) => ProblemKind::of_index_error(e).as_str(),
             Reason::Forced => "forced",
         }
     }

@@ -23,6 +23,8 @@ use std::time::{Duration, Instant};
 
 use crate::engine::broker::{Broker, NewRecord};
 use crate::engine::error::EngineError;
+use crate::engine::maintenance::compaction::CompactionError;
+use crate::engine::storage::layout::LayoutError;
 use crate::format::names::validate_name;
 use crate::format::topic::{TopicConfig, CONFIG_KEYS};
 use crate::format::wire::{
@@ -761,6 +763,16 @@ pub fn engine_error(e: EngineError) -> (ErrorCode, String) {
         EngineError::Corrupt { .. } => ErrorCode::CORRUPT_DATA,
         EngineError::ShuttingDown => ErrorCode::SHUTTING_DOWN,
         EngineError::Io { .. } => ErrorCode::STORAGE,
+        EngineError::Recovery { .. } => ErrorCode::CORRUPT_DATA,
+        EngineError::Compaction(c) => match c {
+            CompactionError::Io { .. } => ErrorCode::STORAGE,
+            CompactionError::Unreadable { .. } => ErrorCode::CORRUPT_DATA,
+            _ => ErrorCode::INVALID_REQUEST,
+        },
+        EngineError::TopicMeta { source, .. } => match source {
+            LayoutError::Io { .. } => ErrorCode::STORAGE,
+            _ => ErrorCode::CORRUPT_DATA,
+        },
         _ => ErrorCode::INTERNAL,
     };
     (code, e.to_string())

@@ -109,6 +109,15 @@ impl PartitionLog {
             });
         };
         let enc = encode_batch(records, &w.active, base, batch_len, now)?;
+        assert!(
+            base >= w.active.seg.base_offset,
+            "offset below the active segment"
+        );
+        assert_eq!(
+            enc.log_bytes.len() as u64,
+            batch_len,
+            "encoded batch differs from its checked size"
+        );
         self.write_batch(&w.active, &enc)?;
         let a = &mut w.active;
         a.data_end += enc.log_bytes.len() as u64;
@@ -123,11 +132,18 @@ impl PartitionLog {
             .extend(enc.entries);
         a.seg.written_end.store(a.data_end, Ordering::Release);
         w.next_offset = next_offset;
+        assert!(a_written_end_is_data_end(&w.active));
         self.stats.produce_requests.fetch_add(1, Ordering::Relaxed);
         self.stats
             .records_appended
             .fetch_add(count, Ordering::Relaxed);
-        let unflushed = w.next_offset - lock(&self.sync).durable_end;
+        let durable_end = lock(&self.sync).durable_end;
+        assert!(
+            durable_end <= w.next_offset,
+            "durable end {durable_end} past the next offset {}",
+            w.next_offset
+        );
+        let unflushed = w.next_offset - durable_end;
         Ok(Appended {
             base_offset: base,
             last_offset: base + count - 1,
@@ -168,7 +184,6 @@ impl PartitionLog {
     /// and the index to its entries, 2. fsync both, so no part of the failed write can
     /// come back after a crash. If either step fails the log is failed.
     pub(super) fn cut_back(&self, a: &Active, err: io::Error, what: &str) -> EngineError {
-        let path = a.seg.path.display();
         let cut = (|| {
             // 1.
             a.log.set_len(a.data_end)?;
@@ -178,12 +193,24 @@ impl PartitionLog {
             self.sync_all(&*a.index)
         })();
         match cut {
-            Ok(()) => EngineError::io(format!("{what} {path} at position {}", a.data_end), err),
-            Err(e) => self.fail(format!(
-                "write to {path} failed ({err}) and could not be cut off: {e}"
-            )),
+            Ok(()) => EngineError::io(
+                format!("{what} {} at position {}", a.seg.path.display(), a.data_end),
+                err,
+            ),
+            Err(e) => self.fail(FailureReason::CutFailed {
+                path: a.seg.path.clone(),
+                write: Arc::new(err),
+                cut: Arc::new(e),
+            }),
         }
     }
+}
+
+/// The active segment's published end is the end of its data, inside the file.
+fn a_written_end_is_data_end(a: &Active) -> bool {
+    a.seg.written_end.load(Ordering::Acquire) == a.data_end
+        && a.data_end <= a.file_len
+        && a.data_end >= HEADER_LEN as u64
 }
 
 pub(super) fn should_roll(a: &Active, batch_len: u64, config: &TopicConfig, now: i64) -> bool {

@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use crate::engine::error::EngineError;
+use crate::engine::error::{EngineError, FailureReason};
 use crate::engine::maintenance::compaction::{
     prepare_compaction, CompactionError, CompactionOptions, CompactionReport,
 };
@@ -312,7 +312,7 @@ impl Visit<'_> {
         let paced = self.paced();
         let prepared = match prepare_compaction(&paced, &p, &opts) {
             Ok(prepared) => prepared,
-            Err(e) => return Err(self.given_up().unwrap_or_else(|| compaction_error(e))),
+            Err(e) => return Err(self.given_up().unwrap_or(EngineError::Compaction(e))),
         };
         if !prepared.needs_swap() {
             return Ok(CompactionDone::Skipped(prepared.into_report()));
@@ -335,22 +335,13 @@ impl Visit<'_> {
                 Ok(CompactionDone::Swapped(report))
             }
             Err(e @ CompactionError::Interrupted { .. }) => {
-                Err(log.mark_failed(format!("{}: {e}", self.label())))
+                Err(log.mark_failed(FailureReason::CompactionInterrupted {
+                    label: self.label(),
+                    error: Arc::new(e),
+                }))
             }
-            Err(e) => Err(compaction_error(e)),
+            Err(e) => Err(EngineError::Compaction(e)),
         }
-    }
-}
-
-fn compaction_error(e: CompactionError) -> EngineError {
-    match e {
-        CompactionError::Io { path, source } => {
-            EngineError::io(format!("compacting {}", path.display()), source)
-        }
-        CompactionError::Unreadable { path, detail, .. } => EngineError::Corrupt { path, detail },
-        other => EngineError::InvalidRequest {
-            detail: other.to_string(),
-        },
     }
 }
 

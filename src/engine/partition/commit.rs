@@ -55,7 +55,7 @@ impl PartitionLog {
     /// Takes a plan under the write lock and runs it without the lock. Returns the
     /// plan, to be published by [`PartitionLog::publish_synced`], or why the fsync
     /// failed.
-    pub(super) fn sync_once(&self) -> Result<SyncPlan, String> {
+    pub(super) fn sync_once(&self) -> Result<SyncPlan, FailureReason> {
         let plan = {
             let mut w = lock(&self.write);
             SyncPlan {
@@ -68,7 +68,10 @@ impl PartitionLog {
             }
         };
         self.execute(&plan)
-            .map_err(|e| format!("fsync in {} failed: {e}", self.dir.display()))?;
+            .map_err(|e| FailureReason::FsyncFailed {
+                dir: self.dir.clone(),
+                error: Arc::new(e),
+            })?;
         Ok(plan)
     }
 
@@ -77,7 +80,11 @@ impl PartitionLog {
     /// record from a readable end finds the durable end past it at its next request
     /// (which takes the sync lock), never an offset beyond the end.
     pub(super) fn publish_synced(&self, s: &mut SyncState, plan: &SyncPlan) {
+        // Group commits run one at a time, each planned after the one before published.
+        assert!(plan.target >= s.durable_end, "durable end would shrink");
+        assert!(plan.active_end <= plan.active_seg.written_end.load(Ordering::Acquire));
         for (seg, end) in &plan.pending.sealed {
+            debug_assert!(*end <= seg.written_end.load(Ordering::Acquire));
             seg.readable_end.fetch_max(*end, Ordering::AcqRel);
         }
         plan.active_seg

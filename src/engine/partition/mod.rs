@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::engine::error::EngineError;
+use crate::engine::error::{EngineError, FailureReason};
 use crate::engine::storage::io::{Storage, StorageFile, StorageRef};
 use crate::engine::storage::reader::{read_header, scan_segment, RecordReader, ScanEnd};
 use crate::format::index::{decode_index, lookup};
@@ -218,7 +218,7 @@ struct SyncState {
     /// A thread is running an fsync for this log.
     syncing: bool,
     /// Set by the first failed fsync (or failed cut); never cleared.
-    failed: Option<String>,
+    failed: Option<FailureReason>,
     closed: Option<Closed>,
 }
 
@@ -336,6 +336,13 @@ impl PartitionLog {
     }
 
     fn publish(&self, segments: Vec<Arc<Segment>>) {
+        assert!(!segments.is_empty(), "a log keeps its active segment");
+        debug_assert!(
+            segments
+                .windows(2)
+                .all(|p| matches!(p, [a, b] if a.base_offset < b.base_offset)),
+            "segment list not sorted by base offset"
+        );
         *self
             .segments
             .write()
@@ -358,15 +365,15 @@ impl PartitionLog {
     }
 
     /// Why the log refuses writes, if it does.
-    pub fn failure(&self) -> Option<String> {
+    pub fn failure(&self) -> Option<FailureReason> {
         lock(&self.sync).failed.clone()
     }
 
-    fn failed_error(&self, reason: &str) -> EngineError {
+    fn failed_error(&self, reason: &FailureReason) -> EngineError {
         EngineError::PartitionFailed {
             topic: self.topic.clone(),
             partition: self.partition,
-            reason: reason.to_string(),
+            reason: reason.clone(),
         }
     }
 
@@ -380,7 +387,7 @@ impl PartitionLog {
     }
 
     /// Puts the log into the failed state (first reason wins) and wakes every waiter.
-    fn fail(&self, reason: String) -> EngineError {
+    fn fail(&self, reason: FailureReason) -> EngineError {
         let mut s = lock(&self.sync);
         let reason = s.failed.get_or_insert(reason).clone();
         self.synced.notify_all();
@@ -389,7 +396,7 @@ impl PartitionLog {
 
     /// Puts the log into the failed state (it refuses writes until a restart runs
     /// recovery) when background work left its files out of line with its list.
-    pub fn mark_failed(&self, reason: String) -> EngineError {
+    pub fn mark_failed(&self, reason: FailureReason) -> EngineError {
         self.fail(reason)
     }
 

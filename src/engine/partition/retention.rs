@@ -141,6 +141,11 @@ impl PartitionLog {
             }
             let list = self.snapshot();
             let (gone, kept) = list.split_at(bases.len().min(list.len()));
+            assert_eq!(
+                gone.len(),
+                bases.len(),
+                "settled prefix longer than the list"
+            );
             let gone = gone.to_vec();
             self.publish(kept.to_vec());
             gone
@@ -211,20 +216,19 @@ impl PartitionLog {
             match open_sealed(&self.dir, base, &mut notes) {
                 Ok(seg) => opened.push(Arc::new(seg)),
                 Err(e) => {
-                    return Err(self.fail(format!(
-                        "cannot open segment {} written by compaction: {e}",
-                        log_file_name(base)
-                    )))
+                    return Err(self.fail(FailureReason::CompactedSegmentUnopenable {
+                        name: log_file_name(base),
+                        error: Arc::new(e),
+                    }))
                 }
             }
         }
         let w = lock(&self.write);
         if !self.is_settled_prefix(&w, replaced) {
             drop(w);
-            return Err(self.fail(format!(
-                "{}: the segments a compaction replaced are no longer the oldest",
-                self.dir.display()
-            )));
+            return Err(self.fail(FailureReason::CompactionRaced {
+                dir: self.dir.clone(),
+            }));
         }
         let list = self.snapshot();
         opened.extend(list.iter().skip(replaced.len()).cloned());

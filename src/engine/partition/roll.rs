@@ -68,6 +68,8 @@ impl PartitionLog {
     pub(super) fn roll(&self, w: &mut WriteState, now: i64) -> Result<(), EngineError> {
         let base = w.next_offset;
         let old = &mut w.active;
+        // Only a segment that holds records is rolled: the new base is above the old.
+        assert!(base > old.seg.base_offset && old.data_end > HEADER_LEN as u64);
         // 1.
         if old.file_len > old.data_end {
             old.log.set_len(old.data_end).map_err(|e| {
@@ -97,10 +99,11 @@ impl PartitionLog {
                     .and_then(|()| self.storage.remove_file(&path.with_extension("index")));
                 return Err(match removed {
                     Ok(()) => EngineError::io(format!("opening {}", path.display()), e),
-                    Err(r) => self.fail(format!(
-                        "cannot open new segment {} ({e}) nor remove it ({r})",
-                        path.display()
-                    )),
+                    Err(r) => self.fail(FailureReason::NewSegmentStuck {
+                        path: path.clone(),
+                        open: Arc::new(e),
+                        remove: Arc::new(r),
+                    }),
                 });
             }
         };

@@ -37,13 +37,15 @@ use crate::format::record::{claimed_encoded_len, LEN_FIELD};
 use crate::format::{HeaderError, IndexEntry, SegmentHeader, INDEX_ENTRY_LEN};
 
 use crate::engine::maintenance::check::{
-    check_partition, check_segment, CheckMode, IndexState, PartitionCheck, Problem, SegmentCheck,
-    Severity,
+    check_partition, check_segment, CheckMode, IndexState, PartitionCheck, Problem, ProblemKind,
+    SegmentCheck, Severity,
 };
 use crate::engine::maintenance::reindex::{index_bytes, write_index};
 use crate::engine::storage::io::Storage;
 use crate::engine::storage::layout::{resolve, LayoutError, PartitionRef, SegmentFiles, Target};
-use crate::engine::storage::reader::{open_log, read_full_at, read_header, Next, RecordReader};
+use crate::engine::storage::reader::{
+    open_log, read_full_at, read_header, Next, RecordReader, ScanEnd,
+};
 
 mod execute;
 mod plan;
@@ -148,8 +150,10 @@ pub enum Action {
         to: u64,
         /// The offset the cut range would have started with.
         next_offset: u64,
-        /// What the range holds (`torn_tail`, `zero_tail`, `stale_tail`).
-        kind: &'static str,
+        /// What the check found the range to hold ([`ProblemKind::TornTail`],
+        /// [`ProblemKind::ZeroTail`], [`ProblemKind::StaleTail`]); `None` when it
+        /// reported no problem there.
+        kind: Option<ProblemKind>,
         /// Valid records of the segment's generation behind the damaged one: cut
         /// with it (docs/FORMAT.md, Recovery step 4), so named here.
         records_cut: Option<RecordsCut>,

@@ -78,7 +78,7 @@ pub fn plan_partition(p: &PartitionRef) -> Result<PartitionPlan, RecoveryError> 
             log,
             from,
             to,
-            kind: "torn_tail",
+            kind: Some(ProblemKind::TornTail),
             records_cut,
             ..
         } = a
@@ -313,17 +313,12 @@ pub(super) fn plan_segment(
             .problems
             .iter()
             .find(|pr| pr.file == seg.files.log && pr.position == Some(end));
-        let kind = tail_problem.map_or("tail", |pr| pr.kind);
+        let kind = tail_problem.map(|pr| pr.kind);
         let next_offset = seg
             .last_offset
             .map_or(seg.base_offset(), |o| o.saturating_add(1));
-        if seg.active {
-            let reason = match kind {
-                "torn_tail" => format!("{}; never acknowledged", scan.end.detail()),
-                "zero_tail" => "unwritten (zero) bytes after the data".to_string(),
-                "stale_tail" => "records of an older generation after the data".to_string(),
-                _ => scan.end.detail(),
-            };
+        let step = tail_step(seg.active, kind, &scan.end);
+        if let TailStep::Cut { reason } = step {
             plan.actions.push(Action::CutTail {
                 log: seg.files.log.clone(),
                 from: end,
@@ -333,7 +328,7 @@ pub(super) fn plan_segment(
                 records_cut: None,
                 reason,
             });
-        } else if kind == "unfinished_seal" {
+        } else if step == TailStep::TrimSeal {
             plan.actions.push(Action::TrimSeal {
                 log: seg.files.log.clone(),
                 from: end,
@@ -369,5 +364,79 @@ pub(super) fn plan_segment(
             entries: scan.index.clone(),
             reason,
         });
+    }
+}
+
+/// What step 4 does with the bytes after a segment's valid data.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum TailStep {
+    /// The active segment's tail: never acknowledged, cut.
+    Cut { reason: String },
+    /// A sealed segment's unfinished seal: cut.
+    TrimSeal,
+    /// Damage in a sealed segment: left in place for an operator.
+    LeaveDamaged,
+}
+
+/// Step 4, decided by the problem the check reported where the valid data ends
+/// (`None`: it reported none there). A new kind of problem must be placed here.
+pub(super) fn tail_step(active: bool, kind: Option<ProblemKind>, end: &ScanEnd) -> TailStep {
+    use ProblemKind as K;
+    let other = || {
+        if active {
+            TailStep::Cut {
+                reason: end.detail(),
+            }
+        } else {
+            TailStep::LeaveDamaged
+        }
+    };
+    let Some(kind) = kind else {
+        return other();
+    };
+    match kind {
+        K::TornTail if active => TailStep::Cut {
+            reason: format!("{}; never acknowledged", end.detail()),
+        },
+        K::ZeroTail if active => TailStep::Cut {
+            reason: "unwritten (zero) bytes after the data".to_string(),
+        },
+        K::StaleTail if active => TailStep::Cut {
+            reason: "records of an older generation after the data".to_string(),
+        },
+        K::UnfinishedSeal if !active => TailStep::TrimSeal,
+        // Damage after a sealed segment's data.
+        K::SealedZeroRun
+        | K::TornRecord
+        | K::ImplausibleLength
+        | K::BadKeyLen
+        | K::BadValueLen
+        | K::CrcMismatch
+        | K::StaleGeneration
+        | K::TooLarge
+        | K::OffsetOutOfOrder
+        // The tail kinds of the other segment state.
+        | K::TornTail
+        | K::ZeroTail
+        | K::StaleTail
+        | K::UnfinishedSeal
+        // Not reported where a segment's data ends.
+        | K::UnfinishedCompaction
+        | K::LeftoverTempFile
+        | K::OrphanIndex
+        | K::UnknownFile
+        | K::SegmentsOverlap
+        | K::SegmentsDoNotJoin
+        | K::BaseOffsetMismatch
+        | K::NeverDurableSegment
+        | K::ShortHeader
+        | K::ZeroHeader
+        | K::BadHeader
+        | K::MissingIndex
+        | K::PartialIndexEntry
+        | K::IndexNotIncreasing
+        | K::IndexPastData
+        | K::WrongIndexEntry
+        | K::WrongIndexLength => other(),
     }
 }
