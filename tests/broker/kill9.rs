@@ -5,95 +5,25 @@
 //!
 //! `SEGLOG_KILL9_ITERATIONS` (default 100) and `SEGLOG_SEED` change the run.
 
-#![expect(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
+#![expect(clippy::unwrap_used, reason = "tests")]
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use seglog::engine::net::client::Client;
 use seglog::format::wire::{PartitionBatch, WireRecord};
 
-const BIN: &str = env!("CARGO_BIN_EXE_seglog");
+use crate::util::rng::{seed_or, Rng};
+use crate::util::serve::Serve;
+
 const TOPIC: &str = "k9";
 const PARTITIONS: u32 = 3;
-const PATIENCE: Duration = Duration::from_secs(60);
 /// Kills in a row on one data directory before a fresh one is taken.
 const ROUNDS_PER_DIR: u64 = 20;
-
-struct Server {
-    child: Child,
-    addr: String,
-}
-
-impl Server {
-    fn start(dir: &Path) -> Server {
-        let mut child = Command::new(BIN)
-            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
-            .arg(dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start seglog serve");
-        let stderr = child.stderr.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        thread::spawn(move || {
-            let mut log = String::new();
-            let mut sent = false;
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                if let Some(rest) = line.strip_prefix("seglog: listening on ") {
-                    let addr = rest.split_whitespace().next().unwrap_or_default();
-                    let _ = tx.send(Ok(addr.to_string()));
-                    sent = true;
-                }
-                log.push_str(&line);
-                log.push('\n');
-            }
-            if !sent {
-                let _ = tx.send(Err(log));
-            }
-        });
-        match rx.recv_timeout(PATIENCE) {
-            Ok(Ok(addr)) => Server { child, addr },
-            other => {
-                let _ = child.kill();
-                panic!("the broker did not start: {other:?}");
-            }
-        }
-    }
-
-    fn kill9(mut self) {
-        self.child.kill().unwrap();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// xorshift64*.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D) % n.max(1)
-    }
-}
 
 /// (partition, offset) -> value of every acknowledged record.
 type Acks = Arc<Mutex<BTreeMap<(u32, u64), Vec<u8>>>>;
@@ -110,7 +40,7 @@ fn producer(
     let Ok(mut c) = Client::connect(&addr, Duration::from_secs(5)) else {
         return;
     };
-    let mut rng = Rng(seed ^ (iteration << 20) ^ (thread << 8) | 1);
+    let mut rng = Rng::new(seed ^ (iteration << 20) ^ (thread << 8));
     let mut n = 0u64;
     while !stop.load(Ordering::Relaxed) {
         // One request: one or two partitions, 1..4 records each.
@@ -191,21 +121,17 @@ fn read_back(addr: &str) -> BTreeMap<(u32, u64), Vec<u8>> {
 
 #[test]
 fn acknowledged_records_survive_repeated_kill_9() {
-    let seed = std::env::var("SEGLOG_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-        });
+    let clock = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    let seed = seed_or(clock);
     let iterations: u64 = std::env::var("SEGLOG_KILL9_ITERATIONS")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(100);
     println!("kill -9 loop: seed {seed} (SEGLOG_SEED reruns it), {iterations} iterations");
-    let mut rng = Rng(seed | 1);
+    let mut rng = Rng::new(seed);
     let mut dir = tempfile::tempdir().unwrap();
     let mut acks: Acks = Arc::default();
     let start = Instant::now();
@@ -219,7 +145,7 @@ fn acknowledged_records_survive_repeated_kill_9() {
             dir = tempfile::tempdir().unwrap();
             acks = Arc::default();
         }
-        let server = Server::start(dir.path());
+        let server = Serve::start(dir.path());
         let mut c = Client::connect(&server.addr, Duration::from_secs(5)).unwrap();
         if it % ROUNDS_PER_DIR == 0 {
             c.create_topic(
@@ -281,7 +207,7 @@ fn acknowledged_records_survive_repeated_kill_9() {
 
 /// Starts the broker once more and checks every acknowledgement; returns how many.
 fn final_check(dir: &Path, acks: &Acks, verified: &mut u64, lost: &mut Vec<String>) -> u64 {
-    let server = Server::start(dir);
+    let server = Serve::start(dir);
     let got = read_back(&server.addr);
     let a = acks.lock().unwrap();
     for (at, v) in a.iter() {

@@ -2,7 +2,7 @@
 //! acknowledgement (`--flush-every-records 1`). Ignored by default; run with
 //!
 //! ```text
-//! cargo test --release --test bench -- --ignored --nocapture
+//! cargo test --release --test bench -- --ignored --nocapture produce::
 //! ```
 //!
 //! Every case runs `seglog bench produce --embedded` (a broker in the bench process,
@@ -18,6 +18,8 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
+
+use crate::util::bin::BIN;
 
 const RECORD_BYTES: usize = 256;
 
@@ -114,7 +116,7 @@ fn produce_throughput_against_raw_fdatasync() {
                 let dir = base
                     .path()
                     .join(format!("b{batch}-c{connections}-p{partitions}"));
-                let out = Command::new(env!("CARGO_BIN_EXE_seglog"))
+                let out = Command::new(BIN)
                     .args([
                         "bench",
                         "produce",

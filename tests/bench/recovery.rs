@@ -2,7 +2,7 @@
 //! in sealed segments that have valid indexes must read only a little of each
 //! segment. Measures bytes read (`rchar` of /proc/self/io) as well as time.
 //!
-//! `cargo test --release --test bench_recovery -- --ignored --nocapture`
+//! `cargo test --release --test bench -- --ignored --nocapture recovery::`
 
 use std::fs;
 use std::io::Write;
@@ -11,7 +11,8 @@ use std::time::Instant;
 use seglog::engine::maintenance::recovery;
 use seglog::engine::storage::layout::resolve;
 use seglog::format::names::{index_file_name, log_file_name};
-use seglog::format::{encode_record, IndexBuilder, SegmentHeader};
+
+use crate::util::build::Segment;
 
 const SEGMENT_BYTES: u64 = 64 * 1024 * 1024;
 const SEGMENTS: u64 = 8;
@@ -40,23 +41,18 @@ fn plan_reads_little_of_sealed_segments() {
     let mut active_base = 0u64;
     for s in 0..=SEGMENTS {
         let base = offset;
-        let mut log = SegmentHeader::new(base).encode().to_vec();
-        let mut b = IndexBuilder::new();
-        let mut index = Vec::new();
+        let mut seg = Segment::new(base, 0);
         let limit = if s == SEGMENTS {
             1024 * 1024
         } else {
             SEGMENT_BYTES
         };
         let value = vec![b'v'; VALUE_LEN];
-        while (log.len() as u64) + (VALUE_LEN as u64) + 64 <= limit {
-            let pos = log.len() as u64;
-            encode_record(&mut log, offset, offset as i64, Some(b"key"), &value, 0).unwrap();
-            if let Some(e) = b.observe(base, offset, pos) {
-                e.encode_into(&mut index);
-            }
+        while (seg.log.len() as u64) + (VALUE_LEN as u64) + 64 <= limit {
+            seg.push(offset, offset as i64, Some(b"key"), &value);
             offset += 1;
         }
+        let (log, index) = (seg.log, seg.index);
         if s < SEGMENTS {
             sealed_bytes += log.len() as u64;
         } else {

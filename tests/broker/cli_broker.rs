@@ -6,10 +6,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::Path;
-use std::process::{Child, ChildStdout, Command, Output, Stdio};
+use std::process::{ChildStdout, Command, Stdio};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -17,152 +15,11 @@ use seglog::engine::net::client::partition_for_key;
 use seglog::format::wire::{decode_response, encode_request, ErrorCode, Request};
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_seglog");
-/// Generous bound for anything that should happen "soon": only a hung test waits it out.
-const PATIENCE: Duration = Duration::from_secs(60);
-
-/// A running `seglog serve`.
-struct Broker {
-    child: Option<Child>,
-    addr: String,
-    stderr: Arc<Mutex<String>>,
-}
-
-impl Broker {
-    fn start(dir: &Path) -> Broker {
-        let mut child = Command::new(BIN)
-            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
-            .arg(dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start seglog serve");
-        let stderr = child.stderr.take().expect("stderr");
-        let text = Arc::new(Mutex::new(String::new()));
-        let (tx, rx) = mpsc::channel();
-        let sink = Arc::clone(&text);
-        thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                if let Some(rest) = line.strip_prefix("seglog: listening on ") {
-                    let addr = rest
-                        .split_whitespace()
-                        .next()
-                        .unwrap_or_default()
-                        .to_string();
-                    let _ = tx.send(addr);
-                }
-                let mut t = sink.lock().unwrap();
-                t.push_str(&line);
-                t.push('\n');
-            }
-        });
-        let addr = match rx.recv_timeout(PATIENCE) {
-            Ok(a) => a,
-            Err(_) => {
-                let _ = child.kill();
-                panic!("the broker did not start: {}", text.lock().unwrap());
-            }
-        };
-        assert!(
-            addr.starts_with("127.0.0.1:") && !addr.ends_with(":0"),
-            "{addr}"
-        );
-        Broker {
-            child: Some(child),
-            addr,
-            stderr: text,
-        }
-    }
-
-    fn cmd(&self) -> Command {
-        let mut c = Command::new(BIN);
-        c.env("SEGLOG_BROKER", &self.addr);
-        c
-    }
-
-    fn run(&self, args: &[&str]) -> Output {
-        self.cmd().args(args).output().expect("run seglog")
-    }
-
-    /// Runs a command that must succeed; returns its stdout.
-    fn ok(&self, args: &[&str]) -> String {
-        let out = self.run(args);
-        assert!(
-            out.status.success(),
-            "seglog {args:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).expect("utf-8 stdout")
-    }
-
-    fn ok_with_stdin(&self, args: &[&str], input: &str) -> String {
-        let mut child = self
-            .cmd()
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(input.as_bytes())
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
-        assert!(
-            out.status.success(),
-            "seglog {args:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    }
-
-    /// SIGTERM; the broker must exit 0.
-    fn stop(mut self) {
-        let mut child = self.child.take().unwrap();
-        // SAFETY: sending a signal to our own child process.
-        let rc = unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
-        assert_eq!(rc, 0);
-        let status = child.wait().unwrap();
-        assert!(
-            status.success(),
-            "broker exited with {status}: {}",
-            self.stderr.lock().unwrap()
-        );
-    }
-
-    /// SIGKILL, as a crash would.
-    fn kill9(mut self) {
-        let mut child = self.child.take().unwrap();
-        child.kill().unwrap();
-        let _ = child.wait();
-    }
-}
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-fn json_lines(text: &str) -> Vec<Value> {
-    text.lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
-        .collect()
-}
-
-fn json(text: &str) -> Value {
-    serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("{text:?}: {e}"))
-}
+use crate::util::bin::{json, json_lines, BIN};
+use crate::util::serve::{Serve, PATIENCE};
 
 /// (partition, offset) → value of every record in the topic.
-fn read_all(b: &Broker, topic: &str) -> BTreeMap<(u64, u64), String> {
+fn read_all(b: &Serve, topic: &str) -> BTreeMap<(u64, u64), String> {
     json_lines(&b.ok(&["consume", topic, "--json"]))
         .into_iter()
         .map(|r| {
@@ -176,7 +33,7 @@ fn read_all(b: &Broker, topic: &str) -> BTreeMap<(u64, u64), String> {
         .collect()
 }
 
-fn still_serving(b: &Broker) {
+fn still_serving(b: &Serve) {
     let out = b.run(&["topics", "list"]);
     assert!(
         out.status.success(),
@@ -188,7 +45,7 @@ fn still_serving(b: &Broker) {
 #[test]
 fn round_trip_on_several_partitions() {
     let dir = tempfile::tempdir().unwrap();
-    let b = Broker::start(dir.path());
+    let b = Serve::start(dir.path());
     assert_eq!(
         b.ok(&["topics", "create", "events", "--partitions", "3"])
             .trim(),
@@ -266,7 +123,7 @@ fn round_trip_on_several_partitions() {
 #[test]
 fn keys_go_to_a_stable_partition() {
     let dir = tempfile::tempdir().unwrap();
-    let b = Broker::start(dir.path());
+    let b = Serve::start(dir.path());
     b.ok(&["topics", "create", "users", "--partitions", "4"]);
     let input: String = (0..20)
         .map(|i| format!("user-{}:event-{i}\n", i % 5))
@@ -358,7 +215,7 @@ fn lines_of(stdout: ChildStdout) -> mpsc::Receiver<String> {
 #[test]
 fn follow_sees_new_records() {
     let dir = tempfile::tempdir().unwrap();
-    let b = Broker::start(dir.path());
+    let b = Serve::start(dir.path());
     b.ok(&["topics", "create", "live", "--partitions", "2"]);
     b.ok_with_stdin(&["produce", "live"], "a\nb\n");
     let mut follower = b
@@ -386,7 +243,7 @@ fn follow_sees_new_records() {
 #[test]
 fn topic_administration() {
     let dir = tempfile::tempdir().unwrap();
-    let b = Broker::start(dir.path());
+    let b = Serve::start(dir.path());
     let created = json(&b.ok(&[
         "topics",
         "create",
@@ -501,7 +358,7 @@ fn responses(bytes: &[u8]) -> Vec<(u32, ErrorCode, String)> {
 #[test]
 fn bad_requests_get_clear_errors_and_the_broker_keeps_serving() {
     let dir = tempfile::tempdir().unwrap();
-    let b = Broker::start(dir.path());
+    let b = Serve::start(dir.path());
     b.ok(&["topics", "create", "ok"]);
 
     // A malformed frame: a produce whose record count runs past the frame.
@@ -595,7 +452,7 @@ fn acknowledged_records_survive_kill_9() {
     let kill_after = Duration::from_millis(seed % 1000);
     eprintln!("kill -9 test: seed {seed}, kill after {kill_after:?}");
     let dir = tempfile::tempdir().unwrap();
-    let b = Broker::start(dir.path());
+    let b = Serve::start(dir.path());
     b.ok(&["topics", "create", "durable", "--partitions", "2"]);
     let mut producer = b
         .cmd()
@@ -649,7 +506,7 @@ fn acknowledged_records_survive_kill_9() {
         acks.len()
     );
 
-    let b = Broker::start(dir.path());
+    let b = Serve::start(dir.path());
     let records = read_all(&b, "durable");
     for ack in &acks {
         let at = (
@@ -716,7 +573,7 @@ fn unreachable_broker_exits_69() {
 #[test]
 fn a_second_broker_on_the_same_directory_exits_73() {
     let dir = tempfile::tempdir().unwrap();
-    let b = Broker::start(dir.path());
+    let b = Serve::start(dir.path());
     let out = Command::new(BIN)
         .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
         .arg(dir.path())
@@ -731,7 +588,7 @@ fn a_second_broker_on_the_same_directory_exits_73() {
     still_serving(&b);
     b.stop();
     // Released on shutdown: a new broker starts and sees the data.
-    let b = Broker::start(dir.path());
+    let b = Serve::start(dir.path());
     b.stop();
 }
 

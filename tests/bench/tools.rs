@@ -1,5 +1,5 @@
 //! Speed of the offline tools, measured, never asserted:
-//! `cargo test --release --test bench_tools -- --ignored --nocapture`.
+//! `cargo test --release --test bench -- --ignored --nocapture tools::`.
 //!
 //! Builds a 512 MiB partition (64 MiB segments, 4 KiB values) in a temporary
 //! directory with the format encoder, warms the page cache, then times side by side:
@@ -17,6 +17,8 @@ use std::time::{Duration, Instant};
 
 use seglog::format::names::{index_file_name, log_file_name};
 use seglog::format::{encode_record, IndexBuilder, SegmentHeader, HEADER_LEN};
+
+use crate::util::bin::BIN;
 
 const MIB: u64 = 1024 * 1024;
 const SEGMENT_BYTES: u64 = 64 * MIB;
@@ -134,7 +136,7 @@ fn mb_per_s(bytes: u64, d: Duration) -> f64 {
 #[test]
 #[ignore = "benchmark: builds 576 MiB of data; run with --ignored --nocapture"]
 fn verify_and_dump_speed_and_memory() {
-    let seglog = env!("CARGO_BIN_EXE_seglog");
+    let seglog = BIN;
     let root = std::env::var_os("SEGLOG_BENCH_DIR").map(PathBuf::from);
     let tmp = match &root {
         Some(r) => tempfile::tempdir_in(r).unwrap(),

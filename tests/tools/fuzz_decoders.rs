@@ -2,18 +2,17 @@
 //! properties the fuzz targets under `fuzz/` check (`seglog::testkit::fuzzprops`),
 //! on random bytes and on valid encodings with bytes flipped, inserted and deleted;
 //! damaged segments also go through recovery, which must leave nothing to redo.
-//! Runs under an allocator that aborts on any single allocation over 80 MiB.
+//! Runs under an allocator that aborts on any single allocation over 80 MiB (the
+//! `tools` binary installs it).
 //!
-//! `cargo test --release --test fuzz_decoders -- --ignored write_fuzz_seeds` writes
+//! `cargo test --release --test tools -- --ignored write_fuzz_seeds` writes
 //! the seed inputs of each fuzz target into `fuzz/corpus/<target>/`.
 
 use proptest::collection::vec;
 use proptest::prelude::*;
 use seglog::testkit::fuzzprops::{self, SegmentCase};
-use seglog::testkit::CappedAlloc;
 
-#[global_allocator]
-static ALLOC: CappedAlloc = CappedAlloc;
+use crate::util::build::unhex;
 
 /// One edit of a byte string.
 #[derive(Clone, Debug)]
@@ -48,13 +47,6 @@ fn apply(bytes: &[u8], edits: &[Mutation]) -> Vec<u8> {
         }
     }
     b
-}
-
-fn unhex(s: &str) -> Vec<u8> {
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-        .collect()
 }
 
 /// `tests/fixtures/vectors/records.json`, read once.

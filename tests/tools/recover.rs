@@ -8,7 +8,6 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use assert_cmd::Command;
 use serde_json::Value;
 
 use seglog::engine::maintenance::check::{check_partition, CheckMode, Severity};
@@ -19,52 +18,25 @@ use seglog::engine::storage::lock::DirLock;
 use seglog::engine::storage::reader::{open_log, read_header, scan_segment};
 use seglog::format::marker::CompactionMarker;
 use seglog::format::names::{index_file_name, log_file_name};
-use seglog::format::{encode_record, IndexBuilder, SegmentHeader};
+use seglog::format::SegmentHeader;
+
+use crate::util::bin::seglog;
+use crate::util::build::{topic_json, Segment};
+use crate::util::fs::{copy_tree, files};
+use crate::util::rng::{seed_or, Rng};
 
 const VALUE_LEN: usize = 200;
 
-/// A segment built with the encoder: log bytes, index bytes, and each record's
-/// (offset, position, encoded length).
-struct Seg {
-    log: Vec<u8>,
-    index: Vec<u8>,
-    records: Vec<(u64, u64, usize)>,
-}
-
-fn seg(base: u64, generation: u64, offsets: impl IntoIterator<Item = u64>) -> Seg {
-    let mut log = SegmentHeader {
-        base_offset: base,
-        generation,
-        flags: 0,
-    }
-    .encode()
-    .to_vec();
-    let mut b = IndexBuilder::new();
-    let mut index = Vec::new();
-    let mut records = Vec::new();
+/// A segment of `offsets`: key `k{offset % 7}`, `VALUE_LEN` bytes of one letter,
+/// timestamp = offset.
+fn seg(base: u64, generation: u64, offsets: impl IntoIterator<Item = u64>) -> Segment {
+    let mut s = Segment::new(base, generation);
     for o in offsets {
-        let pos = log.len() as u64;
         let key = format!("k{}", o % 7);
         let value = vec![b'a' + (o % 26) as u8; VALUE_LEN];
-        let n = encode_record(
-            &mut log,
-            o,
-            o as i64,
-            Some(key.as_bytes()),
-            &value,
-            generation,
-        )
-        .unwrap();
-        if let Some(e) = b.observe(base, o, pos) {
-            e.encode_into(&mut index);
-        }
-        records.push((o, pos, n));
+        s.push(o, o as i64, Some(key.as_bytes()), &value);
     }
-    Seg {
-        log,
-        index,
-        records,
-    }
+    s
 }
 
 struct Data {
@@ -76,13 +48,11 @@ struct Data {
 fn data_dir(config: &str) -> Data {
     let tmp = tempfile::tempdir().unwrap();
     let data = tmp.path().join("data");
-    let part = data.join("topics/t/0");
-    fs::create_dir_all(&part).unwrap();
-    fs::write(
-        data.join("topics/t/topic.json"),
-        format!("{{\"partitions\": 1, \"config\": {{{config}}}}}"),
-    )
-    .unwrap();
+    let part = topic_json(
+        &data,
+        "t",
+        &format!("{{\"partitions\": 1, \"config\": {{{config}}}}}"),
+    );
     Data {
         _tmp: tmp,
         data,
@@ -111,24 +81,6 @@ impl Data {
     }
 }
 
-/// Every file under `dir` with its bytes.
-fn snapshot(dir: &Path) -> BTreeMap<String, Vec<u8>> {
-    let mut out = BTreeMap::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in fs::read_dir(&d).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                stack.push(p);
-            } else {
-                let rel = p.strip_prefix(dir).unwrap().display().to_string();
-                out.insert(rel, fs::read(&p).unwrap());
-            }
-        }
-    }
-    out
-}
-
 /// The offsets every segment of the partition holds, in file order.
 fn offsets(part: &Path) -> Vec<u64> {
     let mut logs: Vec<PathBuf> = fs::read_dir(part)
@@ -155,10 +107,6 @@ fn full_severity(data: &Path) -> Option<Severity> {
         .iter()
         .filter_map(|p| check_partition(p, CheckMode::Full).unwrap().severity())
         .max()
-}
-
-fn seglog() -> Command {
-    Command::cargo_bin("seglog").unwrap()
 }
 
 /// Runs `seglog recover DATA --json [extra]`; returns (exit code, JSON).
@@ -195,11 +143,11 @@ fn recover_twice(d: &Data, expect_exit: i32) -> Value {
     let backup = d.backup();
     let (code, v) = recover_cli(&d.data, &["--backup-dir", backup.to_str().unwrap()]);
     assert_eq!(code, expect_exit, "{v:#}");
-    let after = snapshot(&d.data);
+    let after = files(&d.data);
     let (code2, v2) = recover_cli(&d.data, &[]);
     assert_eq!(code2, expect_exit, "{v2:#}");
     assert!(kinds(&v2).is_empty(), "second run did something: {v2:#}");
-    assert_eq!(snapshot(&d.data), after, "second run changed bytes");
+    assert_eq!(files(&d.data), after, "second run changed bytes");
     let want = if expect_exit == 0 {
         None
     } else {
@@ -231,7 +179,7 @@ fn backup_file(d: &Data, rel: &str) -> Vec<u8> {
     fs::read(d.backup().join(rel)).unwrap_or_else(|e| {
         panic!(
             "backup {rel}: {e}; backup holds {:?}",
-            snapshot(&d.backup()).keys().collect::<Vec<_>>()
+            files(&d.backup()).keys().collect::<Vec<_>>()
         )
     })
 }
@@ -517,7 +465,7 @@ fn bad_header_on_the_newest_segment_is_left_and_refuses_writes() {
     s1[0] = b'X';
     d.put(0, &s0.log, Some(&s0.index));
     d.put(20, &s1, None);
-    let before = snapshot(&d.data);
+    let before = files(&d.data);
     let (code, _) = recover_cli(&d.data, &["--dry-run"]);
     assert_eq!(code, 2);
     let v = recover_twice(&d, 2);
@@ -531,7 +479,7 @@ fn bad_header_on_the_newest_segment_is_left_and_refuses_writes() {
     );
     assert_eq!(v["severity_after"], "corrupt");
     assert_eq!(
-        snapshot(&d.data).len(),
+        files(&d.data).len(),
         before.len() + 1,
         "only LOCK was added"
     );
@@ -549,7 +497,7 @@ fn bit_flip_in_a_sealed_segment_is_reported_and_left() {
     log0[pos as usize + 30] ^= 0x10;
     d.put(0, &log0, Some(&s0.index));
     d.put(40, &s1.log, Some(&s1.index));
-    let before = snapshot(&d.data);
+    let before = files(&d.data);
     let v = recover_twice(&d, 2);
     assert!(kinds(&v).is_empty(), "{v:#}");
     let c = &v["partitions"][0]["corrupt"][0];
@@ -559,7 +507,7 @@ fn bit_flip_in_a_sealed_segment_is_reported_and_left() {
     assert_eq!(v["partitions"][0]["refuses_writes"], false);
     assert_eq!(v["partitions"][0]["next_offset"], 45);
     for (k, bytes) in &before {
-        assert_eq!(&snapshot(&d.data)[k], bytes, "{k} changed");
+        assert_eq!(&files(&d.data)[k], bytes, "{k} changed");
     }
 }
 
@@ -657,7 +605,7 @@ fn leftover_temp_files_and_orphan_indexes_are_removed() {
 
 /// A compacted partition mid-swap: old segments 0 (0..20) and 20 (20..40), the new
 /// segment 0 keeps the odd offsets; the active segment 40 is untouched.
-fn swap_partition(stage: u32) -> (Data, Seg) {
+fn swap_partition(stage: u32) -> (Data, Segment) {
     let d = data_dir("\"cleanup_policy\": \"compact\"");
     let a = seg(0, 0, 0..20);
     let b = seg(20, 0, 20..40);
@@ -798,7 +746,7 @@ fn dry_run_changes_nothing_at_all() {
     let (code, _) = recover_cli(&d.data, &["--dry-run"]);
     assert_eq!(code, 1);
     let (d, _) = swap_partition(0);
-    let before = snapshot(&d.data);
+    let before = files(&d.data);
     let mtimes: Vec<_> = fs::read_dir(&d.part)
         .unwrap()
         .map(|e| e.unwrap().metadata().unwrap().modified().unwrap())
@@ -808,7 +756,7 @@ fn dry_run_changes_nothing_at_all() {
     assert_eq!(v["dry_run"], true);
     assert_eq!(kinds(&v), ["finish_compaction"]);
     assert_eq!(v["partitions"][0]["recheck_after_marker"], true);
-    assert_eq!(snapshot(&d.data), before);
+    assert_eq!(files(&d.data), before);
     let after: Vec<_> = fs::read_dir(&d.part)
         .unwrap()
         .map(|e| e.unwrap().metadata().unwrap().modified().unwrap())
@@ -865,7 +813,7 @@ fn never_started_swap_and_removals() -> (Data, Vec<u64>, BTreeMap<String, Vec<u8
 }
 
 fn partition_files(part: &Path) -> BTreeMap<String, Vec<u8>> {
-    snapshot(part)
+    files(part)
 }
 
 #[test]
@@ -993,27 +941,10 @@ fn active_segment_torn_at_every_length_keeps_exactly_the_whole_records() {
 }
 
 /// A small deterministic generator (SplitMix64) so failures name their seed.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 #[test]
 fn random_damage_to_the_active_segment_leaves_a_prefix_of_its_records() {
-    let seed = std::env::var("SEGLOG_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0x5EED_u64);
-    let mut rng = Rng(seed);
+    let seed = seed_or(0x5EED);
+    let mut rng = Rng::new(seed);
     let sealed = seg(0, 0, 0..20);
     for round in 0..60 {
         let n = 1 + rng.below(12);
@@ -1483,19 +1414,6 @@ fn a_power_loss_at_any_step_of_recovery_is_recovered_by_the_next_run() {
     }
 }
 
-fn copy_dir(from: &Path, to: &Path) {
-    fs::create_dir_all(to).unwrap();
-    for e in fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        let dst = to.join(e.file_name());
-        if e.path().is_dir() {
-            copy_dir(&e.path(), &dst);
-        } else {
-            fs::copy(e.path(), &dst).unwrap();
-        }
-    }
-}
-
 /// The committed fixtures (tests/fixtures/README.md), each recovered by the real
 /// binary: the actions, the exit code, `seglog verify` afterwards, a no-op second run.
 #[test]
@@ -1520,7 +1438,7 @@ fn committed_fixtures_recover_as_their_readme_says() {
     for &(name, want_kinds, want_exit) in cases {
         let tmp = tempfile::tempdir().unwrap();
         let data = tmp.path().join(name);
-        copy_dir(&fixtures.join(name), &data);
+        copy_tree(&fixtures.join(name), &data);
         let (code, v) = recover_cli(&data, &[]);
         assert_eq!(code, want_exit, "{name}: {v:#}");
         assert_eq!(kinds(&v), want_kinds, "{name}: {v:#}");

@@ -1,13 +1,12 @@
 //! Compaction: a seeded model test against a plain in-memory model, fault injection
-//! on every mutation and every sync of the swap, the `seglog compact` command, and an
-//! ignored benchmark (`cargo test --release --test compact -- --ignored --nocapture`).
+//! on every mutation and every sync of the swap, and the `seglog compact` command.
+//! Its benchmark is `compaction::` in the bench binary.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use assert_cmd::Command;
 use seglog::engine::maintenance::check::{check_partition, CheckMode};
 use seglog::engine::maintenance::compaction::{
     compact_partition, finish_compaction_marker, sealed_segments_unchanged, CompactionError,
@@ -18,74 +17,24 @@ use seglog::engine::storage::layout::{list_partition, resolve, PartitionRef};
 use seglog::engine::storage::lock::DirLock;
 use seglog::engine::storage::reader::{open_log, read_header, scan_segment};
 use seglog::format::marker::CompactionMarker;
-use seglog::format::names::{index_file_name, log_file_name, COMPACTION_MARKER};
+use seglog::format::names::{log_file_name, COMPACTION_MARKER};
 use seglog::format::topic::{CleanupPolicy, TopicConfig, TopicMeta};
-use seglog::format::{encode_record, IndexBuilder, SegmentHeader};
+
+use crate::util::bin::seglog;
+use crate::util::build::{segment, Rec};
+use crate::util::fs::{copy_tree, files};
+use crate::util::rng::{Rng, RngExt};
 
 const NOW_MS: i64 = 1_700_000_000_000;
 
-/// splitmix64: a small seeded generator for reproducible cases.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-struct Rec {
-    offset: u64,
-    timestamp_ms: i64,
-    key: Option<Vec<u8>>,
-    value: Vec<u8>,
-}
-
-impl Rec {
-    fn is_tombstone(&self) -> bool {
-        self.key.is_some() && self.value.is_empty()
-    }
+fn is_tombstone(r: &Rec) -> bool {
+    r.key.is_some() && r.value.is_empty()
 }
 
 /// Writes one segment (log with a generation-`generation` header, and its rule-built
 /// index) named after `base`.
 fn write_segment(dir: &Path, base: u64, generation: u64, records: &[Rec]) {
-    let mut log = SegmentHeader {
-        base_offset: base,
-        generation,
-        flags: 0,
-    }
-    .encode()
-    .to_vec();
-    let mut index = Vec::new();
-    let mut builder = IndexBuilder::new();
-    for r in records {
-        let pos = log.len() as u64;
-        if let Some(e) = builder.observe(base, r.offset, pos) {
-            e.encode_into(&mut index);
-        }
-        encode_record(
-            &mut log,
-            r.offset,
-            r.timestamp_ms,
-            r.key.as_deref(),
-            &r.value,
-            generation,
-        )
-        .unwrap();
-    }
-    fs::write(dir.join(log_file_name(base)), log).unwrap();
-    fs::write(dir.join(index_file_name(base)), index).unwrap();
+    segment(base, generation, records).write(dir);
 }
 
 /// Every record of every segment in the partition, in file order.
@@ -107,20 +56,6 @@ fn read_partition(dir: &Path) -> Vec<Rec> {
         .unwrap();
     }
     out
-}
-
-/// Names and bytes of every file in a directory.
-fn snapshot(dir: &Path) -> BTreeMap<String, Vec<u8>> {
-    fs::read_dir(dir)
-        .unwrap()
-        .map(|e| {
-            let e = e.unwrap();
-            (
-                e.file_name().to_string_lossy().into_owned(),
-                fs::read(e.path()).unwrap_or_default(),
-            )
-        })
-        .collect()
 }
 
 fn partition_ref(dir: &Path, segment_bytes: u64) -> PartitionRef {
@@ -152,7 +87,7 @@ impl Case {
 
     /// Up to `max_keys` distinct keys, up to `max_records` records per segment.
     fn generate_sized(seed: u64, max_keys: u64, max_records: u64) -> Case {
-        let mut rng = Rng(seed);
+        let mut rng = Rng::new(seed);
         let keys = 1 + rng.below(max_keys);
         let retention_ms = 1 + rng.below(100_000) as i64;
         let segment_bytes = 1024 + rng.below(3000);
@@ -201,7 +136,7 @@ impl Case {
     }
 
     fn write(&self, dir: &Path, seed: u64) {
-        let mut rng = Rng(seed ^ 0xABCD);
+        let mut rng = Rng::new(seed ^ 0xABCD);
         for (base, recs) in &self.sealed {
             // Some files are reused spares of a later generation.
             let generation = if rng.chance(30) { 1 + rng.below(5) } else { 0 };
@@ -225,7 +160,7 @@ impl Case {
                 newest.insert(k, r.offset);
             }
         }
-        let expired = |r: &Rec| r.is_tombstone() && NOW_MS - r.timestamp_ms > self.retention_ms;
+        let expired = |r: &Rec| is_tombstone(r) && NOW_MS - r.timestamp_ms > self.retention_ms;
         let mut kept = Vec::new();
         let mut report = CompactionReport {
             records_read: sealed.len() as u64,
@@ -241,7 +176,7 @@ impl Case {
                 kept.push((*r).clone());
             } else {
                 report.records_dropped += 1;
-                report.tombstones_dropped += u64::from(r.is_tombstone());
+                report.tombstones_dropped += u64::from(is_tombstone(r));
             }
         }
         report.records_kept = kept.len() as u64;
@@ -311,12 +246,12 @@ fn model_case_of(seed: u64, case: Case) {
     let (expected, want) = case.expected();
 
     // Dry run: the same counts, nothing written.
-    let before = snapshot(dir);
+    let before = files(dir);
     let mut opts = case.options();
     opts.dry_run = true;
     let mut published = Vec::new();
     let dry = offline_compact(&RealStorage, &p, &opts, &mut published).unwrap();
-    assert_eq!(snapshot(dir), before, "dry run changed the directory");
+    assert_eq!(files(dir), before, "dry run changed the directory");
     assert!(published.is_empty());
 
     let report = offline_compact(&RealStorage, &p, &case.options(), &mut published).unwrap();
@@ -351,7 +286,7 @@ fn model_case_of(seed: u64, case: Case) {
     let bases: Vec<u64> = listing.segments.iter().map(|s| s.base_offset).collect();
     if report.skipped {
         assert!(published.is_empty());
-        assert_eq!(snapshot(dir), before, "a skipped run changed the directory");
+        assert_eq!(files(dir), before, "a skipped run changed the directory");
     } else {
         assert_eq!(published, vec![report.new.clone()]);
         let mut want_bases = report.new.clone();
@@ -484,7 +419,7 @@ fn unreadable_record_aborts_and_changes_nothing() {
     let at = bytes.len() - 6;
     bytes[at] ^= 0x55;
     fs::write(&victim, bytes).unwrap();
-    let before = snapshot(dir);
+    let before = files(dir);
     let p = partition_ref(dir, case.segment_bytes);
     let err = offline_compact(&RealStorage, &p, &case.options(), &mut Vec::new()).unwrap_err();
     assert!(
@@ -492,7 +427,7 @@ fn unreadable_record_aborts_and_changes_nothing() {
         "{err}"
     );
     assert!(err.to_string().contains("nothing changed"), "{err}");
-    assert_eq!(snapshot(dir), before);
+    assert_eq!(files(dir), before);
 }
 
 #[test]
@@ -516,7 +451,7 @@ fn swap_is_cancelled_when_the_sealed_segments_changed() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     case.write(dir, 11);
-    let before = snapshot(dir);
+    let before = files(dir);
     let p = partition_ref(dir, case.segment_bytes);
     let mut published = Vec::new();
     let (_, want) = case.expected();
@@ -530,7 +465,7 @@ fn swap_is_cancelled_when_the_sealed_segments_changed() {
         "{err}"
     );
     assert!(published.is_empty());
-    assert_eq!(snapshot(dir), before);
+    assert_eq!(files(dir), before);
 }
 
 /// What recovery does first: finish a present marker, then remove temporary files.
@@ -546,13 +481,6 @@ fn recover_like_startup(dir: &Path) {
     }
     for tmp in list_partition(dir).unwrap().temp_files {
         fs::remove_file(tmp).unwrap();
-    }
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    for e in fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        fs::copy(e.path(), to.join(e.file_name())).unwrap();
     }
 }
 
@@ -593,7 +521,7 @@ fn every_failed_mutation_leaves_old_or_new_records() {
     // Count the mutations and syncs of a successful run.
     let counts = |fail_on| {
         let tmp = tempfile::tempdir().unwrap();
-        copy_dir(template.path(), tmp.path());
+        copy_tree(template.path(), tmp.path());
         let s = FailingStorage::new(Arc::new(RealStorage), u64::MAX, fail_on, false);
         let p = partition_ref(tmp.path(), case.segment_bytes);
         offline_compact(&s, &p, &case.options(), &mut Vec::new()).unwrap();
@@ -618,7 +546,7 @@ fn every_failed_mutation_leaves_old_or_new_records() {
             for n in 1..=total {
                 let tmp = tempfile::tempdir().unwrap();
                 let dir = tmp.path();
-                copy_dir(template.path(), dir);
+                copy_tree(template.path(), dir);
                 let s = FailingStorage::new(Arc::new(RealStorage), n, fail_on, sticky);
                 let p = partition_ref(dir, case.segment_bytes);
                 let mut published = Vec::new();
@@ -673,13 +601,13 @@ fn finishing_a_marker_is_idempotent_at_every_point() {
     for n in 1.. {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path();
-        copy_dir(template.path(), dir);
+        copy_tree(template.path(), dir);
         let p = partition_ref(dir, case.segment_bytes);
         // Stop the swap right after the marker is durable: fail the first rename of a
         // temporary segment file.
         let swap_fail_at = {
             let probe = tempfile::tempdir().unwrap();
-            copy_dir(template.path(), probe.path());
+            copy_tree(template.path(), probe.path());
             let s = FailingStorage::new(Arc::new(RealStorage), u64::MAX, FailOn::Any, false);
             let pp = partition_ref(probe.path(), case.segment_bytes);
             let prepared = seglog::engine::maintenance::compaction::prepare_compaction(
@@ -714,10 +642,6 @@ fn finishing_a_marker_is_idempotent_at_every_point() {
 }
 
 // ---- the command line ----
-
-fn seglog() -> Command {
-    Command::cargo_bin("seglog").unwrap()
-}
 
 /// DATA/topics/<topic>/<p>/ with `topic.json` of the given policy, holding `case`.
 fn data_dir_with(
@@ -756,7 +680,7 @@ fn cli_reports_the_numbers_and_leaves_a_clean_partition() {
     let case = Case::generate(seed);
     let part = data_dir_with(data, "kv", CleanupPolicy::Compact, &case, seed);
     let other = data_dir_with(data, "events", CleanupPolicy::Delete, &case, seed);
-    let other_before = snapshot(&other);
+    let other_before = files(&other);
     let (expected, want) = case.expected();
 
     let out = seglog()
@@ -792,7 +716,7 @@ fn cli_reports_the_numbers_and_leaves_a_clean_partition() {
     assert_eq!(p["bytes_after"], sealed_len(&part));
     assert_eq!(read_partition(&part), expected);
     assert_eq!(
-        snapshot(&other),
+        files(&other),
         other_before,
         "a delete-policy topic was compacted"
     );
@@ -847,7 +771,7 @@ fn cli_dry_run_changes_nothing_and_takes_no_lock() {
     let case = Case::generate(seed);
     let part = data_dir_with(data, "kv", CleanupPolicy::Compact, &case, seed);
     let (_, want) = case.expected();
-    let before = snapshot(&part);
+    let before = files(&part);
     let _held = DirLock::acquire(data).unwrap();
     let out = seglog()
         .args([
@@ -872,7 +796,7 @@ fn cli_dry_run_changes_nothing_and_takes_no_lock() {
     assert_eq!(p["status"], "dry_run");
     assert_eq!(p["records_dropped"], want.records_dropped);
     assert_eq!(p["records_kept"], want.records_kept);
-    assert_eq!(snapshot(&part), before);
+    assert_eq!(files(&part), before);
 }
 
 #[test]
@@ -881,13 +805,13 @@ fn cli_exits_73_while_the_lock_is_held() {
     let data = tmp.path();
     let case = Case::generate(11);
     let part = data_dir_with(data, "kv", CleanupPolicy::Compact, &case, 11);
-    let before = snapshot(&part);
+    let before = files(&part);
     let held = DirLock::acquire(data).unwrap();
     let out = seglog().arg("compact").arg(data).output().unwrap();
     assert_eq!(out.status.code(), Some(73));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("LOCK") && err.lines().count() == 1, "{err}");
-    assert_eq!(snapshot(&part), before);
+    assert_eq!(files(&part), before);
     drop(held);
     seglog().arg("compact").arg(data).assert().code(0);
 }
@@ -903,7 +827,7 @@ fn cli_refuses_a_partition_that_needs_recovery() {
     let mut bytes = fs::read(&active).unwrap();
     bytes.extend_from_slice(&[0, 0, 0, 200, 1, 2, 3]);
     fs::write(&active, bytes).unwrap();
-    let before = snapshot(&part);
+    let before = files(&part);
     let out = seglog().arg("compact").arg(data).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
@@ -911,7 +835,7 @@ fn cli_refuses_a_partition_that_needs_recovery() {
         err.contains("recover") && err.contains("torn_tail"),
         "{err}"
     );
-    assert_eq!(snapshot(&part), before);
+    assert_eq!(files(&part), before);
 
     // A leftover compaction marker: refused too.
     let tmp = tempfile::tempdir().unwrap();
@@ -958,174 +882,6 @@ fn cli_usage_errors() {
 
 // ---- benchmark ----
 
-/// Peak resident memory (KiB) of a child, from wait4's rusage (the kernel's VmHWM).
-#[expect(
-    clippy::zombie_processes,
-    reason = "the child is reaped with wait4, which also returns its peak memory"
-)]
-fn run_measured(cmd: &mut std::process::Command) -> (std::process::Output, u64, f64) {
-    use std::io::Read;
-    let start = std::time::Instant::now();
-    let mut child = cmd
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let pid = child.id() as libc::pid_t;
-    let mut stdout = Vec::new();
-    child
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_end(&mut stdout)
-        .unwrap();
-    let mut stderr = Vec::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_end(&mut stderr)
-        .unwrap();
-    let mut status = 0;
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: pid is our child, not yet waited for; status and usage are valid.
-    let r = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
-    assert_eq!(r, pid);
-    let secs = start.elapsed().as_secs_f64();
-    let output = std::process::Output {
-        status: std::os::unix::process::ExitStatusExt::from_raw(status),
-        stdout,
-        stderr,
-    };
-    (output, usage.ru_maxrss as u64, secs)
-}
-
-#[test]
-#[ignore = "benchmark: cargo test --release --test compact -- --ignored --nocapture"]
-fn bench_compaction_memory_and_throughput() {
-    const KEYS: u64 = 1_000_000;
-    const TOTAL_BYTES: u64 = 512 * 1024 * 1024;
-    const VALUE_LEN: usize = 230;
-    // SEGLOG_BENCH_DIR keeps the generated data directory there (for profiling).
-    let tmp = tempfile::tempdir().unwrap();
-    let kept_dir = std::env::var_os("SEGLOG_BENCH_DIR").map(PathBuf::from);
-    let data = kept_dir.as_deref().unwrap_or(tmp.path());
-    let topic_dir = data.join("topics/kv");
-    let part = topic_dir.join("0");
-    fs::create_dir_all(&part).unwrap();
-    let config = TopicConfig {
-        cleanup_policy: CleanupPolicy::Compact,
-        ..TopicConfig::default()
-    };
-    fs::write(
-        topic_dir.join("topic.json"),
-        TopicMeta {
-            partitions: 1,
-            config: config.clone(),
-        }
-        .encode(),
-    )
-    .unwrap();
-    // Generate: every key once (1M distinct keys), then random updates until 512 MiB.
-    let gen_start = std::time::Instant::now();
-    let mut rng = Rng(42);
-    let value: Vec<u8> = (0..VALUE_LEN).map(|i| b'a' + (i % 26) as u8).collect();
-    let mut offset = 0u64;
-    let mut written = 0u64;
-    let mut base = 0u64;
-    let mut log = SegmentHeader::new(0).encode().to_vec();
-    let mut index = Vec::new();
-    let mut builder = IndexBuilder::new();
-    let mut segments = 0;
-    while written < TOTAL_BYTES {
-        let k = if offset < KEYS {
-            offset
-        } else {
-            rng.below(KEYS)
-        };
-        let key = format!("key-{k:08}");
-        let pos = log.len() as u64;
-        if let Some(e) = builder.observe(base, offset, pos) {
-            e.encode_into(&mut index);
-        }
-        let v = if offset >= KEYS && rng.chance(2) {
-            &[][..]
-        } else {
-            &value[..]
-        };
-        let n = encode_record(&mut log, offset, NOW_MS, Some(key.as_bytes()), v, 0).unwrap();
-        written += n as u64;
-        offset += 1;
-        if log.len() as u64 + 300 > config.segment_bytes || written >= TOTAL_BYTES {
-            fs::write(part.join(log_file_name(base)), &log).unwrap();
-            fs::write(part.join(index_file_name(base)), &index).unwrap();
-            segments += 1;
-            base = offset;
-            log = SegmentHeader::new(base).encode().to_vec();
-            index.clear();
-            builder = IndexBuilder::new();
-        }
-    }
-    // A small active segment.
-    fs::write(part.join(log_file_name(base)), &log).unwrap();
-    fs::write(part.join(index_file_name(base)), &index).unwrap();
-    drop(log);
-    eprintln!(
-        "generated {} records, {:.1} MiB in {segments} sealed segments in {:.1}s",
-        offset,
-        written as f64 / 1048576.0,
-        gen_start.elapsed().as_secs_f64()
-    );
-
-    // Full scan (what `seglog verify` reads), in this process.
-    let p = resolve(&part).unwrap().partitions.remove(0);
-    let t = std::time::Instant::now();
-    let check = check_partition(&p, CheckMode::Full).unwrap();
-    let scan_secs = t.elapsed().as_secs_f64();
-    assert_eq!(check.severity(), None);
-    let mb = written as f64 / 1e6;
-    eprintln!(
-        "full scan (verify-equivalent): {scan_secs:.2}s, {:.0} MB/s",
-        mb / scan_secs
-    );
-
-    // Dry run then the real compaction, each in a child running the real binary.
-    let bin = assert_cmd::cargo::cargo_bin("seglog");
-    let runs: &[bool] = if kept_dir.is_some() {
-        &[true]
-    } else {
-        &[true, false]
-    };
-    for &dry in runs {
-        let mut cmd = std::process::Command::new(&bin);
-        cmd.args(["compact", "--json", "--now-ms", &NOW_MS.to_string()]);
-        if dry {
-            cmd.arg("--dry-run");
-        }
-        cmd.arg(data);
-        let (out, maxrss_kib, secs) = run_measured(&mut cmd);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let doc = json_of(&out.stdout);
-        let r = &doc["partitions"][0];
-        eprintln!(
-            "compact{}: {secs:.2}s, {:.0} MB/s read, peak RSS {:.1} MiB; read {} kept {} dropped {} tombstones dropped {} keys {}, bytes {} -> {}",
-            if dry { " --dry-run" } else { "" },
-            mb / secs,
-            maxrss_kib as f64 / 1024.0,
-            r["records_read"], r["records_kept"], r["records_dropped"], r["tombstones_dropped"], r["keys"],
-            r["bytes_before"], r["bytes_after"],
-        );
-        assert!(maxrss_kib < 128 * 1024, "peak memory {maxrss_kib} KiB");
-        assert_eq!(r["keys"], KEYS);
-    }
-    let check = check_partition(&p, CheckMode::Full).unwrap();
-    assert_eq!(check.severity(), None);
-}
-
 #[test]
 fn cli_compacts_the_independent_vector_partition_as_the_model_says() {
     // The expected records come from the vectors' own listing, not from our encoder.
@@ -1165,7 +921,7 @@ fn cli_compacts_the_independent_vector_partition_as_the_model_says() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("0");
     fs::create_dir(&dir).unwrap();
-    copy_dir(Path::new("tests/fixtures/vectors/partition"), &dir);
+    copy_tree(Path::new("tests/fixtures/vectors/partition"), &dir);
     let out = seglog()
         .args(["compact", "--json", "--now-ms", &now_ms.to_string()])
         .args(["--tombstone-retention-ms", "30000"])
@@ -1193,13 +949,13 @@ fn cli_compacts_the_independent_vector_partition_as_the_model_says() {
             None => true,
             Some(k) => {
                 newest[k.as_slice()] == r.offset
-                    && !(r.is_tombstone() && now_ms - r.timestamp_ms > case.retention_ms)
+                    && !(is_tombstone(r) && now_ms - r.timestamp_ms > case.retention_ms)
             }
         })
         .cloned()
         .collect();
-    let dropped_tombstones = sealed_recs.iter().filter(|r| r.is_tombstone()).count()
-        - want.iter().filter(|r| r.is_tombstone()).count();
+    let dropped_tombstones = sealed_recs.iter().filter(|r| is_tombstone(r)).count()
+        - want.iter().filter(|r| is_tombstone(r)).count();
     // Every tombstone in the vectors has a newer record of its key.
     assert_eq!(dropped_tombstones, 12);
     let p = &doc["partitions"][0];
@@ -1301,7 +1057,7 @@ struct CrashFile {
 impl CrashStorage {
     fn new(dir: &Path, crash_at: u64) -> Arc<CrashStorage> {
         let mut state = CrashState::default();
-        for (name, bytes) in snapshot(dir) {
+        for (name, bytes) in files(dir) {
             state.next_inode += 1;
             state.names.insert(name.clone(), state.next_inode);
             state.durable_names.insert(name, state.next_inode);
@@ -1454,7 +1210,7 @@ fn every_crash_image_holds_old_or_new_records() {
     for crash_at in 1.. {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path();
-        copy_dir(template.path(), dir);
+        copy_tree(template.path(), dir);
         let storage = Crash(CrashStorage::new(dir, crash_at));
         let p = partition_ref(dir, case.segment_bytes);
         let result = offline_compact(&storage, &p, &case.options(), &mut Vec::new());
@@ -1520,7 +1276,7 @@ fn cli_exits_2_on_a_corrupt_record_the_startup_check_does_not_read() {
         check_partition(&p, CheckMode::Quick).unwrap().severity(),
         None
     );
-    let before = snapshot(&dir);
+    let before = files(&dir);
     let out = seglog().arg("compact").arg(&dir).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
@@ -1528,7 +1284,7 @@ fn cli_exits_2_on_a_corrupt_record_the_startup_check_does_not_read() {
         err.contains("00000000000000000000.log") && err.contains("nothing changed"),
         "{err}"
     );
-    assert_eq!(snapshot(&dir), before);
+    assert_eq!(files(&dir), before);
 }
 
 #[test]

@@ -11,15 +11,12 @@ use std::thread;
 use std::time::Duration;
 
 use seglog::engine::broker::{Broker, BrokerOptions, EngineError, FetchResult, NewRecord};
-use seglog::engine::storage::io::{
-    FailOn, FailingStorage, RealStorage, Storage, StorageFile, StorageRef,
-};
+use seglog::engine::storage::io::{FailOn, FailingStorage, StorageFile};
 use seglog::format::decode_record;
 use seglog::format::topic::TopicConfig;
 
-fn real() -> StorageRef {
-    Arc::new(RealStorage)
-}
+use crate::util::rng::{seed_or, with_seed, Rng};
+use crate::util::storage::{is_log, real, FileCall, Hook, HookStorage};
 
 fn rec(value: &[u8]) -> NewRecord<'_> {
     NewRecord {
@@ -136,86 +133,34 @@ fn a_failed_background_fsync_poisons_the_partition() {
     assert_eq!(b.offsets("t", 0).unwrap(), (0, 0));
 }
 
-/// Real storage whose `.log` writes can be made to fail half-way, and whose
-/// truncates can be made to fail.
+/// `.log` writes can be made to fail half-way, and truncates to fail.
 #[derive(Debug, Default)]
 struct Flaky {
     torn_writes: AtomicBool,
     failing_set_len: AtomicBool,
 }
 
-#[derive(Debug)]
-struct FlakyFile {
-    inner: Box<dyn StorageFile>,
-    is_log: bool,
-    flaky: Arc<Flaky>,
-}
-
-impl StorageFile for FlakyFile {
-    fn write_at(&self, buf: &[u8], pos: u64) -> io::Result<()> {
-        if self.is_log && self.flaky.torn_writes.load(Ordering::SeqCst) {
-            self.inner.write_at(&buf[..buf.len() / 2], pos)?;
-            return Err(io::Error::other("injected: no space left on device"));
+impl Hook for Flaky {
+    fn before(
+        &self,
+        path: &Path,
+        call: &FileCall<'_>,
+        file: &dyn StorageFile,
+    ) -> Option<io::Result<()>> {
+        match call {
+            FileCall::WriteAt { buf, pos }
+                if is_log(path) && self.torn_writes.load(Ordering::SeqCst) =>
+            {
+                if let Err(e) = file.write_at(&buf[..buf.len() / 2], *pos) {
+                    return Some(Err(e));
+                }
+                Some(Err(io::Error::other("injected: no space left on device")))
+            }
+            FileCall::SetLen(_) if self.failing_set_len.load(Ordering::SeqCst) => {
+                Some(Err(io::Error::other("injected: truncate failed")))
+            }
+            _ => None,
         }
-        self.inner.write_at(buf, pos)
-    }
-    fn read_at(&self, buf: &mut [u8], pos: u64) -> io::Result<usize> {
-        self.inner.read_at(buf, pos)
-    }
-    fn set_len(&self, len: u64) -> io::Result<()> {
-        if self.flaky.failing_set_len.load(Ordering::SeqCst) {
-            return Err(io::Error::other("injected: truncate failed"));
-        }
-        self.inner.set_len(len)
-    }
-    fn allocate(&self, len: u64) -> io::Result<()> {
-        self.inner.allocate(len)
-    }
-    fn sync_data(&self) -> io::Result<()> {
-        self.inner.sync_data()
-    }
-    fn sync_all(&self) -> io::Result<()> {
-        self.inner.sync_all()
-    }
-    fn len(&self) -> io::Result<u64> {
-        self.inner.len()
-    }
-}
-
-#[derive(Debug)]
-struct FlakyStorage(Arc<Flaky>);
-
-impl Storage for FlakyStorage {
-    fn create(&self, path: &Path) -> io::Result<Box<dyn StorageFile>> {
-        let inner = RealStorage.create(path)?;
-        Ok(Box::new(FlakyFile {
-            inner,
-            is_log: is_log(path),
-            flaky: self.0.clone(),
-        }))
-    }
-    fn open(&self, path: &Path) -> io::Result<Box<dyn StorageFile>> {
-        let inner = RealStorage.open(path)?;
-        Ok(Box::new(FlakyFile {
-            inner,
-            is_log: is_log(path),
-            flaky: self.0.clone(),
-        }))
-    }
-    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
-        RealStorage.create_dir_all(path)
-    }
-    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-        RealStorage.rename(from, to)
-    }
-    fn remove_file(&self, path: &Path) -> io::Result<()> {
-        RealStorage.remove_file(path)
-    }
-    fn remove_dir_all(&self, path: &Path) -> io::Result<()> {
-        RealStorage.remove_dir_all(path)
-    }
-    fn sync_dir(&self, path: &Path) -> io::Result<()> {
-        RealStorage.sync_dir(path)
     }
 }
 
@@ -225,7 +170,7 @@ fn a_torn_write_is_cut_off_and_the_offsets_reused() {
     let flaky = Arc::new(Flaky::default());
     let b = Broker::open(
         dir.path(),
-        Arc::new(FlakyStorage(flaky.clone())),
+        Arc::new(HookStorage(flaky.clone())),
         BrokerOptions::default(),
     )
     .unwrap();
@@ -260,7 +205,7 @@ fn a_write_that_cannot_be_cut_off_poisons_the_partition() {
     let flaky = Arc::new(Flaky::default());
     let b = Broker::open(
         dir.path(),
-        Arc::new(FlakyStorage(flaky.clone())),
+        Arc::new(HookStorage(flaky.clone())),
         BrokerOptions::default(),
     )
     .unwrap();
@@ -331,87 +276,28 @@ struct Gate {
     syncs: AtomicU64,
 }
 
-#[derive(Debug)]
-struct GatedFile {
-    inner: Box<dyn StorageFile>,
-    is_log: bool,
-    gate: Arc<Gate>,
-}
-
-impl StorageFile for GatedFile {
-    fn write_at(&self, buf: &[u8], pos: u64) -> io::Result<()> {
-        self.inner.write_at(buf, pos)?;
-        if !self.is_log {
-            return Ok(());
-        }
-        *self.gate.writes.lock().unwrap() += 1;
-        self.gate.wrote.notify_all();
-        Ok(())
-    }
-    fn read_at(&self, buf: &mut [u8], pos: u64) -> io::Result<usize> {
-        self.inner.read_at(buf, pos)
-    }
-    fn set_len(&self, len: u64) -> io::Result<()> {
-        self.inner.set_len(len)
-    }
-    fn allocate(&self, len: u64) -> io::Result<()> {
-        self.inner.allocate(len)
-    }
-    fn sync_data(&self) -> io::Result<()> {
-        if self.gate.syncs.fetch_add(1, Ordering::SeqCst) == 0 {
-            let writes = self.gate.writes.lock().unwrap();
+impl Hook for Gate {
+    fn before(
+        &self,
+        _path: &Path,
+        call: &FileCall<'_>,
+        _file: &dyn StorageFile,
+    ) -> Option<io::Result<()>> {
+        if matches!(call, FileCall::SyncData) && self.syncs.fetch_add(1, Ordering::SeqCst) == 0 {
+            let writes = self.writes.lock().unwrap();
             // The bound only keeps a broken implementation from hanging the test.
             let _ = self
-                .gate
                 .wrote
-                .wait_timeout_while(writes, Duration::from_secs(30), |w| *w < self.gate.writers);
+                .wait_timeout_while(writes, Duration::from_secs(30), |w| *w < self.writers);
         }
-        self.inner.sync_data()
+        None
     }
-    fn sync_all(&self) -> io::Result<()> {
-        self.inner.sync_all()
-    }
-    fn len(&self) -> io::Result<u64> {
-        self.inner.len()
-    }
-}
 
-fn is_log(path: &Path) -> bool {
-    path.extension().is_some_and(|e| e == "log")
-}
-
-#[derive(Debug)]
-struct GatedStorage(Arc<Gate>);
-
-impl Storage for GatedStorage {
-    fn create(&self, path: &Path) -> io::Result<Box<dyn StorageFile>> {
-        Ok(Box::new(GatedFile {
-            inner: RealStorage.create(path)?,
-            is_log: is_log(path),
-            gate: self.0.clone(),
-        }))
-    }
-    fn open(&self, path: &Path) -> io::Result<Box<dyn StorageFile>> {
-        Ok(Box::new(GatedFile {
-            inner: RealStorage.open(path)?,
-            is_log: is_log(path),
-            gate: self.0.clone(),
-        }))
-    }
-    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
-        RealStorage.create_dir_all(path)
-    }
-    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-        RealStorage.rename(from, to)
-    }
-    fn remove_file(&self, path: &Path) -> io::Result<()> {
-        RealStorage.remove_file(path)
-    }
-    fn remove_dir_all(&self, path: &Path) -> io::Result<()> {
-        RealStorage.remove_dir_all(path)
-    }
-    fn sync_dir(&self, path: &Path) -> io::Result<()> {
-        RealStorage.sync_dir(path)
+    fn after(&self, path: &Path, call: &FileCall<'_>) {
+        if matches!(call, FileCall::WriteAt { .. }) && is_log(path) {
+            *self.writes.lock().unwrap() += 1;
+            self.wrote.notify_all();
+        }
     }
 }
 
@@ -427,7 +313,7 @@ fn writers_append_while_an_fsync_runs_and_share_the_next_one() {
     });
     let b = Broker::open(
         dir.path(),
-        Arc::new(GatedStorage(gate.clone())),
+        Arc::new(HookStorage(gate.clone())),
         BrokerOptions::default(),
     )
     .unwrap();
@@ -450,26 +336,11 @@ fn writers_append_while_an_fsync_runs_and_share_the_next_one() {
     assert_eq!(gate.syncs.load(Ordering::SeqCst), fsyncs);
 }
 
-/// xorshift64*: reproducible from its seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 type Model = Vec<Vec<(Option<Vec<u8>>, Vec<u8>)>>;
 
 fn model_run(seed: u64) {
     let dir = tempfile::tempdir().unwrap();
-    let mut rng = Rng(seed | 1);
+    let mut rng = Rng::new(seed);
     let mut b = Broker::open(dir.path(), real(), BrokerOptions::default()).unwrap();
     let mut config = TopicConfig::default();
     config.set("segment_bytes", "4096").unwrap();
@@ -543,13 +414,12 @@ fn model_run(seed: u64) {
 
 #[test]
 fn seeded_model() {
-    let base = std::env::var("SEGLOG_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0x5eed_0001u64);
-    for i in 0..3 {
-        model_run(base.wrapping_add(i * 7919));
-    }
+    let base = seed_or(0x5eed_0001);
+    with_seed(base, || {
+        for i in 0..3 {
+            model_run(base.wrapping_add(i * 7919));
+        }
+    });
 }
 
 /// A record at the largest offset leaves no offset to append at: the partition is

@@ -14,17 +14,16 @@ use std::time::{Duration, Instant};
 use seglog::engine::broker::{Broker, BrokerOptions, EngineError, FetchResult, NewRecord};
 use seglog::engine::maintenance::check::{check_partition, CheckMode};
 use seglog::engine::partition::now_ms;
-use seglog::engine::storage::io::{FailOn, FailingStorage, RealStorage, StorageRef};
+use seglog::engine::storage::io::{FailOn, FailingStorage, StorageRef};
 use seglog::engine::storage::layout::PartitionRef;
 use seglog::format::decode_record;
 use seglog::format::topic::TopicConfig;
 
+use crate::util::fs::copy_tree;
+use crate::util::storage::real;
+
 /// (offset, timestamp_ms, key, value)
 type Rec = (u64, i64, Option<Vec<u8>>, Vec<u8>);
-
-fn real() -> StorageRef {
-    Arc::new(RealStorage)
-}
 
 /// Background tasks that never run on their own: tests call the rounds directly.
 fn manual() -> BrokerOptions {
@@ -557,19 +556,6 @@ fn crash_at(data: &Path, n: u64, work: &dyn Fn(&Broker) -> Vec<String>) -> bool 
     failing.has_failed()
 }
 
-fn copy_dir(from: &Path, to: &Path) {
-    fs::create_dir_all(to).unwrap();
-    for e in fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        let target = to.join(e.file_name());
-        if e.file_type().unwrap().is_dir() {
-            copy_dir(&e.path(), &target);
-        } else if e.file_name() != "LOCK" {
-            fs::copy(e.path(), &target).unwrap();
-        }
-    }
-}
-
 #[test]
 fn a_crash_during_retention_loses_nothing_it_should_keep() {
     let template = tempfile::tempdir().unwrap();
@@ -588,7 +574,7 @@ fn a_crash_during_retention_loses_nothing_it_should_keep() {
     }
     // What a whole round keeps.
     let clean = tempfile::tempdir().unwrap();
-    copy_dir(template.path(), clean.path());
+    copy_tree(template.path(), clean.path());
     let kept_from = {
         let b = Broker::open(clean.path(), real(), manual()).unwrap();
         assert!(b.run_retention().is_empty());
@@ -598,7 +584,7 @@ fn a_crash_during_retention_loses_nothing_it_should_keep() {
     let mut crashes = 0;
     for n in 1.. {
         let work = tempfile::tempdir().unwrap();
-        copy_dir(template.path(), work.path());
+        copy_tree(template.path(), work.path());
         let failed = crash_at(work.path(), n, &|b| b.run_retention());
         let b = Broker::open(work.path(), real(), manual()).unwrap();
         let (start, end) = b.offsets("t", 0).unwrap();
@@ -646,7 +632,7 @@ fn a_crash_during_compaction_keeps_every_newest_value_and_no_replaced_segment() 
         fetch_all(&b, "c", 0)
     };
     let clean = tempfile::tempdir().unwrap();
-    copy_dir(template.path(), clean.path());
+    copy_tree(template.path(), clean.path());
     let compacted = {
         let b = Broker::open(clean.path(), real(), manual()).unwrap();
         assert!(b.run_compaction().is_empty());
@@ -656,7 +642,7 @@ fn a_crash_during_compaction_keeps_every_newest_value_and_no_replaced_segment() 
     let mut crashes = 0;
     for n in 1.. {
         let work = tempfile::tempdir().unwrap();
-        copy_dir(template.path(), work.path());
+        copy_tree(template.path(), work.path());
         let failed = crash_at(work.path(), n, &|b| b.run_compaction());
         let b = Broker::open(work.path(), real(), manual()).unwrap();
         let got = fetch_all(&b, "c", 0);

@@ -3,89 +3,22 @@
 //! and JSON), `consume --from earliest` starting at the moved start offset, and a
 //! version-1 client still getting a version-1 describe response.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use seglog::format::wire::{decode_response_version, encode_request, Request, ResponseBody};
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_seglog");
-const PATIENCE: Duration = Duration::from_secs(60);
-
-struct Serve {
-    child: Child,
-    addr: String,
-}
-
-impl Serve {
-    fn start(data: &Path, extra: &[&str]) -> Serve {
-        let mut child = Command::new(BIN)
-            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
-            .arg(data)
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stderr = child.stderr.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                if let Some(rest) = line.strip_prefix("seglog: listening on ") {
-                    let _ = tx.send(rest.split_whitespace().next().unwrap().to_string());
-                }
-            }
-        });
-        let addr = rx.recv_timeout(PATIENCE).expect("the broker starts");
-        Serve { child, addr }
-    }
-
-    fn run(&self, args: &[&str], stdin: Option<&str>) -> Output {
-        let mut child = Command::new(BIN)
-            .env("SEGLOG_BROKER", &self.addr)
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut input = child.stdin.take().unwrap();
-        if let Some(text) = stdin {
-            input.write_all(text.as_bytes()).unwrap();
-        }
-        drop(input);
-        child.wait_with_output().unwrap()
-    }
-
-    fn ok(&self, args: &[&str], stdin: Option<&str>) -> String {
-        let out = self.run(args, stdin);
-        assert!(
-            out.status.success(),
-            "seglog {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    }
-
-    fn stop(mut self) {
-        // SAFETY: kill(2) on our own child's pid.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        assert!(self.child.wait().unwrap().success());
-    }
-}
+use crate::util::serve::{Serve, PATIENCE};
 
 #[test]
 fn retention_in_serve_shows_in_describe_and_consume_starts_at_the_new_start() {
     let data = tempfile::tempdir().unwrap();
     let cold = tempfile::tempdir().unwrap();
     let cold_arg = cold.path().to_str().unwrap();
-    let s = Serve::start(
+    let s = Serve::start_with(
         data.path(),
         &[
             "--retention-check-interval",
@@ -96,24 +29,20 @@ fn retention_in_serve_shows_in_describe_and_consume_starts_at_the_new_start() {
             cold_arg,
         ],
     );
-    s.ok(
-        &[
-            "topics",
-            "create",
-            "t",
-            "--config",
-            "segment_bytes=1024",
-            "--config",
-            "retention_bytes=2048",
-        ],
-        None,
-    );
+    s.ok(&[
+        "topics",
+        "create",
+        "t",
+        "--config",
+        "segment_bytes=1024",
+        "--config",
+        "retention_bytes=2048",
+    ]);
     let lines: String = (0..300).map(|i| format!("line-{i:04}-padding\n")).collect();
-    s.ok(&["produce", "t"], Some(&lines));
+    s.ok_with_stdin(&["produce", "t"], &lines);
     let deadline = Instant::now() + PATIENCE;
     let p = loop {
-        let d: Value =
-            serde_json::from_str(&s.ok(&["topics", "describe", "t", "--json"], None)).unwrap();
+        let d: Value = serde_json::from_str(&s.ok(&["topics", "describe", "t", "--json"])).unwrap();
         let p = d["partitions"][0].clone();
         if p["cleanup"]["segments_deleted"].as_u64().unwrap() > 0 {
             break p;
@@ -134,7 +63,7 @@ fn retention_in_serve_shows_in_describe_and_consume_starts_at_the_new_start() {
         .join(format!("{:020}.log", 0))
         .exists());
     // earliest is the new start (retention may move it further while we read).
-    let out = s.ok(&["consume", "t", "--from", "earliest", "--json"], None);
+    let out = s.ok(&["consume", "t", "--from", "earliest", "--json"]);
     let offsets: Vec<u64> = out
         .lines()
         .map(|l| {
@@ -147,11 +76,11 @@ fn retention_in_serve_shows_in_describe_and_consume_starts_at_the_new_start() {
     assert_eq!(*offsets.last().unwrap(), 299);
     assert!(offsets.windows(2).all(|w| w[1] == w[0] + 1));
     // Below the start: refused, naming the range.
-    let refused = s.run(&["consume", "t", "--from", "0"], None);
+    let refused = s.run(&["consume", "t", "--from", "0"]);
     assert_eq!(refused.status.code(), Some(69));
     assert!(String::from_utf8_lossy(&refused.stderr).contains("out of range"));
     // The text form has the cleanup table.
-    let text = s.ok(&["topics", "describe", "t"], None);
+    let text = s.ok(&["topics", "describe", "t"]);
     assert!(
         text.contains("segments_deleted") && text.contains("ago"),
         "{text}"
@@ -162,8 +91,8 @@ fn retention_in_serve_shows_in_describe_and_consume_starts_at_the_new_start() {
 #[test]
 fn a_version_1_client_gets_the_version_1_describe_response() {
     let data = tempfile::tempdir().unwrap();
-    let s = Serve::start(data.path(), &[]);
-    s.ok(&["topics", "create", "t", "--partitions", "2"], None);
+    let s = Serve::start(data.path());
+    s.ok(&["topics", "create", "t", "--partitions", "2"]);
     let mut conn = TcpStream::connect(&s.addr).unwrap();
     let mut bytes = Vec::new();
     for (id, req) in [

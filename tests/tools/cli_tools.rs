@@ -9,35 +9,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Command as StdCommand, Stdio};
 use std::time::SystemTime;
 
-use assert_cmd::Command;
 use serde_json::Value;
 
 use seglog::engine::storage::lock::DirLock;
-use seglog::format::names::{index_file_name, log_file_name};
-use seglog::format::{encode_record, SegmentHeader};
+use seglog::format::names::index_file_name;
 
-fn seglog() -> Command {
-    Command::cargo_bin("seglog").unwrap()
-}
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name)
-}
-
-fn copy_tree(from: &Path, to: &Path) {
-    fs::create_dir_all(to).unwrap();
-    for e in fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        let dest = to.join(e.file_name());
-        if e.file_type().unwrap().is_dir() {
-            copy_tree(&e.path(), &dest);
-        } else {
-            fs::copy(e.path(), &dest).unwrap();
-        }
-    }
-}
+use crate::util::bin::{run, BIN};
+use crate::util::build::Segment;
+use crate::util::fs::{copy_tree, fixture};
 
 /// A copy of a fixture in a fresh temporary directory; returns (guard, data dir).
 fn copy(name: &str) -> (tempfile::TempDir, PathBuf) {
@@ -89,16 +68,6 @@ fn assert_unchanged(before: &Snapshot, dir: &Path, what: &str) {
         assert!(bytes == b2, "{what}: {} changed", p.display());
         assert_eq!(mtime, m2, "{what}: mtime of {} changed", p.display());
     }
-}
-
-/// Runs the binary; returns (exit code, stdout, stderr).
-fn run(args: &[&str], dir: &Path) -> (i32, String, String) {
-    let out = seglog().current_dir(dir).args(args).output().unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8(out.stdout).unwrap(),
-        String::from_utf8(out.stderr).unwrap(),
-    )
 }
 
 fn verify_json(data: &Path, extra: &[&str]) -> (i32, Value) {
@@ -652,17 +621,11 @@ fn big_partition(dir: &Path, n: u64, per_segment: u64, value_len: usize) {
     let value = vec![b'x'; value_len];
     let mut base = 0;
     while base < n {
-        let mut log = SegmentHeader::new(base).encode().to_vec();
-        let mut b = seglog::format::IndexBuilder::new();
-        let mut idx = Vec::new();
+        let mut s = Segment::new(base, 0);
         for off in base..(base + per_segment).min(n) {
-            if let Some(e) = b.observe(base, off, log.len() as u64) {
-                e.encode_into(&mut idx);
-            }
-            encode_record(&mut log, off, off as i64, None, &value, 0).unwrap();
+            s.push(off, off as i64, None, &value);
         }
-        fs::write(dir.join(log_file_name(base)), &log).unwrap();
-        fs::write(dir.join(index_file_name(base)), &idx).unwrap();
+        s.write(dir);
         base += per_segment;
     }
 }
@@ -673,7 +636,7 @@ fn dump_into_a_closed_pipe_ends_quietly() {
     let dir = tmp.path().join("0");
     big_partition(&dir, 20_000, 5_000, 200);
     for json in [false, true] {
-        let mut cmd = StdCommand::new(env!("CARGO_BIN_EXE_seglog"));
+        let mut cmd = StdCommand::new(BIN);
         cmd.arg("dump").arg(&dir);
         if json {
             cmd.arg("--json");

@@ -2,7 +2,7 @@
 //! run with
 //!
 //! ```text
-//! cargo test --release --test bench_cleanup -- --ignored --nocapture
+//! cargo test --release --test bench -- --ignored --nocapture cleanup::
 //! ```
 //!
 //! A broker (in this process, reached over TCP, `--flush-every-records 1`) holds a

@@ -3,7 +3,7 @@
 //! gives the same bytes.
 //!
 //! The fixtures are generated once and committed; normal tests never regenerate them.
-//! `cargo test --test make_fixtures -- --ignored` rebuilds them in a temporary
+//! `cargo test --test tools make_fixtures -- --ignored` rebuilds them in a temporary
 //! directory and fails if they differ from the committed bytes;
 //! with `SEGLOG_WRITE_FIXTURES=1` it writes them into `tests/fixtures/` instead
 //! (only for a deliberate change; update tests/fixtures/README.md with it).
@@ -11,23 +11,17 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use seglog::format::encode_record;
 use seglog::format::marker::CompactionMarker;
 use seglog::format::names::{index_file_name, log_file_name};
-use seglog::format::topic::{CleanupPolicy, TopicConfig, TopicMeta};
-use seglog::format::{encode_record, IndexBuilder, SegmentHeader};
+use seglog::format::topic::{CleanupPolicy, TopicConfig};
+
+use crate::util::build::{self, Rec};
 
 /// Roll a segment once its data reaches this many bytes (so every sealed segment's
 /// index has two entries).
 const ROLL_BYTES: usize = 4500;
 const T0_MS: i64 = 1_700_000_000_000;
-
-#[derive(Clone, Debug)]
-struct Rec {
-    offset: u64,
-    timestamp_ms: i64,
-    key: Option<Vec<u8>>,
-    value: Vec<u8>,
-}
 
 /// Deterministic filler text.
 fn filler(seed: u64, len: usize) -> Vec<u8> {
@@ -58,30 +52,8 @@ fn event(i: u64) -> Rec {
 
 /// One segment's bytes: header, records, and the index the rule gives.
 fn segment(base: u64, generation: u64, recs: &[Rec]) -> (Vec<u8>, Vec<u8>) {
-    let mut log = SegmentHeader {
-        base_offset: base,
-        generation,
-        flags: 0,
-    }
-    .encode()
-    .to_vec();
-    let mut index = Vec::new();
-    let mut b = IndexBuilder::new();
-    for r in recs {
-        if let Some(e) = b.observe(base, r.offset, log.len() as u64) {
-            e.encode_into(&mut index);
-        }
-        encode_record(
-            &mut log,
-            r.offset,
-            r.timestamp_ms,
-            r.key.as_deref(),
-            &r.value,
-            generation,
-        )
-        .unwrap();
-    }
-    (log, index)
+    let s = build::segment(base, generation, recs);
+    (s.log, s.index)
 }
 
 /// Splits records into segments of about ROLL_BYTES, the last one holding `active` records.
@@ -145,14 +117,7 @@ fn base_partition() -> Vec<Seg> {
 }
 
 fn write_topic(data: &Path, topic: &str, partitions: u32, config: TopicConfig) -> PathBuf {
-    let dir = data.join("topics").join(topic);
-    fs::create_dir_all(&dir).unwrap();
-    fs::write(
-        dir.join("topic.json"),
-        TopicMeta { partitions, config }.encode(),
-    )
-    .unwrap();
-    dir
+    build::topic(data, topic, partitions, config)
 }
 
 fn small_segments() -> TopicConfig {

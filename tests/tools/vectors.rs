@@ -3,23 +3,18 @@
 //! fields to the same bytes; `dump` of the vector partition matches the expected
 //! JSON Lines field by field.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use assert_cmd::Command;
 use serde_json::Value;
 
 use seglog::format::{crc32, decode_record, encode_record, SegmentHeader};
 
-fn vectors() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/vectors")
-}
+use crate::util::bin::seglog;
+use crate::util::build::unhex;
+use crate::util::fs::fixture;
 
-fn unhex(s: &str) -> Vec<u8> {
-    assert!(s.len() % 2 == 0, "odd hex length");
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-        .collect()
+fn vectors() -> PathBuf {
+    fixture("vectors")
 }
 
 fn records_json() -> Value {
@@ -102,8 +97,7 @@ fn dump_of_the_vector_partition_matches_the_expected_lines() {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    let out = Command::cargo_bin("seglog")
-        .unwrap()
+    let out = seglog()
         .args(["dump", "--json", "--bytes", "hex"])
         .arg(vectors().join("partition"))
         .output()

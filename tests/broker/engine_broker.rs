@@ -9,16 +9,13 @@ use std::thread;
 use std::time::Duration;
 
 use seglog::engine::broker::{Broker, BrokerOptions, EngineError, FetchResult, NewRecord};
-use seglog::engine::storage::io::{RealStorage, StorageRef};
 use seglog::format::decode_record;
 use seglog::format::topic::TopicConfig;
 
+use crate::util::storage::real;
+
 /// (offset, timestamp_ms, key, value)
 type Rec = (u64, i64, Option<Vec<u8>>, Vec<u8>);
-
-fn real() -> StorageRef {
-    Arc::new(RealStorage)
-}
 
 fn open(dir: &Path) -> Arc<Broker> {
     Broker::open(dir, real(), BrokerOptions::default()).unwrap()

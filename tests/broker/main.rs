@@ -1,0 +1,14 @@
+//! The broker in one test binary: the engine through its API (round trips, failing
+//! and hooked storage, background cleanup), and `seglog serve` as a real child
+//! process (client commands, raw protocol, cleanup, the kill -9 loop). Run one part
+//! with a filter, e.g. `cargo test --release --test broker kill9::`.
+
+#[path = "../util/mod.rs"]
+mod util;
+
+mod cli_broker;
+mod cli_cleanup;
+mod engine_broker;
+mod engine_cleanup;
+mod engine_failures;
+mod kill9;

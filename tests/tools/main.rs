@@ -1,0 +1,26 @@
+//! The offline toolkit and the format, in one test binary: `verify`, `dump`,
+//! `reindex`, `recover`, `compact` on built and committed data directories, the
+//! golden vectors, the man pages, the bounded decoder corpus, and the (ignored)
+//! fixture generator.
+//!
+//! The whole binary runs under [`CappedAlloc`]: any single allocation over
+//! `ALLOCATION_BYTES_MAX` aborts, so a length trusted before it was checked shows up
+//! in the decoder tests (and anywhere else). Run one part with a filter, e.g.
+//! `cargo test --release --test tools recover::`.
+
+use seglog::testkit::CappedAlloc;
+
+#[global_allocator]
+static ALLOC: CappedAlloc = CappedAlloc;
+
+#[path = "../util/mod.rs"]
+mod util;
+
+mod check_vectors;
+mod cli_tools;
+mod compact;
+mod fuzz_decoders;
+mod make_fixtures;
+mod man;
+mod recover;
+mod vectors;

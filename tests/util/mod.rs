@@ -1,0 +1,16 @@
+//! Support shared by every integration-test binary: one seeded generator ([`rng`]),
+//! segment, partition and data-directory builders over `seglog::format` ([`build`]),
+//! the real binary run and compared ([`bin`]), `seglog serve` as a child process
+//! ([`serve`]), a storage with hooks on every call ([`storage`]), and file-tree
+//! helpers ([`fs`]).
+//!
+//! Each binary includes this module with `#[path = "../util/mod.rs"] mod util;` and
+//! uses only part of it.
+#![allow(dead_code, reason = "each test binary uses a part of it")]
+
+pub mod bin;
+pub mod build;
+pub mod fs;
+pub mod rng;
+pub mod serve;
+pub mod storage;
