@@ -13,7 +13,7 @@ use seglog::engine::maintenance::compaction::{
     compact_partition, finish_compaction_marker, sealed_segments_unchanged, CompactionError,
     CompactionOptions, CompactionReport,
 };
-use seglog::engine::storage::io::{FailOn, FailingStorage, RealStorage, Storage};
+use seglog::engine::storage::io::{RealStorage, Storage};
 use seglog::engine::storage::layout::{list_partition, resolve, PartitionRef};
 use seglog::engine::storage::lock::DirLock;
 use seglog::engine::storage::reader::{open_log, read_header, scan_segment};
@@ -21,6 +21,7 @@ use seglog::format::marker::CompactionMarker;
 use seglog::format::names::{index_file_name, log_file_name, COMPACTION_MARKER};
 use seglog::format::topic::{CleanupPolicy, TopicConfig, TopicMeta};
 use seglog::format::{encode_record, IndexBuilder, SegmentHeader};
+use seglog::testkit::storage::{FailOn, FailingStorage};
 
 const NOW_MS: i64 = 1_700_000_000_000;
 

@@ -11,11 +11,10 @@ use std::thread;
 use std::time::Duration;
 
 use seglog::engine::broker::{Broker, BrokerOptions, EngineError, FetchResult, NewRecord};
-use seglog::engine::storage::io::{
-    FailOn, FailingStorage, RealStorage, Storage, StorageFile, StorageRef,
-};
+use seglog::engine::storage::io::{RealStorage, Storage, StorageFile, StorageRef};
 use seglog::format::decode_record;
 use seglog::format::topic::TopicConfig;
+use seglog::testkit::storage::{FailOn, FailingStorage};
 
 fn real() -> StorageRef {
     Arc::new(RealStorage)
