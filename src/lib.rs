@@ -3,9 +3,13 @@
 //! holds one module per subcommand, `bench` is the load generator behind `seglog bench`.
 //! Dependencies point down only: cmd → bench → engine → format.
 
+#[macro_use]
+mod macros;
+
 pub mod bench;
 pub mod cmd;
 pub mod engine;
 pub mod format;
+#[cfg(feature = "testkit")]
 #[doc(hidden)]
 pub mod testkit;

@@ -1,32 +1,29 @@
-//! `seglog bench produce|consume`: a load generator in the spirit of
+//! The load generator behind `seglog bench produce|consume`, in the spirit of
 //! kafka-producer-perf-test. Many connections from one process, a thread each; with
-//! `--embedded DIR` a broker and its server run in this process on a loopback port
-//! and the load still goes over TCP. Reports records/s, MB/s (10^6 bytes of record
-//! values), requests/s, fsyncs and request latency p50/p99/max.
+//! an embedded target a broker and its server run in this process on a loopback port
+//! and the load still goes over TCP. Measures records, value bytes (10^6 bytes of
+//! record values make a MB), requests, fsyncs and every request's latency; the
+//! command line and the rendering of a [`Report`] live in `cmd::bench`.
 
-use std::io::{self, IsTerminal, Write};
-use std::path::PathBuf;
+use std::io;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use serde_json::json;
-
-use crate::cmd::connect::{client_error, parse_duration};
-use crate::cmd::{exit, ExitError, Global};
 use crate::engine::broker::{Broker, BrokerOptions};
-use crate::engine::net::client::{Client, DEFAULT_BROKER};
+use crate::engine::error::EngineError;
+use crate::engine::net::client::{Client, ClientError};
 use crate::engine::net::server::{Server, ServerOptions};
 use crate::engine::storage::io::RealStorage;
 use crate::format::encoded_len;
-use crate::format::record::MAX_RECORD_LEN;
 use crate::format::wire::{
     ErrorCode, PartitionBatch, WireRecord, FETCH_BYTES_MAX, RECORDS_PER_PARTITION_MAX,
 };
 
 /// What to measure.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
     /// Append records (each request acknowledged after the broker's flush policy).
     Produce,
@@ -34,52 +31,91 @@ pub enum Mode {
     Consume,
 }
 
-/// Arguments of `seglog bench`.
-#[derive(Debug, clap::Args)]
-pub struct Args {
-    #[arg(value_enum)]
+/// Where the load goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// A running broker at this address.
+    Broker(String),
+    /// A broker started in this process on `dir`, served on a loopback port.
+    Embedded {
+        dir: PathBuf,
+        /// fsync once this many records wait (1: before every ack).
+        flush_every_records: u64,
+    },
+}
+
+/// One run's settings.
+#[derive(Debug, Clone)]
+pub struct Config {
     pub mode: Mode,
-    /// Broker address (default $SEGLOG_BROKER, else 127.0.0.1:9494).
-    #[arg(long, conflicts_with = "embedded")]
-    pub broker: Option<String>,
-    /// Start a broker in this process on DIR, served on a loopback port.
-    #[arg(long, value_name = "DIR")]
-    pub embedded: Option<PathBuf>,
-    /// Records to send or read (with --duration: at most this many).
-    #[arg(long)]
-    pub records: Option<u64>,
-    /// Produce only: stop sending after this long (500ms, 2s, 1m).
-    #[arg(long, value_parser = parse_duration)]
+    pub target: Target,
+    /// Records to send or read (`u64::MAX` with a duration: until it is over).
+    pub records: u64,
+    /// Produce only: stop sending after this long.
     pub duration: Option<Duration>,
     /// Bytes of each record's value.
-    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(0..=i64::from(MAX_RECORD_LEN / 2)))]
     pub record_size: u32,
     /// Records per produce request, or per fetch.
-    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=i64::from(RECORDS_PER_PARTITION_MAX)))]
     pub batch: u32,
-    /// Connections, a thread each.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    /// Connections, a thread each (at least 1).
     pub connections: u32,
-    /// Partitions of the bench topic (created if missing).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    /// Partitions of the bench topic (created if missing; at least 1).
     pub partitions: u32,
-    /// Embedded broker only: fsync once this many records wait (1: before every ack).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
-    pub flush_every_records: u64,
-    /// Topic to use.
-    #[arg(long, default_value = "bench")]
     pub topic: String,
     /// How long to wait to connect and for each response.
-    #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub timeout: Duration,
-    /// Print one JSON object.
-    #[arg(long)]
-    pub json: bool,
+    /// Draw a progress bar on stderr while the workers run.
+    pub progress_bar: bool,
+}
+
+/// Why a run failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BenchError {
+    /// The embedded broker's data directory is locked by another process.
+    #[error("{0}")]
+    Locked(EngineError),
+    #[error("cannot open {}: {source}", dir.display())]
+    Open { dir: PathBuf, source: EngineError },
+    #[error("cannot listen on a loopback port: {0}")]
+    Listen(io::Error),
+    #[error("shutting the broker down: {0}")]
+    Shutdown(EngineError),
+    /// A client call failed (unreachable broker, refused request, bad record).
+    #[error("{0}")]
+    Client(ClientError),
+    #[error("topic {topic} exists with {have} partitions, not {want}; use --partitions {have} or another --topic")]
+    PartitionCount { topic: String, have: u32, want: u32 },
+    #[error("the broker at {addr} refused: {message} [{code}]")]
+    ProduceRefused {
+        addr: String,
+        code: ErrorCode,
+        message: String,
+    },
+    #[error("seeding the bench topic: {message} [{code}]")]
+    SeedRefused { code: ErrorCode, message: String },
+    #[error("fetch of {topic}/{partition} at offset {offset} returned nothing before {end}")]
+    FetchEmpty {
+        topic: String,
+        partition: u32,
+        offset: u64,
+        end: u64,
+    },
+    #[error("a bench worker failed")]
+    WorkerPanicked,
+}
+
+impl From<ClientError> for BenchError {
+    fn from(e: ClientError) -> Self {
+        BenchError::Client(e)
+    }
 }
 
 /// The measurements of one run.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Report {
+    /// The address the load went to (the loopback port of an embedded broker).
+    pub broker: String,
     pub records: u64,
     pub requests: u64,
     pub value_bytes: u64,
@@ -90,7 +126,8 @@ pub struct Report {
 }
 
 impl Report {
-    fn per_sec(&self, n: f64) -> f64 {
+    /// `n` per second of elapsed time (0 when no time passed).
+    pub fn per_sec(&self, n: f64) -> f64 {
         let s = self.elapsed.as_secs_f64();
         if s > 0.0 {
             n / s
@@ -112,6 +149,28 @@ impl Report {
     }
 }
 
+/// Runs the load against `config.target` and measures it. An embedded broker is
+/// started first and shut down last; a failed shutdown outranks a failed run.
+pub fn run(config: &Config) -> Result<Report, BenchError> {
+    let (embedded, addr) = match &config.target {
+        Target::Embedded {
+            dir,
+            flush_every_records,
+        } => {
+            let (e, addr) = Embedded::start(dir, *flush_every_records)?;
+            (Some(e), addr)
+        }
+        Target::Broker(addr) => (None, addr.clone()),
+    };
+    let result = bench(config, &addr, embedded.as_ref().map(|e| &e.broker));
+    if let Some(e) = embedded {
+        e.finish()?;
+    }
+    let mut report = result?;
+    report.broker = addr;
+    Ok(report)
+}
+
 /// An embedded broker and its server thread.
 struct Embedded {
     broker: Arc<Broker>,
@@ -120,28 +179,24 @@ struct Embedded {
 }
 
 impl Embedded {
-    fn start(
-        dir: &std::path::Path,
-        flush_every_records: u64,
-    ) -> anyhow::Result<(Embedded, String)> {
+    fn start(dir: &Path, flush_every_records: u64) -> Result<(Embedded, String), BenchError> {
         let opts = BrokerOptions {
             flush_every_records,
             ..BrokerOptions::default()
         };
         let broker = Broker::open(dir, Arc::new(RealStorage), opts).map_err(|e| match e {
-            crate::engine::error::EngineError::Locked { .. } => {
-                ExitError::new(exit::LOCKED, e.to_string())
-            }
-            other => ExitError::new(exit::IO, format!("cannot open {}: {other}", dir.display())),
+            EngineError::Locked { .. } => BenchError::Locked(e),
+            source => BenchError::Open {
+                dir: dir.to_path_buf(),
+                source,
+            },
         })?;
         let server_opts = ServerOptions {
             log_errors: false,
             ..ServerOptions::default()
         };
-        let server =
-            Server::bind("127.0.0.1:0", Arc::clone(&broker), server_opts).map_err(|e| {
-                ExitError::new(exit::IO, format!("cannot listen on a loopback port: {e}"))
-            })?;
+        let server = Server::bind("127.0.0.1:0", Arc::clone(&broker), server_opts)
+            .map_err(BenchError::Listen)?;
         let addr = server.local_addr().to_string();
         let stop = server.stop_handle();
         let never = AtomicBool::new(false);
@@ -156,15 +211,12 @@ impl Embedded {
         ))
     }
 
-    fn finish(mut self) -> anyhow::Result<()> {
+    fn finish(mut self) -> Result<(), BenchError> {
         self.stop.store(true, Ordering::SeqCst);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        self.broker
-            .shutdown()
-            .map_err(|e| ExitError::new(exit::IO, format!("shutting the broker down: {e}")))?;
-        Ok(())
+        self.broker.shutdown().map_err(BenchError::Shutdown)
     }
 }
 
@@ -173,9 +225,9 @@ struct Progress {
     records: AtomicU64,
 }
 
-/// A progress bar on an interactive stderr; nothing otherwise.
-fn progress_bar(total: Option<u64>, quiet: bool) -> Option<indicatif::ProgressBar> {
-    if quiet || !io::stderr().is_terminal() {
+/// A progress bar on stderr when asked for; nothing otherwise.
+fn progress_bar(total: Option<u64>, wanted: bool) -> Option<indicatif::ProgressBar> {
+    if !wanted {
         return None;
     }
     let bar = match total {
@@ -185,93 +237,46 @@ fn progress_bar(total: Option<u64>, quiet: bool) -> Option<indicatif::ProgressBa
     Some(bar)
 }
 
-pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
-    if args.mode == Mode::Consume && args.duration.is_some() {
-        return Err(ExitError::usage("--duration applies to bench produce only"));
-    }
-    if args.embedded.is_none() && args.flush_every_records != 1 {
-        return Err(ExitError::usage(
-            "--flush-every-records applies to --embedded only (set it on seglog serve)",
-        ));
-    }
-    let records = match (args.records, args.duration) {
-        (Some(n), _) => n,
-        (None, Some(_)) => u64::MAX,
-        (None, None) => 100_000,
-    };
-    let (embedded, addr) = match &args.embedded {
-        Some(dir) => {
-            let (e, addr) = Embedded::start(dir, args.flush_every_records)?;
-            (Some(e), addr)
-        }
-        None => {
-            let addr = args
-                .broker
-                .clone()
-                .or_else(|| std::env::var("SEGLOG_BROKER").ok())
-                .unwrap_or(DEFAULT_BROKER.into());
-            (None, addr)
-        }
-    };
-    let result = bench(
-        &args,
-        &addr,
-        records,
-        embedded.as_ref().map(|e| &e.broker),
-        global,
-    );
-    if let Some(e) = embedded {
-        e.finish()?;
-    }
-    let report = result?;
-    print_report(&args, &addr, &report)?;
-    Ok(exit::OK)
-}
-
 fn fsync_count(
     addr: &str,
     timeout: Duration,
     embedded: Option<&Arc<Broker>>,
-) -> anyhow::Result<u64> {
+) -> Result<u64, BenchError> {
     match embedded {
         Some(b) => Ok(b.stats().fsyncs),
         None => Ok(Client::connect(addr, timeout)
-            .and_then(|mut c| c.stats())
-            .map_err(client_error)?
+            .and_then(|mut c| c.stats())?
             .fsyncs),
     }
 }
 
 /// Creates the topic, or checks the partition count of an existing one.
-fn ensure_topic(client: &mut Client, topic: &str, partitions: u32) -> anyhow::Result<()> {
+fn ensure_topic(client: &mut Client, topic: &str, partitions: u32) -> Result<(), BenchError> {
     match client.create_topic(topic, partitions, &[]) {
         Ok(()) => Ok(()),
         Err(e) if e.code() == Some(ErrorCode::TOPIC_EXISTS) => {
-            let have = client.list_offsets(topic).map_err(client_error)?.len() as u32;
+            let have = client.list_offsets(topic)?.len() as u32;
             if have != partitions {
-                return Err(ExitError::usage(format!(
-                    "topic {topic} exists with {have} partitions, not {partitions}; use --partitions {have} or another --topic"
-                )));
+                return Err(BenchError::PartitionCount {
+                    topic: topic.to_string(),
+                    have,
+                    want: partitions,
+                });
             }
             Ok(())
         }
-        Err(e) => Err(client_error(e)),
+        Err(e) => Err(e.into()),
     }
 }
 
-fn bench(
-    args: &Args,
-    addr: &str,
-    records: u64,
-    embedded: Option<&Arc<Broker>>,
-    global: Global,
-) -> anyhow::Result<Report> {
-    let mut admin = Client::connect(addr, args.timeout).map_err(client_error)?;
+fn bench(args: &Config, addr: &str, embedded: Option<&Arc<Broker>>) -> Result<Report, BenchError> {
+    let records = args.records;
+    let mut admin = Client::connect(addr, args.timeout)?;
     ensure_topic(&mut admin, &args.topic, args.partitions)?;
     match args.mode {
         Mode::Produce => {
             let fsyncs_before = fsync_count(addr, args.timeout, embedded)?;
-            let mut report = produce(args, addr, records, global)?;
+            let mut report = produce(args, addr, records)?;
             report.fsyncs =
                 fsync_count(addr, args.timeout, embedded)?.saturating_sub(fsyncs_before);
             Ok(report)
@@ -279,7 +284,7 @@ fn bench(
         Mode::Consume => {
             seed(args, &mut admin, records)?;
             let fsyncs_before = fsync_count(addr, args.timeout, embedded)?;
-            let mut report = consume(args, addr, &mut admin, records, global)?;
+            let mut report = consume(args, addr, &mut admin, records)?;
             report.fsyncs =
                 fsync_count(addr, args.timeout, embedded)?.saturating_sub(fsyncs_before);
             Ok(report)
@@ -292,12 +297,12 @@ fn bench(
 fn run_workers<T: Send>(
     connections: u32,
     total: Option<u64>,
-    quiet: bool,
+    show_progress: bool,
     progress: &Progress,
-    work: impl Fn(u32, &Barrier) -> anyhow::Result<T> + Sync,
-) -> anyhow::Result<(Vec<T>, Duration)> {
+    work: impl Fn(u32, &Barrier) -> Result<T, BenchError> + Sync,
+) -> Result<(Vec<T>, Duration), BenchError> {
     let barrier = Barrier::new(connections as usize + 1);
-    let bar = progress_bar(total, quiet);
+    let bar = progress_bar(total, show_progress);
     let done = AtomicBool::new(false);
     thread::scope(|s| {
         let handles: Vec<_> = (0..connections)
@@ -326,7 +331,7 @@ fn run_workers<T: Send>(
                     first_error.get_or_insert(e);
                 }
                 Err(_) => {
-                    first_error.get_or_insert(ExitError::new(exit::IO, "a bench worker failed"));
+                    first_error.get_or_insert(BenchError::WorkerPanicked);
                 }
             }
         }
@@ -354,7 +359,7 @@ struct WorkerResult {
     latencies: Vec<Duration>,
 }
 
-fn produce(args: &Args, addr: &str, records: u64, global: Global) -> anyhow::Result<Report> {
+fn produce(args: &Config, addr: &str, records: u64) -> Result<Report, BenchError> {
     let value = vec![b'x'; args.record_size as usize];
     let deadline_after = args.duration;
     let progress = Progress {
@@ -364,10 +369,10 @@ fn produce(args: &Args, addr: &str, records: u64, global: Global) -> anyhow::Res
     let (results, elapsed) = run_workers(
         args.connections,
         total,
-        global.quiet,
+        args.progress_bar,
         &progress,
         |w, barrier| {
-            let connected = Client::connect(addr, args.timeout).map_err(client_error);
+            let connected = Client::connect(addr, args.timeout);
             barrier.wait();
             let mut client = connected?;
             let deadline = deadline_after.map(|d| Instant::now() + d);
@@ -393,15 +398,14 @@ fn produce(args: &Args, addr: &str, records: u64, global: Global) -> anyhow::Res
                         .collect(),
                 };
                 let t = Instant::now();
-                let acks = client
-                    .produce(&args.topic, vec![batch])
-                    .map_err(client_error)?;
+                let acks = client.produce(&args.topic, vec![batch])?;
                 r.latencies.push(t.elapsed());
                 if let Some(Err((code, message))) = acks.first().map(|a| &a.result) {
-                    return Err(ExitError::new(
-                        exit::UNAVAILABLE,
-                        format!("the broker at {addr} refused: {message} [{code}]"),
-                    ));
+                    return Err(BenchError::ProduceRefused {
+                        addr: addr.to_string(),
+                        code: *code,
+                        message: message.clone(),
+                    });
                 }
                 r.records += n;
                 r.requests += 1;
@@ -420,6 +424,7 @@ fn collect(results: Vec<WorkerResult>, elapsed: Duration, value_bytes: u64) -> R
     let mut latencies: Vec<Duration> = results.into_iter().flat_map(|r| r.latencies).collect();
     latencies.sort_unstable();
     Report {
+        broker: String::new(),
         records,
         requests,
         value_bytes: records * value_bytes,
@@ -430,8 +435,8 @@ fn collect(results: Vec<WorkerResult>, elapsed: Duration, value_bytes: u64) -> R
 }
 
 /// Makes sure every partition holds its share of `records` for the consume bench.
-fn seed(args: &Args, client: &mut Client, records: u64) -> anyhow::Result<()> {
-    let offsets = client.list_offsets(&args.topic).map_err(client_error)?;
+fn seed(args: &Config, client: &mut Client, records: u64) -> Result<(), BenchError> {
+    let offsets = client.list_offsets(&args.topic)?;
     let value = vec![b'x'; args.record_size as usize];
     let per_request = 1000u64.min(u64::from(RECORDS_PER_PARTITION_MAX));
     for o in &offsets {
@@ -449,14 +454,12 @@ fn seed(args: &Args, client: &mut Client, records: u64) -> anyhow::Result<()> {
                     })
                     .collect(),
             };
-            let acks = client
-                .produce(&args.topic, vec![batch])
-                .map_err(client_error)?;
+            let acks = client.produce(&args.topic, vec![batch])?;
             if let Some(Err((code, message))) = acks.first().map(|a| &a.result) {
-                return Err(ExitError::new(
-                    exit::UNAVAILABLE,
-                    format!("seeding the bench topic: {message} [{code}]"),
-                ));
+                return Err(BenchError::SeedRefused {
+                    code: *code,
+                    message: message.clone(),
+                });
             }
             have += n;
         }
@@ -465,13 +468,12 @@ fn seed(args: &Args, client: &mut Client, records: u64) -> anyhow::Result<()> {
 }
 
 fn consume(
-    args: &Args,
+    args: &Config,
     addr: &str,
     admin: &mut Client,
     records: u64,
-    global: Global,
-) -> anyhow::Result<Report> {
-    let offsets = admin.list_offsets(&args.topic).map_err(client_error)?;
+) -> Result<Report, BenchError> {
+    let offsets = admin.list_offsets(&args.topic)?;
     // Tasks: each partition's share, split into as many ranges as connections per
     // partition; tasks go to workers round-robin.
     let pieces = (args.connections / args.partitions).max(1);
@@ -496,10 +498,10 @@ fn consume(
     let (results, elapsed) = run_workers(
         args.connections,
         Some(records),
-        global.quiet,
+        args.progress_bar,
         &progress,
         |w, barrier| {
-            let connected = Client::connect(addr, args.timeout).map_err(client_error);
+            let connected = Client::connect(addr, args.timeout);
             barrier.wait();
             let mut client = connected?;
             let mut r = WorkerResult {
@@ -515,16 +517,16 @@ fn consume(
                 let mut pos = from;
                 while pos < to {
                     let t = Instant::now();
-                    let f = client
-                        .fetch(&args.topic, partition, pos, max_bytes, Duration::ZERO)
-                        .map_err(client_error)?;
+                    let f = client.fetch(&args.topic, partition, pos, max_bytes, Duration::ZERO)?;
                     r.latencies.push(t.elapsed());
                     r.requests += 1;
                     let Some(last) = f.records.last() else {
-                        return Err(ExitError::new(
-                        exit::IO,
-                        format!("fetch of {}/{partition} at offset {pos} returned nothing before {to}", args.topic),
-                    ));
+                        return Err(BenchError::FetchEmpty {
+                            topic: args.topic.clone(),
+                            partition,
+                            offset: pos,
+                            end: to,
+                        });
                     };
                     let got = f.records.iter().filter(|x| x.offset < to).count() as u64;
                     pos = last.offset + 1;
@@ -536,71 +538,6 @@ fn consume(
         },
     )?;
     Ok(collect(results, elapsed, u64::from(args.record_size)))
-}
-
-fn print_report(args: &Args, addr: &str, r: &Report) -> anyhow::Result<()> {
-    let mode = match args.mode {
-        Mode::Produce => "produce",
-        Mode::Consume => "consume",
-    };
-    let records_per_sec = r.per_sec(r.records as f64);
-    let mb_per_sec = r.per_sec(r.value_bytes as f64) / 1e6;
-    let requests_per_sec = r.per_sec(r.requests as f64);
-    let (p50, p99, max) = (r.quantile_ms(0.50), r.quantile_ms(0.99), r.quantile_ms(1.0));
-    let stdout = io::stdout();
-    let mut out = stdout.lock();
-    if args.json {
-        let v = json!({
-            "mode": mode,
-            "broker": addr,
-            "embedded": args.embedded.as_ref().map(|d| d.display().to_string()),
-            "records": r.records,
-            "record_size": args.record_size,
-            "batch": args.batch,
-            "connections": args.connections,
-            "partitions": args.partitions,
-            "flush_every_records": args.embedded.as_ref().map(|_| args.flush_every_records),
-            "requests": r.requests,
-            "elapsed_s": r.elapsed.as_secs_f64(),
-            "records_per_sec": records_per_sec,
-            "mb_per_sec": mb_per_sec,
-            "requests_per_sec": requests_per_sec,
-            "p50_ms": p50,
-            "p99_ms": p99,
-            "max_ms": max,
-            "fsyncs": r.fsyncs,
-        });
-        writeln!(out, "{v}")?;
-        return Ok(());
-    }
-    let target = match &args.embedded {
-        Some(d) => format!(
-            "embedded broker on {} at {addr}, flush every {} record(s)",
-            d.display(),
-            args.flush_every_records
-        ),
-        None => format!("broker at {addr}"),
-    };
-    writeln!(
-        out,
-        "bench {mode}: {} records of {} bytes, batch {}, {} connection(s), {} partition(s), {target}",
-        r.records, args.record_size, args.batch, args.connections, args.partitions
-    )?;
-    let mut t = comfy_table::Table::new();
-    t.set_header(["measure", "value"]);
-    t.add_row([
-        "elapsed s".to_string(),
-        format!("{:.3}", r.elapsed.as_secs_f64()),
-    ]);
-    t.add_row(["records/s".to_string(), format!("{records_per_sec:.0}")]);
-    t.add_row(["MB/s".to_string(), format!("{mb_per_sec:.2}")]);
-    t.add_row(["requests/s".to_string(), format!("{requests_per_sec:.0}")]);
-    t.add_row(["fsyncs".to_string(), r.fsyncs.to_string()]);
-    t.add_row(["latency p50 ms".to_string(), format!("{p50:.3}")]);
-    t.add_row(["latency p99 ms".to_string(), format!("{p99:.3}")]);
-    t.add_row(["latency max ms".to_string(), format!("{max:.3}")]);
-    writeln!(out, "{t}")?;
-    Ok(())
 }
 
 #[cfg(test)]
@@ -620,6 +557,7 @@ mod tests {
     #[test]
     fn quantiles() {
         let r = Report {
+            broker: String::new(),
             records: 0,
             requests: 0,
             value_bytes: 0,

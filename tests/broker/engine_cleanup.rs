@@ -14,10 +14,11 @@ use std::time::{Duration, Instant};
 use seglog::engine::broker::{Broker, BrokerOptions, EngineError, FetchResult, NewRecord};
 use seglog::engine::maintenance::check::{check_partition, CheckMode};
 use seglog::engine::partition::now_ms;
-use seglog::engine::storage::io::{FailOn, FailingStorage, StorageRef};
+use seglog::engine::storage::io::StorageRef;
 use seglog::engine::storage::layout::PartitionRef;
 use seglog::format::decode_record;
 use seglog::format::topic::TopicConfig;
+use seglog::testkit::storage::{FailOn, FailingStorage};
 
 use crate::util::fs::copy_tree;
 use crate::util::storage::real;

@@ -11,9 +11,10 @@ use std::thread;
 use std::time::Duration;
 
 use seglog::engine::broker::{Broker, BrokerOptions, EngineError, FetchResult, NewRecord};
-use seglog::engine::storage::io::{FailOn, FailingStorage, StorageFile};
+use seglog::engine::storage::io::StorageFile;
 use seglog::format::decode_record;
 use seglog::format::topic::TopicConfig;
+use seglog::testkit::storage::{FailOn, FailingStorage};
 
 use crate::util::rng::{seed_or, with_seed, Rng};
 use crate::util::storage::{is_log, real, FileCall, Hook, HookStorage};

@@ -12,13 +12,14 @@ use seglog::engine::maintenance::compaction::{
     compact_partition, finish_compaction_marker, sealed_segments_unchanged, CompactionError,
     CompactionOptions, CompactionReport,
 };
-use seglog::engine::storage::io::{FailOn, FailingStorage, RealStorage, Storage};
+use seglog::engine::storage::io::{RealStorage, Storage};
 use seglog::engine::storage::layout::{list_partition, resolve, PartitionRef};
 use seglog::engine::storage::lock::DirLock;
 use seglog::engine::storage::reader::{open_log, read_header, scan_segment};
 use seglog::format::marker::CompactionMarker;
 use seglog::format::names::{log_file_name, COMPACTION_MARKER};
 use seglog::format::topic::{CleanupPolicy, TopicConfig, TopicMeta};
+use seglog::testkit::storage::{FailOn, FailingStorage};
 
 use crate::util::bin::seglog;
 use crate::util::build::{segment, Rec};

@@ -23,4 +23,5 @@ mod fuzz_decoders;
 mod make_fixtures;
 mod man;
 mod recover;
+mod release_build;
 mod vectors;

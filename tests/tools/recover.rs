@@ -12,13 +12,14 @@ use serde_json::Value;
 
 use seglog::engine::maintenance::check::{check_partition, CheckMode, Severity};
 use seglog::engine::maintenance::recovery::{self, Action};
-use seglog::engine::storage::io::{FailOn, FailingStorage, RealStorage};
+use seglog::engine::storage::io::RealStorage;
 use seglog::engine::storage::layout::resolve;
 use seglog::engine::storage::lock::DirLock;
 use seglog::engine::storage::reader::{open_log, read_header, scan_segment};
 use seglog::format::marker::CompactionMarker;
 use seglog::format::names::{index_file_name, log_file_name};
 use seglog::format::SegmentHeader;
+use seglog::testkit::storage::{FailOn, FailingStorage};
 
 use crate::util::bin::seglog;
 use crate::util::build::{topic_json, Segment};

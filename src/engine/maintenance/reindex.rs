@@ -304,13 +304,14 @@ fn blocked_reason() -> String {
     )
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "testkit"))]
 mod tests {
     use super::*;
     use crate::engine::maintenance::check::{check_partition, CheckMode};
-    use crate::engine::storage::io::{FailOn, FailingStorage, RealStorage};
+    use crate::engine::storage::io::RealStorage;
     use crate::engine::storage::layout::resolve;
     use crate::format::{encode_record, SegmentHeader};
+    use crate::testkit::storage::{FailOn, FailingStorage};
     use std::fs;
     use std::sync::Arc;
 

@@ -10,7 +10,7 @@ impl PartitionLog {
     /// finds it is not runs one fsync covering everything written so far; callers
     /// behind it wait and usually find their write covered without a system call.
     pub fn wait_durable(&self, target: u64) -> Result<(), EngineError> {
-        if crate::testkit::planted::ACK_BEFORE_FSYNC.load(std::sync::atomic::Ordering::Relaxed) {
+        if planted!(ACK_BEFORE_FSYNC) {
             return Ok(());
         }
         let mut s = lock(&self.sync);
@@ -107,19 +107,13 @@ impl PartitionLog {
             self.sync_all(&**f)?;
         }
         // 2.
-        if plan.pending.dir
-            && !crate::testkit::planted::SKIP_ROLL_DIR_FSYNC
-                .load(std::sync::atomic::Ordering::Relaxed)
-        {
+        if plan.pending.dir && !planted!(SKIP_ROLL_DIR_FSYNC) {
             self.sync_dir()?;
         }
         // 3.
         if plan.active_end > plan.active_seg.readable_end.load(Ordering::Acquire) {
             let synced = self.sync_data(&*plan.active_log);
-            if synced.is_err()
-                && crate::testkit::planted::RETRY_FAILED_FSYNC
-                    .load(std::sync::atomic::Ordering::Relaxed)
-            {
+            if synced.is_err() && planted!(RETRY_FAILED_FSYNC) {
                 return self.sync_data(&*plan.active_log);
             }
             synced?;

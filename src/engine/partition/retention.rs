@@ -174,8 +174,7 @@ impl PartitionLog {
             // durable before it goes.
             if removed_one
                 && path.extension().is_some_and(|e| e == LOG_EXT)
-                && !crate::testkit::planted::UNORDERED_RETENTION_REMOVALS
-                    .load(std::sync::atomic::Ordering::Relaxed)
+                && !planted!(UNORDERED_RETENTION_REMOVALS)
             {
                 self.sync_dir()
                     .map_err(|e| EngineError::io(format!("syncing {}", self.dir.display()), e))?;
@@ -189,9 +188,7 @@ impl PartitionLog {
             doomed.remove(0);
         }
         // 3.
-        if crate::testkit::planted::SKIP_RETENTION_DIR_FSYNC
-            .load(std::sync::atomic::Ordering::Relaxed)
-        {
+        if planted!(SKIP_RETENTION_DIR_FSYNC) {
             return Ok(());
         }
         self.sync_dir()

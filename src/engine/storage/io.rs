@@ -7,7 +7,7 @@ use std::fmt;
 use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -135,191 +135,6 @@ impl Storage for RealStorage {
     }
 }
 
-/// Which mutations a [`FailingStorage`] counts.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FailOn {
-    /// Every mutation: create, write_at, set_len, allocate, sync_*, rename, remove, create_dir.
-    Any,
-    /// Only sync_data, sync_all and sync_dir.
-    Sync,
-}
-
-/// The kind of a mutation, as counted by [`FailingStorage`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Op {
-    Create,
-    Open,
-    CreateDir,
-    Rename,
-    Remove,
-    WriteAt,
-    SetLen,
-    Allocate,
-    SyncData,
-    SyncAll,
-    SyncDir,
-}
-
-impl Op {
-    fn is_sync(self) -> bool {
-        matches!(self, Op::SyncData | Op::SyncAll | Op::SyncDir)
-    }
-    fn is_mutation(self) -> bool {
-        !matches!(self, Op::Open)
-    }
-}
-
-#[derive(Debug)]
-struct FailState {
-    calls: AtomicU64,
-    fail_at: u64,
-    fail_on: FailOn,
-    /// After the chosen call fails, fail every later one too (the process "died").
-    sticky: bool,
-    failed: AtomicU64,
-    kind: io::ErrorKind,
-}
-
-impl FailState {
-    fn check(&self, op: Op, what: &Path) -> io::Result<()> {
-        let counted = op.is_mutation() && (self.fail_on == FailOn::Any || op.is_sync());
-        if !counted {
-            return Ok(());
-        }
-        if self.sticky && self.failed.load(Ordering::SeqCst) > 0 {
-            return Err(io::Error::new(
-                self.kind,
-                format!(
-                    "injected failure after call {} ({op:?} {})",
-                    self.fail_at,
-                    what.display()
-                ),
-            ));
-        }
-        let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
-        if n == self.fail_at {
-            self.failed.fetch_add(1, Ordering::SeqCst);
-            return Err(io::Error::new(
-                self.kind,
-                format!("injected failure of call {n} ({op:?} {})", what.display()),
-            ));
-        }
-        Ok(())
-    }
-}
-
-/// Storage that fails the Nth counted mutation with a chosen error (and, if sticky,
-/// every one after it). Counts start at 1.
-#[derive(Debug, Clone)]
-pub struct FailingStorage {
-    inner: StorageRef,
-    state: Arc<FailState>,
-}
-
-impl FailingStorage {
-    /// Fails call number `fail_at` (1-based) of the kind `fail_on`.
-    pub fn new(inner: StorageRef, fail_at: u64, fail_on: FailOn, sticky: bool) -> Self {
-        FailingStorage {
-            inner,
-            state: Arc::new(FailState {
-                calls: AtomicU64::new(0),
-                fail_at,
-                fail_on,
-                sticky,
-                failed: AtomicU64::new(0),
-                kind: io::ErrorKind::Other,
-            }),
-        }
-    }
-
-    /// Counted calls made so far.
-    pub fn calls(&self) -> u64 {
-        self.state.calls.load(Ordering::SeqCst)
-    }
-
-    /// Whether the injected failure has happened.
-    pub fn has_failed(&self) -> bool {
-        self.state.failed.load(Ordering::SeqCst) > 0
-    }
-}
-
-#[derive(Debug)]
-struct FailingFile {
-    inner: Box<dyn StorageFile>,
-    path: PathBuf,
-    state: Arc<FailState>,
-}
-
-impl StorageFile for FailingFile {
-    fn write_at(&self, buf: &[u8], pos: u64) -> io::Result<()> {
-        self.state.check(Op::WriteAt, &self.path)?;
-        self.inner.write_at(buf, pos)
-    }
-    fn read_at(&self, buf: &mut [u8], pos: u64) -> io::Result<usize> {
-        self.inner.read_at(buf, pos)
-    }
-    fn set_len(&self, len: u64) -> io::Result<()> {
-        self.state.check(Op::SetLen, &self.path)?;
-        self.inner.set_len(len)
-    }
-    fn allocate(&self, len: u64) -> io::Result<()> {
-        self.state.check(Op::Allocate, &self.path)?;
-        self.inner.allocate(len)
-    }
-    fn sync_data(&self) -> io::Result<()> {
-        self.state.check(Op::SyncData, &self.path)?;
-        self.inner.sync_data()
-    }
-    fn sync_all(&self) -> io::Result<()> {
-        self.state.check(Op::SyncAll, &self.path)?;
-        self.inner.sync_all()
-    }
-    fn len(&self) -> io::Result<u64> {
-        self.inner.len()
-    }
-}
-
-impl Storage for FailingStorage {
-    fn create(&self, path: &Path) -> io::Result<Box<dyn StorageFile>> {
-        self.state.check(Op::Create, path)?;
-        let inner = self.inner.create(path)?;
-        Ok(Box::new(FailingFile {
-            inner,
-            path: path.to_path_buf(),
-            state: self.state.clone(),
-        }))
-    }
-    fn open(&self, path: &Path) -> io::Result<Box<dyn StorageFile>> {
-        self.state.check(Op::Open, path)?;
-        let inner = self.inner.open(path)?;
-        Ok(Box::new(FailingFile {
-            inner,
-            path: path.to_path_buf(),
-            state: self.state.clone(),
-        }))
-    }
-    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
-        self.state.check(Op::CreateDir, path)?;
-        self.inner.create_dir_all(path)
-    }
-    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-        self.state.check(Op::Rename, from)?;
-        self.inner.rename(from, to)
-    }
-    fn remove_file(&self, path: &Path) -> io::Result<()> {
-        self.state.check(Op::Remove, path)?;
-        self.inner.remove_file(path)
-    }
-    fn remove_dir_all(&self, path: &Path) -> io::Result<()> {
-        self.state.check(Op::Remove, path)?;
-        self.inner.remove_dir_all(path)
-    }
-    fn sync_dir(&self, path: &Path) -> io::Result<()> {
-        self.state.check(Op::SyncDir, path)?;
-        self.inner.sync_dir(path)
-    }
-}
-
 /// Replaces `dir/name` atomically with `bytes`:
 /// 1. write a unique temporary file in `dir`, 2. fsync it, 3. rename it over `name`,
 /// 4. fsync `dir`. A crash leaves the old or the new content, never a mix.
@@ -345,8 +160,7 @@ pub fn write_file_atomic(
         // 3.
         storage.rename(&tmp, &dir.join(name))?;
         // 4.
-        if crate::testkit::planted::SKIP_ATOMIC_DIR_FSYNC.load(std::sync::atomic::Ordering::Relaxed)
-        {
+        if planted!(SKIP_ATOMIC_DIR_FSYNC) {
             return Ok(());
         }
         storage.sync_dir(dir)
@@ -384,22 +198,5 @@ mod tests {
             0o600
         );
         assert_eq!(fs::read_dir(&sub).unwrap().count(), 1);
-    }
-
-    #[test]
-    fn failing_storage_fails_the_nth_call() {
-        let dir = tempfile::tempdir().unwrap();
-        for n in 1..=5 {
-            let s = FailingStorage::new(Arc::new(RealStorage), n, FailOn::Any, false);
-            let r = write_file_atomic(&s, dir.path(), "m.json", b"new");
-            assert!(r.is_err(), "call {n} should fail");
-            assert!(s.has_failed());
-        }
-        let s = FailingStorage::new(Arc::new(RealStorage), 6, FailOn::Any, false);
-        write_file_atomic(&s, dir.path(), "m.json", b"new").unwrap();
-        assert!(!s.has_failed());
-        let s = FailingStorage::new(Arc::new(RealStorage), 1, FailOn::Sync, false);
-        assert!(write_file_atomic(&s, dir.path(), "m.json", b"x").is_err());
-        assert_eq!(fs::read(dir.path().join("m.json")).unwrap(), b"new");
     }
 }

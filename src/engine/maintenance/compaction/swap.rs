@@ -85,8 +85,7 @@ impl<'a> PreparedCompaction<'a> {
         //    fsync, rename, directory fsync: the marker is whole or absent). From
         //    here a crash is finished at the next start.
         let marker_path = dir.join(COMPACTION_MARKER);
-        if crate::testkit::planted::RENAME_BEFORE_MARKER.load(std::sync::atomic::Ordering::Relaxed)
-        {
+        if planted!(RENAME_BEFORE_MARKER) {
             let _ = finish_compaction_marker(storage, &dir, &marker);
         }
         if let Err(e) = write_file_atomic(storage, &dir, COMPACTION_MARKER, &marker.encode()) {

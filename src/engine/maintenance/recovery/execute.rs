@@ -172,8 +172,7 @@ pub(super) fn cut(
         backups.push(b.copy(storage, log, from, to, false)?);
     }
     // 2. truncate.
-    if !crate::testkit::planted::SKIP_TORN_TAIL_TRUNCATE.load(std::sync::atomic::Ordering::Relaxed)
-    {
+    if !planted!(SKIP_TORN_TAIL_TRUNCATE) {
         f.set_len(from)?;
     }
     // 3. fsync: the cut is durable before anything new is appended.

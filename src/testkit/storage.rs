@@ -1,0 +1,346 @@
+//! Storages for failure tests, each a wrapper over another [`StorageRef`]:
+//! [`HookStorage`] asks a closure before every mutation and sync whether to fail it;
+//! [`FailingStorage`] is a hook that fails the Nth counted call (and, if sticky,
+//! every later one). Reads, `open` and `len` always pass through.
+
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crate::engine::storage::io::{Storage, StorageFile, StorageRef};
+
+/// The kind of a mutation or sync, as seen by a hook.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpKind {
+    Create,
+    CreateDir,
+    Rename,
+    /// `remove_file` or `remove_dir_all`.
+    Remove,
+    WriteAt,
+    SetLen,
+    Allocate,
+    SyncData,
+    SyncAll,
+    SyncDir,
+}
+
+impl OpKind {
+    /// sync_data, sync_all or sync_dir.
+    pub fn is_sync(self) -> bool {
+        matches!(self, OpKind::SyncData | OpKind::SyncAll | OpKind::SyncDir)
+    }
+}
+
+/// One call about to be made on the inner storage.
+#[derive(Clone, Copy, Debug)]
+pub struct Op<'a> {
+    pub kind: OpKind,
+    /// The file or directory the call acts on; for a rename, its source.
+    pub path: &'a Path,
+}
+
+/// The closure a [`HookStorage`] calls: `Some(error)` fails the call with that error
+/// before it reaches the inner storage; `None` lets it through.
+pub type Hook = dyn Fn(&Op) -> Option<io::Error> + Send + Sync;
+
+/// Storage that calls a hook before every mutation and sync (create, create_dir_all,
+/// rename, remove_*, sync_dir, and on its files write_at, set_len, allocate, sync_*).
+/// Clones share the hook.
+#[derive(Clone)]
+pub struct HookStorage {
+    inner: StorageRef,
+    hook: Arc<Hook>,
+}
+
+impl HookStorage {
+    /// Wraps `inner`, asking `hook` before each mutation and sync.
+    pub fn new(
+        inner: StorageRef,
+        hook: impl Fn(&Op) -> Option<io::Error> + Send + Sync + 'static,
+    ) -> Self {
+        HookStorage {
+            inner,
+            hook: Arc::new(hook),
+        }
+    }
+
+    fn check(&self, kind: OpKind, path: &Path) -> io::Result<()> {
+        check(&*self.hook, kind, path)
+    }
+
+    fn wrap(&self, inner: Box<dyn StorageFile>, path: &Path) -> Box<dyn StorageFile> {
+        Box::new(HookFile {
+            inner,
+            path: path.to_path_buf(),
+            hook: Arc::clone(&self.hook),
+        })
+    }
+}
+
+impl fmt::Debug for HookStorage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HookStorage")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+fn check(hook: &Hook, kind: OpKind, path: &Path) -> io::Result<()> {
+    match hook(&Op { kind, path }) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+struct HookFile {
+    inner: Box<dyn StorageFile>,
+    path: PathBuf,
+    hook: Arc<Hook>,
+}
+
+impl fmt::Debug for HookFile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HookFile")
+            .field("inner", &self.inner)
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl HookFile {
+    fn check(&self, kind: OpKind) -> io::Result<()> {
+        check(&*self.hook, kind, &self.path)
+    }
+}
+
+impl StorageFile for HookFile {
+    fn write_at(&self, buf: &[u8], pos: u64) -> io::Result<()> {
+        self.check(OpKind::WriteAt)?;
+        self.inner.write_at(buf, pos)
+    }
+    fn read_at(&self, buf: &mut [u8], pos: u64) -> io::Result<usize> {
+        self.inner.read_at(buf, pos)
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.check(OpKind::SetLen)?;
+        self.inner.set_len(len)
+    }
+    fn allocate(&self, len: u64) -> io::Result<()> {
+        self.check(OpKind::Allocate)?;
+        self.inner.allocate(len)
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        self.check(OpKind::SyncData)?;
+        self.inner.sync_data()
+    }
+    fn sync_all(&self) -> io::Result<()> {
+        self.check(OpKind::SyncAll)?;
+        self.inner.sync_all()
+    }
+    fn len(&self) -> io::Result<u64> {
+        self.inner.len()
+    }
+}
+
+impl Storage for HookStorage {
+    fn create(&self, path: &Path) -> io::Result<Box<dyn StorageFile>> {
+        self.check(OpKind::Create, path)?;
+        let inner = self.inner.create(path)?;
+        Ok(self.wrap(inner, path))
+    }
+    fn open(&self, path: &Path) -> io::Result<Box<dyn StorageFile>> {
+        let inner = self.inner.open(path)?;
+        Ok(self.wrap(inner, path))
+    }
+    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
+        self.check(OpKind::CreateDir, path)?;
+        self.inner.create_dir_all(path)
+    }
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        self.check(OpKind::Rename, from)?;
+        self.inner.rename(from, to)
+    }
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        self.check(OpKind::Remove, path)?;
+        self.inner.remove_file(path)
+    }
+    fn remove_dir_all(&self, path: &Path) -> io::Result<()> {
+        self.check(OpKind::Remove, path)?;
+        self.inner.remove_dir_all(path)
+    }
+    fn sync_dir(&self, path: &Path) -> io::Result<()> {
+        self.check(OpKind::SyncDir, path)?;
+        self.inner.sync_dir(path)
+    }
+}
+
+/// Which calls a [`FailingStorage`] counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailOn {
+    /// Every mutation: create, write_at, set_len, allocate, sync_*, rename, remove, create_dir.
+    Any,
+    /// Only sync_data, sync_all and sync_dir.
+    Sync,
+}
+
+#[derive(Debug)]
+struct FailState {
+    calls: AtomicU64,
+    fail_at: u64,
+    fail_on: FailOn,
+    /// After the chosen call fails, fail every later one too (the process "died").
+    sticky: bool,
+    failed: AtomicU64,
+}
+
+impl FailState {
+    fn check(&self, op: &Op) -> Option<io::Error> {
+        let counted = self.fail_on == FailOn::Any || op.kind.is_sync();
+        if !counted {
+            return None;
+        }
+        let (kind, path) = (op.kind, op.path.display());
+        if self.sticky && self.failed.load(Ordering::SeqCst) > 0 {
+            return Some(io::Error::other(format!(
+                "injected failure after call {} ({kind:?} {path})",
+                self.fail_at
+            )));
+        }
+        let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+        if n == self.fail_at {
+            self.failed.fetch_add(1, Ordering::SeqCst);
+            return Some(io::Error::other(format!(
+                "injected failure of call {n} ({kind:?} {path})"
+            )));
+        }
+        None
+    }
+}
+
+/// Storage that fails the Nth counted mutation (and, if sticky, every one after it).
+/// Counts start at 1. Clones share the count.
+#[derive(Debug, Clone)]
+pub struct FailingStorage {
+    hooked: HookStorage,
+    state: Arc<FailState>,
+}
+
+impl FailingStorage {
+    /// Fails call number `fail_at` (1-based) of the kind `fail_on`.
+    pub fn new(inner: StorageRef, fail_at: u64, fail_on: FailOn, sticky: bool) -> Self {
+        let state = Arc::new(FailState {
+            calls: AtomicU64::new(0),
+            fail_at,
+            fail_on,
+            sticky,
+            failed: AtomicU64::new(0),
+        });
+        let hook_state = Arc::clone(&state);
+        FailingStorage {
+            hooked: HookStorage::new(inner, move |op| hook_state.check(op)),
+            state,
+        }
+    }
+
+    /// Counted calls made so far.
+    pub fn calls(&self) -> u64 {
+        self.state.calls.load(Ordering::SeqCst)
+    }
+
+    /// Whether the injected failure has happened.
+    pub fn has_failed(&self) -> bool {
+        self.state.failed.load(Ordering::SeqCst) > 0
+    }
+}
+
+impl Storage for FailingStorage {
+    fn create(&self, path: &Path) -> io::Result<Box<dyn StorageFile>> {
+        self.hooked.create(path)
+    }
+    fn open(&self, path: &Path) -> io::Result<Box<dyn StorageFile>> {
+        self.hooked.open(path)
+    }
+    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
+        self.hooked.create_dir_all(path)
+    }
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        self.hooked.rename(from, to)
+    }
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        self.hooked.remove_file(path)
+    }
+    fn remove_dir_all(&self, path: &Path) -> io::Result<()> {
+        self.hooked.remove_dir_all(path)
+    }
+    fn sync_dir(&self, path: &Path) -> io::Result<()> {
+        self.hooked.sync_dir(path)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::storage::io::{write_file_atomic, RealStorage};
+    use std::fs;
+    use std::sync::Mutex;
+
+    #[test]
+    fn failing_storage_fails_the_nth_call() {
+        let dir = tempfile::tempdir().unwrap();
+        for n in 1..=5 {
+            let s = FailingStorage::new(Arc::new(RealStorage), n, FailOn::Any, false);
+            let r = write_file_atomic(&s, dir.path(), "m.json", b"new");
+            assert!(r.is_err(), "call {n} should fail");
+            assert!(s.has_failed());
+        }
+        let s = FailingStorage::new(Arc::new(RealStorage), 6, FailOn::Any, false);
+        write_file_atomic(&s, dir.path(), "m.json", b"new").unwrap();
+        assert!(!s.has_failed());
+        let s = FailingStorage::new(Arc::new(RealStorage), 1, FailOn::Sync, false);
+        assert!(write_file_atomic(&s, dir.path(), "m.json", b"x").is_err());
+        assert_eq!(fs::read(dir.path().join("m.json")).unwrap(), b"new");
+    }
+
+    #[test]
+    fn a_sticky_failure_fails_every_later_call() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = FailingStorage::new(Arc::new(RealStorage), 2, FailOn::Any, true);
+        assert!(write_file_atomic(&s, dir.path(), "m.json", b"new").is_err());
+        assert!(s.has_failed());
+        let calls = s.calls();
+        assert!(s.create_dir_all(&dir.path().join("d")).is_err());
+        assert_eq!(s.calls(), calls, "calls after the failure are not counted");
+        assert!(!dir.path().join("d").exists());
+    }
+
+    #[test]
+    fn a_hook_sees_every_mutation_and_can_fail_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let seen: Arc<Mutex<Vec<(OpKind, PathBuf)>>> = Arc::default();
+        let log = Arc::clone(&seen);
+        let s = HookStorage::new(Arc::new(RealStorage), move |op| {
+            log.lock().unwrap().push((op.kind, op.path.to_path_buf()));
+            (op.kind == OpKind::SyncDir).then(|| io::Error::other("no dir fsync"))
+        });
+        let r = write_file_atomic(&s, dir.path(), "m.json", b"new");
+        assert!(matches!(r, Err(e) if e.to_string() == "no dir fsync"));
+        // The rename happened before the failed directory fsync.
+        assert_eq!(fs::read(dir.path().join("m.json")).unwrap(), b"new");
+        let kinds: Vec<OpKind> = seen.lock().unwrap().iter().map(|(k, _)| *k).collect();
+        assert_eq!(
+            kinds,
+            [
+                OpKind::Create,
+                OpKind::WriteAt,
+                OpKind::SyncAll,
+                OpKind::Rename,
+                OpKind::SyncDir
+            ]
+        );
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.last().map(|(_, p)| p.as_path()), Some(dir.path()));
+    }
+}
