@@ -1,7 +1,8 @@
 //! Storages for failure tests, each a wrapper over another [`StorageRef`]:
-//! [`HookStorage`] asks a closure before every mutation and sync whether to fail it;
-//! [`FailingStorage`] is a hook that fails the Nth counted call (and, if sticky,
-//! every later one). Reads, `open` and `len` always pass through.
+//! [`HookStorage`] shows every mutation and sync to a [`Hook`] first, which may record
+//! it, delay it, fail it or run it itself (a torn write), and is told after each call
+//! that went through; [`FailingStorage`] is a hook that fails the Nth counted call
+//! (and, if sticky, every later one). Reads, `open` and `len` always pass through.
 
 use std::fmt;
 use std::io;
@@ -32,50 +33,159 @@ impl OpKind {
     pub fn is_sync(self) -> bool {
         matches!(self, OpKind::SyncData | OpKind::SyncAll | OpKind::SyncDir)
     }
+
+    /// write_at, set_len, allocate, sync_data or sync_all: a call on an open file.
+    pub fn is_file_call(self) -> bool {
+        matches!(
+            self,
+            OpKind::WriteAt
+                | OpKind::SetLen
+                | OpKind::Allocate
+                | OpKind::SyncData
+                | OpKind::SyncAll
+        )
+    }
 }
 
-/// One call about to be made on the inner storage.
+/// A mutation or sync with its arguments (the path is in [`Op::path`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Call<'a> {
+    Create,
+    CreateDir,
+    Rename { to: &'a Path },
+    RemoveFile,
+    RemoveDirAll,
+    SyncDir,
+    WriteAt { buf: &'a [u8], pos: u64 },
+    SetLen(u64),
+    Allocate(u64),
+    SyncData,
+    SyncAll,
+}
+
+impl Call<'_> {
+    /// The kind of the call, without its arguments.
+    pub fn kind(&self) -> OpKind {
+        match self {
+            Call::Create => OpKind::Create,
+            Call::CreateDir => OpKind::CreateDir,
+            Call::Rename { .. } => OpKind::Rename,
+            Call::RemoveFile | Call::RemoveDirAll => OpKind::Remove,
+            Call::SyncDir => OpKind::SyncDir,
+            Call::WriteAt { .. } => OpKind::WriteAt,
+            Call::SetLen(_) => OpKind::SetLen,
+            Call::Allocate(_) => OpKind::Allocate,
+            Call::SyncData => OpKind::SyncData,
+            Call::SyncAll => OpKind::SyncAll,
+        }
+    }
+}
+
+/// One call about to be made (or just made) on the inner storage.
 #[derive(Clone, Copy, Debug)]
 pub struct Op<'a> {
-    pub kind: OpKind,
+    pub call: Call<'a>,
     /// The file or directory the call acts on; for a rename, its source.
     pub path: &'a Path,
+    /// The inner storage, for a hook that runs a storage call itself.
+    pub storage: &'a dyn Storage,
+    /// The inner file: set for file calls, and for a `create` once it succeeded.
+    pub file: Option<&'a dyn StorageFile>,
 }
 
-/// The closure a [`HookStorage`] calls: `Some(error)` fails the call with that error
-/// before it reaches the inner storage; `None` lets it through.
-pub type Hook = dyn Fn(&Op) -> Option<io::Error> + Send + Sync;
+impl Op<'_> {
+    /// The kind of the call.
+    pub fn kind(&self) -> OpKind {
+        self.call.kind()
+    }
+}
 
-/// Storage that calls a hook before every mutation and sync (create, create_dir_all,
-/// rename, remove_*, sync_dir, and on its files write_at, set_len, allocate, sync_*).
-/// Clones share the hook.
+/// What a test does around the calls of a [`HookStorage`]. Both methods default to
+/// doing nothing, so the call runs unchanged.
+pub trait Hook: Send + Sync {
+    /// Before the call: `None` lets it run on the inner storage; `Some(result)`
+    /// replaces it with `result` (a failure, or the outcome of the hook having made
+    /// the call itself through [`Op::file`] or [`Op::storage`]). A replaced `create`
+    /// that returns `Ok` hands back the file opened with the inner `open`.
+    fn before(&self, op: &Op<'_>) -> Option<io::Result<()>> {
+        let _ = op;
+        None
+    }
+
+    /// After the call ran on the inner storage and returned `Ok`; not called for a
+    /// call that `before` replaced.
+    fn after(&self, op: &Op<'_>) {
+        let _ = op;
+    }
+}
+
+/// A [`Hook`] made of one `before` closure.
+struct BeforeFn<F>(F);
+
+impl<F> Hook for BeforeFn<F>
+where
+    F: Fn(&Op<'_>) -> Option<io::Result<()>> + Send + Sync,
+{
+    fn before(&self, op: &Op<'_>) -> Option<io::Result<()>> {
+        (self.0)(op)
+    }
+}
+
+/// Storage that shows a [`Hook`] every mutation and sync (create, create_dir_all,
+/// rename, remove_*, sync_dir, and on its files write_at, set_len, allocate, sync_*)
+/// before and after it runs on the inner storage. Clones share the hook.
 #[derive(Clone)]
 pub struct HookStorage {
     inner: StorageRef,
-    hook: Arc<Hook>,
+    hook: Arc<dyn Hook>,
 }
 
 impl HookStorage {
-    /// Wraps `inner`, asking `hook` before each mutation and sync.
-    pub fn new(
-        inner: StorageRef,
-        hook: impl Fn(&Op) -> Option<io::Error> + Send + Sync + 'static,
-    ) -> Self {
-        HookStorage {
-            inner,
-            hook: Arc::new(hook),
-        }
+    /// Wraps `inner` with `hook`.
+    pub fn new(inner: StorageRef, hook: impl Hook + 'static) -> Self {
+        Self::shared(inner, Arc::new(hook))
     }
 
-    fn check(&self, kind: OpKind, path: &Path) -> io::Result<()> {
-        check(&*self.hook, kind, path)
+    /// Wraps `inner` with a hook the caller keeps a handle to (to change or read it
+    /// while the storage is in use).
+    pub fn shared(inner: StorageRef, hook: Arc<dyn Hook>) -> Self {
+        HookStorage { inner, hook }
+    }
+
+    /// Wraps `inner` with a hook that only has `before`.
+    pub fn from_fn(
+        inner: StorageRef,
+        before: impl Fn(&Op<'_>) -> Option<io::Result<()>> + Send + Sync + 'static,
+    ) -> Self {
+        Self::new(inner, BeforeFn(before))
+    }
+
+    /// Runs `call` on `path` through the hook; `run` makes it on the inner storage.
+    fn call(
+        &self,
+        call: Call<'_>,
+        path: &Path,
+        run: impl FnOnce(&dyn Storage) -> io::Result<()>,
+    ) -> io::Result<()> {
+        let op = Op {
+            call,
+            path,
+            storage: &*self.inner,
+            file: None,
+        };
+        if let Some(result) = self.hook.before(&op) {
+            return result;
+        }
+        run(&*self.inner)?;
+        self.hook.after(&op);
+        Ok(())
     }
 
     fn wrap(&self, inner: Box<dyn StorageFile>, path: &Path) -> Box<dyn StorageFile> {
         Box::new(HookFile {
             inner,
             path: path.to_path_buf(),
-            hook: Arc::clone(&self.hook),
+            storage: self.clone(),
         })
     }
 }
@@ -88,17 +198,10 @@ impl fmt::Debug for HookStorage {
     }
 }
 
-fn check(hook: &Hook, kind: OpKind, path: &Path) -> io::Result<()> {
-    match hook(&Op { kind, path }) {
-        Some(e) => Err(e),
-        None => Ok(()),
-    }
-}
-
 struct HookFile {
     inner: Box<dyn StorageFile>,
     path: PathBuf,
-    hook: Arc<Hook>,
+    storage: HookStorage,
 }
 
 impl fmt::Debug for HookFile {
@@ -111,34 +214,46 @@ impl fmt::Debug for HookFile {
 }
 
 impl HookFile {
-    fn check(&self, kind: OpKind) -> io::Result<()> {
-        check(&*self.hook, kind, &self.path)
+    /// Runs `call` on this file through the hook; `run` makes it on the inner file.
+    fn call(
+        &self,
+        call: Call<'_>,
+        run: impl FnOnce(&dyn StorageFile) -> io::Result<()>,
+    ) -> io::Result<()> {
+        let op = Op {
+            call,
+            path: &self.path,
+            storage: &*self.storage.inner,
+            file: Some(&*self.inner),
+        };
+        let hook = &self.storage.hook;
+        if let Some(result) = hook.before(&op) {
+            return result;
+        }
+        run(&*self.inner)?;
+        hook.after(&op);
+        Ok(())
     }
 }
 
 impl StorageFile for HookFile {
     fn write_at(&self, buf: &[u8], pos: u64) -> io::Result<()> {
-        self.check(OpKind::WriteAt)?;
-        self.inner.write_at(buf, pos)
+        self.call(Call::WriteAt { buf, pos }, |f| f.write_at(buf, pos))
     }
     fn read_at(&self, buf: &mut [u8], pos: u64) -> io::Result<usize> {
         self.inner.read_at(buf, pos)
     }
     fn set_len(&self, len: u64) -> io::Result<()> {
-        self.check(OpKind::SetLen)?;
-        self.inner.set_len(len)
+        self.call(Call::SetLen(len), |f| f.set_len(len))
     }
     fn allocate(&self, len: u64) -> io::Result<()> {
-        self.check(OpKind::Allocate)?;
-        self.inner.allocate(len)
+        self.call(Call::Allocate(len), |f| f.allocate(len))
     }
     fn sync_data(&self) -> io::Result<()> {
-        self.check(OpKind::SyncData)?;
-        self.inner.sync_data()
+        self.call(Call::SyncData, |f| f.sync_data())
     }
     fn sync_all(&self) -> io::Result<()> {
-        self.check(OpKind::SyncAll)?;
-        self.inner.sync_all()
+        self.call(Call::SyncAll, |f| f.sync_all())
     }
     fn len(&self) -> io::Result<u64> {
         self.inner.len()
@@ -147,33 +262,44 @@ impl StorageFile for HookFile {
 
 impl Storage for HookStorage {
     fn create(&self, path: &Path) -> io::Result<Box<dyn StorageFile>> {
-        self.check(OpKind::Create, path)?;
-        let inner = self.inner.create(path)?;
-        Ok(self.wrap(inner, path))
+        let mut op = Op {
+            call: Call::Create,
+            path,
+            storage: &*self.inner,
+            file: None,
+        };
+        let file = match self.hook.before(&op) {
+            Some(result) => {
+                result?;
+                self.inner.open(path)?
+            }
+            None => {
+                let file = self.inner.create(path)?;
+                op.file = Some(&*file);
+                self.hook.after(&op);
+                file
+            }
+        };
+        Ok(self.wrap(file, path))
     }
     fn open(&self, path: &Path) -> io::Result<Box<dyn StorageFile>> {
         let inner = self.inner.open(path)?;
         Ok(self.wrap(inner, path))
     }
     fn create_dir_all(&self, path: &Path) -> io::Result<()> {
-        self.check(OpKind::CreateDir, path)?;
-        self.inner.create_dir_all(path)
+        self.call(Call::CreateDir, path, |s| s.create_dir_all(path))
     }
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-        self.check(OpKind::Rename, from)?;
-        self.inner.rename(from, to)
+        self.call(Call::Rename { to }, from, |s| s.rename(from, to))
     }
     fn remove_file(&self, path: &Path) -> io::Result<()> {
-        self.check(OpKind::Remove, path)?;
-        self.inner.remove_file(path)
+        self.call(Call::RemoveFile, path, |s| s.remove_file(path))
     }
     fn remove_dir_all(&self, path: &Path) -> io::Result<()> {
-        self.check(OpKind::Remove, path)?;
-        self.inner.remove_dir_all(path)
+        self.call(Call::RemoveDirAll, path, |s| s.remove_dir_all(path))
     }
     fn sync_dir(&self, path: &Path) -> io::Result<()> {
-        self.check(OpKind::SyncDir, path)?;
-        self.inner.sync_dir(path)
+        self.call(Call::SyncDir, path, |s| s.sync_dir(path))
     }
 }
 
@@ -198,11 +324,11 @@ struct FailState {
 
 impl FailState {
     fn check(&self, op: &Op) -> Option<io::Error> {
-        let counted = self.fail_on == FailOn::Any || op.kind.is_sync();
+        let counted = self.fail_on == FailOn::Any || op.kind().is_sync();
         if !counted {
             return None;
         }
-        let (kind, path) = (op.kind, op.path.display());
+        let (kind, path) = (op.kind(), op.path.display());
         if self.sticky && self.failed.load(Ordering::SeqCst) > 0 {
             return Some(io::Error::other(format!(
                 "injected failure after call {} ({kind:?} {path})",
@@ -240,7 +366,7 @@ impl FailingStorage {
         });
         let hook_state = Arc::clone(&state);
         FailingStorage {
-            hooked: HookStorage::new(inner, move |op| hook_state.check(op)),
+            hooked: HookStorage::from_fn(inner, move |op| hook_state.check(op).map(Err)),
             state,
         }
     }
@@ -321,9 +447,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let seen: Arc<Mutex<Vec<(OpKind, PathBuf)>>> = Arc::default();
         let log = Arc::clone(&seen);
-        let s = HookStorage::new(Arc::new(RealStorage), move |op| {
-            log.lock().unwrap().push((op.kind, op.path.to_path_buf()));
-            (op.kind == OpKind::SyncDir).then(|| io::Error::other("no dir fsync"))
+        let s = HookStorage::from_fn(Arc::new(RealStorage), move |op| {
+            log.lock().unwrap().push((op.kind(), op.path.to_path_buf()));
+            (op.kind() == OpKind::SyncDir).then(|| Err(io::Error::other("no dir fsync")))
         });
         let r = write_file_atomic(&s, dir.path(), "m.json", b"new");
         assert!(matches!(r, Err(e) if e.to_string() == "no dir fsync"));

@@ -11,13 +11,12 @@ use std::thread;
 use std::time::Duration;
 
 use seglog::engine::broker::{Broker, BrokerOptions, EngineError, FetchResult, NewRecord};
-use seglog::engine::storage::io::StorageFile;
 use seglog::format::decode_record;
 use seglog::format::topic::TopicConfig;
-use seglog::testkit::storage::{FailOn, FailingStorage};
+use seglog::testkit::storage::{Call, FailOn, FailingStorage, Hook, HookStorage, Op, OpKind};
 
 use crate::util::rng::{seed_or, with_seed, Rng};
-use crate::util::storage::{is_log, real, FileCall, Hook, HookStorage};
+use crate::util::storage::{is_log, real};
 
 fn rec(value: &[u8]) -> NewRecord<'_> {
     NewRecord {
@@ -142,22 +141,17 @@ struct Flaky {
 }
 
 impl Hook for Flaky {
-    fn before(
-        &self,
-        path: &Path,
-        call: &FileCall<'_>,
-        file: &dyn StorageFile,
-    ) -> Option<io::Result<()>> {
-        match call {
-            FileCall::WriteAt { buf, pos }
-                if is_log(path) && self.torn_writes.load(Ordering::SeqCst) =>
+    fn before(&self, op: &Op<'_>) -> Option<io::Result<()>> {
+        match (op.call, op.file) {
+            (Call::WriteAt { buf, pos }, Some(file))
+                if is_log(op.path) && self.torn_writes.load(Ordering::SeqCst) =>
             {
-                if let Err(e) = file.write_at(&buf[..buf.len() / 2], *pos) {
+                if let Err(e) = file.write_at(&buf[..buf.len() / 2], pos) {
                     return Some(Err(e));
                 }
                 Some(Err(io::Error::other("injected: no space left on device")))
             }
-            FileCall::SetLen(_) if self.failing_set_len.load(Ordering::SeqCst) => {
+            (Call::SetLen(_), _) if self.failing_set_len.load(Ordering::SeqCst) => {
                 Some(Err(io::Error::other("injected: truncate failed")))
             }
             _ => None,
@@ -171,7 +165,7 @@ fn a_torn_write_is_cut_off_and_the_offsets_reused() {
     let flaky = Arc::new(Flaky::default());
     let b = Broker::open(
         dir.path(),
-        Arc::new(HookStorage(flaky.clone())),
+        Arc::new(HookStorage::shared(real(), flaky.clone())),
         BrokerOptions::default(),
     )
     .unwrap();
@@ -206,7 +200,7 @@ fn a_write_that_cannot_be_cut_off_poisons_the_partition() {
     let flaky = Arc::new(Flaky::default());
     let b = Broker::open(
         dir.path(),
-        Arc::new(HookStorage(flaky.clone())),
+        Arc::new(HookStorage::shared(real(), flaky.clone())),
         BrokerOptions::default(),
     )
     .unwrap();
@@ -278,13 +272,8 @@ struct Gate {
 }
 
 impl Hook for Gate {
-    fn before(
-        &self,
-        _path: &Path,
-        call: &FileCall<'_>,
-        _file: &dyn StorageFile,
-    ) -> Option<io::Result<()>> {
-        if matches!(call, FileCall::SyncData) && self.syncs.fetch_add(1, Ordering::SeqCst) == 0 {
+    fn before(&self, op: &Op<'_>) -> Option<io::Result<()>> {
+        if op.call == Call::SyncData && self.syncs.fetch_add(1, Ordering::SeqCst) == 0 {
             let writes = self.writes.lock().unwrap();
             // The bound only keeps a broken implementation from hanging the test.
             let _ = self
@@ -294,8 +283,8 @@ impl Hook for Gate {
         None
     }
 
-    fn after(&self, path: &Path, call: &FileCall<'_>) {
-        if matches!(call, FileCall::WriteAt { .. }) && is_log(path) {
+    fn after(&self, op: &Op<'_>) {
+        if op.kind() == OpKind::WriteAt && is_log(op.path) {
             *self.writes.lock().unwrap() += 1;
             self.wrote.notify_all();
         }
@@ -314,7 +303,7 @@ fn writers_append_while_an_fsync_runs_and_share_the_next_one() {
     });
     let b = Broker::open(
         dir.path(),
-        Arc::new(HookStorage(gate.clone())),
+        Arc::new(HookStorage::shared(real(), gate.clone())),
         BrokerOptions::default(),
     )
     .unwrap();

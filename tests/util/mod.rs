@@ -1,7 +1,7 @@
 //! Support shared by every integration-test binary: one seeded generator ([`rng`]),
 //! segment, partition and data-directory builders over `seglog::format` ([`build`]),
 //! the real binary run and compared ([`bin`]), `seglog serve` as a child process
-//! ([`serve`]), a storage with hooks on every call ([`storage`]), and file-tree
+//! ([`serve`]), helpers over the testkit storages ([`storage`]), and file-tree
 //! helpers ([`fs`]).
 //!
 //! Each binary includes this module with `#[path = "../util/mod.rs"] mod util;` and

@@ -4,17 +4,11 @@ use super::read::read_segment;
 use super::*;
 use crate::engine::storage::io::RealStorage;
 use crate::format::decode_record;
+use crate::testkit::storage::{HookStorage, OpKind};
 
-/// Real storage that records every fsync, in order, as (kind, file name).
+/// The fsyncs a [`recorder`] storage made, in order, as (kind, file name).
 #[derive(Debug, Default)]
 struct Recorder(Mutex<Vec<(&'static str, String)>>);
-
-#[derive(Debug)]
-struct RecFile {
-    inner: Box<dyn StorageFile>,
-    name: String,
-    rec: Arc<Recorder>,
-}
 
 impl Recorder {
     fn push(&self, kind: &'static str, name: &str) {
@@ -29,66 +23,18 @@ fn file_name(p: &Path) -> String {
     p.file_name().unwrap().to_string_lossy().into_owned()
 }
 
-impl StorageFile for RecFile {
-    fn write_at(&self, buf: &[u8], pos: u64) -> io::Result<()> {
-        self.inner.write_at(buf, pos)
-    }
-    fn read_at(&self, buf: &mut [u8], pos: u64) -> io::Result<usize> {
-        self.inner.read_at(buf, pos)
-    }
-    fn set_len(&self, len: u64) -> io::Result<()> {
-        self.inner.set_len(len)
-    }
-    fn allocate(&self, len: u64) -> io::Result<()> {
-        self.inner.allocate(len)
-    }
-    fn sync_data(&self) -> io::Result<()> {
-        self.rec.push("sync_data", &self.name);
-        self.inner.sync_data()
-    }
-    fn sync_all(&self) -> io::Result<()> {
-        self.rec.push("sync_all", &self.name);
-        self.inner.sync_all()
-    }
-    fn len(&self) -> io::Result<u64> {
-        self.inner.len()
-    }
-}
-
-#[derive(Debug)]
-struct RecStorage(Arc<Recorder>);
-
-impl Storage for RecStorage {
-    fn create(&self, path: &Path) -> io::Result<Box<dyn StorageFile>> {
-        Ok(Box::new(RecFile {
-            inner: RealStorage.create(path)?,
-            name: file_name(path),
-            rec: self.0.clone(),
-        }))
-    }
-    fn open(&self, path: &Path) -> io::Result<Box<dyn StorageFile>> {
-        Ok(Box::new(RecFile {
-            inner: RealStorage.open(path)?,
-            name: file_name(path),
-            rec: self.0.clone(),
-        }))
-    }
-    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
-        RealStorage.create_dir_all(path)
-    }
-    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-        RealStorage.rename(from, to)
-    }
-    fn remove_file(&self, path: &Path) -> io::Result<()> {
-        RealStorage.remove_file(path)
-    }
-    fn remove_dir_all(&self, path: &Path) -> io::Result<()> {
-        RealStorage.remove_dir_all(path)
-    }
-    fn sync_dir(&self, path: &Path) -> io::Result<()> {
-        self.0.push("sync_dir", &file_name(path));
-        RealStorage.sync_dir(path)
-    }
+/// Real storage that records every fsync into `rec`.
+fn recorder(rec: Arc<Recorder>) -> StorageRef {
+    Arc::new(HookStorage::from_fn(Arc::new(RealStorage), move |op| {
+        let kind = match op.kind() {
+            OpKind::SyncData => "sync_data",
+            OpKind::SyncAll => "sync_all",
+            OpKind::SyncDir => "sync_dir",
+            _ => return None,
+        };
+        rec.push(kind, &file_name(op.path));
+        None
+    }))
 }
 
 fn new_log(dir: &Path, storage: StorageRef) -> PartitionLog {
@@ -122,7 +68,7 @@ fn value_of(log: &PartitionLog, offset: u64, budget: u32) -> Vec<(u64, usize)> {
 fn a_roll_is_made_durable_before_the_new_segment_is_acknowledged() {
     let dir = tempfile::tempdir().unwrap();
     let rec = Arc::new(Recorder::default());
-    let log = new_log(dir.path(), Arc::new(RecStorage(rec.clone())));
+    let log = new_log(dir.path(), recorder(rec.clone()));
     let v = vec![7u8; 600];
     let a = log
         .append(
