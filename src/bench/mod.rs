@@ -76,7 +76,10 @@ pub enum BenchError {
     #[error("{0}")]
     Locked(EngineError),
     #[error("cannot open {}: {source}", dir.display())]
-    Open { dir: PathBuf, source: EngineError },
+    Open {
+        dir: PathBuf,
+        source: Box<EngineError>,
+    },
     #[error("cannot listen on a loopback port: {0}")]
     Listen(io::Error),
     #[error("shutting the broker down: {0}")]
@@ -188,7 +191,7 @@ impl Embedded {
             EngineError::Locked { .. } => BenchError::Locked(e),
             source => BenchError::Open {
                 dir: dir.to_path_buf(),
-                source,
+                source: Box::new(source),
             },
         })?;
         let server_opts = ServerOptions {
