@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use seglog::engine::broker::{Broker, BrokerOptions, NewRecord};
 use seglog::engine::maintenance::check::{check_partition, CheckMode};
+use seglog::engine::partition::{Appended, LogStats, PartitionLog};
 use seglog::engine::maintenance::compaction::{
     compact_partition, sealed_segments_unchanged, CompactionOptions,
 };
@@ -793,6 +794,120 @@ fn workload_produce_concurrent(root: &Path, rng: &mut Rng) -> Run {
     run.into_inner().unwrap()
 }
 
+/// A topic of one partition created through the broker on the simulated disk, then
+/// that partition's log opened directly (the broker closed), for workloads that drive
+/// `append` and `wait_durable` themselves.
+fn open_partition_log(run: &mut Run, root: &Path, config: &TopicConfig) -> PartitionLog {
+    let storage: StorageRef = Arc::new(run.sim.clone());
+    let b = Broker::open(root, storage.clone(), broker_opts()).unwrap();
+    b.create_topic(TOPIC, 1, config.clone()).unwrap();
+    run.mark(Ev::TopicCreated);
+    drop(b);
+    let dir = root.join(TOPICS_DIR).join(TOPIC).join("0");
+    let (log, _) =
+        PartitionLog::open(TOPIC, 0, &dir, storage, Arc::new(LogStats::default())).unwrap();
+    log
+}
+
+/// Appends `values` to partition 0 of `log`, marking the intent first.
+fn append_values(
+    run: &mut Run,
+    log: &PartitionLog,
+    config: &TopicConfig,
+    values: &[Vec<u8>],
+) -> Option<Appended> {
+    run.mark(Ev::Intent {
+        p: 0,
+        values: values.to_vec(),
+    });
+    let recs: Vec<NewRecord<'_>> = values
+        .iter()
+        .map(|v| NewRecord {
+            key: None,
+            value: v,
+            timestamp_ms: 1,
+        })
+        .collect();
+    log.append(&recs, config).ok()
+}
+
+/// Three producers played in one thread in a seeded order: each step one producer
+/// either appends a batch or waits for its batch to be durable (and is then
+/// acknowledged). Appends of several producers land between group commits and rolls
+/// happen with other producers' records not yet durable, exactly as threads can
+/// interleave, but the trace is a function of the seed alone.
+fn workload_produce_scheduled(root: &Path, rng: &mut Rng) -> Run {
+    let mut run = Run::new(root);
+    let config = small_config();
+    let log = open_partition_log(&mut run, root, &config);
+    let producers = 3;
+    let batches = 36;
+    let mut waiting: Vec<Option<(u64, Vec<Vec<u8>>)>> = vec![None; producers];
+    let (mut sent, mut n) = (0, 0u64);
+    while sent < batches || waiting.iter().any(Option::is_some) {
+        let t = rng.below(producers as u64) as usize;
+        match waiting[t].take() {
+            None if sent < batches => {
+                sent += 1;
+                let count = 1 + rng.below(3);
+                let values: Vec<Vec<u8>> = (0..count)
+                    .map(|_| {
+                        n += 1;
+                        value(0, (t as u64 + 1) * 1000 + n, rng)
+                    })
+                    .collect();
+                if let Some(a) = append_values(&mut run, &log, &config, &values) {
+                    waiting[t] = Some((a.base_offset, values));
+                }
+            }
+            None => {}
+            Some((base, values)) => {
+                if log.wait_durable(base + values.len() as u64).is_ok() {
+                    run.mark(Ev::Ack { p: 0, base, values });
+                }
+            }
+        }
+    }
+    drop(log);
+    run
+}
+
+/// One producer under the broker's `flush_every_records = 4` policy, played in one
+/// thread: appends return at once, and once 4 records wait one group commit makes them
+/// durable (only then are they acknowledged here). Rolls happen with the outgoing
+/// segment's last records not yet durable.
+fn workload_produce_flush_every(root: &Path, rng: &mut Rng) -> Run {
+    const FLUSH_EVERY_RECORDS: u64 = 4;
+    let mut run = Run::new(root);
+    let config = small_config();
+    let log = open_partition_log(&mut run, root, &config);
+    let mut unacked: Vec<(u64, Vec<Vec<u8>>)> = Vec::new();
+    let mut n = 0u64;
+    for i in 0..40 {
+        let count = 1 + rng.below(3);
+        let values: Vec<Vec<u8>> = (0..count)
+            .map(|_| {
+                n += 1;
+                value(0, n, rng)
+            })
+            .collect();
+        let Some(a) = append_values(&mut run, &log, &config, &values) else {
+            continue;
+        };
+        unacked.push((a.base_offset, values));
+        if a.unflushed >= FLUSH_EVERY_RECORDS || i == 39 {
+            if log.wait_durable(a.last_offset + 1).is_err() {
+                break;
+            }
+            for (base, values) in unacked.drain(..) {
+                run.mark(Ev::Ack { p: 0, base, values });
+            }
+        }
+    }
+    drop(log);
+    run
+}
+
 /// Setup with the real disk: a topic with some records, acknowledged.
 fn setup_topic(
     root: &Path,
@@ -1172,6 +1287,8 @@ fn workloads() -> Vec<(&'static str, Workload, usize)> {
         ("produce", |r, g| workload_produce(r, g, 60), 20),
         ("produce_large", |r, g| workload_produce_large(r, g, 40), 10),
         ("produce_concurrent", workload_produce_concurrent, 10),
+        ("produce_scheduled", workload_produce_scheduled, 10),
+        ("produce_flush_every", workload_produce_flush_every, 10),
         ("topic_delete", workload_delete, 10),
         ("alter_topic", workload_alter, 10),
         ("compaction", workload_compact, 10),
@@ -1213,6 +1330,7 @@ fn run_workload(
             tally.violating += 1;
             tally.messages.push(format!("{name} round {round}: {m}"));
         }
+        let shown = tally.messages.len();
         explore(
             &trace,
             &run.events,
@@ -1227,6 +1345,10 @@ fn run_workload(
             &mut tally,
             false,
         );
+        // Round `round` of SEGLOG_SEED=seed replays the same trace (threads aside).
+        for m in tally.messages.iter_mut().skip(shown) {
+            *m = format!("{name} round {round} (SEGLOG_SEED={seed}): {m}");
+        }
         tally.rounds += 1;
         let _ = fs::remove_dir_all(&root);
     }
