@@ -21,10 +21,10 @@ use std::time::{Duration, Instant};
 
 use seglog::engine::broker::{Broker, BrokerOptions, NewRecord};
 use seglog::engine::maintenance::check::{check_partition, CheckMode};
-use seglog::engine::partition::{Appended, LogStats, PartitionLog};
 use seglog::engine::maintenance::compaction::{
     compact_partition, sealed_segments_unchanged, CompactionOptions,
 };
+use seglog::engine::partition::{Appended, LogStats, PartitionLog};
 use seglog::engine::storage::io::{RealStorage, StorageRef};
 use seglog::engine::storage::layout::{list_partition, resolve};
 use seglog::engine::storage::reader::{open_log, read_header, scan_segment};
@@ -1457,6 +1457,16 @@ fn planted_bugs_are_caught() {
             name: "skip_roll_dir_fsync",
             flag: &planted::SKIP_ROLL_DIR_FSYNC,
             workload: |r, g| workload_produce(r, g, 25),
+        },
+        Planted {
+            name: "roll_before_data_durable",
+            flag: &planted::ROLL_BEFORE_DATA_DURABLE,
+            workload: workload_produce_flush_every,
+        },
+        Planted {
+            name: "roll_before_data_durable (three producers)",
+            flag: &planted::ROLL_BEFORE_DATA_DURABLE,
+            workload: workload_produce_scheduled,
         },
         Planted {
             name: "ack_before_fsync",

@@ -116,8 +116,7 @@ impl PartitionLog {
             }
         }
         // 4.
-        if !active_synced
-            && plan.active_end > plan.active_seg.readable_end.load(Ordering::Acquire)
+        if !active_synced && plan.active_end > plan.active_seg.readable_end.load(Ordering::Acquire)
         {
             let synced = self.sync_data(&*plan.active_log);
             if synced.is_err()

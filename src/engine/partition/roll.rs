@@ -88,17 +88,24 @@ impl PartitionLog {
         }
         // 2.
         let header = SegmentHeader::new(base).encode();
-        let (log, index) = create_segment_files(&*self.storage, &self.dir, base, &[0; HEADER_LEN])
+        let first_bytes = if crate::testkit::planted::ROLL_BEFORE_DATA_DURABLE
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            header
+        } else {
+            [0; HEADER_LEN]
+        };
+        let (log, index) = create_segment_files(&*self.storage, &self.dir, base, &first_bytes)
             .map_err(|e| {
-            EngineError::io(
-                format!(
-                    "creating segment {} in {}",
-                    log_file_name(base),
-                    self.dir.display()
-                ),
-                e,
-            )
-        })?;
+                EngineError::io(
+                    format!(
+                        "creating segment {} in {}",
+                        log_file_name(base),
+                        self.dir.display()
+                    ),
+                    e,
+                )
+            })?;
         let path = self.dir.join(log_file_name(base));
         let seg = Segment::new(base, 0, path.clone(), Vec::new(), HEADER_LEN as u64);
         let seg = match seg {

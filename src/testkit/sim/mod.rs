@@ -771,7 +771,10 @@ impl SimStorage {
     }
 
     fn pause(&self) {
-        let us = self.shared.pause_us.load(std::sync::atomic::Ordering::Relaxed);
+        let us = self
+            .shared
+            .pause_us
+            .load(std::sync::atomic::Ordering::Relaxed);
         if us > 0 {
             std::thread::sleep(std::time::Duration::from_micros(us));
         }
