@@ -5,7 +5,7 @@
 //! workload was told. A crash during that recovery is simulated too. Planted bugs
 //! (`engine::planted`) must be caught.
 //!
-//! `SEGLOG_CRASH_STATES=N` sets the target number of states (default 100000, shared
+//! `SEGLOG_CRASH_STATES=N` sets the target number of states (default 150000, shared
 //! out among the workloads and models; the effort per crash point grows with it); `SEGLOG_SEED=S` reruns a seed;
 //! `SEGLOG_CRASH_ONLY=NAME` runs one workload.
 
@@ -1279,7 +1279,7 @@ fn scale() -> usize {
     std::env::var("SEGLOG_CRASH_STATES")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(100_000)
+        .unwrap_or(150_000)
 }
 
 type Workload = fn(&Path, &mut Rng) -> Run;
@@ -1287,18 +1287,18 @@ type Workload = fn(&Path, &mut Rng) -> Run;
 /// The workloads with their share (percent) of the state budget.
 fn workloads() -> Vec<(&'static str, Workload, usize)> {
     vec![
-        ("produce", |r, g| workload_produce(r, g, 60), 20),
-        ("produce_large", |r, g| workload_produce_large(r, g, 40), 10),
+        ("produce", |r, g| workload_produce(r, g, 60), 14),
+        ("produce_large", |r, g| workload_produce_large(r, g, 40), 8),
         ("produce_concurrent", workload_produce_concurrent, 10),
         ("produce_scheduled", workload_produce_scheduled, 10),
         ("produce_flush_every", workload_produce_flush_every, 10),
-        ("topic_delete", workload_delete, 10),
-        ("alter_topic", workload_alter, 10),
-        ("compaction", workload_compact, 10),
-        ("retention", workload_retention, 10),
-        ("broker_compaction", workload_broker_compaction, 10),
-        ("torn_tail", workload_torn_tail, 10),
-        ("fsync_failure", workload_fsync_failure, 10),
+        ("topic_delete", workload_delete, 7),
+        ("alter_topic", workload_alter, 7),
+        ("compaction", workload_compact, 7),
+        ("retention", workload_retention, 7),
+        ("broker_compaction", workload_broker_compaction, 7),
+        ("torn_tail", workload_torn_tail, 6),
+        ("fsync_failure", workload_fsync_failure, 7),
     ]
 }
 
