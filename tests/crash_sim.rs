@@ -863,12 +863,10 @@ fn workload_produce_scheduled(root: &Path, rng: &mut Rng) -> Run {
                     waiting[t] = Some((a.base_offset, values));
                 }
             }
-            None => {}
-            Some((base, values)) => {
-                if log.wait_durable(base + values.len() as u64).is_ok() {
-                    run.mark(Ev::Ack { p: 0, base, values });
-                }
+            Some((base, values)) if log.wait_durable(base + values.len() as u64).is_ok() => {
+                run.mark(Ev::Ack { p: 0, base, values });
             }
+            _ => {}
         }
     }
     drop(log);
