@@ -5,7 +5,7 @@
 //! workload was told. A crash during that recovery is simulated too. Planted bugs
 //! (`engine::planted`) must be caught.
 //!
-//! `SEGLOG_CRASH_STATES=N` sets the target number of states (default 100000, shared
+//! `SEGLOG_CRASH_STATES=N` sets the target number of states (default 150000, shared
 //! out among the workloads and models; the effort per crash point grows with it); `SEGLOG_SEED=S` reruns a seed;
 //! `SEGLOG_CRASH_ONLY=NAME` runs one workload.
 
@@ -24,6 +24,7 @@ use seglog::engine::maintenance::check::{check_partition, CheckMode};
 use seglog::engine::maintenance::compaction::{
     compact_partition, sealed_segments_unchanged, CompactionOptions,
 };
+use seglog::engine::partition::{Appended, LogStats, PartitionLog};
 use seglog::engine::storage::io::{RealStorage, StorageRef};
 use seglog::engine::storage::layout::{list_partition, resolve};
 use seglog::engine::storage::reader::{open_log, read_header, scan_segment};
@@ -739,10 +740,13 @@ fn produce_with(
 }
 
 /// Three producers at once: group commits where one fsync covers several requests,
-/// and rolls with writers waiting. (The interleaving is the scheduler's: a seed
-/// reproduces the records, not always the trace.)
+/// and rolls with writers waiting. Each simulated write and sync pauses briefly, so
+/// the threads interleave even on two cores. (The interleaving is the scheduler's: a
+/// seed reproduces the records, not always the trace; `produce_scheduled` is the
+/// reproducible counterpart.)
 fn workload_produce_concurrent(root: &Path, rng: &mut Rng) -> Run {
     let run = Run::new(root);
+    run.sim.pause_after_writes(Duration::from_micros(100));
     let storage: StorageRef = Arc::new(run.sim.clone());
     let b = Broker::open(root, storage, broker_opts()).unwrap();
     b.create_topic(TOPIC, 2, small_config()).unwrap();
@@ -791,6 +795,118 @@ fn workload_produce_concurrent(root: &Path, rng: &mut Rng) -> Run {
     });
     drop(b);
     run.into_inner().unwrap()
+}
+
+/// A topic of one partition created through the broker on the simulated disk, then
+/// that partition's log opened directly (the broker closed), for workloads that drive
+/// `append` and `wait_durable` themselves.
+fn open_partition_log(run: &mut Run, root: &Path, config: &TopicConfig) -> PartitionLog {
+    let storage: StorageRef = Arc::new(run.sim.clone());
+    let b = Broker::open(root, storage.clone(), broker_opts()).unwrap();
+    b.create_topic(TOPIC, 1, config.clone()).unwrap();
+    run.mark(Ev::TopicCreated);
+    drop(b);
+    let dir = root.join(TOPICS_DIR).join(TOPIC).join("0");
+    let (log, _) =
+        PartitionLog::open(TOPIC, 0, &dir, storage, Arc::new(LogStats::default())).unwrap();
+    log
+}
+
+/// Appends `values` to partition 0 of `log`, marking the intent first.
+fn append_values(
+    run: &mut Run,
+    log: &PartitionLog,
+    config: &TopicConfig,
+    values: &[Vec<u8>],
+) -> Option<Appended> {
+    run.mark(Ev::Intent {
+        p: 0,
+        values: values.to_vec(),
+    });
+    let recs: Vec<NewRecord<'_>> = values
+        .iter()
+        .map(|v| NewRecord {
+            key: None,
+            value: v,
+            timestamp_ms: 1,
+        })
+        .collect();
+    log.append(&recs, config).ok()
+}
+
+/// Three producers played in one thread in a seeded order: each step one producer
+/// either appends a batch or waits for its batch to be durable (and is then
+/// acknowledged). Appends of several producers land between group commits and rolls
+/// happen with other producers' records not yet durable, exactly as threads can
+/// interleave, but the trace is a function of the seed alone.
+fn workload_produce_scheduled(root: &Path, rng: &mut Rng) -> Run {
+    let mut run = Run::new(root);
+    let config = small_config();
+    let log = open_partition_log(&mut run, root, &config);
+    let producers = 3;
+    let batches = 36;
+    let mut waiting: Vec<Option<(u64, Vec<Vec<u8>>)>> = vec![None; producers];
+    let (mut sent, mut n) = (0, 0u64);
+    while sent < batches || waiting.iter().any(Option::is_some) {
+        let t = rng.below(producers as u64) as usize;
+        match waiting[t].take() {
+            None if sent < batches => {
+                sent += 1;
+                let count = 1 + rng.below(3);
+                let values: Vec<Vec<u8>> = (0..count)
+                    .map(|_| {
+                        n += 1;
+                        value(0, (t as u64 + 1) * 1000 + n, rng)
+                    })
+                    .collect();
+                if let Some(a) = append_values(&mut run, &log, &config, &values) {
+                    waiting[t] = Some((a.base_offset, values));
+                }
+            }
+            Some((base, values)) if log.wait_durable(base + values.len() as u64).is_ok() => {
+                run.mark(Ev::Ack { p: 0, base, values });
+            }
+            _ => {}
+        }
+    }
+    drop(log);
+    run
+}
+
+/// One producer under the broker's `flush_every_records = 4` policy, played in one
+/// thread: appends return at once, and once 4 records wait one group commit makes them
+/// durable (only then are they acknowledged here). Rolls happen with the outgoing
+/// segment's last records not yet durable.
+fn workload_produce_flush_every(root: &Path, rng: &mut Rng) -> Run {
+    const FLUSH_EVERY_RECORDS: u64 = 4;
+    let mut run = Run::new(root);
+    let config = small_config();
+    let log = open_partition_log(&mut run, root, &config);
+    let mut unacked: Vec<(u64, Vec<Vec<u8>>)> = Vec::new();
+    let mut n = 0u64;
+    for i in 0..40 {
+        let count = 1 + rng.below(3);
+        let values: Vec<Vec<u8>> = (0..count)
+            .map(|_| {
+                n += 1;
+                value(0, n, rng)
+            })
+            .collect();
+        let Some(a) = append_values(&mut run, &log, &config, &values) else {
+            continue;
+        };
+        unacked.push((a.base_offset, values));
+        if a.unflushed >= FLUSH_EVERY_RECORDS || i == 39 {
+            if log.wait_durable(a.last_offset + 1).is_err() {
+                break;
+            }
+            for (base, values) in unacked.drain(..) {
+                run.mark(Ev::Ack { p: 0, base, values });
+            }
+        }
+    }
+    drop(log);
+    run
 }
 
 /// Setup with the real disk: a topic with some records, acknowledged.
@@ -1161,7 +1277,7 @@ fn scale() -> usize {
     std::env::var("SEGLOG_CRASH_STATES")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(100_000)
+        .unwrap_or(150_000)
 }
 
 type Workload = fn(&Path, &mut Rng) -> Run;
@@ -1169,16 +1285,18 @@ type Workload = fn(&Path, &mut Rng) -> Run;
 /// The workloads with their share (percent) of the state budget.
 fn workloads() -> Vec<(&'static str, Workload, usize)> {
     vec![
-        ("produce", |r, g| workload_produce(r, g, 60), 20),
-        ("produce_large", |r, g| workload_produce_large(r, g, 40), 10),
+        ("produce", |r, g| workload_produce(r, g, 60), 14),
+        ("produce_large", |r, g| workload_produce_large(r, g, 40), 8),
         ("produce_concurrent", workload_produce_concurrent, 10),
-        ("topic_delete", workload_delete, 10),
-        ("alter_topic", workload_alter, 10),
-        ("compaction", workload_compact, 10),
-        ("retention", workload_retention, 10),
-        ("broker_compaction", workload_broker_compaction, 10),
-        ("torn_tail", workload_torn_tail, 10),
-        ("fsync_failure", workload_fsync_failure, 10),
+        ("produce_scheduled", workload_produce_scheduled, 10),
+        ("produce_flush_every", workload_produce_flush_every, 10),
+        ("topic_delete", workload_delete, 7),
+        ("alter_topic", workload_alter, 7),
+        ("compaction", workload_compact, 7),
+        ("retention", workload_retention, 7),
+        ("broker_compaction", workload_broker_compaction, 7),
+        ("torn_tail", workload_torn_tail, 6),
+        ("fsync_failure", workload_fsync_failure, 7),
     ]
 }
 
@@ -1213,6 +1331,7 @@ fn run_workload(
             tally.violating += 1;
             tally.messages.push(format!("{name} round {round}: {m}"));
         }
+        let shown = tally.messages.len();
         explore(
             &trace,
             &run.events,
@@ -1227,6 +1346,10 @@ fn run_workload(
             &mut tally,
             false,
         );
+        // Round `round` of SEGLOG_SEED=seed replays the same trace (threads aside).
+        for m in tally.messages.iter_mut().skip(shown) {
+            *m = format!("{name} round {round} (SEGLOG_SEED={seed}): {m}");
+        }
         tally.rounds += 1;
         let _ = fs::remove_dir_all(&root);
     }
@@ -1262,18 +1385,6 @@ fn crash_states_of_every_workload_recover_with_nothing_acknowledged_lost() {
     let only = std::env::var("SEGLOG_CRASH_ONLY").ok();
     for (name, w, share) in workloads() {
         if only.as_deref().is_some_and(|o| o != name) {
-            continue;
-        }
-        // Concurrent producers interleave differently on every run, and large budgets
-        // (several hundred thousand states) have shown rare states recovery leaves
-        // with a hole in the offsets; that finding is open. The default run leaves the
-        // workload out so CI stays deterministic; SEGLOG_CRASH_ONLY=produce_concurrent
-        // (or SEGLOG_CRASH_CONCURRENT=1) runs it.
-        if name == "produce_concurrent"
-            && only.is_none()
-            && std::env::var_os("SEGLOG_CRASH_CONCURRENT").is_none()
-        {
-            println!("produce_concurrent: left out of the default run (SEGLOG_CRASH_ONLY=produce_concurrent runs it)");
             continue;
         }
         let b = Budget {
@@ -1344,6 +1455,16 @@ fn planted_bugs_are_caught() {
             name: "skip_roll_dir_fsync",
             flag: &planted::SKIP_ROLL_DIR_FSYNC,
             workload: |r, g| workload_produce(r, g, 25),
+        },
+        Planted {
+            name: "roll_before_data_durable",
+            flag: &planted::ROLL_BEFORE_DATA_DURABLE,
+            workload: workload_produce_flush_every,
+        },
+        Planted {
+            name: "roll_before_data_durable (three producers)",
+            flag: &planted::ROLL_BEFORE_DATA_DURABLE,
+            workload: workload_produce_scheduled,
         },
         Planted {
             name: "ack_before_fsync",

@@ -22,3 +22,6 @@ pub static UNORDERED_RETENTION_REMOVALS: AtomicBool = AtomicBool::new(false);
 /// log.rs: retention returns without the directory fsync after its removals (a
 /// removed segment may come back after a crash).
 pub static SKIP_RETENTION_DIR_FSYNC: AtomicBool = AtomicBool::new(false);
+/// partition/roll.rs: a roll writes the new segment's header when it creates the file,
+/// before the outgoing segment's last records are durable.
+pub static ROLL_BEFORE_DATA_DURABLE: AtomicBool = AtomicBool::new(false);

@@ -949,7 +949,8 @@ fn index_problem(state: &IndexState, files: &SegmentFiles, active: bool) -> Opti
 }
 
 /// Consecutive segments must join up: each first offset above the previous last
-/// offset, and equal to last + 1 unless the partition has been compacted.
+/// offset, and equal to last + 1 unless the partition has been compacted. An empty
+/// newest segment counts with its base offset (docs/FORMAT.md, Segment states).
 fn check_continuity(out: &mut PartitionCheck) {
     let compacted = out.partition.config.cleanup_policy.compacts()
         || out
@@ -962,8 +963,18 @@ fn check_continuity(out: &mut PartitionCheck) {
     // a second problem.
     let mut gap_explained = false;
     let mut found = Vec::new();
-    for seg in &out.segments {
-        let Some(first) = seg.first_offset else {
+    let newest = out.segments.len().checked_sub(1);
+    for (i, seg) in out.segments.iter().enumerate() {
+        // An empty newest segment with a valid header tiles too: its base is where the
+        // next record goes, so a hole before it is reported, not left for the next
+        // append to make permanent. (One whose header never became durable is reported
+        // by its header and removed by recovery.)
+        let empty_newest = Some(i) == newest
+            && matches!(&seg.header, Ok(h) if h.base_offset == seg.base_offset() && !h.is_spare());
+        let Some(first) = seg
+            .first_offset
+            .or_else(|| empty_newest.then(|| seg.base_offset()))
+        else {
             gap_explained |= seg.is_corrupt();
             continue;
         };

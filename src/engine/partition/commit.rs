@@ -95,23 +95,34 @@ impl PartitionLog {
     }
 
     /// The fsync ordering of a group commit:
-    /// 1. `sync_all` every file a roll left: outgoing logs (last data and truncation),
-    ///    their indexes, new logs (header);
-    /// 2. fsync the partition directory (the new segments' names);
-    /// 3. `sync_data` the active log, covering every record written before the plan.
+    /// 1. `sync_all` the outgoing log of a pending roll (its last data and truncation)
+    ///    and its index;
+    /// 2. only then write the new segment's header (the roll's commit record: it must
+    ///    never reach the disk before the records below its base) and `sync_all` the
+    ///    new log;
+    /// 3. fsync the partition directory (the new segment's names);
+    /// 4. `sync_data` the active log, covering every record written before the plan
+    ///    (already done by step 2 when the active log is the roll's new log).
     ///
     /// Only then may any record below the plan's target be acknowledged or served.
     pub(super) fn execute(&self, plan: &SyncPlan) -> io::Result<()> {
-        // 1.
-        for f in &plan.pending.files {
-            self.sync_all(&**f)?;
+        let mut active_synced = false;
+        if let Some(roll) = &plan.pending.roll {
+            // 1.
+            self.sync_all(&*roll.outgoing_log)?;
+            self.sync_all(&*roll.outgoing_index)?;
+            // 2.
+            roll.new_log.write_at(&roll.header, 0)?;
+            self.sync_all(&*roll.new_log)?;
+            active_synced = Arc::ptr_eq(&roll.new_log, &plan.active_log);
+            // 3.
+            if !planted!(SKIP_ROLL_DIR_FSYNC) {
+                self.sync_dir()?;
+            }
         }
-        // 2.
-        if plan.pending.dir && !planted!(SKIP_ROLL_DIR_FSYNC) {
-            self.sync_dir()?;
-        }
-        // 3.
-        if plan.active_end > plan.active_seg.readable_end.load(Ordering::Acquire) {
+        // 4.
+        if !active_synced && plan.active_end > plan.active_seg.readable_end.load(Ordering::Acquire)
+        {
             let synced = self.sync_data(&*plan.active_log);
             if synced.is_err() && planted!(RETRY_FAILED_FSYNC) {
                 return self.sync_data(&*plan.active_log);

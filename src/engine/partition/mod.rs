@@ -10,7 +10,9 @@
 //!   good fsync is ever acknowledged or served.
 //! - `durable_end` (next offset not yet durable) only grows, and only after an fsync
 //!   that covers every record below it, including the syncs a roll left pending
-//!   (docs/FORMAT.md, Segment states). Readers never see a record at or past it: each
+//!   (docs/FORMAT.md, Segment states: the new segment's header, written only after
+//!   the outgoing segment is durable, is the roll's commit record; a roll starts only
+//!   once the previous roll is durable). Readers never see a record at or past it: each
 //!   segment's `readable_end` is published before `durable_end` and only after the
 //!   fsync that covers it.
 //! - The segment list is an immutable snapshot swapped under a lock; a reader keeps the
@@ -191,13 +193,23 @@ struct Active {
     max_timestamp: Option<i64>,
 }
 
-/// Syncs that rolls left for the next group commit.
+/// What a roll left for the next group commit (docs/FORMAT.md, Segment states).
+#[derive(Debug)]
+struct PendingRoll {
+    /// To `sync_all` first: the last data and the truncation.
+    outgoing_log: Arc<dyn StorageFile>,
+    outgoing_index: Arc<dyn StorageFile>,
+    /// Created with a zero header; `header` is written to it only once the outgoing
+    /// segment is durable, then fsynced, then the directory.
+    new_log: Arc<dyn StorageFile>,
+    header: [u8; HEADER_LEN],
+}
+
+/// Syncs that a roll left for the next group commit.
 #[derive(Debug, Default)]
 struct Pending {
-    /// To `sync_all`: outgoing logs and indexes (last data, truncation), new logs (header).
-    files: Vec<Arc<dyn StorageFile>>,
-    /// The partition directory holds new names.
-    dir: bool,
+    /// At most one: a roll starts only once the previous roll is durable.
+    roll: Option<PendingRoll>,
     /// Segments sealed since, with their final data end.
     sealed: Vec<(Arc<Segment>, u64)>,
 }

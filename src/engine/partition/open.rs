@@ -38,8 +38,8 @@ pub(crate) fn create_first_segment(
 ) -> Result<(), EngineError> {
     let ctx = || format!("creating the first segment in {}", dir.display());
     // 1.
-    let (log, _index) =
-        create_segment_files(storage, dir, 0).map_err(|e| EngineError::io(ctx(), e))?;
+    let (log, _index) = create_segment_files(storage, dir, 0, &SegmentHeader::new(0).encode())
+        .map_err(|e| EngineError::io(ctx(), e))?;
     // 2.
     stats.fsyncs.fetch_add(2, Ordering::Relaxed);
     log.sync_all().map_err(|e| EngineError::io(ctx(), e))?;

@@ -1,23 +1,27 @@
-//! Rolling: the outgoing segment is sealed and a new active segment is created; the
-//! syncs the roll leaves are carried by the next group commit (docs/FORMAT.md,
-//! Segment states).
+//! Rolling: the outgoing segment is sealed and a new active segment is created with a
+//! zero header; the next group commit makes the outgoing segment durable, then writes
+//! the new header (the roll's commit record) and makes it and the new name durable
+//! (docs/FORMAT.md, Segment states). A roll starts only once the previous roll is
+//! durable, so at most one segment, the newest, can lack its header after a crash.
 
 use super::*;
 
 // ----- rolling -----
 
-/// Creates `<base>.log` with a generation-0 header and an empty `<base>.index`.
-/// Nothing is fsynced here; on failure, whatever was created is removed.
+/// Creates `<base>.log` starting with `header` (a generation-0 header, or 32 zero
+/// bytes at a roll) and an empty `<base>.index`. Nothing is fsynced here; on failure,
+/// whatever was created is removed.
 pub(super) fn create_segment_files(
     storage: &dyn Storage,
     dir: &Path,
     base: u64,
+    header: &[u8; HEADER_LEN],
 ) -> io::Result<(Arc<dyn StorageFile>, Arc<dyn StorageFile>)> {
     let log_path = dir.join(log_file_name(base));
     let index_path = dir.join(index_file_name(base));
     let log: Arc<dyn StorageFile> = Arc::from(storage.create(&log_path)?);
     let made = (|| {
-        log.write_at(&SegmentHeader::new(base).encode(), 0)?;
+        log.write_at(header, 0)?;
         let index: Arc<dyn StorageFile> = Arc::from(storage.create(&index_path)?);
         Ok(index)
     })();
@@ -34,16 +38,17 @@ pub(super) fn create_segment_files(
 
 impl PartitionLog {
     /// Takes the write lock for an append or roll. When `wants_roll` says the active
-    /// segment is to be rolled while an earlier roll is not yet durable, it first runs
-    /// a group commit without the lock: directory entries may reach the disk in any
-    /// order, and a second new segment whose name survives a crash without the first
-    /// one's would leave a hole in the offsets. At most a few attempts; a roll that
-    /// races in between is then made as before.
+    /// segment is to be rolled while the previous roll is not yet durable, it runs a
+    /// group commit without the lock and looks again, until the previous roll is
+    /// durable or no roll is wanted: a roll starts only once the previous one is
+    /// durable (docs/FORMAT.md, Segment states), so only the newest segment can lack
+    /// its header after a crash. Each round either finds the roll durable or runs
+    /// (or waits for) a group commit that covers it.
     pub(super) fn lock_for_roll(
         &self,
         wants_roll: impl Fn(&Active) -> bool,
     ) -> Result<MutexGuard<'_, WriteState>, EngineError> {
-        for _ in 0..3 {
+        loop {
             let w = lock(&self.write);
             self.check_writable()?;
             let outstanding = w.rolls > self.rolls_durable.load(Ordering::Acquire);
@@ -53,19 +58,25 @@ impl PartitionLog {
             drop(w);
             self.sync_pending()?;
         }
-        let w = lock(&self.write);
-        self.check_writable()?;
-        Ok(w)
     }
 
-    /// Seals the active segment and starts a new one at the next offset:
+    /// Seals the active segment and starts a new one at the next offset, without an
+    /// fsync (writers append to the new segment at once):
     /// 1. truncate the outgoing log to the end of its data;
-    /// 2. create the new log (generation-0 header) and its index;
-    /// 3. leave their fsyncs (outgoing log and index, new log, directory) to the next
-    ///    group commit, which runs them before any record of the new segment is
-    ///    acknowledged or served (see [`PartitionLog::execute`]);
+    /// 2. create the new log with its 32 header bytes zero, and its index;
+    /// 3. leave the rest to the next group commit (see [`PartitionLog::execute`]):
+    ///    fsync the outgoing log and index, then write and fsync the new header, then
+    ///    fsync the directory, before any record of the new segment is acknowledged or
+    ///    served;
     /// 4. publish the new segment list.
+    ///
+    /// The caller holds the lock from [`PartitionLog::lock_for_roll`]: the previous
+    /// roll is durable.
     pub(super) fn roll(&self, w: &mut WriteState, now: i64) -> Result<(), EngineError> {
+        assert!(
+            w.pending.roll.is_none(),
+            "a roll starts only once the previous roll is durable"
+        );
         let base = w.next_offset;
         let old = &mut w.active;
         // Only a segment that holds records is rolled: the new base is above the old.
@@ -78,25 +89,32 @@ impl PartitionLog {
             old.file_len = old.data_end;
         }
         // 2.
-        let (log, index) = create_segment_files(&*self.storage, &self.dir, base).map_err(|e| {
-            EngineError::io(
-                format!(
-                    "creating segment {} in {}",
-                    log_file_name(base),
-                    self.dir.display()
-                ),
-                e,
-            )
-        })?;
+        let header = SegmentHeader::new(base).encode();
+        let first_bytes = if planted!(ROLL_BEFORE_DATA_DURABLE) {
+            header
+        } else {
+            [0; HEADER_LEN]
+        };
+        let (log, index) = create_segment_files(&*self.storage, &self.dir, base, &first_bytes)
+            .map_err(|e| {
+                EngineError::io(
+                    format!(
+                        "creating segment {} in {}",
+                        log_file_name(base),
+                        self.dir.display()
+                    ),
+                    e,
+                )
+            })?;
         let path = self.dir.join(log_file_name(base));
         let seg = Segment::new(base, 0, path.clone(), Vec::new(), HEADER_LEN as u64);
         let seg = match seg {
             Ok(s) => Arc::new(s),
             Err(e) => {
-                let removed = self
-                    .storage
-                    .remove_file(&path)
-                    .and_then(|()| self.storage.remove_file(&path.with_extension("index")));
+                let removed = self.storage.remove_file(&path).and_then(|()| {
+                    self.storage
+                        .remove_file(&path.with_extension(crate::format::names::INDEX_EXT))
+                });
                 return Err(match removed {
                     Ok(()) => EngineError::io(format!("opening {}", path.display()), e),
                     Err(r) => self.fail(FailureReason::NewSegmentStuck {
@@ -121,8 +139,12 @@ impl PartitionLog {
         let old = std::mem::replace(&mut w.active, new);
         let _ = old.seg.max_timestamp.set(old.max_timestamp);
         // 3.
-        w.pending.files.extend([old.log, old.index, log]);
-        w.pending.dir = true;
+        w.pending.roll = Some(PendingRoll {
+            outgoing_log: old.log,
+            outgoing_index: old.index,
+            new_log: log,
+            header,
+        });
         w.pending.sealed.push((old.seg, old.data_end));
         // 4.
         let mut list = self.snapshot().as_ref().clone();

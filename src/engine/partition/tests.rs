@@ -95,6 +95,11 @@ fn a_roll_is_made_durable_before_the_new_segment_is_acknowledged() {
         .unwrap();
     assert_eq!(b.base_offset, 1);
     assert_eq!(rec.take(), []);
+    assert_eq!(
+        std::fs::read(dir.path().join(log_file_name(1))).unwrap()[..HEADER_LEN],
+        [0u8; HEADER_LEN],
+        "the new header waits until the outgoing segment is durable"
+    );
     assert_eq!(log.durable_end(), 1);
     assert_eq!(
         value_of(&log, 1, 1 << 20),
@@ -104,14 +109,16 @@ fn a_roll_is_made_durable_before_the_new_segment_is_acknowledged() {
     log.wait_durable(2).unwrap();
     let old = log_file_name(0);
     let new = log_file_name(1);
+    // The outgoing segment first, then the new header (written only now) with the
+    // records behind it, then the directory; the active log is the new one, already
+    // covered by its `sync_all`.
     assert_eq!(
         rec.take(),
         [
             ("sync_all", old),
             ("sync_all", index_file_name(0)),
-            ("sync_all", new.clone()),
+            ("sync_all", new),
             ("sync_dir", file_name(dir.path())),
-            ("sync_data", new),
         ]
     );
     assert_eq!(value_of(&log, 0, 1 << 20), [(0, 600), (1, 600)]);

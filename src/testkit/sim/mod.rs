@@ -18,6 +18,11 @@
 //!
 //! The workload adds markers to the trace ([`SimStorage::mark`]) to say what it was
 //! told (an acknowledged offset, a committed compaction) at that point.
+//!
+//! Simulated writes and syncs take no time, so threads that share a storage rarely
+//! overlap on a machine with few cores; [`SimStorage::pause_after_writes`] makes each
+//! write and file sync sleep briefly after it is recorded (outside any lock), so other
+//! threads run in between.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs;
@@ -711,6 +716,8 @@ struct State {
 struct Shared {
     root: PathBuf,
     state: Mutex<State>,
+    /// Sleep after each write and file sync, in microseconds (0: none).
+    pause_us: std::sync::atomic::AtomicU64,
 }
 
 /// A recording storage over a real directory: see the module documentation.
@@ -742,6 +749,7 @@ impl SimStorage {
                     },
                     fail: FailPlan::default(),
                 }),
+                pause_us: std::sync::atomic::AtomicU64::new(0),
             }),
         })
     }
@@ -751,6 +759,25 @@ impl SimStorage {
             .state
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// From now on each write and file sync sleeps for `pause` after it is recorded,
+    /// with no lock held, so threads sharing the storage interleave.
+    pub fn pause_after_writes(&self, pause: std::time::Duration) {
+        let us = u64::try_from(pause.as_micros()).unwrap_or(u64::MAX);
+        self.shared
+            .pause_us
+            .store(us, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn pause(&self) {
+        let us = self
+            .shared
+            .pause_us
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if us > 0 {
+            std::thread::sleep(std::time::Duration::from_micros(us));
+        }
     }
 
     /// Adds a workload marker at this point of the trace.
@@ -960,31 +987,37 @@ struct SimFile {
 
 impl SimFile {
     fn sync(&self) -> io::Result<()> {
-        let mut st = self.storage.state();
-        if SimStorage::sync_fails(&mut st) {
-            st.trace.ops.push(Op::SyncFailed { id: self.id });
-            return Err(other(format!(
-                "injected sync failure: {}",
-                self.path.display()
-            )));
+        {
+            let mut st = self.storage.state();
+            if SimStorage::sync_fails(&mut st) {
+                st.trace.ops.push(Op::SyncFailed { id: self.id });
+                return Err(other(format!(
+                    "injected sync failure: {}",
+                    self.path.display()
+                )));
+            }
+            st.trace.ops.push(Op::SyncFile { id: self.id });
         }
-        st.trace.ops.push(Op::SyncFile { id: self.id });
+        self.storage.pause();
         Ok(())
     }
 }
 
 impl StorageFile for SimFile {
     fn write_at(&self, buf: &[u8], pos: u64) -> io::Result<()> {
-        let mut st = self.storage.state();
-        self.real.write_at(buf, pos)?;
-        SimStorage::record(
-            &mut st,
-            Op::Write {
-                id: self.id,
-                pos,
-                bytes: buf.to_vec(),
-            },
-        );
+        {
+            let mut st = self.storage.state();
+            self.real.write_at(buf, pos)?;
+            SimStorage::record(
+                &mut st,
+                Op::Write {
+                    id: self.id,
+                    pos,
+                    bytes: buf.to_vec(),
+                },
+            );
+        }
+        self.storage.pause();
         Ok(())
     }
     fn read_at(&self, buf: &mut [u8], pos: u64) -> io::Result<usize> {

@@ -20,7 +20,9 @@
 //!    then `sync_all`, before anything new is appended; its index is then rebuilt if it
 //!    covered the cut range. Any other invalid header on the newest segment is left in
 //!    place and the partition refuses writes.
-//! 5. Segments that do not join up are reported; nothing is deleted for it.
+//! 5. Segments that do not join up (an empty newest segment included) are reported;
+//!    nothing is deleted or cut for it: the roll rule leaves no crash state with a
+//!    gap, so a gap is always damage.
 //! 6. The next offset follows the highest valid record.
 //!
 //! Invariants: nothing is removed or cut without an [`Action`] that names the file,
