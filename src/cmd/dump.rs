@@ -9,6 +9,7 @@
 //! `verify` gives for what dump met.
 
 use std::collections::HashSet;
+use std::fmt::Write as _;
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
 use std::path::PathBuf;
@@ -474,13 +475,13 @@ pub fn shown(bytes: &[u8], max: usize) -> String {
             if chars >= max {
                 break;
             }
-            s.push_str(&format!("\\x{b:02x}"));
+            let _ = write!(s, "\\x{b:02x}");
             chars += 1;
             used += 1;
         }
     }
     if used < bytes.len() {
-        s.push_str(&format!("…(+{} bytes)", bytes.len() - used));
+        let _ = write!(s, "…(+{} bytes)", bytes.len() - used);
     }
     if s.is_empty() {
         s.push_str("\"\"");

@@ -55,6 +55,7 @@ extern "C" fn on_signal(_signal: libc::c_int) {
     STOP.store(true, Ordering::SeqCst);
 }
 
+#[expect(unsafe_code, reason = "installing a signal handler through libc")]
 fn install_signal_handlers() -> anyhow::Result<()> {
     let handler = on_signal as extern "C" fn(libc::c_int);
     for signal in [libc::SIGINT, libc::SIGTERM] {

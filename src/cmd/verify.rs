@@ -2,6 +2,7 @@
 //! partition or one `.log` file, as a table or one JSON object. Read-only: it opens
 //! nothing for writing and takes no lock.
 
+use std::fmt::Write as _;
 use std::io::{self, IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
@@ -89,10 +90,10 @@ pub fn problem_line(target: &Target, p: &Problem) -> String {
         target.relative(&p.file)
     );
     if let Some(pos) = p.position {
-        s.push_str(&format!(" at byte {pos}"));
+        let _ = write!(s, " at byte {pos}");
     }
     if let Some(off) = p.offset {
-        s.push_str(&format!(" (offset {off})"));
+        let _ = write!(s, " (offset {off})");
     }
     s.push_str(": ");
     s.push_str(&p.detail);

@@ -142,7 +142,7 @@ impl RecordError {
 
 /// `record_len` for a key of `key_len` bytes (or none) and a value of `value_len`.
 pub fn record_len(key_len: Option<usize>, value_len: usize) -> Option<u32> {
-    let total = (RECORD_OVERHEAD as u64)
+    let total = u64::from(RECORD_OVERHEAD)
         .checked_add(key_len.unwrap_or(0) as u64)?
         .checked_add(value_len as u64)?;
     u32::try_from(total).ok().filter(|&l| l <= MAX_RECORD_LEN)
@@ -227,7 +227,7 @@ pub fn encode_record(
     generation: u64,
 ) -> Result<usize, RecordError> {
     let len = record_len(key.map(<[u8]>::len), value.len()).ok_or(RecordError::TooLarge {
-        len: RECORD_OVERHEAD as u64 + key.map_or(0, |k| k.len() as u64) + value.len() as u64,
+        len: u64::from(RECORD_OVERHEAD) + key.map_or(0, |k| k.len() as u64) + value.len() as u64,
     })?;
     let start = out.len();
     out.reserve(len as usize + LEN_FIELD);

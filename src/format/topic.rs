@@ -160,7 +160,7 @@ impl TopicConfig {
                     SEGMENT_BYTES_MIN as i64,
                     SEGMENT_BYTES_MAX as i64,
                     "bytes in 1024..=4294967296",
-                )? as u64
+                )? as u64;
             }
             "segment_ms" => {
                 self.segment_ms = int_in(key, value, 1, i64::MAX, "milliseconds >= 1")?;
@@ -168,7 +168,7 @@ impl TopicConfig {
             "retention_ms" => self.retention_ms = duration_ms(key, value, true)?,
             "retention_bytes" => {
                 self.retention_bytes =
-                    int_in(key, value, -1, i64::MAX, "bytes >= 0, or -1 for no limit")?
+                    int_in(key, value, -1, i64::MAX, "bytes >= 0, or -1 for no limit")?;
             }
             "cleanup_policy" => {
                 self.cleanup_policy =
@@ -176,7 +176,7 @@ impl TopicConfig {
                         key: key.into(),
                         value: value.into(),
                         allowed: "delete, compact or compact,delete",
-                    })?
+                    })?;
             }
             "tombstone_retention_ms" => {
                 self.tombstone_retention_ms = int_in(key, value, 0, i64::MAX, "milliseconds >= 0")?;
@@ -188,7 +188,7 @@ impl TopicConfig {
                     1,
                     i64::from(MAX_RECORD_LEN),
                     "bytes in 1..=16777216",
-                )? as u32
+                )? as u32;
             }
             _ => {
                 return Err(TopicError::UnknownKey {

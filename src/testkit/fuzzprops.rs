@@ -638,9 +638,8 @@ struct ScratchDir(PathBuf);
 impl ScratchDir {
     fn new() -> ScratchDir {
         static NEXT: AtomicU64 = AtomicU64::new(0);
-        let base = std::env::var_os("SEGLOG_FUZZ_TMP")
-            .map(PathBuf::from)
-            .unwrap_or_else(std::env::temp_dir);
+        let base =
+            std::env::var_os("SEGLOG_FUZZ_TMP").map_or_else(std::env::temp_dir, PathBuf::from);
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let dir = base.join(format!("seglog-fuzz-{}-{n}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);

@@ -152,7 +152,7 @@ fn produce_latency_while_compacting_a_large_partition() {
         "filled big: {} records, {} segments, {:.0} MiB in {:.1}s",
         i,
         before.segments,
-        before.bytes as f64 / (1 << 20) as f64,
+        before.bytes as f64 / f64::from(1 << 20),
         t.elapsed().as_secs_f64()
     );
 
@@ -192,9 +192,9 @@ fn produce_latency_while_compacting_a_large_partition() {
 
     println!(
         "compaction: {:.0} MiB in {} segments -> {:.0} MiB in {}, {} records dropped, done {:.2}s after the alter",
-        before.bytes as f64 / (1 << 20) as f64,
+        before.bytes as f64 / f64::from(1 << 20),
         before.segments,
-        after.bytes as f64 / (1 << 20) as f64,
+        after.bytes as f64 / f64::from(1 << 20),
         after.segments,
         after.cleanup.records_dropped,
         compact_secs

@@ -21,6 +21,7 @@ const NOW_MS: i64 = 1_700_000_000_000;
     clippy::zombie_processes,
     reason = "the child is reaped with wait4, which also returns its peak memory"
 )]
+#[expect(unsafe_code, reason = "wait4 for the child's peak RSS")]
 fn run_measured(cmd: &mut std::process::Command) -> (std::process::Output, u64, f64) {
     use std::io::Read;
     let start = std::time::Instant::now();
@@ -47,7 +48,7 @@ fn run_measured(cmd: &mut std::process::Command) -> (std::process::Output, u64, 
     let mut status = 0;
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: pid is our child, not yet waited for; status and usage are valid.
-    let r = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    let r = unsafe { libc::wait4(pid, &raw mut status, 0, &raw mut usage) };
     assert_eq!(r, pid);
     let secs = start.elapsed().as_secs_f64();
     let output = std::process::Output {

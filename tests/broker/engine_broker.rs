@@ -374,7 +374,7 @@ fn deleting_a_topic_ends_a_waiting_fetch() {
     assert!(
         matches!(
             r,
-            Err(EngineError::TopicDeleted { .. }) | Err(EngineError::UnknownTopic { .. })
+            Err(EngineError::TopicDeleted { .. } | EngineError::UnknownTopic { .. })
         ),
         "{r:?}"
     );

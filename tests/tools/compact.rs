@@ -52,7 +52,7 @@ fn read_partition(dir: &Path) -> Vec<Rec> {
                 timestamp_ms: r.timestamp_ms,
                 key: r.key.map(<[u8]>::to_vec),
                 value: r.value.to_vec(),
-            })
+            });
         })
         .unwrap();
     }
@@ -458,7 +458,7 @@ fn swap_is_cancelled_when_the_sealed_segments_changed() {
     let (_, want) = case.expected();
     assert!(!want.skipped, "seed 11 must drop something");
     let err = compact_partition(&RealStorage, &p, &case.options(), &|_| false, &mut |n| {
-        published.push(n.to_vec())
+        published.push(n.to_vec());
     })
     .unwrap_err();
     assert!(
@@ -1168,7 +1168,7 @@ impl Storage for Crash {
         }))
     }
     fn create_dir_all(&self, _path: &Path) -> std::io::Result<()> {
-        unimplemented!("compaction creates no directory")
+        unreachable!("compaction creates no directory")
     }
     fn rename(&self, from: &Path, to: &Path) -> std::io::Result<()> {
         let (f, t) = (self.0.name(from), self.0.name(to));
@@ -1188,7 +1188,7 @@ impl Storage for Crash {
         Ok(())
     }
     fn remove_dir_all(&self, _path: &Path) -> std::io::Result<()> {
-        unimplemented!("compaction removes no directory")
+        unreachable!("compaction removes no directory")
     }
     fn sync_dir(&self, path: &Path) -> std::io::Result<()> {
         assert_eq!(path, self.0.dir.as_path());

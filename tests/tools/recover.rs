@@ -4,6 +4,7 @@
 //! every mutation and every sync, and the `seglog recover` command line.
 
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -170,7 +171,7 @@ fn full_problems(data: &Path) -> String {
     let mut out = String::new();
     for p in &t.partitions {
         for pr in check_partition(p, CheckMode::Full).unwrap().all_problems() {
-            out.push_str(&format!("{pr:?}\n"));
+            let _ = writeln!(out, "{pr:?}");
         }
     }
     out

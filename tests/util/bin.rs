@@ -1,6 +1,7 @@
 //! The real `seglog` binary: a command for it, its result as (exit code, stdout,
 //! stderr), and comparisons that print what differs.
 
+use std::fmt::Write as _;
 use std::path::Path;
 use std::process::Output;
 
@@ -79,13 +80,15 @@ pub fn diff(want: &str, got: &str) -> String {
     let mut out = String::new();
     for i in 0..w.len().max(g.len()) {
         match (w.get(i), g.get(i)) {
-            (Some(a), Some(b)) if a == b => out.push_str(&format!("  {:>4} {a}\n", i + 1)),
+            (Some(a), Some(b)) if a == b => {
+                let _ = writeln!(out, "  {:>4} {a}", i + 1);
+            }
             (a, b) => {
                 if let Some(a) = a {
-                    out.push_str(&format!("- {:>4} {a}\n", i + 1));
+                    let _ = writeln!(out, "- {:>4} {a}", i + 1);
                 }
                 if let Some(b) = b {
-                    out.push_str(&format!("+ {:>4} {b}\n", i + 1));
+                    let _ = writeln!(out, "+ {:>4} {b}", i + 1);
                 }
             }
         }

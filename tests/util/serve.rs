@@ -54,13 +54,10 @@ impl Serve {
             }
             // Dropping `tx` here ends the wait of a broker that exited before listening.
         });
-        let addr = match rx.recv_timeout(PATIENCE) {
-            Ok(a) => a,
-            Err(_) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("the broker did not start: {}", text.lock().unwrap());
-            }
+        let Ok(addr) = rx.recv_timeout(PATIENCE) else {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the broker did not start: {}", text.lock().unwrap());
         };
         assert!(
             addr.starts_with("127.0.0.1:") && !addr.ends_with(":0"),
@@ -121,9 +118,11 @@ impl Serve {
     /// SIGTERM; the broker must exit 0.
     pub fn stop(mut self) {
         let mut child = self.child.take().unwrap();
-        // SAFETY: sending a signal to our own child process.
-        let rc = unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
-        assert_eq!(rc, 0);
+        rustix::process::kill_process(
+            rustix::process::Pid::from_child(&child),
+            rustix::process::Signal::TERM,
+        )
+        .unwrap();
         let status = child.wait().unwrap();
         assert!(
             status.success(),

@@ -130,6 +130,7 @@ impl Cleaner {
 
 /// Background cleanup gives way to request threads: the calling thread gets nice 10
 /// (on Linux, priorities are per thread). Failure only means it keeps its priority.
+#[expect(unsafe_code, reason = "setpriority of the calling thread through libc")]
 pub(super) fn lower_priority() {
     #[cfg(target_os = "linux")]
     {

@@ -243,9 +243,7 @@ pub(super) fn load_topic(
     let mut partitions = Vec::with_capacity(meta.partitions as usize);
     for p in 0..meta.partitions {
         let pdir = dir.join(p.to_string());
-        let slot = if !pdir.is_dir() {
-            Slot::Unavailable(format!("partition directory {} is missing", pdir.display()))
-        } else {
+        let slot = if pdir.is_dir() {
             match PartitionLog::open(name, p, &pdir, storage.clone(), stats.clone()) {
                 Ok((log, more)) => {
                     notes.extend(more);
@@ -253,6 +251,8 @@ pub(super) fn load_topic(
                 }
                 Err(e) => Slot::Unavailable(e.to_string()),
             }
+        } else {
+            Slot::Unavailable(format!("partition directory {} is missing", pdir.display()))
         };
         if let Slot::Unavailable(reason) = &slot {
             notes.push(format!("partition {name}/{p} is unavailable: {reason}"));

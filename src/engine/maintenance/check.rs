@@ -510,7 +510,7 @@ fn excuse_swap_in_progress(out: &mut PartitionCheck) {
 }
 
 fn read_marker(path: &Path) -> Result<CompactionMarker, MarkerError> {
-    let len = fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+    let len = fs::metadata(path).map_or(0, |m| m.len());
     if len > MARKER_BYTES_MAX as u64 {
         return Err(MarkerError::TooLarge { len: len as usize });
     }

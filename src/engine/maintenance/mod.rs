@@ -15,7 +15,7 @@ use std::path::Path;
 
 /// Length of the file at `path`, or 0 when it cannot be read.
 pub(crate) fn file_len(path: &Path) -> u64 {
-    std::fs::metadata(path).map(|m| m.len()).unwrap_or(0)
+    std::fs::metadata(path).map_or(0, |m| m.len())
 }
 
 /// Whether anything (a file, a directory, a dangling link) is at `path`.

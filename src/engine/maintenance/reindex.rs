@@ -193,7 +193,7 @@ pub fn temp_path(files: &SegmentFiles) -> PathBuf {
     let mut name = files
         .index
         .file_name()
-        .map(|n| n.to_os_string())
+        .map(std::ffi::OsStr::to_os_string)
         .unwrap_or_default();
     name.push(crate::format::names::TMP_SUFFIX);
     files.index.with_file_name(name)

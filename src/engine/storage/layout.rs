@@ -341,7 +341,7 @@ pub fn list_partition(dir: &Path) -> io::Result<PartitionListing> {
             PartitionFile::Log(b) => logs.push(b),
             PartitionFile::Index(b) => indexes.push(b),
             PartitionFile::LogTmp(_) | PartitionFile::IndexTmp(_) | PartitionFile::OtherTmp => {
-                out.temp_files.push(path)
+                out.temp_files.push(path);
             }
             PartitionFile::Marker => out.marker = Some(path),
             PartitionFile::Unknown => out.unknown.push(path),

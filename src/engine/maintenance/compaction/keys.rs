@@ -68,11 +68,15 @@ impl KeyTable {
 
     /// Asks the CPU to start loading the slot `d` starts probing at.
     #[inline]
+    #[cfg_attr(
+        target_arch = "x86_64",
+        expect(unsafe_code, reason = "the prefetch intrinsic is unsafe to call")
+    )]
     pub(super) fn prefetch(&self, d: &KeyDigest) {
         #[cfg(target_arch = "x86_64")]
         if let Some(slot) = self.slots.get(self.home(d)) {
             use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-            let p = (slot as *const Slot).cast::<i8>();
+            let p = std::ptr::from_ref::<Slot>(slot).cast::<i8>();
             // SAFETY: a prefetch is a hint: it never faults and changes nothing
             // observable; `p` and `p + 23` lie inside the slot.
             unsafe {

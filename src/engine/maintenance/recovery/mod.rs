@@ -30,6 +30,7 @@
 //! file is copied there and fsynced first. Every action is idempotent, so a crash
 //! during recovery is repaired by running it again.
 
+use std::fmt::Write as _;
 use std::io;
 use std::path::{Path, PathBuf};
 
@@ -399,7 +400,7 @@ impl RecoveryReport {
                 if !a.backups.is_empty() {
                     let names: Vec<String> =
                         a.backups.iter().map(|b| b.display().to_string()).collect();
-                    line.push_str(&format!(" [backup: {}]", names.join(", ")));
+                    let _ = write!(line, " [backup: {}]", names.join(", "));
                 }
                 out.push(line);
             }

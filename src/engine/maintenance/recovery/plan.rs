@@ -114,7 +114,7 @@ pub(super) fn records_behind(log: &Path, from: u64, to: u64) -> io::Result<Optio
                     first_offset: record.offset,
                     last_offset: record.offset,
                     count: 1,
-                })
+                });
             }
             Some(r) if record.offset > r.last_offset => {
                 r.last_offset = record.offset;
