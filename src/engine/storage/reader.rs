@@ -18,7 +18,7 @@ use crate::format::{HeaderError, IndexBuilder, IndexEntry, SegmentHeader, HEADER
 pub const SCAN_WINDOW_BYTES: usize = 1024 * 1024;
 /// A mapped reader drops the pages it has passed from its resident set in steps of
 /// this many bytes.
-pub const MAP_RELEASE_BYTES: usize = 4 * 1024 * 1024;
+pub const MAP_RELEASE_BYTES: usize = 1024 * 1024;
 /// Largest buffer a reader ever holds: one maximal record.
 pub const RECORD_BUFFER_MAX: usize = MAX_RECORD_LEN as usize + LEN_FIELD;
 
