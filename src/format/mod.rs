@@ -57,7 +57,12 @@ pub const FORMAT_VERSION: u16 = 1;
 
 /// CRC-32/ISO-HDLC of `bytes`.
 pub fn crc32(bytes: &[u8]) -> u32 {
-    crc32fast::hash(bytes)
+    // A fresh hasher detects the CPU's features on every call, a cost comparable to
+    // hashing a small record; one detected once is copied instead.
+    static FRESH: std::sync::OnceLock<crc32fast::Hasher> = std::sync::OnceLock::new();
+    let mut h = FRESH.get_or_init(crc32fast::Hasher::new).clone();
+    h.update(bytes);
+    h.finalize()
 }
 
 /// Reads a big-endian u16 at `at`, or `None` when the slice is too short.

@@ -1,13 +1,16 @@
 //! Speed of the offline tools, measured, never asserted:
 //! `cargo test --release --test bench -- --ignored --nocapture tools::`.
 //!
-//! Builds a 512 MiB partition (64 MiB segments, 4 KiB values) in a temporary
-//! directory with the format encoder, warms the page cache, then times side by side:
-//! `cat` of the segment files into /dev/null, `seglog verify`, `seglog verify --quick`
-//! and `seglog dump --json`; and the peak RSS of verify and dump on 64 MiB and 512 MiB,
-//! which must stay flat as the data grows. Set `SEGLOG_BENCH_DIR` to build the data
+//! Builds a 512 MiB partition (64 MiB segments, 4 KiB values) and a 256 MiB one of
+//! 256-byte records in a temporary directory with the format encoder, warms the page
+//! cache, then times side by side: `cat` of the segment files into /dev/null,
+//! `seglog verify` (the ratio of the two, for both record sizes), `seglog verify
+//! --quick` and `seglog dump --json`; and the peak RSS of verify and dump on 64 MiB
+//! and 512 MiB, which must stay flat as the data grows. Set `SEGLOG_BENCH_DIR` to build the data
 //! somewhere other than the system temporary directory, and `SEGLOG_BENCH_KEEP=1` to
-//! keep it afterwards (to profile a tool on it).
+//! keep it afterwards (to profile a tool on it). Set `SEGLOG_BENCH_BASELINE` to the
+//! path of another `seglog` binary to time its `verify` in the same run (before and
+//! after a change).
 
 use std::fs::{self, File};
 use std::io::{BufWriter, Write};
@@ -23,17 +26,19 @@ use crate::util::bin::BIN;
 const MIB: u64 = 1024 * 1024;
 const SEGMENT_BYTES: u64 = 64 * MIB;
 const VALUE_BYTES: usize = 4096;
+/// Record size of the small-record partition: 256 bytes on disk, framing included.
+const SMALL_RECORD_BYTES: usize = 256;
 /// The newest (active) segment is small, as in a running broker shortly after a roll.
 const ACTIVE_BYTES: u64 = MIB;
 
 /// Writes a partition of about `total` bytes of sealed segments plus a small active
-/// segment into `dir`; returns its log files.
-fn build(dir: &Path, total: u64) -> Vec<PathBuf> {
+/// segment into `dir`, with values of `value_bytes`; returns its log files.
+fn build(dir: &Path, total: u64, value_bytes: usize) -> Vec<PathBuf> {
     let total_with_active = total + ACTIVE_BYTES;
     fs::create_dir_all(dir).unwrap();
     let mut logs = Vec::new();
     let mut offset = 0u64;
-    let mut value = vec![0u8; VALUE_BYTES];
+    let mut value = vec![0u8; value_bytes];
     let mut written = 0u64;
     while written < total_with_active {
         let limit = if written >= total {
@@ -48,13 +53,13 @@ fn build(dir: &Path, total: u64) -> Vec<PathBuf> {
         let mut pos = HEADER_LEN as u64;
         let mut index = Vec::new();
         let mut b = IndexBuilder::new();
-        let mut rec = Vec::with_capacity(VALUE_BYTES + 64);
+        let mut rec = Vec::with_capacity(value_bytes + 64);
         while pos < limit && (written >= total || written + pos < total) {
             for (i, byte) in value.iter_mut().enumerate().step_by(64) {
                 *byte = (offset as usize + i) as u8;
             }
             rec.clear();
-            let key = format!("key-{}", offset % 1000);
+            let key = format!("key-{:03}", offset % 1000);
             encode_record(
                 &mut rec,
                 offset,
@@ -133,8 +138,50 @@ fn mb_per_s(bytes: u64, d: Duration) -> f64 {
     bytes as f64 / MIB as f64 / d.as_secs_f64()
 }
 
+/// Bytes of the log files.
+fn total_len(logs: &[PathBuf]) -> u64 {
+    logs.iter().map(|p| fs::metadata(p).unwrap().len()).sum()
+}
+
+/// `cat` and `verify` of one partition, best of `n` each, run alternately so both see
+/// the same machine load; also `verify` of the baseline binary when one is given.
+fn cat_vs_verify(
+    n: usize,
+    logs: &[PathBuf],
+    dir: &str,
+    baseline: Option<&str>,
+) -> (Run, Run, Option<Run>) {
+    let log_args: Vec<&str> = logs.iter().map(|p| p.to_str().unwrap()).collect();
+    let mut cats = Vec::new();
+    let mut verifies = Vec::new();
+    let mut olds = Vec::new();
+    for _ in 0..n {
+        cats.push(measure("cat", &log_args));
+        verifies.push(measure(BIN, &["verify", dir]));
+        if let Some(b) = baseline {
+            olds.push(measure(b, &["verify", dir]));
+        }
+    }
+    cats.sort_by_key(|r| r.wall);
+    verifies.sort_by_key(|r| r.wall);
+    olds.sort_by_key(|r| r.wall);
+    let old = (!olds.is_empty()).then(|| olds.remove(0));
+    (cats.remove(0), verifies.remove(0), old)
+}
+
+fn print_cat_vs_verify(label: &str, bytes: u64, cat: &Run, verify: &Run) {
+    println!(
+        "  {label:<30} cat {:>7.3}s {:>6.0} MiB/s   verify {:>7.3}s {:>6.0} MiB/s   verify/cat speed {:.0}%",
+        cat.wall.as_secs_f64(),
+        mb_per_s(bytes, cat.wall),
+        verify.wall.as_secs_f64(),
+        mb_per_s(bytes, verify.wall),
+        100.0 * cat.wall.as_secs_f64() / verify.wall.as_secs_f64()
+    );
+}
+
 #[test]
-#[ignore = "benchmark: builds 576 MiB of data; run with --ignored --nocapture"]
+#[ignore = "benchmark: builds 832 MiB of data; run with --ignored --nocapture"]
 fn verify_and_dump_speed_and_memory() {
     let seglog = BIN;
     let root = std::env::var_os("SEGLOG_BENCH_DIR").map(PathBuf::from);
@@ -144,45 +191,61 @@ fn verify_and_dump_speed_and_memory() {
     };
     let big = tmp.path().join("big/0");
     let small = tmp.path().join("small/0");
+    let tiny = tmp.path().join("tiny-records/0");
     let t = Instant::now();
-    let logs = build(&big, 512 * MIB);
-    build(&small, 64 * MIB);
-    let bytes: u64 = logs.iter().map(|p| fs::metadata(p).unwrap().len()).sum();
+    let logs = build(&big, 512 * MIB, VALUE_BYTES);
+    build(&small, 64 * MIB, VALUE_BYTES);
+    // 32 bytes of framing and a 7-byte key around the value: 256 bytes a record.
+    let tiny_logs = build(&tiny, 256 * MIB, SMALL_RECORD_BYTES - 39);
+    let bytes = total_len(&logs);
+    let tiny_bytes = total_len(&tiny_logs);
     println!(
-        "built {} segments, {} MiB in {:.1}s",
+        "built {} + {} segments, {} + {} MiB in {:.1}s",
         logs.len(),
+        tiny_logs.len(),
         bytes / MIB,
+        tiny_bytes / MIB,
         t.elapsed().as_secs_f64()
     );
     let log_args: Vec<&str> = logs.iter().map(|p| p.to_str().unwrap()).collect();
     let big_s = big.to_str().unwrap();
     let small_s = small.to_str().unwrap();
+    let tiny_s = tiny.to_str().unwrap();
 
     // Warm the page cache.
     measure("cat", &log_args);
     measure(seglog, &["verify", big_s]);
+    measure(seglog, &["verify", tiny_s]);
 
+    let baseline = std::env::var("SEGLOG_BENCH_BASELINE").ok();
+    let baseline = baseline.as_deref();
     let n = 5;
-    let cat = best(n, "cat", &log_args);
-    let verify = best(n, seglog, &["verify", big_s]);
+    let (cat, verify, old) = cat_vs_verify(n, &logs, big_s, baseline);
+    let (tiny_cat, tiny_verify, tiny_old) = cat_vs_verify(n, &tiny_logs, tiny_s, baseline);
     let quick = best(n, seglog, &["verify", "--quick", big_s]);
     let dump = best(1, seglog, &["dump", "--json", big_s]);
     assert_eq!(verify.code, 0);
+    assert_eq!(tiny_verify.code, 0);
     assert_eq!(quick.code, 0);
     assert_eq!(dump.code, 0);
-    println!("warm cache, {} MiB, best of {n}:", bytes / MIB);
-    println!(
-        "  cat > /dev/null        {:>8.3}s  {:>7.0} MiB/s",
-        cat.wall.as_secs_f64(),
-        mb_per_s(bytes, cat.wall)
+    println!("warm cache, best of {n}, cat > /dev/null against seglog verify:");
+    print_cat_vs_verify(
+        &format!("{VALUE_BYTES} B values, {} MiB", bytes / MIB),
+        bytes,
+        &cat,
+        &verify,
     );
-    println!(
-        "  seglog verify          {:>8.3}s  {:>7.0} MiB/s  ({:.2}x the time of cat; verify/cat speed {:.0}%)",
-        verify.wall.as_secs_f64(),
-        mb_per_s(bytes, verify.wall),
-        verify.wall.as_secs_f64() / cat.wall.as_secs_f64(),
-        100.0 * cat.wall.as_secs_f64() / verify.wall.as_secs_f64()
+    print_cat_vs_verify(
+        &format!("{SMALL_RECORD_BYTES} B records, {} MiB", tiny_bytes / MIB),
+        tiny_bytes,
+        &tiny_cat,
+        &tiny_verify,
     );
+    if let (Some(b), Some(old), Some(tiny_old)) = (baseline, &old, &tiny_old) {
+        println!("  the same, verify of the baseline {b}:");
+        print_cat_vs_verify("  4 KiB values", bytes, &cat, old);
+        print_cat_vs_verify("  256 B records", tiny_bytes, &tiny_cat, tiny_old);
+    }
     println!(
         "  seglog verify --quick  {:>8.3}s  ({:.1}% of full verify)",
         quick.wall.as_secs_f64(),

@@ -20,7 +20,8 @@ use crate::format::{HeaderError, SegmentHeader, HEADER_LEN};
 
 use crate::engine::storage::layout::{list_partition, PartitionRef, SegmentFiles};
 use crate::engine::storage::reader::{
-    open_log, range_is_zero, read_header, scan_segment, Next, RecordReader, ScanEnd, ScanSummary,
+    open_log, range_is_zero, read_header, scan_sealed_segment, scan_segment, Next, RecordReader,
+    ScanEnd, ScanSummary,
 };
 
 /// Largest index file read into memory: one entry per 4 KiB of a 4 GiB segment, with room.
@@ -590,7 +591,11 @@ pub fn check_segment(
         }
     }
     let index_bytes = read_index_bytes(&files.index)?;
-    let scan = scan_segment(&file, &header, file_len, |_, _| {})?;
+    let scan = if active {
+        scan_segment(&file, &header, file_len, |_, _| {})?
+    } else {
+        scan_sealed_segment(&file, &header, file_len, |_, _| {})?
+    };
     seg.first_offset = scan.first_offset;
     seg.last_offset = scan.last_offset;
     seg.records = Some(scan.records);

@@ -1,8 +1,10 @@
 //! The bottom layer of the engine: the I/O seam every mutation goes through
-//! ([`io`]), the one windowed record reader and segment scan ([`reader`]), where
+//! ([`io`]), the one windowed record reader and segment scan ([`reader`]) with its
+//! read-only maps of sealed segments ([`map`]), where
 //! things are in a data directory ([`layout`]) and `DATA/LOCK` ([`lock`]).
 
 pub mod io;
 pub mod layout;
 pub mod lock;
+pub mod map;
 pub mod reader;

@@ -1,12 +1,14 @@
 //! Reading segment files: records in large positional windows, the scan that
 //! classifies what ends the data (docs/FORMAT.md, Recovery), and the index rule applied
-//! while scanning. Reads use `std::fs::File` directly (reads are not mutations).
+//! while scanning. Reads use `std::fs::File` directly (reads are not mutations); a
+//! sealed segment may instead be read in place through a [`SealedMap`].
 
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
+use super::map::SealedMap;
 use crate::format::record::{
     decode_record, len_prefix, LenPrefix, RecordError, RecordView, LEN_FIELD, MAX_RECORD_LEN,
 };
@@ -14,6 +16,9 @@ use crate::format::{HeaderError, IndexBuilder, IndexEntry, SegmentHeader, HEADER
 
 /// Bytes read per system call while scanning.
 pub const SCAN_WINDOW_BYTES: usize = 1024 * 1024;
+/// A mapped reader drops the pages it has passed from its resident set in steps of
+/// this many bytes.
+pub const MAP_RELEASE_BYTES: usize = 1024 * 1024;
 /// Largest buffer a reader ever holds: one maximal record.
 pub const RECORD_BUFFER_MAX: usize = MAX_RECORD_LEN as usize + LEN_FIELD;
 
@@ -72,6 +77,11 @@ pub struct Copied {
 #[derive(Debug)]
 pub struct RecordReader<'f> {
     file: &'f File,
+    /// Reads the records in place from this map of a sealed file instead of into
+    /// `buf`: then `buf_pos` is 0, `filled` the mapped length and `used` the position.
+    map: Option<&'f SealedMap>,
+    /// Bytes of the map before this position were released from the resident set.
+    released: usize,
     generation: u64,
     /// Absolute position of `buf[0]`.
     buf_pos: u64,
@@ -107,6 +117,8 @@ impl<'f> RecordReader<'f> {
     ) -> Self {
         RecordReader {
             file,
+            map: None,
+            released: 0,
             generation,
             buf_pos: start,
             buf: Vec::new(),
@@ -116,6 +128,43 @@ impl<'f> RecordReader<'f> {
             window: window.max(64),
             strict: false,
             file_short: false,
+        }
+    }
+
+    /// A reader of a sealed segment that reads the records in place from `map` (a map
+    /// of `file`, see [`RecordReader::sealed`]), without copying them.
+    pub fn mapped(
+        file: &'f File,
+        map: &'f SealedMap,
+        generation: u64,
+        start: u64,
+        limit: u64,
+    ) -> Self {
+        let bytes = map.bytes();
+        let mut r = Self::new(file, generation, 0, limit);
+        r.map = Some(map);
+        r.filled = bytes.len();
+        r.used = usize::try_from(start)
+            .unwrap_or(usize::MAX)
+            .min(bytes.len());
+        r.released = r.used;
+        // Like a lenient reader, a map shorter than the limit ends the data there.
+        r.limit = limit.min(bytes.len() as u64);
+        r
+    }
+
+    /// A reader of a sealed segment: through `map` when there is one, else with
+    /// positional reads.
+    pub fn sealed(
+        file: &'f File,
+        map: Option<&'f SealedMap>,
+        generation: u64,
+        start: u64,
+        limit: u64,
+    ) -> Self {
+        match map {
+            Some(m) => Self::mapped(file, m, generation, start, limit),
+            None => Self::new(file, generation, start, limit),
         }
     }
 
@@ -144,7 +193,7 @@ impl<'f> RecordReader<'f> {
             return Ok(Next::End(end));
         }
         let pos = self.position();
-        let avail = self.buf.get(self.used..self.filled).unwrap_or(&[]);
+        let avail = avail_of(self.map, &self.buf, self.used, self.filled, self.limit);
         match decode_record(avail, pos, self.generation) {
             Ok(record) => {
                 self.used += record.encoded_len;
@@ -178,7 +227,7 @@ impl<'f> RecordReader<'f> {
                 return Ok(copied);
             }
             let pos = self.position();
-            let avail = self.buf.get(self.used..self.filled).unwrap_or(&[]);
+            let avail = avail_of(self.map, &self.buf, self.used, self.filled, self.limit);
             let record = match decode_record(avail, pos, self.generation) {
                 Ok(r) => r,
                 Err(e) => {
@@ -205,12 +254,13 @@ impl<'f> RecordReader<'f> {
     /// ends there instead: `None` at the limit, else why the bytes are not a record
     /// (as far as the length prefix tells).
     fn buffer_next(&mut self) -> io::Result<Option<Option<RecordError>>> {
+        self.release_passed();
         loop {
             let pos = self.position();
             if pos >= self.limit {
                 return Ok(Some(None));
             }
-            let avail = self.buf.get(self.used..self.filled).unwrap_or(&[]);
+            let avail = self.avail();
             let short = avail.len() < LEN_FIELD;
             match len_prefix(avail) {
                 LenPrefix::Whole { .. } => return Ok(None),
@@ -237,6 +287,23 @@ impl<'f> RecordReader<'f> {
 
     fn at_limit(&self) -> bool {
         self.buf_pos + self.filled as u64 >= self.limit
+    }
+
+    /// The bytes buffered (or mapped, up to the limit) from the position on.
+    #[inline]
+    fn avail(&self) -> &[u8] {
+        avail_of(self.map, &self.buf, self.used, self.filled, self.limit)
+    }
+
+    /// A mapped reader drops the pages behind it from the resident set.
+    #[inline]
+    fn release_passed(&mut self) {
+        if let Some(m) = self.map {
+            if self.used - self.released.min(self.used) >= MAP_RELEASE_BYTES {
+                m.release_before(self.used);
+                self.released = self.used;
+            }
+        }
     }
 
     /// Drops consumed bytes and reads until at least `needed` bytes are buffered (or
@@ -275,6 +342,24 @@ impl<'f> RecordReader<'f> {
             self.limit = self.buf_pos + self.filled as u64;
         }
         Ok(())
+    }
+}
+
+/// [`RecordReader::avail`] over the fields, so the caller may move `used` meanwhile.
+#[inline]
+fn avail_of<'a>(
+    map: Option<&'a SealedMap>,
+    buf: &'a [u8],
+    used: usize,
+    filled: usize,
+    limit: u64,
+) -> &'a [u8] {
+    match map {
+        Some(m) => {
+            let end = usize::try_from(limit).unwrap_or(usize::MAX);
+            m.bytes().get(used..end).unwrap_or(&[])
+        }
+        None => buf.get(used..filled).unwrap_or(&[]),
     }
 }
 
@@ -372,9 +457,38 @@ pub fn scan_segment(
     file: &File,
     header: &SegmentHeader,
     file_len: u64,
+    visit: impl FnMut(u64, &RecordView<'_>),
+) -> io::Result<ScanSummary> {
+    let reader = RecordReader::new(file, header.generation, HEADER_LEN as u64, file_len);
+    scan_records(reader, header, file_len, visit)
+}
+
+/// [`scan_segment`] of a sealed segment (never the active one, whose length changes):
+/// reads it in place through a map of the file, or with positional reads when the
+/// file cannot be mapped.
+pub fn scan_sealed_segment(
+    file: &File,
+    header: &SegmentHeader,
+    file_len: u64,
+    visit: impl FnMut(u64, &RecordView<'_>),
+) -> io::Result<ScanSummary> {
+    let map = SealedMap::sealed(file, file_len);
+    let reader = RecordReader::sealed(
+        file,
+        map.as_ref(),
+        header.generation,
+        HEADER_LEN as u64,
+        file_len,
+    );
+    scan_records(reader, header, file_len, visit)
+}
+
+fn scan_records(
+    mut reader: RecordReader<'_>,
+    header: &SegmentHeader,
+    file_len: u64,
     mut visit: impl FnMut(u64, &RecordView<'_>),
 ) -> io::Result<ScanSummary> {
-    let mut reader = RecordReader::new(file, header.generation, HEADER_LEN as u64, file_len);
     let mut builder = IndexBuilder::new();
     let mut s = ScanSummary {
         records: 0,
@@ -538,6 +652,49 @@ mod tests {
             scan(&short_zero, 64).1,
             ScanEnd::Record(RecordError::Zero { .. })
         ));
+    }
+
+    /// The mapped reader and `scan_sealed_segment` agree with the positional reader on
+    /// every tail and on a record cut at every length.
+    #[test]
+    fn mapped_reads_agree_with_positional_reads() {
+        let good = segment(2, 40, 100);
+        let mut cases = vec![good.clone()];
+        let mut zeros = good.clone();
+        zeros.extend_from_slice(&[0; 100]);
+        cases.push(zeros);
+        let mut stale = good.clone();
+        encode_record(&mut stale, 99, 0, None, b"old", 1).unwrap();
+        cases.push(stale);
+        let mut flipped = good.clone();
+        flipped[500] ^= 1;
+        cases.push(flipped);
+        let one = segment(2, 1, 10);
+        for cut in 1..one.len() - 32 {
+            let mut torn = good.clone();
+            torn.extend_from_slice(&one[32..32 + cut]);
+            cases.push(torn);
+        }
+        for bytes in cases {
+            let mut f = tempfile::tempfile().unwrap();
+            f.write_all(&bytes).unwrap();
+            let h = SegmentHeader::decode(&bytes).unwrap();
+            let len = bytes.len() as u64;
+            let map = SealedMap::sealed(&f, len).expect("a temporary file maps");
+            let mut plain = RecordReader::with_window(&f, h.generation, 32, len, 64);
+            let mut mapped = RecordReader::mapped(&f, &map, h.generation, 32, len);
+            loop {
+                let (a, b) = (plain.next_record().unwrap(), mapped.next_record().unwrap());
+                let end = matches!(a, Next::End(_));
+                assert_eq!(format!("{a:?}"), format!("{b:?}"));
+                if end {
+                    break;
+                }
+            }
+            let a = scan_segment(&f, &h, len, |_, _| {}).unwrap();
+            let b = scan_sealed_segment(&f, &h, len, |_, _| {}).unwrap();
+            assert_eq!(format!("{a:?}"), format!("{b:?}"));
+        }
     }
 
     #[test]

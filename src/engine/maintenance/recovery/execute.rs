@@ -152,6 +152,8 @@ pub(super) fn cut(
     backup: Option<Backup<'_>>,
     backups: &mut Vec<PathBuf>,
 ) -> io::Result<()> {
+    // Readers that map the sealed log hold it until they are done (no SIGBUS).
+    let _cut_lock = crate::engine::storage::map::lock_log_for_cut(log)?;
     let f = storage.open(log)?;
     let len = f.len()?;
     if len == from {
