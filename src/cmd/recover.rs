@@ -10,14 +10,13 @@ use serde_json::{json, Value};
 use super::verify::{exit_code, resolve_target, severity_name};
 use super::{exit, ExitError, Global};
 use crate::engine::maintenance::check::{check_partition, CheckMode, Problem, Severity};
+use crate::engine::maintenance::recovery::Backup;
 use crate::engine::maintenance::recovery::{
     execute, plan, relative, Action, ActionDone, Damage, PartitionPlan, PartitionReport,
     RecoveryPlan, RecoveryReport,
 };
-use crate::engine::maintenance::recovery::Backup;
 use crate::engine::maintenance::salvage::{
-    execute_salvage, plan_salvage, LostOffsets, NotSalvaged, SalvagePlan, Salvaged,
-    SegmentSalvage,
+    execute_salvage, plan_salvage, LostOffsets, NotSalvaged, SalvagePlan, Salvaged, SegmentSalvage,
 };
 use crate::engine::storage::io::RealStorage;
 use crate::engine::storage::layout::TargetKind;
@@ -69,8 +68,7 @@ pub fn run(args: Args, _global: Global) -> anyhow::Result<u8> {
         let salvage = if args.salvage {
             let mut all = Vec::new();
             for p in &target.partitions {
-                let s = plan_salvage(p)
-                    .with_context(|| format!("checking {}", p.dir.display()))?;
+                let s = plan_salvage(p).with_context(|| format!("checking {}", p.dir.display()))?;
                 all.push((label_of(&plan, &p.dir), s));
             }
             Some(all)
@@ -127,7 +125,8 @@ pub fn run(args: Args, _global: Global) -> anyhow::Result<u8> {
             .flat_map(|(_, d, _)| d.iter().map(|x| x.salvage.files.log.as_path()))
             .collect();
         for p in &mut report.partitions {
-            p.corrupt.retain(|d| !rewritten.contains(&d.problem.file.as_path()));
+            p.corrupt
+                .retain(|d| !rewritten.contains(&d.problem.file.as_path()));
         }
     }
     // A full check afterwards (reads only): it also sees what the startup check
@@ -195,9 +194,19 @@ fn lost_text(l: &LostOffsets) -> String {
     }
 }
 
-fn salvage_line(root: &Path, label: &str, s: &SegmentSalvage, backups: &[PathBuf], would: bool) -> String {
+fn salvage_line(
+    root: &Path,
+    label: &str,
+    s: &SegmentSalvage,
+    backups: &[PathBuf],
+    would: bool,
+) -> String {
     let lost: Vec<String> = s.lost_offsets.iter().map(lost_text).collect();
-    let bytes: Vec<String> = s.lost_bytes.iter().map(|(f, t)| format!("{f}..{t}")).collect();
+    let bytes: Vec<String> = s
+        .lost_bytes
+        .iter()
+        .map(|(f, t)| format!("{f}..{t}"))
+        .collect();
     let mut line = format!(
         "{label}: {}salvage {}: keep {} record(s) ({} of {} bytes){}; drop bytes {}; offsets lost {}",
         if would { "would " } else { "" },
@@ -277,11 +286,19 @@ fn print_plan(
         if let (Some(salvage), Some(obj)) = (salvage, v.as_object_mut()) {
             let segs: Vec<Value> = salvage
                 .iter()
-                .flat_map(|(l, s)| s.segments.iter().map(move |x| salvage_json(&plan.root, l, x, &[])))
+                .flat_map(|(l, s)| {
+                    s.segments
+                        .iter()
+                        .map(move |x| salvage_json(&plan.root, l, x, &[]))
+                })
                 .collect();
             let not: Vec<Value> = salvage
                 .iter()
-                .flat_map(|(l, s)| s.not_salvaged.iter().map(move |x| not_salvaged_json(&plan.root, l, x)))
+                .flat_map(|(l, s)| {
+                    s.not_salvaged
+                        .iter()
+                        .map(move |x| not_salvaged_json(&plan.root, l, x))
+                })
                 .collect();
             obj.insert("salvage".into(), json!(segs));
             obj.insert("not_salvaged".into(), json!(not));
@@ -296,7 +313,12 @@ fn print_plan(
                 writeln!(out, "{}", salvage_line(&plan.root, label, x, &[], true))?;
             }
             for n in &s.not_salvaged {
-                writeln!(out, "{label}: cannot salvage {}: {}", relative(&plan.root, &n.log), n.reason)?;
+                writeln!(
+                    out,
+                    "{label}: cannot salvage {}: {}",
+                    relative(&plan.root, &n.log),
+                    n.reason
+                )?;
             }
         }
         let quick = plan.severity_before().filter(|s| *s > Severity::Info);
@@ -355,7 +377,10 @@ fn print_report(
         if let (false, Some(obj)) = (salvaged.is_empty(), v.as_object_mut()) {
             let segs: Vec<Value> = salvaged
                 .iter()
-                .flat_map(|(l, d, _)| d.iter().map(move |x| salvage_json(&report.root, l, &x.salvage, &x.backups)))
+                .flat_map(|(l, d, _)| {
+                    d.iter()
+                        .map(move |x| salvage_json(&report.root, l, &x.salvage, &x.backups))
+                })
                 .collect();
             let not: Vec<Value> = salvaged
                 .iter()
@@ -371,10 +396,19 @@ fn print_report(
         }
         for (label, done, not) in salvaged {
             for x in done {
-                writeln!(out, "{}", salvage_line(&report.root, label, &x.salvage, &x.backups, false))?;
+                writeln!(
+                    out,
+                    "{}",
+                    salvage_line(&report.root, label, &x.salvage, &x.backups, false)
+                )?;
             }
             for n in not {
-                writeln!(out, "{label}: cannot salvage {}: {}", relative(&report.root, &n.log), n.reason)?;
+                writeln!(
+                    out,
+                    "{label}: cannot salvage {}: {}",
+                    relative(&report.root, &n.log),
+                    n.reason
+                )?;
             }
         }
         for x in after {

@@ -201,8 +201,8 @@ pub fn plan_segment(
         let damage_at = loop {
             match reader.next_record()? {
                 Next::Record { position, record } => {
-                    let in_order = record.offset >= min_offset
-                        && next_base.is_none_or(|n| record.offset < n);
+                    let in_order =
+                        record.offset >= min_offset && next_base.is_none_or(|n| record.offset < n);
                     if !in_order {
                         break Some(position);
                     }

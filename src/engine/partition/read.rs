@@ -192,9 +192,8 @@ pub(super) fn read_segment_around(
     let window = usize::try_from(read_bytes).unwrap_or(usize::MAX);
     let io_err = |e| EngineError::io(format!("reading {}", seg.path.display()), e);
     loop {
-        let mut reader =
-            RecordReader::with_window(&seg.file, seg.generation, start, limit, window)
-                .strict_limit();
+        let mut reader = RecordReader::with_window(&seg.file, seg.generation, start, limit, window)
+            .strict_limit();
         let mut bytes = Vec::new();
         let copied = reader
             .copy_records(offset, budget, take_one, &mut bytes)

@@ -330,8 +330,8 @@ pub fn resync(
             continue;
         }
         let avail = buf.get(at..).unwrap_or(&[]);
-        let in_range = peek_offset(avail)
-            .is_some_and(|o| o >= min_offset && max_offset.is_none_or(|m| o < m));
+        let in_range =
+            peek_offset(avail).is_some_and(|o| o >= min_offset && max_offset.is_none_or(|m| o < m));
         if in_range {
             match decode_record(avail, pos, generation) {
                 Ok(r) => {
@@ -346,8 +346,7 @@ pub fn resync(
                     if needed <= room && needed <= RECORD_BUFFER_MAX as u64 {
                         big.resize(usize::try_from(needed).unwrap_or(0), 0);
                         let n = read_full_at(file, &mut big, pos)?;
-                        if let Ok(r) = decode_record(big.get(..n).unwrap_or(&[]), pos, generation)
-                        {
+                        if let Ok(r) = decode_record(big.get(..n).unwrap_or(&[]), pos, generation) {
                             return Ok(Some(Resync {
                                 position: pos,
                                 offset: r.offset,
