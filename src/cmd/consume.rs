@@ -15,6 +15,7 @@ use serde_json::json;
 
 use super::connect::{client_error, BrokerArgs};
 use super::{exit, BytesAs, ExitError, Global};
+use crate::engine::error::damaged_range;
 use crate::engine::net::client::{Client, ClientError, Fetched as Fetch, Record};
 use crate::format::wire::{ErrorCode, FETCH_BYTES_MAX};
 
@@ -44,11 +45,54 @@ pub struct Args {
     /// How --json renders keys and values.
     #[arg(long, value_enum, default_value_t = BytesAs::Auto)]
     pub bytes: BytesAs,
+    /// What to do at records the broker cannot read: stop (exit 2, naming the
+    /// offsets) or skip them (say on stderr what was skipped, and go on).
+    #[arg(long, value_enum, default_value_t = OnCorrupt::Stop)]
+    pub on_corrupt: OnCorrupt,
     /// Most record bytes per fetch request.
     #[arg(long, default_value_t = 1 << 20, value_parser = clap::value_parser!(u32).range(1..=i64::from(FETCH_BYTES_MAX)))]
     pub max_bytes: u32,
     #[command(flatten)]
     pub broker: BrokerArgs,
+}
+
+/// `--on-corrupt`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OnCorrupt {
+    Stop,
+    Skip,
+}
+
+/// A fetch refused because the records at `pos` are damaged: under `stop` the
+/// command's error (exit 2, one line naming the range); under `skip` a note on stderr
+/// and `Ok(Some(next))`, the next readable offset (`Ok(None)`: none follows).
+fn damage_step(
+    on_corrupt: OnCorrupt,
+    topic: &str,
+    partition: u32,
+    e: &ClientError,
+) -> Option<anyhow::Result<Option<u64>>> {
+    let ClientError::Refused { message, code, .. } = e else {
+        return None;
+    };
+    if *code != ErrorCode::CORRUPT_DATA {
+        return None;
+    }
+    let (first, next) = damaged_range(message)?;
+    let range = match next {
+        Some(n) => format!("offsets {first}..{n} (next readable offset {n})"),
+        None => format!("offsets from {first} (no readable record follows)"),
+    };
+    Some(match on_corrupt {
+        OnCorrupt::Stop => Err(ExitError::new(
+            exit::CORRUPT,
+            format!("{topic}/{partition}: {range} cannot be read: {message}"),
+        )),
+        OnCorrupt::Skip => {
+            eprintln!("seglog: {topic}/{partition}: skipped {range}: damaged records");
+            Ok(next)
+        }
+    })
 }
 
 /// `--from`.
@@ -157,6 +201,17 @@ pub fn run(args: Args, _global: Global) -> anyhow::Result<u8> {
                 args.max_bytes,
                 Duration::ZERO,
             );
+            if let Err(e) = &fetched {
+                if let Some(step) = damage_step(args.on_corrupt, &args.topic, o.partition, e) {
+                    match step? {
+                        Some(next) => {
+                            pos = next;
+                            continue;
+                        }
+                        None => break,
+                    }
+                }
+            }
             let f = match moved_start(
                 &mut client,
                 &args.topic,
@@ -237,11 +292,23 @@ fn follow(
         let topic = args.topic.clone();
         let max_bytes = args.max_bytes;
         let earliest = args.from == StartAt::Earliest;
+        let on_corrupt = args.on_corrupt;
         thread::spawn(move || {
             let mut run = || -> anyhow::Result<()> {
                 let mut client: Client = broker.connect()?;
                 loop {
                     let fetched = client.fetch(&topic, partition, pos, max_bytes, FOLLOW_WAIT);
+                    if let Err(e) = &fetched {
+                        if let Some(step) = damage_step(on_corrupt, &topic, partition, e) {
+                            match step? {
+                                Some(next) => {
+                                    pos = next;
+                                    continue;
+                                }
+                                None => return Ok(()),
+                            }
+                        }
+                    }
                     let f = match moved_start(
                         &mut client,
                         &topic,

@@ -1,6 +1,7 @@
 //! `seglog recover DATA [--dry-run] [--backup-dir DIR] [--json]`: the startup recovery
 //! (docs/FORMAT.md, Recovery), run offline. Without `--dry-run` it takes `DATA/LOCK`.
 
+use std::fmt::Write as _;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
@@ -10,9 +11,13 @@ use serde_json::{json, Value};
 use super::verify::{exit_code, resolve_target, severity_name};
 use super::{exit, ExitError, Global};
 use crate::engine::maintenance::check::{check_partition, CheckMode, Problem, Severity};
+use crate::engine::maintenance::recovery::Backup;
 use crate::engine::maintenance::recovery::{
     execute, plan, relative, Action, ActionDone, Damage, PartitionPlan, PartitionReport,
     RecoveryPlan, RecoveryReport,
+};
+use crate::engine::maintenance::salvage::{
+    execute_salvage, plan_salvage, LostOffsets, NotSalvaged, SalvagePlan, Salvaged, SegmentSalvage,
 };
 use crate::engine::storage::io::RealStorage;
 use crate::engine::storage::layout::TargetKind;
@@ -37,6 +42,10 @@ pub struct Args {
     /// Copy every byte range to be cut and every file to be removed here first.
     #[arg(long, value_name = "DIR")]
     pub backup_dir: Option<PathBuf>,
+    /// Rewrite each sealed segment with damage so it keeps every record that can
+    /// still be read (the damaged bytes go to --backup-dir, which it requires).
+    #[arg(long)]
+    pub salvage: bool,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -50,8 +59,23 @@ pub fn run(args: Args, _global: Global) -> anyhow::Result<u8> {
             args.data.display()
         )));
     }
+    if args.salvage && args.backup_dir.is_none() {
+        return Err(ExitError::usage(
+            "--salvage needs --backup-dir DIR: the damaged bytes of every rewritten segment are copied there first".to_string(),
+        ));
+    }
     if args.dry_run {
         let plan = plan(&target).map_err(|e| ExitError::new(exit::IO, e.to_string()))?;
+        let salvage = if args.salvage {
+            let mut all = Vec::new();
+            for p in &target.partitions {
+                let s = plan_salvage(p).with_context(|| format!("checking {}", p.dir.display()))?;
+                all.push((label_of(&plan, &p.dir), s));
+            }
+            Some(all)
+        } else {
+            None
+        };
         // The exit code is what `verify` gives: a full check, which also sees what
         // the startup check trusts without reading (the middle of sealed segments).
         let mut verify = None;
@@ -60,7 +84,7 @@ pub fn run(args: Args, _global: Global) -> anyhow::Result<u8> {
                 .with_context(|| format!("checking {}", p.dir.display()))?;
             verify = verify.max(c.severity());
         }
-        print_plan(&plan, verify, args.json)?;
+        print_plan(&plan, verify, salvage.as_deref(), args.json)?;
         return Ok(exit_code(verify));
     }
     let _lock = if target.root_is_data_dir {
@@ -82,8 +106,30 @@ pub fn run(args: Args, _global: Global) -> anyhow::Result<u8> {
     }
     // Planned under the lock, so nothing changes between plan and execution.
     let plan = plan(&target).map_err(|e| ExitError::new(exit::IO, e.to_string()))?;
-    let report = execute(&RealStorage, &plan, args.backup_dir.as_deref())
+    let mut report = execute(&RealStorage, &plan, args.backup_dir.as_deref())
         .with_context(|| format!("recovery of {}", args.data.display()))?;
+    let mut salvaged = Vec::new();
+    if let (true, Some(dir)) = (args.salvage, args.backup_dir.as_deref()) {
+        let backup = Backup {
+            dir,
+            root: &target.root,
+        };
+        for p in &target.partitions {
+            let s = plan_salvage(p).with_context(|| format!("checking {}", p.dir.display()))?;
+            let done = execute_salvage(&RealStorage, &s, backup)
+                .with_context(|| format!("salvage in {}", p.dir.display()))?;
+            salvaged.push((label_of(&plan, &p.dir), done, s.not_salvaged));
+        }
+        // Damage a rewrite removed is no longer left in place.
+        let rewritten: Vec<&Path> = salvaged
+            .iter()
+            .flat_map(|(_, d, _)| d.iter().map(|x| x.salvage.files.log.as_path()))
+            .collect();
+        for p in &mut report.partitions {
+            p.corrupt
+                .retain(|d| !rewritten.contains(&d.problem.file.as_path()));
+        }
+    }
     // A full check afterwards (reads only): it also sees what the startup check
     // trusts without reading, so "consistent" means what `verify` would say.
     let mut after = Vec::new();
@@ -103,7 +149,7 @@ pub fn run(args: Args, _global: Global) -> anyhow::Result<u8> {
         })
     };
     after.retain(|x| !reported(x));
-    print_report(&plan, &report, &after, args.json)?;
+    print_report(&plan, &report, &after, &salvaged, args.json)?;
     let corrupt_after = after.iter().any(|x| x.severity == Severity::Corrupt);
     Ok(if report.is_consistent() && !corrupt_after {
         exit::OK
@@ -132,7 +178,84 @@ fn same_problem(a: &Problem, b: &Problem) -> bool {
     a.kind == b.kind && a.file == b.file && a.position == b.position
 }
 
-fn print_plan(plan: &RecoveryPlan, verify: Option<Severity>, as_json: bool) -> io::Result<()> {
+/// The label recovery gives the partition in `dir`.
+fn label_of(plan: &RecoveryPlan, dir: &Path) -> String {
+    plan.partitions
+        .iter()
+        .find(|p| p.dir == dir)
+        .map_or_else(|| relative(&plan.root, dir), |p| p.label.clone())
+}
+
+/// Lost offsets as text: `a..b` (b exclusive), or `from a`.
+fn lost_text(l: &LostOffsets) -> String {
+    match l.next {
+        Some(n) if n > l.first => format!("{}..={}", l.first, n - 1),
+        Some(_) => format!("none (resumes at {})", l.first),
+        None => format!("from {}", l.first),
+    }
+}
+
+fn salvage_line(
+    root: &Path,
+    label: &str,
+    s: &SegmentSalvage,
+    backups: &[PathBuf],
+    would: bool,
+) -> String {
+    let lost: Vec<String> = s.lost_offsets.iter().map(lost_text).collect();
+    let bytes: Vec<String> = s
+        .lost_bytes
+        .iter()
+        .map(|(f, t)| format!("{f}..{t}"))
+        .collect();
+    let mut line = format!(
+        "{label}: {}salvage {}: keep {} record(s) ({} of {} bytes){}; drop bytes {}; offsets lost {}",
+        if would { "would " } else { "" },
+        relative(root, &s.files.log),
+        s.records_kept,
+        s.new_len,
+        s.old_len,
+        if s.header_rebuilt {
+            format!(", header rebuilt (base {}, generation {})", s.files.base_offset, s.generation)
+        } else {
+            String::new()
+        },
+        bytes.join(", "),
+        if lost.is_empty() { "none".to_string() } else { lost.join(", ") },
+    );
+    if !backups.is_empty() {
+        let names: Vec<String> = backups.iter().map(|b| b.display().to_string()).collect();
+        let _ = write!(line, " [backup: {}]", names.join(", "));
+    }
+    line
+}
+
+fn salvage_json(root: &Path, label: &str, s: &SegmentSalvage, backups: &[PathBuf]) -> Value {
+    json!({
+        "partition": label,
+        "path": relative(root, &s.files.log),
+        "base_offset": s.files.base_offset,
+        "generation": s.generation,
+        "header_rebuilt": s.header_rebuilt,
+        "records_kept": s.records_kept,
+        "bytes_before": s.old_len,
+        "bytes_after": s.new_len,
+        "bytes_lost": s.lost_bytes.iter().map(|(f, t)| [f, t]).collect::<Vec<_>>(),
+        "offsets_lost": s.lost_offsets.iter().map(|l| json!({"first": l.first, "next": l.next})).collect::<Vec<_>>(),
+        "backups": backups.iter().map(|b| b.display().to_string()).collect::<Vec<_>>(),
+    })
+}
+
+fn not_salvaged_json(root: &Path, label: &str, n: &NotSalvaged) -> Value {
+    json!({ "partition": label, "path": relative(root, &n.log), "reason": n.reason })
+}
+
+fn print_plan(
+    plan: &RecoveryPlan,
+    verify: Option<Severity>,
+    salvage: Option<&[(String, SalvagePlan)]>,
+    as_json: bool,
+) -> io::Result<()> {
     let stdout = io::stdout();
     let mut out = io::BufWriter::new(stdout.lock());
     if as_json {
@@ -160,10 +283,44 @@ fn print_plan(plan: &RecoveryPlan, verify: Option<Severity>, as_json: bool) -> i
             "severity_after": if after_corrupt { "corrupt" } else { "clean" },
             "verify_severity": severity_name(verify),
         });
+        let mut v = v;
+        if let (Some(salvage), Some(obj)) = (salvage, v.as_object_mut()) {
+            let segs: Vec<Value> = salvage
+                .iter()
+                .flat_map(|(l, s)| {
+                    s.segments
+                        .iter()
+                        .map(move |x| salvage_json(&plan.root, l, x, &[]))
+                })
+                .collect();
+            let not: Vec<Value> = salvage
+                .iter()
+                .flat_map(|(l, s)| {
+                    s.not_salvaged
+                        .iter()
+                        .map(move |x| not_salvaged_json(&plan.root, l, x))
+                })
+                .collect();
+            obj.insert("salvage".into(), json!(segs));
+            obj.insert("not_salvaged".into(), json!(not));
+        }
         writeln!(out, "{v}")?;
     } else {
         for line in plan.lines() {
             writeln!(out, "{line}")?;
+        }
+        for (label, s) in salvage.unwrap_or(&[]) {
+            for x in &s.segments {
+                writeln!(out, "{}", salvage_line(&plan.root, label, x, &[], true))?;
+            }
+            for n in &s.not_salvaged {
+                writeln!(
+                    out,
+                    "{label}: cannot salvage {}: {}",
+                    relative(&plan.root, &n.log),
+                    n.reason
+                )?;
+            }
         }
         let quick = plan.severity_before().filter(|s| *s > Severity::Info);
         if verify.filter(|s| *s > Severity::Info) > quick {
@@ -177,10 +334,13 @@ fn print_plan(plan: &RecoveryPlan, verify: Option<Severity>, as_json: bool) -> i
     out.flush()
 }
 
+type SalvageDone = (String, Vec<Salvaged>, Vec<NotSalvaged>);
+
 fn print_report(
     plan: &RecoveryPlan,
     report: &RecoveryReport,
     after: &[Problem],
+    salvaged: &[SalvageDone],
     as_json: bool,
 ) -> io::Result<()> {
     let worst_after = after.iter().map(|x| x.severity).max();
@@ -214,10 +374,43 @@ fn print_report(
             "severity_after": severity_after,
             "problems_after": after.iter().map(|x| problem_json(&report.root, x)).collect::<Vec<_>>(),
         });
+        let mut v = v;
+        if let (false, Some(obj)) = (salvaged.is_empty(), v.as_object_mut()) {
+            let segs: Vec<Value> = salvaged
+                .iter()
+                .flat_map(|(l, d, _)| {
+                    d.iter()
+                        .map(move |x| salvage_json(&report.root, l, &x.salvage, &x.backups))
+                })
+                .collect();
+            let not: Vec<Value> = salvaged
+                .iter()
+                .flat_map(|(l, _, n)| n.iter().map(move |x| not_salvaged_json(&report.root, l, x)))
+                .collect();
+            obj.insert("salvaged".into(), json!(segs));
+            obj.insert("not_salvaged".into(), json!(not));
+        }
         writeln!(out, "{v}")?;
     } else {
         for line in report.lines() {
             writeln!(out, "{line}")?;
+        }
+        for (label, done, not) in salvaged {
+            for x in done {
+                writeln!(
+                    out,
+                    "{}",
+                    salvage_line(&report.root, label, &x.salvage, &x.backups, false)
+                )?;
+            }
+            for n in not {
+                writeln!(
+                    out,
+                    "{label}: cannot salvage {}: {}",
+                    relative(&report.root, &n.log),
+                    n.reason
+                )?;
+            }
         }
         for x in after {
             let hint = if x.severity == Severity::Corrupt {

@@ -57,6 +57,17 @@ pub enum EngineError {
     },
     #[error("data in {path} is corrupt: {detail}")]
     Corrupt { path: PathBuf, detail: String },
+    /// A fetch started at records that cannot be read: `first` is the first
+    /// unreadable offset, `next` the next readable one (`None`: none follows).
+    #[error("{}", damaged_message(topic, *partition, path, *first, *next, detail))]
+    RecordsDamaged {
+        topic: String,
+        partition: u32,
+        path: PathBuf,
+        first: u64,
+        next: Option<u64>,
+        detail: String,
+    },
     #[error("{path} is locked by a running broker or another tool")]
     Locked { path: PathBuf },
     #[error("the broker is shutting down")]
@@ -88,6 +99,38 @@ fn compaction_message(e: &CompactionError) -> String {
         }
         other => format!("invalid request: {other}"),
     }
+}
+
+/// The one line a client is told of damaged records; [`damaged_range`] reads the
+/// offsets back from it.
+fn damaged_message(
+    topic: &str,
+    partition: u32,
+    path: &std::path::Path,
+    first: u64,
+    next: Option<u64>,
+    detail: &str,
+) -> String {
+    let next = next.map_or_else(|| "none".to_string(), |n| n.to_string());
+    format!(
+        "damaged records in {topic}/{partition}: first unreadable offset {first}, next readable offset {next} ({}: {detail}); run `seglog recover --salvage --backup-dir DIR DATA` to keep every readable record",
+        path.display()
+    )
+}
+
+/// The first unreadable and the next readable offset named by the message of a
+/// [`EngineError::RecordsDamaged`] (as a client receives it), if it is one.
+pub fn damaged_range(message: &str) -> Option<(u64, Option<u64>)> {
+    let number_after = |tag: &str| -> Option<&str> {
+        let rest = message.split_once(tag)?.1;
+        rest.split(|c: char| !c.is_ascii_alphanumeric()).next()
+    };
+    let first = number_after("first unreadable offset ")?.parse().ok()?;
+    let next = match number_after("next readable offset ")? {
+        "none" => None,
+        n => Some(n.parse().ok()?),
+    };
+    Some((first, next))
 }
 
 /// `topic.json` at `path`: an I/O error names the file read, anything else is
@@ -173,11 +216,35 @@ mod tests {
                 },
             },
             EngineError::io("writing x", io::Error::other("disk full")),
+            EngineError::RecordsDamaged {
+                topic: "t".into(),
+                partition: 0,
+                path: "d/00000000000000000000.log".into(),
+                first: 7,
+                next: Some(9),
+                detail: "crc".into(),
+            },
         ];
         for e in errors {
             let text = e.to_string();
             assert!(!text.contains('\n'), "{text}");
             assert!(!text.is_empty());
         }
+    }
+
+    #[test]
+    fn damaged_range_reads_back_the_message() {
+        for next in [Some(12), None] {
+            let e = EngineError::RecordsDamaged {
+                topic: "t".into(),
+                partition: 3,
+                path: "d/x.log".into(),
+                first: 10,
+                next,
+                detail: "crc mismatch at position 5".into(),
+            };
+            assert_eq!(damaged_range(&e.to_string()), Some((10, next)));
+        }
+        assert_eq!(damaged_range("data in x is corrupt"), None);
     }
 }

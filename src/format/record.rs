@@ -339,6 +339,27 @@ pub fn decode_record(
     })
 }
 
+/// The `offset` field of a record starting at `buf[0]`, read without checking the
+/// record: lets a reader looking for the next record after damage skip positions
+/// whose claimed offset cannot be the one it wants before decoding them.
+pub fn peek_offset(buf: &[u8]) -> Option<u64> {
+    be_u64(buf, OFFSET_AT)
+}
+
+/// The low 32 bits of the generation a structurally whole record at `buf[0]` was
+/// written with, read back from its CRC (`stored_crc XOR crc(payload)`): the
+/// generation of a segment whose header is lost. `None` when the bytes are not a
+/// whole record.
+pub fn record_generation(buf: &[u8]) -> Option<u32> {
+    match decode_record(buf, 0, 0) {
+        Ok(_) => Some(0),
+        Err(RecordError::CrcMismatch {
+            stored, computed, ..
+        }) => Some(stored ^ computed),
+        Err(_) => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

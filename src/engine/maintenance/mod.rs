@@ -9,6 +9,7 @@ pub mod check;
 pub mod compaction;
 pub mod recovery;
 pub mod reindex;
+pub mod salvage;
 
 use std::io;
 use std::path::Path;

@@ -30,7 +30,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::engine::error::{EngineError, FailureReason};
 use crate::engine::storage::io::{Storage, StorageFile, StorageRef};
-use crate::engine::storage::reader::{read_header, scan_segment, RecordReader, ScanEnd};
+use crate::engine::storage::reader::{read_header, resync, scan_segment, RecordReader, ScanEnd};
 use crate::format::index::{decode_index, lookup};
 use crate::format::names::{
     classify_partition_file, index_file_name, log_file_name, PartitionFile,

@@ -91,7 +91,9 @@ pub(super) fn checked_header(
         .map_err(|e| EngineError::io(format!("reading {}", path.display()), e))?
         .map_err(|e| EngineError::Corrupt {
             path: path.to_path_buf(),
-            detail: e.to_string(),
+            detail: format!(
+                "{e}; run `seglog recover --salvage --backup-dir DIR DATA` to rebuild it from its records"
+            ),
         })?;
     if header.base_offset != base {
         return Err(EngineError::Corrupt {

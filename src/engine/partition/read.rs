@@ -1,5 +1,7 @@
 //! The read path: durable records only, read by the storage's one record reader
-//! (large positional windows) through the segment's own file handle.
+//! (large positional windows) through the segment's own file handle. Damage in a
+//! segment hides nothing before it: a fetch returns the records before damaged ones,
+//! and only a fetch starting inside the damaged range gets an error naming it.
 
 use super::*;
 
@@ -92,7 +94,23 @@ impl PartitionLog {
         let mut next = offset;
         let mut last = None;
         while let Some(seg) = segs.get(i) {
-            let out = read_segment(seg, next, left, chunks.is_empty())?;
+            let next_base = segs.get(i + 1).map(|s| s.base_offset);
+            let out = read_segment_around(seg, next, left, chunks.is_empty(), next_base)?;
+            let damaged = out.damage.is_some();
+            if let Some(d) = out.damage.filter(|_| out.last_offset.is_none()) {
+                if !chunks.is_empty() {
+                    // The records before the damage are this fetch's answer.
+                    break;
+                }
+                return Err(EngineError::RecordsDamaged {
+                    topic: self.topic.clone(),
+                    partition: self.partition,
+                    path: seg.path.clone(),
+                    first: d.first,
+                    next: d.next,
+                    detail: d.detail,
+                });
+            }
             if let Some(l) = out.last_offset {
                 left = left.saturating_sub(out.bytes.len() as u64);
                 next = l + 1;
@@ -102,7 +120,7 @@ impl PartitionLog {
                     bytes: out.bytes,
                 });
             }
-            if out.budget_hit {
+            if out.budget_hit || damaged {
                 break;
             }
             i += 1;
@@ -117,16 +135,45 @@ pub(super) struct SegmentRead {
     pub(super) last_offset: Option<u64>,
     /// Stopped because the next record did not fit the budget.
     pub(super) budget_hit: bool,
+    /// Stopped at damage: the records before it are in `bytes`.
+    pub(super) damage: Option<SegmentDamage>,
 }
 
-/// Reads whole records with offsets ≥ `offset` from one segment, up to its readable
-/// end: index lookup, then the storage's record reader from the entry, through the
-/// segment's own file handle, in reads of about the budget.
+/// Records of a segment that cannot be read: from `first` up to `next`, the offset
+/// where reading resumes (`None`: no record follows in the log).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct SegmentDamage {
+    pub(super) first: u64,
+    pub(super) next: Option<u64>,
+    pub(super) detail: String,
+}
+
+/// [`read_segment_around`] with no next segment known.
+#[cfg(test)]
 pub(super) fn read_segment(
     seg: &Segment,
     offset: u64,
     budget: u64,
     take_one: bool,
+) -> Result<SegmentRead, EngineError> {
+    read_segment_around(seg, offset, budget, take_one, None)
+}
+
+/// Reads whole records with offsets ≥ `offset` from one segment, up to its readable
+/// end: index lookup, then the storage's record reader from the entry, through the
+/// segment's own file handle, in reads of about the budget.
+///
+/// Damage does not hide the records before it: they are returned with the damage
+/// noted. When no record at or after `offset` precedes the damage, the reader
+/// resynchronises after it ([`resync`], bounded by `next_base`, the next segment's
+/// base): if `offset` lies beyond the resync point the read goes on from there,
+/// otherwise `offset` is in the damaged range and the damage is all it returns.
+pub(super) fn read_segment_around(
+    seg: &Segment,
+    offset: u64,
+    budget: u64,
+    take_one: bool,
+    next_base: Option<u64>,
 ) -> Result<SegmentRead, EngineError> {
     let limit = seg.readable_end.load(Ordering::Acquire);
     let rel = offset.saturating_sub(seg.base_offset);
@@ -134,32 +181,77 @@ pub(super) fn read_segment(
         &seg.index.read().unwrap_or_else(PoisonError::into_inner),
         rel,
     );
-    let start = entry
+    let mut start = entry
         .map_or(HEADER_LEN as u64, |e| e.position)
         .max(HEADER_LEN as u64);
+    // The first offset the reader may meet: the entry's, else the base.
+    let mut first_possible = entry.map_or(seg.base_offset, |e| {
+        seg.base_offset.saturating_add(e.relative_offset)
+    });
     let read_bytes = (budget + INDEX_INTERVAL_BYTES).max(FETCH_READ_MIN_BYTES);
     let window = usize::try_from(read_bytes).unwrap_or(usize::MAX);
-    let mut reader =
-        RecordReader::with_window(&seg.file, seg.generation, start, limit, window).strict_limit();
-    let mut bytes = Vec::new();
-    let copied = reader
-        .copy_records(offset, budget, take_one, &mut bytes)
-        .map_err(|e| EngineError::io(format!("reading {}", seg.path.display()), e))?;
-    let corrupt = |detail: String| EngineError::Corrupt {
-        path: seg.path.clone(),
-        detail,
-    };
-    if reader.file_short() {
-        return Err(corrupt(format!(
-            "file ends before its durable data does ({limit} bytes)"
-        )));
+    let io_err = |e| EngineError::io(format!("reading {}", seg.path.display()), e);
+    loop {
+        let mut reader = RecordReader::with_window(&seg.file, seg.generation, start, limit, window)
+            .strict_limit();
+        let mut bytes = Vec::new();
+        let copied = reader
+            .copy_records(offset, budget, take_one, &mut bytes)
+            .map_err(io_err)?;
+        if reader.file_short() {
+            return Err(EngineError::Corrupt {
+                path: seg.path.clone(),
+                detail: format!("file ends before its durable data does ({limit} bytes)"),
+            });
+        }
+        let Some(end) = copied.end else {
+            return Ok(SegmentRead {
+                bytes,
+                last_offset: copied.last_offset,
+                budget_hit: copied.budget_hit,
+                damage: None,
+            });
+        };
+        let first = copied
+            .last_seen
+            .map_or(first_possible, |o| o.saturating_add(1));
+        if copied.last_offset.is_some() {
+            return Ok(SegmentRead {
+                bytes,
+                last_offset: copied.last_offset,
+                budget_hit: copied.budget_hit,
+                damage: Some(SegmentDamage {
+                    first,
+                    next: None,
+                    detail: end.to_string(),
+                }),
+            });
+        }
+        let found = resync(
+            &seg.file,
+            seg.generation,
+            end.position().saturating_add(1),
+            limit,
+            first,
+            next_base,
+        )
+        .map_err(io_err)?;
+        if let Some(r) = found.filter(|r| r.offset <= offset) {
+            // `offset` lies after the damage: read on from where records resume.
+            start = r.position;
+            first_possible = r.offset;
+            continue;
+        }
+        let next = found.map(|r| r.offset).or(next_base);
+        return Ok(SegmentRead {
+            bytes,
+            last_offset: copied.last_offset,
+            budget_hit: copied.budget_hit,
+            damage: Some(SegmentDamage {
+                first,
+                next,
+                detail: end.to_string(),
+            }),
+        });
     }
-    if let Some(e) = copied.end {
-        return Err(corrupt(e.to_string()));
-    }
-    Ok(SegmentRead {
-        bytes,
-        last_offset: copied.last_offset,
-        budget_hit: copied.budget_hit,
-    })
 }

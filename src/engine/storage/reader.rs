@@ -10,7 +10,8 @@ use std::path::Path;
 
 use super::map::SealedMap;
 use crate::format::record::{
-    decode_record, len_prefix, LenPrefix, RecordError, RecordView, LEN_FIELD, MAX_RECORD_LEN,
+    decode_record, len_prefix, peek_offset, LenPrefix, RecordError, RecordView, LEN_FIELD,
+    MAX_RECORD_LEN,
 };
 use crate::format::{HeaderError, IndexBuilder, IndexEntry, SegmentHeader, HEADER_LEN};
 
@@ -65,6 +66,8 @@ pub enum Next<'a> {
 pub struct Copied {
     /// Offset of the last record copied.
     pub last_offset: Option<u64>,
+    /// Offset of the last valid record read, copied or read over.
+    pub last_seen: Option<u64>,
     /// Stopped at a record that did not fit the budget; the reader is left at it.
     pub budget_hit: bool,
     /// Why the data ended before the limit, when it did.
@@ -246,6 +249,7 @@ impl<'f> RecordReader<'f> {
                 copied.last_offset = Some(record.offset);
                 out.extend_from_slice(avail.get(..len).unwrap_or(&[]));
             }
+            copied.last_seen = Some(record.offset);
             self.used += len;
         }
     }
@@ -361,6 +365,86 @@ fn avail_of<'a>(
         }
         None => buf.get(used..filled).unwrap_or(&[]),
     }
+}
+
+/// Where the records of a segment resume after damage.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Resync {
+    /// Position of the first record found.
+    pub position: u64,
+    pub offset: u64,
+}
+
+/// Bytes of a candidate record needed to read its claimed offset.
+const RESYNC_PEEK_BYTES: usize = 12;
+
+/// The one resynchronisation after damage, used by fetch, dump, the check and
+/// salvage alike (docs/FORMAT.md, Recovery): the first position in `from..limit`
+/// where a whole record decodes, passes its CRC with `generation`, and has an offset
+/// in `min_offset..max_offset` (`max_offset`: the next segment's base, exclusive;
+/// `None`: no bound). `None` when no such position exists before `limit`.
+///
+/// Every position is tried, so a record is found whatever the damage did to the
+/// lengths before it; the offset bound is checked first, which skips nearly every
+/// position of random bytes without decoding it.
+pub fn resync(
+    file: &File,
+    generation: u64,
+    from: u64,
+    limit: u64,
+    min_offset: u64,
+    max_offset: Option<u64>,
+) -> io::Result<Option<Resync>> {
+    let mut buf: Vec<u8> = Vec::new();
+    let mut buf_pos = from;
+    let mut pos = from;
+    let mut big: Vec<u8> = Vec::new();
+    while pos < limit {
+        let at = usize::try_from(pos - buf_pos).unwrap_or(usize::MAX);
+        let buf_end = buf_pos + buf.len() as u64;
+        if buf.len().saturating_sub(at) < RESYNC_PEEK_BYTES && buf_end < limit {
+            let want = usize::try_from((limit - pos).min(SCAN_WINDOW_BYTES as u64))
+                .unwrap_or(SCAN_WINDOW_BYTES);
+            buf.resize(want, 0);
+            let n = read_full_at(file, &mut buf, pos)?;
+            buf.truncate(n);
+            buf_pos = pos;
+            if n == 0 {
+                break;
+            }
+            continue;
+        }
+        let avail = buf.get(at..).unwrap_or(&[]);
+        let in_range =
+            peek_offset(avail).is_some_and(|o| o >= min_offset && max_offset.is_none_or(|m| o < m));
+        if in_range {
+            match decode_record(avail, pos, generation) {
+                Ok(r) => {
+                    return Ok(Some(Resync {
+                        position: pos,
+                        offset: r.offset,
+                    }))
+                }
+                Err(RecordError::Truncated { needed, .. }) if buf_end < limit => {
+                    // The claimed record runs past the buffer: read it whole.
+                    let room = limit - pos;
+                    if needed <= room && needed <= RECORD_BUFFER_MAX as u64 {
+                        big.resize(usize::try_from(needed).unwrap_or(0), 0);
+                        let n = read_full_at(file, &mut big, pos)?;
+                        if let Ok(r) = decode_record(big.get(..n).unwrap_or(&[]), pos, generation) {
+                            return Ok(Some(Resync {
+                                position: pos,
+                                offset: r.offset,
+                            }));
+                        }
+                    }
+                }
+                Err(_) => {}
+            }
+        }
+        pos += 1;
+    }
+    Ok(None)
 }
 
 /// Why a scan stopped before the end of the file.
