@@ -760,7 +760,7 @@ pub fn engine_error(e: EngineError) -> (ErrorCode, String) {
         EngineError::InvalidRequest { .. } => ErrorCode::INVALID_REQUEST,
         EngineError::PartitionFailed { .. } => ErrorCode::PARTITION_FAILED,
         EngineError::PartitionUnavailable { .. } => ErrorCode::PARTITION_UNAVAILABLE,
-        EngineError::Corrupt { .. } => ErrorCode::CORRUPT_DATA,
+        EngineError::Corrupt { .. } | EngineError::TopicOffline { .. } => ErrorCode::CORRUPT_DATA,
         EngineError::ShuttingDown => ErrorCode::SHUTTING_DOWN,
         EngineError::Io { .. } => ErrorCode::STORAGE,
         EngineError::Recovery { .. } => ErrorCode::CORRUPT_DATA,

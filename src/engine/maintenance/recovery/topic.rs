@@ -46,7 +46,13 @@ impl TopicReport {
 /// Plans the topic level of a target from [`topic_problems`]. Reads only.
 pub fn plan_topics(target: &Target) -> Vec<TopicPlan> {
     let mut out: Vec<TopicPlan> = Vec::new();
-    for tp in topic_problems(target) {
+    let damaged = |topic: &Option<String>| {
+        target
+            .topics
+            .iter()
+            .any(|t| Some(&t.topic) == topic.as_ref() && !t.issues.is_empty())
+    };
+    for mut tp in topic_problems(target) {
         let i = match out.iter().position(|p| p.topic == tp.topic) {
             Some(i) => i,
             None => {
@@ -59,7 +65,13 @@ pub fn plan_topics(target: &Target) -> Vec<TopicPlan> {
             }
         };
         let Some(plan) = out.get_mut(i) else { continue };
-        if tp.problem.kind == ProblemKind::LeftoverTempFile {
+        if tp.problem.kind == ProblemKind::LeftoverTempFile && damaged(&tp.topic) {
+            // It may hold the only copy of the lost metadata: left for the operator.
+            tp.problem.detail =
+                "temporary file of an atomic replace, left in place while the topic is offline"
+                    .to_string();
+            plan.offline.push(tp.problem);
+        } else if tp.problem.kind == ProblemKind::LeftoverTempFile {
             plan.actions.push(Action::RemoveTempFile {
                 bytes: file_len(&tp.problem.file),
                 path: tp.problem.file,
