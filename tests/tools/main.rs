@@ -24,4 +24,5 @@ mod make_fixtures;
 mod man;
 mod recover;
 mod release_build;
+mod topic_meta;
 mod vectors;
