@@ -16,11 +16,11 @@ use crate::engine::maintenance::recovery::{
     execute, plan, plan_topic_rebuild, rebuild_topic_json, relative, Action, ActionDone, Damage,
     PartitionPlan, PartitionReport, RecoveryPlan, RecoveryReport, TopicRebuild,
 };
-use crate::engine::storage::layout::Target;
-use crate::format::names::{validate_name, TOPICS_DIR};
 use crate::engine::storage::io::RealStorage;
+use crate::engine::storage::layout::Target;
 use crate::engine::storage::layout::TargetKind;
 use crate::engine::storage::lock::{DirLock, LockError};
+use crate::format::names::{validate_name, TOPICS_DIR};
 
 /// Arguments of `seglog recover`.
 #[derive(Debug, clap::Args)]

@@ -172,7 +172,13 @@ mod tests {
         let name = atomic_tmp_file_name("topic.json", 12, 3);
         assert_eq!(name, ".topic.json.12.3.tmp");
         assert!(is_atomic_tmp_file_name(&name));
-        for other in ["topic.json", ".topic.json.tmp", ".x.1.tmp", "x.1.2.tmp", ".x.a.2.tmp"] {
+        for other in [
+            "topic.json",
+            ".topic.json.tmp",
+            ".x.1.tmp",
+            "x.1.2.tmp",
+            ".x.a.2.tmp",
+        ] {
             assert!(!is_atomic_tmp_file_name(other), "{other}");
         }
     }

@@ -11,8 +11,14 @@ fn a_topic_with_damaged_metadata_is_offline_and_the_others_are_served() {
     for (name, problem) in [
         ("topic-json-missing", "topic.json is missing"),
         ("topic-json-truncated", "topic.json cannot be used"),
-        ("topic-too-few-partitions", "partition directory 2 is outside"),
-        ("topic-too-many-partitions", "partition directory 2 of the 4"),
+        (
+            "topic-too-few-partitions",
+            "partition directory 2 is outside",
+        ),
+        (
+            "topic-too-many-partitions",
+            "partition directory 2 of the 4",
+        ),
     ] {
         let tmp = tempfile::tempdir().unwrap();
         let data = tmp.path().join(name);
@@ -22,8 +28,14 @@ fn a_topic_with_damaged_metadata_is_offline_and_the_others_are_served() {
 
         let list = b.ok(&["topics", "list"]);
         assert!(list.lines().any(|l| l == "users"), "{name}: {list}");
-        let events = list.lines().find(|l| l.starts_with("events ")).unwrap_or("");
-        assert!(events.contains("offline") && events.contains(problem), "{name}: {list}");
+        let events = list
+            .lines()
+            .find(|l| l.starts_with("events "))
+            .unwrap_or("");
+        assert!(
+            events.contains("offline") && events.contains(problem),
+            "{name}: {list}"
+        );
 
         for args in [
             &["topics", "describe", "events"][..],
@@ -35,7 +47,10 @@ fn a_topic_with_damaged_metadata_is_offline_and_the_others_are_served() {
             let out = b.run(args);
             let err = String::from_utf8_lossy(&out.stderr).into_owned();
             assert_ne!(out.status.code(), Some(0), "{name}: {args:?} succeeded");
-            assert!(err.contains("offline") && err.contains(problem), "{name}: {args:?}: {err}");
+            assert!(
+                err.contains("offline") && err.contains(problem),
+                "{name}: {args:?}: {err}"
+            );
             assert!(err.contains("corrupt_data"), "{name}: {args:?}: {err}");
             assert_eq!(err.trim_end().lines().count(), 1, "{name}: {args:?}: {err}");
         }

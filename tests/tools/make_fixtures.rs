@@ -315,16 +315,23 @@ fn make_meta(root: &Path) {
     clean(&d("topic-too-few-partitions"));
     let dir = events("topic-too-few-partitions");
     for p in [2u64, 3] {
-        let recs: Vec<Rec> = (0..5).map(|i| event(100 * p + i)).map(|mut r| {
-            r.offset -= 100 * p;
-            r
-        }).collect();
+        let recs: Vec<Rec> = (0..5)
+            .map(|i| event(100 * p + i))
+            .map(|mut r| {
+                r.offset -= 100 * p;
+                r
+            })
+            .collect();
         write_partition(&dir.join(p.to_string()), &segments(&recs, 5, &[0]));
     }
 
     // "partitions": 4, directories 0-1 on disk.
     clean(&d("topic-too-many-partitions"));
-    fs::write(events("topic-too-many-partitions").join("topic.json"), meta(4)).unwrap();
+    fs::write(
+        events("topic-too-many-partitions").join("topic.json"),
+        meta(4),
+    )
+    .unwrap();
 }
 
 /// Every file below `dir`, relative, with its bytes.

@@ -81,8 +81,10 @@ fn verify_and_recover_report_the_topic_and_leave_its_files() {
                 )
             })
             .collect();
-        let want: Vec<(String, String)> =
-            want.iter().map(|(k, p)| (k.to_string(), p.to_string())).collect();
+        let want: Vec<(String, String)> = want
+            .iter()
+            .map(|(k, p)| (k.to_string(), p.to_string()))
+            .collect();
         assert_eq!(got, want, "{name}: problems");
         // The other topic is checked in full, and clean.
         let parts = v["partitions"].as_array().unwrap();
@@ -102,7 +104,11 @@ fn verify_and_recover_report_the_topic_and_leave_its_files() {
         let offline = v["offline_topics"].as_array().unwrap();
         assert_eq!(offline.len(), want.len(), "{name}: {v:#}");
         assert!(offline.iter().all(|p| p["topic"] == "events"));
-        assert_eq!(events_files(&data), before, "{name}: files of events changed");
+        assert_eq!(
+            events_files(&data),
+            before,
+            "{name}: files of events changed"
+        );
     }
 }
 
@@ -126,13 +132,22 @@ fn rebuild_topic_json_takes_the_count_on_disk() {
     ] {
         let (_tmp, data) = copy(name);
         let (code, v) = json(
-            &["recover", "--dry-run", "--json", "--rebuild-topic-json", "events"],
+            &[
+                "recover",
+                "--dry-run",
+                "--json",
+                "--rebuild-topic-json",
+                "events",
+            ],
             &data,
         );
         assert_eq!(code, 2, "{name}: dry run {v:#}");
         assert_eq!(v["rebuild_topic_json"]["partitions"], partitions, "{name}");
         assert_eq!(v["rebuild_topic_json"]["done"], false);
-        let (code, v) = json(&["recover", "--json", "--rebuild-topic-json", "events"], &data);
+        let (code, v) = json(
+            &["recover", "--json", "--rebuild-topic-json", "events"],
+            &data,
+        );
         assert_eq!(code, 0, "{name}: recover {v:#}");
         assert_eq!(v["rebuild_topic_json"]["partitions"], partitions, "{name}");
         assert_eq!(v["rebuild_topic_json"]["config"], "default");
@@ -154,7 +169,12 @@ fn rebuild_topic_json_takes_the_count_on_disk() {
 fn rebuild_topic_json_of_an_unknown_topic_is_a_usage_error() {
     let (_tmp, data) = copy("topic-json-missing");
     let (code, _, err) = run(
-        &["recover", "--rebuild-topic-json", "nope", data.to_str().unwrap()],
+        &[
+            "recover",
+            "--rebuild-topic-json",
+            "nope",
+            data.to_str().unwrap(),
+        ],
         &data,
     );
     assert_eq!(code, 64, "{err}");
@@ -206,7 +226,10 @@ fn a_temp_file_in_an_offline_topic_is_left_in_place() {
     fs::write(&tmp, b"{\"partitions\": 2}").unwrap();
     let (code, v) = json(&["recover", "--json"], &data);
     assert_eq!(code, 2, "{v:#}");
-    assert!(tmp.exists(), "the temp file of an offline topic was removed");
+    assert!(
+        tmp.exists(),
+        "the temp file of an offline topic was removed"
+    );
 }
 
 #[test]

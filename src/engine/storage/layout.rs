@@ -157,7 +157,9 @@ impl TopicListing {
     /// The partition count a rebuilt `topic.json` takes: one more than the highest
     /// partition directory on disk (at least 1).
     pub fn count_on_disk(&self) -> u32 {
-        self.partition_dirs.last().map_or(1, |&p| p.saturating_add(1))
+        self.partition_dirs
+            .last()
+            .map_or(1, |&p| p.saturating_add(1))
     }
 }
 
@@ -255,8 +257,7 @@ fn atomic_temp_files(dir: &Path) -> Result<Vec<PathBuf>, LayoutError> {
     }
     for entry in fs::read_dir(dir).map_err(io_err(dir))? {
         let entry = entry.map_err(io_err(dir))?;
-        if is_atomic_tmp_file_name(&entry.file_name().to_string_lossy()) && entry.path().is_file()
-        {
+        if is_atomic_tmp_file_name(&entry.file_name().to_string_lossy()) && entry.path().is_file() {
             out.push(entry.path());
         }
     }

@@ -61,8 +61,8 @@ pub use execute::execute;
 use plan::*;
 pub use plan::{plan, plan_partition};
 pub use topic::{
-    execute_topic, plan_topic_rebuild, plan_topics, rebuild_topic_json, RebuildError,
-    TopicPlan, TopicRebuild, TopicReport,
+    execute_topic, plan_topic_rebuild, plan_topics, rebuild_topic_json, RebuildError, TopicPlan,
+    TopicRebuild, TopicReport,
 };
 
 /// What recovery will do to a partition, planned from a read-only check.
@@ -396,7 +396,10 @@ impl RecoveryReport {
 
     /// Number of actions done.
     pub fn action_count(&self) -> usize {
-        self.partitions.iter().map(|p| p.actions.len()).sum::<usize>()
+        self.partitions
+            .iter()
+            .map(|p| p.actions.len())
+            .sum::<usize>()
             + self.topics.iter().map(|t| t.actions.len()).sum::<usize>()
     }
 
@@ -458,7 +461,10 @@ impl RecoveryReport {
 impl RecoveryPlan {
     /// Number of actions planned.
     pub fn action_count(&self) -> usize {
-        self.partitions.iter().map(|p| p.actions.len()).sum::<usize>()
+        self.partitions
+            .iter()
+            .map(|p| p.actions.len())
+            .sum::<usize>()
             + self.topics.iter().map(|t| t.actions.len()).sum::<usize>()
     }
 

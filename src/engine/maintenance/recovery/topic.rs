@@ -203,10 +203,8 @@ pub fn rebuild_topic_json(
         config: TopicConfig::default(),
     };
     let dir = rebuild.path.parent().unwrap_or(Path::new("."));
-    write_file_atomic(storage, dir, TOPIC_FILE, &meta.encode()).map_err(|source| {
-        RebuildError::Io {
-            path: rebuild.path.clone(),
-            source,
-        }
+    write_file_atomic(storage, dir, TOPIC_FILE, &meta.encode()).map_err(|source| RebuildError::Io {
+        path: rebuild.path.clone(),
+        source,
     })
 }
