@@ -8,20 +8,24 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use serde_json::{json, Value};
 
-use super::verify::{exit_code, resolve_target, severity_name};
+use super::verify::{exit_code, resolve_target, severity_name, topic_problem_json};
 use super::{exit, ExitError, Global};
-use crate::engine::maintenance::check::{check_partition, CheckMode, Problem, Severity};
+use crate::engine::maintenance::check::{
+    check_partition, topic_problems, CheckMode, Problem, Severity,
+};
 use crate::engine::maintenance::recovery::Backup;
 use crate::engine::maintenance::recovery::{
-    execute, plan, relative, Action, ActionDone, Damage, PartitionPlan, PartitionReport,
-    RecoveryPlan, RecoveryReport,
+    execute, plan, plan_topic_rebuild, rebuild_topic_json, relative, Action, ActionDone, Damage,
+    PartitionPlan, PartitionReport, RecoveryPlan, RecoveryReport, TopicRebuild,
 };
 use crate::engine::maintenance::salvage::{
     execute_salvage, plan_salvage, LostOffsets, NotSalvaged, SalvagePlan, Salvaged, SegmentSalvage,
 };
 use crate::engine::storage::io::RealStorage;
+use crate::engine::storage::layout::Target;
 use crate::engine::storage::layout::TargetKind;
 use crate::engine::storage::lock::{DirLock, LockError};
+use crate::format::names::{validate_name, TOPICS_DIR};
 
 /// Arguments of `seglog recover`.
 #[derive(Debug, clap::Args)]
@@ -29,9 +33,13 @@ use crate::engine::storage::lock::{DirLock, LockError};
     after_help = "Runs exactly the recovery the broker runs at startup (docs/FORMAT.md, Recovery) \
 and reports every action with its file, byte range and offsets. Every action is idempotent: \
 a second run finds nothing to do.\n\n\
+A topic whose topic.json is missing or unreadable, or whose partition directories do not \
+match its count, is reported and left alone (the broker keeps it offline); \
+--rebuild-topic-json TOPIC writes a new topic.json for it. Leftover temporary files of \
+atomic replaces are removed.\n\n\
 Exit: 0 consistent afterwards; 2 corruption remains (left in place for an operator); \
-73 DATA/LOCK is held; 74 I/O error. With --dry-run: the code `verify` gives \
-(0 clean, 1 repairable, 2 corrupt)."
+64 not a seglog data directory (nothing is created there); 73 DATA/LOCK is held; \
+74 I/O error. With --dry-run: the code `verify` gives (0 clean, 1 repairable, 2 corrupt)."
 )]
 pub struct Args {
     /// The data directory (a topic or partition directory also works).
@@ -49,6 +57,12 @@ pub struct Args {
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
+    /// Write TOPIC's topic.json anew, with the default configuration and the partition
+    /// count found on disk (one more than the highest partition directory), replacing
+    /// a missing, unreadable or wrong one; then recover as usual. The topic's old
+    /// configuration is lost: set it again with `seglog topics alter`.
+    #[arg(long, value_name = "TOPIC")]
+    pub rebuild_topic_json: Option<String>,
 }
 
 pub fn run(args: Args, _global: Global) -> anyhow::Result<u8> {
@@ -64,6 +78,10 @@ pub fn run(args: Args, _global: Global) -> anyhow::Result<u8> {
             "--salvage needs --backup-dir DIR: the damaged bytes of every rewritten segment are copied there first".to_string(),
         ));
     }
+    let mut rebuild = match &args.rebuild_topic_json {
+        Some(topic) => Some(plan_rebuild(&target, topic)?),
+        None => None,
+    };
     if args.dry_run {
         let plan = plan(&target).map_err(|e| ExitError::new(exit::IO, e.to_string()))?;
         let salvage = if args.salvage {
@@ -78,13 +96,23 @@ pub fn run(args: Args, _global: Global) -> anyhow::Result<u8> {
         };
         // The exit code is what `verify` gives: a full check, which also sees what
         // the startup check trusts without reading (the middle of sealed segments).
-        let mut verify = None;
+        let mut verify = topic_problems(&target)
+            .iter()
+            .map(|t| t.problem.severity)
+            .max();
         for p in &target.partitions {
             let c = check_partition(p, CheckMode::Full)
                 .with_context(|| format!("checking {}", p.dir.display()))?;
             verify = verify.max(c.severity());
         }
-        print_plan(&plan, verify, salvage.as_deref(), args.json)?;
+        print_plan(
+            &plan,
+            &target,
+            rebuild.as_ref(),
+            verify,
+            salvage.as_deref(),
+            args.json,
+        )?;
         return Ok(exit_code(verify));
     }
     let _lock = if target.root_is_data_dir {
@@ -104,6 +132,17 @@ pub fn run(args: Args, _global: Global) -> anyhow::Result<u8> {
             )));
         }
     }
+    let target = match rebuild.take() {
+        Some(r) => {
+            // Planned again under the lock; written before recovery plans the rest.
+            let r = plan_rebuild(&target, &r.topic)?;
+            rebuild_topic_json(&RealStorage, &r)
+                .map_err(|e| ExitError::new(exit::IO, e.to_string()))?;
+            rebuild = Some(r);
+            resolve_target(&args.data)?
+        }
+        None => target,
+    };
     // Planned under the lock, so nothing changes between plan and execution.
     let plan = plan(&target).map_err(|e| ExitError::new(exit::IO, e.to_string()))?;
     let mut report = execute(&RealStorage, &plan, args.backup_dir.as_deref())
@@ -149,7 +188,14 @@ pub fn run(args: Args, _global: Global) -> anyhow::Result<u8> {
         })
     };
     after.retain(|x| !reported(x));
-    print_report(&plan, &report, &after, &salvaged, args.json)?;
+    print_report(
+        &plan,
+        &report,
+        rebuild.as_ref(),
+        &after,
+        &salvaged,
+        args.json,
+    )?;
     let corrupt_after = after.iter().any(|x| x.severity == Severity::Corrupt);
     Ok(if report.is_consistent() && !corrupt_after {
         exit::OK
@@ -172,6 +218,39 @@ fn absolute(path: &Path) -> PathBuf {
         .join(name),
         _ => path.to_path_buf(),
     }
+}
+
+/// The rebuild of `topic`'s `topic.json`: only in a data directory, for a topic
+/// directory that exists.
+fn plan_rebuild(target: &Target, topic: &str) -> anyhow::Result<TopicRebuild> {
+    if !target.root_is_data_dir || target.kind != TargetKind::DataDir {
+        return Err(ExitError::usage(
+            "--rebuild-topic-json needs the data directory as the path".to_string(),
+        ));
+    }
+    validate_name(topic).map_err(|e| ExitError::usage(format!("--rebuild-topic-json: {e}")))?;
+    let dir = target.root.join(TOPICS_DIR).join(topic);
+    if !dir.is_dir() {
+        return Err(ExitError::usage(format!(
+            "--rebuild-topic-json: no topic directory {}",
+            dir.display()
+        )));
+    }
+    plan_topic_rebuild(&dir).map_err(|e| ExitError::new(exit::IO, e.to_string()))
+}
+
+fn rebuild_json(root: &Path, r: &TopicRebuild, done: bool) -> Value {
+    json!({
+        "topic": r.topic,
+        "path": relative(root, &r.path),
+        "partitions": r.partitions,
+        "partition_dirs": r.partition_dirs,
+        "existed": r.existed,
+        "replaced_partitions": r.replaced.as_ref().map(|m| m.partitions),
+        "config": "default",
+        "done": done,
+        "description": r.describe(root),
+    })
 }
 
 fn same_problem(a: &Problem, b: &Problem) -> bool {
@@ -252,6 +331,8 @@ fn not_salvaged_json(root: &Path, label: &str, n: &NotSalvaged) -> Value {
 
 fn print_plan(
     plan: &RecoveryPlan,
+    target: &Target,
+    rebuild: Option<&TopicRebuild>,
     verify: Option<Severity>,
     salvage: Option<&[(String, SalvagePlan)]>,
     as_json: bool,
@@ -260,6 +341,11 @@ fn print_plan(
     let mut out = io::BufWriter::new(stdout.lock());
     if as_json {
         let mut actions = Vec::new();
+        for t in &plan.topics {
+            for a in &t.actions {
+                actions.push(action_json(&plan.root, t.label(), a, &[]));
+            }
+        }
         for p in &plan.partitions {
             for a in &p.actions {
                 actions.push(action_json(&plan.root, &p.label, a, &[]));
@@ -270,15 +356,23 @@ fn print_plan(
             .iter()
             .map(|p| plan_partition_json(&plan.root, p))
             .collect();
-        let after_corrupt = plan
-            .partitions
+        let after_corrupt = plan.has_offline_topics()
+            || plan
+                .partitions
+                .iter()
+                .any(|p| !p.corrupt.is_empty() || !p.not_joined.is_empty() || p.refuses_writes);
+        let offline: Vec<Value> = topic_problems(target)
             .iter()
-            .any(|p| !p.corrupt.is_empty() || !p.not_joined.is_empty() || p.refuses_writes);
+            .filter(|t| t.problem.severity == Severity::Corrupt)
+            .map(|t| topic_problem_json(target, t))
+            .collect();
         let v = json!({
             "dry_run": true,
             "root": plan.root.display().to_string(),
+            "rebuild_topic_json": rebuild.map(|r| rebuild_json(&plan.root, r, false)),
             "actions": actions,
             "partitions": partitions,
+            "offline_topics": offline,
             "severity_before": severity_name(plan.severity_before()),
             "severity_after": if after_corrupt { "corrupt" } else { "clean" },
             "verify_severity": severity_name(verify),
@@ -306,6 +400,9 @@ fn print_plan(
         }
         writeln!(out, "{v}")?;
     } else {
+        if let Some(r) = rebuild {
+            writeln!(out, "{}: would {}", r.topic, r.describe(&plan.root))?;
+        }
         for line in plan.lines() {
             writeln!(out, "{line}")?;
         }
@@ -339,6 +436,7 @@ type SalvageDone = (String, Vec<Salvaged>, Vec<NotSalvaged>);
 fn print_report(
     plan: &RecoveryPlan,
     report: &RecoveryReport,
+    rebuild: Option<&TopicRebuild>,
     after: &[Problem],
     salvaged: &[SalvageDone],
     as_json: bool,
@@ -355,6 +453,11 @@ fn print_report(
     let mut out = io::BufWriter::new(stdout.lock());
     if as_json {
         let mut actions = Vec::new();
+        for t in &report.topics {
+            for ActionDone { action, backups } in &t.actions {
+                actions.push(action_json(&report.root, t.label(), action, backups));
+            }
+        }
         for p in &report.partitions {
             for ActionDone { action, backups } in &p.actions {
                 actions.push(action_json(&report.root, &p.label, action, backups));
@@ -365,11 +468,24 @@ fn print_report(
             .iter()
             .map(|p| report_partition_json(&report.root, p))
             .collect();
+        let offline: Vec<Value> = report
+            .topics
+            .iter()
+            .flat_map(|t| {
+                t.offline.iter().map(|p| {
+                    let mut v = problem_json(&report.root, p);
+                    v["topic"] = json!(t.topic);
+                    v
+                })
+            })
+            .collect();
         let v = json!({
             "dry_run": false,
             "root": report.root.display().to_string(),
+            "rebuild_topic_json": rebuild.map(|r| rebuild_json(&report.root, r, true)),
             "actions": actions,
             "partitions": partitions,
+            "offline_topics": offline,
             "severity_before": severity_name(plan.severity_before()),
             "severity_after": severity_after,
             "problems_after": after.iter().map(|x| problem_json(&report.root, x)).collect::<Vec<_>>(),
@@ -392,6 +508,9 @@ fn print_report(
         }
         writeln!(out, "{v}")?;
     } else {
+        if let Some(r) = rebuild {
+            writeln!(out, "{}: {}", r.topic, r.describe(&report.root))?;
+        }
         for line in report.lines() {
             writeln!(out, "{line}")?;
         }

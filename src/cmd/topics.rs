@@ -85,11 +85,23 @@ pub fn run(args: Args, _global: Global) -> anyhow::Result<u8> {
         TopicsCommand::List => {
             let mut topics = client.list_topics().map_err(client_error)?;
             topics.sort();
+            let offline = offline_topics(&mut client, &topics).map_err(client_error)?;
             if args.json {
-                writeln!(out, "{}", json!({ "topics": topics }))?;
+                let mut v = json!({ "topics": topics });
+                if !offline.is_empty() {
+                    let map: Map<String, Value> = offline
+                        .iter()
+                        .map(|(t, why)| (t.clone(), Value::String(why.clone())))
+                        .collect();
+                    v["offline"] = Value::Object(map);
+                }
+                writeln!(out, "{v}")?;
             } else {
                 for t in topics {
-                    writeln!(out, "{t}")?;
+                    match offline.iter().find(|(name, _)| *name == t) {
+                        Some((_, why)) => writeln!(out, "{t} (offline: {why})")?,
+                        None => writeln!(out, "{t}")?,
+                    }
                 }
             }
         }
@@ -126,6 +138,29 @@ pub fn run(args: Args, _global: Global) -> anyhow::Result<u8> {
     }
     out.flush()?;
     Ok(exit::OK)
+}
+
+/// The listed topics the broker keeps offline (their metadata has a problem), with
+/// the broker's message: each answers a describe with `corrupt_data`.
+fn offline_topics(
+    client: &mut crate::engine::net::client::Client,
+    topics: &[String],
+) -> Result<Vec<(String, String)>, crate::engine::net::client::ClientError> {
+    use crate::engine::net::client::ClientError;
+    use crate::format::wire::ErrorCode;
+    let mut out = Vec::new();
+    for t in topics {
+        match client.describe_topic(t) {
+            Ok(_) => {}
+            Err(ClientError::Refused { code, message, .. }) if code == ErrorCode::CORRUPT_DATA => {
+                out.push((t.clone(), message));
+            }
+            // Deleted since the list, or any other refusal: not an offline topic.
+            Err(ClientError::Refused { .. }) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(out)
 }
 
 fn plural(n: u32) -> &'static str {

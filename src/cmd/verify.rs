@@ -12,7 +12,8 @@ use serde_json::json;
 
 use super::{exit, ExitError, Global};
 use crate::engine::maintenance::check::{
-    check_partition_with, CheckMode, IndexState, PartitionCheck, Problem, SegmentCheck, Severity,
+    check_partition_with, topic_problems, CheckMode, IndexState, PartitionCheck, Problem,
+    SegmentCheck, Severity, TopicProblem,
 };
 use crate::engine::storage::layout::{list_partition, resolve, LayoutError, Target, TargetKind};
 
@@ -25,9 +26,12 @@ pub const PROGRESS_BYTES_MIN: u64 = 256 * 1024 * 1024;
     after_long_help = "Checks every segment header, record and CRC, every index file, segment \
 continuity, leftover temporary files and compaction markers. Read-only: opens nothing for \
 writing and may run beside a live broker.\n\n\
+A topic whose topic.json is missing or unreadable, or whose partition directories do not \
+match its partition count, is reported as corrupt and its partitions are not checked; every \
+other topic is.\n\n\
 Exit: 0 clean (information such as a zeroed tail after the active segment's data does not \
 count); 1 problems `seglog recover` repairs without losing acknowledged data; 2 corruption; \
-74 I/O error."
+64 the path is not a seglog data directory, topic, partition or .log file; 74 I/O error."
 )]
 pub struct Args {
     /// Data directory, topic directory, partition directory or one .log file.
@@ -98,6 +102,23 @@ pub fn problem_line(target: &Target, p: &Problem) -> String {
     s.push_str(": ");
     s.push_str(&p.detail);
     s
+}
+
+/// A topic-level problem as one line of text.
+pub fn topic_problem_line(target: &Target, t: &TopicProblem) -> String {
+    format!(
+        "{}: {}",
+        t.topic.as_deref().unwrap_or("."),
+        problem_line(target, &t.problem)
+    )
+}
+
+/// A topic-level problem as a JSON object: the problem with its `topic`.
+pub fn topic_problem_json(target: &Target, t: &TopicProblem) -> serde_json::Value {
+    let mut v = problem_json(target, &t.problem);
+    v["topic"] = json!(t.topic);
+    v["partition"] = serde_json::Value::Null;
+    v
 }
 
 fn index_state_name(s: &IndexState) -> &'static str {
@@ -176,13 +197,21 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
         CheckMode::Full
     };
     let checks = check_target(&target, mode, global)?;
-    let worst = checks.iter().filter_map(PartitionCheck::severity).max();
+    let topics = topic_problems(&target);
+    let worst = checks
+        .iter()
+        .filter_map(PartitionCheck::severity)
+        .chain(topics.iter().map(|t| t.problem.severity))
+        .max();
     let mut out = io::stdout().lock();
     if args.json {
-        let v = render_json(&target, &checks, &args, worst);
+        let v = render_json(&target, &checks, &topics, &args, worst);
         writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
     } else {
-        render_human(&mut out, &target, &checks, worst)?;
+        for t in &topics {
+            writeln!(out, "{}", topic_problem_line(&target, t))?;
+        }
+        render_human(&mut out, &target, &checks, &topics, worst)?;
     }
     out.flush()?;
     Ok(exit_code(worst))
@@ -220,6 +249,7 @@ fn segment_json(target: &Target, c: &PartitionCheck, s: &SegmentCheck) -> serde_
 fn render_json(
     target: &Target,
     checks: &[PartitionCheck],
+    topics: &[TopicProblem],
     args: &Args,
     worst: Option<Severity>,
 ) -> serde_json::Value {
@@ -227,6 +257,10 @@ fn render_json(
     let mut problems = Vec::new();
     let mut partitions = Vec::new();
     let mut counts = [0u64; 3];
+    for t in topics {
+        counts[t.problem.severity as usize] += 1;
+        problems.push(topic_problem_json(target, t));
+    }
     let (mut records, mut bytes, mut trusted) = (0u64, 0u64, 0u64);
     for c in checks {
         for p in c.all_problems() {
@@ -305,10 +339,14 @@ fn render_human(
     out: &mut impl Write,
     target: &Target,
     checks: &[PartitionCheck],
+    topics: &[TopicProblem],
     worst: Option<Severity>,
 ) -> io::Result<()> {
     let (mut segments, mut records, mut bytes) = (0usize, 0u64, 0u64);
     let mut counts = [0u64; 3];
+    for t in topics {
+        counts[t.problem.severity as usize] += 1;
+    }
     for c in checks {
         let label = target.relative(&c.partition.dir);
         let label = if label.is_empty() { "." } else { &label };

@@ -84,6 +84,10 @@ pub enum EngineError {
     /// was interrupted and the log failed with it).
     #[error("{}", compaction_message(.0))]
     Compaction(#[source] CompactionError),
+    /// A topic whose metadata has a problem (docs/FORMAT.md, Data directory): kept
+    /// offline, its files untouched, until an operator repairs it.
+    #[error("topic {topic:?} is offline: {problem}; its files are left untouched (see `seglog verify`; `seglog recover --rebuild-topic-json {topic}` writes a new topic.json)")]
+    TopicOffline { topic: String, problem: String },
     /// A topic's `topic.json` could not be read or is not valid.
     #[error("{}", topic_meta_message(path, source))]
     TopicMeta { path: PathBuf, source: LayoutError },
@@ -223,6 +227,10 @@ mod tests {
                 first: 7,
                 next: Some(9),
                 detail: "crc".into(),
+            },
+            EngineError::TopicOffline {
+                topic: "t".into(),
+                problem: "topics/t/topic.json: topic.json is missing".into(),
             },
         ];
         for e in errors {

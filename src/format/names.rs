@@ -50,6 +50,22 @@ pub fn atomic_tmp_file_name(name: &str, pid: u32, seq: u64) -> String {
     format!(".{name}.{pid}.{seq}{TMP_SUFFIX}")
 }
 
+/// True for a name [`atomic_tmp_file_name`] gives: `.<name>.<pid>.<seq>.tmp`.
+pub fn is_atomic_tmp_file_name(name: &str) -> bool {
+    let Some(inner) = name
+        .strip_prefix('.')
+        .and_then(|n| n.strip_suffix(TMP_SUFFIX))
+    else {
+        return false;
+    };
+    let mut parts = inner.rsplitn(3, '.');
+    let seq = parts.next().unwrap_or_default();
+    let pid = parts.next().unwrap_or_default();
+    let base = parts.next().unwrap_or_default();
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    !base.is_empty() && digits(pid) && digits(seq)
+}
+
 /// `<topic>~new`: a topic directory being built.
 pub fn creating_topic_dir_name(topic: &str) -> String {
     format!("{topic}{TOPIC_CREATING_SUFFIX}")
@@ -150,6 +166,22 @@ pub fn validate_name(name: &str) -> Result<(), NameError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn atomic_tmp_names() {
+        let name = atomic_tmp_file_name("topic.json", 12, 3);
+        assert_eq!(name, ".topic.json.12.3.tmp");
+        assert!(is_atomic_tmp_file_name(&name));
+        for other in [
+            "topic.json",
+            ".topic.json.tmp",
+            ".x.1.tmp",
+            "x.1.2.tmp",
+            ".x.a.2.tmp",
+        ] {
+            assert!(!is_atomic_tmp_file_name(other), "{other}");
+        }
+    }
 
     #[test]
     fn segment_names() {

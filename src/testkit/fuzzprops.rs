@@ -854,6 +854,7 @@ pub fn check_recovery(case: &SegmentCase) {
     let plan = RecoveryPlan {
         root: dir.0.clone(),
         partitions: vec![first],
+        topics: Vec::new(),
     };
     execute(&RealStorage, &plan, None).expect("execute recovery");
     let again = plan_partition(&p).expect("plan recovery again");

@@ -349,8 +349,15 @@ fn every_fixture_has_a_case_and_a_readme_line() {
         .collect();
     on_disk.sort();
     let mut cases: Vec<String> = CASES.iter().map(|c| c.name.to_string()).collect();
+    cases.extend(crate::topic_meta::FIXTURES.iter().map(ToString::to_string));
     cases.sort();
     assert_eq!(on_disk, cases);
+    for name in crate::topic_meta::FIXTURES {
+        assert!(
+            readme.contains(&format!("`{name}/`")),
+            "README.md has no line for {name}"
+        );
+    }
     for c in CASES {
         assert!(
             readme.contains(&format!("`{}/`", c.name)),

@@ -25,4 +25,5 @@ mod man;
 mod recover;
 mod release_build;
 mod salvage;
+mod topic_meta;
 mod vectors;

@@ -287,6 +287,53 @@ fn make(root: &Path) {
     fs::remove_file(p.join(index_file_name(base[1].base))).unwrap();
 }
 
+/// The topic metadata fixtures (docs/FORMAT.md, Data directory): `clean` with the
+/// `events` topic's metadata damaged; `users` stays whole.
+fn make_meta(root: &Path) {
+    let d = |name: &str| root.join(name);
+    let meta = |partitions| {
+        seglog::format::topic::TopicMeta {
+            partitions,
+            config: small_segments(),
+        }
+        .encode()
+    };
+    let events = |name: &str| d(name).join("topics/events");
+
+    clean(&d("topic-json-missing"));
+    fs::remove_file(events("topic-json-missing").join("topic.json")).unwrap();
+
+    clean(&d("topic-json-truncated"));
+    let full = meta(2);
+    fs::write(
+        events("topic-json-truncated").join("topic.json"),
+        &full[..full.len() / 2],
+    )
+    .unwrap();
+
+    // Directories 0-3 on disk, "partitions": 2.
+    clean(&d("topic-too-few-partitions"));
+    let dir = events("topic-too-few-partitions");
+    for p in [2u64, 3] {
+        let recs: Vec<Rec> = (0..5)
+            .map(|i| event(100 * p + i))
+            .map(|mut r| {
+                r.offset -= 100 * p;
+                r
+            })
+            .collect();
+        write_partition(&dir.join(p.to_string()), &segments(&recs, 5, &[0]));
+    }
+
+    // "partitions": 4, directories 0-1 on disk.
+    clean(&d("topic-too-many-partitions"));
+    fs::write(
+        events("topic-too-many-partitions").join("topic.json"),
+        meta(4),
+    )
+    .unwrap();
+}
+
 /// Every file below `dir`, relative, with its bytes.
 fn tree(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
     let mut out = Vec::new();
@@ -325,20 +372,30 @@ const NAMES: [&str; 14] = [
     "missing-middle-segment",
 ];
 
+/// The fixtures [`make_meta`] writes.
+pub const META_NAMES: [&str; 4] = [
+    "topic-json-missing",
+    "topic-json-truncated",
+    "topic-too-few-partitions",
+    "topic-too-many-partitions",
+];
+
 #[test]
 #[ignore = "generates the committed fixtures; run deliberately"]
 fn make_fixtures() {
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
     if std::env::var_os("SEGLOG_WRITE_FIXTURES").is_some_and(|v| v == "1") {
-        for name in NAMES {
+        for name in NAMES.iter().chain(&META_NAMES) {
             let _ = fs::remove_dir_all(fixtures.join(name));
         }
         make(&fixtures);
+        make_meta(&fixtures);
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
     make(tmp.path());
-    for name in NAMES {
+    make_meta(tmp.path());
+    for name in NAMES.iter().chain(&META_NAMES) {
         let fresh = tree(&tmp.path().join(name));
         let committed = tree(&fixtures.join(name));
         let names = |t: &[(PathBuf, Vec<u8>)]| t.iter().map(|(p, _)| p.clone()).collect::<Vec<_>>();

@@ -139,9 +139,23 @@ struct Topic {
     partitions: Vec<Slot>,
     /// Per partition, the state of its background cleanup.
     cleanup: Vec<Arc<PartitionCleanup>>,
+    /// Why the topic is offline (its metadata has a problem): it then has no
+    /// partitions open and every request on it fails naming this.
+    offline: Option<String>,
 }
 
 impl Topic {
+    /// `Err(TopicOffline)` for an offline topic.
+    fn online(&self) -> Result<(), EngineError> {
+        match &self.offline {
+            Some(problem) => Err(EngineError::TopicOffline {
+                topic: self.name.clone(),
+                problem: problem.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
     fn logs(&self) -> impl Iterator<Item = &Arc<PartitionLog>> {
         self.partitions.iter().filter_map(|s| match s {
             Slot::Open(log) => Some(log),

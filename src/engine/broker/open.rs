@@ -205,8 +205,9 @@ pub(super) fn read_topic_meta(dir: &Path) -> Result<TopicMeta, EngineError> {
     layout::read_topic_meta(&path).map_err(|source| EngineError::TopicMeta { path, source })
 }
 
-/// Opens every topic under `topics_dir`. A topic whose `topic.json` is unreadable is
-/// left out (and reported); a partition that cannot open is kept as unavailable.
+/// Opens every topic under `topics_dir`. A topic whose metadata has a problem
+/// (docs/FORMAT.md, Data directory) is kept offline (and reported); a partition that
+/// cannot open is kept as unavailable.
 pub(super) fn load_topics(
     storage: &StorageRef,
     topics_dir: &Path,
@@ -239,6 +240,27 @@ pub(super) fn load_topic(
     stats: &Arc<LogStats>,
     notes: &mut Vec<String>,
 ) -> Result<Topic, EngineError> {
+    let listing = layout::inspect_topic(dir).map_err(|source| EngineError::TopicMeta {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    if !listing.issues.is_empty() {
+        let problem = listing
+            .issues
+            .iter()
+            .map(|i| format!("{}: {}", i.path.display(), i.detail()))
+            .collect::<Vec<_>>()
+            .join("; ");
+        notes.push(format!("topic {name} is offline: {problem}"));
+        return Ok(Topic {
+            name: name.to_string(),
+            dir: dir.to_path_buf(),
+            config: RwLock::new(TopicConfig::default()),
+            partitions: Vec::new(),
+            cleanup: Vec::new(),
+            offline: Some(problem),
+        });
+    }
     let meta = read_topic_meta(dir)?;
     let mut partitions = Vec::with_capacity(meta.partitions as usize);
     for p in 0..meta.partitions {
@@ -268,5 +290,6 @@ pub(super) fn load_topic(
             .map(|_| Arc::new(PartitionCleanup::default()))
             .collect(),
         partitions,
+        offline: None,
     })
 }

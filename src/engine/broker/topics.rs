@@ -26,6 +26,7 @@ impl Broker {
         partition: u32,
     ) -> Result<(Arc<Topic>, Arc<PartitionLog>), EngineError> {
         let t = self.topic(topic)?;
+        t.online()?;
         let log = match t.partitions.get(partition as usize) {
             Some(Slot::Open(log)) => log.clone(),
             Some(Slot::Unavailable(reason)) => {
@@ -128,6 +129,8 @@ impl Broker {
         validate_name(name)?;
         self.check_running()?;
         let _admin = lock(&self.admin);
+        // An offline topic's files are never touched, not even to delete them.
+        self.topic(name)?.online()?;
         let topic = write(&self.topics)
             .remove(name)
             .ok_or_else(|| EngineError::UnknownTopic {
@@ -194,6 +197,7 @@ impl Broker {
         self.check_running()?;
         let _admin = lock(&self.admin);
         let topic = self.topic(name)?;
+        topic.online()?;
         let mut config = read(&topic.config).clone();
         for (key, value) in settings {
             config.set(key, value)?;
@@ -213,14 +217,23 @@ impl Broker {
         Ok(config)
     }
 
-    /// Topic names, sorted.
+    /// Topic names, sorted (offline topics included).
     pub fn list_topics(&self) -> Vec<String> {
         read(&self.topics).keys().cloned().collect()
+    }
+
+    /// Offline topics (their metadata has a problem) with the problem, sorted.
+    pub fn offline_topics(&self) -> Vec<(String, String)> {
+        read(&self.topics)
+            .values()
+            .filter_map(|t| t.offline.clone().map(|p| (t.name.clone(), p)))
+            .collect()
     }
 
     /// Per partition: start and end offsets, segment count, bytes; and the config.
     pub fn describe_topic(&self, name: &str) -> Result<TopicDescription, EngineError> {
         let topic = self.topic(name)?;
+        topic.online()?;
         let partitions = topic
             .partitions
             .iter()
@@ -238,7 +251,9 @@ impl Broker {
 
     /// Number of partitions of a topic.
     pub fn partition_count(&self, topic: &str) -> Result<u32, EngineError> {
-        Ok(self.topic(topic)?.partitions.len() as u32)
+        let t = self.topic(topic)?;
+        t.online()?;
+        Ok(t.partitions.len() as u32)
     }
 }
 

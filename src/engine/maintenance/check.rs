@@ -18,7 +18,9 @@ use crate::format::marker::{CompactionMarker, MarkerError, MARKER_BYTES_MAX};
 use crate::format::record::RecordError;
 use crate::format::{HeaderError, SegmentHeader, HEADER_LEN};
 
-use crate::engine::storage::layout::{list_partition, PartitionRef, SegmentFiles};
+use crate::engine::storage::layout::{
+    list_partition, PartitionRef, SegmentFiles, Target, TopicDamage,
+};
 use crate::engine::storage::reader::{
     open_log, range_is_zero, read_header, scan_sealed_segment, scan_segment, Next, RecordReader,
     ScanEnd, ScanSummary,
@@ -54,6 +56,16 @@ impl Severity {
 /// name (two kinds share `zero_tail`, so the name is not derived from the variant).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum ProblemKind {
+    // ----- topic level (docs/FORMAT.md, Data directory) -----
+    /// A topic directory without `topic.json`.
+    TopicJsonMissing,
+    /// A `topic.json` that cannot be read or is not valid.
+    TopicJsonUnreadable,
+    /// A partition directory at or above the topic's partition count.
+    PartitionOutsideCount,
+    /// A partition directory below the topic's partition count is missing.
+    PartitionDirMissing,
+
     // ----- partition level -----
     /// A compaction marker: the swap did not finish, or never started.
     UnfinishedCompaction,
@@ -127,6 +139,10 @@ impl ProblemKind {
     /// The stable machine-readable name.
     pub fn as_str(self) -> &'static str {
         match self {
+            ProblemKind::TopicJsonMissing => "topic_json_missing",
+            ProblemKind::TopicJsonUnreadable => "topic_json_unreadable",
+            ProblemKind::PartitionOutsideCount => "partition_outside_count",
+            ProblemKind::PartitionDirMissing => "partition_dir_missing",
             ProblemKind::UnfinishedCompaction => "unfinished_compaction",
             ProblemKind::LeftoverTempFile => "leftover_temp_file",
             ProblemKind::OrphanIndex => "orphan_index",
@@ -179,7 +195,11 @@ impl ProblemKind {
             | ProblemKind::IndexPastData
             | ProblemKind::WrongIndexEntry
             | ProblemKind::WrongIndexLength => Severity::Repairable,
-            ProblemKind::SegmentsOverlap
+            ProblemKind::TopicJsonMissing
+            | ProblemKind::TopicJsonUnreadable
+            | ProblemKind::PartitionOutsideCount
+            | ProblemKind::PartitionDirMissing
+            | ProblemKind::SegmentsOverlap
             | ProblemKind::SegmentsDoNotJoin
             | ProblemKind::BaseOffsetMismatch
             | ProblemKind::ShortHeader
@@ -268,6 +288,70 @@ pub struct Problem {
     /// The record offset involved, when known.
     pub offset: Option<u64>,
     pub detail: String,
+}
+
+/// A finding about a topic rather than one of its partitions: its metadata, or a
+/// leftover temporary file of an atomic replace outside any partition directory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TopicProblem {
+    /// The topic, `None` for a file outside every topic directory.
+    pub topic: Option<String>,
+    pub problem: Problem,
+}
+
+impl ProblemKind {
+    /// The kind of a topic metadata problem.
+    pub fn of_topic_damage(d: &TopicDamage) -> ProblemKind {
+        match d {
+            TopicDamage::MetaMissing => ProblemKind::TopicJsonMissing,
+            TopicDamage::MetaUnreadable { .. } => ProblemKind::TopicJsonUnreadable,
+            TopicDamage::PartitionOutsideCount { .. } => ProblemKind::PartitionOutsideCount,
+            TopicDamage::PartitionMissing { .. } => ProblemKind::PartitionDirMissing,
+        }
+    }
+}
+
+/// The topic-level findings of a target (docs/FORMAT.md, Data directory): each
+/// metadata problem (corrupt: the topic stays offline and its partitions are not
+/// checked) and each leftover temporary file of an atomic replace (repairable).
+pub fn topic_problems(target: &Target) -> Vec<TopicProblem> {
+    let mut out = Vec::new();
+    let temp = |topic: Option<String>, path: &Path| TopicProblem {
+        topic,
+        problem: problem(
+            ProblemKind::LeftoverTempFile,
+            path,
+            None,
+            None,
+            "leftover temporary file of an atomic replace (recover removes it)".to_string(),
+        ),
+    };
+    for path in &target.temp_files {
+        out.push(temp(None, path));
+    }
+    for t in &target.topics {
+        for issue in &t.issues {
+            let detail = format!(
+                "topic {}: {}; the topic is offline and its partitions are not checked",
+                issue.topic,
+                issue.detail()
+            );
+            out.push(TopicProblem {
+                topic: Some(issue.topic.clone()),
+                problem: problem(
+                    ProblemKind::of_topic_damage(&issue.damage),
+                    &issue.path,
+                    None,
+                    None,
+                    detail,
+                ),
+            });
+        }
+        for path in &t.temp_files {
+            out.push(temp(Some(t.topic.clone()), path));
+        }
+    }
+    out
 }
 
 /// How much to read.

@@ -760,7 +760,9 @@ pub fn engine_error(e: EngineError) -> (ErrorCode, String) {
         EngineError::InvalidRequest { .. } => ErrorCode::INVALID_REQUEST,
         EngineError::PartitionFailed { .. } => ErrorCode::PARTITION_FAILED,
         EngineError::PartitionUnavailable { .. } => ErrorCode::PARTITION_UNAVAILABLE,
-        EngineError::Corrupt { .. } | EngineError::RecordsDamaged { .. } => ErrorCode::CORRUPT_DATA,
+        EngineError::Corrupt { .. }
+        | EngineError::RecordsDamaged { .. }
+        | EngineError::TopicOffline { .. } => ErrorCode::CORRUPT_DATA,
         EngineError::ShuttingDown => ErrorCode::SHUTTING_DOWN,
         EngineError::Io { .. } => ErrorCode::STORAGE,
         EngineError::Recovery { .. } => ErrorCode::CORRUPT_DATA,

@@ -12,8 +12,8 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use crate::format::names::{
-    classify_partition_file, parse_stem, validate_name, PartitionFile, LOCK_FILE, LOG_EXT,
-    TOPICS_DIR, TOPIC_FILE,
+    classify_partition_file, is_atomic_tmp_file_name, parse_stem, validate_name, PartitionFile,
+    LOG_EXT, TOPICS_DIR, TOPIC_FILE,
 };
 use crate::format::topic::{TopicConfig, TopicError, TopicMeta, TOPIC_FILE_BYTES_MAX};
 
@@ -74,6 +74,197 @@ impl PartitionRef {
     }
 }
 
+/// What is wrong with a topic's metadata (docs/FORMAT.md, Data directory). A topic
+/// with any of these is corruption of that topic: its partitions are not listed in a
+/// [`Target`] (nothing checks, repairs or serves them), every other topic is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TopicDamage {
+    /// The topic directory has no `topic.json`.
+    MetaMissing,
+    /// `topic.json` cannot be read or is not valid.
+    MetaUnreadable { error: String },
+    /// A partition directory at or above the count in `topic.json`.
+    PartitionOutsideCount { partition: u32, count: u32 },
+    /// A partition directory below the count in `topic.json` is missing.
+    PartitionMissing { partition: u32, count: u32 },
+}
+
+/// One metadata problem of one topic.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TopicIssue {
+    pub topic: String,
+    /// The topic directory.
+    pub dir: PathBuf,
+    /// The file or directory concerned (`topic.json` or a partition directory).
+    pub path: PathBuf,
+    pub damage: TopicDamage,
+}
+
+impl TopicIssue {
+    /// One line saying what is wrong, without the topic's name or path.
+    pub fn detail(&self) -> String {
+        match &self.damage {
+            TopicDamage::MetaMissing => {
+                "topic.json is missing: the partition count is unknown".to_string()
+            }
+            TopicDamage::MetaUnreadable { error } => {
+                format!("topic.json cannot be used: {error}")
+            }
+            TopicDamage::PartitionOutsideCount { partition, count } => format!(
+                "partition directory {partition} is outside the {count} partition(s) topic.json names"
+            ),
+            TopicDamage::PartitionMissing { partition, count } => format!(
+                "partition directory {partition} of the {count} topic.json names is missing"
+            ),
+        }
+    }
+}
+
+/// A topic directory as found on disk: its metadata, its partition directories, its
+/// metadata problems and the leftover temporary files of atomic replaces in it.
+#[derive(Clone, Debug)]
+pub struct TopicListing {
+    pub topic: String,
+    pub dir: PathBuf,
+    /// `topic.json`, when it is readable.
+    pub meta: Option<TopicMeta>,
+    /// Partition numbers of the directories found, ascending.
+    pub partition_dirs: Vec<u32>,
+    pub issues: Vec<TopicIssue>,
+    /// Leftover temporary files of atomic replaces (`.<name>.<pid>.<seq>.tmp`).
+    pub temp_files: Vec<PathBuf>,
+}
+
+impl TopicListing {
+    /// The partitions to work on; none when the topic has a metadata problem.
+    pub fn partitions(&self) -> Vec<PartitionRef> {
+        let Some(meta) = self.meta.as_ref().filter(|_| self.issues.is_empty()) else {
+            return Vec::new();
+        };
+        self.partition_dirs
+            .iter()
+            .map(|&p| PartitionRef {
+                dir: self.dir.join(p.to_string()),
+                topic: Some(self.topic.clone()),
+                partition: Some(p),
+                config: meta.config.clone(),
+                only_segment: None,
+            })
+            .collect()
+    }
+
+    /// The partition count a rebuilt `topic.json` takes: one more than the highest
+    /// partition directory on disk (at least 1).
+    pub fn count_on_disk(&self) -> u32 {
+        self.partition_dirs
+            .last()
+            .map_or(1, |&p| p.saturating_add(1))
+    }
+}
+
+/// Lists a topic directory and checks its metadata against the partition
+/// directories: the one analysis `verify`, recovery and the broker's startup share.
+/// Fails only on an I/O error listing the directory.
+pub fn inspect_topic(topic_dir: &Path) -> Result<TopicListing, LayoutError> {
+    let topic = topic_dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut partition_dirs = Vec::new();
+    let mut temp_files = Vec::new();
+    for entry in fs::read_dir(topic_dir).map_err(io_err(topic_dir))? {
+        let entry = entry.map_err(io_err(topic_dir))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if is_atomic_tmp_file_name(&name) && entry.path().is_file() {
+            temp_files.push(entry.path());
+            continue;
+        }
+        let Ok(p) = name.parse::<u32>() else { continue };
+        if p.to_string() == name && entry.path().is_dir() {
+            partition_dirs.push(p);
+        }
+    }
+    partition_dirs.sort_unstable();
+    temp_files.sort();
+    let meta_path = topic_dir.join(TOPIC_FILE);
+    let issue = |path: PathBuf, damage| TopicIssue {
+        topic: topic.clone(),
+        dir: topic_dir.to_path_buf(),
+        path,
+        damage,
+    };
+    let mut issues = Vec::new();
+    let meta = if meta_path.exists() {
+        match read_topic_meta(&meta_path) {
+            Ok(m) => Some(m),
+            Err(e) => {
+                let error = match e {
+                    LayoutError::Topic { source, .. } => source.to_string(),
+                    LayoutError::Io { source, .. } => source.to_string(),
+                    other => other.to_string(),
+                };
+                issues.push(issue(
+                    meta_path.clone(),
+                    TopicDamage::MetaUnreadable { error },
+                ));
+                None
+            }
+        }
+    } else {
+        issues.push(issue(meta_path.clone(), TopicDamage::MetaMissing));
+        None
+    };
+    if let Some(m) = &meta {
+        let count = m.partitions;
+        for p in (0..count).filter(|p| partition_dirs.binary_search(p).is_err()) {
+            let path = topic_dir.join(p.to_string());
+            issues.push(issue(
+                path,
+                TopicDamage::PartitionMissing {
+                    partition: p,
+                    count,
+                },
+            ));
+        }
+        for &p in partition_dirs.iter().filter(|&&p| p >= count) {
+            let path = topic_dir.join(p.to_string());
+            issues.push(issue(
+                path,
+                TopicDamage::PartitionOutsideCount {
+                    partition: p,
+                    count,
+                },
+            ));
+        }
+    }
+    Ok(TopicListing {
+        topic,
+        dir: topic_dir.to_path_buf(),
+        meta,
+        partition_dirs,
+        issues,
+        temp_files,
+    })
+}
+
+/// Leftover temporary files of atomic replaces directly in `dir` (the data directory,
+/// or its `topics/`).
+fn atomic_temp_files(dir: &Path) -> Result<Vec<PathBuf>, LayoutError> {
+    let mut out = Vec::new();
+    if !dir.is_dir() {
+        return Ok(out);
+    }
+    for entry in fs::read_dir(dir).map_err(io_err(dir))? {
+        let entry = entry.map_err(io_err(dir))?;
+        if is_atomic_tmp_file_name(&entry.file_name().to_string_lossy()) && entry.path().is_file() {
+            out.push(entry.path());
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
 /// A resolved path.
 #[derive(Clone, Debug)]
 pub struct Target {
@@ -84,6 +275,12 @@ pub struct Target {
     /// True when `root` is a real data directory (it may hold `LOCK`).
     pub root_is_data_dir: bool,
     pub partitions: Vec<PartitionRef>,
+    /// The topics examined (a data or topic directory), each with its metadata
+    /// problems; the partitions of a topic with one are not in `partitions`.
+    pub topics: Vec<TopicListing>,
+    /// Leftover temporary files of atomic replaces outside topic and partition
+    /// directories (in the data directory and its `topics/`).
+    pub temp_files: Vec<PathBuf>,
 }
 
 impl Target {
@@ -93,6 +290,11 @@ impl Target {
             .unwrap_or(path)
             .display()
             .to_string()
+    }
+
+    /// Every topic metadata problem found.
+    pub fn topic_issues(&self) -> impl Iterator<Item = &TopicIssue> {
+        self.topics.iter().flat_map(|t| t.issues.iter())
     }
 }
 
@@ -146,33 +348,23 @@ fn topic_config_above(
     Ok((name, meta.config, root))
 }
 
-/// Partition directories of a topic, in partition order.
+/// Partition directories of a topic, in partition order; an error when its
+/// metadata has a problem ([`inspect_topic`] says which).
 pub fn topic_partitions(topic_dir: &Path) -> Result<Vec<PartitionRef>, LayoutError> {
-    let meta = read_topic_meta(&topic_dir.join(TOPIC_FILE))?;
-    let topic = topic_dir
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned());
-    let mut parts = Vec::new();
-    for entry in fs::read_dir(topic_dir).map_err(io_err(topic_dir))? {
-        let entry = entry.map_err(io_err(topic_dir))?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let Ok(p) = name.parse::<u32>() else { continue };
-        if p.to_string() != name || !entry.path().is_dir() {
-            continue;
-        }
-        parts.push(PartitionRef {
-            dir: entry.path(),
-            topic: topic.clone(),
-            partition: Some(p),
-            config: meta.config.clone(),
-            only_segment: None,
+    let listing = inspect_topic(topic_dir)?;
+    if let Some(issue) = listing.issues.first() {
+        return Err(LayoutError::Topic {
+            path: issue.path.clone(),
+            source: TopicError::Json {
+                detail: issue.detail(),
+            },
         });
     }
-    parts.sort_by_key(|p| p.partition);
-    Ok(parts)
+    Ok(listing.partitions())
 }
 
-/// Topic directories of a data directory, by name.
+/// Topic directories of a data directory, by name: every directory of `topics/`
+/// with a valid topic name, with or without a `topic.json`.
 pub fn data_dir_topics(data_dir: &Path) -> Result<Vec<PathBuf>, LayoutError> {
     let topics = data_dir.join(TOPICS_DIR);
     if !topics.is_dir() {
@@ -182,7 +374,7 @@ pub fn data_dir_topics(data_dir: &Path) -> Result<Vec<PathBuf>, LayoutError> {
     for entry in fs::read_dir(&topics).map_err(io_err(&topics))? {
         let entry = entry.map_err(io_err(&topics))?;
         let name = entry.file_name().to_string_lossy().into_owned();
-        if validate_name(&name).is_ok() && entry.path().join(TOPIC_FILE).is_file() {
+        if validate_name(&name).is_ok() && entry.path().is_dir() {
             out.push(entry.path());
         }
     }
@@ -202,20 +394,26 @@ pub fn resolve(path: &Path) -> Result<Target, LayoutError> {
     if meta.is_file() {
         return resolve_log_file(path);
     }
-    let is_empty = fs::read_dir(path).map_err(io_err(path))?.next().is_none();
-    if path.join(TOPICS_DIR).is_dir() || path.join(LOCK_FILE).is_file() || is_empty {
+    if path.join(TOPICS_DIR).is_dir() {
         let mut partitions = Vec::new();
+        let mut topics = Vec::new();
         for topic in data_dir_topics(path)? {
-            partitions.extend(topic_partitions(&topic)?);
+            let listing = inspect_topic(&topic)?;
+            partitions.extend(listing.partitions());
+            topics.push(listing);
         }
+        let mut temp_files = atomic_temp_files(path)?;
+        temp_files.extend(atomic_temp_files(&path.join(TOPICS_DIR))?);
         return Ok(Target {
             kind: TargetKind::DataDir,
             root: path.into(),
             root_is_data_dir: true,
             partitions,
+            topics,
+            temp_files,
         });
     }
-    if path.join(TOPIC_FILE).is_file() {
+    if path.join(TOPIC_FILE).is_file() || in_topics_dir(path) {
         let root = path
             .parent()
             .and_then(Path::parent)
@@ -226,11 +424,14 @@ pub fn resolve(path: &Path) -> Result<Target, LayoutError> {
         } else {
             path.to_path_buf()
         };
+        let listing = inspect_topic(path)?;
         return Ok(Target {
             kind: TargetKind::Topic,
             root,
             root_is_data_dir,
-            partitions: topic_partitions(path)?,
+            partitions: listing.partitions(),
+            topics: vec![listing],
+            temp_files: Vec::new(),
         });
     }
     if looks_like_partition(path).map_err(io_err(path))? {
@@ -259,9 +460,23 @@ pub fn resolve(path: &Path) -> Result<Target, LayoutError> {
             root,
             root_is_data_dir,
             partitions: vec![p],
+            topics: Vec::new(),
+            temp_files: Vec::new(),
         });
     }
     Err(LayoutError::NotSeglog { path: path.into() })
+}
+
+/// True for a directory with a valid topic name directly in a data directory's
+/// `topics/` (a topic directory, even without its `topic.json`).
+fn in_topics_dir(path: &Path) -> bool {
+    let valid = path
+        .file_name()
+        .is_some_and(|n| validate_name(&n.to_string_lossy()).is_ok());
+    let parent = path.parent();
+    valid
+        && parent.is_some_and(|p| p.file_name().is_some_and(|n| n == TOPICS_DIR))
+        && !looks_like_partition(path).unwrap_or(true)
 }
 
 fn resolve_log_file(path: &Path) -> Result<Target, LayoutError> {
@@ -302,6 +517,8 @@ fn resolve_log_file(path: &Path) -> Result<Target, LayoutError> {
         root,
         root_is_data_dir,
         partitions: vec![p],
+        topics: Vec::new(),
+        temp_files: Vec::new(),
     })
 }
 

@@ -15,6 +15,10 @@ pub fn execute(
         dir,
         root: &plan.root,
     });
+    let mut topics = Vec::with_capacity(plan.topics.len());
+    for tp in &plan.topics {
+        topics.push(execute_topic(storage, tp, backup)?);
+    }
     let mut partitions = Vec::with_capacity(plan.partitions.len());
     for pp in &plan.partitions {
         partitions.push(execute_partition(storage, pp, backup)?);
@@ -22,6 +26,7 @@ pub fn execute(
     Ok(RecoveryReport {
         root: plan.root.clone(),
         partitions,
+        topics,
     })
 }
 

@@ -52,6 +52,7 @@ use crate::engine::storage::reader::{
 
 mod execute;
 mod plan;
+mod topic;
 
 pub use crate::engine::maintenance::backup::Backup;
 use crate::engine::maintenance::compaction::swap::finish_marker_with;
@@ -60,6 +61,10 @@ use crate::engine::maintenance::{exists, file_len};
 pub use execute::execute;
 use plan::*;
 pub use plan::{plan, plan_partition};
+pub use topic::{
+    execute_topic, plan_topic_rebuild, plan_topics, rebuild_topic_json, RebuildError, TopicPlan,
+    TopicRebuild, TopicReport,
+};
 
 /// What recovery will do to a partition, planned from a read-only check.
 #[derive(Clone, Debug)]
@@ -67,6 +72,8 @@ pub struct RecoveryPlan {
     /// Directory the report's paths are relative to (the data directory).
     pub root: PathBuf,
     pub partitions: Vec<PartitionPlan>,
+    /// The topic level: leftover temporary files, topics kept offline.
+    pub topics: Vec<TopicPlan>,
 }
 
 /// The plan for one partition.
@@ -378,22 +385,34 @@ impl PartitionReport {
 pub struct RecoveryReport {
     pub root: PathBuf,
     pub partitions: Vec<PartitionReport>,
+    pub topics: Vec<TopicReport>,
 }
 
 impl RecoveryReport {
     /// Every partition is consistent (no corruption remains).
     pub fn is_consistent(&self) -> bool {
         self.partitions.iter().all(PartitionReport::is_consistent)
+            && self.topics.iter().all(|t| t.offline.is_empty())
     }
 
     /// Number of actions done.
     pub fn action_count(&self) -> usize {
-        self.partitions.iter().map(|p| p.actions.len()).sum()
+        self.partitions
+            .iter()
+            .map(|p| p.actions.len())
+            .sum::<usize>()
+            + self.topics.iter().map(|t| t.actions.len()).sum::<usize>()
     }
 
     /// A human summary, one line per action and per problem left.
     pub fn lines(&self) -> Vec<String> {
         let mut out = Vec::new();
+        for t in &self.topics {
+            for a in &t.actions {
+                out.push(format!("{}: {}", t.label(), a.action.describe(&self.root)));
+            }
+            out.extend(offline_lines(&self.root, &t.offline));
+        }
         for p in &self.partitions {
             for a in &p.actions {
                 let mut line = format!("{}: {}", p.label, a.action.describe(&self.root));
@@ -425,6 +444,12 @@ impl RecoveryReport {
             .iter()
             .filter(|p| !p.is_consistent())
             .count();
+        let offline = self.topics.iter().filter(|t| !t.offline.is_empty()).count();
+        if offline > 0 {
+            out.push(format!(
+                "{offline} topic(s) stay offline: their metadata needs an operator"
+            ));
+        }
         if remaining > 0 {
             out.push(format!(
                 "{remaining} partition(s) keep corruption that needs an operator"
@@ -437,20 +462,42 @@ impl RecoveryReport {
 impl RecoveryPlan {
     /// Number of actions planned.
     pub fn action_count(&self) -> usize {
-        self.partitions.iter().map(|p| p.actions.len()).sum()
+        self.partitions
+            .iter()
+            .map(|p| p.actions.len())
+            .sum::<usize>()
+            + self.topics.iter().map(|t| t.actions.len()).sum::<usize>()
     }
 
     /// The worst severity the check found, as `verify --quick` reports it.
     pub fn severity_before(&self) -> Option<Severity> {
+        let topics = self.topics.iter().flat_map(|t| {
+            t.offline
+                .iter()
+                .map(|p| p.severity)
+                .chain(t.actions.iter().map(|_| Severity::Repairable))
+        });
         self.partitions
             .iter()
             .filter_map(|p| p.severity_before)
+            .chain(topics)
             .max()
+    }
+
+    /// A topic stays offline (its metadata needs an operator).
+    pub fn has_offline_topics(&self) -> bool {
+        self.topics.iter().any(|t| !t.offline.is_empty())
     }
 
     /// A human summary of the plan.
     pub fn lines(&self) -> Vec<String> {
         let mut out = Vec::new();
+        for t in &self.topics {
+            for a in &t.actions {
+                out.push(format!("{}: would {}", t.label(), a.describe(&self.root)));
+            }
+            out.extend(offline_lines(&self.root, &t.offline));
+        }
         for p in &self.partitions {
             for a in &p.actions {
                 out.push(format!("{}: would {}", p.label, a.describe(&self.root)));
@@ -479,6 +526,21 @@ impl RecoveryPlan {
         }
         out
     }
+}
+
+/// One line per topic metadata problem left in place.
+fn offline_lines(root: &Path, offline: &[Problem]) -> Vec<String> {
+    offline
+        .iter()
+        .map(|p| {
+            format!(
+                "{} ({}, {}): left in place, the topic stays offline",
+                p.detail,
+                p.kind,
+                relative(root, &p.file)
+            )
+        })
+        .collect()
 }
 
 /// Plans and executes recovery on a whole data directory (the broker's startup; the

@@ -47,6 +47,7 @@ pub fn plan(target: &Target) -> Result<RecoveryPlan, RecoveryError> {
     Ok(RecoveryPlan {
         root: target.root.clone(),
         partitions,
+        topics: plan_topics(target),
     })
 }
 
@@ -421,6 +422,10 @@ pub(super) fn tail_step(active: bool, kind: Option<ProblemKind>, end: &ScanEnd) 
         | K::StaleTail
         | K::UnfinishedSeal
         // Not reported where a segment's data ends.
+        | K::TopicJsonMissing
+        | K::TopicJsonUnreadable
+        | K::PartitionOutsideCount
+        | K::PartitionDirMissing
         | K::UnfinishedCompaction
         | K::LeftoverTempFile
         | K::OrphanIndex
