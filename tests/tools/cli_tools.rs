@@ -599,16 +599,25 @@ fn dump_goes_on_after_a_corrupt_segment() {
         .filter(|l| l["type"] == "record")
         .map(|l| l["offset"].as_u64().unwrap())
         .collect();
-    let want: Vec<u64> = (0..10).chain(30..70).collect();
+    // The dump reads around the damaged record 10 and goes on in the same segment.
+    let want: Vec<u64> = (0..10).chain(11..70).collect();
     assert_eq!(offsets, want);
-    // The problem line sits between the last readable record and the next segment.
+    // The problem line sits between the last record before the damage and the first
+    // after it, and names the damaged range.
     let at = lines.iter().position(|l| l["type"] == "problem").unwrap();
     assert_eq!(lines[at - 1]["offset"], 9);
-    assert_eq!(lines[at + 1]["offset"], 30);
+    assert_eq!(lines[at + 1]["offset"], 11);
+    let p = &lines[at];
+    assert_eq!(p["kind"], "crc_mismatch");
+    assert_eq!(p["first_unreadable_offset"], 10);
+    assert_eq!(p["first_unreadable_position"], 1489);
+    assert_eq!(p["next_readable_offset"], 11);
+    assert_eq!(p["next_readable_position"], lines[at + 1]["position"]);
+    assert_eq!(lines.iter().filter(|l| l["type"] == "problem").count(), 1);
     // Human output: records on stdout, the problem on stderr.
     let (code, out, err) = run(&["dump", data.to_str().unwrap()], &data);
     assert_eq!(code, 2);
-    assert_eq!(out.lines().count(), 50);
+    assert_eq!(out.lines().count(), 69);
     assert!(
         err.contains("crc_mismatch") && err.contains("at byte 1489"),
         "{err}"
