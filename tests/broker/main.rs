@@ -10,5 +10,6 @@ mod cli_broker;
 mod cli_cleanup;
 mod engine_broker;
 mod engine_cleanup;
+mod engine_damage;
 mod engine_failures;
 mod kill9;
