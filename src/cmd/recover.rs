@@ -306,7 +306,14 @@ fn print_plan(
         }
         writeln!(out, "{v}")?;
     } else {
+        let salvages = salvage
+            .unwrap_or(&[])
+            .iter()
+            .any(|(_, s)| !s.segments.is_empty());
         for line in plan.lines() {
+            if salvages && line == NOTHING_TO_DO {
+                continue;
+            }
             writeln!(out, "{line}")?;
         }
         for (label, s) in salvage.unwrap_or(&[]) {
@@ -335,6 +342,10 @@ fn print_plan(
 }
 
 type SalvageDone = (String, Vec<Salvaged>, Vec<NotSalvaged>);
+
+/// The summary line of a plan or report without actions; left out when the only work
+/// is a salvage.
+const NOTHING_TO_DO: &str = "nothing to do";
 
 fn print_report(
     plan: &RecoveryPlan,
@@ -392,7 +403,11 @@ fn print_report(
         }
         writeln!(out, "{v}")?;
     } else {
+        let salvages = salvaged.iter().any(|(_, done, _)| !done.is_empty());
         for line in report.lines() {
+            if salvages && line == NOTHING_TO_DO {
+                continue;
+            }
             writeln!(out, "{line}")?;
         }
         for (label, done, not) in salvaged {

@@ -181,6 +181,32 @@ fn salvage_keeps_every_readable_record() {
 }
 
 #[test]
+fn recover_text_names_a_salvage_as_work() {
+    let d = damaged(Damage::Middle);
+    let backup = d.root.join("backup");
+    let args = |dry: bool| {
+        let mut a = vec!["recover"];
+        if dry {
+            a.push("--dry-run");
+        }
+        a.extend(["--salvage", "--backup-dir", s(&backup), s(&d.data)]);
+        a
+    };
+    let (code, out, err) = run(&args(true), &d.root);
+    assert_eq!(code, 2, "{out} {err}");
+    assert!(out.contains("salvage"), "{out}");
+    assert!(!out.contains("nothing to do"), "{out}");
+    let (code, out, err) = run(&args(false), &d.root);
+    assert_eq!(code, 0, "{out} {err}");
+    assert!(out.contains("salvage"), "{out}");
+    assert!(!out.contains("nothing to do"), "{out}");
+    // Once salvaged, a second run has nothing to do and says so.
+    let (code, out, _) = run(&args(false), &d.root);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("nothing to do"), "{out}");
+}
+
+#[test]
 fn dump_reads_around_damage() {
     for damage in [Damage::Middle, Damage::LastRecord, Damage::Header] {
         let d = damaged(damage);
