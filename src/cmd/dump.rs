@@ -202,7 +202,7 @@ impl Dumper<'_> {
         drop(index);
         let mut last = None;
         while let Some((end, seen)) =
-            self.records(check, seg, &file, &header, start, file_len, last)?
+            self.records(check, seg, &file, &header, (start, last), file_len)?
         {
             let Some(mut p) =
                 classify_scan_end(&seg.files, seg.active, &file, &end, seen, file_len)?
@@ -314,9 +314,8 @@ impl Dumper<'_> {
         seg: &SegmentCheck,
         file: &File,
         header: &SegmentHeader,
-        start: u64,
+        (start, mut last): (u64, Option<u64>),
         file_len: u64,
-        mut last: Option<u64>,
     ) -> anyhow::Result<Option<(ScanEnd, Option<u64>)>> {
         let mut reader = RecordReader::new(file, header.generation, start, file_len);
         let path = self.target.relative(&seg.files.log);

@@ -373,7 +373,8 @@ const CASES: &[Case] = &[
 #[test]
 fn recover_and_salvage_of_sealed_damage_fixtures() {
     // (fixture, exit after salvage, offsets lost, header rebuilt)
-    let cases: [(&str, i32, &[(u64, u64)], bool); 3] = [
+    type SalvageCase = (&'static str, i32, &'static [(u64, u64)], bool);
+    let cases: [SalvageCase; 3] = [
         ("bit-flip-sealed", 0, &[(10, 11)], false),
         // Offset 29 is gone: the segments no longer join, which stays corrupt.
         ("bit-flip-last-record", 2, &[(29, 30)], false),
