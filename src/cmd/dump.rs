@@ -5,8 +5,10 @@
 //! per partition it first runs the quick check (headers, indexes, sealed tails,
 //! the active segment, continuity, markers), then names what ends each segment's
 //! records with [`classify_scan_end`]. A problem becomes a `{"type": "problem"}`
-//! line and the dump goes on with the next segment; the exit code is the one
-//! `verify` gives for what dump met.
+//! line and the dump goes on; the exit code is the one `verify` gives for what dump
+//! met. Damage inside a sealed segment does not end its dump: the reader
+//! resynchronises after it ([`resync`], the same search fetch and salvage use), the
+//! problem line names the damaged range, and the records after it follow.
 
 use std::collections::HashSet;
 use std::fmt::Write as _;
@@ -24,7 +26,9 @@ use crate::engine::maintenance::check::{
     IndexState, PartitionCheck, Problem, ProblemKind, SegmentCheck, Severity,
 };
 use crate::engine::storage::layout::{PartitionRef, Target};
-use crate::engine::storage::reader::{open_log, read_header, Next, RecordReader, ScanEnd};
+use crate::engine::storage::reader::{
+    open_log, read_header, resync, Next, RecordReader, Resync, ScanEnd,
+};
 use crate::format::index::{lookup_bytes, IndexEntry};
 use crate::format::{RecordView, SegmentHeader, HEADER_LEN, INDEX_ENTRY_LEN};
 
@@ -40,8 +44,8 @@ const VALUE_SHOWN_MAX: usize = 80;
 shortened), or JSON Lines with --json: {\"type\": \"record\", \"path\", \"position\", \"offset\", \
 \"timestamp_ms\", \"key\", \"value\", \"base_offset\", \"topic\", \"partition\"}; --index adds \
 {\"type\": \"index\"} lines and --header {\"type\": \"header\"} lines. A problem met on the way \
-is a {\"type\": \"problem\"} line (on stderr without --json) and the dump goes on with the next \
-segment. Read-only.\n\n\
+is a {\"type\": \"problem\"} line (on stderr without --json) and the dump goes on. Damage inside a \
+sealed segment does not end it: its problem line also names the damaged range (first_unreadable_offset, first_unreadable_position, next_readable_offset, next_readable_position; a next position of null means the records resume in the next segment, or nowhere when the offset is null too) and the records after the damage follow. Read-only.\n\n\
 Exit: 0, or the code `seglog verify` gives for what dump met (1 repairable, 2 corrupt); \
 74 I/O error. A closed stdout ends the dump quietly with exit 0."
 )]
@@ -136,7 +140,7 @@ impl Dumper<'_> {
             if self.args.to.is_some_and(|t| seg.base_offset() > t) || self.done() {
                 break;
             }
-            self.segment(&check, seg)
+            self.segment(&check, seg, next_base)
                 .with_context(|| format!("reading {}", seg.files.log.display()))?;
         }
         Ok(())
@@ -168,7 +172,12 @@ impl Dumper<'_> {
         Ok(())
     }
 
-    fn segment(&mut self, check: &PartitionCheck, seg: &SegmentCheck) -> anyhow::Result<()> {
+    fn segment(
+        &mut self,
+        check: &PartitionCheck,
+        seg: &SegmentCheck,
+        next_base: Option<u64>,
+    ) -> anyhow::Result<()> {
         let (file, file_len) = open_log(&seg.files.log)?;
         let decoded = read_header(&file, file_len)?;
         if self.args.header {
@@ -189,16 +198,83 @@ impl Dumper<'_> {
         if self.args.index {
             self.index_lines(check, seg, index.as_deref().unwrap_or(&[]))?;
         }
-        let start = self.start_position(seg, index.as_deref());
+        let mut start = self.start_position(seg, index.as_deref());
         drop(index);
-        if let Some(end) = self.records(check, seg, &file, &header, start, file_len)? {
-            if let Some(p) =
-                classify_scan_end(&seg.files, seg.active, &file, &end.0, end.1, file_len)?
-            {
+        let mut last = None;
+        while let Some((end, seen)) =
+            self.records(check, seg, &file, &header, (start, last), file_len)?
+        {
+            let Some(mut p) =
+                classify_scan_end(&seg.files, seg.active, &file, &end, seen, file_len)?
+            else {
+                break;
+            };
+            let (Some(position), false, Severity::Corrupt) =
+                (end.position(), seg.active, p.severity)
+            else {
                 self.problem(check, &p)?;
-            }
+                break;
+            };
+            // Damage inside a sealed segment: find where its records resume.
+            let first = seen.map_or(Some(header.base_offset), |o| o.checked_add(1));
+            let found = match first {
+                Some(first) => resync(
+                    &file,
+                    header.generation,
+                    position.saturating_add(1),
+                    file_len,
+                    first,
+                    next_base,
+                )?,
+                None => None,
+            };
+            let range = Damaged {
+                first_offset: first,
+                first_position: position,
+                next: found,
+                next_base,
+            };
+            range.describe(&mut p, &end, file_len);
+            self.damaged(check, &p, &range)?;
+            let Some(r) = found else {
+                break;
+            };
+            start = r.position;
+            last = seen;
         }
         self.rest_of_problems(check, seg)
+    }
+
+    /// A damage problem line with the range it makes unreadable.
+    fn damaged(
+        &mut self,
+        check: &PartitionCheck,
+        p: &Problem,
+        range: &Damaged,
+    ) -> anyhow::Result<()> {
+        if !self.seen.insert((p.kind, p.file.clone(), p.position)) {
+            return Ok(());
+        }
+        self.worst = self.worst.max(Some(p.severity));
+        if self.args.json {
+            let mut v = problem_json(self.target, p);
+            v["type"] = json!("problem");
+            v["topic"] = json!(check.partition.topic);
+            v["partition"] = json!(check.partition.partition);
+            v["first_unreadable_offset"] = json!(range.first_offset);
+            v["first_unreadable_position"] = json!(range.first_position);
+            v["next_readable_offset"] = json!(range.next_offset());
+            v["next_readable_position"] = json!(range.next.map(|r| r.position));
+            write_json(&mut self.out, &v)?;
+        } else {
+            self.out.flush()?;
+            writeln!(
+                io::stderr(),
+                "seglog: {}",
+                problem_line(self.target, p).trim_start()
+            )?;
+        }
+        Ok(())
     }
 
     /// The problems the quick check found in a segment that reading it did not meet
@@ -228,8 +304,9 @@ impl Dumper<'_> {
             .map_or(HEADER_LEN as u64, |e| e.position)
     }
 
-    /// Streams the records of one segment from `start`. Returns what ended the data
-    /// and the last valid offset, or `None` when the dump stopped before the end
+    /// Streams the records of one segment from `start`, `last` the offset of the
+    /// valid record before it (if any). Returns what ended the data and the last valid
+    /// offset, or `None` when the dump stopped before the end
     /// (`--to`, `--limit`).
     fn records(
         &mut self,
@@ -237,11 +314,10 @@ impl Dumper<'_> {
         seg: &SegmentCheck,
         file: &File,
         header: &SegmentHeader,
-        start: u64,
+        (start, mut last): (u64, Option<u64>),
         file_len: u64,
     ) -> anyhow::Result<Option<(ScanEnd, Option<u64>)>> {
         let mut reader = RecordReader::new(file, header.generation, start, file_len);
-        let mut last: Option<u64> = None;
         let path = self.target.relative(&seg.files.log);
         let end = loop {
             let (position, record) = match reader.next_record()? {
@@ -367,6 +443,53 @@ impl Dumper<'_> {
             }
         }
         Ok(())
+    }
+}
+
+/// The range damage makes unreadable in a sealed segment.
+struct Damaged {
+    /// The first offset that cannot be read (`None` after a record at `u64::MAX`).
+    first_offset: Option<u64>,
+    /// Where the damage starts.
+    first_position: u64,
+    /// Where records resume in the same segment, if they do.
+    next: Option<Resync>,
+    /// The next segment's base offset.
+    next_base: Option<u64>,
+}
+
+impl Damaged {
+    /// The first offset readable after the damage: in this segment, else the next
+    /// segment's base.
+    fn next_offset(&self) -> Option<u64> {
+        self.next.map(|r| r.offset).or(self.next_base)
+    }
+
+    /// Rewrites the problem's detail to name the range.
+    fn describe(&self, p: &mut Problem, end: &ScanEnd, file_len: u64) {
+        let pos = self.first_position;
+        let offsets = match (self.first_offset, self.next_offset()) {
+            (Some(a), Some(b)) if b == a.saturating_add(1) => format!("offset {a} "),
+            (Some(a), Some(b)) if b > a => format!("offsets {a}..{} ", b - 1),
+            (Some(a), None) => format!("offsets from {a} "),
+            _ => String::new(),
+        };
+        p.detail = match self.next {
+            Some(r) => format!(
+                "{}; bytes {pos}..{} of this sealed segment cannot be read ({offsets}lost), records resume at byte {} (offset {})",
+                end.detail(),
+                r.position,
+                r.position,
+                r.offset
+            ),
+            None => format!(
+                "{}; bytes {pos}..{file_len} ({} bytes) of this sealed segment cannot be read ({offsets}lost){}",
+                end.detail(),
+                file_len.saturating_sub(pos),
+                self.next_base
+                    .map_or_else(String::new, |b| format!(", records resume in the next segment at offset {b}"))
+            ),
+        };
     }
 }
 

@@ -403,7 +403,14 @@ fn print_plan(
         if let Some(r) = rebuild {
             writeln!(out, "{}: would {}", r.topic, r.describe(&plan.root))?;
         }
+        let salvages = salvage
+            .unwrap_or(&[])
+            .iter()
+            .any(|(_, s)| !s.segments.is_empty());
         for line in plan.lines() {
+            if salvages && line == NOTHING_TO_DO {
+                continue;
+            }
             writeln!(out, "{line}")?;
         }
         for (label, s) in salvage.unwrap_or(&[]) {
@@ -432,6 +439,10 @@ fn print_plan(
 }
 
 type SalvageDone = (String, Vec<Salvaged>, Vec<NotSalvaged>);
+
+/// The summary line of a plan or report without actions; left out when the only work
+/// is a salvage.
+const NOTHING_TO_DO: &str = "nothing to do";
 
 fn print_report(
     plan: &RecoveryPlan,
@@ -511,7 +522,11 @@ fn print_report(
         if let Some(r) = rebuild {
             writeln!(out, "{}: {}", r.topic, r.describe(&report.root))?;
         }
+        let salvages = salvaged.iter().any(|(_, done, _)| !done.is_empty());
         for line in report.lines() {
+            if salvages && line == NOTHING_TO_DO {
+                continue;
+            }
             writeln!(out, "{line}")?;
         }
         for (label, done, not) in salvaged {

@@ -11,5 +11,6 @@ mod cli_cleanup;
 mod cli_topic_meta;
 mod engine_broker;
 mod engine_cleanup;
+mod engine_damage;
 mod engine_failures;
 mod kill9;

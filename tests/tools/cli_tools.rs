@@ -336,7 +336,83 @@ const CASES: &[Case] = &[
         quick_exit: 2,
         reindex_check_exit: 0,
     },
+    Case {
+        name: "bit-flip-last-record",
+        exit: 2,
+        severity: "corrupt",
+        problems: &[(
+            "crc_mismatch",
+            "corrupt",
+            "00000000000000000000.log",
+            Some(4358),
+            Some(29),
+        )],
+        // The last record lies after the last index entry: the startup check reads it.
+        quick_exit: 2,
+        reindex_check_exit: 0,
+    },
+    Case {
+        name: "damaged-header-sealed",
+        exit: 2,
+        severity: "corrupt",
+        problems: &[(
+            "bad_header",
+            "corrupt",
+            "00000000000000000000.log",
+            Some(0),
+            Some(0),
+        )],
+        quick_exit: 2,
+        reindex_check_exit: 0,
+    },
 ];
+
+/// Damage in a sealed segment: recover leaves it (exit 2, files unchanged);
+/// `recover --salvage --backup-dir` rewrites the segment keeping every readable
+/// record, with the exit code of what is left and the offsets it lost.
+#[test]
+fn recover_and_salvage_of_sealed_damage_fixtures() {
+    // (fixture, exit after salvage, offsets lost, header rebuilt)
+    type SalvageCase = (&'static str, i32, &'static [(u64, u64)], bool);
+    let cases: [SalvageCase; 3] = [
+        ("bit-flip-sealed", 0, &[(10, 11)], false),
+        // Offset 29 is gone: the segments no longer join, which stays corrupt.
+        ("bit-flip-last-record", 2, &[(29, 30)], false),
+        ("damaged-header-sealed", 0, &[], true),
+    ];
+    for (name, exit_after, lost, header) in cases {
+        let (tmp, data) = copy(name);
+        let before = snapshot(&data);
+        let d = data.to_str().unwrap();
+        let (code, out, _) = run(&["verify", d], &data);
+        assert_eq!(code, 2, "{name}: verify {out}");
+        let (code, out, _) = run(&["recover", "--dry-run", d], &data);
+        assert_eq!(code, 2, "{name}: recover --dry-run {out}");
+        assert_eq!(snapshot(&data), before, "{name}: --dry-run changed files");
+        let backup = tmp.path().join("backup");
+        let b = backup.to_str().unwrap();
+        let (code, out, err) = run(
+            &["recover", "--salvage", "--backup-dir", b, "--json", d],
+            &data,
+        );
+        assert_eq!(code, exit_after, "{name}: salvage {out} {err}");
+        let v: Value = serde_json::from_str(&out).unwrap();
+        let done = v["salvaged"].as_array().unwrap();
+        assert_eq!(done.len(), 1, "{name}: {out}");
+        assert_eq!(done[0]["path"], "topics/events/0/00000000000000000000.log");
+        let got: Vec<(u64, u64)> = done[0]["offsets_lost"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| (l["first"].as_u64().unwrap(), l["next"].as_u64().unwrap()))
+            .collect();
+        assert_eq!(got, lost, "{name}: offsets lost");
+        assert_eq!(done[0]["header_rebuilt"], header, "{name}");
+        assert!(!done[0]["backups"].as_array().unwrap().is_empty(), "{name}");
+        let (code, out, _) = run(&["verify", d], &data);
+        assert_eq!(code, exit_after, "{name}: verify after salvage {out}");
+    }
+}
 
 #[test]
 fn every_fixture_has_a_case_and_a_readme_line() {
@@ -606,16 +682,25 @@ fn dump_goes_on_after_a_corrupt_segment() {
         .filter(|l| l["type"] == "record")
         .map(|l| l["offset"].as_u64().unwrap())
         .collect();
-    let want: Vec<u64> = (0..10).chain(30..70).collect();
+    // The dump reads around the damaged record 10 and goes on in the same segment.
+    let want: Vec<u64> = (0..10).chain(11..70).collect();
     assert_eq!(offsets, want);
-    // The problem line sits between the last readable record and the next segment.
+    // The problem line sits between the last record before the damage and the first
+    // after it, and names the damaged range.
     let at = lines.iter().position(|l| l["type"] == "problem").unwrap();
     assert_eq!(lines[at - 1]["offset"], 9);
-    assert_eq!(lines[at + 1]["offset"], 30);
+    assert_eq!(lines[at + 1]["offset"], 11);
+    let p = &lines[at];
+    assert_eq!(p["kind"], "crc_mismatch");
+    assert_eq!(p["first_unreadable_offset"], 10);
+    assert_eq!(p["first_unreadable_position"], 1489);
+    assert_eq!(p["next_readable_offset"], 11);
+    assert_eq!(p["next_readable_position"], lines[at + 1]["position"]);
+    assert_eq!(lines.iter().filter(|l| l["type"] == "problem").count(), 1);
     // Human output: records on stdout, the problem on stderr.
     let (code, out, err) = run(&["dump", data.to_str().unwrap()], &data);
     assert_eq!(code, 2);
-    assert_eq!(out.lines().count(), 50);
+    assert_eq!(out.lines().count(), 69);
     assert!(
         err.contains("crc_mismatch") && err.contains("at byte 1489"),
         "{err}"

@@ -282,6 +282,15 @@ fn make(root: &Path) {
     segs[1].log.extend_from_slice(&[0; 600]);
     events_dir(&d("unfinished-seal"), &segs, small_segments());
 
+    let mut segs = base_partition();
+    let victim = segs[0].positions[29] as usize + 40;
+    segs[0].log[victim] ^= 0x04;
+    events_dir(&d("bit-flip-last-record"), &segs, small_segments());
+
+    let mut segs = base_partition();
+    segs[0].log[1] ^= 0x10; // a bit of the magic of a sealed segment
+    events_dir(&d("damaged-header-sealed"), &segs, small_segments());
+
     let p = events_dir(&d("missing-middle-segment"), &base, small_segments());
     fs::remove_file(p.join(log_file_name(base[1].base))).unwrap();
     fs::remove_file(p.join(index_file_name(base[1].base))).unwrap();
@@ -355,7 +364,7 @@ fn tree(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
     out
 }
 
-const NAMES: [&str; 14] = [
+const NAMES: [&str; 16] = [
     "clean",
     "torn-tail",
     "zero-tail",
@@ -370,6 +379,8 @@ const NAMES: [&str; 14] = [
     "unwritten-newest",
     "unfinished-seal",
     "missing-middle-segment",
+    "bit-flip-last-record",
+    "damaged-header-sealed",
 ];
 
 /// The fixtures [`make_meta`] writes.
