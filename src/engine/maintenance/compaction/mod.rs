@@ -24,14 +24,18 @@
 //! share one with probability about n²/2¹²⁸ (n keys): for a billion keys, below
 //! 10⁻²⁰. The SipHash keys are random per run, so nobody can choose keys that collide.
 //!
+//! The last record of the sealed segments always survives (whatever its key, even an
+//! expired tombstone), so the output ends where the replaced range ended and the
+//! active segment's base still follows it.
+//!
 //! Output segments hold at most `segment_bytes` each (a single larger record gets a
-//! segment of its own). Naming: the first output segment takes the base offset of the
-//! first replaced segment, so the partition's start offset does not move; every later
-//! one takes the base of the replaced segment its first record comes from, raised to
-//! one past the previous output's last offset when that is higher. So names strictly
-//! increase, each name is at most its segment's first offset and above the previous
-//! segment's last offset, and every name is below the active segment's base: a name
-//! can only ever equal a replaced segment's, never one that stays.
+//! segment of its own). Naming, so the outputs tile (docs/FORMAT.md, Segment states):
+//! the first output segment takes the base offset of the first replaced segment, so the
+//! partition's start offset does not move; every later one takes the previous output's
+//! last offset + 1, so its first record may lie above its base. Names strictly increase,
+//! each name is at most its segment's first offset, and every name is below the active
+//! segment's base: a name can only ever equal a replaced segment's, never one that
+//! stays.
 //!
 //! Swap protocol (docs/FORMAT.md): the numbered steps are in [`PreparedCompaction`] and
 //! [`compact_partition`]; every mutation goes through the [`Storage`] seam.
