@@ -1014,7 +1014,8 @@ fn check_continuity(out: &mut PartitionCheck) {
     let mut gap_explained = false;
     let mut found = Vec::new();
     for seg in &out.segments {
-        let valid_header = matches!(&seg.header, Ok(h) if h.base_offset == seg.base_offset() && !h.is_spare());
+        let valid_header =
+            matches!(&seg.header, Ok(h) if h.base_offset == seg.base_offset() && !h.is_spare());
         if !valid_header {
             gap_explained |= seg.is_corrupt();
             continue;

@@ -73,9 +73,8 @@ impl KeyIndex {
 
     pub(super) fn observe(&mut self, opts: &CompactionOptions, record: &RecordView<'_>) {
         self.records += 1;
-        let expired = record.key.is_some()
-            && record.is_tombstone()
-            && opts.is_expired(record.timestamp_ms);
+        let expired =
+            record.key.is_some() && record.is_tombstone() && opts.is_expired(record.timestamp_ms);
         self.last = Some((record.offset, expired));
         let Some(key) = record.key else { return };
         let mut value = record.offset;
