@@ -944,7 +944,9 @@ fn a_corrupt_segment_is_not_also_reported_as_a_gap() {
 /// lost segment's index is kept.
 #[test]
 fn recover_reports_a_lost_segment_of_a_compacted_topic_and_keeps_every_file() {
-    let cases: &[(&str, &[(&str, &str, u64)])] = &[
+    /// (kind, file in the partition, offset) of each problem recover reports.
+    type Lost = (&'static str, &'static str, u64);
+    let cases: &[(&str, &[Lost])] = &[
         (
             "compacted-lost-middle-segment",
             &[("segments_do_not_join", "00000000000000000070.log", 35)],

@@ -628,6 +628,20 @@ fn an_index_without_its_log_above_the_first_segment_is_a_lost_segment_and_kept()
     assert_eq!(full_severity(&d.data), Some(Severity::Corrupt));
 }
 
+#[test]
+fn an_index_without_its_log_after_the_newest_segment_is_a_roll_that_never_became_durable() {
+    // A roll creates the new log and index before the fsync that makes them durable; a
+    // crash may keep the index's name and lose the log's. Nothing in it was acknowledged.
+    let d = Data::new();
+    let s0 = seg(0, 0, 0..5);
+    d.put(0, &s0.log, Some(&s0.index));
+    fs::write(d.index(5), b"").unwrap();
+    let v = recover_twice(&d, 0);
+    assert_eq!(kinds(&v), ["remove_orphan_index"]);
+    assert!(!d.index(5).exists());
+    assert_eq!(offsets(&d.part), (0..5).collect::<Vec<_>>());
+}
+
 /// A compacted partition mid-swap: old segments 0 (0..20) and 20 (20..40), the new
 /// segment 0 keeps the odd offsets; the active segment 40 is untouched.
 fn swap_partition(stage: u32) -> (Data, Segment) {

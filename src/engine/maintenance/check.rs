@@ -58,10 +58,11 @@ pub enum ProblemKind {
     UnfinishedCompaction,
     /// A `.tmp` file (of an unfinished compaction, or left with no marker).
     LeftoverTempFile,
-    /// An `.index` whose `.log` is gone, below the first segment: a leftover of
-    /// retention.
+    /// An `.index` whose `.log` is gone, below the first segment (a leftover of
+    /// retention) or after the newest (a roll that never became durable).
     OrphanIndex,
-    /// An `.index` whose `.log` is gone, at or above the first segment: a lost segment.
+    /// An `.index` whose `.log` is gone, between the first and the newest segment: a
+    /// lost segment.
     LostSegment,
     /// A file seglog does not know; left alone.
     UnknownFile,
@@ -351,11 +352,11 @@ pub struct PartitionCheck {
     pub segments: Vec<SegmentCheck>,
     pub marker: Option<(PathBuf, Result<CompactionMarker, MarkerError>)>,
     pub temp_files: Vec<PathBuf>,
-    /// Index files without their log below the first segment (retention's leftovers,
-    /// removed by recovery).
+    /// Index files without their log below the first segment (retention's leftovers)
+    /// or after the newest (a roll that never became durable): removed by recovery.
     pub orphan_indexes: Vec<PathBuf>,
-    /// Index files without their log at or above the first segment: each marks a lost
-    /// segment (corruption, kept).
+    /// Index files without their log between the first and the newest segment: each
+    /// marks a lost segment (corruption, kept).
     pub lost_segments: Vec<PathBuf>,
     /// Partition-level problems: marker, temp files, orphan indexes, continuity.
     pub problems: Vec<Problem>,
@@ -420,12 +421,16 @@ pub fn check_partition_with(
     on_segment: &mut dyn FnMut(&mut SegmentCheck),
 ) -> io::Result<PartitionCheck> {
     let listing = list_partition(&p.dir)?;
-    let first_base = listing.segments.first().map(|s| s.base_offset);
+    let bases = listing
+        .segments
+        .first()
+        .zip(listing.segments.last())
+        .map(|(f, l)| (f.base_offset, l.base_offset));
     let (orphan_indexes, lost_segments): (Vec<PathBuf>, Vec<PathBuf>) = listing
         .orphan_indexes
         .iter()
         .cloned()
-        .partition(|idx| below_first_segment(idx, first_base));
+        .partition(|idx| !between_segments(idx, bases));
     let mut out = PartitionCheck {
         partition: p.clone(),
         segments: Vec::new(),
@@ -471,9 +476,13 @@ pub fn check_partition_with(
         ));
     }
     for idx in &out.orphan_indexes {
-        let detail =
-            "index file without its .log below the first segment, left by retention (recover removes it)"
-                .to_string();
+        let detail = match (index_base(idx), bases) {
+            (Some(b), Some((first, _))) if b < first => {
+                "index file without its .log below the first segment, left by retention (recover removes it)"
+            }
+            _ => "index file without its .log after the newest segment, of a roll that never became durable (recover removes it)",
+        }
+        .to_string();
         out.problems
             .push(problem(ProblemKind::OrphanIndex, idx, None, None, detail));
     }
@@ -553,10 +562,15 @@ fn index_base(idx: &Path) -> Option<u64> {
     }
 }
 
-/// An index without its log is retention's leftover only below the first segment
-/// (docs/FORMAT.md, Recovery step 5): retention removes the oldest segments, log first.
-fn below_first_segment(idx: &Path, first_base: Option<u64>) -> bool {
-    matches!((index_base(idx), first_base), (Some(b), Some(first)) if b < first)
+/// An index without its log marks a lost segment when it lies between the first and
+/// the newest segment (docs/FORMAT.md, Recovery step 5). Below the first it is
+/// retention's leftover (retention removes the oldest segments, log first); after the
+/// newest (or with no segment at all) it is a roll that never became durable: a roll
+/// creates the new log and index without an fsync between them, so a crash may keep
+/// either name, and nothing in that segment was acknowledged. (A newest segment lost
+/// with its index leaves nothing to tell it from one never written either.)
+fn between_segments(idx: &Path, bases: Option<(u64, u64)>) -> bool {
+    matches!((index_base(idx), bases), (Some(b), Some((first, newest))) if first < b && b < newest)
 }
 
 fn read_marker(path: &Path) -> Result<CompactionMarker, MarkerError> {

@@ -238,8 +238,9 @@ pub(super) fn plan_from_check(check: &PartitionCheck) -> PartitionPlan {
 }
 
 /// Step 1 without a marker to finish: temporary files (and an unparseable marker)
-/// and the orphan indexes below the first segment (retention's leftovers, step 5) are
-/// removed; an index without its log anywhere else marks a lost segment and is kept. Returns true when a marker parses: its swap is
+/// and the orphan indexes below the first segment (retention's leftovers, step 5) or
+/// after the newest (a roll that never became durable) are removed; an index without
+/// its log between them marks a lost segment and is kept. Returns true when a marker parses: its swap is
 /// finished first and the rest planned after it.
 pub(super) fn plan_marker_and_temp_files(check: &PartitionCheck, plan: &mut PartitionPlan) -> bool {
     let temp_reason = match &check.marker {
