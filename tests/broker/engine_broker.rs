@@ -642,3 +642,68 @@ fn interrupted_create_and_delete_are_cleaned_up() {
     assert!(b.list_topics().is_empty());
     assert_eq!(fs::read_dir(dir.path().join("topics")).unwrap().count(), 0);
 }
+
+/// A compacted topic that lost a segment (the committed fixtures): the broker starts,
+/// reports the loss as corruption at startup, deletes nothing (the lost segment's
+/// index included), and serves what is left around the hole.
+#[test]
+fn a_lost_segment_of_a_compacted_topic_is_reported_at_start_and_nothing_deleted() {
+    use crate::util::fs::{copy_tree, files, fixture};
+    let cases: &[(&str, &[&str], std::ops::Range<u64>)] = &[
+        (
+            "compacted-lost-middle-segment",
+            &["segments_do_not_join", "offsets 35..=69"],
+            35..70,
+        ),
+        (
+            "compacted-lost-middle-log",
+            &[
+                "lost_segment",
+                "00000000000000000035.index",
+                "offsets 35..=69",
+            ],
+            35..70,
+        ),
+        (
+            "compacted-lost-last-sealed",
+            &["segments_do_not_join", "offsets 70..=89"],
+            70..90,
+        ),
+    ];
+    for (name, want, lost) in cases {
+        let tmp = tempfile::tempdir().unwrap();
+        let data = tmp.path().join(name);
+        copy_tree(&fixture(name), &data);
+        let part = data.join("topics/events/0");
+        let before = files(&part);
+        let b = open(&data);
+        let report = b.startup_report().join("\n");
+        for w in *want {
+            assert!(
+                report.contains(w),
+                "{name}: startup report lacks {w:?}:\n{report}"
+            );
+        }
+        assert_eq!(
+            files(&part),
+            before,
+            "{name}: the broker changed the partition"
+        );
+        // The records before the hole are served, and the log continues after the
+        // highest record.
+        let got: Vec<u64> = fetch_all(&b, "events", 0, 0, 1 << 20)
+            .iter()
+            .map(|r| r.0)
+            .collect();
+        let want_before: Vec<u64> = (0..lost.start).filter(|i| i % 7 != 3).collect();
+        assert_eq!(
+            got.get(..want_before.len()),
+            Some(&want_before[..]),
+            "{name}"
+        );
+        assert!(got.iter().all(|o| !lost.contains(o)), "{name}: {got:?}");
+        assert_eq!(got.last(), Some(&99), "{name}");
+        assert_eq!(b.offsets("events", 0).unwrap(), (0, 100), "{name}");
+        drop(b);
+    }
+}

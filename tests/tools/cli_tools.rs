@@ -365,6 +365,59 @@ const CASES: &[Case] = &[
         quick_exit: 2,
         reindex_check_exit: 0,
     },
+    // Compacted topics: gaps inside segments are legal, but segments tile, so a lost
+    // segment is found all the same.
+    Case {
+        name: "compacted-lost-middle-segment",
+        exit: 2,
+        severity: "corrupt",
+        problems: &[(
+            "segments_do_not_join",
+            "corrupt",
+            "00000000000000000070.log",
+            Some(32),
+            Some(35),
+        )],
+        quick_exit: 2,
+        reindex_check_exit: 0,
+    },
+    Case {
+        name: "compacted-lost-middle-log",
+        exit: 2,
+        severity: "corrupt",
+        problems: &[
+            (
+                "lost_segment",
+                "corrupt",
+                "00000000000000000035.index",
+                None,
+                Some(35),
+            ),
+            (
+                "segments_do_not_join",
+                "corrupt",
+                "00000000000000000070.log",
+                Some(32),
+                Some(35),
+            ),
+        ],
+        quick_exit: 2,
+        reindex_check_exit: 0,
+    },
+    Case {
+        name: "compacted-lost-last-sealed",
+        exit: 2,
+        severity: "corrupt",
+        problems: &[(
+            "segments_do_not_join",
+            "corrupt",
+            "00000000000000000090.log",
+            Some(32),
+            Some(70),
+        )],
+        quick_exit: 2,
+        reindex_check_exit: 0,
+    },
 ];
 
 /// Damage in a sealed segment: recover leaves it (exit 2, files unchanged);
@@ -976,4 +1029,80 @@ fn a_corrupt_segment_is_not_also_reported_as_a_gap() {
     let (_tmp2, data) = copy("missing-middle-segment");
     let (_, v) = verify_json(&data, &[]);
     assert_eq!(problems(&v)[0].0, "segments_do_not_join");
+}
+
+/// `recover --dry-run` and `recover` of a compacted topic that lost a segment: the
+/// loss is reported as corruption (exit 2), nothing is deleted or changed, and the
+/// lost segment's index is kept.
+#[test]
+fn recover_reports_a_lost_segment_of_a_compacted_topic_and_keeps_every_file() {
+    /// (kind, file in the partition, offset) of each problem recover reports.
+    type Lost = (&'static str, &'static str, u64);
+    let cases: &[(&str, &[Lost])] = &[
+        (
+            "compacted-lost-middle-segment",
+            &[("segments_do_not_join", "00000000000000000070.log", 35)],
+        ),
+        (
+            "compacted-lost-middle-log",
+            &[
+                ("lost_segment", "00000000000000000035.index", 35),
+                ("segments_do_not_join", "00000000000000000070.log", 35),
+            ],
+        ),
+        (
+            "compacted-lost-last-sealed",
+            &[("segments_do_not_join", "00000000000000000090.log", 70)],
+        ),
+    ];
+    for &(name, want) in cases {
+        let (_tmp, data) = copy(name);
+        // `topics/`: recover creates `DATA/LOCK`, which changes the data directory.
+        let before = snapshot(&data.join("topics"));
+        for dry in [true, false] {
+            let mut args = vec!["recover", "--json"];
+            if dry {
+                args.push("--dry-run");
+            }
+            args.push(data.to_str().unwrap());
+            let (code, out, err) = run(&args, data.parent().unwrap());
+            assert_eq!(code, 2, "{name} dry {dry}: {out} {err}");
+            let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+            assert_eq!(v["dry_run"], dry, "{name}");
+            assert_eq!(v["actions"], serde_json::json!([]), "{name}");
+            assert_eq!(v["severity_before"], "corrupt", "{name}");
+            assert_eq!(v["severity_after"], "corrupt", "{name}");
+            let p = &v["partitions"][0];
+            assert_eq!(p["partition"], "events/0", "{name}");
+            assert_eq!(p["next_offset"], 100, "{name}");
+            assert_eq!(p["refuses_writes"], false, "{name}");
+            assert_eq!(p["corrupt"], serde_json::json!([]), "{name}");
+            let found: Vec<(String, String, u64, String)> = p["not_joined"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| {
+                    (
+                        x["kind"].as_str().unwrap().to_string(),
+                        x["path"].as_str().unwrap().to_string(),
+                        x["offset"].as_u64().unwrap(),
+                        x["severity"].as_str().unwrap().to_string(),
+                    )
+                })
+                .collect();
+            let want: Vec<(String, String, u64, String)> = want
+                .iter()
+                .map(|(k, f, o)| (k.to_string(), format!("{P}{f}"), *o, "corrupt".to_string()))
+                .collect();
+            assert_eq!(found, want, "{name} dry {dry}");
+            // Nothing deleted, nothing changed (the lost segment's index stays).
+            assert_unchanged(
+                &before,
+                &data.join("topics"),
+                &format!("recover {name} dry {dry}"),
+            );
+        }
+        let (code, _) = verify_json(&data, &[]);
+        assert_eq!(code, 2, "{name}: verify after recover");
+    }
 }

@@ -96,7 +96,12 @@ impl Case {
         let mut segments = Vec::new();
         let n_segments = 2 + rng.below(5);
         for _ in 0..n_segments {
+            // Segments tile: each base is the previous segment's last offset + 1; the
+            // first record may lie above it, as in a compaction output.
             let base = offset;
+            if rng.chance(20) {
+                offset += rng.below(10);
+            }
             let mut recs = Vec::new();
             // The active segment may be empty; sealed ones hold at least one record.
             for i in 0..=rng.below(max_records) {
@@ -121,7 +126,7 @@ impl Case {
                     value,
                 });
             }
-            offset += 1 + if rng.chance(20) { rng.below(10) } else { 0 };
+            offset += 1;
             segments.push((base, recs));
         }
         let mut active = segments.pop().unwrap_or_default();
@@ -152,9 +157,11 @@ impl Case {
         v
     }
 
-    /// The model: what survives, and the report's counts.
+    /// The model: what survives, and the report's counts. The last sealed record
+    /// always survives, whatever it is, so the segments still tile.
     fn expected(&self) -> (Vec<Rec>, CompactionReport) {
         let sealed: Vec<&Rec> = self.sealed.iter().flat_map(|(_, r)| r.iter()).collect();
+        let last_sealed = sealed.last().map(|r| r.offset);
         let mut newest: HashMap<&[u8], u64> = HashMap::new();
         for r in &sealed {
             if let Some(k) = &r.key {
@@ -169,10 +176,11 @@ impl Case {
             ..CompactionReport::default()
         };
         for r in &sealed {
-            let keep = match &r.key {
-                None => true,
-                Some(k) => newest[k.as_slice()] == r.offset && !expired(r),
-            };
+            let keep = Some(r.offset) == last_sealed
+                || match &r.key {
+                    None => true,
+                    Some(k) => newest[k.as_slice()] == r.offset && !expired(r),
+                };
             if keep {
                 kept.push((*r).clone());
             } else {
@@ -220,6 +228,64 @@ fn assert_clean(dir: &Path, segment_bytes: u64, what: &str) {
         "{what}: {:#?}",
         check.all_problems().collect::<Vec<_>>()
     );
+}
+
+/// Every segment's base is the previous segment's last offset + 1 (an empty segment
+/// passes its base on), and its records lie at or above its base.
+fn assert_tiles(dir: &Path, what: &str) {
+    let listing = list_partition(dir).unwrap();
+    let mut next_base: Option<u64> = None;
+    for seg in &listing.segments {
+        if let Some(want) = next_base {
+            assert_eq!(
+                seg.base_offset,
+                want,
+                "{what}: {} does not tile",
+                seg.log.display()
+            );
+        }
+        let (file, len) = open_log(&seg.log).unwrap();
+        let header = read_header(&file, len).unwrap().unwrap();
+        let scan = scan_segment(&file, &header, len, |_, _| {}).unwrap();
+        if let Some(first) = scan.first_offset {
+            assert!(
+                first >= seg.base_offset,
+                "{what}: {} starts below its base",
+                seg.log.display()
+            );
+        }
+        next_base = Some(scan.last_offset.map_or(seg.base_offset, |l| l + 1));
+    }
+}
+
+/// The newest record of every key is still there, unless it is an expired tombstone
+/// of a sealed segment that was not the last sealed record.
+fn assert_newest_kept(case: &Case, dir: &Path, what: &str) {
+    let left = read_partition(dir);
+    let mut newest: BTreeMap<Vec<u8>, &Rec> = BTreeMap::new();
+    for r in case.sealed.iter().flat_map(|(_, r)| r.iter()) {
+        if let Some(k) = &r.key {
+            newest.insert(k.clone(), r);
+        }
+    }
+    let last_sealed = case
+        .sealed
+        .iter()
+        .flat_map(|(_, r)| r.iter())
+        .last()
+        .map(|r| r.offset);
+    for (k, r) in newest {
+        let expired = is_tombstone(r) && NOW_MS - r.timestamp_ms > case.retention_ms;
+        if expired && Some(r.offset) != last_sealed {
+            assert!(!left.contains(r), "{what}: expired tombstone of {k:?} kept");
+        } else {
+            assert!(
+                left.contains(r),
+                "{what}: newest record of key {k:?} (offset {}) lost",
+                r.offset
+            );
+        }
+    }
 }
 
 fn model_case(seed: u64) {
@@ -282,6 +348,8 @@ fn model_case_of(seed: u64, case: Case) {
     );
     assert_eq!(read_partition(dir), expected, "surviving records");
     assert_clean(dir, case.segment_bytes, "after compaction");
+    assert_tiles(dir, "after compaction");
+    assert_newest_kept(&case, dir, "after compaction");
     let listing = list_partition(dir).unwrap();
     assert!(listing.temp_files.is_empty() && listing.marker.is_none());
     let bases: Vec<u64> = listing.segments.iter().map(|s| s.base_offset).collect();
@@ -293,10 +361,10 @@ fn model_case_of(seed: u64, case: Case) {
         let mut want_bases = report.new.clone();
         want_bases.push(case.active.0);
         assert_eq!(bases, want_bases);
-        // The partition's start offset does not move while anything survives.
-        if report.records_kept > 0 {
-            assert_eq!(bases[0], case.sealed[0].0);
-        }
+        // The partition's start offset does not move: the last sealed record always
+        // survives.
+        assert!(report.records_kept > 0);
+        assert_eq!(bases[0], case.sealed[0].0);
         let sealed_bytes: u64 = listing
             .segments
             .iter()
@@ -318,6 +386,7 @@ fn model_case_of(seed: u64, case: Case) {
     let again = offline_compact(&RealStorage, &p, &case.options(), &mut Vec::new()).unwrap();
     assert!(again.skipped, "second run: {again:?}");
     assert_eq!(read_partition(dir), expected);
+    assert_tiles(dir, "after the second run");
 }
 
 fn read_partition_one(log: &Path) -> u64 {
@@ -382,8 +451,9 @@ fn keys_in_the_active_segment_are_not_considered() {
         read_partition(dir),
         vec![rec(1, "a", "2"), rec(2, "a", "3"), rec(3, "a", "")]
     );
-    // An expired tombstone as the newest sealed record drops the key entirely, and the
-    // first output segment would be empty: no segment at all is left before the active one.
+    // An expired tombstone as the newest sealed record stays all the same: it is the
+    // last record of the replaced range, so the output still ends where the range ended
+    // and the active segment's base follows it.
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     let old = |offset, value: &str| Rec {
@@ -400,12 +470,16 @@ fn keys_in_the_active_segment_are_not_considered() {
     let r = offline_compact(&RealStorage, &p, &opts, &mut Vec::new()).unwrap();
     assert_eq!(
         (r.records_kept, r.tombstones_dropped, r.segments_after),
-        (0, 1, 0)
+        (1, 0, 1)
     );
-    assert!(r.new.is_empty());
+    assert_eq!(r.new, vec![5]);
     let listing = list_partition(dir).unwrap();
-    assert_eq!(listing.segments.len(), 1);
-    assert_eq!(listing.segments[0].base_offset, 7);
+    let bases: Vec<u64> = listing.segments.iter().map(|s| s.base_offset).collect();
+    assert_eq!(bases, vec![5, 7]);
+    // The output's first record (6) lies above its base (5).
+    assert_eq!(read_partition(dir), vec![old(6, "")]);
+    assert_tiles(dir, "expired tombstone last");
+    assert_clean(dir, 1 << 20, "expired tombstone last");
 }
 
 #[test]

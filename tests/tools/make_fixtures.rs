@@ -81,12 +81,16 @@ struct Seg {
     positions: Vec<u64>,
 }
 
+/// Segments that tile (docs/FORMAT.md, Segment states): each base is the previous
+/// segment's last offset + 1, so a segment's first record may lie above its base.
 fn segments(recs: &[Rec], active: usize, generations: &[u64]) -> Vec<Seg> {
+    let mut next_base = recs[0].offset;
     split(recs, active)
         .iter()
         .zip(generations.iter().cycle())
         .map(|(rs, &g)| {
-            let base = rs[0].offset;
+            let base = next_base;
+            next_base = rs.last().map_or(base, |r| r.offset + 1);
             let (log, index) = segment(base, g, rs);
             let mut positions = Vec::new();
             let mut pos = 32u64;
@@ -294,6 +298,39 @@ fn make(root: &Path) {
     let p = events_dir(&d("missing-middle-segment"), &base, small_segments());
     fs::remove_file(p.join(log_file_name(base[1].base))).unwrap();
     fs::remove_file(p.join(index_file_name(base[1].base))).unwrap();
+
+    lost_segments(&d);
+}
+
+/// A compacted partition of four segments that tile, with the gaps compaction leaves
+/// (sealed `…00`, `…35`, `…70`, active `…90`; see tests/fixtures/README.md).
+fn compacted_partition() -> Vec<Seg> {
+    let recs: Vec<Rec> = (0..100u64)
+        .filter(|i| i % 7 != 3 || *i >= 90)
+        .map(event)
+        .collect();
+    let segs = segments(&recs, 10, &[0, 3, 2, 1]);
+    assert_eq!(segs.len(), 4);
+    segs
+}
+
+/// Segments lost from a compacted topic: gaps are no excuse, every segment tiles.
+fn lost_segments(d: &dyn Fn(&str) -> PathBuf) {
+    let config = TopicConfig {
+        cleanup_policy: CleanupPolicy::Compact,
+        ..small_segments()
+    };
+    let segs = compacted_partition();
+    let p = events_dir(&d("compacted-lost-middle-segment"), &segs, config.clone());
+    fs::remove_file(p.join(log_file_name(segs[1].base))).unwrap();
+    fs::remove_file(p.join(index_file_name(segs[1].base))).unwrap();
+
+    let p = events_dir(&d("compacted-lost-middle-log"), &segs, config.clone());
+    fs::remove_file(p.join(log_file_name(segs[1].base))).unwrap();
+
+    let p = events_dir(&d("compacted-lost-last-sealed"), &segs, config);
+    fs::remove_file(p.join(log_file_name(segs[2].base))).unwrap();
+    fs::remove_file(p.join(index_file_name(segs[2].base))).unwrap();
 }
 
 /// The topic metadata fixtures (docs/FORMAT.md, Data directory): `clean` with the
@@ -364,7 +401,7 @@ fn tree(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
     out
 }
 
-const NAMES: [&str; 16] = [
+const NAMES: [&str; 19] = [
     "clean",
     "torn-tail",
     "zero-tail",
@@ -379,6 +416,9 @@ const NAMES: [&str; 16] = [
     "unwritten-newest",
     "unfinished-seal",
     "missing-middle-segment",
+    "compacted-lost-middle-segment",
+    "compacted-lost-middle-log",
+    "compacted-lost-last-sealed",
     "bit-flip-last-record",
     "damaged-header-sealed",
 ];

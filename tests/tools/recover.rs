@@ -586,23 +586,61 @@ fn corruption_in_the_middle_of_a_trusted_segment_is_found_by_the_full_check_afte
 
 #[test]
 fn leftover_temp_files_and_orphan_indexes_are_removed() {
+    // The orphan index lies below the first segment: retention's leftover.
     let d = Data::new();
-    let s0 = seg(0, 0, 0..5);
-    d.put(0, &s0.log, Some(&s0.index));
-    let tmp = d.part.join(format!("{}.tmp", log_file_name(100)));
+    let s0 = seg(100, 0, 100..105);
+    d.put(100, &s0.log, Some(&s0.index));
+    let tmp = d.part.join(format!("{}.tmp", log_file_name(200)));
     fs::write(&tmp, b"half a compaction").unwrap();
     fs::write(d.index(50), &s0.index).unwrap();
     let v = recover_twice(&d, 0);
     assert_eq!(kinds(&v), ["remove_temp_file", "remove_orphan_index"]);
     assert!(!tmp.exists() && !d.index(50).exists());
     assert_eq!(
-        backup_file(&d, &format!("{P0}/{}.tmp", log_file_name(100))),
+        backup_file(&d, &format!("{P0}/{}.tmp", log_file_name(200))),
         b"half a compaction"
     );
     assert_eq!(
         backup_file(&d, &format!("{P0}/{}", index_file_name(50))),
         s0.index
     );
+}
+
+#[test]
+fn an_index_without_its_log_above_the_first_segment_is_a_lost_segment_and_kept() {
+    // In a compacted topic too: gaps are no excuse, the segments must tile.
+    let d = data_dir("\"cleanup_policy\": \"compact\"");
+    let s0 = seg(0, 0, 0..5);
+    let s1 = seg(5, 0, 5..9);
+    let s2 = seg(9, 0, 9..12);
+    d.put(0, &s0.log, Some(&s0.index));
+    d.put(9, &s2.log, Some(&s2.index));
+    fs::write(d.index(5), &s1.index).unwrap();
+    let v = recover_twice(&d, 2);
+    assert!(kinds(&v).is_empty(), "{v:#}");
+    let lost: Vec<&str> = v["partitions"][0]["not_joined"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(lost, ["lost_segment", "segments_do_not_join"], "{v:#}");
+    assert_eq!(fs::read(d.index(5)).unwrap(), s1.index, "the index is kept");
+    assert_eq!(full_severity(&d.data), Some(Severity::Corrupt));
+}
+
+#[test]
+fn an_index_without_its_log_after_the_newest_segment_is_a_roll_that_never_became_durable() {
+    // A roll creates the new log and index before the fsync that makes them durable; a
+    // crash may keep the index's name and lose the log's. Nothing in it was acknowledged.
+    let d = Data::new();
+    let s0 = seg(0, 0, 0..5);
+    d.put(0, &s0.log, Some(&s0.index));
+    fs::write(d.index(5), b"").unwrap();
+    let v = recover_twice(&d, 0);
+    assert_eq!(kinds(&v), ["remove_orphan_index"]);
+    assert!(!d.index(5).exists());
+    assert_eq!(offsets(&d.part), (0..5).collect::<Vec<_>>());
 }
 
 /// A compacted partition mid-swap: old segments 0 (0..20) and 20 (20..40), the new
@@ -1435,6 +1473,9 @@ fn committed_fixtures_recover_as_their_readme_says() {
         ("unwritten-newest", &["remove_never_durable"], 0),
         ("unfinished-seal", &["trim_seal"], 0),
         ("missing-middle-segment", &[], 2),
+        ("compacted-lost-middle-segment", &[], 2),
+        ("compacted-lost-middle-log", &[], 2),
+        ("compacted-lost-last-sealed", &[], 2),
     ];
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
     for &(name, want_kinds, want_exit) in cases {
@@ -1456,7 +1497,11 @@ fn committed_fixtures_recover_as_their_readme_says() {
             .find(|p| p["partition"] == "events/0")
             .unwrap();
         // The newest segment's header is unreadable: what it held cannot be counted.
-        let want_next = if name == "bad-header-newest" { 60 } else { 70 };
+        let want_next = match name {
+            "bad-header-newest" => 60,
+            n if n.starts_with("compacted-lost-") => 100,
+            _ => 70,
+        };
         assert_eq!(events0["next_offset"], want_next, "{name}");
         assert_eq!(
             events0["refuses_writes"],

@@ -71,13 +71,18 @@ pub enum ProblemKind {
     UnfinishedCompaction,
     /// A `.tmp` file (of an unfinished compaction, or left with no marker).
     LeftoverTempFile,
-    /// An `.index` whose `.log` is gone.
+    /// An `.index` whose `.log` is gone, below the first segment (a leftover of
+    /// retention) or after the newest (a roll that never became durable).
     OrphanIndex,
+    /// An `.index` whose `.log` is gone, between the first and the newest segment: a
+    /// lost segment.
+    LostSegment,
     /// A file seglog does not know; left alone.
     UnknownFile,
     /// A segment starts at or below the last offset of the one before.
     SegmentsOverlap,
-    /// Offsets are missing between two segments of a partition that is not compacted.
+    /// A segment's base is not the previous segment's last offset + 1: offsets are
+    /// missing between them (in every topic, compacted or not).
     SegmentsDoNotJoin,
 
     // ----- segment header -----
@@ -146,6 +151,7 @@ impl ProblemKind {
             ProblemKind::UnfinishedCompaction => "unfinished_compaction",
             ProblemKind::LeftoverTempFile => "leftover_temp_file",
             ProblemKind::OrphanIndex => "orphan_index",
+            ProblemKind::LostSegment => "lost_segment",
             ProblemKind::UnknownFile => "unknown_file",
             ProblemKind::SegmentsOverlap => "segments_overlap",
             ProblemKind::SegmentsDoNotJoin => "segments_do_not_join",
@@ -201,6 +207,7 @@ impl ProblemKind {
             | ProblemKind::PartitionDirMissing
             | ProblemKind::SegmentsOverlap
             | ProblemKind::SegmentsDoNotJoin
+            | ProblemKind::LostSegment
             | ProblemKind::BaseOffsetMismatch
             | ProblemKind::ShortHeader
             | ProblemKind::ZeroHeader
@@ -430,7 +437,12 @@ pub struct PartitionCheck {
     pub segments: Vec<SegmentCheck>,
     pub marker: Option<(PathBuf, Result<CompactionMarker, MarkerError>)>,
     pub temp_files: Vec<PathBuf>,
+    /// Index files without their log below the first segment (retention's leftovers)
+    /// or after the newest (a roll that never became durable): removed by recovery.
     pub orphan_indexes: Vec<PathBuf>,
+    /// Index files without their log between the first and the newest segment: each
+    /// marks a lost segment (corruption, kept).
+    pub lost_segments: Vec<PathBuf>,
     /// Partition-level problems: marker, temp files, orphan indexes, continuity.
     pub problems: Vec<Problem>,
 }
@@ -494,12 +506,23 @@ pub fn check_partition_with(
     on_segment: &mut dyn FnMut(&mut SegmentCheck),
 ) -> io::Result<PartitionCheck> {
     let listing = list_partition(&p.dir)?;
+    let bases = listing
+        .segments
+        .first()
+        .zip(listing.segments.last())
+        .map(|(f, l)| (f.base_offset, l.base_offset));
+    let (orphan_indexes, lost_segments): (Vec<PathBuf>, Vec<PathBuf>) = listing
+        .orphan_indexes
+        .iter()
+        .cloned()
+        .partition(|idx| !between_segments(idx, bases));
     let mut out = PartitionCheck {
         partition: p.clone(),
         segments: Vec::new(),
         marker: None,
         temp_files: listing.temp_files.clone(),
-        orphan_indexes: listing.orphan_indexes.clone(),
+        orphan_indexes,
+        lost_segments,
         problems: Vec::new(),
     };
     if let Some(path) = &listing.marker {
@@ -537,10 +560,27 @@ pub fn check_partition_with(
             detail,
         ));
     }
-    for idx in &listing.orphan_indexes {
-        let detail = "index file without its .log (recover removes it)".to_string();
+    for idx in &out.orphan_indexes {
+        let detail = match (index_base(idx), bases) {
+            (Some(b), Some((first, _))) if b < first => {
+                "index file without its .log below the first segment, left by retention (recover removes it)"
+            }
+            _ => "index file without its .log after the newest segment, of a roll that never became durable (recover removes it)",
+        }
+        .to_string();
         out.problems
             .push(problem(ProblemKind::OrphanIndex, idx, None, None, detail));
+    }
+    for idx in &out.lost_segments {
+        let base = index_base(idx);
+        let detail = match base {
+            Some(b) => format!(
+                "index file without its .log: the segment at base {b} is lost (its records cannot be read back; the index is kept)"
+            ),
+            None => "index file without its .log: a segment is lost (the index is kept)".to_string(),
+        };
+        out.problems
+            .push(problem(ProblemKind::LostSegment, idx, None, base, detail));
     }
     for path in &listing.unknown {
         let detail = "file seglog does not know; left alone".to_string();
@@ -575,16 +615,20 @@ fn excuse_swap_in_progress(out: &mut PartitionCheck) {
         .new
         .iter()
         .chain(marker.replaced.iter())
-        .map(|&b| {
-            out.partition
-                .dir
-                .join(crate::format::names::log_file_name(b))
+        .flat_map(|&b| {
+            [
+                crate::format::names::log_file_name(b),
+                crate::format::names::index_file_name(b),
+            ]
         })
+        .map(|name| out.partition.dir.join(name))
         .collect();
     for p in &mut out.problems {
         let continuity = matches!(
             p.kind,
-            ProblemKind::SegmentsOverlap | ProblemKind::SegmentsDoNotJoin
+            ProblemKind::SegmentsOverlap
+                | ProblemKind::SegmentsDoNotJoin
+                | ProblemKind::LostSegment
         );
         if continuity && p.severity == Severity::Corrupt && named.contains(&p.file) {
             p.severity = Severity::Repairable;
@@ -592,6 +636,26 @@ fn excuse_swap_in_progress(out: &mut PartitionCheck) {
                 .push_str(" (part of the unfinished compaction swap; recover finishes it)");
         }
     }
+}
+
+/// The base offset an index file is named after.
+fn index_base(idx: &Path) -> Option<u64> {
+    let name = idx.file_name()?.to_string_lossy();
+    match crate::format::names::classify_partition_file(&name) {
+        crate::format::names::PartitionFile::Index(b) => Some(b),
+        _ => None,
+    }
+}
+
+/// An index without its log marks a lost segment when it lies between the first and
+/// the newest segment (docs/FORMAT.md, Recovery step 5). Below the first it is
+/// retention's leftover (retention removes the oldest segments, log first); after the
+/// newest (or with no segment at all) it is a roll that never became durable: a roll
+/// creates the new log and index without an fsync between them, so a crash may keep
+/// either name, and nothing in that segment was acknowledged. (A newest segment lost
+/// with its index leaves nothing to tell it from one never written either.)
+fn between_segments(idx: &Path, bases: Option<(u64, u64)>) -> bool {
+    matches!((index_base(idx), bases), (Some(b), Some((first, newest))) if first < b && b < newest)
 }
 
 fn read_marker(path: &Path) -> Result<CompactionMarker, MarkerError> {
@@ -1037,65 +1101,69 @@ fn index_problem(state: &IndexState, files: &SegmentFiles, active: bool) -> Opti
     }
 }
 
-/// Consecutive segments must join up: each first offset above the previous last
-/// offset, and equal to last + 1 unless the partition has been compacted. An empty
-/// newest segment counts with its base offset (docs/FORMAT.md, Segment states).
+/// Segments tile the offsets (docs/FORMAT.md, Segment states), in every topic,
+/// compacted or not: each segment's base is the previous segment's last record + 1,
+/// and its records lie in `base ..` the next base − 1 (the scan already stops at a
+/// record below the base). A segment without records and with a valid header (an
+/// empty newest segment) tiles with its base: the next record goes there.
+///
+/// A segment whose header is unreadable, or never became durable, is not compared:
+/// its records are unknown (a never-durable newest segment may be named after records
+/// of the segment before that were lost with it, never acknowledged). Offsets missing
+/// after a corrupt segment are that corruption, already reported, not a second problem.
 fn check_continuity(out: &mut PartitionCheck) {
-    let compacted = out.partition.config.cleanup_policy.compacts()
-        || out
-            .segments
-            .iter()
-            .any(|s| s.scan.as_ref().is_some_and(|sc| sc.has_gaps));
+    // The offset the next segment's base must be, and the segment that gives it.
     let mut prev: Option<(u64, &SegmentCheck)> = None;
-    // Set when a corrupt segment lies between `prev`'s readable records and the next
-    // segment: the offsets missing there are that corruption, already reported, not
-    // a second problem.
     let mut gap_explained = false;
     let mut found = Vec::new();
-    let newest = out.segments.len().checked_sub(1);
-    for (i, seg) in out.segments.iter().enumerate() {
-        // An empty newest segment with a valid header tiles too: its base is where the
-        // next record goes, so a hole before it is reported, not left for the next
-        // append to make permanent. (One whose header never became durable is reported
-        // by its header and removed by recovery.)
-        let empty_newest = Some(i) == newest
-            && matches!(&seg.header, Ok(h) if h.base_offset == seg.base_offset() && !h.is_spare());
-        let Some(first) = seg
-            .first_offset
-            .or_else(|| empty_newest.then(|| seg.base_offset()))
-        else {
+    for seg in &out.segments {
+        let valid_header =
+            matches!(&seg.header, Ok(h) if h.base_offset == seg.base_offset() && !h.is_spare());
+        if !valid_header {
             gap_explained |= seg.is_corrupt();
             continue;
-        };
-        if let Some((last, p)) = prev {
-            if first <= last || seg.base_offset() <= last {
+        }
+        let base = seg.base_offset();
+        if let Some((next_base, p)) = prev {
+            let p_name = p
+                .files
+                .log
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            if base < next_base {
+                let detail = match p.last_offset {
+                    Some(last) => format!(
+                        "segment base {base} is not above offset {last} that {p_name} ends with (a segment's records lie below the next base)"
+                    ),
+                    None => format!(
+                        "segment base {base} is not above the base {next_base} of the empty segment {p_name}"
+                    ),
+                };
                 found.push(problem(
                     ProblemKind::SegmentsOverlap,
                     &seg.files.log,
                     Some(HEADER_LEN as u64),
-                    Some(first),
-                    format!(
-                        "segment starts at offset {first} (base {}), not above offset {last} that {} ends with",
-                        seg.base_offset(),
-                        p.files.log.file_name().map(|n| n.to_string_lossy()).unwrap_or_default()
-                    ),
+                    Some(seg.first_offset.unwrap_or(base)),
+                    detail,
                 ));
-            } else if !compacted && !gap_explained && first != last + 1 {
+            } else if !gap_explained && base != next_base {
                 found.push(problem(
                     ProblemKind::SegmentsDoNotJoin,
                     &seg.files.log,
                     Some(HEADER_LEN as u64),
-                    Some(last + 1),
+                    Some(next_base),
                     format!(
-                        "offsets {}..={} are missing between this segment and the one before",
-                        last + 1,
-                        first - 1
+                        "offsets {next_base}..={} are missing between this segment and the one before (a segment is lost)",
+                        base - 1
                     ),
                 ));
             }
         }
-        if let Some(last) = seg.last_offset {
-            prev = Some((last, seg));
+        match seg.last_offset {
+            Some(last) => prev = Some((last.saturating_add(1), seg)),
+            None if !seg.is_corrupt() => prev = Some((base, seg)),
+            None => {}
         }
         gap_explained = seg.is_corrupt();
     }

@@ -24,14 +24,18 @@
 //! share one with probability about n²/2¹²⁸ (n keys): for a billion keys, below
 //! 10⁻²⁰. The SipHash keys are random per run, so nobody can choose keys that collide.
 //!
+//! The last record of the sealed segments always survives (whatever its key, even an
+//! expired tombstone), so the output ends where the replaced range ended and the
+//! active segment's base still follows it.
+//!
 //! Output segments hold at most `segment_bytes` each (a single larger record gets a
-//! segment of its own). Naming: the first output segment takes the base offset of the
-//! first replaced segment, so the partition's start offset does not move; every later
-//! one takes the base of the replaced segment its first record comes from, raised to
-//! one past the previous output's last offset when that is higher. So names strictly
-//! increase, each name is at most its segment's first offset and above the previous
-//! segment's last offset, and every name is below the active segment's base: a name
-//! can only ever equal a replaced segment's, never one that stays.
+//! segment of its own). Naming, so the outputs tile (docs/FORMAT.md, Segment states):
+//! the first output segment takes the base offset of the first replaced segment, so the
+//! partition's start offset does not move; every later one takes the previous output's
+//! last offset + 1, so its first record may lie above its base. Names strictly increase,
+//! each name is at most its segment's first offset, and every name is below the active
+//! segment's base: a name can only ever equal a replaced segment's, never one that
+//! stays.
 //!
 //! Swap protocol (docs/FORMAT.md): the numbered steps are in [`PreparedCompaction`] and
 //! [`compact_partition`]; every mutation goes through the [`Storage`] seam.
@@ -374,7 +378,7 @@ mod tests {
     }
 
     #[test]
-    fn output_names_increase_and_stay_among_the_replaced_ranges() {
+    fn output_names_tile() {
         let replaced = [0u64, 100, 200];
         let dir = Path::new("/nonexistent");
         let mut w = OutputWriter {
@@ -390,11 +394,13 @@ mod tests {
         // The first output takes the first replaced base, even if its first record
         // comes from a later segment.
         assert_eq!(w.name_for(150), 0);
+        // Every later one the previous output's last offset + 1, wherever its first
+        // record comes from.
         w.prev_last = Some(120);
-        assert_eq!(w.name_for(130), 121, "raised past the previous last offset");
+        assert_eq!(w.name_for(130), 121);
         w.prev_last = Some(90);
-        assert_eq!(w.name_for(130), 100, "the base of the segment it starts in");
-        assert_eq!(w.name_for(250), 200);
+        assert_eq!(w.name_for(130), 91);
+        assert_eq!(w.name_for(250), 91);
         // Sizes: a record larger than segment_bytes gets a segment of its own.
         let mut w = OutputWriter {
             prev_last: None,
@@ -405,6 +411,6 @@ mod tests {
         w.add(7, &[], 900).unwrap();
         w.add(150, &[], 100).unwrap();
         w.finish_current().unwrap();
-        assert_eq!(w.done, vec![(0, 2032), (6, 132), (7, 932), (100, 132)]);
+        assert_eq!(w.done, vec![(0, 2032), (6, 132), (7, 932), (8, 132)]);
     }
 }

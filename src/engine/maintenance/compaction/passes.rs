@@ -59,20 +59,28 @@ pub(super) struct KeyIndex {
     pub(super) superseded_tombstones: u64,
     /// Keys whose newest record is an expired tombstone.
     pub(super) expired_newest: u64,
+    /// The last record read: its offset, and whether it is an expired tombstone.
+    pub(super) last: Option<(u64, bool)>,
 }
 
 impl KeyIndex {
+    /// Records pass 2 drops. The last record of the replaced range is always kept
+    /// (it is the newest of its key, so only its expiry could drop it).
     pub(super) fn dropped(&self) -> u64 {
-        self.superseded + self.expired_newest
+        let last_expired = self.last.is_some_and(|(_, expired)| expired);
+        self.superseded + self.expired_newest - u64::from(last_expired)
     }
 
     pub(super) fn observe(&mut self, opts: &CompactionOptions, record: &RecordView<'_>) {
         self.records += 1;
+        let expired =
+            record.key.is_some() && record.is_tombstone() && opts.is_expired(record.timestamp_ms);
+        self.last = Some((record.offset, expired));
         let Some(key) = record.key else { return };
         let mut value = record.offset;
         if record.is_tombstone() {
             value |= TOMBSTONE_BIT;
-            if opts.is_expired(record.timestamp_ms) {
+            if expired {
                 value |= EXPIRED_BIT;
             }
         }
@@ -105,8 +113,13 @@ impl KeyIndex {
         self.batch = batch;
     }
 
-    /// Pass 2's decision, which pass 1's counts predict.
+    /// Pass 2's decision, which pass 1's counts predict. The last record of the
+    /// replaced range stays whatever it is, so the output ends where the range ended
+    /// and the segments still tile (docs/FORMAT.md, Compaction).
     pub(super) fn keeps(&self, digest: Option<&KeyDigest>, offset: u64) -> bool {
+        if self.last.is_some_and(|(last, _)| last == offset) {
+            return true;
+        }
         let Some(d) = digest else { return true };
         match self.map.get(d) {
             Some(v) => v & COMPACT_OFFSET_MAX == offset && v & EXPIRED_BIT == 0,
@@ -163,6 +176,7 @@ pub(super) fn pass_one(
         superseded: 0,
         superseded_tombstones: 0,
         expired_newest: 0,
+        last: None,
     };
     let mut prev_last: Option<u64> = None;
     for seg in sealed {
@@ -247,19 +261,19 @@ pub(super) fn tmp_path(dir: &Path, file_name: &str) -> PathBuf {
 }
 
 impl OutputWriter<'_> {
-    /// Name of an output segment whose first record has `first_offset` (module doc).
+    /// Name of an output segment whose first record has `first_offset` (module doc):
+    /// the first output takes the first replaced segment's base, every later one the
+    /// previous output's last offset + 1, so the outputs tile.
     pub(super) fn name_for(&self, first_offset: u64) -> u64 {
-        let first_replaced = self.replaced.first().copied().unwrap_or(first_offset);
-        let Some(prev_last) = self.prev_last else {
-            return first_replaced.min(first_offset);
-        };
-        let idx = self.replaced.partition_point(|&b| b <= first_offset);
-        let within = idx
-            .checked_sub(1)
-            .and_then(|i| self.replaced.get(i))
-            .copied()
-            .unwrap_or(first_offset);
-        within.max(prev_last + 1)
+        match self.prev_last {
+            Some(prev_last) => prev_last + 1,
+            None => self
+                .replaced
+                .first()
+                .copied()
+                .unwrap_or(first_offset)
+                .min(first_offset),
+        }
     }
 
     /// Appends one surviving record: `encoded` is its generation-0 encoding (empty

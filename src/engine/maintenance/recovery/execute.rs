@@ -90,13 +90,15 @@ pub(super) fn run_action(
                 .map_err(wrap)?;
         }
         Action::RemoveNeverDurable { log, index, .. } => {
-            // The index first: a crash in between leaves the log, removed next time.
-            let mut files: Vec<&Path> = Vec::new();
+            // 1. The index, and fsync the directory; 2. the log, and fsync again. A
+            //    crash in between leaves the log, removed next time; never an index
+            //    without its log, which above the first segment marks a lost segment
+            //    (docs/FORMAT.md, Recovery step 5).
             if let Some(i) = index {
-                files.push(i);
+                remove_files(storage, &pp.dir, &[i.as_path()], backup, &mut backups)
+                    .map_err(wrap)?;
             }
-            files.push(log);
-            remove_files(storage, &pp.dir, &files, backup, &mut backups).map_err(wrap)?;
+            remove_files(storage, &pp.dir, &[log.as_path()], backup, &mut backups).map_err(wrap)?;
         }
         Action::CutTail { log, from, to, .. } | Action::TrimSeal { log, from, to, .. } => {
             cut(storage, log, *from, *to, backup, &mut backups).map_err(wrap)?;

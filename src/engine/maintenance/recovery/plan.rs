@@ -220,10 +220,9 @@ pub(super) fn plan_from_check(check: &PartitionCheck) -> PartitionPlan {
             plan.refuses_writes |= last == u64::MAX;
             next_offset = next_offset.max(last.saturating_add(1));
         }
-        let next_first = kept_segs
-            .get(i + 1)
-            .map(|s| s.first_offset.unwrap_or(s.base_offset()));
-        plan_segment(seg, is_active, next_first, &mut plan);
+        // Segments tile: a segment's records end below the next one's base.
+        let next_base = kept_segs.get(i + 1).map(SegmentCheck::base_offset);
+        plan_segment(seg, is_active, next_base, &mut plan);
     }
 
     // Step 5: segments that do not join up are reported.
@@ -240,7 +239,9 @@ pub(super) fn plan_from_check(check: &PartitionCheck) -> PartitionPlan {
 }
 
 /// Step 1 without a marker to finish: temporary files (and an unparseable marker)
-/// and orphan indexes are removed. Returns true when a marker parses: its swap is
+/// and the orphan indexes below the first segment (retention's leftovers, step 5) or
+/// after the newest (a roll that never became durable) are removed; an index without
+/// its log between them marks a lost segment and is kept. Returns true when a marker parses: its swap is
 /// finished first and the rest planned after it.
 pub(super) fn plan_marker_and_temp_files(check: &PartitionCheck, plan: &mut PartitionPlan) -> bool {
     let temp_reason = match &check.marker {
@@ -279,15 +280,15 @@ pub(super) fn plan_marker_and_temp_files(check: &PartitionCheck, plan: &mut Part
     false
 }
 
-/// Steps 3 and 4 for one segment that stays. `next_first` is the first offset of the
+/// Steps 3 and 4 for one segment that stays. `next_base` is the base offset of the
 /// segment after it, if any.
 pub(super) fn plan_segment(
     seg: &SegmentCheck,
     is_active: bool,
-    next_first: Option<u64>,
+    next_base: Option<u64>,
     plan: &mut PartitionPlan,
 ) {
-    let lost_to = next_first.map(|n| n.saturating_sub(1));
+    let lost_to = next_base.map(|n| n.saturating_sub(1));
     let header_ok = matches!(&seg.header, Ok(h) if h.base_offset == seg.base_offset());
     if !header_ok {
         // An invalid header (other than never durable on the newest): left in place.
@@ -429,6 +430,7 @@ pub(super) fn tail_step(active: bool, kind: Option<ProblemKind>, end: &ScanEnd) 
         | K::UnfinishedCompaction
         | K::LeftoverTempFile
         | K::OrphanIndex
+        | K::LostSegment
         | K::UnknownFile
         | K::SegmentsOverlap
         | K::SegmentsDoNotJoin
