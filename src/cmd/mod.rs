@@ -11,6 +11,7 @@ pub mod compact;
 pub mod connect;
 pub mod consume;
 pub mod dump;
+pub mod escape;
 pub mod produce;
 pub mod recover;
 pub mod reindex;
