@@ -12,6 +12,7 @@ pub mod connect;
 pub mod consume;
 pub mod dump;
 pub mod escape;
+pub mod format_string;
 pub mod produce;
 pub mod recover;
 pub mod reindex;

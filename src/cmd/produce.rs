@@ -474,7 +474,10 @@ mod tests {
     #[test]
     fn delimiters() {
         assert_eq!(records(b"a\nb\n", b"\n"), [b"a".to_vec(), b"b".to_vec()]);
-        assert_eq!(records(b"a\n\nb", b"\n"), [b"a".to_vec(), vec![], b"b".to_vec()]);
+        assert_eq!(
+            records(b"a\n\nb", b"\n"),
+            [b"a".to_vec(), vec![], b"b".to_vec()]
+        );
         assert_eq!(records(b"", b"\n"), Vec::<Vec<u8>>::new());
         assert_eq!(
             records(b"a\r\nb\nc\r\n", b"\r\n"),
