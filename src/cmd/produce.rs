@@ -378,7 +378,8 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
                             )?;
                         }
                         return Err(ExitError::usage(format!(
-                            "stdin record {line_no} has no key separator {:?} ({total} earlier records were sent)",
+                            "stdin {} {line_no} has no key separator {:?} ({total} earlier records were sent)",
+                            if args.separator() == b"\n" { "line" } else { "record" },
                             args.key_separator.as_deref().unwrap_or_default()
                         )));
                     }
