@@ -5,6 +5,11 @@
 //! partition is read by its own thread over its own connection, long-polling for
 //! new records, and lines appear as they arrive. Every record's CRC is checked by
 //! the client before it is printed.
+//!
+//! Text output is bytes: the value and `--delimiter` (default `\n`, nothing under
+//! `--raw`), optionally after the key (`--print-key`), or a kcat-style `--format`
+//! template ([`RecordFormat`]). Where each partition starts is decided once, up front,
+//! by [`plan_starts`].
 
 use std::io::{self, Write};
 use std::sync::mpsc;
@@ -14,10 +19,12 @@ use std::time::Duration;
 use serde_json::json;
 
 use super::connect::{client_error, BrokerArgs};
+use super::escape::{parse_bytes, Bytes};
+use super::format_string::RecordFormat;
 use super::{exit, BytesAs, ExitError, Global};
 use crate::engine::error::damaged_range;
 use crate::engine::net::client::{Client, ClientError, Fetched as Fetch, Record};
-use crate::format::wire::{ErrorCode, FETCH_BYTES_MAX};
+use crate::format::wire::{ErrorCode, PartitionOffsets, FETCH_BYTES_MAX};
 
 /// How long one long-poll fetch waits for new records under `--follow`.
 const FOLLOW_WAIT: Duration = Duration::from_secs(5);
@@ -30,11 +37,21 @@ pub struct Args {
     /// Read only this partition (default: all).
     #[arg(long)]
     pub partition: Option<u32>,
-    /// Where to start in each partition: earliest, latest, or an offset.
-    #[arg(long, default_value = "earliest", value_parser = parse_from)]
+    /// Where to start in each partition: earliest, latest, an offset, or -N for the
+    /// last N offsets of each partition. Reading all partitions, one that ends before
+    /// the offset is read from its own start (said on stderr); only when every
+    /// partition ends before it is the offset refused.
+    #[arg(long, default_value = "earliest", value_parser = parse_from, allow_negative_numbers = true)]
     pub from: StartAt,
+    /// Start in each partition at its first record stamped at or after this time:
+    /// RFC 3339 (2024-05-01T12:00:00Z, 2024-05-01T14:00:00.5+02:00) or milliseconds
+    /// since the epoch. The protocol has no lookup by time, so the client
+    /// binary-searches each partition with small fetches; this is exact when
+    /// timestamps do not decrease along the log (as when the broker stamps them).
+    #[arg(long, value_name = "TIME", value_parser = parse_time, conflicts_with = "from", allow_negative_numbers = true)]
+    pub from_time: Option<i64>,
     /// Stop after this many records.
-    #[arg(long)]
+    #[arg(long, value_parser = parse_count, allow_negative_numbers = true)]
     pub count: Option<u64>,
     /// Keep waiting for new records instead of stopping at the end of the log.
     #[arg(long)]
@@ -49,6 +66,26 @@ pub struct Args {
     /// offsets) or skip them (say on stderr what was skipped, and go on).
     #[arg(long, value_enum, default_value_t = OnCorrupt::Stop)]
     pub on_corrupt: OnCorrupt,
+    /// Print each record through this kcat-style template instead of the value and a
+    /// newline: %s or %v value, %S or %V value length, %R value length as a 4-byte
+    /// big-endian integer, %k key, %K key length (-1 without a key), %t topic,
+    /// %p partition, %o offset, %T timestamp (ms since the epoch), %h headers (none in
+    /// seglog: empty), %% a percent sign; escapes \n \r \t \0 \\ \xNN. Nothing is
+    /// added after it: end it with \n for lines.
+    #[arg(long, value_name = "STRING", value_parser = RecordFormat::parse, conflicts_with_all = ["json", "print_key", "raw", "delimiter"])]
+    pub format: Option<RecordFormat>,
+    /// Print each record's key (empty without one), --key-delimiter, then its value.
+    #[arg(long, conflicts_with = "json")]
+    pub print_key: bool,
+    /// What --print-key puts between key and value (escapes as for --delimiter).
+    #[arg(long, value_name = "BYTES", default_value = "\\t", value_parser = parse_bytes, requires = "print_key")]
+    pub key_delimiter: Bytes,
+    /// What follows each record's value (default \n; escapes \n \r \t \0 \\ \xNN).
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes, conflicts_with = "json")]
+    pub delimiter: Option<Bytes>,
+    /// Values exactly as stored, nothing added after them (unless --delimiter is given).
+    #[arg(long, conflicts_with = "json")]
+    pub raw: bool,
     /// Most record bytes per fetch request.
     #[arg(long, default_value_t = 1 << 20, value_parser = clap::value_parser!(u32).range(1..=i64::from(FETCH_BYTES_MAX)))]
     pub max_bytes: u32,
@@ -101,16 +138,19 @@ pub enum StartAt {
     Earliest,
     Latest,
     Offset(u64),
+    /// `-N`: the last N offsets of each partition.
+    Last(u64),
 }
 
 fn parse_from(s: &str) -> Result<StartAt, String> {
     match s {
         "earliest" => Ok(StartAt::Earliest),
         "latest" => Ok(StartAt::Latest),
-        n => n
-            .parse()
-            .map(StartAt::Offset)
-            .map_err(|_| format!("{s:?} is not earliest, latest or an offset")),
+        n => match n.strip_prefix('-') {
+            Some(last) => last.parse().map(StartAt::Last),
+            None => n.parse().map(StartAt::Offset),
+        }
+        .map_err(|_| format!("{s:?} is not earliest, latest, an offset or -N (the last N)")),
     }
 }
 
@@ -120,6 +160,7 @@ impl StartAt {
             StartAt::Earliest => start_offset,
             StartAt::Latest => end_offset,
             StartAt::Offset(o) => o,
+            StartAt::Last(n) => end_offset.saturating_sub(n).max(start_offset),
         }
     }
 }
@@ -137,12 +178,11 @@ fn write_record(out: &mut impl Write, args: &Args, partition: u32, r: &Record) -
         });
         writeln!(out, "{line}")
     } else {
-        out.write_all(&r.value)?;
-        out.write_all(b"\n")
+        write_text(out, args, partition, r)
     }
 }
 
-pub fn run(args: Args, _global: Global) -> anyhow::Result<u8> {
+pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
     let mut client = args.broker.connect()?;
     let offsets = client.list_offsets(&args.topic).map_err(client_error)?;
     let chosen: Vec<_> = match args.partition {
@@ -167,20 +207,22 @@ pub fn run(args: Args, _global: Global) -> anyhow::Result<u8> {
     if limit == 0 {
         return Ok(exit::OK);
     }
+    let planned = plan_starts(&mut client, &args, &chosen, global)?;
     if args.follow {
         return follow(
             &args,
             chosen
                 .iter()
-                .map(|o| (o.partition, args.from.start(o.start_offset, o.end_offset)))
+                .zip(&planned)
+                .map(|(o, &pos)| (o.partition, pos))
                 .collect(),
             limit,
             &mut out,
         );
     }
     let mut printed = 0u64;
-    for o in chosen {
-        let mut pos = args.from.start(o.start_offset, o.end_offset);
+    for (o, pos) in chosen.into_iter().zip(planned) {
+        let mut pos = pos;
         if pos < o.start_offset || pos > o.end_offset {
             // Outside the log: the broker's refusal names the range (exit 69).
             client
@@ -357,4 +399,237 @@ fn follow(
         }
     }
     Ok(exit::OK)
+}
+
+/// Writes one record in text form: `--format`, or [key, key delimiter,] value and the
+/// record delimiter (`\n`; nothing under `--raw`).
+fn write_text(out: &mut impl Write, args: &Args, partition: u32, r: &Record) -> io::Result<()> {
+    if let Some(format) = &args.format {
+        return format.write(out, &args.topic, partition, r);
+    }
+    if args.print_key {
+        out.write_all(r.key.as_deref().unwrap_or_default())?;
+        out.write_all(&args.key_delimiter.0)?;
+    }
+    out.write_all(&r.value)?;
+    match &args.delimiter {
+        Some(d) => out.write_all(&d.0),
+        None if args.raw => Ok(()),
+        None => out.write_all(b"\n"),
+    }
+}
+
+/// The offset each chosen partition is read from (same order as `chosen`).
+///
+/// `--from-time` searches each partition ([`first_at_or_after`]). With an offset and
+/// no `--partition`, a partition that ends before the offset is read from its own
+/// start and stderr says so, so one short partition never stops the others; when
+/// every partition ends before it, the offset is left as given and the broker's
+/// refusal names the range.
+fn plan_starts(
+    client: &mut Client,
+    args: &Args,
+    chosen: &[PartitionOffsets],
+    global: Global,
+) -> anyhow::Result<Vec<u64>> {
+    if let Some(t) = args.from_time {
+        return chosen
+            .iter()
+            .map(|o| first_at_or_after(client, &args.topic, o, t))
+            .collect();
+    }
+    let mut starts: Vec<u64> = chosen
+        .iter()
+        .map(|o| args.from.start(o.start_offset, o.end_offset))
+        .collect();
+    let StartAt::Offset(from) = args.from else {
+        return Ok(starts);
+    };
+    let short = |o: &PartitionOffsets| from > o.end_offset;
+    if args.partition.is_some() || chosen.iter().all(short) {
+        return Ok(starts);
+    }
+    for (o, pos) in chosen.iter().zip(&mut starts) {
+        if short(o) {
+            *pos = o.start_offset;
+            if !global.quiet {
+                eprintln!(
+                    "seglog: {}/{} ends at offset {}, before --from {from}: reading it from its start (offset {})",
+                    args.topic, o.partition, o.end_offset, o.start_offset
+                );
+            }
+        }
+    }
+    Ok(starts)
+}
+
+/// The first offset of partition `o` whose record is stamped at or after
+/// `time_ms` (its end offset when none is), by binary search over offsets with
+/// one-record fetches. Exact when timestamps do not decrease along the log; otherwise
+/// some record at or after the time whose predecessor in the search is earlier.
+fn first_at_or_after(
+    client: &mut Client,
+    topic: &str,
+    o: &PartitionOffsets,
+    time_ms: i64,
+) -> anyhow::Result<u64> {
+    let (mut lo, mut hi) = (o.start_offset, o.end_offset);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        // max_bytes 1 still returns one whole record when there is one.
+        let f = client
+            .fetch(topic, o.partition, mid, 1, Duration::ZERO)
+            .map_err(client_error)?;
+        match f.records.first() {
+            Some(r) if r.offset < hi && r.timestamp_ms < time_ms => lo = r.offset + 1,
+            _ => hi = mid,
+        }
+    }
+    Ok(lo)
+}
+
+/// `--count`: a number of records, refusing negative ones with a hint.
+fn parse_count(s: &str) -> Result<u64, String> {
+    if s.starts_with('-') {
+        return Err(format!(
+            "{s:?} is negative: --count takes a number of records (for the last N records use --from -N)"
+        ));
+    }
+    s.parse()
+        .map_err(|_| format!("{s:?} is not a number of records"))
+}
+
+/// `--from-time`: RFC 3339 or milliseconds since the epoch.
+fn parse_time(s: &str) -> Result<i64, String> {
+    if let Ok(ms) = s.parse::<i64>() {
+        return Ok(ms);
+    }
+    rfc3339_ms(s).ok_or_else(|| {
+        format!("{s:?} is neither an RFC 3339 time (2024-05-01T12:00:00Z) nor milliseconds since the epoch")
+    })
+}
+
+/// Milliseconds since the epoch of an RFC 3339 date-time
+/// (`YYYY-MM-DDTHH:MM:SS[.fraction](Z|+HH:MM|-HH:MM)`); `None` when malformed.
+fn rfc3339_ms(s: &str) -> Option<i64> {
+    let b = s.as_bytes();
+    let num = |from: usize, len: usize| -> Option<i64> {
+        let d = b.get(from..from + len)?;
+        if !d.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        std::str::from_utf8(d).ok()?.parse().ok()
+    };
+    let sep = |at: usize, allowed: &[u8]| b.get(at).is_some_and(|c| allowed.contains(c));
+    if !(sep(4, b"-") && sep(7, b"-") && sep(10, b"Tt ") && sep(13, b":") && sep(16, b":")) {
+        return None;
+    }
+    let (year, month, day) = (num(0, 4)?, num(5, 2)?, num(8, 2)?);
+    let (hour, minute, second) = (num(11, 2)?, num(14, 2)?, num(17, 2)?);
+    if !(1..=12).contains(&month)
+        || !(1..=31).contains(&day)
+        || hour > 23
+        || minute > 59
+        || second > 60
+    {
+        return None;
+    }
+    let mut i = 19;
+    let mut millis = 0i64;
+    if sep(i, b".") {
+        i += 1;
+        let digits = b
+            .get(i..)?
+            .iter()
+            .take_while(|c| c.is_ascii_digit())
+            .count();
+        if digits == 0 {
+            return None;
+        }
+        let frac = std::str::from_utf8(b.get(i..i + digits.min(3))?).ok()?;
+        millis = frac.parse::<i64>().ok()? * 10i64.pow(3 - frac.len() as u32);
+        i += digits;
+    }
+    let offset_min = match b.get(i..)? {
+        [b'Z' | b'z'] => 0,
+        [sign @ (b'+' | b'-'), _, _, b':', _, _] => {
+            let (h, m) = (num(i + 1, 2)?, num(i + 4, 2)?);
+            if h > 23 || m > 59 {
+                return None;
+            }
+            let total = h * 60 + m;
+            if *sign == b'-' {
+                -total
+            } else {
+                total
+            }
+        }
+        _ => return None,
+    };
+    // Days from 1970-01-01 of the proleptic Gregorian date (H. Hinnant's algorithm).
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let seconds = days * 86_400 + hour * 3600 + minute * 60 + second - offset_min * 60;
+    Some(seconds * 1000 + millis)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn from_values() {
+        assert_eq!(parse_from("earliest"), Ok(StartAt::Earliest));
+        assert_eq!(parse_from("latest"), Ok(StartAt::Latest));
+        assert_eq!(parse_from("7"), Ok(StartAt::Offset(7)));
+        assert_eq!(parse_from("-10"), Ok(StartAt::Last(10)));
+        assert!(parse_from("-x").is_err());
+        assert_eq!(StartAt::Last(10).start(5, 12), 5);
+        assert_eq!(StartAt::Last(3).start(5, 12), 9);
+        assert_eq!(StartAt::Last(0).start(5, 12), 12);
+    }
+
+    #[test]
+    fn counts() {
+        assert_eq!(parse_count("3"), Ok(3));
+        assert!(parse_count("-1").unwrap_err().contains("--from -N"));
+        assert!(parse_count("x").is_err());
+    }
+
+    #[test]
+    fn times() {
+        assert_eq!(parse_time("0"), Ok(0));
+        assert_eq!(parse_time("1700000000123"), Ok(1_700_000_000_123));
+        assert_eq!(parse_time("1970-01-01T00:00:00Z"), Ok(0));
+        assert_eq!(parse_time("2023-11-14T22:13:20Z"), Ok(1_700_000_000_000));
+        assert_eq!(
+            parse_time("2023-11-14T22:13:20.123Z"),
+            Ok(1_700_000_000_123)
+        );
+        assert_eq!(parse_time("2023-11-14T22:13:20.5Z"), Ok(1_700_000_000_500));
+        assert_eq!(
+            parse_time("2023-11-15T00:13:20+02:00"),
+            Ok(1_700_000_000_000)
+        );
+        assert_eq!(
+            parse_time("2023-11-14T21:13:20.1234-01:00"),
+            Ok(1_700_000_000_123)
+        );
+        assert_eq!(parse_time("2000-02-29T00:00:00Z"), Ok(951_782_400_000));
+        for bad in [
+            "",
+            "2023-11-14",
+            "2023-11-14T22:13:20",
+            "2023-13-01T00:00:00Z",
+            "2023-11-14T22:13:20.Z",
+            "yesterday",
+        ] {
+            assert!(parse_time(bad).is_err(), "{bad}");
+        }
+    }
 }

@@ -11,6 +11,8 @@ pub mod compact;
 pub mod connect;
 pub mod consume;
 pub mod dump;
+pub mod escape;
+pub mod format_string;
 pub mod produce;
 pub mod recover;
 pub mod reindex;

@@ -1,4 +1,9 @@
-//! `seglog produce`: send records to a topic, one per stdin line (or `--value`).
+//! `seglog produce`: send records to a topic, one per stdin record (or `--value`,
+//! `--value-file`).
+//!
+//! Stdin is split at `--delimiter` (default `\n`; `-0` for NUL) and every other byte
+//! is kept: values and keys are bytes, never text. `--value-file`/`--key-file` send a
+//! file's whole content as one value or key.
 //!
 //! Partition choice: `--partition` if given; else a keyed record goes to
 //! CRC-32(key) mod partitions ([`partition_for_key`]); keyless records go
@@ -8,13 +13,17 @@
 //! acknowledged. `--json` acks carry `seq`, the record's 0-based position in the
 //! input, besides the contract's `type`, `partition` and `offset`.
 
-use std::io::{self, BufRead, Write};
+use std::ffi::OsString;
+use std::io::{self, BufRead, Read, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::thread;
 
 use serde_json::json;
 
 use super::connect::{client_error, BrokerArgs};
+use super::escape::{parse_bytes, Bytes};
 use super::{exit, ExitError, Global};
 use crate::engine::net::client::{partition_for_key, Client};
 use crate::format::wire::{PartitionBatch, WireRecord, RECORDS_PER_PARTITION_MAX};
@@ -27,15 +36,33 @@ pub struct Args {
     /// Send every record to this partition.
     #[arg(long)]
     pub partition: Option<u32>,
-    /// Key of every record.
-    #[arg(long, conflicts_with = "key_separator")]
-    pub key: Option<String>,
-    /// Each stdin line is KEY<SEP>VALUE, split at the first SEP.
+    /// Key of every record (its bytes exactly as given).
+    #[arg(long, conflicts_with_all = ["key_separator", "key_file"])]
+    pub key: Option<OsString>,
+    /// Key of every record: the whole content of this file.
+    #[arg(long, value_name = "PATH", conflicts_with = "key_separator")]
+    pub key_file: Option<PathBuf>,
+    /// Each stdin record is KEY<SEP>VALUE, split at the first SEP.
     #[arg(long, value_name = "SEP")]
     pub key_separator: Option<String>,
-    /// Send this one value instead of reading stdin.
+    /// Send this one value instead of reading stdin, every byte as given (an argument
+    /// cannot hold a NUL byte: use --value-file or -0 for those).
+    #[arg(long, conflicts_with = "value_file")]
+    pub value: Option<OsString>,
+    /// Send one record whose value is the whole content of this file ("-": all of stdin).
+    #[arg(long, value_name = "PATH", conflicts_with = "key_separator")]
+    pub value_file: Option<PathBuf>,
+    /// What separates records on stdin; escapes \n \r \t \0 \\ \xNN are understood.
+    #[arg(long, value_name = "BYTES", default_value = "\\n", value_parser = parse_bytes, conflicts_with = "null")]
+    pub delimiter: Bytes,
+    /// Records on stdin are separated by NUL bytes (as from `find -print0`); the same
+    /// as --delimiter '\0'.
+    #[arg(short = '0', long)]
+    pub null: bool,
+    /// Remove one \r at the end of each stdin record (CRLF line ends with the default
+    /// \n delimiter).
     #[arg(long)]
-    pub value: Option<String>,
+    pub strip_cr: bool,
     /// Most records per request.
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=i64::from(RECORDS_PER_PARTITION_MAX)))]
     pub batch: u32,
@@ -44,6 +71,17 @@ pub struct Args {
     pub json: bool,
     #[command(flatten)]
     pub broker: BrokerArgs,
+}
+
+impl Args {
+    /// The record separator on stdin.
+    fn separator(&self) -> Vec<u8> {
+        if self.null {
+            vec![0]
+        } else {
+            self.delimiter.0.clone()
+        }
+    }
 }
 
 /// One record to send.
@@ -171,21 +209,21 @@ enum Line {
     Failed(io::Error),
 }
 
-/// Reads stdin on its own thread so the sender can batch whatever is waiting.
-fn spawn_reader(depth: usize) -> mpsc::Receiver<Line> {
+/// Reads stdin on its own thread so the sender can batch whatever is waiting; records
+/// are split at `delimiter` (which is removed, as is one final `\r` with `strip_cr`).
+fn spawn_reader(depth: usize, delimiter: Vec<u8>, strip_cr: bool) -> mpsc::Receiver<Line> {
     let (tx, rx) = mpsc::sync_channel(depth);
     thread::spawn(move || {
         let stdin = io::stdin();
         let mut input = stdin.lock();
         loop {
-            let mut line = Vec::new();
-            match input.read_until(b'\n', &mut line) {
-                Ok(0) => return,
-                Ok(_) => {
-                    if line.last() == Some(&b'\n') {
-                        line.pop();
+            match read_record(&mut input, &delimiter) {
+                Ok(None) => return,
+                Ok(Some(mut record)) => {
+                    if strip_cr && record.last() == Some(&b'\r') {
+                        record.pop();
                     }
-                    if tx.send(Line::Bytes(line)).is_err() {
+                    if tx.send(Line::Bytes(record)).is_err() {
                         return;
                     }
                 }
@@ -197,6 +235,41 @@ fn spawn_reader(depth: usize) -> mpsc::Receiver<Line> {
         }
     });
     rx
+}
+
+/// The next record of `input` up to (and without) `delimiter`, which may be several
+/// bytes long; the last record needs no delimiter after it. `None` at the end.
+fn read_record(input: &mut impl BufRead, delimiter: &[u8]) -> io::Result<Option<Vec<u8>>> {
+    let Some(&last) = delimiter.last() else {
+        // An empty delimiter: the whole input is one record.
+        let mut all = Vec::new();
+        input.read_to_end(&mut all)?;
+        return Ok((!all.is_empty()).then_some(all));
+    };
+    let mut record = Vec::new();
+    loop {
+        if input.read_until(last, &mut record)? == 0 {
+            return Ok((!record.is_empty()).then_some(record));
+        }
+        if record.ends_with(delimiter) {
+            record.truncate(record.len() - delimiter.len());
+            return Ok(Some(record));
+        }
+    }
+}
+
+/// The whole content of `path` (`-`: stdin).
+fn read_file(path: &Path, what: &str) -> anyhow::Result<Vec<u8>> {
+    use anyhow::Context as _;
+    if path == Path::new("-") {
+        let mut all = Vec::new();
+        io::stdin()
+            .lock()
+            .read_to_end(&mut all)
+            .with_context(|| format!("reading the {what} from stdin"))?;
+        return Ok(all);
+    }
+    std::fs::read(path).with_context(|| format!("reading the {what} file {}", path.display()))
 }
 
 /// Splits `line` at the first `sep`.
@@ -214,6 +287,11 @@ fn split_key(line: &[u8], sep: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
 pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
     if args.key_separator.as_deref() == Some("") {
         return Err(ExitError::usage("--key-separator must not be empty"));
+    }
+    if args.delimiter.0.is_empty() {
+        return Err(ExitError::usage(
+            "--delimiter must not be empty (use --value-file - to send all of stdin as one record)",
+        ));
     }
     let mut client = args.broker.connect()?;
     let partitions = client
@@ -236,13 +314,19 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
     };
     let stdout = io::stdout();
     let mut out = io::BufWriter::new(stdout.lock());
-    let key = args.key.as_ref().map(|k| k.as_bytes().to_vec());
+    let key = match (&args.key, &args.key_file) {
+        (Some(k), _) => Some(k.as_bytes().to_vec()),
+        (None, Some(path)) => Some(read_file(path, "key")?),
+        (None, None) => None,
+    };
 
-    if let Some(value) = &args.value {
-        let one = [Pending {
-            key,
-            value: value.as_bytes().to_vec(),
-        }];
+    let single = match (&args.value, &args.value_file) {
+        (Some(v), _) => Some(v.as_bytes().to_vec()),
+        (None, Some(path)) => Some(read_file(path, "value")?),
+        (None, None) => None,
+    };
+    if let Some(value) = single {
+        let one = [Pending { key, value }];
         send(
             &mut client,
             &args.topic,
@@ -256,7 +340,11 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
     }
 
     let batch = args.batch as usize;
-    let rx = spawn_reader(batch.saturating_mul(2).max(1024));
+    let rx = spawn_reader(
+        batch.saturating_mul(2).max(1024),
+        args.separator(),
+        args.strip_cr,
+    );
     let sep = args.key_separator.as_ref().map(|s| s.as_bytes().to_vec());
     let mut line_no: u64 = 0;
     let mut total: u64 = 0;
@@ -290,7 +378,8 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
                             )?;
                         }
                         return Err(ExitError::usage(format!(
-                            "stdin line {line_no} has no key separator {:?} ({total} earlier records were sent)",
+                            "stdin {} {line_no} has no key separator {:?} ({total} earlier records were sent)",
+                            if args.separator() == b"\n" { "line" } else { "record" },
                             args.key_separator.as_deref().unwrap_or_default()
                         )));
                     }
@@ -376,5 +465,33 @@ mod tests {
         );
         assert_eq!(split_key(b":v", b":"), Some((b"".to_vec(), b"v".to_vec())));
         assert_eq!(split_key(b"novalue", b":"), None);
+    }
+
+    fn records(input: &[u8], delimiter: &[u8]) -> Vec<Vec<u8>> {
+        let mut r = io::Cursor::new(input.to_vec());
+        std::iter::from_fn(|| read_record(&mut r, delimiter).unwrap()).collect()
+    }
+
+    #[test]
+    fn delimiters() {
+        assert_eq!(records(b"a\nb\n", b"\n"), [b"a".to_vec(), b"b".to_vec()]);
+        assert_eq!(
+            records(b"a\n\nb", b"\n"),
+            [b"a".to_vec(), vec![], b"b".to_vec()]
+        );
+        assert_eq!(records(b"", b"\n"), Vec::<Vec<u8>>::new());
+        assert_eq!(
+            records(b"a\r\nb\nc\r\n", b"\r\n"),
+            [b"a".to_vec(), b"b\nc".to_vec()]
+        );
+        assert_eq!(
+            records(b"x\ny\0\xff\0", b"\0"),
+            [b"x\ny".to_vec(), vec![0xff]]
+        );
+        // A delimiter whose last byte also appears alone inside records.
+        assert_eq!(
+            records(b"1;2;;3;;", b";;"),
+            [b"1;2".to_vec(), b"3".to_vec()]
+        );
     }
 }

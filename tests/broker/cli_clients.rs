@@ -1,0 +1,358 @@
+//! Binary-safe clients against a real broker: arbitrary bytes round-trip through
+//! `produce --value-file`/`-0`/`--delimiter` and `consume --raw`/`--format`, CRLF
+//! stripping, `--from -N`, `--from-time`, and an all-partition read where one
+//! partition is shorter than `--from`.
+
+use std::io::Write;
+use std::process::{Output, Stdio};
+
+use crate::util::rng::{seed_or, with_seed, Rng};
+use crate::util::serve::Serve;
+
+/// Runs a client command with raw `input` on stdin; returns its output.
+fn run_bytes(b: &Serve, args: &[&str], input: &[u8]) -> Output {
+    let mut child = b
+        .cmd()
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    // A command refused before it reads stdin closes the pipe: that write may fail.
+    let _ = stdin.write_all(input);
+    drop(stdin);
+    child.wait_with_output().unwrap()
+}
+
+/// Runs a command that must succeed; returns its stdout as bytes.
+fn ok_bytes(b: &Serve, args: &[&str], input: &[u8]) -> Vec<u8> {
+    let out = run_bytes(b, args, input);
+    assert!(
+        out.status.success(),
+        "seglog {args:?} failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
+/// A value of 0..300 bytes, rich in NUL, `\r`, `\n` and 0xFF; without NUL if `no_nul`.
+fn random_value(rng: &mut Rng, no_nul: bool) -> Vec<u8> {
+    let len = rng.below(300) as usize;
+    (0..len)
+        .map(|_| {
+            let b = match rng.below(6) {
+                0 => 0,
+                1 => b'\r',
+                2 => b'\n',
+                3 => 0xff,
+                _ => rng.below(256) as u8,
+            };
+            if no_nul && b == 0 {
+                1
+            } else {
+                b
+            }
+        })
+        .collect()
+}
+
+/// Splits `%S:%s` output (length, colon, bytes) back into values.
+fn length_prefixed(mut out: &[u8]) -> Vec<Vec<u8>> {
+    let mut values = Vec::new();
+    while !out.is_empty() {
+        let colon = out.iter().position(|&c| c == b':').expect("a length");
+        let len: usize = std::str::from_utf8(&out[..colon]).unwrap().parse().unwrap();
+        values.push(out[colon + 1..colon + 1 + len].to_vec());
+        out = &out[colon + 1 + len..];
+    }
+    values
+}
+
+#[test]
+fn random_binary_values_round_trip_byte_for_byte() {
+    let seed = seed_or(13);
+    let dir = tempfile::tempdir().unwrap();
+    let files = tempfile::tempdir().unwrap();
+    let b = Serve::start(dir.path());
+    b.ok(&["topics", "create", "bin"]);
+    b.ok(&["topics", "create", "nul"]);
+    let files_path = files.path().to_path_buf();
+    let addr = &b;
+    with_seed(
+        seed,
+        std::panic::AssertUnwindSafe(|| {
+            let mut rng = Rng::new(seed);
+            // One record per --value-file: every byte value allowed.
+            let mut sent = Vec::new();
+            for i in 0..20 {
+                let value = random_value(&mut rng, false);
+                let path = files_path.join(format!("v{i}"));
+                std::fs::write(&path, &value).unwrap();
+                ok_bytes(
+                    addr,
+                    &["produce", "bin", "--value-file", path.to_str().unwrap()],
+                    b"",
+                );
+                sent.push(value);
+            }
+            let framed = ok_bytes(addr, &["consume", "bin", "--format", "%S:%s"], b"");
+            assert_eq!(length_prefixed(&framed), sent);
+            let one = ok_bytes(
+                addr,
+                &["consume", "bin", "--raw", "--from", "7", "--count", "1"],
+                b"",
+            );
+            assert_eq!(one, sent[7]);
+            let joined = ok_bytes(addr, &["consume", "bin", "--raw"], b"");
+            assert_eq!(joined, sent.concat());
+
+            // NUL-separated stdin, several records per request.
+            let values: Vec<Vec<u8>> = (0..50).map(|_| random_value(&mut rng, true)).collect();
+            let mut input = Vec::new();
+            for v in &values {
+                input.extend_from_slice(v);
+                input.push(0);
+            }
+            ok_bytes(addr, &["produce", "nul", "-0", "--batch", "7"], &input);
+            let back = ok_bytes(
+                addr,
+                &["consume", "nul", "--raw", "--delimiter", "\\0"],
+                b"",
+            );
+            assert_eq!(back, input);
+            let framed = ok_bytes(addr, &["consume", "nul", "--format", "%V:%v"], b"");
+            assert_eq!(length_prefixed(&framed), values);
+
+            // A binary key from a file.
+            let key: Vec<u8> = vec![0, b'\n', 0xff, b'\r'];
+            let key_path = files_path.join("key");
+            std::fs::write(&key_path, &key).unwrap();
+            ok_bytes(
+                addr,
+                &[
+                    "produce",
+                    "nul",
+                    "--key-file",
+                    key_path.to_str().unwrap(),
+                    "--value",
+                    "v",
+                ],
+                b"",
+            );
+            let out = ok_bytes(
+                addr,
+                &["consume", "nul", "--from", "-1", "--format", "%K:%k|%s"],
+                b"",
+            );
+            assert_eq!(out, [b"4:".as_slice(), &key, b"|v"].concat());
+        }),
+    );
+    b.stop();
+}
+
+#[test]
+fn delimiters_and_crlf() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = Serve::start(dir.path());
+    b.ok(&["topics", "create", "crlf"]);
+    ok_bytes(&b, &["produce", "crlf", "--strip-cr"], b"a\r\nb\r\nc\n");
+    ok_bytes(&b, &["produce", "crlf"], b"kept\r\n");
+    ok_bytes(
+        &b,
+        &["produce", "crlf", "--delimiter", "\\r\\n"],
+        b"x\ny\r\nz\r\n",
+    );
+    ok_bytes(
+        &b,
+        &["produce", "crlf", "--value-file", "-"],
+        b"all\nof\nstdin\n",
+    );
+    let out = ok_bytes(&b, &["consume", "crlf", "--delimiter", "|"], b"");
+    assert_eq!(out, b"a|b|c|kept\r|x\ny|z|all\nof\nstdin\n|".to_vec());
+    // --raw adds nothing; the default adds \n.
+    let out = ok_bytes(&b, &["consume", "crlf", "--raw", "--count", "3"], b"");
+    assert_eq!(out, b"abc".to_vec());
+    assert_eq!(b.ok(&["consume", "crlf", "--count", "2"]), "a\nb\n");
+    // An empty delimiter is refused.
+    let out = run_bytes(&b, &["produce", "crlf", "--delimiter", ""], b"x");
+    assert_eq!(out.status.code(), Some(64));
+    let out = run_bytes(&b, &["produce", "crlf", "--delimiter", "\\q"], b"x");
+    assert_eq!(out.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown escape"));
+    b.stop();
+}
+
+#[test]
+fn print_key_and_every_format_letter() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = Serve::start(dir.path());
+    b.ok(&["topics", "create", "f", "--partitions", "2"]);
+    b.ok(&[
+        "produce",
+        "f",
+        "--partition",
+        "1",
+        "--key",
+        "k1",
+        "--value",
+        "v1",
+    ]);
+    b.ok(&["produce", "f", "--partition", "1", "--value", "plain"]);
+    assert_eq!(b.ok(&["consume", "f", "--print-key"]), "k1\tv1\n\tplain\n");
+    assert_eq!(
+        b.ok(&[
+            "consume",
+            "f",
+            "--print-key",
+            "--key-delimiter",
+            "=",
+            "--delimiter",
+            ";"
+        ]),
+        "k1=v1;=plain;"
+    );
+    let ts: Vec<String> = b
+        .ok(&["consume", "f", "--format", "%T\\n"])
+        .lines()
+        .map(str::to_string)
+        .collect();
+    assert_eq!(ts.len(), 2);
+    assert!(ts
+        .iter()
+        .all(|t| t.parse::<i64>().unwrap() > 1_600_000_000_000));
+    let out = b.ok(&[
+        "consume",
+        "f",
+        "--format",
+        "%t|%p|%o|%k|%K|%s|%S|%v|%V|%h|%%\\t%T\\n",
+    ]);
+    assert_eq!(
+        out,
+        format!(
+            "f|1|0|k1|2|v1|2|v1|2||%\t{}\nf|1|1||-1|plain|5|plain|5||%\t{}\n",
+            ts[0], ts[1]
+        )
+    );
+    let raw = ok_bytes(&b, &["consume", "f", "--format", "%R"], b"");
+    assert_eq!(raw, [0, 0, 0, 2, 0, 0, 0, 5]);
+    // Unknown letters and conflicting flags are usage errors.
+    let out = b.run(&["consume", "f", "--format", "%q"]);
+    assert_eq!(out.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown token %q"));
+    let out = b.run(&["consume", "f", "--format", "%s", "--json"]);
+    assert_eq!(out.status.code(), Some(64));
+    b.stop();
+}
+
+#[test]
+fn from_last_n_and_negative_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = Serve::start(dir.path());
+    b.ok(&["topics", "create", "n", "--partitions", "2"]);
+    let ten: String = (0..10).map(|i| format!("a{i}\n")).collect();
+    b.ok_with_stdin(&["produce", "n", "--partition", "0"], &ten);
+    b.ok_with_stdin(&["produce", "n", "--partition", "1"], "b0\nb1\nb2\n");
+    assert_eq!(
+        b.ok(&["consume", "n", "--from", "-4", "--format", "%p:%o:%s\\n"]),
+        "0:6:a6\n0:7:a7\n0:8:a8\n0:9:a9\n1:0:b0\n1:1:b1\n1:2:b2\n"
+    );
+    assert_eq!(
+        b.ok(&["consume", "n", "--partition", "0", "--from", "-1"]),
+        "a9\n"
+    );
+    assert_eq!(b.ok(&["consume", "n", "--from", "-0"]), "");
+    let out = b.run(&["consume", "n", "--count", "-1"]);
+    assert_eq!(out.status.code(), Some(64));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("negative") && stderr.contains("--from -N"),
+        "{stderr}"
+    );
+    b.stop();
+}
+
+#[test]
+fn from_time_finds_the_first_record_at_or_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = Serve::start(dir.path());
+    b.ok(&["topics", "create", "t"]);
+    for i in 0..12 {
+        b.ok(&["produce", "t", "--value", &format!("r{i}")]);
+        std::thread::sleep(std::time::Duration::from_millis(3));
+    }
+    let stamps: Vec<i64> = b
+        .ok(&["consume", "t", "--format", "%T\\n"])
+        .lines()
+        .map(|l| l.parse().unwrap())
+        .collect();
+    assert_eq!(stamps.len(), 12);
+    for at in [0usize, 1, 5, 11] {
+        // The first offset stamped at or after stamps[at].
+        let want = stamps.iter().position(|&s| s >= stamps[at]).unwrap();
+        let out = b.ok(&[
+            "consume",
+            "t",
+            "--from-time",
+            &stamps[at].to_string(),
+            "--format",
+            "%o\\n",
+        ]);
+        let first: usize = out.lines().next().unwrap().parse().unwrap();
+        assert_eq!(first, want, "{stamps:?}");
+        assert_eq!(out.lines().count(), 12 - want);
+    }
+    let later = (stamps[11] + 1).to_string();
+    assert_eq!(b.ok(&["consume", "t", "--from-time", &later]), "");
+    assert_eq!(
+        b.ok(&["consume", "t", "--from-time", "2999-01-01T00:00:00Z"]),
+        ""
+    );
+    assert_eq!(
+        b.ok(&["consume", "t", "--from-time", "1970-01-01T01:00:00+01:00"])
+            .lines()
+            .count(),
+        12
+    );
+    let out = b.run(&["consume", "t", "--from-time", "yesterday"]);
+    assert_eq!(out.status.code(), Some(64));
+    let out = b.run(&["consume", "t", "--from-time", "0", "--from", "3"]);
+    assert_eq!(out.status.code(), Some(64));
+    b.stop();
+}
+
+#[test]
+fn a_short_partition_is_read_from_its_start_and_never_stops_the_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = Serve::start(dir.path());
+    b.ok(&["topics", "create", "s", "--partitions", "3"]);
+    let ten: String = (0..10).map(|i| format!("x{i}\n")).collect();
+    b.ok_with_stdin(&["produce", "s", "--partition", "0"], &ten);
+    b.ok_with_stdin(&["produce", "s", "--partition", "1"], "y0\ny1\n");
+    b.ok_with_stdin(&["produce", "s", "--partition", "2"], &ten);
+    let out = b.run(&["consume", "s", "--from", "8", "--format", "%p:%o\\n"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "0:8\n0:9\n1:0\n1:1\n2:8\n2:9\n"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        stderr,
+        "seglog: s/1 ends at offset 2, before --from 8: reading it from its start (offset 0)\n"
+    );
+    // --quiet silences the note, not the records.
+    let out = b.run(&["--quiet", "consume", "s", "--from", "8"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(out.stderr.is_empty());
+    assert_eq!(out.stdout.len(), 6 * 3);
+    // One named partition, or an offset past every partition: still refused.
+    let out = b.run(&["consume", "s", "--partition", "1", "--from", "8"]);
+    assert_eq!(out.status.code(), Some(69));
+    let out = b.run(&["consume", "s", "--from", "11"]);
+    assert_eq!(out.status.code(), Some(69));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("offset_out_of_range"));
+    b.stop();
+}
