@@ -840,13 +840,21 @@ fn append_values(
 /// happen with other producers' records not yet durable, exactly as threads can
 /// interleave, but the trace is a function of the seed alone.
 fn workload_produce_scheduled(root: &Path, rng: &mut Rng) -> Run {
+    workload_produce_scheduled_n(root, rng, 36)
+}
+
+/// [`workload_produce_scheduled`] with `batches` batches in all (a short trace, so a
+/// small crash-state budget covers its rolls).
+fn workload_produce_scheduled_n(root: &Path, rng: &mut Rng, batches: u32) -> Run {
     let mut run = Run::new(root);
     let config = small_config();
     let log = open_partition_log(&mut run, root, &config);
     let producers = 3;
-    let batches = 36;
     let mut waiting: Vec<Option<(u64, Vec<Vec<u8>>)>> = vec![None; producers];
     let (mut sent, mut n) = (0, 0u64);
+    // Whether some roll happened while records written before it were not yet
+    // durable: the interleaving a roll must be safe under.
+    let mut rolled_over_pending = false;
     while sent < batches || waiting.iter().any(Option::is_some) {
         let t = rng.below(producers as u64) as usize;
         match waiting[t].take() {
@@ -859,8 +867,11 @@ fn workload_produce_scheduled(root: &Path, rng: &mut Rng) -> Run {
                         value(0, (t as u64 + 1) * 1000 + n, rng)
                     })
                     .collect();
+                let undurable = log.durable_end() < log.written_end();
+                let before = active_base(&log);
                 if let Some(a) = append_values(&mut run, &log, &config, &values) {
                     waiting[t] = Some((a.base_offset, values));
+                    rolled_over_pending |= undurable && active_base(&log) != before;
                 }
             }
             Some((base, values)) if log.wait_durable(base + values.len() as u64).is_ok() => {
@@ -869,8 +880,37 @@ fn workload_produce_scheduled(root: &Path, rng: &mut Rng) -> Run {
             _ => {}
         }
     }
+    // A seed whose schedule never rolled over a pending batch gets one such roll at
+    // the end (producer 0 appends, producer 1's append rolls), so every seed covers it.
+    let mut tries = 0;
+    while !rolled_over_pending && tries < 64 {
+        tries += 1;
+        let mut pending = Vec::new();
+        for t in 0..2u64 {
+            n += 1;
+            let values = vec![value(0, (t + 1) * 1000 + n, rng)];
+            let undurable = log.durable_end() < log.written_end();
+            let before = active_base(&log);
+            let Some(a) = append_values(&mut run, &log, &config, &values) else {
+                break;
+            };
+            rolled_over_pending |= undurable && active_base(&log) != before;
+            pending.push((a.base_offset, values));
+        }
+        for (base, values) in pending {
+            if log.wait_durable(base + values.len() as u64).is_err() {
+                break;
+            }
+            run.mark(Ev::Ack { p: 0, base, values });
+        }
+    }
     drop(log);
     run
+}
+
+/// Base offset of the log's newest segment.
+fn active_base(log: &PartitionLog) -> Option<u64> {
+    log.snapshot().last().map(|s| s.base_offset)
 }
 
 /// One producer under the broker's `flush_every_records = 4` policy, played in one
@@ -1464,7 +1504,7 @@ fn planted_bugs_are_caught() {
         Planted {
             name: "roll_before_data_durable (three producers)",
             flag: &planted::ROLL_BEFORE_DATA_DURABLE,
-            workload: workload_produce_scheduled,
+            workload: |r, g| workload_produce_scheduled_n(r, g, 8),
         },
         Planted {
             name: "ack_before_fsync",
