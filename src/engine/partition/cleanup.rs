@@ -328,6 +328,15 @@ impl Visit<'_> {
             })?;
             return Ok(CompactionDone::Cancelled);
         }
+        if let Err(e) = log.hold_files(&replaced) {
+            prepared.cancel().map_err(|e| {
+                EngineError::io(
+                    format!("removing compaction output in {}", p.dir.display()),
+                    e,
+                )
+            })?;
+            return Err(e);
+        }
         let mut new = Vec::new();
         match prepared.swap(&mut |bases| new = bases.to_vec()) {
             Ok(report) => {
@@ -363,6 +372,7 @@ pub fn archive(
     // 1.
     storage.create_dir_all(&dir)?;
     // 2.
+    let file = seg.file()?;
     copy_file(storage, &dir, &log_file_name(seg.base_offset), |f| {
         let len = seg.bytes();
         let mut buf = vec![0u8; COPY_CHUNK_BYTES];
@@ -371,7 +381,7 @@ pub fn archive(
             let want =
                 usize::try_from(len - pos).map_or(COPY_CHUNK_BYTES, |n| n.min(COPY_CHUNK_BYTES));
             let chunk = buf.get_mut(..want).unwrap_or(&mut []);
-            let n = crate::engine::storage::reader::read_full_at(seg.file(), chunk, pos)?;
+            let n = crate::engine::storage::reader::read_full_at(&file, chunk, pos)?;
             if n < want {
                 return Err(io::Error::new(
                     io::ErrorKind::UnexpectedEof,

@@ -139,8 +139,11 @@ pub(super) fn read_segment(
         .max(HEADER_LEN as u64);
     let read_bytes = (budget + INDEX_INTERVAL_BYTES).max(FETCH_READ_MIN_BYTES);
     let window = usize::try_from(read_bytes).unwrap_or(usize::MAX);
+    let file = seg
+        .file()
+        .map_err(|e| EngineError::io(format!("opening {}", seg.path.display()), e))?;
     let mut reader =
-        RecordReader::with_window(&seg.file, seg.generation, start, limit, window).strict_limit();
+        RecordReader::with_window(&file, seg.generation, start, limit, window).strict_limit();
     let mut bytes = Vec::new();
     let copied = reader
         .copy_records(offset, budget, take_one, &mut bytes)

@@ -107,7 +107,7 @@ impl PartitionLog {
                 )
             })?;
         let path = self.dir.join(log_file_name(base));
-        let seg = Segment::new(base, 0, path.clone(), Vec::new(), HEADER_LEN as u64);
+        let seg = Segment::new(base, 0, path.clone(), Vec::new(), HEADER_LEN as u64, &self.stats.files);
         let seg = match seg {
             Ok(s) => Arc::new(s),
             Err(e) => {
@@ -138,6 +138,8 @@ impl PartitionLog {
         };
         let old = std::mem::replace(&mut w.active, new);
         let _ = old.seg.max_timestamp.set(old.max_timestamp);
+        // Sealed: its read handle joins the broker's bounded cache.
+        old.seg.file.release();
         // 3.
         w.pending.roll = Some(PendingRoll {
             outgoing_log: old.log,
