@@ -241,6 +241,14 @@ impl Visit<'_> {
                     ));
                     break;
                 }
+                tracing::info!(
+                    topic = self.topic,
+                    partition = self.partition,
+                    base_offset = seg.base_offset,
+                    bytes = seg.bytes(),
+                    cold_storage = %dir.display(),
+                    "copied a segment to cold storage"
+                );
                 copied += 1;
             }
             due.truncate(copied);
@@ -252,6 +260,15 @@ impl Visit<'_> {
         let bases: Vec<u64> = due.iter().map(|s| s.base_offset).collect();
         let removed = self.log.remove_oldest(&bases)?;
         done.bytes = removed.iter().map(|s| s.bytes()).sum();
+        tracing::info!(
+            topic = self.topic,
+            partition = self.partition,
+            segments = bases.len(),
+            base_offsets = ?bases,
+            bytes = done.bytes,
+            start_offset = self.log.start_offset(),
+            "retention removed segments"
+        );
         done.removed = bases;
         Ok(done)
     }
@@ -341,6 +358,16 @@ impl Visit<'_> {
         match prepared.swap(&mut |bases| new = bases.to_vec()) {
             Ok(report) => {
                 log.replace_oldest(&replaced, &new)?;
+                tracing::info!(
+                    topic = self.topic,
+                    partition = self.partition,
+                    records_dropped = report.records_dropped,
+                    bytes_before = report.bytes_before,
+                    bytes_after = report.bytes_after,
+                    replaced = ?report.replaced,
+                    new = ?report.new,
+                    "compaction swapped in new segments"
+                );
                 Ok(CompactionDone::Swapped(report))
             }
             Err(e @ CompactionError::Interrupted { .. }) => {

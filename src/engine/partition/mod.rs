@@ -407,9 +407,22 @@ impl PartitionLog {
     /// Puts the log into the failed state (first reason wins) and wakes every waiter.
     fn fail(&self, reason: FailureReason) -> EngineError {
         let mut s = lock(&self.sync);
-        let reason = s.failed.get_or_insert(reason).clone();
+        let reason = self.set_failed(&mut s, reason);
         self.synced.notify_all();
         self.failed_error(&reason)
+    }
+
+    /// Records the first failure (logged once); returns the reason in force.
+    fn set_failed(&self, s: &mut SyncState, reason: FailureReason) -> FailureReason {
+        if s.failed.is_none() {
+            tracing::error!(
+                topic = %self.topic,
+                partition = self.partition,
+                %reason,
+                "partition failed: it refuses writes until a restart runs recovery"
+            );
+        }
+        s.failed.get_or_insert(reason).clone()
     }
 
     /// Puts the log into the failed state (it refuses writes until a restart runs

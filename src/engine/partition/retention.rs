@@ -51,7 +51,7 @@ impl PartitionLog {
             }
             Err(_) if s.closed == Some(Closed::Deleted) => Err(self.closed_error(Closed::Deleted)),
             Err(reason) => {
-                let reason = s.failed.get_or_insert(reason).clone();
+                let reason = self.set_failed(&mut s, reason);
                 Err(self.failed_error(&reason))
             }
         };

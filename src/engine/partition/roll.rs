@@ -153,6 +153,13 @@ impl PartitionLog {
         list.push(seg);
         self.publish(list);
         w.rolls += 1;
+        tracing::info!(
+            topic = %self.topic,
+            partition = self.partition,
+            base_offset = base,
+            sealed_bytes = w.pending.sealed.last().map_or(0, |(_, end)| *end),
+            "rolled to a new segment"
+        );
         Ok(())
     }
 }
