@@ -100,7 +100,11 @@ extern "C" fn on_hup(_signal: libc::c_int) {
 fn install_signal_handlers() -> anyhow::Result<()> {
     let stop = on_signal as extern "C" fn(libc::c_int);
     let hup = on_hup as extern "C" fn(libc::c_int);
-    for (signal, handler) in [(libc::SIGINT, stop), (libc::SIGTERM, stop), (libc::SIGHUP, hup)] {
+    for (signal, handler) in [
+        (libc::SIGINT, stop),
+        (libc::SIGTERM, stop),
+        (libc::SIGHUP, hup),
+    ] {
         // SAFETY: `on_signal` only stores to a static atomic, which is
         // async-signal-safe; `signal` installs it for the whole process.
         let previous = unsafe { libc::signal(signal, handler as libc::sighandler_t) };
@@ -160,20 +164,24 @@ fn raise_nofile_limit() -> Option<u64> {
         match setrlimit(Resource::Nofile, raised) {
             Ok(()) => now = Some(want),
             Err(e) => tracing::warn!(
-                soft = ?before.current,
-                hard = ?before.maximum,
+                soft = %shown(before.current),
+                hard = %shown(before.maximum),
                 error = %e,
                 "cannot raise the file descriptor limit"
             ),
         }
     }
     tracing::info!(
-        soft_before = ?before.current,
-        soft = ?now,
-        hard = ?before.maximum,
+        soft_before = %shown(before.current),
+        soft = %shown(now),
+        hard = %shown(before.maximum),
         "file descriptor limit (soft raised to hard)"
     );
     now
+}
+
+fn shown(limit: Option<u64>) -> String {
+    limit.map_or_else(|| "unlimited".to_string(), |n| n.to_string())
 }
 
 /// The default `--max-open-files`: a quarter of the descriptor limit.
@@ -234,9 +242,8 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
     let soft = raise_nofile_limit();
     check_data_dir(&args.data_dir)?;
     // Bound before the data directory is touched: a busy port creates nothing.
-    let listener = TcpListener::bind(&args.listen).map_err(|e| {
-        ExitError::new(exit::IO, format!("cannot listen on {}: {e}", args.listen))
-    })?;
+    let listener = TcpListener::bind(&args.listen)
+        .map_err(|e| ExitError::new(exit::IO, format!("cannot listen on {}: {e}", args.listen)))?;
     let max_open_files = args
         .max_open_files
         .unwrap_or_else(|| default_open_files(soft));

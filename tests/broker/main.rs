@@ -8,6 +8,7 @@ mod util;
 
 mod cli_broker;
 mod cli_cleanup;
+mod cli_oplog;
 mod engine_broker;
 mod engine_cleanup;
 mod engine_failures;

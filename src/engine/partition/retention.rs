@@ -148,9 +148,9 @@ impl PartitionLog {
             );
             let gone = gone.to_vec();
             for seg in &gone {
-                seg.file.hold().map_err(|e| {
-                    EngineError::io(format!("opening {}", seg.path.display()), e)
-                })?;
+                seg.file
+                    .hold()
+                    .map_err(|e| EngineError::io(format!("opening {}", seg.path.display()), e))?;
             }
             self.publish(kept.to_vec());
             gone
@@ -209,7 +209,11 @@ impl PartitionLog {
     /// lives (see [`files`](super::files)): called before a compaction swap replaces
     /// their files, so readers holding them keep reading the bytes they had.
     pub fn hold_files(&self, bases: &[u64]) -> Result<(), EngineError> {
-        for seg in self.snapshot().iter().filter(|s| bases.contains(&s.base_offset)) {
+        for seg in self
+            .snapshot()
+            .iter()
+            .filter(|s| bases.contains(&s.base_offset))
+        {
             seg.file
                 .hold()
                 .map_err(|e| EngineError::io(format!("opening {}", seg.path.display()), e))?;

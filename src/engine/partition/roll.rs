@@ -107,7 +107,14 @@ impl PartitionLog {
                 )
             })?;
         let path = self.dir.join(log_file_name(base));
-        let seg = Segment::new(base, 0, path.clone(), Vec::new(), HEADER_LEN as u64, &self.stats.files);
+        let seg = Segment::new(
+            base,
+            0,
+            path.clone(),
+            Vec::new(),
+            HEADER_LEN as u64,
+            &self.stats.files,
+        );
         let seg = match seg {
             Ok(s) => Arc::new(s),
             Err(e) => {
