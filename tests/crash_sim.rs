@@ -232,6 +232,7 @@ fn broker_opts() -> BrokerOptions {
         // Background cleanup stays out of the traced workloads unless one asks for it.
         retention_check_interval: Duration::from_secs(3600),
         compaction_check_interval: Duration::from_secs(3600),
+        ..BrokerOptions::default()
     }
 }
 

@@ -1,9 +1,16 @@
-//! `seglog serve`: open the broker (recovery first), listen, and serve until SIGINT
-//! or SIGTERM; then stop accepting, let in-flight requests finish, fsync, release
-//! the lock and exit 0.
+//! `seglog serve`: bind the listen address, open the broker (recovery first), and
+//! serve until SIGINT or SIGTERM; then stop accepting, let in-flight requests finish,
+//! fsync, release the lock and exit 0. SIGHUP is logged and changes nothing (the broker
+//! has no files to reopen: its log goes to stderr).
+//!
+//! The broker log goes to stderr through `tracing` (text or JSON lines, with
+//! timestamps and levels); this is the only place a global subscriber is installed.
+//! Besides the log, stderr always carries one plain line `seglog: listening on ADDR
+//! (data DIR)`, also with `--quiet`: scripts read the port from it.
 
-use std::io::Write;
-use std::path::PathBuf;
+use std::io::{IsTerminal, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,10 +25,11 @@ use crate::engine::storage::io::RealStorage;
 /// Arguments of `seglog serve`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Data directory (created 0700 if missing).
+    /// Data directory (created 0700 if missing; its parent must exist).
     #[arg(long, default_value = "./seglog-data")]
     pub data_dir: PathBuf,
-    /// Address to listen on; port 0 picks a free port (printed on stderr).
+    /// Address to listen on; port 0 picks a free port. The bound address is printed on
+    /// stderr as `seglog: listening on ADDR`, also with --quiet.
     #[arg(long, default_value = "127.0.0.1:9494")]
     pub listen: String,
     /// 1: acknowledge each produce after an fsync covering it. N > 1: fsync once N
@@ -45,20 +53,58 @@ pub struct Args {
     /// Connections served at once.
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=65536))]
     pub max_connections: u64,
+    /// Read handles of sealed segments kept open at once, least recently used first
+    /// out (default: a quarter of the descriptor limit, 64..=16384). Each partition
+    /// keeps 3 more open for its active segment.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
+    pub max_open_files: Option<u64>,
+    /// Format of the broker log on stderr: text or json (one object per line).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    /// Log filter: error, warn, info, debug, trace, or env-filter directives
+    /// (`seglog=debug`). Default: RUST_LOG if set, else info (error with --quiet).
+    #[arg(long)]
+    pub log_level: Option<String>,
 }
+
+/// How the broker log is written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// One line per event: time, level, message, fields.
+    Text,
+    /// One JSON object per line: `timestamp`, `level`, `message`, the event's fields.
+    Json,
+}
+
+/// Bounds of the default `--max-open-files`.
+const OPEN_FILES_DEFAULT_MIN: u64 = 64;
+const OPEN_FILES_DEFAULT_MAX: u64 = 16384;
+/// The soft descriptor limit tried when the hard limit is unlimited.
+const NOFILE_UNLIMITED_TRY: u64 = 1 << 20;
 
 /// Set by SIGINT/SIGTERM; the accept loop polls it.
 static STOP: AtomicBool = AtomicBool::new(false);
+/// Set by SIGHUP; a watcher thread logs it and clears it.
+static HUP: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn on_signal(_signal: libc::c_int) {
     // Only an atomic store: async-signal-safe.
     STOP.store(true, Ordering::SeqCst);
 }
 
+extern "C" fn on_hup(_signal: libc::c_int) {
+    HUP.store(true, Ordering::SeqCst);
+}
+
 #[expect(unsafe_code, reason = "installing a signal handler through libc")]
 fn install_signal_handlers() -> anyhow::Result<()> {
-    let handler = on_signal as extern "C" fn(libc::c_int);
-    for signal in [libc::SIGINT, libc::SIGTERM] {
+    let stop = on_signal as extern "C" fn(libc::c_int);
+    let hup = on_hup as extern "C" fn(libc::c_int);
+    for (signal, handler) in [
+        (libc::SIGINT, stop),
+        (libc::SIGTERM, stop),
+        (libc::SIGHUP, hup),
+    ] {
         // SAFETY: `on_signal` only stores to a static atomic, which is
         // async-signal-safe; `signal` installs it for the whole process.
         let previous = unsafe { libc::signal(signal, handler as libc::sighandler_t) };
@@ -70,6 +116,110 @@ fn install_signal_handlers() -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Installs the process's log subscriber (stderr, text or JSON).
+fn install_log(args: &Args, global: Global) -> anyhow::Result<()> {
+    use tracing_subscriber::EnvFilter;
+    let directives = match (&args.log_level, std::env::var("RUST_LOG")) {
+        (Some(level), _) => level.clone(),
+        (None, Ok(env)) if !env.trim().is_empty() => env,
+        _ if global.quiet => "error".to_string(),
+        _ => "info".to_string(),
+    };
+    let filter = EnvFilter::try_new(&directives).map_err(|e| {
+        ExitError::new(
+            exit::USAGE,
+            format!("invalid log filter {directives:?} (--log-level or RUST_LOG): {e}"),
+        )
+    })?;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let installed = match args.log_format {
+        LogFormat::Text => builder
+            .with_ansi(std::io::stderr().is_terminal())
+            .try_init(),
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .try_init(),
+    };
+    installed.map_err(|e| ExitError::new(exit::IO, format!("cannot start the log: {e}")))
+}
+
+/// Raises the soft descriptor limit to the hard one and logs both; returns the soft
+/// limit in force (`None`: unlimited).
+fn raise_nofile_limit() -> Option<u64> {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let before = getrlimit(Resource::Nofile);
+    let want = before.maximum.unwrap_or(NOFILE_UNLIMITED_TRY);
+    let mut now = before.current;
+    if before.current.is_some_and(|soft| soft < want) {
+        let raised = Rlimit {
+            current: Some(want),
+            maximum: before.maximum,
+        };
+        match setrlimit(Resource::Nofile, raised) {
+            Ok(()) => now = Some(want),
+            Err(e) => tracing::warn!(
+                soft = %shown(before.current),
+                hard = %shown(before.maximum),
+                error = %e,
+                "cannot raise the file descriptor limit"
+            ),
+        }
+    }
+    tracing::info!(
+        soft_before = %shown(before.current),
+        soft = %shown(now),
+        hard = %shown(before.maximum),
+        "file descriptor limit (soft raised to hard)"
+    );
+    now
+}
+
+fn shown(limit: Option<u64>) -> String {
+    limit.map_or_else(|| "unlimited".to_string(), |n| n.to_string())
+}
+
+/// The default `--max-open-files`: a quarter of the descriptor limit.
+fn default_open_files(soft: Option<u64>) -> u64 {
+    (soft.unwrap_or(NOFILE_UNLIMITED_TRY) / 4).clamp(OPEN_FILES_DEFAULT_MIN, OPEN_FILES_DEFAULT_MAX)
+}
+
+/// Refuses a `--data-dir` whose parent is missing: only the last component is created.
+fn check_data_dir(data_dir: &Path) -> anyhow::Result<()> {
+    if data_dir.is_dir() {
+        return Ok(());
+    }
+    if let Some(parent) = data_dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        if !parent.is_dir() {
+            return Err(ExitError::new(
+                exit::IO,
+                format!(
+                    "the parent directory {} of the data directory {} does not exist \
+                     (serve creates only the last component)",
+                    parent.display(),
+                    data_dir.display()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Logs each SIGHUP; ends when the process does.
+fn watch_hangups() {
+    let _ = std::thread::Builder::new()
+        .name("seglog-sighup".into())
+        .spawn(|| loop {
+            std::thread::sleep(Duration::from_millis(100));
+            if HUP.swap(false, Ordering::SeqCst) {
+                tracing::info!("SIGHUP received: nothing to reopen, still serving");
+            }
+        });
 }
 
 fn open_error(e: EngineError, data_dir: &std::path::Path) -> anyhow::Error {
@@ -86,28 +236,36 @@ fn open_error(e: EngineError, data_dir: &std::path::Path) -> anyhow::Error {
 }
 
 pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
+    install_log(&args, global)?;
     install_signal_handlers()?;
+    watch_hangups();
+    let soft = raise_nofile_limit();
+    check_data_dir(&args.data_dir)?;
+    // Bound before the data directory is touched: a busy port creates nothing.
+    let listener = TcpListener::bind(&args.listen)
+        .map_err(|e| ExitError::new(exit::IO, format!("cannot listen on {}: {e}", args.listen)))?;
+    let max_open_files = args
+        .max_open_files
+        .unwrap_or_else(|| default_open_files(soft));
+    tracing::info!(max_open_files, "sealed segment handles kept open at most");
     let opts = BrokerOptions {
         flush_every_records: args.flush_every_records,
         flush_interval: args.flush_interval,
         cold_storage_dir: args.cold_storage_dir.clone(),
         retention_check_interval: args.retention_check_interval,
         compaction_check_interval: args.compaction_check_interval,
+        max_open_files: usize::try_from(max_open_files).unwrap_or(usize::MAX),
     };
+    // The startup report (recovery actions, unavailable partitions) is logged as
+    // the broker opens.
     let broker = Broker::open(&args.data_dir, Arc::new(RealStorage), opts)
         .map_err(|e| open_error(e, &args.data_dir))?;
-    let mut err = std::io::stderr().lock();
-    if !global.quiet {
-        for line in broker.startup_report() {
-            writeln!(err, "seglog: {line}")?;
-        }
-    }
     let server_opts = ServerOptions {
         max_connections: args.max_connections as usize,
-        log_errors: !global.quiet,
+        log_errors: true,
         ..ServerOptions::default()
     };
-    let server = match Server::bind(&args.listen, Arc::clone(&broker), server_opts) {
+    let server = match Server::from_listener(listener, Arc::clone(&broker), server_opts) {
         Ok(s) => s,
         Err(e) => {
             let _ = broker.shutdown();
@@ -117,25 +275,26 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
             ));
         }
     };
+    let addr = server.local_addr();
+    if !addr.ip().is_loopback() {
+        tracing::warn!(
+            listen = %addr,
+            "listening beyond loopback: the broker has no authentication, anyone who \
+             reaches this address can read, write and delete topics"
+        );
+    }
+    tracing::info!(listen = %addr, data_dir = %args.data_dir.display(), "listening");
     // Tests and scripts wait for this line; it carries the real port.
     writeln!(
-        err,
-        "seglog: listening on {} (data {})",
-        server.local_addr(),
+        std::io::stderr().lock(),
+        "seglog: listening on {addr} (data {})",
         args.data_dir.display()
     )?;
-    drop(err);
     let served = server.run(&STOP);
-    if !global.quiet {
-        eprintln!("seglog: shutting down");
-    }
+    tracing::info!("shutting down");
     let shut = broker.shutdown();
-    served.map_err(|e| {
-        ExitError::new(
-            exit::IO,
-            format!("serving on {} failed: {e}", server.local_addr()),
-        )
-    })?;
+    served.map_err(|e| ExitError::new(exit::IO, format!("serving on {addr} failed: {e}")))?;
     shut.map_err(|e| ExitError::new(exit::IO, format!("shutting down the broker failed: {e}")))?;
+    tracing::info!("stopped");
     Ok(exit::OK)
 }

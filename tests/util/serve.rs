@@ -29,10 +29,17 @@ impl Serve {
 
     /// Serves `dir` with `extra` flags; returns once the broker listens.
     pub fn start_with(dir: &Path, extra: &[&str]) -> Serve {
-        let mut child = Command::new(BIN)
-            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        let mut cmd = Command::new(BIN);
+        cmd.args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
             .arg(dir)
-            .args(extra)
+            .args(extra);
+        Serve::spawn(cmd)
+    }
+
+    /// Runs `cmd` (a `seglog serve` that listens on 127.0.0.1, possibly started
+    /// through a shell); returns once the broker listens.
+    pub fn spawn(mut cmd: Command) -> Serve {
+        let mut child = cmd
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -73,6 +80,17 @@ impl Serve {
     /// What the broker wrote to stderr so far.
     pub fn stderr(&self) -> String {
         self.stderr.lock().unwrap().clone()
+    }
+
+    /// Sends `signal` to the broker.
+    pub fn signal(&self, signal: rustix::process::Signal) {
+        let child = self.child.as_ref().unwrap();
+        rustix::process::kill_process(rustix::process::Pid::from_child(child), signal).unwrap();
+    }
+
+    /// True while the broker process runs.
+    pub fn running(&mut self) -> bool {
+        self.child.as_mut().unwrap().try_wait().unwrap().is_none()
     }
 
     /// The binary, pointed at this broker through `SEGLOG_BROKER`.

@@ -42,9 +42,8 @@ impl Cleaner {
             .spawn(move || {
                 lower_priority();
                 while self.sleep(interval) {
-                    for line in self.round(kind) {
-                        eprintln!("seglog: {line}");
-                    }
+                    // Each warning is logged where it arises (see `round`).
+                    let _ = self.round(kind);
                 }
             })
             .map_err(|e| EngineError::io(format!("starting the {} thread", kind.name()), e))
@@ -107,6 +106,7 @@ impl Cleaner {
                     CleanupKind::Retention if config.cleanup_policy.deletes() => {
                         visit.retention(self.cold.as_deref()).map(|done| {
                             if let Some(why) = done.kept_because {
+                                tracing::warn!(topic = %topic.name, partition = p, "retention: {why}");
                                 warnings.push(format!("retention of {label}: {why}"));
                             }
                         })
@@ -120,7 +120,16 @@ impl Cleaner {
                     Ok(()) => {}
                     // The topic went, or the broker is stopping: nothing to report.
                     Err(EngineError::TopicDeleted { .. } | EngineError::ShuttingDown) => {}
-                    Err(e) => warnings.push(format!("{} of {label} failed: {e}", kind.name())),
+                    Err(e) => {
+                        tracing::warn!(
+                            topic = %topic.name,
+                            partition = p,
+                            error = %e,
+                            "{} failed",
+                            kind.name()
+                        );
+                        warnings.push(format!("{} of {label} failed: {e}", kind.name()));
+                    }
                 }
             }
         }

@@ -58,6 +58,9 @@ pub struct BrokerOptions {
     pub retention_check_interval: Duration,
     /// How often compaction visits every partition of a compacted topic.
     pub compaction_check_interval: Duration,
+    /// Read handles of sealed segments kept open at once (least recently used first
+    /// out); the active segment of each partition keeps its own handles besides.
+    pub max_open_files: usize,
 }
 
 impl Default for BrokerOptions {
@@ -68,6 +71,7 @@ impl Default for BrokerOptions {
             cold_storage_dir: None,
             retention_check_interval: Duration::from_secs(300),
             compaction_check_interval: Duration::from_secs(300),
+            max_open_files: crate::engine::partition::files::OPEN_FILES_DEFAULT,
         }
     }
 }

@@ -2,6 +2,7 @@
 //! interrupted topic creations and deletions removed, every topic loaded.
 
 use super::*;
+use crate::engine::partition::files::FileCache;
 
 impl Broker {
     /// Creates `data_dir` (0700) if missing, takes `DATA/LOCK`, removes leftovers of
@@ -13,7 +14,10 @@ impl Broker {
         opts: BrokerOptions,
     ) -> Result<Arc<Broker>, EngineError> {
         check_options(&opts)?;
-        let stats = Arc::new(LogStats::default());
+        let stats = Arc::new(LogStats {
+            files: Arc::new(FileCache::new(opts.max_open_files)),
+            ..LogStats::default()
+        });
         ensure_dir(&*storage, data_dir, &stats)?;
         let dir_lock = DirLock::acquire(data_dir).map_err(|e| match e {
             LockError::Held { path } => EngineError::Locked { path },
@@ -27,6 +31,9 @@ impl Broker {
         // RECOVERY CALL SITE: recovery must run here, with the lock held and before
         // any partition is opened.
         report.extend(run_recovery(&*storage, data_dir)?);
+        for line in &report {
+            tracing::warn!(data_dir = %data_dir.display(), "recovery: {line}");
+        }
         let (topics, notes) = load_topics(&storage, &topics_dir, &stats)?;
         report.extend(notes);
         let flusher = Arc::new(Flusher::new(opts.flush_interval));
@@ -227,7 +234,10 @@ pub(super) fn load_topics(
             Ok(topic) => {
                 topics.insert(name, Arc::new(topic));
             }
-            Err(e) => notes.push(format!("topic {name} not loaded: {e}")),
+            Err(e) => {
+                tracing::error!(topic = %name, error = %e, "topic not loaded");
+                notes.push(format!("topic {name} not loaded: {e}"));
+            }
         }
     }
     Ok((topics, notes))
@@ -268,6 +278,9 @@ pub(super) fn load_topic(
         let slot = if pdir.is_dir() {
             match PartitionLog::open(name, p, &pdir, storage.clone(), stats.clone()) {
                 Ok((log, more)) => {
+                    for note in &more {
+                        tracing::warn!(topic = name, partition = p, "{note}");
+                    }
                     notes.extend(more);
                     Slot::Open(Arc::new(log))
                 }
@@ -277,6 +290,7 @@ pub(super) fn load_topic(
             Slot::Unavailable(format!("partition directory {} is missing", pdir.display()))
         };
         if let Slot::Unavailable(reason) = &slot {
+            tracing::error!(topic = name, partition = p, %reason, "partition unavailable");
             notes.push(format!("partition {name}/{p} is unavailable: {reason}"));
         }
         partitions.push(slot);

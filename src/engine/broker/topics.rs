@@ -146,6 +146,7 @@ impl Broker {
             // Still in place: bring the topic back as it is on disk.
             let mut notes = Vec::new();
             if let Ok(t) = load_topic(&self.storage, name, &topic.dir, &self.stats, &mut notes) {
+                tracing::warn!(topic = name, error = %e, "deleting the topic failed; re-opened it");
                 write(&self.topics).insert(name.to_string(), Arc::new(t));
             }
             return Err(e);

@@ -55,7 +55,8 @@ pub struct ServerOptions {
     pub max_connections: usize,
     /// Longest a peer may stall in the middle of a frame, or take to read a response.
     pub io_timeout: Duration,
-    /// Print one line on stderr for each connection closed because of a bad frame.
+    /// Log (through `tracing`) each connection closed because of a bad frame and each
+    /// error response.
     pub log_errors: bool,
 }
 
@@ -83,7 +84,16 @@ pub struct Server {
 impl Server {
     /// Binds `addr` (`127.0.0.1:0` picks a free port; see [`Server::local_addr`]).
     pub fn bind(addr: &str, broker: Arc<Broker>, opts: ServerOptions) -> io::Result<Server> {
-        let listener = TcpListener::bind(addr)?;
+        Server::from_listener(TcpListener::bind(addr)?, broker, opts)
+    }
+
+    /// Serves on a listener bound already (so a caller can bind before it opens the
+    /// broker).
+    pub fn from_listener(
+        listener: TcpListener,
+        broker: Arc<Broker>,
+        opts: ServerOptions,
+    ) -> io::Result<Server> {
         listener.set_nonblocking(true)?;
         let local_addr = listener.local_addr()?;
         Ok(Server {
@@ -128,19 +138,26 @@ impl Server {
         also_stop: &AtomicBool,
         threads: &mut Vec<JoinHandle<()>>,
     ) -> io::Result<()> {
+        let mut starved = Starved::new();
         while !self.stop.load(Ordering::SeqCst) && !also_stop.load(Ordering::SeqCst) {
             match self.listener.accept() {
                 Ok((stream, peer)) => {
+                    starved.backoff = ACCEPT_BACKOFF_MIN;
                     threads.retain(|t| !t.is_finished());
                     self.start_connection(stream, peer, threads);
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => thread::sleep(ACCEPT_SLEEP),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                // Out of file descriptors and similar: keep serving the others.
+                // Out of file descriptors: refuse the waiting connection through the
+                // spare descriptor, and back off; keep serving the others.
+                Err(e) if is_out_of_descriptors(&e) => {
+                    let refused = starved.refuse(&self.listener);
+                    starved.note(&self.local_addr, &e, refused);
+                    thread::sleep(starved.backoff);
+                    starved.backoff = (starved.backoff * 2).min(ACCEPT_BACKOFF_MAX);
+                }
                 Err(e) => {
-                    if self.opts.log_errors {
-                        eprintln!("seglog: accept on {} failed: {e}", self.local_addr);
-                    }
+                    starved.note(&self.local_addr, &e, false);
                     thread::sleep(POLL_INTERVAL);
                 }
             }
@@ -170,6 +187,7 @@ impl Server {
             let _ = stream.set_nonblocking(false);
             let _ = stream.set_write_timeout(Some(POLL_INTERVAL));
             let _ = stream.write_all(&out);
+            tracing::warn!(%peer, max_connections = self.opts.max_connections, "refused a connection");
             return;
         }
         self.active.fetch_add(1, Ordering::SeqCst);
@@ -195,11 +213,94 @@ impl Server {
             Ok(t) => threads.push(t),
             Err(e) => {
                 self.active.fetch_sub(1, Ordering::SeqCst);
-                if self.opts.log_errors {
-                    eprintln!("seglog: cannot start a thread for {peer}: {e}");
-                }
+                tracing::warn!(%peer, error = %e, "refused a connection: cannot start its thread");
             }
         }
+    }
+}
+
+/// First and longest sleep of the accept loop while descriptors run out.
+const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(10);
+const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
+/// Accept failures are logged at most once per this interval (with a count).
+const ACCEPT_LOG_INTERVAL: Duration = Duration::from_secs(1);
+
+fn is_out_of_descriptors(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
+}
+
+/// The accept loop's state while accepting fails.
+struct Starved {
+    /// A descriptor kept in reserve: closed to accept (and at once close) a
+    /// connection the process has no descriptor for, so the peer is told instead of
+    /// waiting in the backlog.
+    spare: Option<std::fs::File>,
+    backoff: Duration,
+    /// Failures since the last log line, and when that was.
+    unlogged: u64,
+    refused: u64,
+    logged_at: Option<Instant>,
+}
+
+impl Starved {
+    fn new() -> Self {
+        Starved {
+            spare: std::fs::File::open("/dev/null").ok(),
+            backoff: ACCEPT_BACKOFF_MIN,
+            unlogged: 0,
+            refused: 0,
+            logged_at: None,
+        }
+    }
+
+    /// Frees the spare descriptor, accepts one connection on it, tells the peer
+    /// why and closes it, then takes the spare again. True when one was refused.
+    fn refuse(&mut self, listener: &TcpListener) -> bool {
+        if self.spare.take().is_none() {
+            return false;
+        }
+        let refused = match listener.accept() {
+            Ok((mut stream, _)) => {
+                let mut out = Vec::new();
+                encode_error(
+                    &mut out,
+                    0,
+                    API_KEY_NONE,
+                    ErrorCode::TOO_MANY_CONNECTIONS,
+                    "the broker is out of file descriptors",
+                );
+                let _ = stream.set_nonblocking(false);
+                let _ = stream.set_write_timeout(Some(POLL_INTERVAL));
+                let _ = stream.write_all(&out);
+                true
+            }
+            Err(_) => false,
+        };
+        self.spare = std::fs::File::open("/dev/null").ok();
+        refused
+    }
+
+    /// Counts a failure; logs at most one line per [`ACCEPT_LOG_INTERVAL`].
+    fn note(&mut self, addr: &SocketAddr, e: &io::Error, refused: bool) {
+        self.unlogged += 1;
+        self.refused += u64::from(refused);
+        if self
+            .logged_at
+            .is_some_and(|t| t.elapsed() < ACCEPT_LOG_INTERVAL)
+        {
+            return;
+        }
+        tracing::warn!(
+            listen = %addr,
+            error = %e,
+            failures = self.unlogged,
+            refused = self.refused,
+            backoff_ms = u64::try_from(self.backoff.as_millis()).unwrap_or(u64::MAX),
+            "accepting connections failed; refusing new ones until descriptors free up"
+        );
+        self.unlogged = 0;
+        self.refused = 0;
+        self.logged_at = Some(Instant::now());
     }
 }
 
@@ -282,7 +383,7 @@ impl Connection {
 
     fn log(&self, detail: &str) {
         if self.opts.log_errors {
-            eprintln!("seglog: closing connection from {}: {detail}", self.peer);
+            tracing::warn!(peer = %self.peer, "closing the connection: {detail}");
         }
     }
 
@@ -465,6 +566,14 @@ impl Connection {
             }
         };
         if let Err((code, msg)) = result {
+            if self.opts.log_errors {
+                tracing::info!(
+                    peer = %self.peer,
+                    request = api_name(api),
+                    code = code.name(),
+                    "client error: {msg}"
+                );
+            }
             self.out.clear();
             encode_error(&mut self.out, id, api, code, &msg);
         }

@@ -241,6 +241,14 @@ impl Visit<'_> {
                     ));
                     break;
                 }
+                tracing::info!(
+                    topic = self.topic,
+                    partition = self.partition,
+                    base_offset = seg.base_offset,
+                    bytes = seg.bytes(),
+                    cold_storage = %dir.display(),
+                    "copied a segment to cold storage"
+                );
                 copied += 1;
             }
             due.truncate(copied);
@@ -252,6 +260,15 @@ impl Visit<'_> {
         let bases: Vec<u64> = due.iter().map(|s| s.base_offset).collect();
         let removed = self.log.remove_oldest(&bases)?;
         done.bytes = removed.iter().map(|s| s.bytes()).sum();
+        tracing::info!(
+            topic = self.topic,
+            partition = self.partition,
+            segments = bases.len(),
+            base_offsets = ?bases,
+            bytes = done.bytes,
+            start_offset = self.log.start_offset(),
+            "retention removed segments"
+        );
         done.removed = bases;
         Ok(done)
     }
@@ -328,10 +345,29 @@ impl Visit<'_> {
             })?;
             return Ok(CompactionDone::Cancelled);
         }
+        if let Err(e) = log.hold_files(&replaced) {
+            prepared.cancel().map_err(|e| {
+                EngineError::io(
+                    format!("removing compaction output in {}", p.dir.display()),
+                    e,
+                )
+            })?;
+            return Err(e);
+        }
         let mut new = Vec::new();
         match prepared.swap(&mut |bases| new = bases.to_vec()) {
             Ok(report) => {
                 log.replace_oldest(&replaced, &new)?;
+                tracing::info!(
+                    topic = self.topic,
+                    partition = self.partition,
+                    records_dropped = report.records_dropped,
+                    bytes_before = report.bytes_before,
+                    bytes_after = report.bytes_after,
+                    replaced = ?report.replaced,
+                    new = ?report.new,
+                    "compaction swapped in new segments"
+                );
                 Ok(CompactionDone::Swapped(report))
             }
             Err(e @ CompactionError::Interrupted { .. }) => {
@@ -363,6 +399,7 @@ pub fn archive(
     // 1.
     storage.create_dir_all(&dir)?;
     // 2.
+    let file = seg.file()?;
     copy_file(storage, &dir, &log_file_name(seg.base_offset), |f| {
         let len = seg.bytes();
         let mut buf = vec![0u8; COPY_CHUNK_BYTES];
@@ -371,7 +408,7 @@ pub fn archive(
             let want =
                 usize::try_from(len - pos).map_or(COPY_CHUNK_BYTES, |n| n.min(COPY_CHUNK_BYTES));
             let chunk = buf.get_mut(..want).unwrap_or(&mut []);
-            let n = crate::engine::storage::reader::read_full_at(seg.file(), chunk, pos)?;
+            let n = crate::engine::storage::reader::read_full_at(&file, chunk, pos)?;
             if n < want {
                 return Err(io::Error::new(
                     io::ErrorKind::UnexpectedEof,

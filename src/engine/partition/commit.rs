@@ -39,7 +39,7 @@ impl PartitionLog {
                 // the request ends as deleted, not as a failed partition.
                 Err(_) if s.closed == Some(Closed::Deleted) => {}
                 Err(reason) => {
-                    s.failed.get_or_insert(reason);
+                    self.set_failed(&mut s, reason);
                 }
             }
             self.synced.notify_all();

@@ -72,6 +72,8 @@ pub struct LogStats {
     pub fsyncs: AtomicU64,
     pub produce_requests: AtomicU64,
     pub records_appended: AtomicU64,
+    /// The read handles of every log's sealed segments.
+    pub files: Arc<FileCache>,
 }
 
 /// Why a log stopped taking requests for good.
@@ -98,7 +100,7 @@ pub struct Segment {
     pub base_offset: u64,
     pub generation: u64,
     path: PathBuf,
-    file: File,
+    file: SegmentFile,
     /// Index entries; only the active segment's grow (under the log's write lock).
     index: RwLock<Vec<IndexEntry>>,
     /// End of the data written so far.
@@ -117,8 +119,9 @@ impl Segment {
         path: PathBuf,
         index: Vec<IndexEntry>,
         data_end: u64,
+        cache: &Arc<FileCache>,
     ) -> io::Result<Self> {
-        let file = File::open(&path)?;
+        let file = SegmentFile::held(path.clone(), File::open(&path)?, cache.clone());
         Ok(Segment {
             base_offset,
             generation,
@@ -141,9 +144,10 @@ impl Segment {
         self.written_end.load(Ordering::Acquire)
     }
 
-    /// The segment's read handle (the file it was opened as, even once unlinked).
-    pub fn file(&self) -> &File {
-        &self.file
+    /// The segment's read handle: the file it was opened as, even once unlinked
+    /// (reopened by path when a sealed segment's handle left the cache).
+    pub fn file(&self) -> io::Result<Arc<File>> {
+        self.file.get()
     }
 
     /// The segment's index as it is held in memory, encoded as in a `.index` file.
@@ -160,8 +164,9 @@ impl Segment {
         }
         let io_err = |e| EngineError::io(format!("reading {}", self.path.display()), e);
         let len = self.bytes();
-        let header = checked_header(&self.file, len, &self.path, self.base_offset)?;
-        let scan = scan_segment(&self.file, &header, len, |_, _| {}).map_err(io_err)?;
+        let file = self.file().map_err(io_err)?;
+        let header = checked_header(&file, len, &self.path, self.base_offset)?;
+        let scan = scan_segment(&file, &header, len, |_, _| {}).map_err(io_err)?;
         if !matches!(scan.end, ScanEnd::Eof) {
             return Err(EngineError::Corrupt {
                 path: self.path.clone(),
@@ -303,9 +308,10 @@ impl PartitionLog {
         };
         let mut segments = Vec::with_capacity(sealed.len() + 1);
         for base in sealed {
-            segments.push(Arc::new(open_sealed(dir, base, &mut notes)?));
+            segments.push(Arc::new(open_sealed(dir, base, &stats.files, &mut notes)?));
         }
-        let (active, next_offset) = open_active(&*storage, dir, active_base, &mut notes)?;
+        let (active, next_offset) =
+            open_active(&*storage, dir, active_base, &stats.files, &mut notes)?;
         segments.push(active.seg.clone());
         sync_on_open(&*storage, dir, &segments, &*active.log, &stats)?;
         let log = PartitionLog {
@@ -401,9 +407,22 @@ impl PartitionLog {
     /// Puts the log into the failed state (first reason wins) and wakes every waiter.
     fn fail(&self, reason: FailureReason) -> EngineError {
         let mut s = lock(&self.sync);
-        let reason = s.failed.get_or_insert(reason).clone();
+        let reason = self.set_failed(&mut s, reason);
         self.synced.notify_all();
         self.failed_error(&reason)
+    }
+
+    /// Records the first failure (logged once); returns the reason in force.
+    fn set_failed(&self, s: &mut SyncState, reason: FailureReason) -> FailureReason {
+        if s.failed.is_none() {
+            tracing::error!(
+                topic = %self.topic,
+                partition = self.partition,
+                %reason,
+                "partition failed: it refuses writes until a restart runs recovery"
+            );
+        }
+        s.failed.get_or_insert(reason).clone()
     }
 
     /// Puts the log into the failed state (it refuses writes until a restart runs
@@ -442,6 +461,7 @@ impl PartitionLog {
 mod append;
 pub mod cleanup;
 mod commit;
+pub mod files;
 mod open;
 mod read;
 mod retention;
@@ -451,6 +471,7 @@ mod roll;
 #[expect(clippy::unwrap_used, clippy::indexing_slicing, reason = "tests")]
 mod tests;
 
+use files::{FileCache, SegmentFile};
 use open::{checked_header, list_segments, open_active, open_sealed, sync_on_open};
 use roll::create_segment_files;
 

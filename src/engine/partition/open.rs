@@ -123,6 +123,7 @@ pub(super) fn read_index_file(path: &Path, data_end: u64) -> Option<Vec<IndexEnt
 pub(super) fn open_sealed(
     dir: &Path,
     base: u64,
+    cache: &Arc<FileCache>,
     notes: &mut Vec<String>,
 ) -> Result<Segment, EngineError> {
     let path = dir.join(log_file_name(base));
@@ -144,8 +145,8 @@ pub(super) fn open_sealed(
     Ok(Segment {
         base_offset: base,
         generation: header.generation,
+        file: SegmentFile::cached(path.clone(), file, cache.clone()),
         path,
-        file,
         index: RwLock::new(index),
         written_end: AtomicU64::new(len),
         readable_end: AtomicU64::new(len),
@@ -159,6 +160,7 @@ pub(super) fn open_active(
     storage: &dyn Storage,
     dir: &Path,
     base: u64,
+    cache: &Arc<FileCache>,
     notes: &mut Vec<String>,
 ) -> Result<(Active, u64), EngineError> {
     let path = dir.join(log_file_name(base));
@@ -188,8 +190,8 @@ pub(super) fn open_active(
     let seg = Segment {
         base_offset: base,
         generation: header.generation,
+        file: SegmentFile::held(path.clone(), file, cache.clone()),
         path,
-        file,
         index: RwLock::new(scan.index.clone()),
         written_end: AtomicU64::new(scan.data_end),
         readable_end: AtomicU64::new(scan.data_end),

@@ -190,10 +190,13 @@ pub(super) fn read_segment_around(
     });
     let read_bytes = (budget + INDEX_INTERVAL_BYTES).max(FETCH_READ_MIN_BYTES);
     let window = usize::try_from(read_bytes).unwrap_or(usize::MAX);
+    let file = seg
+        .file()
+        .map_err(|e| EngineError::io(format!("opening {}", seg.path.display()), e))?;
     let io_err = |e| EngineError::io(format!("reading {}", seg.path.display()), e);
     loop {
-        let mut reader = RecordReader::with_window(&seg.file, seg.generation, start, limit, window)
-            .strict_limit();
+        let mut reader =
+            RecordReader::with_window(&file, seg.generation, start, limit, window).strict_limit();
         let mut bytes = Vec::new();
         let copied = reader
             .copy_records(offset, budget, take_one, &mut bytes)
@@ -228,7 +231,7 @@ pub(super) fn read_segment_around(
             });
         }
         let found = resync(
-            &seg.file,
+            &file,
             seg.generation,
             end.position().saturating_add(1),
             limit,

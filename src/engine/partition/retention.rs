@@ -51,7 +51,7 @@ impl PartitionLog {
             }
             Err(_) if s.closed == Some(Closed::Deleted) => Err(self.closed_error(Closed::Deleted)),
             Err(reason) => {
-                let reason = s.failed.get_or_insert(reason).clone();
+                let reason = self.set_failed(&mut s, reason);
                 Err(self.failed_error(&reason))
             }
         };
@@ -147,6 +147,11 @@ impl PartitionLog {
                 "settled prefix longer than the list"
             );
             let gone = gone.to_vec();
+            for seg in &gone {
+                seg.file
+                    .hold()
+                    .map_err(|e| EngineError::io(format!("opening {}", seg.path.display()), e))?;
+            }
             self.publish(kept.to_vec());
             gone
         };
@@ -200,6 +205,22 @@ impl PartitionLog {
         self.delete_doomed(&mut lock(&self.doomed))
     }
 
+    /// Keeps the read handles of the segments `bases` open for the rest of their
+    /// lives (see [`files`](super::files)): called before a compaction swap replaces
+    /// their files, so readers holding them keep reading the bytes they had.
+    pub fn hold_files(&self, bases: &[u64]) -> Result<(), EngineError> {
+        for seg in self
+            .snapshot()
+            .iter()
+            .filter(|s| bases.contains(&s.base_offset))
+        {
+            seg.file
+                .hold()
+                .map_err(|e| EngineError::io(format!("opening {}", seg.path.display()), e))?;
+        }
+        Ok(())
+    }
+
     /// Publishes a finished compaction swap: the oldest segments `replaced` give way
     /// to the segments now on disk under the names `new`. The new segments are opened
     /// first; the list is then replaced under the write lock. Readers already in a
@@ -210,7 +231,7 @@ impl PartitionLog {
         let mut notes = Vec::new();
         let mut opened = Vec::with_capacity(new.len());
         for &base in new {
-            match open_sealed(&self.dir, base, &mut notes) {
+            match open_sealed(&self.dir, base, &self.stats.files, &mut notes) {
                 Ok(seg) => opened.push(Arc::new(seg)),
                 Err(e) => {
                     return Err(self.fail(FailureReason::CompactedSegmentUnopenable {

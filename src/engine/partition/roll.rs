@@ -107,7 +107,14 @@ impl PartitionLog {
                 )
             })?;
         let path = self.dir.join(log_file_name(base));
-        let seg = Segment::new(base, 0, path.clone(), Vec::new(), HEADER_LEN as u64);
+        let seg = Segment::new(
+            base,
+            0,
+            path.clone(),
+            Vec::new(),
+            HEADER_LEN as u64,
+            &self.stats.files,
+        );
         let seg = match seg {
             Ok(s) => Arc::new(s),
             Err(e) => {
@@ -138,6 +145,8 @@ impl PartitionLog {
         };
         let old = std::mem::replace(&mut w.active, new);
         let _ = old.seg.max_timestamp.set(old.max_timestamp);
+        // Sealed: its read handle joins the broker's bounded cache.
+        old.seg.file.release();
         // 3.
         w.pending.roll = Some(PendingRoll {
             outgoing_log: old.log,
@@ -151,6 +160,13 @@ impl PartitionLog {
         list.push(seg);
         self.publish(list);
         w.rolls += 1;
+        tracing::info!(
+            topic = %self.topic,
+            partition = self.partition,
+            base_offset = base,
+            sealed_bytes = w.pending.sealed.last().map_or(0, |(_, end)| *end),
+            "rolled to a new segment"
+        );
         Ok(())
     }
 }
