@@ -1,5 +1,5 @@
 //! `seglog compact PATH [--dry-run] [--now-ms MS] [--tombstone-retention-ms MS] [--json]`:
-//! runs the broker's compaction (`engine::compaction`) offline, on every topic whose
+//! runs the broker's compaction (`engine::maintenance::compaction`) offline, on every topic whose
 //! `cleanup_policy` compacts (PATH a data directory) or on the named topic or
 //! partition whatever its policy.
 //!
