@@ -112,15 +112,7 @@ pub struct Global {
 pub fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
-        Err(e) => {
-            let code = if e.use_stderr() {
-                exit::USAGE
-            } else {
-                exit::OK
-            };
-            let _ = e.print();
-            return ExitCode::from(code);
-        }
+        Err(e) => return ExitCode::from(usage_error(&e)),
     };
     let global = Global { quiet: cli.quiet };
     let result = match cli.command {
@@ -136,6 +128,63 @@ pub fn main() -> ExitCode {
         Command::Bench(a) => bench::run(a, global),
     };
     ExitCode::from(finish(result))
+}
+
+/// Prints a clap outcome: `--help` and `--version` as clap renders them (exit 0), a
+/// missing subcommand as the help (64), every other usage error as one line with a
+/// hint where the help is (64).
+fn usage_error(e: &clap::Error) -> u8 {
+    use clap::error::ErrorKind;
+    if !e.use_stderr() {
+        let _ = e.print();
+        return exit::OK;
+    }
+    if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+        let _ = e.print();
+        return exit::USAGE;
+    }
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let _ = writeln!(
+        io::stderr(),
+        "{}",
+        usage_line(&e.render().to_string(), &command_path(&args))
+    );
+    exit::USAGE
+}
+
+/// The subcommand path the arguments name ("seglog topics create"): each word that
+/// is a subcommand of the one before, skipping flags.
+fn command_path(args: &[String]) -> String {
+    use clap::CommandFactory;
+    let mut cmd = Cli::command();
+    let mut path = vec![cmd.get_name().to_string()];
+    for a in args {
+        if a.starts_with('-') {
+            continue;
+        }
+        let Some(sub) = cmd.find_subcommand(a).cloned() else {
+            break;
+        };
+        path.push(sub.get_name().to_string());
+        cmd = sub;
+    }
+    path.join(" ")
+}
+
+/// `error: <clap's message, one line> (see '<command> --help')`: the first paragraph
+/// of clap's text joined into one line (a missing argument's name and the possible
+/// values stay in it), without the usage and tips that follow.
+fn usage_line(rendered: &str, command: &str) -> String {
+    let first: Vec<&str> = rendered
+        .lines()
+        .map(str::trim)
+        .skip_while(|l| l.is_empty())
+        .take_while(|l| !l.is_empty())
+        .collect();
+    let text = first.join(" ");
+    let text = text.strip_prefix("error:").unwrap_or(&text).trim();
+    let text = if text.is_empty() { "invalid command line" } else { text };
+    format!("error: {text} (see '{command} --help')")
 }
 
 /// Maps a command's result to an exit code, printing the error as one line.
@@ -213,4 +262,28 @@ pub fn hex(bytes: &[u8]) -> String {
         let _ = write!(s, "{b:02x}");
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn usage_errors_are_one_line() {
+        let clap_text = "error: the following required arguments were not provided:\n  <PATH>\n\nUsage: seglog verify <PATH>\n\nFor more information, try '--help'.\n";
+        assert_eq!(
+            usage_line(clap_text, "seglog verify"),
+            "error: the following required arguments were not provided: <PATH> (see 'seglog verify --help')"
+        );
+        assert_eq!(
+            usage_line("", "seglog"),
+            "error: invalid command line (see 'seglog --help')"
+        );
+        let args = |a: &[&str]| a.iter().map(ToString::to_string).collect::<Vec<_>>();
+        assert_eq!(
+            command_path(&args(&["-q", "topics", "create", "x", "--partitions", "y"])),
+            "seglog topics create"
+        );
+        assert_eq!(command_path(&args(&["bogus"])), "seglog");
+    }
 }
