@@ -60,15 +60,27 @@ impl ExitError {
     }
 }
 
+/// The exit-code table of `seglog --help` and `man seglog` (the README has the same).
+const EXIT_CODES_HELP: &str = "\
+Exit codes (the same whichever side, client or broker, finds the mistake):
+  0   success; for checks: clean
+  1   problems recover repairs without losing acknowledged data
+  2   corruption: records that cannot be read back, or segments that do not join up
+  64  usage error: a bad flag or argument, a bad topic name or partition, an unknown
+      --config key or a value out of range, a record over max_record_bytes
+  69  broker unreachable, failing, or refusing the request (no such topic, topic
+      exists, offset out of range, storage error on the broker)
+  73  the data directory is locked by a running broker or another tool
+  74  I/O error, or the command could not run for another reason";
+
 #[derive(Debug, Parser)]
 #[command(
     name = "seglog",
     version = concat!(env!("CARGO_PKG_VERSION"), " (format version 1)"),
     about = "A durable, partitioned log broker and the offline toolkit for its data directories",
     long_about = "seglog is a durable, partitioned log broker (serve, produce, consume, topics, bench) \
-and the offline toolkit for its data directories (verify, recover, compact, reindex, dump).\n\n\
-Exit codes: 0 success or clean; 1 problems recover repairs without loss; 2 corruption; \
-64 usage error; 69 broker unreachable or refused; 73 data directory locked; 74 I/O error."
+and the offline toolkit for its data directories (verify, recover, compact, reindex, dump).",
+    after_long_help = EXIT_CODES_HELP
 )]
 pub struct Cli {
     /// Silence diagnostics and progress on stderr (errors are still printed).
