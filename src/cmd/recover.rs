@@ -15,7 +15,7 @@ use crate::engine::maintenance::recovery::{
     RecoveryPlan, RecoveryReport,
 };
 use crate::engine::storage::io::RealStorage;
-use crate::engine::storage::layout::TargetKind;
+use crate::engine::storage::layout::{PartitionRef, TargetKind};
 use crate::engine::storage::lock::{DirLock, LockError};
 
 /// Arguments of `seglog recover`.
@@ -55,12 +55,27 @@ pub fn run(args: Args, _global: Global) -> anyhow::Result<u8> {
         // The exit code is what `verify` gives: a full check, which also sees what
         // the startup check trusts without reading (the middle of sealed segments).
         let mut verify = None;
+        let mut beyond = Vec::new();
         for p in &target.partitions {
             let c = check_partition(p, CheckMode::Full)
                 .with_context(|| format!("checking {}", p.dir.display()))?;
             verify = verify.max(c.severity());
+            beyond.extend(
+                c.all_problems()
+                    .filter(|x| x.severity > Severity::Info)
+                    .cloned(),
+            );
         }
-        print_plan(&plan, verify, args.json)?;
+        // What the full check finds beyond the plan: recovery leaves it as it is.
+        let planned = |x: &Problem| {
+            plan.partitions.iter().any(|p| {
+                p.corrupt.iter().any(|d| same_problem(&d.problem, x))
+                    || p.not_joined.iter().any(|n| same_problem(n, x))
+                    || p.actions.iter().any(|a| a.path() == x.file.as_path())
+            })
+        };
+        beyond.retain(|x| !planned(x));
+        print_plan(&plan, verify, &beyond, args.json)?;
         return Ok(exit_code(verify));
     }
     let _lock = if target.root_is_data_dir {
@@ -132,25 +147,31 @@ fn same_problem(a: &Problem, b: &Problem) -> bool {
     a.kind == b.kind && a.file == b.file && a.position == b.position
 }
 
-fn print_plan(plan: &RecoveryPlan, verify: Option<Severity>, as_json: bool) -> io::Result<()> {
+fn print_plan(
+    plan: &RecoveryPlan,
+    verify: Option<Severity>,
+    beyond: &[Problem],
+    as_json: bool,
+) -> io::Result<()> {
     let stdout = io::stdout();
     let mut out = io::BufWriter::new(stdout.lock());
     if as_json {
         let mut actions = Vec::new();
         for p in &plan.partitions {
             for a in &p.actions {
-                actions.push(action_json(&plan.root, &p.label, a, &[]));
+                actions.push(located(action_json(&plan.root, a, &[]), Some(&p.partition), &p.label));
             }
         }
         let partitions: Vec<Value> = plan
             .partitions
             .iter()
-            .map(|p| plan_partition_json(&plan.root, p))
+            .map(|p| located(plan_partition_json(&plan.root, p), Some(&p.partition), &p.label))
             .collect();
         let after_corrupt = plan
             .partitions
             .iter()
-            .any(|p| !p.corrupt.is_empty() || !p.not_joined.is_empty() || p.refuses_writes);
+            .any(|p| !p.corrupt.is_empty() || !p.not_joined.is_empty() || p.refuses_writes)
+            || beyond.iter().any(|x| x.severity == Severity::Corrupt);
         let v = json!({
             "dry_run": true,
             "root": plan.root.display().to_string(),
@@ -159,18 +180,37 @@ fn print_plan(plan: &RecoveryPlan, verify: Option<Severity>, as_json: bool) -> i
             "severity_before": severity_name(plan.severity_before()),
             "severity_after": if after_corrupt { "corrupt" } else { "clean" },
             "verify_severity": severity_name(verify),
+            "cannot_repair": cannot_repair_json(plan, beyond),
         });
         writeln!(out, "{v}")?;
     } else {
-        for line in plan.lines() {
+        let mut lines = plan.lines();
+        if !beyond.is_empty() && lines.last().is_some_and(|l| l == "nothing to do") {
+            lines.pop();
+        }
+        for line in lines {
             writeln!(out, "{line}")?;
         }
-        let quick = plan.severity_before().filter(|s| *s > Severity::Info);
-        if verify.filter(|s| *s > Severity::Info) > quick {
+        for x in beyond {
+            let what = if x.severity == Severity::Corrupt {
+                "recover cannot repair it; it stays in place for an operator"
+            } else {
+                "recover leaves it; `seglog reindex` repairs it"
+            };
             writeln!(
                 out,
-                "a full check finds {} problems the startup check does not read (see `seglog verify`)",
-                severity_name(verify)
+                "found by a full check, beyond what the startup check reads: {}{}: {} ({}); {what}",
+                relative(&plan.root, &x.file),
+                x.position.map(|p| format!(" at byte {p}")).unwrap_or_default(),
+                x.detail,
+                x.kind
+            )?;
+        }
+        if plan.action_count() == 0 && !beyond.is_empty() {
+            writeln!(
+                out,
+                "nothing recover can repair: {} problem(s) above stay as they are (see `seglog verify`)",
+                beyond.len()
             )?;
         }
     }
@@ -197,13 +237,23 @@ fn print_report(
         let mut actions = Vec::new();
         for p in &report.partitions {
             for ActionDone { action, backups } in &p.actions {
-                actions.push(action_json(&report.root, &p.label, action, backups));
+                actions.push(located(
+                    action_json(&report.root, action, backups),
+                    partition_ref(plan, &p.label),
+                    &p.label,
+                ));
             }
         }
         let partitions: Vec<Value> = report
             .partitions
             .iter()
-            .map(|p| report_partition_json(&report.root, p))
+            .map(|p| {
+                located(
+                    report_partition_json(&report.root, p),
+                    partition_ref(plan, &p.label),
+                    &p.label,
+                )
+            })
             .collect();
         let v = json!({
             "dry_run": false,
@@ -237,9 +287,28 @@ fn print_report(
     out.flush()
 }
 
-fn action_json(root: &Path, label: &str, a: &Action, backups: &[PathBuf]) -> Value {
+/// The plan's partition behind a report's `label`.
+fn partition_ref<'a>(plan: &'a RecoveryPlan, label: &str) -> Option<&'a PartitionRef> {
+    plan.partitions
+        .iter()
+        .find(|p| p.label == label)
+        .map(|p| &p.partition)
+}
+
+/// `v` with the vocabulary verify and dump use: `topic` (string) and `partition`
+/// (number), `null` where the path does not say (a partition directory outside a
+/// data directory); `label` keeps the `topic/partition` text of the human output.
+fn located(mut v: Value, r: Option<&PartitionRef>, label: &str) -> Value {
+    if let Some(obj) = v.as_object_mut() {
+        obj.insert("topic".into(), json!(r.and_then(|r| r.topic.as_deref())));
+        obj.insert("partition".into(), json!(r.and_then(|r| r.partition)));
+        obj.insert("label".into(), json!(label));
+    }
+    v
+}
+
+fn action_json(root: &Path, a: &Action, backups: &[PathBuf]) -> Value {
     let mut v = json!({
-        "partition": label,
         "kind": a.kind(),
         "path": relative(root, a.path()),
         "from": a.byte_range().map(|r| r.0),
@@ -294,6 +363,22 @@ fn action_json(root: &Path, label: &str, a: &Action, backups: &[PathBuf]) -> Val
     v
 }
 
+/// Every problem recovery leaves in place: the plan's corruption and gaps, and what
+/// only the full check finds.
+fn cannot_repair_json(plan: &RecoveryPlan, beyond: &[Problem]) -> Vec<Value> {
+    let mut v = Vec::new();
+    for p in &plan.partitions {
+        for d in &p.corrupt {
+            v.push(located(damage_json(&plan.root, d), Some(&p.partition), &p.label));
+        }
+        for x in &p.not_joined {
+            v.push(located(problem_json(&plan.root, x), Some(&p.partition), &p.label));
+        }
+    }
+    v.extend(beyond.iter().map(|x| problem_json(&plan.root, x)));
+    v
+}
+
 fn problem_json(root: &Path, p: &Problem) -> Value {
     json!({
         "kind": p.kind,
@@ -319,7 +404,6 @@ fn damage_json(root: &Path, d: &Damage) -> Value {
 
 fn plan_partition_json(root: &Path, p: &PartitionPlan) -> Value {
     json!({
-        "partition": p.label,
         "path": relative(root, &p.dir),
         "actions": p.actions.len(),
         "next_offset": p.next_offset,
@@ -333,7 +417,6 @@ fn plan_partition_json(root: &Path, p: &PartitionPlan) -> Value {
 
 fn report_partition_json(root: &Path, p: &PartitionReport) -> Value {
     json!({
-        "partition": p.label,
         "path": relative(root, &p.dir),
         "actions": p.actions.len(),
         "next_offset": p.next_offset,
