@@ -87,6 +87,17 @@ pub fn run(args: Args, _global: Global) -> anyhow::Result<u8> {
         None
     };
     if let Some(dir) = &args.backup_dir {
+        // The nearest part of the path that exists must be a directory, or no
+        // backup can be made there (checked before anything is cut).
+        if let Some(there) = dir.ancestors().find(|a| a.exists()) {
+            if !there.is_dir() {
+                return Err(ExitError::usage(format!(
+                    "--backup-dir {}: {} is not a directory",
+                    dir.display(),
+                    there.display()
+                )));
+            }
+        }
         if target.root_is_data_dir && absolute(dir).starts_with(absolute(&target.root)) {
             return Err(ExitError::usage(format!(
                 "--backup-dir {} is inside the data directory {}",
