@@ -195,7 +195,11 @@ fn usage_line(rendered: &str, command: &str) -> String {
         .collect();
     let text = first.join(" ");
     let text = text.strip_prefix("error:").unwrap_or(&text).trim();
-    let text = if text.is_empty() { "invalid command line" } else { text };
+    let text = if text.is_empty() {
+        "invalid command line"
+    } else {
+        text
+    };
     format!("error: {text} (see '{command} --help')")
 }
 

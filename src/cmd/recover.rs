@@ -170,13 +170,23 @@ fn print_plan(
         let mut actions = Vec::new();
         for p in &plan.partitions {
             for a in &p.actions {
-                actions.push(located(action_json(&plan.root, a, &[]), Some(&p.partition), &p.label));
+                actions.push(located(
+                    action_json(&plan.root, a, &[]),
+                    Some(&p.partition),
+                    &p.label,
+                ));
             }
         }
         let partitions: Vec<Value> = plan
             .partitions
             .iter()
-            .map(|p| located(plan_partition_json(&plan.root, p), Some(&p.partition), &p.label))
+            .map(|p| {
+                located(
+                    plan_partition_json(&plan.root, p),
+                    Some(&p.partition),
+                    &p.label,
+                )
+            })
             .collect();
         let after_corrupt = plan
             .partitions
@@ -212,7 +222,9 @@ fn print_plan(
                 out,
                 "found by a full check, beyond what the startup check reads: {}{}: {} ({}); {what}",
                 relative(&plan.root, &x.file),
-                x.position.map(|p| format!(" at byte {p}")).unwrap_or_default(),
+                x.position
+                    .map(|p| format!(" at byte {p}"))
+                    .unwrap_or_default(),
                 x.detail,
                 x.kind
             )?;
@@ -380,10 +392,18 @@ fn cannot_repair_json(plan: &RecoveryPlan, beyond: &[Problem]) -> Vec<Value> {
     let mut v = Vec::new();
     for p in &plan.partitions {
         for d in &p.corrupt {
-            v.push(located(damage_json(&plan.root, d), Some(&p.partition), &p.label));
+            v.push(located(
+                damage_json(&plan.root, d),
+                Some(&p.partition),
+                &p.label,
+            ));
         }
         for x in &p.not_joined {
-            v.push(located(problem_json(&plan.root, x), Some(&p.partition), &p.label));
+            v.push(located(
+                problem_json(&plan.root, x),
+                Some(&p.partition),
+                &p.label,
+            ));
         }
     }
     v.extend(beyond.iter().map(|x| problem_json(&plan.root, x)));

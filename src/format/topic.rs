@@ -345,7 +345,12 @@ mod tests {
             c.set_pair("max_record_bytes=16777217"),
             Err(TopicError::OutOfRange { .. })
         ));
-        for bad in ["retention_ms=abc", "segment_bytes=", "max_record_bytes=1.5", "segment_ms=-"] {
+        for bad in [
+            "retention_ms=abc",
+            "segment_bytes=",
+            "max_record_bytes=1.5",
+            "segment_ms=-",
+        ] {
             let e = c.set_pair(bad).unwrap_err();
             assert!(matches!(e, TopicError::NotANumber { .. }), "{bad}: {e}");
             assert!(e.to_string().contains("is not a number"), "{e}");

@@ -670,11 +670,26 @@ fn invalid_arguments_exit_64_whichever_side_finds_them() {
     let cases: [(&[&str], &str); 7] = [
         (&["topics", "create", "../evil"], "invalid topic name"),
         (&["topics", "create", &long], "topic of 250 bytes"),
-        (&["topics", "create", "p0", "--partitions", "0"], "partitions"),
-        (&["topics", "create", "k", "--config", "nope=1"], "unknown config key"),
-        (&["topics", "create", "r", "--config", "retention_ms=abc"], "is not a number"),
-        (&["topics", "alter", "ok", "--config", "max_record_bytes=0"], "out of range"),
-        (&["produce", "ok", "--partition", "9", "--value", "v"], "partition 9"),
+        (
+            &["topics", "create", "p0", "--partitions", "0"],
+            "partitions",
+        ),
+        (
+            &["topics", "create", "k", "--config", "nope=1"],
+            "unknown config key",
+        ),
+        (
+            &["topics", "create", "r", "--config", "retention_ms=abc"],
+            "is not a number",
+        ),
+        (
+            &["topics", "alter", "ok", "--config", "max_record_bytes=0"],
+            "out of range",
+        ),
+        (
+            &["produce", "ok", "--partition", "9", "--value", "v"],
+            "partition 9",
+        ),
     ];
     for (args, want) in cases {
         let out = b.run(args);
@@ -694,7 +709,10 @@ fn invalid_arguments_exit_64_whichever_side_finds_them() {
         assert_eq!(out.status.code(), Some(64), "{size}: {}", stderr(&out));
     }
     // Not invalid arguments: no such topic, topic exists (69).
-    for args in [&["topics", "describe", "missing"][..], &["topics", "create", "ok"]] {
+    for args in [
+        &["topics", "describe", "missing"][..],
+        &["topics", "create", "ok"],
+    ] {
         let out = b.run(args);
         assert_eq!(out.status.code(), Some(69), "{args:?}: {}", stderr(&out));
     }
@@ -708,7 +726,10 @@ fn invalid_arguments_exit_64_whichever_side_finds_them() {
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(64), "{err}");
     assert!(err.contains("record_too_large"), "{err}");
-    assert!(err.contains("3 records were acknowledged before it"), "{err}");
+    assert!(
+        err.contains("3 records were acknowledged before it"),
+        "{err}"
+    );
     b.stop();
 }
 
@@ -732,7 +753,10 @@ fn zero_serve_intervals_are_usage_errors() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(64), "{flag}: {err}");
         assert_eq!(err.lines().count(), 1, "{err}");
-        assert!(err.contains(flag) && err.contains("longer than zero"), "{err}");
+        assert!(
+            err.contains(flag) && err.contains("longer than zero"),
+            "{err}"
+        );
         assert!(err.ends_with("(see 'seglog serve --help')\n"), "{err}");
         assert!(!err.contains("cannot open the data directory"), "{err}");
     }

@@ -454,7 +454,12 @@ fn every_partition_of_every_topic_is_recovered() {
         .as_array()
         .unwrap()
         .iter()
-        .map(|p| (p["topic"].as_str().unwrap(), p["partition"].as_u64().unwrap()))
+        .map(|p| {
+            (
+                p["topic"].as_str().unwrap(),
+                p["partition"].as_u64().unwrap(),
+            )
+        })
         .collect();
     assert_eq!(places, [("t", 0), ("t", 1), ("u", 0)]);
     assert_eq!(kinds(&v), ["cut_tail", "rebuild_index"]);

@@ -47,10 +47,7 @@ impl Backup<'_> {
         self.copy_into(storage, src, from, to, whole).map_err(|e| {
             io::Error::new(
                 e.kind(),
-                format!(
-                    "cannot write the backup in {}: {e}",
-                    self.dir.display()
-                ),
+                format!("cannot write the backup in {}: {e}", self.dir.display()),
             )
         })
     }
