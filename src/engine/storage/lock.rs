@@ -25,8 +25,12 @@ pub struct DirLock {
     path: PathBuf,
 }
 
+/// How long [`DirLock::acquire`] keeps trying a held lock, and in how many tries.
+const LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_millis(500);
+const LOCK_TRIES: u32 = 25;
+
 impl DirLock {
-    /// Takes `data_dir/LOCK` exclusively without waiting. The lock file is created
+    /// Takes `data_dir/LOCK` exclusively, waiting at most `LOCK_PATIENCE`. The lock file is created
     /// (mode 0600) if missing; it holds no data, so it is not a storage mutation.
     pub fn acquire(data_dir: &Path) -> Result<DirLock, LockError> {
         let path = data_dir.join(LOCK_FILE);
@@ -41,13 +45,27 @@ impl DirLock {
                 path: path.clone(),
                 source,
             })?;
-        match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
-            Ok(()) => Ok(DirLock { _file: file, path }),
-            Err(e) if e == rustix::io::Errno::WOULDBLOCK => Err(LockError::Held { path }),
-            Err(e) => Err(LockError::Io {
-                path,
-                source: e.into(),
-            }),
+        // A lock just released can still be held for a moment by a child process this
+        // process forked and has not yet exec'd (it shares the open file until exec):
+        // try a few times over `LOCK_PATIENCE` before saying the directory is held.
+        let mut tries = 0;
+        loop {
+            match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+                Ok(()) => return Ok(DirLock { _file: file, path }),
+                Err(e) if e == rustix::io::Errno::WOULDBLOCK => {
+                    tries += 1;
+                    if tries >= LOCK_TRIES {
+                        return Err(LockError::Held { path });
+                    }
+                    std::thread::sleep(LOCK_PATIENCE / LOCK_TRIES);
+                }
+                Err(e) => {
+                    return Err(LockError::Io {
+                        path,
+                        source: e.into(),
+                    })
+                }
+            }
         }
     }
 
