@@ -1073,7 +1073,9 @@ fn recover_reports_a_lost_segment_of_a_compacted_topic_and_keeps_every_file() {
             assert_eq!(v["severity_before"], "corrupt", "{name}");
             assert_eq!(v["severity_after"], "corrupt", "{name}");
             let p = &v["partitions"][0];
-            assert_eq!(p["partition"], "events/0", "{name}");
+            assert_eq!(p["label"], "events/0", "{name}");
+            assert_eq!(p["topic"], "events", "{name}");
+            assert_eq!(p["partition"], 0, "{name}");
             assert_eq!(p["next_offset"], 100, "{name}");
             assert_eq!(p["refuses_writes"], false, "{name}");
             assert_eq!(p["corrupt"], serde_json::json!([]), "{name}");
