@@ -74,7 +74,7 @@ pub struct Config {
 pub enum BenchError {
     /// The embedded broker's data directory is locked by another process.
     #[error("{0}")]
-    Locked(EngineError),
+    Locked(Box<EngineError>),
     #[error("cannot open {}: {source}", dir.display())]
     Open {
         dir: PathBuf,
@@ -83,7 +83,7 @@ pub enum BenchError {
     #[error("cannot listen on a loopback port: {0}")]
     Listen(io::Error),
     #[error("shutting the broker down: {0}")]
-    Shutdown(EngineError),
+    Shutdown(Box<EngineError>),
     /// A client call failed (unreachable broker, refused request, bad record).
     #[error("{0}")]
     Client(ClientError),
@@ -188,7 +188,7 @@ impl Embedded {
             ..BrokerOptions::default()
         };
         let broker = Broker::open(dir, Arc::new(RealStorage), opts).map_err(|e| match e {
-            EngineError::Locked { .. } => BenchError::Locked(e),
+            EngineError::Locked { .. } => BenchError::Locked(Box::new(e)),
             source => BenchError::Open {
                 dir: dir.to_path_buf(),
                 source: Box::new(source),
@@ -219,7 +219,9 @@ impl Embedded {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        self.broker.shutdown().map_err(BenchError::Shutdown)
+        self.broker
+            .shutdown()
+            .map_err(|e| BenchError::Shutdown(Box::new(e)))
     }
 }
 

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::Context as _;
-use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
+use comfy_table::{presets::ASCII_FULL_CONDENSED, Table};
 
 use crate::engine::maintenance::check::{check_partition, CheckMode, Severity};
 use crate::engine::maintenance::compaction::{
@@ -274,7 +274,7 @@ fn render_table(out: &mut impl Write, rows: &[Row], global: Global) -> anyhow::R
         return Ok(());
     }
     let mut table = Table::new();
-    table.load_preset(UTF8_FULL_CONDENSED).set_header(vec![
+    table.load_preset(ASCII_FULL_CONDENSED).set_header(vec![
         "partition",
         "records read",
         "kept",

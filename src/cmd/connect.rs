@@ -1,11 +1,14 @@
 //! What the client commands (`topics`, `produce`, `consume`, `bench`) share: the
 //! `--broker`/`--timeout` flags, duration parsing, and the mapping of client errors
-//! to exit codes (69 when the broker is unreachable or refuses).
+//! to exit codes: 64 for an invalid argument, whichever side finds it (the broker's
+//! error code says which refusals are that), 69 when the broker is unreachable or
+//! fails.
 
 use std::time::Duration;
 
 use super::{exit, ExitError};
 use crate::engine::net::client::{Client, ClientError, DEFAULT_BROKER};
+use crate::format::wire::ErrorCode;
 
 /// `--broker` and `--timeout`.
 #[derive(Debug, Clone, clap::Args)]
@@ -25,15 +28,44 @@ impl BrokerArgs {
     }
 }
 
-/// Exit 69 for an unreachable or refusing broker (the message names the address),
-/// 64 for a request that cannot be encoded, 74 for a record that fails its check.
+/// Exit 64 for a request that cannot be encoded or that the broker refuses as an
+/// invalid argument ([`refusal_exit`]), 74 for a record that fails its check, 69
+/// otherwise (unreachable or failing broker; the message names the address).
 pub fn client_error(e: ClientError) -> anyhow::Error {
-    let code = match e {
+    let code = match &e {
         ClientError::Encode(_) => exit::USAGE,
         ClientError::BadRecord { .. } => exit::IO,
+        ClientError::Refused { code, .. } => refusal_exit(*code),
         _ => exit::UNAVAILABLE,
     };
     ExitError::new(code, e.to_string())
+}
+
+/// The exit code of a request the broker refused with `code`: 64 for the
+/// invalid-argument family (a bad topic name, a bad partition count or partition, an
+/// unknown configuration key or a value out of range, a record over the topic's
+/// `max_record_bytes`, a request the broker cannot carry out as asked), the same
+/// code the client gives when it notices the mistake itself; 69 for the rest (no such
+/// topic, topic exists, offset out of range, and every broker-side failure).
+pub fn refusal_exit(code: ErrorCode) -> u8 {
+    match code {
+        ErrorCode::INVALID_NAME
+        | ErrorCode::INVALID_CONFIG
+        | ErrorCode::UNKNOWN_PARTITION
+        | ErrorCode::RECORD_TOO_LARGE
+        | ErrorCode::INVALID_REQUEST => exit::USAGE,
+        _ => exit::UNAVAILABLE,
+    }
+}
+
+/// Parses a duration that must be longer than zero (`--flush-interval`, the check
+/// intervals): `0s` is a usage error, not a broker that fails to start.
+pub fn parse_positive_duration(text: &str) -> Result<Duration, String> {
+    let d = parse_duration(text)?;
+    if d.is_zero() {
+        return Err(format!("{text:?} must be longer than zero"));
+    }
+    Ok(d)
 }
 
 /// Parses `500ms`, `2s`, `1m`, `1h`, or a bare number of seconds.
@@ -83,6 +115,33 @@ mod tests {
         assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
         for bad in ["", "s", "1.5s", "-1s", "10x", "99999999999999999999h"] {
             assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+        assert!(parse_positive_duration("0s").is_err());
+        assert!(parse_positive_duration("0ms").is_err());
+        assert_eq!(parse_positive_duration("1ms"), Ok(Duration::from_millis(1)));
+    }
+
+    #[test]
+    fn refusals_by_kind() {
+        for code in [
+            ErrorCode::INVALID_NAME,
+            ErrorCode::INVALID_CONFIG,
+            ErrorCode::UNKNOWN_PARTITION,
+            ErrorCode::RECORD_TOO_LARGE,
+            ErrorCode::INVALID_REQUEST,
+        ] {
+            assert_eq!(refusal_exit(code), exit::USAGE, "{code}");
+        }
+        for code in [
+            ErrorCode::UNKNOWN_TOPIC,
+            ErrorCode::TOPIC_EXISTS,
+            ErrorCode::OFFSET_OUT_OF_RANGE,
+            ErrorCode::STORAGE,
+            ErrorCode::PARTITION_FAILED,
+            ErrorCode::INTERNAL,
+            ErrorCode(999),
+        ] {
+            assert_eq!(refusal_exit(code), exit::UNAVAILABLE, "{code}");
         }
     }
 

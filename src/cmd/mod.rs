@@ -62,15 +62,27 @@ impl ExitError {
     }
 }
 
+/// The exit-code table of `seglog --help` and `man seglog` (the README has the same).
+const EXIT_CODES_HELP: &str = "\
+Exit codes (the same whichever side, client or broker, finds the mistake):
+  0   success; for checks: clean
+  1   problems recover repairs without losing acknowledged data
+  2   corruption: records that cannot be read back, or segments that do not join up
+  64  usage error: a bad flag or argument, a bad topic name or partition, an unknown
+      --config key or a value out of range, a record over max_record_bytes
+  69  broker unreachable, failing, or refusing the request (no such topic, topic
+      exists, offset out of range, storage error on the broker)
+  73  the data directory is locked by a running broker or another tool
+  74  I/O error, or the command could not run for another reason";
+
 #[derive(Debug, Parser)]
 #[command(
     name = "seglog",
     version = concat!(env!("CARGO_PKG_VERSION"), " (format version 1)"),
     about = "A durable, partitioned log broker and the offline toolkit for its data directories",
     long_about = "seglog is a durable, partitioned log broker (serve, produce, consume, topics, bench) \
-and the offline toolkit for its data directories (verify, recover, compact, reindex, dump).\n\n\
-Exit codes: 0 success or clean; 1 problems recover repairs without loss; 2 corruption; \
-64 usage error; 69 broker unreachable or refused; 73 data directory locked; 74 I/O error."
+and the offline toolkit for its data directories (verify, recover, compact, reindex, dump).",
+    after_long_help = EXIT_CODES_HELP
 )]
 pub struct Cli {
     /// Silence diagnostics and progress on stderr (errors are still printed).
@@ -114,15 +126,7 @@ pub struct Global {
 pub fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
-        Err(e) => {
-            let code = if e.use_stderr() {
-                exit::USAGE
-            } else {
-                exit::OK
-            };
-            let _ = e.print();
-            return ExitCode::from(code);
-        }
+        Err(e) => return ExitCode::from(usage_error(&e)),
     };
     let global = Global { quiet: cli.quiet };
     let result = match cli.command {
@@ -138,6 +142,67 @@ pub fn main() -> ExitCode {
         Command::Bench(a) => bench::run(a, global),
     };
     ExitCode::from(finish(result))
+}
+
+/// Prints a clap outcome: `--help` and `--version` as clap renders them (exit 0), a
+/// missing subcommand as the help (64), every other usage error as one line with a
+/// hint where the help is (64).
+fn usage_error(e: &clap::Error) -> u8 {
+    use clap::error::ErrorKind;
+    if !e.use_stderr() {
+        let _ = e.print();
+        return exit::OK;
+    }
+    if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+        let _ = e.print();
+        return exit::USAGE;
+    }
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let _ = writeln!(
+        io::stderr(),
+        "{}",
+        usage_line(&e.render().to_string(), &command_path(&args))
+    );
+    exit::USAGE
+}
+
+/// The subcommand path the arguments name ("seglog topics create"): each word that
+/// is a subcommand of the one before, skipping flags.
+fn command_path(args: &[String]) -> String {
+    use clap::CommandFactory;
+    let mut cmd = Cli::command();
+    let mut path = vec![cmd.get_name().to_string()];
+    for a in args {
+        if a.starts_with('-') {
+            continue;
+        }
+        let Some(sub) = cmd.find_subcommand(a).cloned() else {
+            break;
+        };
+        path.push(sub.get_name().to_string());
+        cmd = sub;
+    }
+    path.join(" ")
+}
+
+/// `error: <clap's message, one line> (see '<command> --help')`: the first paragraph
+/// of clap's text joined into one line (a missing argument's name and the possible
+/// values stay in it), without the usage and tips that follow.
+fn usage_line(rendered: &str, command: &str) -> String {
+    let first: Vec<&str> = rendered
+        .lines()
+        .map(str::trim)
+        .skip_while(|l| l.is_empty())
+        .take_while(|l| !l.is_empty())
+        .collect();
+    let text = first.join(" ");
+    let text = text.strip_prefix("error:").unwrap_or(&text).trim();
+    let text = if text.is_empty() {
+        "invalid command line"
+    } else {
+        text
+    };
+    format!("error: {text} (see '{command} --help')")
 }
 
 /// Maps a command's result to an exit code, printing the error as one line.
@@ -215,4 +280,28 @@ pub fn hex(bytes: &[u8]) -> String {
         let _ = write!(s, "{b:02x}");
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn usage_errors_are_one_line() {
+        let clap_text = "error: the following required arguments were not provided:\n  <PATH>\n\nUsage: seglog verify <PATH>\n\nFor more information, try '--help'.\n";
+        assert_eq!(
+            usage_line(clap_text, "seglog verify"),
+            "error: the following required arguments were not provided: <PATH> (see 'seglog verify --help')"
+        );
+        assert_eq!(
+            usage_line("", "seglog"),
+            "error: invalid command line (see 'seglog --help')"
+        );
+        let args = |a: &[&str]| a.iter().map(ToString::to_string).collect::<Vec<_>>();
+        assert_eq!(
+            command_path(&args(&["-q", "topics", "create", "x", "--partitions", "y"])),
+            "seglog topics create"
+        );
+        assert_eq!(command_path(&args(&["bogus"])), "seglog");
+    }
 }

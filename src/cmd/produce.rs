@@ -22,7 +22,7 @@ use std::thread;
 
 use serde_json::json;
 
-use super::connect::{client_error, BrokerArgs};
+use super::connect::{client_error, refusal_exit, BrokerArgs};
 use super::escape::{parse_bytes, Bytes};
 use super::{exit, ExitError, Global};
 use crate::engine::net::client::{partition_for_key, Client};
@@ -152,7 +152,9 @@ fn send(
         place.push((b, slot as u64));
     }
     let sizes: Vec<u64> = batches.iter().map(|b| b.records.len() as u64).collect();
-    let acks = client.produce(topic, batches).map_err(client_error)?;
+    let acks = client
+        .produce(topic, batches)
+        .map_err(|e| acked_before(client_error(e), first_seq))?;
     for (ack, &n) in acks.iter().zip(&sizes) {
         if let Ok((base, last)) = ack.result {
             if last.checked_sub(base).map(|d| d + 1) != Some(n) {
@@ -190,17 +192,33 @@ fn send(
             .filter(|(a, _)| a.result.is_err())
             .map(|(_, n)| n)
             .sum();
-        return Err(ExitError::new(
-            exit::UNAVAILABLE,
-            format!(
-                "the broker at {} refused {lost} record{} for {topic}/{}: {message} [{code}]",
-                client.addr(),
-                if lost == 1 { "" } else { "s" },
-                failed.partition
+        return Err(acked_before(
+            ExitError::new(
+                refusal_exit(*code),
+                format!(
+                    "the broker at {} refused {lost} record{} for {topic}/{}: {message} [{code}]",
+                    client.addr(),
+                    if lost == 1 { "" } else { "s" },
+                    failed.partition
+                ),
             ),
+            first_seq + acked,
         ));
     }
     Ok(acked)
+}
+
+/// `e` with how many records were acknowledged before it, keeping its exit code.
+fn acked_before(e: anyhow::Error, acked: u64) -> anyhow::Error {
+    let code = e.downcast_ref::<ExitError>().map_or(exit::IO, |x| x.code);
+    ExitError::new(
+        code,
+        format!(
+            "{}; {acked} record{} acknowledged before it",
+            super::one_line(&e),
+            if acked == 1 { " was" } else { "s were" }
+        ),
+    )
 }
 
 /// A line from stdin, or the read error that ended it.

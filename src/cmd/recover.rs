@@ -22,8 +22,7 @@ use crate::engine::maintenance::salvage::{
     execute_salvage, plan_salvage, LostOffsets, NotSalvaged, SalvagePlan, Salvaged, SegmentSalvage,
 };
 use crate::engine::storage::io::RealStorage;
-use crate::engine::storage::layout::Target;
-use crate::engine::storage::layout::TargetKind;
+use crate::engine::storage::layout::{PartitionRef, Target, TargetKind};
 use crate::engine::storage::lock::{DirLock, LockError};
 use crate::format::names::{validate_name, TOPICS_DIR};
 
@@ -100,16 +99,32 @@ pub fn run(args: Args, _global: Global) -> anyhow::Result<u8> {
             .iter()
             .map(|t| t.problem.severity)
             .max();
+        let mut beyond = Vec::new();
         for p in &target.partitions {
             let c = check_partition(p, CheckMode::Full)
                 .with_context(|| format!("checking {}", p.dir.display()))?;
             verify = verify.max(c.severity());
+            beyond.extend(
+                c.all_problems()
+                    .filter(|x| x.severity > Severity::Info)
+                    .cloned(),
+            );
         }
+        // What the full check finds beyond the plan: recovery leaves it as it is.
+        let planned = |x: &Problem| {
+            plan.partitions.iter().any(|p| {
+                p.corrupt.iter().any(|d| same_problem(&d.problem, x))
+                    || p.not_joined.iter().any(|n| same_problem(n, x))
+                    || p.actions.iter().any(|a| a.path() == x.file.as_path())
+            })
+        };
+        beyond.retain(|x| !planned(x));
         print_plan(
             &plan,
             &target,
             rebuild.as_ref(),
             verify,
+            &beyond,
             salvage.as_deref(),
             args.json,
         )?;
@@ -124,6 +139,17 @@ pub fn run(args: Args, _global: Global) -> anyhow::Result<u8> {
         None
     };
     if let Some(dir) = &args.backup_dir {
+        // The nearest part of the path that exists must be a directory, or no
+        // backup can be made there (checked before anything is cut).
+        if let Some(there) = dir.ancestors().find(|a| a.exists()) {
+            if !there.is_dir() {
+                return Err(ExitError::usage(format!(
+                    "--backup-dir {}: {} is not a directory",
+                    dir.display(),
+                    there.display()
+                )));
+            }
+        }
         if target.root_is_data_dir && absolute(dir).starts_with(absolute(&target.root)) {
             return Err(ExitError::usage(format!(
                 "--backup-dir {} is inside the data directory {}",
@@ -334,6 +360,7 @@ fn print_plan(
     target: &Target,
     rebuild: Option<&TopicRebuild>,
     verify: Option<Severity>,
+    beyond: &[Problem],
     salvage: Option<&[(String, SalvagePlan)]>,
     as_json: bool,
 ) -> io::Result<()> {
@@ -343,24 +370,35 @@ fn print_plan(
         let mut actions = Vec::new();
         for t in &plan.topics {
             for a in &t.actions {
-                actions.push(action_json(&plan.root, t.label(), a, &[]));
+                actions.push(located(action_json(&plan.root, a, &[]), None, t.label()));
             }
         }
         for p in &plan.partitions {
             for a in &p.actions {
-                actions.push(action_json(&plan.root, &p.label, a, &[]));
+                actions.push(located(
+                    action_json(&plan.root, a, &[]),
+                    Some(&p.partition),
+                    &p.label,
+                ));
             }
         }
         let partitions: Vec<Value> = plan
             .partitions
             .iter()
-            .map(|p| plan_partition_json(&plan.root, p))
+            .map(|p| {
+                located(
+                    plan_partition_json(&plan.root, p),
+                    Some(&p.partition),
+                    &p.label,
+                )
+            })
             .collect();
         let after_corrupt = plan.has_offline_topics()
             || plan
                 .partitions
                 .iter()
-                .any(|p| !p.corrupt.is_empty() || !p.not_joined.is_empty() || p.refuses_writes);
+                .any(|p| !p.corrupt.is_empty() || !p.not_joined.is_empty() || p.refuses_writes)
+            || beyond.iter().any(|x| x.severity == Severity::Corrupt);
         let offline: Vec<Value> = topic_problems(target)
             .iter()
             .filter(|t| t.problem.severity == Severity::Corrupt)
@@ -376,6 +414,7 @@ fn print_plan(
             "severity_before": severity_name(plan.severity_before()),
             "severity_after": if after_corrupt { "corrupt" } else { "clean" },
             "verify_severity": severity_name(verify),
+            "cannot_repair": cannot_repair_json(plan, beyond),
         });
         let mut v = v;
         if let (Some(salvage), Some(obj)) = (salvage, v.as_object_mut()) {
@@ -407,10 +446,11 @@ fn print_plan(
             .unwrap_or(&[])
             .iter()
             .any(|(_, s)| !s.segments.is_empty());
-        for line in plan.lines() {
-            if salvages && line == NOTHING_TO_DO {
-                continue;
-            }
+        let mut lines = plan.lines();
+        if (salvages || !beyond.is_empty()) && lines.last().is_some_and(|l| l == NOTHING_TO_DO) {
+            lines.pop();
+        }
+        for line in lines {
             writeln!(out, "{line}")?;
         }
         for (label, s) in salvage.unwrap_or(&[]) {
@@ -426,12 +466,28 @@ fn print_plan(
                 )?;
             }
         }
-        let quick = plan.severity_before().filter(|s| *s > Severity::Info);
-        if verify.filter(|s| *s > Severity::Info) > quick {
+        for x in beyond {
+            let what = if x.severity == Severity::Corrupt {
+                "recover cannot repair it; it stays in place for an operator"
+            } else {
+                "recover leaves it; `seglog reindex` repairs it"
+            };
             writeln!(
                 out,
-                "a full check finds {} problems the startup check does not read (see `seglog verify`)",
-                severity_name(verify)
+                "found by a full check, beyond what the startup check reads: {}{}: {} ({}); {what}",
+                relative(&plan.root, &x.file),
+                x.position
+                    .map(|p| format!(" at byte {p}"))
+                    .unwrap_or_default(),
+                x.detail,
+                x.kind
+            )?;
+        }
+        if plan.action_count() == 0 && !beyond.is_empty() {
+            writeln!(
+                out,
+                "nothing recover can repair: {} problem(s) above stay as they are (see `seglog verify`)",
+                beyond.len()
             )?;
         }
     }
@@ -466,18 +522,32 @@ fn print_report(
         let mut actions = Vec::new();
         for t in &report.topics {
             for ActionDone { action, backups } in &t.actions {
-                actions.push(action_json(&report.root, t.label(), action, backups));
+                actions.push(located(
+                    action_json(&report.root, action, backups),
+                    None,
+                    t.label(),
+                ));
             }
         }
         for p in &report.partitions {
             for ActionDone { action, backups } in &p.actions {
-                actions.push(action_json(&report.root, &p.label, action, backups));
+                actions.push(located(
+                    action_json(&report.root, action, backups),
+                    partition_ref(plan, &p.label),
+                    &p.label,
+                ));
             }
         }
         let partitions: Vec<Value> = report
             .partitions
             .iter()
-            .map(|p| report_partition_json(&report.root, p))
+            .map(|p| {
+                located(
+                    report_partition_json(&report.root, p),
+                    partition_ref(plan, &p.label),
+                    &p.label,
+                )
+            })
             .collect();
         let offline: Vec<Value> = report
             .topics
@@ -564,9 +634,28 @@ fn print_report(
     out.flush()
 }
 
-fn action_json(root: &Path, label: &str, a: &Action, backups: &[PathBuf]) -> Value {
+/// The plan's partition behind a report's `label`.
+fn partition_ref<'a>(plan: &'a RecoveryPlan, label: &str) -> Option<&'a PartitionRef> {
+    plan.partitions
+        .iter()
+        .find(|p| p.label == label)
+        .map(|p| &p.partition)
+}
+
+/// `v` with the vocabulary verify and dump use: `topic` (string) and `partition`
+/// (number), `null` where the path does not say (a partition directory outside a
+/// data directory); `label` keeps the `topic/partition` text of the human output.
+fn located(mut v: Value, r: Option<&PartitionRef>, label: &str) -> Value {
+    if let Some(obj) = v.as_object_mut() {
+        obj.insert("topic".into(), json!(r.and_then(|r| r.topic.as_deref())));
+        obj.insert("partition".into(), json!(r.and_then(|r| r.partition)));
+        obj.insert("label".into(), json!(label));
+    }
+    v
+}
+
+fn action_json(root: &Path, a: &Action, backups: &[PathBuf]) -> Value {
     let mut v = json!({
-        "partition": label,
         "kind": a.kind(),
         "path": relative(root, a.path()),
         "from": a.byte_range().map(|r| r.0),
@@ -621,6 +710,30 @@ fn action_json(root: &Path, label: &str, a: &Action, backups: &[PathBuf]) -> Val
     v
 }
 
+/// Every problem recovery leaves in place: the plan's corruption and gaps, and what
+/// only the full check finds.
+fn cannot_repair_json(plan: &RecoveryPlan, beyond: &[Problem]) -> Vec<Value> {
+    let mut v = Vec::new();
+    for p in &plan.partitions {
+        for d in &p.corrupt {
+            v.push(located(
+                damage_json(&plan.root, d),
+                Some(&p.partition),
+                &p.label,
+            ));
+        }
+        for x in &p.not_joined {
+            v.push(located(
+                problem_json(&plan.root, x),
+                Some(&p.partition),
+                &p.label,
+            ));
+        }
+    }
+    v.extend(beyond.iter().map(|x| problem_json(&plan.root, x)));
+    v
+}
+
 fn problem_json(root: &Path, p: &Problem) -> Value {
     json!({
         "kind": p.kind,
@@ -646,7 +759,6 @@ fn damage_json(root: &Path, d: &Damage) -> Value {
 
 fn plan_partition_json(root: &Path, p: &PartitionPlan) -> Value {
     json!({
-        "partition": p.label,
         "path": relative(root, &p.dir),
         "actions": p.actions.len(),
         "next_offset": p.next_offset,
@@ -660,7 +772,6 @@ fn plan_partition_json(root: &Path, p: &PartitionPlan) -> Value {
 
 fn report_partition_json(root: &Path, p: &PartitionReport) -> Value {
     json!({
-        "partition": p.label,
         "path": relative(root, &p.dir),
         "actions": p.actions.len(),
         "next_offset": p.next_offset,

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::connect::parse_duration;
+use super::connect::parse_positive_duration;
 use super::{exit, ExitError, Global};
 use crate::engine::broker::{Broker, BrokerOptions};
 use crate::engine::error::EngineError;
@@ -37,7 +37,7 @@ pub struct Args {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     pub flush_every_records: u64,
     /// Longest time written records wait for an fsync: 500ms, 1s, 1m.
-    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    #[arg(long, default_value = "1s", value_parser = parse_positive_duration)]
     pub flush_interval: Duration,
     /// Where retention copies segments (log and index, fsynced) before deleting
     /// them: DIR/<topic>/<partition>/. A failed copy keeps the segment for the next
@@ -45,10 +45,10 @@ pub struct Args {
     #[arg(long)]
     pub cold_storage_dir: Option<PathBuf>,
     /// How often retention (and rolling by segment_ms) visits every partition.
-    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    #[arg(long, default_value = "5m", value_parser = parse_positive_duration)]
     pub retention_check_interval: Duration,
     /// How often compaction visits every partition of a compacted topic.
-    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    #[arg(long, default_value = "5m", value_parser = parse_positive_duration)]
     pub compaction_check_interval: Duration,
     /// Connections served at once.
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=65536))]
@@ -225,6 +225,7 @@ fn watch_hangups() {
 fn open_error(e: EngineError, data_dir: &std::path::Path) -> anyhow::Error {
     match e {
         EngineError::Locked { .. } => ExitError::new(exit::LOCKED, e.to_string()),
+        EngineError::InvalidRequest { .. } => ExitError::new(exit::USAGE, e.to_string()),
         other => ExitError::new(
             exit::IO,
             format!(

@@ -26,9 +26,27 @@ pub struct Args {
     pub broker: BrokerArgs,
 }
 
+/// The topic configuration keys with units, defaults and ranges (`topics --help`,
+/// `topics create --help`, `topics alter --help`, their man pages and the README).
+pub const CONFIG_KEYS_HELP: &str = "\
+Topic configuration keys (--config KEY=VALUE; whole numbers only):
+  key                     unit          default              range
+  segment_bytes           bytes         67108864 (64 MiB)    1024..=4294967296
+  segment_ms              milliseconds  604800000 (7 days)   >= 1
+  retention_ms            milliseconds  604800000 (7 days)   >= 0, or -1: keep forever
+  retention_bytes         bytes         -1 (no limit)        >= 0, or -1: no limit
+  cleanup_policy          -             delete               delete, compact, compact,delete
+  tombstone_retention_ms  milliseconds  86400000 (1 day)     >= 0
+  max_record_bytes        bytes         1048576 (1 MiB)      1..=16777216
+segment_bytes and segment_ms roll the active segment; retention_ms and retention_bytes
+apply with cleanup_policy delete, tombstone_retention_ms with compact; a record over
+max_record_bytes is refused (exit 64).";
+
 #[derive(Debug, clap::Subcommand)]
+#[command(after_long_help = CONFIG_KEYS_HELP)]
 pub enum TopicsCommand {
     /// Create a topic.
+    #[command(after_long_help = CONFIG_KEYS_HELP)]
     Create {
         name: String,
         /// Number of partitions (1..=1024).
@@ -44,6 +62,7 @@ pub enum TopicsCommand {
     /// compaction last did, and the configuration.
     Describe { name: String },
     /// Change configuration settings.
+    #[command(after_long_help = CONFIG_KEYS_HELP)]
     Alter {
         name: String,
         /// A configuration setting, KEY=VALUE; repeat for several.
@@ -307,4 +326,29 @@ fn cleanup_table(cleanup: &[CleanupInfo], now: i64) -> Table {
         ]);
     }
     t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::topic::CONFIG_KEYS;
+
+    /// The help table names every key with its default, so it cannot fall behind
+    /// `src/format/topic.rs`.
+    #[test]
+    fn config_help_lists_every_key_with_its_default() {
+        let defaults = TopicConfig::default().to_json();
+        for key in CONFIG_KEYS {
+            let row = CONFIG_KEYS_HELP
+                .lines()
+                .find(|l| l.split_whitespace().next() == Some(key))
+                .unwrap_or_else(|| panic!("{key} missing from the help table"));
+            let default = match &defaults[key] {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            let cols: Vec<&str> = row.split_whitespace().collect();
+            assert_eq!(cols.get(2), Some(&default.as_str()), "{row}");
+        }
+    }
 }

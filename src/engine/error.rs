@@ -90,7 +90,10 @@ pub enum EngineError {
     TopicOffline { topic: String, problem: String },
     /// A topic's `topic.json` could not be read or is not valid.
     #[error("{}", topic_meta_message(path, source))]
-    TopicMeta { path: PathBuf, source: LayoutError },
+    TopicMeta {
+        path: PathBuf,
+        source: Box<LayoutError>,
+    },
 }
 
 /// What a client is told of a failed compaction: an I/O error names what was being

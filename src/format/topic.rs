@@ -108,6 +108,12 @@ pub enum TopicError {
         value: String,
         allowed: &'static str,
     },
+    #[error("config {key}={value} is not a number: {allowed}")]
+    NotANumber {
+        key: String,
+        value: String,
+        allowed: &'static str,
+    },
     #[error("partitions must be 1..={PARTITIONS_MAX}, got {value}")]
     Partitions { value: String },
     #[error("config setting {setting:?} is not KEY=VALUE")]
@@ -121,7 +127,16 @@ fn int_in(
     hi: i64,
     allowed: &'static str,
 ) -> Result<i64, TopicError> {
-    match value.trim().parse::<i64>() {
+    let text = value.trim();
+    let digits = text.strip_prefix('-').unwrap_or(text);
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(TopicError::NotANumber {
+            key: key.to_string(),
+            value: value.to_string(),
+            allowed,
+        });
+    }
+    match text.parse::<i64>() {
         Ok(v) if (lo..=hi).contains(&v) => Ok(v),
         _ => Err(TopicError::OutOfRange {
             key: key.to_string(),
@@ -328,6 +343,20 @@ mod tests {
         ));
         assert!(matches!(
             c.set_pair("max_record_bytes=16777217"),
+            Err(TopicError::OutOfRange { .. })
+        ));
+        for bad in [
+            "retention_ms=abc",
+            "segment_bytes=",
+            "max_record_bytes=1.5",
+            "segment_ms=-",
+        ] {
+            let e = c.set_pair(bad).unwrap_err();
+            assert!(matches!(e, TopicError::NotANumber { .. }), "{bad}: {e}");
+            assert!(e.to_string().contains("is not a number"), "{e}");
+        }
+        assert!(matches!(
+            c.set_pair("retention_ms=99999999999999999999"),
             Err(TopicError::OutOfRange { .. })
         ));
         assert!(matches!(

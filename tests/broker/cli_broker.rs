@@ -398,10 +398,11 @@ fn bad_requests_get_clear_errors_and_the_broker_keeps_serving() {
     );
     still_serving(&b);
 
-    // A path-like topic name never reaches the file system.
+    // A path-like topic name never reaches the file system; the broker refuses it
+    // as an invalid argument (64), as the client does a name it checks itself.
     for name in ["../x", "a/b", ".."] {
         let out = b.run(&["topics", "create", name]);
-        assert_eq!(out.status.code(), Some(69), "{name}");
+        assert_eq!(out.status.code(), Some(64), "{name}");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(
             err.contains("invalid topic name") && err.contains(&b.addr),
@@ -409,7 +410,7 @@ fn bad_requests_get_clear_errors_and_the_broker_keeps_serving() {
         );
         assert_eq!(
             b.run(&["produce", name, "--value", "v"]).status.code(),
-            Some(69)
+            Some(64)
         );
     }
     assert!(!dir.path().join("x").exists() && !dir.path().join("topics").join("a").exists());
@@ -417,17 +418,17 @@ fn bad_requests_get_clear_errors_and_the_broker_keeps_serving() {
 
     // An unknown configuration key, and a value out of range.
     let out = b.run(&["topics", "create", "cfg", "--config", "retention_msec=5"]);
-    assert_eq!(out.status.code(), Some(69));
+    assert_eq!(out.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown config key \"retention_msec\""));
     let out = b.run(&["topics", "alter", "ok", "--config", "segment_bytes=1"]);
-    assert_eq!(out.status.code(), Some(69));
+    assert_eq!(out.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&out.stderr).contains("segment_bytes"));
     assert_eq!(b.ok(&["topics", "list"]), "ok\n", "nothing was created");
 
     // A record over the topic's max_record_bytes.
     b.ok(&["topics", "alter", "ok", "--config", "max_record_bytes=64"]);
     let out = b.run(&["produce", "ok", "--value", &"x".repeat(100)]);
-    assert_eq!(out.status.code(), Some(69));
+    assert_eq!(out.status.code(), Some(64));
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("record_too_large"),
         "{}",
@@ -655,4 +656,109 @@ fn embedded_bench_reports_its_fields() {
     );
     let r = json(&String::from_utf8(out.stdout).unwrap());
     assert_eq!(r["records"], 200);
+}
+
+/// Exit codes follow the kind of mistake, not which side notices it: every invalid
+/// argument is 64 (one line on stderr), a missing topic or a broker failure 69.
+#[test]
+fn invalid_arguments_exit_64_whichever_side_finds_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = Serve::start(dir.path());
+    b.ok(&["topics", "create", "ok"]);
+    let stderr = |o: &std::process::Output| String::from_utf8_lossy(&o.stderr).into_owned();
+    let long = "n".repeat(250);
+    let cases: [(&[&str], &str); 7] = [
+        (&["topics", "create", "../evil"], "invalid topic name"),
+        (&["topics", "create", &long], "topic of 250 bytes"),
+        (
+            &["topics", "create", "p0", "--partitions", "0"],
+            "partitions",
+        ),
+        (
+            &["topics", "create", "k", "--config", "nope=1"],
+            "unknown config key",
+        ),
+        (
+            &["topics", "create", "r", "--config", "retention_ms=abc"],
+            "is not a number",
+        ),
+        (
+            &["topics", "alter", "ok", "--config", "max_record_bytes=0"],
+            "out of range",
+        ),
+        (
+            &["produce", "ok", "--partition", "9", "--value", "v"],
+            "partition 9",
+        ),
+    ];
+    for (args, want) in cases {
+        let out = b.run(args);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+    }
+    // retention_ms=abc is not a number, not a value out of range.
+    let err = stderr(&b.run(&["topics", "create", "r", "--config", "retention_ms=abc"]));
+    assert!(!err.contains("out of range"), "{err}");
+    // A value over the topic's max_record_bytes is 64 like one over 16 MiB.
+    b.ok(&["topics", "alter", "ok", "--config", "max_record_bytes=64"]);
+    for size in [100, 17 << 20] {
+        let line = format!("{}\n", "x".repeat(size));
+        let out = b.run_with_stdin(&["produce", "ok"], Some(&line));
+        assert_eq!(out.status.code(), Some(64), "{size}: {}", stderr(&out));
+    }
+    // Not invalid arguments: no such topic, topic exists (69).
+    for args in [
+        &["topics", "describe", "missing"][..],
+        &["topics", "create", "ok"],
+    ] {
+        let out = b.run(args);
+        assert_eq!(out.status.code(), Some(69), "{args:?}: {}", stderr(&out));
+    }
+    assert_eq!(b.ok(&["topics", "list"]), "ok\n", "nothing was created");
+
+    // A part-way failure says how many records were acknowledged before it.
+    let mut input = String::from("a\nb\nc\n");
+    input.push_str(&"x".repeat(100));
+    input.push('\n');
+    let out = b.run_with_stdin(&["produce", "ok", "--batch", "1"], Some(&input));
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(64), "{err}");
+    assert!(err.contains("record_too_large"), "{err}");
+    assert!(
+        err.contains("3 records were acknowledged before it"),
+        "{err}"
+    );
+    b.stop();
+}
+
+/// A zero `serve` interval is a usage error (64) in one line with a --help hint, and
+/// nothing is created.
+#[test]
+fn zero_serve_intervals_are_usage_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    for flag in [
+        "--flush-interval",
+        "--retention-check-interval",
+        "--compaction-check-interval",
+    ] {
+        let out = Command::new(BIN)
+            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(&data)
+            .args([flag, "0s"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{flag}: {err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(
+            err.contains(flag) && err.contains("longer than zero"),
+            "{err}"
+        );
+        assert!(err.ends_with("(see 'seglog serve --help')\n"), "{err}");
+        assert!(!err.contains("cannot open the data directory"), "{err}");
+    }
+    assert!(!data.exists());
 }

@@ -1073,7 +1073,9 @@ fn recover_reports_a_lost_segment_of_a_compacted_topic_and_keeps_every_file() {
             assert_eq!(v["severity_before"], "corrupt", "{name}");
             assert_eq!(v["severity_after"], "corrupt", "{name}");
             let p = &v["partitions"][0];
-            assert_eq!(p["partition"], "events/0", "{name}");
+            assert_eq!(p["label"], "events/0", "{name}");
+            assert_eq!(p["topic"], "events", "{name}");
+            assert_eq!(p["partition"], 0, "{name}");
             assert_eq!(p["next_offset"], 100, "{name}");
             assert_eq!(p["refuses_writes"], false, "{name}");
             assert_eq!(p["corrupt"], serde_json::json!([]), "{name}");
@@ -1104,5 +1106,177 @@ fn recover_reports_a_lost_segment_of_a_compacted_topic_and_keeps_every_file() {
         }
         let (code, _) = verify_json(&data, &[]);
         assert_eq!(code, 2, "{name}: verify after recover");
+    }
+}
+
+/// Usage errors are one line: clap's message and where the help is.
+#[test]
+fn usage_errors_are_one_line_with_a_help_hint() {
+    let here = fixture("clean");
+    let cases: [(&[&str], &str); 4] = [
+        (&["verify"], "(see 'seglog verify --help')"),
+        (
+            &["dump", "--limit", "many", "x"],
+            "(see 'seglog dump --help')",
+        ),
+        (&["bogus"], "(see 'seglog --help')"),
+        (
+            &["topics", "create", "t", "--partitions", "x"],
+            "(see 'seglog topics create --help')",
+        ),
+    ];
+    for (args, hint) in cases {
+        let (code, out, err) = run(args, &here);
+        assert_eq!(code, 64, "{args:?}: {err}");
+        assert!(out.is_empty(), "{args:?}: {out}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(err.starts_with("error: "), "{args:?}: {err}");
+        assert!(err.trim_end().ends_with(hint), "{args:?}: {err}");
+    }
+}
+
+/// `seglog --help` (and so `man seglog`) lists every exit code; `topics create
+/// --help` every configuration key with its default.
+#[test]
+fn help_lists_exit_codes_and_config_keys() {
+    let here = fixture("clean");
+    let (code, help, _) = run(&["--help"], &here);
+    assert_eq!(code, 0);
+    for c in ["0 ", "1 ", "2 ", "64 ", "69 ", "73 ", "74 "] {
+        assert!(
+            help.lines().any(|l| l.trim_start().starts_with(c)),
+            "{c}: {help}"
+        );
+    }
+    let (code, help, _) = run(&["topics", "create", "--help"], &here);
+    assert_eq!(code, 0);
+    for key in seglog::format::topic::CONFIG_KEYS {
+        assert!(help.contains(key), "{key}: {help}");
+    }
+    let man = fs::read_to_string(fixture("").join("../../man/seglog.1")).unwrap();
+    assert!(
+        man.contains("64  usage error"),
+        "man/seglog.1 has no exit-code table"
+    );
+}
+
+/// recover --json names partitions as verify and dump do: `topic` and a numeric
+/// `partition`.
+#[test]
+fn recover_json_uses_topic_and_partition() {
+    let (_tmp, data) = copy("torn-tail");
+    let (code, out, err) = run(
+        &["recover", "--dry-run", "--json", data.to_str().unwrap()],
+        &data,
+    );
+    assert_eq!(code, 1, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    for x in v["actions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .chain(v["partitions"].as_array().unwrap())
+    {
+        assert_eq!(x["topic"], "events", "{x}");
+        assert_eq!(x["partition"], 0, "{x}");
+    }
+    let (_, verify) = verify_json(&data, &[]);
+    assert_eq!(
+        verify["segments"][0]["path"]
+            .as_str()
+            .map(|p| p.starts_with("topics/events/0/")),
+        Some(true)
+    );
+}
+
+/// recover --dry-run of a corrupt directory says what it cannot repair.
+#[test]
+fn recover_dry_run_names_what_it_cannot_repair() {
+    let (_tmp, data) = copy("bit-flip-sealed");
+    let (code, out, err) = run(&["recover", "--dry-run", data.to_str().unwrap()], &data);
+    assert_eq!(code, 2, "{err}");
+    assert!(!out.contains("nothing to do"), "{out}");
+    assert!(
+        out.contains("crc_mismatch") && out.contains("cannot repair"),
+        "{out}"
+    );
+    let (code, out, _) = run(
+        &["recover", "--dry-run", "--json", data.to_str().unwrap()],
+        &data,
+    );
+    assert_eq!(code, 2);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["cannot_repair"][0]["kind"], "crc_mismatch", "{v}");
+    assert_eq!(v["severity_after"], "corrupt", "{v}");
+    let (_tmp2, gap) = copy("missing-middle-segment");
+    let (code, out, _) = run(&["recover", "--dry-run", gap.to_str().unwrap()], &gap);
+    assert_eq!(code, 2);
+    assert!(
+        !out.contains("nothing to do") && out.contains("nothing recover can repair"),
+        "{out}"
+    );
+}
+
+/// A --backup-dir that cannot be one is reported as what it is, before anything is cut.
+#[test]
+fn a_bad_backup_dir_is_named() {
+    let (tmp, data) = copy("torn-tail");
+    let file = tmp.path().join("file");
+    fs::write(&file, b"x").unwrap();
+    let active = data
+        .join("topics/events/0")
+        .join(seglog::format::names::log_file_name(60));
+    let before = fs::read(&active).unwrap();
+    for dir in [file.clone(), file.join("sub")] {
+        let (code, _, err) = run(
+            &[
+                "recover",
+                "--backup-dir",
+                dir.to_str().unwrap(),
+                data.to_str().unwrap(),
+            ],
+            &data,
+        );
+        assert_eq!(code, 64, "{err}");
+        assert!(
+            err.contains("--backup-dir") && err.contains("is not a directory"),
+            "{err}"
+        );
+        assert!(!err.contains("cut_tail"), "{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+    }
+    assert_eq!(fs::read(&active).unwrap(), before, "nothing was cut");
+}
+
+/// reindex --json counts the entries of the indexes it keeps, not 0.
+#[test]
+fn reindex_json_counts_kept_entries() {
+    let data = fixture("clean");
+    let (code, out, err) = run(
+        &["reindex", "--check", "--json", data.to_str().unwrap()],
+        &data,
+    );
+    assert_eq!(code, 0, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    for s in v["segments"].as_array().unwrap() {
+        assert_eq!(s["action"], "keep", "{s}");
+        let path = data.join(s["path"].as_str().unwrap());
+        let want = fs::metadata(&path).unwrap().len() / 16;
+        assert_eq!(s["entries"], want, "{s}");
+    }
+}
+
+/// Every table is ASCII (compact drew UTF-8).
+#[test]
+fn tables_are_ascii() {
+    let data = fixture("clean");
+    let d = data.to_str().unwrap();
+    for args in [
+        &["compact", "--dry-run", d][..],
+        &["verify", d],
+        &["reindex", "--check", d],
+    ] {
+        let (_, out, err) = run(args, &data);
+        assert!(out.is_ascii(), "{args:?}: {out}{err}");
     }
 }

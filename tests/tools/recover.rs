@@ -9,7 +9,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use seglog::engine::maintenance::check::{check_partition, CheckMode, Severity};
 use seglog::engine::maintenance::recovery::{self, Action};
@@ -446,11 +446,28 @@ fn every_partition_of_every_topic_is_recovered() {
         .as_array()
         .unwrap()
         .iter()
-        .map(|p| p["partition"].as_str().unwrap())
+        .map(|p| p["label"].as_str().unwrap())
         .collect();
     assert_eq!(labels, ["t/0", "t/1", "u/0"]);
+    // The vocabulary of verify and dump: topic and a numeric partition.
+    let places: Vec<(&str, u64)> = v["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["topic"].as_str().unwrap(),
+                p["partition"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(places, [("t", 0), ("t", 1), ("u", 0)]);
     assert_eq!(kinds(&v), ["cut_tail", "rebuild_index"]);
-    assert_eq!(v["actions"][0]["partition"], "t/1");
+    assert_eq!(v["actions"][0]["label"], "t/1");
+    assert_eq!(
+        (&v["actions"][0]["topic"], &v["actions"][0]["partition"]),
+        (&json!("t"), &json!(1))
+    );
     assert_eq!(
         v["actions"][1]["path"],
         format!("topics/u/0/{}", index_file_name(0))
@@ -1494,7 +1511,7 @@ fn committed_fixtures_recover_as_their_readme_says() {
             .as_array()
             .unwrap()
             .iter()
-            .find(|p| p["partition"] == "events/0")
+            .find(|p| p["topic"] == "events" && p["partition"] == 0)
             .unwrap();
         // The newest segment's header is unreadable: what it held cannot be counted.
         let want_next = match name {

@@ -209,7 +209,10 @@ pub(super) fn list_dir(dir: &Path) -> Result<Vec<(String, PathBuf)>, EngineError
 /// Reads and validates `dir/topic.json` (through the layout module, the one reader).
 pub(super) fn read_topic_meta(dir: &Path) -> Result<TopicMeta, EngineError> {
     let path = dir.join(TOPIC_FILE);
-    layout::read_topic_meta(&path).map_err(|source| EngineError::TopicMeta { path, source })
+    layout::read_topic_meta(&path).map_err(|source| EngineError::TopicMeta {
+        path,
+        source: Box::new(source),
+    })
 }
 
 /// Opens every topic under `topics_dir`. A topic whose metadata has a problem
@@ -252,7 +255,7 @@ pub(super) fn load_topic(
 ) -> Result<Topic, EngineError> {
     let listing = layout::inspect_topic(dir).map_err(|source| EngineError::TopicMeta {
         path: dir.to_path_buf(),
-        source,
+        source: Box::new(source),
     })?;
     if !listing.issues.is_empty() {
         let problem = listing

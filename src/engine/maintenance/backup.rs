@@ -34,8 +34,25 @@ impl Backup<'_> {
     }
 
     /// Copies `src[from..to]` into the backup directory and fsyncs it (file and
-    /// directories); returns the backup's path.
+    /// directories); returns the backup's path. An error names the backup directory:
+    /// the file being repaired is not what failed.
     pub fn copy(
+        &self,
+        storage: &dyn Storage,
+        src: &Path,
+        from: u64,
+        to: u64,
+        whole: bool,
+    ) -> io::Result<PathBuf> {
+        self.copy_into(storage, src, from, to, whole).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("cannot write the backup in {}: {e}", self.dir.display()),
+            )
+        })
+    }
+
+    fn copy_into(
         &self,
         storage: &dyn Storage,
         src: &Path,

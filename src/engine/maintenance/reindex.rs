@@ -89,7 +89,8 @@ pub struct SegmentPlan {
     /// index changes nothing, except on a corrupt segment whose old index has entries
     /// past the readable records).
     changes: bool,
-    /// Entries in the index that is written (0 unless the action writes).
+    /// Entries in the index after the plan: the valid one kept, or the one written
+    /// (0 when no index can be built).
     entries: usize,
 }
 
@@ -99,7 +100,7 @@ impl SegmentPlan {
         self.changes
     }
 
-    /// Entries in the index that is written.
+    /// Entries in the index after the plan (kept or written).
     pub fn entries(&self) -> usize {
         self.entries
     }
@@ -146,7 +147,11 @@ fn plan_segment(seg: &SegmentCheck, all: bool) -> io::Result<SegmentPlan> {
         IndexState::Missing => Reason::Missing,
         IndexState::Invalid(e) => Reason::Invalid(e.clone()),
         IndexState::Valid if all => Reason::Forced,
-        IndexState::Valid => return Ok(plan),
+        IndexState::Valid => {
+            // A valid index has exactly the entries the scan derives.
+            plan.entries = scan.index.len();
+            return Ok(plan);
+        }
         IndexState::NotChecked => {
             plan.action = Action::SkipBadHeader;
             return Ok(plan);

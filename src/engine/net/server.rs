@@ -880,7 +880,7 @@ pub fn engine_error(e: EngineError) -> (ErrorCode, String) {
             CompactionError::Unreadable { .. } => ErrorCode::CORRUPT_DATA,
             _ => ErrorCode::INVALID_REQUEST,
         },
-        EngineError::TopicMeta { source, .. } => match source {
+        EngineError::TopicMeta { source, .. } => match source.as_ref() {
             LayoutError::Io { .. } => ErrorCode::STORAGE,
             _ => ErrorCode::CORRUPT_DATA,
         },

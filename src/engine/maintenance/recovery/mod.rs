@@ -436,9 +436,6 @@ impl RecoveryReport {
                 ));
             }
         }
-        if self.action_count() == 0 {
-            out.push("nothing to do".into());
-        }
         let remaining = self
             .partitions
             .iter()
@@ -449,6 +446,9 @@ impl RecoveryReport {
             out.push(format!(
                 "{offline} topic(s) stay offline: their metadata needs an operator"
             ));
+        }
+        if self.action_count() == 0 && remaining == 0 {
+            out.push("nothing to do".into());
         }
         if remaining > 0 {
             out.push(format!(
@@ -521,8 +521,20 @@ impl RecoveryPlan {
                 ));
             }
         }
-        if self.action_count() == 0 {
-            out.push("nothing to do".into());
+        let damaged = self
+            .partitions
+            .iter()
+            .filter(|p| !p.corrupt.is_empty() || !p.not_joined.is_empty() || p.refuses_writes)
+            .count();
+        match (self.action_count(), damaged) {
+            (0, 0) => out.push("nothing to do".into()),
+            (0, n) => out.push(format!(
+                "nothing recover can repair: {n} partition(s) keep the damage above for an operator"
+            )),
+            (_, 0) => {}
+            (_, n) => out.push(format!(
+                "{n} partition(s) would keep the damage above for an operator"
+            )),
         }
         out
     }
