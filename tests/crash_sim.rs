@@ -672,19 +672,24 @@ fn small_config() -> TopicConfig {
     }
 }
 
-fn produce(run: &mut Run, b: &Broker, p: u32, values: Vec<Vec<u8>>) -> bool {
-    run.mark(Ev::Intent {
-        p,
-        values: values.clone(),
-    });
-    let recs: Vec<NewRecord<'_>> = values
+/// Keyless records of `values`, stamped with a fixed time.
+fn new_records(values: &[Vec<u8>]) -> Vec<NewRecord<'_>> {
+    values
         .iter()
         .map(|v| NewRecord {
             key: None,
             value: v,
             timestamp_ms: 1,
         })
-        .collect();
+        .collect()
+}
+
+fn produce(run: &mut Run, b: &Broker, p: u32, values: Vec<Vec<u8>>) -> bool {
+    run.mark(Ev::Intent {
+        p,
+        values: values.clone(),
+    });
+    let recs = new_records(&values);
     match b.produce(TOPIC, p, &recs) {
         Ok(r) => {
             run.mark(Ev::Ack {
@@ -824,14 +829,7 @@ fn append_values(
         p: 0,
         values: values.to_vec(),
     });
-    let recs: Vec<NewRecord<'_>> = values
-        .iter()
-        .map(|v| NewRecord {
-            key: None,
-            value: v,
-            timestamp_ms: 1,
-        })
-        .collect();
+    let recs = new_records(values);
     log.append(&recs, config).ok()
 }
 
