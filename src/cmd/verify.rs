@@ -31,7 +31,10 @@ match its partition count, is reported as corrupt and its partitions are not che
 other topic is.\n\n\
 Exit: 0 clean (information such as a zeroed tail after the active segment's data does not \
 count); 1 problems `seglog recover` repairs without losing acknowledged data; 2 corruption; \
-64 the path is not a seglog data directory, topic, partition or .log file; 74 I/O error."
+64 the path is not a seglog data directory, topic, partition or .log file; 74 I/O error.\n\n\
+With --expect clean|repairable|corrupt the report is the same, and the exit is 0 when the \
+severity found is the one expected, else 1 with one line on stderr: `seglog: expected X, found \
+Y (…)`. Usage (64) and I/O (74) errors keep their codes."
 )]
 pub struct Args {
     /// Data directory, topic directory, partition directory or one .log file.
@@ -43,6 +46,46 @@ pub struct Args {
     /// record and its tail is trusted without reading the rest.
     #[arg(long)]
     pub quick: bool,
+    /// Exit 0 when the severity found is this one, else 1 with a line on stderr saying
+    /// what was found instead (for CI that pins a fixture's state).
+    #[arg(long, value_enum, value_name = "SEVERITY")]
+    pub expect: Option<Expect>,
+}
+
+/// A severity `verify --expect` pins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Expect {
+    Clean,
+    Repairable,
+    Corrupt,
+}
+
+impl Expect {
+    fn name(self) -> &'static str {
+        match self {
+            Expect::Clean => "clean",
+            Expect::Repairable => "repairable",
+            Expect::Corrupt => "corrupt",
+        }
+    }
+}
+
+/// The exit code of `verify --expect`: 0 when `found` is the severity expected, else
+/// 1 and the line that says what was found instead.
+pub fn expect_outcome(expect: Expect, worst: Option<Severity>) -> (u8, Option<String>) {
+    let found = severity_name(worst);
+    if found == expect.name() {
+        (exit::OK, None)
+    } else {
+        (
+            exit::REPAIRABLE,
+            Some(format!(
+                "expected {}, found {found} (verify without --expect exits {})",
+                expect.name(),
+                exit_code(worst)
+            )),
+        )
+    }
 }
 
 /// Resolves a tool's PATH argument; a path that names nothing seglog knows is a usage
@@ -214,6 +257,13 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
         render_human(&mut out, &target, &checks, &topics, worst)?;
     }
     out.flush()?;
+    if let Some(expect) = args.expect {
+        let (code, line) = expect_outcome(expect, worst);
+        if let Some(line) = line {
+            writeln!(io::stderr(), "seglog: {line}")?;
+        }
+        return Ok(code);
+    }
     Ok(exit_code(worst))
 }
 
