@@ -47,7 +47,15 @@ shortened), or JSON Lines with --json: {\"type\": \"record\", \"path\", \"positi
 is a {\"type\": \"problem\"} line (on stderr without --json) and the dump goes on. Damage inside a \
 sealed segment does not end it: its problem line also names the damaged range (first_unreadable_offset, first_unreadable_position, next_readable_offset, next_readable_position; a next position of null means the records resume in the next segment, or nowhere when the offset is null too) and the records after the damage follow. Read-only.\n\n\
 Exit: 0, or the code `seglog verify` gives for what dump met (1 repairable, 2 corrupt); \
-74 I/O error. A closed stdout ends the dump quietly with exit 0."
+74 I/O error. A closed stdout ends the dump quietly with exit 0.\n\n\
+--canonical: output for golden files, byte-identical for the same bytes on disk wherever the \
+directory is and whenever it is read. It is --json --header --index with: every object's \
+\"type\" first and its other keys in byte order of their names (nested objects too), one object \
+per line, no spaces; paths relative to the data directory (to the partition directory for a \
+loose copy) and no absolute path in any detail text; the records' own timestamp_ms (data, not \
+the time of the run); and a last line {\"type\": \"end\", \"records\", \"severity\"}. It holds \
+no time of the run, no PATH as given, no process id, host or version. --from, --to, --limit \
+and --bytes apply as usual."
 )]
 pub struct Args {
     /// Data directory, topic directory, partition directory or one .log file.
@@ -73,6 +81,10 @@ pub struct Args {
     /// How keys and values are written in JSON.
     #[arg(long, value_enum, default_value_t = BytesAs::Auto)]
     pub bytes: BytesAs,
+    /// Byte-stable JSON Lines for golden diffs: implies --json --header --index, keys
+    /// in a fixed order, nothing that depends on the run, and a closing "end" line.
+    #[arg(long)]
+    pub canonical: bool,
 }
 
 struct Dumper<'a> {
@@ -95,6 +107,12 @@ pub fn run(args: Args, _global: Global) -> anyhow::Result<u8> {
             )));
         }
     }
+    let args = Args {
+        json: args.json || args.canonical,
+        header: args.header || args.canonical,
+        index: args.index || args.canonical,
+        ..args
+    };
     let target = resolve_target(&args.path)?;
     let mut d = Dumper {
         args: &args,
@@ -111,11 +129,39 @@ pub fn run(args: Args, _global: Global) -> anyhow::Result<u8> {
         }
         d.partition(p)?;
     }
+    if args.canonical {
+        let end = json!({
+            "type": "end",
+            "records": d.printed,
+            "severity": super::verify::severity_name(d.worst),
+        });
+        write_json(&mut d.out, &end)?;
+    }
     d.out.flush()?;
     Ok(exit_code(d.worst))
 }
 
 impl Dumper<'_> {
+    /// With --canonical, a problem's detail without the directory the dump was given
+    /// (details name files relative to it).
+    fn canonical_detail(&self, v: &mut serde_json::Value) {
+        if !self.args.canonical {
+            return;
+        }
+        let Some(detail) = v.get("detail").and_then(|d| d.as_str()) else {
+            return;
+        };
+        let mut root = self.target.root.display().to_string();
+        if !root.ends_with('/') {
+            root.push('/');
+        }
+        if root == "./" || root == "/" {
+            return;
+        }
+        let text = detail.replace(&root, "");
+        v["detail"] = json!(text);
+    }
+
     fn done(&self) -> bool {
         self.args.limit.is_some_and(|l| self.printed >= l)
     }
@@ -158,6 +204,7 @@ impl Dumper<'_> {
             v["type"] = json!("problem");
             v["topic"] = json!(check.partition.topic);
             v["partition"] = json!(check.partition.partition);
+            self.canonical_detail(&mut v);
             write_json(&mut self.out, &v)?;
         } else if p.severity > Severity::Info {
             // Diagnostics go to stderr; flush the records before it so a terminal
@@ -265,6 +312,7 @@ impl Dumper<'_> {
             v["first_unreadable_position"] = json!(range.first_position);
             v["next_readable_offset"] = json!(range.next_offset());
             v["next_readable_position"] = json!(range.next.map(|r| r.position));
+            self.canonical_detail(&mut v);
             write_json(&mut self.out, &v)?;
         } else {
             self.out.flush()?;
@@ -556,6 +604,10 @@ fn write_record(
             key: args.bytes.json(r.key),
             value: args.bytes.json(Some(r.value)),
         };
+        if args.canonical {
+            let v = serde_json::to_value(&line).map_err(io::Error::other)?;
+            return write_json(out, &v);
+        }
         serde_json::to_writer(&mut *out, &line)?;
         return out.write_all(b"\n");
     }
