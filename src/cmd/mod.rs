@@ -8,8 +8,10 @@ use clap::{Parser, Subcommand};
 
 pub mod bench;
 pub mod compact;
+pub mod completions;
 pub mod connect;
 pub mod consume;
+pub mod damage;
 pub mod dump;
 pub mod escape;
 pub mod format_string;
@@ -114,6 +116,10 @@ pub enum Command {
     Consume(consume::Args),
     /// Load generator: measure produce or consume throughput and latency.
     Bench(bench::Args),
+    /// Print the shell completion script (bash, zsh, fish).
+    Completions(completions::Args),
+    /// Damage a copy of a data directory exactly as asked (testing fixtures).
+    Damage(damage::Args),
 }
 
 /// Options every command sees.
@@ -140,6 +146,8 @@ pub fn main() -> ExitCode {
         Command::Produce(a) => produce::run(a, global),
         Command::Consume(a) => consume::run(a, global),
         Command::Bench(a) => bench::run(a, global),
+        Command::Completions(a) => completions::run(a, global),
+        Command::Damage(a) => damage::run(a, global),
     };
     ExitCode::from(finish(result))
 }
