@@ -17,6 +17,7 @@ static ALLOC: CappedAlloc = CappedAlloc;
 mod util;
 
 mod check_vectors;
+mod ci_tools;
 mod cli_tools;
 mod compact;
 mod fuzz_decoders;
