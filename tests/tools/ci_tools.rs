@@ -241,7 +241,7 @@ fn check_canonical_lines(name: &str, text: &str) {
 
 #[test]
 fn dump_canonical_matches_the_golden_file() {
-    let golden = fixture("golden/bit-flip-sealed.canonical.jsonl");
+    let golden = fixture("bit-flip-sealed.canonical.jsonl");
     let data = fixture("bit-flip-sealed");
     let (code, out) = canonical(".", &data);
     assert_eq!(code, 2);
