@@ -97,7 +97,7 @@ impl Action {
     }
 }
 
-/// Splits `FILE:N:M…` from the right into the file and `numbers` numbers (a FILE may
+/// Splits `FILE:N:M…` from the right into the file and one number per name (a FILE may
 /// itself hold `:`).
 fn split_spec<'a>(
     flag: &str,

@@ -119,9 +119,25 @@ fn completions_generate_for_each_shell_and_name_the_subcommands() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    // The bash script registers itself for `seglog`.
+    // The bash script registers itself for `seglog` and completes for real.
     let bash = fs::read_to_string(tmp.path().join("seglog.bash")).unwrap();
     assert!(bash.contains("complete -F _seglog"), "{bash}");
+    for (words, want) in [("seglog da", "damage"), ("seglog verify --exp", "--expect")] {
+        let w: Vec<&str> = words.split(' ').collect();
+        let (cur, prev) = (w[w.len() - 1], w[w.len() - 2]);
+        // bash calls a completion function with the command, the word and the one before.
+        let script = format!(
+            "source {}; COMP_WORDS=({words}); COMP_CWORD={}; _seglog seglog {cur} {prev}; echo \"${{COMPREPLY[*]}}\"",
+            s(&tmp.path().join("seglog.bash")),
+            w.len() - 1
+        );
+        let out = std::process::Command::new("bash")
+            .args(["-c", &script])
+            .output()
+            .unwrap();
+        let got = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(got.trim(), want, "completing {words:?}: {got:?}");
+    }
     let r = run(&["completions", "powershell7"], tmp.path());
     assert_eq!(r.0, 64, "{}", r.2);
     assert_eq!(r.2.lines().count(), 1, "{}", r.2);
