@@ -44,7 +44,16 @@ impl Segment {
         let io_err = |e| EngineError::io(format!("reading {}", self.path.display()), e);
         let len = self.bytes();
         let file = self.file().map_err(io_err)?;
-        let (records, damage) = count_records(&file, self, len, next_base).map_err(io_err)?;
+        // The map goes through a handle of its own, so the shared lock a map takes
+        // (storage/map.rs) ends with this scan; only when the name still is this
+        // segment's file (compaction renames new files over old names).
+        let own = File::open(&self.path)
+            .ok()
+            .filter(|own| same_file(own, &file));
+        let map = own.as_ref().and_then(|f| SealedMap::sealed(f, len));
+        let (records, damage) =
+            count_records(&file, map.as_ref(), self, len, next_base).map_err(io_err)?;
+        drop(map);
         self.records.store(records, Ordering::Release);
         let damage = self.tally.get_or_init(|| damage).clone();
         Ok(SegmentTally {
@@ -54,16 +63,25 @@ impl Segment {
     }
 }
 
+/// True when both handles are of the same file (device and inode).
+fn same_file(a: &File, b: &File) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (a.metadata(), b.metadata()) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
+}
+
 /// Counts the records of a sealed segment from its header to `len`. After damage
 /// the scan resumes where [`resync`] finds the next record; the first damage is
 /// returned with the offsets it makes unreadable.
 fn count_records(
     file: &File,
+    map: Option<&SealedMap>,
     seg: &Segment,
     len: u64,
     next_base: Option<u64>,
 ) -> io::Result<(u64, Option<read::SegmentDamage>)> {
-    let map = SealedMap::sealed(file, len);
     let mut start = HEADER_LEN as u64;
     let mut records = 0u64;
     let mut last: Option<u64> = None;
@@ -71,7 +89,7 @@ fn count_records(
     // Each pass ends at the end of the data or at damage, and the next one starts
     // past that damage: at most one pass per byte of the file.
     loop {
-        let mut reader = RecordReader::sealed(file, map.as_ref(), seg.generation, start, len);
+        let mut reader = RecordReader::sealed(file, map, seg.generation, start, len);
         let end = loop {
             match reader.next_record()? {
                 Next::Record { position, record } => {
