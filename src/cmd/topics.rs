@@ -58,8 +58,9 @@ pub enum TopicsCommand {
     },
     /// List topic names.
     List,
-    /// Show each partition's offsets, segment count and bytes, what retention and
-    /// compaction last did, and the configuration.
+    /// Show each partition's offsets, records present, segment count and bytes, the
+    /// state of its data (ok, damaged, failed), what retention and compaction last
+    /// did, and the configuration.
     Describe { name: String },
     /// Change configuration settings.
     #[command(after_long_help = CONFIG_KEYS_HELP)]
