@@ -100,7 +100,8 @@ pub enum OnCorrupt {
     Skip,
 }
 
-/// A fetch refused because the records at `pos` are damaged: under `stop` the
+/// A fetch refused because the records at `pos` are damaged or missing (a lost
+/// segment): under `stop` the
 /// command's error (exit 2, one line naming the range); under `skip` a note on stderr
 /// and `Ok(Some(next))`, the next readable offset (`Ok(None)`: none follows).
 fn damage_step(
@@ -126,7 +127,12 @@ fn damage_step(
             format!("{topic}/{partition}: {range} cannot be read: {message}"),
         )),
         OnCorrupt::Skip => {
-            eprintln!("seglog: {topic}/{partition}: skipped {range}: damaged records");
+            let what = if message.starts_with("missing records") {
+                "missing records (their segment is lost)"
+            } else {
+                "damaged records"
+            };
+            eprintln!("seglog: {topic}/{partition}: skipped {range}: {what}");
             Ok(next)
         }
     })

@@ -12,7 +12,7 @@ use super::{exit, Global};
 use crate::engine::net::client::TopicInfo;
 use crate::engine::partition::now_ms;
 use crate::format::topic::TopicConfig;
-use crate::format::wire::CleanupInfo;
+use crate::format::wire::{CleanupInfo, PartitionDescription, PartitionHealth};
 
 /// Arguments of `seglog topics`.
 #[derive(Debug, clap::Args)]
@@ -58,8 +58,9 @@ pub enum TopicsCommand {
     },
     /// List topic names.
     List,
-    /// Show each partition's offsets, segment count and bytes, what retention and
-    /// compaction last did, and the configuration.
+    /// Show each partition's offsets, records present, segment count and bytes, the
+    /// state of its data (ok, damaged, failed), what retention and compaction last
+    /// did, and the configuration.
     Describe { name: String },
     /// Change configuration settings.
     #[command(after_long_help = CONFIG_KEYS_HELP)]
@@ -209,6 +210,18 @@ fn cleanup_of(info: &TopicInfo, partition: u32) -> Option<&CleanupInfo> {
     info.cleanup.iter().find(|c| c.partition == partition)
 }
 
+/// The records and state of `partition`, if the broker sent them (protocol version
+/// 3 on).
+fn health_of(info: &TopicInfo, partition: u32) -> Option<&PartitionHealth> {
+    info.health.iter().find(|h| h.partition == partition)
+}
+
+/// Records present: the broker's count, or `end - start` from a broker older than
+/// protocol version 3 (which is too high where compaction left gaps).
+fn records_of(info: &TopicInfo, p: &PartitionDescription) -> u64 {
+    health_of(info, p.partition).map_or(p.end_offset.saturating_sub(p.start_offset), |h| h.records)
+}
+
 fn cleanup_json(c: &CleanupInfo) -> Value {
     let ms = |v: i64| if v < 0 { Value::Null } else { json!(v) };
     json!({
@@ -229,15 +242,23 @@ fn describe_json(name: &str, info: &TopicInfo) -> Value {
         .partitions
         .iter()
         .map(|p| {
-            json!({
+            let mut v = json!({
                 "partition": p.partition,
                 "start_offset": p.start_offset,
                 "end_offset": p.end_offset,
-                "records": p.end_offset.saturating_sub(p.start_offset),
+                "records": records_of(info, p),
                 "segments": p.segments,
                 "bytes": p.bytes,
                 "cleanup": cleanup_of(info, p.partition).map(cleanup_json),
-            })
+            });
+            if let (Some(h), Some(m)) = (health_of(info, p.partition), v.as_object_mut()) {
+                m.insert("state".into(), json!(h.state.as_str()));
+                let detail = (!h.detail.is_empty()).then_some(h.detail.as_str());
+                m.insert("detail".into(), json!(detail));
+                m.insert("spares".into(), json!(h.spares));
+                m.insert("preallocated_bytes".into(), json!(h.preallocated_bytes));
+            }
+            v
         })
         .collect();
     json!({ "topic": name, "partitions": partitions, "config": config_json(&info.config) })
@@ -260,25 +281,47 @@ fn write_description(out: &mut impl Write, name: &str, info: &TopicInfo) -> io::
         plural(info.partitions.len() as u32)
     )?;
     let mut t = Table::new();
-    t.set_header([
+    let mut header = vec![
         "partition",
         "start_offset",
         "end_offset",
         "records",
         "segments",
         "bytes",
-    ]);
+    ];
+    let with_state = !info.health.is_empty();
+    if with_state {
+        header.push("state");
+    }
+    t.set_header(header);
+    let mut details = Vec::new();
     for p in &info.partitions {
-        t.add_row([
+        let mut row = vec![
             p.partition.to_string(),
             p.start_offset.to_string(),
             p.end_offset.to_string(),
-            p.end_offset.saturating_sub(p.start_offset).to_string(),
+            records_of(info, p).to_string(),
             p.segments.to_string(),
             p.bytes.to_string(),
-        ]);
+        ];
+        if with_state {
+            let h = health_of(info, p.partition);
+            row.push(h.map_or("-", |h| h.state.as_str()).to_string());
+            if let Some(h) = h.filter(|h| !h.detail.is_empty()) {
+                details.push(format!(
+                    "partition {} {}: {}",
+                    p.partition,
+                    h.state.as_str(),
+                    h.detail
+                ));
+            }
+        }
+        t.add_row(row);
     }
     writeln!(out, "{t}")?;
+    for line in details {
+        writeln!(out, "{line}")?;
+    }
     if !info.cleanup.is_empty() {
         writeln!(out, "{}", cleanup_table(&info.cleanup, now_ms()))?;
     }

@@ -68,6 +68,16 @@ pub enum EngineError {
         next: Option<u64>,
         detail: String,
     },
+    /// A fetch started at offsets of a lost segment (its `.log` gone, its `.index`
+    /// kept): `first..next` cannot be read; reading resumes at `next`.
+    #[error("{}", missing_message(topic, *partition, index, *first, *next))]
+    RecordsMissing {
+        topic: String,
+        partition: u32,
+        index: PathBuf,
+        first: u64,
+        next: u64,
+    },
     #[error("{path} is locked by a running broker or another tool")]
     Locked { path: PathBuf },
     #[error("the broker is shutting down")]
@@ -125,8 +135,25 @@ fn damaged_message(
     )
 }
 
+/// The one line a client is told of a lost segment; [`damaged_range`] reads its
+/// offsets back too.
+fn missing_message(
+    topic: &str,
+    partition: u32,
+    index: &std::path::Path,
+    first: u64,
+    next: u64,
+) -> String {
+    format!(
+        "missing records in {topic}/{partition}: offsets {first}..={} are lost with their segment, first unreadable offset {first}, next readable offset {next} (the .log of {} is gone; its index is kept); see `seglog verify`",
+        next.saturating_sub(1),
+        index.display()
+    )
+}
+
 /// The first unreadable and the next readable offset named by the message of a
-/// [`EngineError::RecordsDamaged`] (as a client receives it), if it is one.
+/// [`EngineError::RecordsDamaged`] or [`EngineError::RecordsMissing`] (as a client
+/// receives it), if it is one.
 pub fn damaged_range(message: &str) -> Option<(u64, Option<u64>)> {
     let number_after = |tag: &str| -> Option<&str> {
         let rest = message.split_once(tag)?.1;

@@ -39,6 +39,7 @@ use crate::format::wire::{
     WireRecord, CLEANUP_INFO_VERSION, FRAME_BYTES_MAX, LEN_FIELD, PROTOCOL_VERSION,
     PROTOCOL_VERSION_MIN,
 };
+use crate::format::wire::{HealthState, PartitionHealth, PARTITION_HEALTH_VERSION};
 use crate::format::{
     HeaderError, SegmentHeader, HEADER_LEN, INDEX_INTERVAL_BYTES, RECORD_OVERHEAD,
 };
@@ -370,8 +371,12 @@ fn check_response_version(frame: &[u8], version: u16) {
             assert_eq!(r.body.is_some(), r.code.is_ok());
             if let Some(b) = &r.body {
                 assert_eq!(b.api_key() as u16, r.api_key);
-                if let ResponseBody::DescribeTopic { cleanup, .. } = b {
+                if let ResponseBody::DescribeTopic {
+                    cleanup, health, ..
+                } = b
+                {
                     assert_eq!(cleanup.is_some(), version >= CLEANUP_INFO_VERSION);
+                    assert_eq!(health.is_some(), version >= PARTITION_HEALTH_VERSION);
                 }
             }
             let mut out = Vec::new();
@@ -1019,6 +1024,7 @@ pub fn seed_response_frames() -> Vec<Vec<u8>> {
             }],
             settings: vec![("segment_bytes", "1024")],
             cleanup: None,
+            health: None,
         },
         ResponseBody::DescribeTopic {
             partitions: vec![],
@@ -1034,6 +1040,20 @@ pub fn seed_response_frames() -> Vec<Vec<u8>> {
                 records_dropped: 9,
                 bytes_compacted: 100,
                 last_error: "disk full".to_string(),
+            }]),
+            health: None,
+        },
+        ResponseBody::DescribeTopic {
+            partitions: vec![],
+            settings: vec![],
+            cleanup: Some(vec![]),
+            health: Some(vec![PartitionHealth {
+                partition: 0,
+                records: 26,
+                state: HealthState::Damaged,
+                detail: "offsets 100..=199 lost".to_string(),
+                spares: 0,
+                preallocated_bytes: 0,
             }]),
         },
         ResponseBody::AlterTopic { settings: vec![] },

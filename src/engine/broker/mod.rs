@@ -108,6 +108,34 @@ pub struct PartitionInfo {
     pub error: Option<String>,
     /// What retention and compaction did to it since the broker started.
     pub cleanup: CleanupStats,
+    /// Records present (compacted topics have gaps, so not `end - start`).
+    pub records: u64,
+    /// Whether its data is whole, damaged or the partition failed.
+    pub state: PartitionState,
+    /// One line naming the failure or the (first) damaged file and offsets.
+    pub detail: Option<String>,
+}
+
+/// The state of a partition's data as `topics describe` shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PartitionState {
+    /// Every segment reads to its end and none is lost.
+    Ok,
+    /// Served, but some records cannot be read (a damaged or a lost segment).
+    Damaged,
+    /// Refuses writes (or every request): failed, or could not be opened.
+    Failed,
+}
+
+impl PartitionState {
+    /// The name `topics describe` prints.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PartitionState::Ok => "ok",
+            PartitionState::Damaged => "damaged",
+            PartitionState::Failed => "failed",
+        }
+    }
 }
 
 /// A topic's partitions and configuration.

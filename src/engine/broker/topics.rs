@@ -262,14 +262,30 @@ pub(super) fn partition_info(partition: u32, slot: &Slot, cleanup: CleanupStats)
     match slot {
         Slot::Open(log) => {
             let segs = log.snapshot();
+            let health = log.health();
+            let error = log.failure().map(|r| r.to_string());
+            let (state, detail) = match (&error, health.damage.split_first()) {
+                (Some(e), _) => (PartitionState::Failed, Some(e.clone())),
+                (None, Some((first, rest))) => (
+                    PartitionState::Damaged,
+                    Some(match rest.len() {
+                        0 => first.clone(),
+                        n => format!("{first} (and {n} more)"),
+                    }),
+                ),
+                (None, None) => (PartitionState::Ok, None),
+            };
             PartitionInfo {
                 partition,
                 start_offset: log.start_offset(),
                 end_offset: log.durable_end(),
                 segments: segs.len() as u64,
                 bytes: segs.iter().map(|s| s.bytes()).sum(),
-                error: log.failure().map(|r| r.to_string()),
+                error,
                 cleanup,
+                records: health.records,
+                state,
+                detail,
             }
         }
         Slot::Unavailable(reason) => PartitionInfo {
@@ -280,6 +296,9 @@ pub(super) fn partition_info(partition: u32, slot: &Slot, cleanup: CleanupStats)
             bytes: 0,
             error: Some(reason.clone()),
             cleanup,
+            records: 0,
+            state: PartitionState::Failed,
+            detail: Some(reason.clone()),
         },
     }
 }

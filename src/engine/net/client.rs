@@ -12,8 +12,9 @@ use std::time::Duration;
 
 use crate::format::wire::{
     self as wire, check_frame_len, decode_response_version, encode_request, ApiKey, CleanupInfo,
-    ErrorCode, PartitionBatch, PartitionDescription, PartitionOffsets, ProtocolError, Request,
-    Response, ResponseBody, StatsBody, LEN_FIELD, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
+    ErrorCode, PartitionBatch, PartitionDescription, PartitionHealth, PartitionOffsets,
+    ProtocolError, Request, Response, ResponseBody, StatsBody, LEN_FIELD, PROTOCOL_VERSION,
+    PROTOCOL_VERSION_MIN,
 };
 use crate::format::{crc32, decode_record, RecordError};
 
@@ -104,6 +105,9 @@ pub struct TopicInfo {
     pub partitions: Vec<PartitionDescription>,
     /// What background cleanup did per partition (empty from a version-1 broker).
     pub cleanup: Vec<CleanupInfo>,
+    /// Per partition: records present and the state of its data (empty from a broker
+    /// older than protocol version 3).
+    pub health: Vec<PartitionHealth>,
     /// The full configuration as `(key, value)` text.
     pub config: Vec<(String, String)>,
 }
@@ -433,9 +437,11 @@ impl Client {
                 partitions,
                 settings,
                 cleanup,
+                health,
             } => Ok(TopicInfo {
                 partitions,
                 cleanup: cleanup.unwrap_or_default(),
+                health: health.unwrap_or_default(),
                 config: owned(&settings),
             }),
             _ => Err(self.protocol("describe_topic answered with another response")),

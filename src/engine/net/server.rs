@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use crate::engine::broker::{Broker, NewRecord};
+use crate::engine::broker::{Broker, NewRecord, PartitionState};
 use crate::engine::error::EngineError;
 use crate::engine::maintenance::compaction::CompactionError;
 use crate::engine::storage::layout::LayoutError;
@@ -33,6 +33,7 @@ use crate::format::wire::{
     Request, ResponseBody, StatsBody, API_KEY_NONE, CLEANUP_INFO_VERSION, FRAME_BYTES_MAX,
     LEN_FIELD, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
 };
+use crate::format::wire::{HealthState, PartitionHealth, PARTITION_HEALTH_VERSION};
 
 /// How often an idle connection and the accept loop look at the stop flag.
 const POLL_INTERVAL: Duration = Duration::from_millis(100);
@@ -785,6 +786,24 @@ impl Connection {
                 })
                 .collect()
         });
+        let health = (self.version >= PARTITION_HEALTH_VERSION).then(|| {
+            d.partitions
+                .iter()
+                .map(|p| PartitionHealth {
+                    partition: p.partition,
+                    records: p.records,
+                    state: match p.state {
+                        PartitionState::Ok => HealthState::Ok,
+                        PartitionState::Damaged => HealthState::Damaged,
+                        PartitionState::Failed => HealthState::Failed,
+                    },
+                    detail: p.detail.clone().unwrap_or_default(),
+                    // Filled by the write path later.
+                    spares: 0,
+                    preallocated_bytes: 0,
+                })
+                .collect()
+        });
         let text = config_settings(&d.config);
         let settings = text.iter().map(|(k, v)| (*k, v.as_str())).collect();
         self.reply(
@@ -794,6 +813,7 @@ impl Connection {
                 partitions,
                 settings,
                 cleanup,
+                health,
             },
         );
         Ok(())
@@ -871,6 +891,7 @@ pub fn engine_error(e: EngineError) -> (ErrorCode, String) {
         EngineError::PartitionUnavailable { .. } => ErrorCode::PARTITION_UNAVAILABLE,
         EngineError::Corrupt { .. }
         | EngineError::RecordsDamaged { .. }
+        | EngineError::RecordsMissing { .. }
         | EngineError::TopicOffline { .. } => ErrorCode::CORRUPT_DATA,
         EngineError::ShuttingDown => ErrorCode::SHUTTING_DOWN,
         EngineError::Io { .. } => ErrorCode::STORAGE,

@@ -131,6 +131,7 @@ impl PartitionLog {
             .unwrap_or_else(PoisonError::into_inner)
             .extend(enc.entries);
         a.seg.written_end.store(a.data_end, Ordering::Release);
+        a.seg.records.fetch_add(count, Ordering::AcqRel);
         w.next_offset = next_offset;
         assert!(a_written_end_is_data_end(&w.active));
         self.stats.produce_requests.fetch_add(1, Ordering::Relaxed);

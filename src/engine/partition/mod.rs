@@ -110,6 +110,12 @@ pub struct Segment {
     /// Largest record timestamp, once the segment is sealed (`None`: no records).
     /// Set at the roll for segments this process sealed, else by a scan on demand.
     max_timestamp: OnceLock<Option<i64>>,
+    /// Records in the segment: from the scan at open (active segment), kept up to
+    /// date by appends; for a sealed segment opened from disk, set by its tally.
+    records: AtomicU64,
+    /// Set once a sealed segment is counted (or sealed by this process): the damage
+    /// its scan met, if any (`tally.rs`).
+    tally: OnceLock<Option<read::SegmentDamage>>,
 }
 
 impl Segment {
@@ -131,6 +137,8 @@ impl Segment {
             written_end: AtomicU64::new(data_end),
             readable_end: AtomicU64::new(data_end),
             max_timestamp: OnceLock::new(),
+            records: AtomicU64::new(0),
+            tally: OnceLock::new(),
         })
     }
 
@@ -267,6 +275,9 @@ pub struct PartitionLog {
     doomed: Mutex<Vec<PathBuf>>,
     /// Rolls whose new segment (name, header) and outgoing segment are durable.
     rolls_durable: AtomicU64,
+    /// Segments found lost at open (their `.log` gone, their `.index` kept), in
+    /// offset order: a fetch never reads across them silently.
+    lost: Vec<LostSegment>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -294,7 +305,7 @@ impl PartitionLog {
         stats: Arc<LogStats>,
     ) -> Result<(PartitionLog, Vec<String>), EngineError> {
         let mut notes = Vec::new();
-        let bases = list_segments(dir)?;
+        let (bases, lost) = list_segments(dir)?;
         let (sealed, active_base) = match bases.split_last() {
             Some((last, sealed)) => (sealed.to_vec(), *last),
             None => {
@@ -336,6 +347,7 @@ impl PartitionLog {
             segments: RwLock::new(Arc::new(segments)),
             doomed: Mutex::new(Vec::new()),
             rolls_durable: AtomicU64::new(0),
+            lost,
         };
         Ok((log, notes))
     }
@@ -466,14 +478,17 @@ mod open;
 mod read;
 mod retention;
 mod roll;
+mod tally;
 
 #[cfg(test)]
 #[expect(clippy::unwrap_used, clippy::indexing_slicing, reason = "tests")]
 mod tests;
 
 use files::{FileCache, SegmentFile};
+pub use open::LostSegment;
 use open::{checked_header, list_segments, open_active, open_sealed, sync_on_open};
 use roll::create_segment_files;
 
 pub(crate) use open::create_first_segment;
 pub use read::LogFetch;
+pub use tally::LogHealth;

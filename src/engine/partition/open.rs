@@ -5,17 +5,20 @@ use super::*;
 
 // ----- opening -----
 
-/// The base offsets of the `.log` files in `dir`, sorted. Refuses a directory with
-/// an unfinished compaction swap (recovery finishes it).
-pub(super) fn list_segments(dir: &Path) -> Result<Vec<u64>, EngineError> {
+/// The base offsets of the `.log` files in `dir`, sorted, and the segments lost
+/// between them. Refuses a directory with an unfinished compaction swap (recovery
+/// finishes it).
+pub(super) fn list_segments(dir: &Path) -> Result<(Vec<u64>, Vec<LostSegment>), EngineError> {
     let entries = std::fs::read_dir(dir)
         .map_err(|e| EngineError::io(format!("listing {}", dir.display()), e))?;
     let mut bases = Vec::new();
+    let mut indexes = Vec::new();
     for entry in entries {
         let entry = entry.map_err(|e| EngineError::io(format!("listing {}", dir.display()), e))?;
         let name = entry.file_name();
         match classify_partition_file(&name.to_string_lossy()) {
             PartitionFile::Log(b) => bases.push(b),
+            PartitionFile::Index(b) => indexes.push(b),
             PartitionFile::Marker => {
                 return Err(EngineError::Corrupt {
                     path: dir.to_path_buf(),
@@ -26,7 +29,39 @@ pub(super) fn list_segments(dir: &Path) -> Result<Vec<u64>, EngineError> {
         }
     }
     bases.sort_unstable();
-    Ok(bases)
+    let lost = lost_segments(dir, &bases, indexes);
+    Ok((bases, lost))
+}
+
+/// The offsets of a segment whose `.log` is gone while its `.index` is kept, between
+/// the first and the newest segment (recovery's `lost_segment`, docs/FORMAT.md,
+/// Recovery): its records, `first ..` the next segment's base, cannot be read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LostSegment {
+    /// The `.index` file left.
+    pub index: PathBuf,
+    pub first: u64,
+    /// Base of the next segment present: the first offset readable again.
+    pub next: u64,
+}
+
+fn lost_segments(dir: &Path, bases: &[u64], mut indexes: Vec<u64>) -> Vec<LostSegment> {
+    indexes.sort_unstable();
+    let (Some(&first), Some(&newest)) = (bases.first(), bases.last()) else {
+        return Vec::new();
+    };
+    indexes
+        .into_iter()
+        .filter(|b| *b > first && *b < newest && bases.binary_search(b).is_err())
+        .filter_map(|b| {
+            let next = bases.get(bases.partition_point(|x| *x < b)).copied()?;
+            Some(LostSegment {
+                index: dir.join(index_file_name(b)),
+                first: b,
+                next,
+            })
+        })
+        .collect()
 }
 
 /// Creates segment 0 in an empty partition directory and makes it durable:
@@ -151,6 +186,8 @@ pub(super) fn open_sealed(
         written_end: AtomicU64::new(len),
         readable_end: AtomicU64::new(len),
         max_timestamp: OnceLock::new(),
+        records: AtomicU64::new(0),
+        tally: OnceLock::new(),
     })
 }
 
@@ -196,6 +233,8 @@ pub(super) fn open_active(
         written_end: AtomicU64::new(scan.data_end),
         readable_end: AtomicU64::new(scan.data_end),
         max_timestamp: OnceLock::new(),
+        records: AtomicU64::new(scan.records),
+        tally: OnceLock::new(),
     };
     let now = now_ms();
     let active = Active {

@@ -1,7 +1,9 @@
 //! The read path: durable records only, read by the storage's one record reader
 //! (large positional windows) through the segment's own file handle. Damage in a
 //! segment hides nothing before it: a fetch returns the records before damaged ones,
-//! and only a fetch starting inside the damaged range gets an error naming it.
+//! and only a fetch starting inside the damaged range gets an error naming it. A
+//! lost segment (found at open) is the same: a fetch stops before it, and one
+//! starting at its offsets is told the range missing.
 
 use super::*;
 
@@ -94,6 +96,19 @@ impl PartitionLog {
         let mut next = offset;
         let mut last = None;
         while let Some(seg) = segs.get(i) {
+            if let Some(l) = self.lost_before(seg, next) {
+                if !chunks.is_empty() {
+                    // The records before the lost segment are this fetch's answer.
+                    break;
+                }
+                return Err(EngineError::RecordsMissing {
+                    topic: self.topic.clone(),
+                    partition: self.partition,
+                    index: l.index.clone(),
+                    first: l.first,
+                    next: l.next,
+                });
+            }
             let next_base = segs.get(i + 1).map(|s| s.base_offset);
             let out = read_segment_around(seg, next, left, chunks.is_empty(), next_base)?;
             let damaged = out.damage.is_some();
@@ -126,6 +141,16 @@ impl PartitionLog {
             i += 1;
         }
         Ok((chunks, last))
+    }
+}
+
+impl PartitionLog {
+    /// The lost segment just below `seg` that a read at `next` would cross into `seg`
+    /// over (gaps inside a compacted segment are not lost segments).
+    fn lost_before(&self, seg: &Segment, next: u64) -> Option<&LostSegment> {
+        self.lost
+            .iter()
+            .find(|l| l.next == seg.base_offset && next < l.next)
     }
 }
 

@@ -145,6 +145,7 @@ impl PartitionLog {
         };
         let old = std::mem::replace(&mut w.active, new);
         let _ = old.seg.max_timestamp.set(old.max_timestamp);
+        old.seg.seal_tally();
         // Sealed: its read handle joins the broker's bounded cache.
         old.seg.file.release();
         // 3.

@@ -31,10 +31,13 @@ use crate::format::record::MAX_RECORD_LEN;
 use crate::format::topic::PARTITIONS_MAX;
 
 /// The newest protocol version this build speaks. Version 2 adds the `cleanup` array
-/// to the describe-topic response; everything else is as in version 1.
-pub const PROTOCOL_VERSION: u16 = 2;
+/// to the describe-topic response; version 3 the `health` array after it; everything
+/// else is as in version 1.
+pub const PROTOCOL_VERSION: u16 = 3;
 /// The first version whose describe-topic response carries `cleanup`.
 pub const CLEANUP_INFO_VERSION: u16 = 2;
+/// The first version whose describe-topic response carries `health`.
+pub const PARTITION_HEALTH_VERSION: u16 = 3;
 /// The oldest protocol version this build speaks.
 pub const PROTOCOL_VERSION_MIN: u16 = 1;
 
@@ -77,6 +80,9 @@ const OFFSETS_WIRE_LEN: usize = 4 + 8 + 8;
 const INFO_WIRE_LEN: usize = 4 + 8 + 8 + 8 + 8;
 /// Smallest encoded cleanup info (empty `last_error`).
 const CLEANUP_WIRE_MIN: usize = 4 + 8 * 8 + 2;
+/// Smallest encoded partition health (empty `detail`): partition, records, state,
+/// detail, spares, preallocated_bytes.
+const HEALTH_WIRE_MIN: usize = 4 + 8 + 2 + 2 + 8 + 8;
 const CHUNK_WIRE_MIN: usize = 8 + 4;
 const SETTING_WIRE_MIN: usize = 2 + 2;
 const STRING_WIRE_MIN: usize = 2;
@@ -384,6 +390,53 @@ pub struct PartitionDescription {
     pub bytes: u64,
 }
 
+/// The state of a partition's data (describe response, protocol version 3 on).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u16)]
+pub enum HealthState {
+    /// Every segment reads to its end and none is lost.
+    Ok = 0,
+    /// Served, but some records cannot be read (a damaged or a lost segment).
+    Damaged = 1,
+    /// Refuses writes (or every request): failed, or could not be opened.
+    Failed = 2,
+}
+
+impl HealthState {
+    pub fn from_u16(v: u16) -> Option<HealthState> {
+        match v {
+            0 => Some(HealthState::Ok),
+            1 => Some(HealthState::Damaged),
+            2 => Some(HealthState::Failed),
+            _ => None,
+        }
+    }
+
+    /// The name clients print.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HealthState::Ok => "ok",
+            HealthState::Damaged => "damaged",
+            HealthState::Failed => "failed",
+        }
+    }
+}
+
+/// One partition's records and state (describe response, protocol version 3 on).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PartitionHealth {
+    pub partition: u32,
+    /// Records present (compacted topics have gaps, so not `end - start`).
+    pub records: u64,
+    pub state: HealthState,
+    /// One line naming the failure or the damaged file and offsets; empty when ok.
+    pub detail: String,
+    /// Reserved for the write path; 0 for now.
+    pub spares: u64,
+    /// Reserved for the write path; 0 for now.
+    pub preallocated_bytes: u64,
+}
+
 /// What background cleanup did to one partition since the broker started
 /// (describe response, protocol version 2 and later).
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
@@ -440,6 +493,9 @@ pub enum ResponseBody<'a> {
         /// Present from protocol version 2 on (the server sends it only on a
         /// connection that agreed on version 2 or later).
         cleanup: Option<Vec<CleanupInfo>>,
+        /// Present from protocol version 3 on (sent only on a connection that
+        /// agreed on version 3 or later; an empty `cleanup` is sent with it).
+        health: Option<Vec<PartitionHealth>>,
     },
     AlterTopic {
         settings: Vec<Setting<'a>>,
@@ -798,6 +854,7 @@ fn encode_response_body(out: &mut Vec<u8>, body: &ResponseBody<'_>) -> Result<()
             partitions,
             settings,
             cleanup,
+            health,
         } => {
             put_count(
                 out,
@@ -813,6 +870,11 @@ fn encode_response_body(out: &mut Vec<u8>, body: &ResponseBody<'_>) -> Result<()
                 out.extend_from_slice(&p.bytes.to_be_bytes());
             }
             put_settings(out, settings)?;
+            // Version 3 carries the version-2 array before its own.
+            let cleanup = match (cleanup, health) {
+                (None, Some(_)) => Some(&[][..]),
+                (c, _) => c.as_deref(),
+            };
             if let Some(cleanup) = cleanup {
                 put_count(out, "cleanup", cleanup.len(), PARTITIONS_PER_MESSAGE_MAX)?;
                 for c in cleanup {
@@ -836,6 +898,22 @@ fn encode_response_body(out: &mut Vec<u8>, body: &ResponseBody<'_>) -> Result<()
                         clip(&c.last_error, MESSAGE_BYTES_MAX),
                         MESSAGE_BYTES_MAX,
                     )?;
+                }
+            }
+            if let Some(health) = health {
+                put_count(out, "health", health.len(), PARTITIONS_PER_MESSAGE_MAX)?;
+                for h in health {
+                    out.extend_from_slice(&h.partition.to_be_bytes());
+                    out.extend_from_slice(&h.records.to_be_bytes());
+                    out.extend_from_slice(&(h.state as u16).to_be_bytes());
+                    put_str(
+                        out,
+                        "detail",
+                        clip(&h.detail, MESSAGE_BYTES_MAX),
+                        MESSAGE_BYTES_MAX,
+                    )?;
+                    out.extend_from_slice(&h.spares.to_be_bytes());
+                    out.extend_from_slice(&h.preallocated_bytes.to_be_bytes());
                 }
             }
         }
@@ -1250,10 +1328,38 @@ fn decode_response_body<'a>(
             } else {
                 None
             };
+            // Version 3 on: the health array follows.
+            let health = if version >= PARTITION_HEALTH_VERSION {
+                let n = r.count("health", PARTITIONS_PER_MESSAGE_MAX, HEALTH_WIRE_MIN)?;
+                let mut v = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let partition = r.u32("partition")?;
+                    let records = r.u64("records")?;
+                    let at = r.at;
+                    let raw = r.u16("state")?;
+                    let state = HealthState::from_u16(raw).ok_or(ProtocolError::BadValue {
+                        field: "state",
+                        at,
+                        value: i64::from(raw),
+                    })?;
+                    v.push(PartitionHealth {
+                        partition,
+                        records,
+                        state,
+                        detail: r.str("detail", MESSAGE_BYTES_MAX)?.to_string(),
+                        spares: r.u64("spares")?,
+                        preallocated_bytes: r.u64("preallocated_bytes")?,
+                    });
+                }
+                Some(v)
+            } else {
+                None
+            };
             ResponseBody::DescribeTopic {
                 partitions,
                 settings,
                 cleanup,
+                health,
             }
         }
         ApiKey::AlterTopic => ResponseBody::AlterTopic {
@@ -1391,6 +1497,7 @@ mod tests {
                 }],
                 settings: vec![("segment_bytes", "1024")],
                 cleanup: None,
+                health: None,
             },
             ResponseBody::DescribeTopic {
                 partitions: vec![],
@@ -1407,6 +1514,30 @@ mod tests {
                     bytes_compacted: 8,
                     last_error: "cold storage full".into(),
                 }]),
+                health: None,
+            },
+            ResponseBody::DescribeTopic {
+                partitions: vec![],
+                settings: vec![],
+                cleanup: Some(vec![]),
+                health: Some(vec![
+                    PartitionHealth {
+                        partition: 0,
+                        records: 26,
+                        state: HealthState::Ok,
+                        detail: String::new(),
+                        spares: 0,
+                        preallocated_bytes: 0,
+                    },
+                    PartitionHealth {
+                        partition: 1,
+                        records: 7,
+                        state: HealthState::Damaged,
+                        detail: "offsets 100..=199 lost".into(),
+                        spares: 2,
+                        preallocated_bytes: 3,
+                    },
+                ]),
             },
             ResponseBody::AlterTopic { settings: vec![] },
             ResponseBody::Stats(StatsBody {
@@ -1421,6 +1552,7 @@ mod tests {
     fn version_for(body: &ResponseBody<'_>) -> u16 {
         match body {
             ResponseBody::DescribeTopic { cleanup: None, .. } => 1,
+            ResponseBody::DescribeTopic { health: None, .. } => 2,
             _ => PROTOCOL_VERSION,
         }
     }

@@ -1,0 +1,207 @@
+//! How many records a segment holds and whether it reads to its end: the figures
+//! `topics describe` shows. The active segment's count is kept by appends (from the
+//! scan at open); a sealed segment is counted once, by a scan through a map of its
+//! file (the sealed bytes never change), and the answer is kept with the segment.
+//! Compacted segments have gaps between their offsets, so a count is never derived
+//! from offsets.
+
+use super::*;
+use crate::engine::storage::map::SealedMap;
+use crate::engine::storage::reader::Next;
+
+/// A segment's record count and the first damage its scan met.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct SegmentTally {
+    /// Records that can be read (before and after damage).
+    pub(super) records: u64,
+    pub(super) damage: Option<read::SegmentDamage>,
+}
+
+impl Segment {
+    /// The record count of the active segment, kept by appends.
+    pub(super) fn active_tally(&self) -> SegmentTally {
+        SegmentTally {
+            records: self.records.load(Ordering::Acquire),
+            damage: None,
+        }
+    }
+
+    /// Marks a segment sealed by this process: its count is the appends' count and it
+    /// reads to its end.
+    pub(super) fn seal_tally(&self) {
+        let _ = self.tally.set(None);
+    }
+
+    /// The tally of a *sealed* segment: counted by the first call (a scan that
+    /// resynchronises after damage, bounded by `next_base`), kept after.
+    pub(super) fn sealed_tally(&self, next_base: Option<u64>) -> Result<SegmentTally, EngineError> {
+        if let Some(damage) = self.tally.get() {
+            return Ok(SegmentTally {
+                records: self.records.load(Ordering::Acquire),
+                damage: damage.clone(),
+            });
+        }
+        let io_err = |e| EngineError::io(format!("reading {}", self.path.display()), e);
+        let len = self.bytes();
+        let file = self.file().map_err(io_err)?;
+        // The map goes through a handle of its own, so the shared lock a map takes
+        // (storage/map.rs) ends with this scan; only when the name still is this
+        // segment's file (compaction renames new files over old names).
+        let own = File::open(&self.path)
+            .ok()
+            .filter(|own| same_file(own, &file));
+        let map = own.as_ref().and_then(|f| SealedMap::sealed(f, len));
+        let (records, damage) =
+            count_records(&file, map.as_ref(), self, len, next_base).map_err(io_err)?;
+        drop(map);
+        self.records.store(records, Ordering::Release);
+        let damage = self.tally.get_or_init(|| damage).clone();
+        Ok(SegmentTally {
+            records: self.records.load(Ordering::Acquire),
+            damage,
+        })
+    }
+}
+
+/// True when both handles are of the same file (device and inode).
+fn same_file(a: &File, b: &File) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (a.metadata(), b.metadata()) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
+}
+
+/// Counts the records of a sealed segment from its header to `len`. After damage
+/// the scan resumes where [`resync`] finds the next record; the first damage is
+/// returned with the offsets it makes unreadable.
+fn count_records(
+    file: &File,
+    map: Option<&SealedMap>,
+    seg: &Segment,
+    len: u64,
+    next_base: Option<u64>,
+) -> io::Result<(u64, Option<read::SegmentDamage>)> {
+    let mut start = HEADER_LEN as u64;
+    let mut records = 0u64;
+    let mut last: Option<u64> = None;
+    let mut first_damage = None;
+    // Each pass ends at the end of the data or at damage, and the next one starts
+    // past that damage: at most one pass per byte of the file.
+    loop {
+        let mut reader = RecordReader::sealed(file, map, seg.generation, start, len);
+        let end = loop {
+            match reader.next_record()? {
+                Next::Record { position, record } => {
+                    let in_order = match last {
+                        Some(prev) => record.offset > prev,
+                        None => record.offset >= seg.base_offset,
+                    };
+                    if !in_order {
+                        break Some((
+                            position,
+                            format!(
+                                "record at position {position} has offset {} out of order",
+                                record.offset
+                            ),
+                        ));
+                    }
+                    records += 1;
+                    last = Some(record.offset);
+                }
+                Next::End(None) => break None,
+                Next::End(Some(e)) => break Some((e.position(), e.to_string())),
+            }
+        };
+        let Some((position, detail)) = end else {
+            return Ok((records, first_damage));
+        };
+        let first = last.map_or(seg.base_offset, |o| o.saturating_add(1));
+        let found = resync(
+            file,
+            seg.generation,
+            position.saturating_add(1),
+            len,
+            first,
+            next_base,
+        )?;
+        if first_damage.is_none() {
+            first_damage = Some(read::SegmentDamage {
+                first,
+                next: found.map(|r| r.offset).or(next_base),
+                detail: format!("position {position}: {detail}"),
+            });
+        }
+        match found {
+            Some(r) if r.position > position => start = r.position,
+            _ => return Ok((records, first_damage)),
+        }
+    }
+}
+
+/// What `topics describe` shows of a log's data.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LogHealth {
+    /// Records that can be read, summed over the segments.
+    pub records: u64,
+    /// One line per damaged range (a sealed segment that does not read to its end,
+    /// a lost segment), in offset order.
+    pub damage: Vec<String>,
+}
+
+impl PartitionLog {
+    /// Counts the log's records and lists its damage. A sealed segment is scanned
+    /// the first time only; a segment that cannot be read is named as damage.
+    pub fn health(&self) -> LogHealth {
+        let segs = self.snapshot();
+        let start = segs.first().map_or(0, |s| s.base_offset);
+        let mut lines: Vec<(u64, String)> = self
+            .lost
+            .iter()
+            .filter(|l| l.next > start)
+            .map(|l| {
+                (
+                    l.first,
+                    format!(
+                        "offsets {}..={} lost: {} has no .log",
+                        l.first,
+                        l.next.saturating_sub(1),
+                        l.index.display()
+                    ),
+                )
+            })
+            .collect();
+        let mut records = 0u64;
+        for (i, seg) in segs.iter().enumerate() {
+            let next_base = segs.get(i + 1).map(|s| s.base_offset);
+            let tally = if next_base.is_none() {
+                Ok(seg.active_tally())
+            } else {
+                seg.sealed_tally(next_base)
+            };
+            match tally {
+                Ok(t) => {
+                    records = records.saturating_add(t.records);
+                    if let Some(d) = t.damage {
+                        let next = d.next.map_or_else(|| "none".to_string(), |n| n.to_string());
+                        lines.push((
+                            d.first,
+                            format!(
+                                "{}: unreadable from offset {}, next readable offset {next} ({})",
+                                seg.path.display(),
+                                d.first,
+                                d.detail
+                            ),
+                        ));
+                    }
+                }
+                Err(e) => lines.push((seg.base_offset, e.to_string())),
+            }
+        }
+        lines.sort();
+        LogHealth {
+            records,
+            damage: lines.into_iter().map(|(_, l)| l).collect(),
+        }
+    }
+}
