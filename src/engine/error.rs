@@ -69,12 +69,14 @@ pub enum EngineError {
         detail: String,
     },
     /// A fetch started at offsets of a lost segment (its `.log` gone, its `.index`
-    /// kept): `first..next` cannot be read; reading resumes at `next`.
-    #[error("{}", missing_message(topic, *partition, index, *first, *next))]
+    /// kept, or both gone so that two segments do not join): `first..next` cannot be
+    /// read; reading resumes at `next`.
+    #[error("{}", missing_message(topic, *partition, index.as_deref(), *first, *next))]
     RecordsMissing {
         topic: String,
         partition: u32,
-        index: PathBuf,
+        /// The `.index` left of the lost segment; `None` when no file of it is left.
+        index: Option<PathBuf>,
         first: u64,
         next: u64,
     },
@@ -140,14 +142,17 @@ fn damaged_message(
 fn missing_message(
     topic: &str,
     partition: u32,
-    index: &std::path::Path,
+    index: Option<&std::path::Path>,
     first: u64,
     next: u64,
 ) -> String {
+    let why = match index {
+        Some(index) => format!("the .log of {} is gone; its index is kept", index.display()),
+        None => format!("no segment holds them: the segment ending before {first} and the one starting at {next} do not join"),
+    };
     format!(
-        "missing records in {topic}/{partition}: offsets {first}..={} are lost with their segment, first unreadable offset {first}, next readable offset {next} (the .log of {} is gone; its index is kept); see `seglog verify`",
+        "missing records in {topic}/{partition}: offsets {first}..={} are lost with their segment, first unreadable offset {first}, next readable offset {next} ({why}); see `seglog verify`",
         next.saturating_sub(1),
-        index.display()
     )
 }
 

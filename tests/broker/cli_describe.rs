@@ -221,6 +221,30 @@ fn describe_shows_a_lost_middle_segment_and_counts_what_is_left() {
     s.stop();
 }
 
+/// A segment lost with its index leaves two segments that do not join: describe names
+/// the offsets no segment holds.
+#[test]
+fn describe_shows_segments_that_do_not_join() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("d");
+    copy_tree(&fixture("compacted-lost-middle-segment"), &data);
+    let s = Serve::start(&data);
+    let p = describe(&s, "events")["partitions"][0].clone();
+    assert_eq!(p["state"], "damaged", "{p}");
+    let detail = p["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("unreadable from offset 35, next readable offset 70")
+            && detail.contains("no segment holds"),
+        "{detail}"
+    );
+    assert_eq!(
+        p["records"],
+        records_on_disk(&data.join("topics/events/0")),
+        "{p}"
+    );
+    s.stop();
+}
+
 #[test]
 fn a_fetch_inside_a_lost_segment_names_the_missing_offsets() {
     let tmp = tempfile::tempdir().unwrap();

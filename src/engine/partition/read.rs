@@ -104,7 +104,7 @@ impl PartitionLog {
                 return Err(EngineError::RecordsMissing {
                     topic: self.topic.clone(),
                     partition: self.partition,
-                    index: l.index.clone(),
+                    index: Some(l.index.clone()),
                     first: l.first,
                     next: l.next,
                 });
@@ -137,6 +137,24 @@ impl PartitionLog {
             }
             if out.budget_hit || damaged {
                 break;
+            }
+            // Segments tile the offsets (docs/FORMAT.md): a sealed segment read to its
+            // end reaches the next one's base, compacted or not (compaction keeps a
+            // segment's last record). Offsets short of it are in no segment left.
+            if let (Some(nb), Some(following)) = (next_base, segs.get(i + 1)) {
+                let reached = out.last_offset.map_or(next, |l| l + 1).max(next);
+                if reached < nb && self.lost_before(following, reached).is_none() {
+                    if !chunks.is_empty() {
+                        break;
+                    }
+                    return Err(EngineError::RecordsMissing {
+                        topic: self.topic.clone(),
+                        partition: self.partition,
+                        index: None,
+                        first: reached,
+                        next: nb,
+                    });
+                }
             }
             i += 1;
         }

@@ -114,6 +114,18 @@ fn count_records(
             }
         };
         let Some((position, detail)) = end else {
+            // Segments tile the offsets: a sealed segment that reads to its end
+            // without reaching the next one's base leaves offsets in no segment.
+            let reached = last.map_or(seg.base_offset, |o| o.saturating_add(1));
+            if let Some(nb) = next_base.filter(|nb| first_damage.is_none() && reached < *nb) {
+                first_damage = Some(read::SegmentDamage {
+                    first: reached,
+                    next: Some(nb),
+                    detail: format!(
+                        "the segment ends before offset {reached} and the next one starts at {nb}: no segment holds the offsets between"
+                    ),
+                });
+            }
             return Ok((records, first_damage));
         };
         let first = last.map_or(seg.base_offset, |o| o.saturating_add(1));
@@ -182,7 +194,10 @@ impl PartitionLog {
             match tally {
                 Ok(t) => {
                     records = records.saturating_add(t.records);
-                    if let Some(d) = t.damage {
+                    // A lost segment whose index is left is named once, by its index.
+                    let named_lost =
+                        |d: &read::SegmentDamage| self.lost.iter().any(|l| l.first == d.first);
+                    if let Some(d) = t.damage.filter(|d| !named_lost(d)) {
                         let next = d.next.map_or_else(|| "none".to_string(), |n| n.to_string());
                         lines.push((
                             d.first,
