@@ -745,6 +745,60 @@ fn produce_with(
     run
 }
 
+/// Preallocation and zero-ahead: the zero worker writes and fsyncs zeros ahead of the
+/// writer (the workload waits until it has), the broker stops on a zeroed tail and
+/// starts again on it (recovery keeps it, appends overwrite it), and a roll seals a
+/// segment whose zeros it trims.
+fn workload_zero_ahead(root: &Path, rng: &mut Rng) -> Run {
+    let mut run = Run::new(root);
+    let storage: StorageRef = Arc::new(run.sim.clone());
+    let opts = BrokerOptions {
+        preallocate_bytes: 96 * 1024,
+        zero_ahead: true,
+        zero_rate: 1 << 30,
+        ..broker_opts()
+    };
+    let config = TopicConfig {
+        segment_bytes: 150 * 1024,
+        ..TopicConfig::default()
+    };
+    let mut n = 0;
+    let mut batch = |rng: &mut Rng| {
+        (0..1 + rng.below(3))
+            .map(|_| {
+                n += 1;
+                sized_value(0, n, 900 + rng.below(400) as usize)
+            })
+            .collect::<Vec<_>>()
+    };
+    let b = Broker::open(root, storage.clone(), opts.clone()).unwrap();
+    b.create_topic(TOPIC, 1, config).unwrap();
+    run.mark(Ev::TopicCreated);
+    // Past the zeroing threshold (64 KiB), then until zeros were written and synced.
+    while b.describe_topic(TOPIC).unwrap().partitions[0].bytes < 70 * 1024 {
+        produce(&mut run, &b, 0, batch(rng));
+    }
+    let t0 = Instant::now();
+    while b.stats().zeroed_bytes == 0 && t0.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    for _ in 0..3 {
+        produce(&mut run, &b, 0, batch(rng));
+    }
+    drop(b);
+    // Again on the zeroed tail, on to a roll and a few records past it.
+    let b = Broker::open(root, storage, opts).unwrap();
+    let rolled = |b: &Broker| b.describe_topic(TOPIC).unwrap().partitions[0].segments > 1;
+    while !rolled(&b) {
+        produce(&mut run, &b, 0, batch(rng));
+    }
+    for _ in 0..3 {
+        produce(&mut run, &b, 0, batch(rng));
+    }
+    drop(b);
+    run
+}
+
 /// Three producers at once: group commits where one fsync covers several requests,
 /// and rolls with writers waiting. Each simulated write and sync pauses briefly, so
 /// the threads interleave even on two cores. (The interleaving is the scheduler's: a
@@ -1324,7 +1378,8 @@ type Workload = fn(&Path, &mut Rng) -> Run;
 /// The workloads with their share (percent) of the state budget.
 fn workloads() -> Vec<(&'static str, Workload, usize)> {
     vec![
-        ("produce", |r, g| workload_produce(r, g, 60), 14),
+        ("produce", |r, g| workload_produce(r, g, 60), 10),
+        ("zero_ahead", workload_zero_ahead, 4),
         ("produce_large", |r, g| workload_produce_large(r, g, 40), 8),
         ("produce_concurrent", workload_produce_concurrent, 10),
         ("produce_scheduled", workload_produce_scheduled, 10),
@@ -1544,6 +1599,16 @@ fn planted_bugs_are_caught() {
             name: "skip_retention_dir_fsync",
             flag: &planted::SKIP_RETENTION_DIR_FSYNC,
             workload: workload_retention,
+        },
+        Planted {
+            name: "zeros_over_live_data",
+            flag: &planted::ZEROS_OVER_LIVE_DATA,
+            workload: workload_zero_ahead,
+        },
+        Planted {
+            name: "zeros_as_records",
+            flag: &planted::ZEROS_AS_RECORDS,
+            workload: workload_zero_ahead,
         },
     ];
     let mut missed = Vec::new();

@@ -131,7 +131,7 @@ pub struct TopicDescription {
 }
 
 /// Counters since the broker started.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct BrokerStats {
     /// Every fsync, fdatasync and directory fsync the broker made.
     pub fsyncs: u64,
@@ -139,7 +139,7 @@ pub struct BrokerStats {
     pub records_appended: u64,
     /// Fsyncs of log data timed by the write path, per latency bucket (see
     /// `partition::zero::LatencyHistogram`).
-    pub fsync_latency_us: [u64; crate::engine::partition::zero::FSYNC_BUCKETS],
+    pub fsync_latency_us: Vec<u64>,
     pub rolls: u64,
     /// Longest a writer waited at a roll, in microseconds.
     pub roll_stall_max_us: u64,

@@ -31,29 +31,61 @@ pub const PREALLOCATE_BYTES_DEFAULT: u64 = 8 * 1024 * 1024;
 /// Default `--zero-rate` in bytes per second, shared by every segment of a node.
 pub const ZERO_RATE_DEFAULT: u64 = 64 * 1024 * 1024;
 
-/// Buckets of the fsync latency histogram: bucket `i` counts fsyncs that took less
-/// than `2^i` microseconds (the last one: everything longer).
-pub const FSYNC_BUCKETS: usize = 32;
+/// Sub-buckets per power of two of the fsync latency histogram (error at most 1/8).
+const SUB_BUCKETS: u64 = 8;
+/// Buckets of the fsync latency histogram: exact below 8 µs, then 8 per power of two.
+pub const FSYNC_BUCKETS: usize = (SUB_BUCKETS + 61 * SUB_BUCKETS) as usize;
 
-/// A log-scale histogram of fsync latencies in microseconds.
-#[derive(Debug, Default)]
+/// The bucket of a latency in microseconds.
+fn bucket_of(us: u64) -> usize {
+    if us < SUB_BUCKETS {
+        return us as usize;
+    }
+    let e = u64::from(u64::BITS - 1 - us.leading_zeros()); // >= 3
+    let sub = (us >> (e - 3)) & (SUB_BUCKETS - 1);
+    (SUB_BUCKETS + (e - 3) * SUB_BUCKETS + sub) as usize
+}
+
+/// The largest latency (µs) a bucket holds.
+fn bucket_upper_us(i: usize) -> u64 {
+    let i = i as u64;
+    if i < SUB_BUCKETS {
+        return i;
+    }
+    let e = (i - SUB_BUCKETS) / SUB_BUCKETS + 3;
+    let sub = (i - SUB_BUCKETS) % SUB_BUCKETS;
+    ((SUB_BUCKETS + sub + 1) << (e - 3)).saturating_sub(1)
+}
+
+/// A log-linear histogram of fsync latencies in microseconds.
+#[derive(Debug)]
 pub struct LatencyHistogram {
-    buckets: [AtomicU64; FSYNC_BUCKETS],
+    buckets: Box<[AtomicU64]>,
+}
+
+impl Default for LatencyHistogram {
+    fn default() -> Self {
+        LatencyHistogram {
+            buckets: (0..FSYNC_BUCKETS).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
 }
 
 impl LatencyHistogram {
     /// Counts one latency.
     pub fn record(&self, took: Duration) {
         let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
-        let i = (u64::BITS - us.leading_zeros()) as usize;
-        if let Some(b) = self.buckets.get(i.min(FSYNC_BUCKETS - 1)) {
+        if let Some(b) = self.buckets.get(bucket_of(us).min(FSYNC_BUCKETS - 1)) {
             b.fetch_add(1, Ordering::Relaxed);
         }
     }
 
     /// The counts per bucket.
-    pub fn counts(&self) -> [u64; FSYNC_BUCKETS] {
-        std::array::from_fn(|i| self.buckets.get(i).map_or(0, |b| b.load(Ordering::Relaxed)))
+    pub fn counts(&self) -> Vec<u64> {
+        self.buckets
+            .iter()
+            .map(|b| b.load(Ordering::Relaxed))
+            .collect()
     }
 }
 
@@ -69,10 +101,10 @@ pub fn quantile_us(counts: &[u64], q: f64) -> u64 {
     for (i, c) in counts.iter().enumerate() {
         seen += c;
         if seen >= want {
-            return 1u64 << i.min(63);
+            return bucket_upper_us(i);
         }
     }
-    1u64 << (counts.len().saturating_sub(1)).min(63)
+    bucket_upper_us(counts.len().saturating_sub(1))
 }
 
 /// Settings and counters of the write path, shared by every log of a broker.
@@ -234,8 +266,12 @@ impl ZeroTarget {
         }
         let target = s.writer_end.saturating_add(window);
         let start = if planted!(ZEROS_OVER_LIVE_DATA) {
-            // Page-aligned below the writer: the planted bug zeroes live data.
-            s.writer_end & !4095
+            // The first piece page-aligned below the writer: zeros on live data.
+            if s.zeroed_end > s.writer_end {
+                s.zeroed_end
+            } else {
+                s.writer_end & !4095
+            }
         } else {
             s.zeroed_end.max(s.writer_end).max(s.floor)
         };
@@ -388,8 +424,21 @@ mod tests {
         h.record(Duration::from_millis(5));
         h.record(Duration::from_millis(5));
         let c = h.counts();
-        assert_eq!(quantile_us(&c, 0.5), 128);
-        assert_eq!(quantile_us(&c, 0.99), 8192);
-        assert_eq!(quantile_us(&[0; FSYNC_BUCKETS], 0.5), 0);
+        // 100 µs lies in 96..=103, 5000 µs in 4608..=5119.
+        assert_eq!(quantile_us(&c, 0.5), 103);
+        assert_eq!(quantile_us(&c, 0.99), 5119);
+        assert_eq!(quantile_us(&vec![0; FSYNC_BUCKETS], 0.5), 0);
+    }
+
+    #[test]
+    fn every_latency_lies_in_its_bucket() {
+        for us in (0..5000).chain([u64::MAX / 3, u64::MAX]) {
+            let i = bucket_of(us);
+            assert!(i < FSYNC_BUCKETS, "{us}");
+            assert!(us <= bucket_upper_us(i), "{us}");
+            if i > 0 {
+                assert!(us > bucket_upper_us(i - 1), "{us}");
+            }
+        }
     }
 }
