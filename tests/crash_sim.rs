@@ -745,21 +745,16 @@ fn produce_with(
     run
 }
 
-/// Preallocation and zero-ahead: the zero worker writes and fsyncs zeros ahead of the
-/// writer (the workload waits until it has), the broker stops on a zeroed tail and
-/// starts again on it (recovery keeps it, appends overwrite it), and a roll seals a
-/// segment whose zeros it trims.
+/// Preallocation and zero-ahead: set up on the real disk just below the zeroing
+/// threshold (64 KiB), then traced: the zero worker writes and fsyncs zeros ahead of
+/// the writer (the workload waits until it has), the broker stops on the zeroed tail
+/// and starts again on it (recovery keeps it, appends overwrite it), and a roll seals
+/// the segment, trimming its zeros.
 fn workload_zero_ahead(root: &Path, rng: &mut Rng) -> Run {
-    let mut run = Run::new(root);
-    let storage: StorageRef = Arc::new(run.sim.clone());
-    let opts = BrokerOptions {
-        preallocate_bytes: 96 * 1024,
-        zero_ahead: true,
-        zero_rate: 1 << 30,
-        ..broker_opts()
-    };
     let config = TopicConfig {
-        segment_bytes: 150 * 1024,
+        segment_bytes: 200 * 1024,
+        // Records carry a fixed old timestamp: no roll by age.
+        segment_ms: 1 << 50,
         ..TopicConfig::default()
     };
     let mut n = 0;
@@ -771,30 +766,52 @@ fn workload_zero_ahead(root: &Path, rng: &mut Rng) -> Run {
             })
             .collect::<Vec<_>>()
     };
+    let mut evs = vec![Ev::TopicCreated];
+    {
+        let b = Broker::open(root, Arc::new(RealStorage), broker_opts()).unwrap();
+        b.create_topic(TOPIC, 1, config).unwrap();
+        while b.describe_topic(TOPIC).unwrap().partitions[0].bytes < 60 * 1024 {
+            let values = batch(rng);
+            let r = b.produce(TOPIC, 0, &new_records(&values)).unwrap();
+            evs.push(Ev::Ack {
+                p: 0,
+                base: r.base_offset,
+                values,
+            });
+        }
+    }
+    let mut run = Run::new(root);
+    run.topic_preexisting = true;
+    replay(&mut run, evs);
+    let storage: StorageRef = Arc::new(run.sim.clone());
+    let opts = BrokerOptions {
+        preallocate_bytes: 96 * 1024,
+        zero_ahead: true,
+        zero_rate: 1 << 30,
+        ..broker_opts()
+    };
     let b = Broker::open(root, storage.clone(), opts.clone()).unwrap();
-    b.create_topic(TOPIC, 1, config).unwrap();
-    run.mark(Ev::TopicCreated);
-    // Past the zeroing threshold (64 KiB), then until zeros were written and synced.
-    while b.describe_topic(TOPIC).unwrap().partitions[0].bytes < 70 * 1024 {
+    while b.describe_topic(TOPIC).unwrap().partitions[0].bytes < 64 * 1024 {
         produce(&mut run, &b, 0, batch(rng));
     }
     let t0 = Instant::now();
     while b.stats().zeroed_bytes == 0 && t0.elapsed() < Duration::from_secs(5) {
-        std::thread::sleep(Duration::from_millis(2));
+        std::thread::sleep(Duration::from_millis(1));
     }
-    for _ in 0..3 {
+    for _ in 0..2 {
         produce(&mut run, &b, 0, batch(rng));
     }
     drop(b);
-    // Again on the zeroed tail, on to a roll and a few records past it.
+    // Again on the zeroed tail, on to a roll and a record past it.
     let b = Broker::open(root, storage, opts).unwrap();
+    for _ in 0..2 {
+        produce(&mut run, &b, 0, batch(rng));
+    }
     let rolled = |b: &Broker| b.describe_topic(TOPIC).unwrap().partitions[0].segments > 1;
     while !rolled(&b) {
         produce(&mut run, &b, 0, batch(rng));
     }
-    for _ in 0..3 {
-        produce(&mut run, &b, 0, batch(rng));
-    }
+    produce(&mut run, &b, 0, batch(rng));
     drop(b);
     run
 }
