@@ -552,11 +552,19 @@ fn a_failed_zero_fsync_fails_the_partition() {
     });
     let b = Broker::open(dir.path(), Arc::new(storage), zero_ahead_opts(256 * 1024)).unwrap();
     b.create_topic("t", 1, TopicConfig::default()).unwrap();
-    let n = produce_bytes(&b, 70 * 1024);
-    wait_for(&failed);
-    // The kernel may have dropped the writer's pages with the zeros': no more acks.
-    let value = [b'x'; 10];
-    let err = b.produce("t", 0, &[rec(&value)]).unwrap_err();
+    // Zeroing starts at 64 KiB; from the failed fsync of zeros on, the kernel may have
+    // dropped the writer's pages too: no more acks.
+    let value = vec![b'v'; 1000];
+    let mut n = 0u64;
+    let err = loop {
+        match b.produce("t", 0, &[rec(&value)]) {
+            Ok(_) => n += 1,
+            Err(e) => break e,
+        }
+        assert!(n < 100_000, "the partition never failed");
+    };
+    assert!(failed.load(Ordering::SeqCst));
+    assert!(n * 1000 >= 60 * 1024, "failed after only {n} records");
     assert!(
         matches!(err, EngineError::PartitionFailed { .. }),
         "{err:?}"

@@ -54,7 +54,8 @@ fn bucket_upper_us(i: usize) -> u64 {
     }
     let e = (i - SUB_BUCKETS) / SUB_BUCKETS + 3;
     let sub = (i - SUB_BUCKETS) % SUB_BUCKETS;
-    ((SUB_BUCKETS + sub + 1) << (e - 3)).saturating_sub(1)
+    let upper = u128::from(SUB_BUCKETS + sub + 1) << (e - 3);
+    u64::try_from(upper - 1).unwrap_or(u64::MAX)
 }
 
 /// A log-linear histogram of fsync latencies in microseconds.
