@@ -745,6 +745,77 @@ fn produce_with(
     run
 }
 
+/// Preallocation and zero-ahead: set up on the real disk just below the zeroing
+/// threshold (64 KiB), then traced: the zero worker writes and fsyncs zeros ahead of
+/// the writer (the workload waits until it has), the broker stops on the zeroed tail
+/// and starts again on it (recovery keeps it, appends overwrite it), and a roll seals
+/// the segment, trimming its zeros.
+fn workload_zero_ahead(root: &Path, rng: &mut Rng) -> Run {
+    let config = TopicConfig {
+        segment_bytes: 200 * 1024,
+        // Records carry a fixed old timestamp: no roll by age.
+        segment_ms: 1 << 50,
+        ..TopicConfig::default()
+    };
+    let mut n = 0;
+    let mut batch = |rng: &mut Rng| {
+        (0..1 + rng.below(3))
+            .map(|_| {
+                n += 1;
+                sized_value(0, n, 900 + rng.below(400) as usize)
+            })
+            .collect::<Vec<_>>()
+    };
+    let mut evs = vec![Ev::TopicCreated];
+    {
+        let b = Broker::open(root, Arc::new(RealStorage), broker_opts()).unwrap();
+        b.create_topic(TOPIC, 1, config).unwrap();
+        while b.describe_topic(TOPIC).unwrap().partitions[0].bytes < 60 * 1024 {
+            let values = batch(rng);
+            let r = b.produce(TOPIC, 0, &new_records(&values)).unwrap();
+            evs.push(Ev::Ack {
+                p: 0,
+                base: r.base_offset,
+                values,
+            });
+        }
+    }
+    let mut run = Run::new(root);
+    run.topic_preexisting = true;
+    replay(&mut run, evs);
+    let storage: StorageRef = Arc::new(run.sim.clone());
+    let opts = BrokerOptions {
+        preallocate_bytes: 96 * 1024,
+        zero_ahead: true,
+        zero_rate: 1 << 30,
+        ..broker_opts()
+    };
+    let b = Broker::open(root, storage.clone(), opts.clone()).unwrap();
+    while b.describe_topic(TOPIC).unwrap().partitions[0].bytes < 64 * 1024 {
+        produce(&mut run, &b, 0, batch(rng));
+    }
+    let t0 = Instant::now();
+    while b.stats().zeroed_bytes == 0 && t0.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    for _ in 0..2 {
+        produce(&mut run, &b, 0, batch(rng));
+    }
+    drop(b);
+    // Again on the zeroed tail, on to a roll and a record past it.
+    let b = Broker::open(root, storage, opts).unwrap();
+    for _ in 0..2 {
+        produce(&mut run, &b, 0, batch(rng));
+    }
+    let rolled = |b: &Broker| b.describe_topic(TOPIC).unwrap().partitions[0].segments > 1;
+    while !rolled(&b) {
+        produce(&mut run, &b, 0, batch(rng));
+    }
+    produce(&mut run, &b, 0, batch(rng));
+    drop(b);
+    run
+}
+
 /// Three producers at once: group commits where one fsync covers several requests,
 /// and rolls with writers waiting. Each simulated write and sync pauses briefly, so
 /// the threads interleave even on two cores. (The interleaving is the scheduler's: a
@@ -1324,7 +1395,8 @@ type Workload = fn(&Path, &mut Rng) -> Run;
 /// The workloads with their share (percent) of the state budget.
 fn workloads() -> Vec<(&'static str, Workload, usize)> {
     vec![
-        ("produce", |r, g| workload_produce(r, g, 60), 14),
+        ("produce", |r, g| workload_produce(r, g, 60), 10),
+        ("zero_ahead", workload_zero_ahead, 4),
         ("produce_large", |r, g| workload_produce_large(r, g, 40), 8),
         ("produce_concurrent", workload_produce_concurrent, 10),
         ("produce_scheduled", workload_produce_scheduled, 10),
@@ -1544,6 +1616,16 @@ fn planted_bugs_are_caught() {
             name: "skip_retention_dir_fsync",
             flag: &planted::SKIP_RETENTION_DIR_FSYNC,
             workload: workload_retention,
+        },
+        Planted {
+            name: "zeros_over_live_data",
+            flag: &planted::ZEROS_OVER_LIVE_DATA,
+            workload: workload_zero_ahead,
+        },
+        Planted {
+            name: "zeros_as_records",
+            flag: &planted::ZEROS_AS_RECORDS,
+            workload: workload_zero_ahead,
         },
     ];
     let mut missed = Vec::new();

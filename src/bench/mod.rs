@@ -12,10 +12,11 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::engine::broker::{Broker, BrokerOptions};
+use crate::engine::broker::{Broker, BrokerOptions, BrokerStats};
 use crate::engine::error::EngineError;
 use crate::engine::net::client::{Client, ClientError};
 use crate::engine::net::server::{Server, ServerOptions};
+use crate::engine::partition::zero::{quantile_us, PREALLOCATE_BYTES_DEFAULT};
 use crate::engine::storage::io::RealStorage;
 use crate::format::encoded_len;
 use crate::format::wire::{
@@ -66,6 +67,35 @@ pub struct Config {
     pub timeout: Duration,
     /// Draw a progress bar on stderr while the workers run.
     pub progress_bar: bool,
+    /// Write-path settings of the run.
+    pub write: WriteOptions,
+}
+
+/// Write-path settings of a run: the topic's segment size, the embedded broker's
+/// preallocation and zero-ahead, a fixed produce rate.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WriteOptions {
+    /// `segment_bytes` of the bench topic when the run creates it.
+    pub segment_bytes: Option<u64>,
+    /// Embedded broker: bytes preallocated ahead of each writer (default: serve's).
+    pub preallocate_bytes: Option<u64>,
+    /// Embedded broker: zero-ahead on or off (default: on, as serve).
+    pub zero_ahead: Option<bool>,
+    /// Produce: records per second over all connections (default: as fast as acked).
+    pub rate: Option<u64>,
+}
+
+/// The write path's counters over a run (embedded broker only).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct WritePathReport {
+    /// Data fsyncs the log timed (group commits and rolls).
+    pub timed_fsyncs: u64,
+    pub fsync_p50_ms: f64,
+    pub fsync_p99_ms: f64,
+    pub rolls: u64,
+    /// The longest a writer waited at a roll since the broker started.
+    pub roll_stall_max_ms: f64,
+    pub zeroed_bytes: u64,
 }
 
 /// Why a run failed.
@@ -126,6 +156,8 @@ pub struct Report {
     pub fsyncs: u64,
     /// Request latencies, sorted.
     pub latencies: Vec<Duration>,
+    /// Embedded broker only.
+    pub write_path: Option<WritePathReport>,
 }
 
 impl Report {
@@ -160,7 +192,7 @@ pub fn run(config: &Config) -> Result<Report, BenchError> {
             dir,
             flush_every_records,
         } => {
-            let (e, addr) = Embedded::start(dir, *flush_every_records)?;
+            let (e, addr) = Embedded::start(dir, *flush_every_records, &config.write)?;
             (Some(e), addr)
         }
         Target::Broker(addr) => (None, addr.clone()),
@@ -182,9 +214,15 @@ struct Embedded {
 }
 
 impl Embedded {
-    fn start(dir: &Path, flush_every_records: u64) -> Result<(Embedded, String), BenchError> {
+    fn start(
+        dir: &Path,
+        flush_every_records: u64,
+        write: &WriteOptions,
+    ) -> Result<(Embedded, String), BenchError> {
         let opts = BrokerOptions {
             flush_every_records,
+            preallocate_bytes: write.preallocate_bytes.unwrap_or(PREALLOCATE_BYTES_DEFAULT),
+            zero_ahead: write.zero_ahead.unwrap_or(true),
             ..BrokerOptions::default()
         };
         let broker = Broker::open(dir, Arc::new(RealStorage), opts).map_err(|e| match e {
@@ -255,9 +293,38 @@ fn fsync_count(
     }
 }
 
+/// The write-path counters between two stats of one broker.
+fn write_path_report(before: &BrokerStats, after: &BrokerStats) -> WritePathReport {
+    let hist: Vec<u64> = after
+        .fsync_latency_us
+        .iter()
+        .zip(before.fsync_latency_us.iter().chain(std::iter::repeat(&0)))
+        .map(|(a, b)| a.saturating_sub(*b))
+        .collect();
+    let ms = |us: u64| us as f64 / 1000.0;
+    WritePathReport {
+        timed_fsyncs: hist.iter().sum(),
+        fsync_p50_ms: ms(quantile_us(&hist, 0.50)),
+        fsync_p99_ms: ms(quantile_us(&hist, 0.99)),
+        rolls: after.rolls.saturating_sub(before.rolls),
+        roll_stall_max_ms: ms(after.roll_stall_max_us),
+        zeroed_bytes: after.zeroed_bytes.saturating_sub(before.zeroed_bytes),
+    }
+}
+
 /// Creates the topic, or checks the partition count of an existing one.
-fn ensure_topic(client: &mut Client, topic: &str, partitions: u32) -> Result<(), BenchError> {
-    match client.create_topic(topic, partitions, &[]) {
+fn ensure_topic(
+    client: &mut Client,
+    topic: &str,
+    partitions: u32,
+    write: &WriteOptions,
+) -> Result<(), BenchError> {
+    let settings: Vec<(String, String)> = write
+        .segment_bytes
+        .map(|n| ("segment_bytes".to_string(), n.to_string()))
+        .into_iter()
+        .collect();
+    match client.create_topic(topic, partitions, &settings) {
         Ok(()) => Ok(()),
         Err(e) if e.code() == Some(ErrorCode::TOPIC_EXISTS) => {
             let have = client.list_offsets(topic)?.len() as u32;
@@ -277,13 +344,17 @@ fn ensure_topic(client: &mut Client, topic: &str, partitions: u32) -> Result<(),
 fn bench(args: &Config, addr: &str, embedded: Option<&Arc<Broker>>) -> Result<Report, BenchError> {
     let records = args.records;
     let mut admin = Client::connect(addr, args.timeout)?;
-    ensure_topic(&mut admin, &args.topic, args.partitions)?;
+    ensure_topic(&mut admin, &args.topic, args.partitions, &args.write)?;
     match args.mode {
         Mode::Produce => {
             let fsyncs_before = fsync_count(addr, args.timeout, embedded)?;
+            let stats_before = embedded.map(|b| b.stats());
             let mut report = produce(args, addr, records)?;
             report.fsyncs =
                 fsync_count(addr, args.timeout, embedded)?.saturating_sub(fsyncs_before);
+            if let (Some(b), Some(before)) = (embedded, &stats_before) {
+                report.write_path = Some(write_path_report(before, &b.stats()));
+            }
             Ok(report)
         }
         Mode::Consume => {
@@ -388,8 +459,23 @@ fn produce(args: &Config, addr: &str, records: u64) -> Result<Report, BenchError
                 latencies: Vec::new(),
             };
             let mut turn = u64::from(w);
+            // With a fixed rate each connection sends its share on a schedule.
+            let started = Instant::now();
+            let per_conn = args
+                .write
+                .rate
+                .map(|r| (r as f64 / f64::from(args.connections.max(1))).max(1e-3));
+            let mut sent = 0u64;
             while left > 0 && deadline.is_none_or(|d| Instant::now() < d) {
+                if let Some(rate) = per_conn {
+                    let due = started + Duration::from_secs_f64(sent as f64 / rate);
+                    let now = Instant::now();
+                    if due > now {
+                        thread::sleep(due - now);
+                    }
+                }
                 let n = left.min(u64::from(args.batch));
+                sent += n;
                 let partition = (turn % u64::from(args.partitions)) as u32;
                 turn += 1;
                 let batch = PartitionBatch {
@@ -436,6 +522,7 @@ fn collect(results: Vec<WorkerResult>, elapsed: Duration, value_bytes: u64) -> R
         elapsed,
         fsyncs: 0,
         latencies,
+        write_path: None,
     }
 }
 
@@ -569,6 +656,7 @@ mod tests {
             elapsed: Duration::from_secs(1),
             fsyncs: 0,
             latencies: (1..=100).map(Duration::from_millis).collect(),
+            write_path: None,
         };
         assert_eq!(r.quantile_ms(0.5), 50.0);
         assert_eq!(r.quantile_ms(0.99), 99.0);

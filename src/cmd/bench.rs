@@ -8,10 +8,12 @@ use std::time::Duration;
 use serde_json::json;
 
 use super::connect::{client_error, parse_duration};
+use super::serve::OnOff;
 use super::{exit, ExitError, Global};
 use crate::bench::{self as load, BenchError, Config, Report, Target};
 use crate::engine::net::client::DEFAULT_BROKER;
 use crate::format::record::MAX_RECORD_LEN;
+use crate::format::topic::{SEGMENT_BYTES_MAX, SEGMENT_BYTES_MIN};
 use crate::format::wire::RECORDS_PER_PARTITION_MAX;
 
 /// What to measure.
@@ -64,6 +66,20 @@ pub struct Args {
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
+    /// segment_bytes of the bench topic when the run creates it.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(SEGMENT_BYTES_MIN..=SEGMENT_BYTES_MAX))]
+    pub segment_bytes: Option<u64>,
+    /// Embedded broker only: zero-ahead on or off (default on, as seglog serve).
+    #[arg(long, value_enum)]
+    pub zero_ahead: Option<OnOff>,
+    /// Embedded broker only: bytes preallocated ahead of each writer (default as
+    /// seglog serve, 0: off).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=1 << 30))]
+    pub preallocate_bytes: Option<u64>,
+    /// Produce only: send this many records per second over all connections
+    /// (default: each connection sends its next request once the last is acked).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub rate: Option<u64>,
 }
 
 impl From<Mode> for load::Mode {
@@ -83,6 +99,14 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
         return Err(ExitError::usage(
             "--flush-every-records applies to --embedded only (set it on seglog serve)",
         ));
+    }
+    if args.embedded.is_none() && (args.zero_ahead.is_some() || args.preallocate_bytes.is_some()) {
+        return Err(ExitError::usage(
+            "--zero-ahead and --preallocate-bytes apply to --embedded only (set them on seglog serve)",
+        ));
+    }
+    if args.mode == Mode::Consume && args.rate.is_some() {
+        return Err(ExitError::usage("--rate applies to bench produce only"));
     }
     let records = match (args.records, args.duration) {
         (Some(n), _) => n,
@@ -113,6 +137,12 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
         topic: args.topic.clone(),
         timeout: args.timeout,
         progress_bar: !global.quiet && io::stderr().is_terminal(),
+        write: load::WriteOptions {
+            segment_bytes: args.segment_bytes,
+            preallocate_bytes: args.preallocate_bytes,
+            zero_ahead: args.zero_ahead.map(|z| z == OnOff::On),
+            rate: args.rate,
+        },
     };
     let report = load::run(&config).map_err(bench_error)?;
     print_report(&args, &report)?;
@@ -164,6 +194,13 @@ fn print_report(args: &Args, r: &Report) -> anyhow::Result<()> {
             "p99_ms": p99,
             "max_ms": max,
             "fsyncs": r.fsyncs,
+            "fsync_p50_ms": r.write_path.map(|w| w.fsync_p50_ms),
+            "fsync_p99_ms": r.write_path.map(|w| w.fsync_p99_ms),
+            "rolls": r.write_path.map(|w| w.rolls),
+            "roll_stall_max_ms": r.write_path.map(|w| w.roll_stall_max_ms),
+            "zeroed_bytes": r.write_path.map(|w| w.zeroed_bytes),
+            "segment_bytes": args.segment_bytes,
+            "rate": args.rate,
         });
         writeln!(out, "{v}")?;
         return Ok(());
@@ -194,6 +231,16 @@ fn print_report(args: &Args, r: &Report) -> anyhow::Result<()> {
     t.add_row(["latency p50 ms".to_string(), format!("{p50:.3}")]);
     t.add_row(["latency p99 ms".to_string(), format!("{p99:.3}")]);
     t.add_row(["latency max ms".to_string(), format!("{max:.3}")]);
+    if let Some(w) = r.write_path {
+        t.add_row(["fsync p50 ms".to_string(), format!("{:.3}", w.fsync_p50_ms)]);
+        t.add_row(["fsync p99 ms".to_string(), format!("{:.3}", w.fsync_p99_ms)]);
+        t.add_row(["rolls".to_string(), w.rolls.to_string()]);
+        t.add_row([
+            "roll stall max ms".to_string(),
+            format!("{:.3}", w.roll_stall_max_ms),
+        ]);
+        t.add_row(["zeroed bytes".to_string(), w.zeroed_bytes.to_string()]);
+    }
     writeln!(out, "{t}")?;
     Ok(())
 }

@@ -58,6 +58,21 @@ pub struct Args {
     /// keeps 3 more open for its active segment.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
     pub max_open_files: Option<u64>,
+    /// Bytes reserved (fallocate) ahead of each active segment's writer, so appends
+    /// do not grow the file; also the zero-ahead window. 0: off. Sealing a segment
+    /// trims what it did not use.
+    #[arg(long, default_value_t = crate::engine::partition::zero::PREALLOCATE_BYTES_DEFAULT,
+          value_parser = clap::value_parser!(u64).range(0..=1 << 30))]
+    pub preallocate_bytes: u64,
+    /// on: one background thread writes and fsyncs zeros ahead of each active
+    /// segment's writer (in 4 MiB chunks, up to --preallocate-bytes ahead), so a
+    /// produce's fsync overwrites written blocks. off: preallocation only.
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    pub zero_ahead: OnOff,
+    /// Bytes per second the zero-ahead worker writes, for all segments together.
+    #[arg(long, default_value_t = crate::engine::partition::zero::ZERO_RATE_DEFAULT,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub zero_rate: u64,
     /// Format of the broker log on stderr: text or json (one object per line).
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -65,6 +80,13 @@ pub struct Args {
     /// (`seglog=debug`). Default: RUST_LOG if set, else info (error with --quiet).
     #[arg(long)]
     pub log_level: Option<String>,
+}
+
+/// A switch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum OnOff {
+    On,
+    Off,
 }
 
 /// How the broker log is written.
@@ -256,6 +278,9 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
         retention_check_interval: args.retention_check_interval,
         compaction_check_interval: args.compaction_check_interval,
         max_open_files: usize::try_from(max_open_files).unwrap_or(usize::MAX),
+        preallocate_bytes: args.preallocate_bytes,
+        zero_ahead: args.zero_ahead == OnOff::On,
+        zero_rate: args.zero_rate,
     };
     // The startup report (recovery actions, unavailable partitions) is logged as
     // the broker opens.

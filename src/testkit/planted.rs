@@ -25,3 +25,9 @@ pub static SKIP_RETENTION_DIR_FSYNC: AtomicBool = AtomicBool::new(false);
 /// partition/roll.rs: a roll writes the new segment's header when it creates the file,
 /// before the outgoing segment's last records are durable.
 pub static ROLL_BEFORE_DATA_DURABLE: AtomicBool = AtomicBool::new(false);
+/// partition/zero.rs: the zero worker starts its pieces page-aligned at or below the
+/// writer's end, so zeros land on live data.
+pub static ZEROS_OVER_LIVE_DATA: AtomicBool = AtomicBool::new(false);
+/// partition/open.rs: opening the active segment reads its zero tail as records, so
+/// the end of the data moves to the end of the preallocated space.
+pub static ZEROS_AS_RECORDS: AtomicBool = AtomicBool::new(false);

@@ -11,3 +11,4 @@ mod compaction;
 mod produce;
 mod recovery;
 mod tools;
+mod write_path;

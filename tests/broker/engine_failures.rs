@@ -434,3 +434,146 @@ fn a_record_at_the_last_offset_refuses_the_partition_without_overflow() {
     assert!(r.is_err(), "{r:?}");
     assert_eq!(b.produce("t", 1, &[rec(b"y")]).unwrap().base_offset, 0);
 }
+
+// ----- the write path: preallocation and zero-ahead under failing storage -----
+
+const ZEROER: &str = "seglog-zeroer";
+
+fn zero_ahead_opts(preallocate_bytes: u64) -> BrokerOptions {
+    BrokerOptions {
+        preallocate_bytes,
+        zero_ahead: true,
+        ..BrokerOptions::default()
+    }
+}
+
+fn on_zeroer() -> bool {
+    thread::current().name() == Some(ZEROER)
+}
+
+/// Produces records of 1000 bytes to t/0 until its segments hold `bytes`; returns
+/// how many.
+fn produce_bytes(b: &Broker, bytes: u64) -> u64 {
+    let value = vec![b'v'; 1000];
+    let mut n = 0;
+    while b.describe_topic("t").unwrap().partitions[0].bytes < bytes {
+        b.produce("t", 0, &[rec(&value)]).unwrap();
+        n += 1;
+    }
+    n
+}
+
+/// Every offset of t/0, fetched from 0 to the end.
+fn all_offsets(b: &Broker) -> Vec<u64> {
+    let mut out = Vec::new();
+    loop {
+        let from = out.last().map_or(0, |o| o + 1);
+        let f = b.fetch("t", 0, from, 1 << 20, Duration::ZERO).unwrap();
+        let got = offsets_of(&f);
+        if got.is_empty() {
+            return out;
+        }
+        out.extend(got);
+    }
+}
+
+fn wait_for(flag: &AtomicBool) {
+    for _ in 0..2500 {
+        if flag.load(Ordering::SeqCst) {
+            return;
+        }
+        thread::sleep(Duration::from_millis(2));
+    }
+    panic!("the zero worker never made the call");
+}
+
+#[test]
+fn a_failed_preallocation_is_only_logged() {
+    let dir = tempfile::tempdir().unwrap();
+    let allocations = Arc::new(AtomicU64::new(0));
+    let seen = allocations.clone();
+    let storage = HookStorage::from_fn(real(), move |op| match op.call {
+        Call::Allocate(_) => {
+            seen.fetch_add(1, Ordering::SeqCst);
+            Some(Err(io::Error::other("no space for a reservation")))
+        }
+        _ => None,
+    });
+    let b = Broker::open(dir.path(), Arc::new(storage), zero_ahead_opts(64 * 1024)).unwrap();
+    let config = TopicConfig {
+        segment_bytes: 16 * 1024,
+        ..TopicConfig::default()
+    };
+    b.create_topic("t", 1, config).unwrap();
+    // Across several rolls: each new segment asks for a reservation.
+    let n = produce_bytes(&b, 60 * 1024);
+    assert!(allocations.load(Ordering::SeqCst) >= 3);
+    assert_eq!(all_offsets(&b), (0..n).collect::<Vec<_>>());
+    assert!(b.describe_topic("t").unwrap().partitions[0].error.is_none());
+    b.shutdown().unwrap();
+}
+
+#[test]
+fn a_failed_zero_write_turns_zeroing_off_and_keeps_the_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let failed = Arc::new(AtomicBool::new(false));
+    let flag = failed.clone();
+    let storage = HookStorage::from_fn(real(), move |op| match op.call {
+        Call::WriteAt { .. } if on_zeroer() => {
+            flag.store(true, Ordering::SeqCst);
+            Some(Err(io::Error::other("zero write refused")))
+        }
+        _ => None,
+    });
+    let b = Broker::open(dir.path(), Arc::new(storage), zero_ahead_opts(256 * 1024)).unwrap();
+    b.create_topic("t", 1, TopicConfig::default()).unwrap();
+    let first = produce_bytes(&b, 70 * 1024);
+    wait_for(&failed);
+    let more = produce_bytes(&b, 200 * 1024);
+    assert_eq!(all_offsets(&b), (0..first + more).collect::<Vec<_>>());
+    assert_eq!(b.stats().zeroed_bytes, 0);
+    b.shutdown().unwrap();
+    // Nothing past the data: the log is exactly its records.
+    let b = Broker::open(dir.path(), real(), BrokerOptions::default()).unwrap();
+    assert_eq!(b.offsets("t", 0).unwrap(), (0, first + more));
+}
+
+#[test]
+fn a_failed_zero_fsync_fails_the_partition() {
+    let dir = tempfile::tempdir().unwrap();
+    let failed = Arc::new(AtomicBool::new(false));
+    let flag = failed.clone();
+    let storage = HookStorage::from_fn(real(), move |op| match op.call {
+        Call::SyncData | Call::SyncAll if on_zeroer() => {
+            flag.store(true, Ordering::SeqCst);
+            Some(Err(io::Error::other("fsync of zeros failed")))
+        }
+        _ => None,
+    });
+    let b = Broker::open(dir.path(), Arc::new(storage), zero_ahead_opts(256 * 1024)).unwrap();
+    b.create_topic("t", 1, TopicConfig::default()).unwrap();
+    // Zeroing starts at 64 KiB; from the failed fsync of zeros on, the kernel may have
+    // dropped the writer's pages too: no more acks.
+    let value = vec![b'v'; 1000];
+    let mut n = 0u64;
+    let err = loop {
+        match b.produce("t", 0, &[rec(&value)]) {
+            Ok(_) => n += 1,
+            Err(e) => break e,
+        }
+        assert!(n < 100_000, "the partition never failed");
+    };
+    assert!(failed.load(Ordering::SeqCst));
+    assert!(n * 1000 >= 60 * 1024, "failed after only {n} records");
+    assert!(
+        matches!(err, EngineError::PartitionFailed { .. }),
+        "{err:?}"
+    );
+    let err = b.produce("t", 0, &[rec(&value)]).unwrap_err();
+    assert!(matches!(err, EngineError::PartitionFailed { .. }));
+    let _ = b.shutdown();
+    drop(b);
+    // A restart recovers what was acknowledged.
+    let b = Broker::open(dir.path(), real(), BrokerOptions::default()).unwrap();
+    assert_eq!(b.offsets("t", 0).unwrap(), (0, n));
+}

@@ -267,7 +267,9 @@ fn an_index_that_covered_the_cut_range_is_rebuilt_after_the_cut() {
 }
 
 #[test]
-fn zero_tail_is_trimmed_and_a_clean_dry_run_exits_0() {
+fn zero_tail_is_kept_and_a_clean_dry_run_exits_0() {
+    // Preallocated, zeroed space after the active segment's data is kept: a restart
+    // keeps the space, and zeros are never records.
     let d = Data::new();
     let s = seg(0, 0, 0..5);
     let mut log = s.log.clone();
@@ -275,17 +277,28 @@ fn zero_tail_is_trimmed_and_a_clean_dry_run_exits_0() {
     d.put(0, &log, Some(&s.index));
     let (code, plan) = recover_cli(&d.data, &["--dry-run"]);
     assert_eq!(code, 0, "a zero tail is a legal state: {plan:#}");
-    assert_eq!(kinds(&plan), ["cut_tail"]);
+    assert!(kinds(&plan).is_empty(), "{plan:#}");
     let v = recover_twice(&d, 0);
-    assert_eq!(v["actions"][0]["tail"], "zero_tail");
+    assert!(kinds(&v).is_empty(), "{v:#}");
+    assert_eq!(fs::read(d.log(0)).unwrap(), log);
+    assert_eq!(offsets(&d.part), (0..5).collect::<Vec<_>>());
+    assert_eq!(v["partitions"][0]["next_offset"], 5);
+}
+
+#[test]
+fn zeros_followed_by_other_bytes_are_a_torn_tail_and_cut() {
+    // A zero run that does not reach the end of the file is not preallocated space
+    // (a torn write lost its first sector): cut, zeros and all.
+    let d = Data::new();
+    let s = seg(0, 0, 0..5);
+    let mut log = s.log.clone();
+    log.extend_from_slice(&[0u8; 600]);
+    log.extend_from_slice(b"left over");
+    d.put(0, &log, Some(&s.index));
+    let v = recover_twice(&d, 0);
+    assert_eq!(kinds(&v), ["cut_tail"]);
+    assert_eq!(v["actions"][0]["tail"], "torn_tail");
     assert_eq!(fs::read(d.log(0)).unwrap(), s.log);
-    let name = format!(
-        "{P0}/{}.bytes-{}-{}",
-        log_file_name(0),
-        s.log.len(),
-        log.len()
-    );
-    assert_eq!(backup_file(&d, &name), vec![0u8; 4096]);
 }
 
 #[test]
@@ -356,14 +369,15 @@ fn never_durable_newest_segment_is_removed() {
         d.put(0, &log0, Some(&s0.index));
         d.put(20, &newest, Some(b""));
         let v = recover_twice(&d, 0);
+        // Segment 0 is the active one again: its zeros are preallocated space, kept.
         assert_eq!(
             kinds(&v),
-            ["remove_never_durable", "cut_tail"],
+            ["remove_never_durable"],
             "{} bytes: {v:#}",
             newest.len()
         );
         assert!(!d.log(20).exists() && !d.index(20).exists());
-        assert_eq!(fs::read(d.log(0)).unwrap(), s0.log);
+        assert_eq!(fs::read(d.log(0)).unwrap(), log0);
         assert_eq!(
             backup_file(&d, &format!("{P0}/{}", log_file_name(20))),
             newest
@@ -864,7 +878,8 @@ fn never_started_swap_and_removals() -> (Data, Vec<u64>, BTreeMap<String, Vec<u8
     .unwrap();
     fs::write(d.part.join(format!("{}.tmp", index_file_name(0))), b"").unwrap();
     let mut want = BTreeMap::new();
-    want.insert(log_file_name(0), s0.log);
+    // Segment 0 becomes the active one: its zero tail is kept.
+    want.insert(log_file_name(0), log0);
     want.insert(index_file_name(0), s0.index);
     (d, (0..30).collect(), want)
 }
@@ -979,11 +994,11 @@ fn active_segment_torn_at_every_length_keeps_exactly_the_whole_records() {
                 .filter(|(_, p, n)| *p as usize + n <= len)
                 .collect();
             let end = whole.last().map_or(32, |(_, p, n)| *p as usize + n);
-            assert_eq!(
-                fs::read(d.log(0)).unwrap(),
-                &s.log[..end],
-                "len {len} pad {pad}"
-            );
+            // A tail of zeros only (preallocated space, or a torn write whose bytes so
+            // far are zeros) holds no record: kept. Anything else after `end` is cut.
+            let zeros_only = log[end..].iter().all(|&b| b == 0);
+            let want: &[u8] = if zeros_only { &log } else { &s.log[..end] };
+            assert_eq!(fs::read(d.log(0)).unwrap(), want, "len {len} pad {pad}");
             assert_eq!(
                 offsets(&d.part),
                 whole.iter().map(|r| r.0).collect::<Vec<_>>()
@@ -1478,7 +1493,7 @@ fn committed_fixtures_recover_as_their_readme_says() {
     let cases: &[(&str, &[&str], i32)] = &[
         ("clean", &[], 0),
         ("torn-tail", &["cut_tail"], 0),
-        ("zero-tail", &["cut_tail"], 0),
+        ("zero-tail", &[], 0),
         ("stale-tail", &["cut_tail"], 0),
         ("bit-flip-sealed", &[], 2),
         ("missing-index", &["rebuild_index"], 0),

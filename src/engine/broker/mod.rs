@@ -35,10 +35,12 @@ mod flusher;
 mod open;
 mod requests;
 mod topics;
+mod zeroer;
 
 use cleaner::*;
 use flusher::*;
 use open::*;
+use zeroer::Zeroer;
 
 use crate::format::names::{
     creating_topic_dir_name, deleting_topic_dir_name, TOPIC_CREATING_SUFFIX, TOPIC_DELETING_SUFFIX,
@@ -61,6 +63,13 @@ pub struct BrokerOptions {
     /// Read handles of sealed segments kept open at once (least recently used first
     /// out); the active segment of each partition keeps its own handles besides.
     pub max_open_files: usize,
+    /// Space reserved ahead of each active segment's writer (0: none); also the
+    /// zero-ahead window.
+    pub preallocate_bytes: u64,
+    /// Whether the zero worker writes zeros ahead of each writer.
+    pub zero_ahead: bool,
+    /// Bytes per second the zero worker writes, for all segments together.
+    pub zero_rate: u64,
 }
 
 impl Default for BrokerOptions {
@@ -72,6 +81,9 @@ impl Default for BrokerOptions {
             retention_check_interval: Duration::from_secs(300),
             compaction_check_interval: Duration::from_secs(300),
             max_open_files: crate::engine::partition::files::OPEN_FILES_DEFAULT,
+            preallocate_bytes: 0,
+            zero_ahead: false,
+            zero_rate: crate::engine::partition::zero::ZERO_RATE_DEFAULT,
         }
     }
 }
@@ -147,12 +159,20 @@ pub struct TopicDescription {
 }
 
 /// Counters since the broker started.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct BrokerStats {
     /// Every fsync, fdatasync and directory fsync the broker made.
     pub fsyncs: u64,
     pub produce_requests: u64,
     pub records_appended: u64,
+    /// Fsyncs of log data timed by the write path, per latency bucket (see
+    /// `partition::zero::LatencyHistogram`).
+    pub fsync_latency_us: Vec<u64>,
+    pub rolls: u64,
+    /// Longest a writer waited at a roll, in microseconds.
+    pub roll_stall_max_us: u64,
+    /// Zeros written and fsynced ahead of writers.
+    pub zeroed_bytes: u64,
 }
 
 /// A partition as the broker holds it.
@@ -227,6 +247,8 @@ pub struct Broker {
     shut: Mutex<bool>,
     flusher: Arc<Flusher>,
     flusher_thread: Mutex<Option<JoinHandle<()>>>,
+    zeroer: Arc<Zeroer>,
+    zeroer_thread: Mutex<Option<JoinHandle<()>>>,
     cleaner: Arc<Cleaner>,
     cleaner_threads: Mutex<Vec<JoinHandle<()>>>,
     dir_lock: Mutex<Option<DirLock>>,

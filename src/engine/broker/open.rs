@@ -18,6 +18,15 @@ impl Broker {
             files: Arc::new(FileCache::new(opts.max_open_files)),
             ..LogStats::default()
         });
+        stats
+            .write_path
+            .preallocate_bytes
+            .store(opts.preallocate_bytes, Ordering::Relaxed);
+        let zero_ahead = opts.zero_ahead && opts.preallocate_bytes > 0;
+        stats
+            .write_path
+            .zero_ahead
+            .store(zero_ahead, Ordering::Relaxed);
         ensure_dir(&*storage, data_dir, &stats)?;
         let dir_lock = DirLock::acquire(data_dir).map_err(|e| match e {
             LockError::Held { path } => EngineError::Locked { path },
@@ -47,6 +56,19 @@ impl Broker {
             wake: Condvar::new(),
             stopping: Arc::new(AtomicBool::new(false)),
         });
+        let zeroer = Arc::new(Zeroer::new(stats.clone(), storage.clone(), opts.zero_rate));
+        let zeroer_thread = if zero_ahead {
+            match zeroer.clone().start() {
+                Ok(t) => Some(t),
+                Err(e) => {
+                    flusher.stop();
+                    let _ = thread.join();
+                    return Err(e);
+                }
+            }
+        } else {
+            None
+        };
         let mut cleaner_threads = Vec::new();
         for (kind, interval) in [
             (CleanupKind::Retention, opts.retention_check_interval),
@@ -57,7 +79,11 @@ impl Broker {
                 Err(e) => {
                     cleaner.stop();
                     flusher.stop();
+                    zeroer.stop();
                     let _ = thread.join();
+                    if let Some(t) = zeroer_thread {
+                        let _ = t.join();
+                    }
                     for t in cleaner_threads {
                         let _ = t.join();
                     }
@@ -78,6 +104,8 @@ impl Broker {
             shut: Mutex::new(false),
             flusher,
             flusher_thread: Mutex::new(Some(thread)),
+            zeroer,
+            zeroer_thread: Mutex::new(zeroer_thread),
             cleaner,
             cleaner_threads: Mutex::new(cleaner_threads),
             dir_lock: Mutex::new(Some(dir_lock)),
@@ -124,6 +152,11 @@ pub(super) fn check_options(opts: &BrokerOptions) -> Result<(), EngineError> {
     if opts.flush_interval.is_zero() {
         return Err(EngineError::InvalidRequest {
             detail: "flush_interval must be longer than zero".into(),
+        });
+    }
+    if opts.zero_ahead && opts.zero_rate == 0 {
+        return Err(EngineError::InvalidRequest {
+            detail: "zero_rate must be at least 1 byte per second".into(),
         });
     }
     if opts.retention_check_interval.is_zero() || opts.compaction_check_interval.is_zero() {

@@ -60,6 +60,14 @@ impl Broker {
             fsyncs: self.stats.fsyncs.load(Ordering::Relaxed),
             produce_requests: self.stats.produce_requests.load(Ordering::Relaxed),
             records_appended: self.stats.records_appended.load(Ordering::Relaxed),
+            fsync_latency_us: self.stats.write_path.fsync_latency.counts(),
+            rolls: self.stats.write_path.rolls.load(Ordering::Relaxed),
+            roll_stall_max_us: self
+                .stats
+                .write_path
+                .roll_stall_max_us
+                .load(Ordering::Relaxed),
+            zeroed_bytes: self.stats.write_path.zeroed_bytes.load(Ordering::Relaxed),
         }
     }
 
@@ -78,6 +86,10 @@ impl Broker {
         }
         self.flusher.stop();
         if let Some(handle) = lock(&self.flusher_thread).take() {
+            let _ = handle.join();
+        }
+        self.zeroer.stop();
+        if let Some(handle) = lock(&self.zeroer_thread).take() {
             let _ = handle.join();
         }
         let mut first_error = None;

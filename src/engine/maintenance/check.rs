@@ -849,12 +849,13 @@ pub fn classify_scan_end(
     let stale = matches!(end, ScanEnd::Record(RecordError::StaleGeneration { .. }));
     let p = if active {
         match end {
-            ScanEnd::Record(RecordError::Zero { .. }) => problem(
+            // Preallocated, zeroed space: kept, so a restart keeps it.
+            ScanEnd::Record(RecordError::Zero { .. }) if zero_to_end => problem(
                 ProblemKind::ZeroTail,
                 log,
                 Some(position),
                 None,
-                format!("{tail} unwritten (zero) bytes after the data; recover trims them"),
+                format!("{tail} unwritten (zero) bytes after the data (preallocated space); recover keeps them"),
             ),
             ScanEnd::Record(RecordError::StaleGeneration { writer_generation, .. }) => problem(
                 ProblemKind::StaleTail,

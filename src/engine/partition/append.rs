@@ -94,9 +94,22 @@ impl PartitionLog {
     ) -> Result<Appended, EngineError> {
         let batch_len = check_batch(records, config.max_record_bytes)?;
         let now = now_ms();
+        let began = Instant::now();
         let mut w = self.lock_for_roll(|a| should_roll(a, batch_len, config, now))?;
         if should_roll(&w.active, batch_len, config, now) {
             self.roll(&mut w, now)?;
+            let stall = u64::try_from(began.elapsed().as_micros()).unwrap_or(u64::MAX);
+            self.stats
+                .write_path
+                .roll_stall_max_us
+                .fetch_max(stall, Ordering::Relaxed);
+        }
+        if let Some(error) = w.active.zero.failure() {
+            // A failed fsync of the zeros may have dropped this file's records too.
+            return Err(self.fail(FailureReason::FsyncFailed {
+                dir: self.dir.clone(),
+                error,
+            }));
         }
         let base = w.next_offset;
         let count = records.len() as u64;
@@ -118,6 +131,8 @@ impl PartitionLog {
             batch_len,
             "encoded batch differs from its checked size"
         );
+        // Announced before the write: the zero worker never claims space below it.
+        w.active.zero.before_write(w.active.data_end + batch_len);
         self.write_batch(&w.active, &enc)?;
         let a = &mut w.active;
         a.data_end += enc.log_bytes.len() as u64;
@@ -185,6 +200,8 @@ impl PartitionLog {
     /// and the index to its entries, 2. fsync both, so no part of the failed write can
     /// come back after a crash. If either step fails the log is failed.
     pub(super) fn cut_back(&self, a: &Active, err: io::Error, what: &str) -> EngineError {
+        // No zeros in flight while the file is cut; none after.
+        a.zero.seal();
         let cut = (|| {
             // 1.
             a.log.set_len(a.data_end)?;

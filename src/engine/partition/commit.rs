@@ -64,6 +64,7 @@ impl PartitionLog {
                 pending: std::mem::take(&mut w.pending),
                 active_log: w.active.log.clone(),
                 active_seg: w.active.seg.clone(),
+                active_zero: w.active.zero.clone(),
                 active_end: w.active.data_end,
             }
         };
@@ -104,15 +105,25 @@ impl PartitionLog {
     /// 4. `sync_data` the active log, covering every record written before the plan
     ///    (already done by step 2 when the active log is the roll's new log).
     ///
+    /// Space is reserved (`fallocate`, size kept) ahead of the active log's writer
+    /// before the sync that covers the reservation: in step 2 for a new log, before
+    /// step 4 when less than half the window is left.
+    ///
     /// Only then may any record below the plan's target be acknowledged or served.
     pub(super) fn execute(&self, plan: &SyncPlan) -> io::Result<()> {
         let mut active_synced = false;
+        let window = self
+            .stats
+            .write_path
+            .preallocate_bytes
+            .load(Ordering::Relaxed);
         if let Some(roll) = &plan.pending.roll {
             // 1.
             self.sync_all(&*roll.outgoing_log)?;
             self.sync_all(&*roll.outgoing_index)?;
             // 2.
             roll.new_log.write_at(&roll.header, 0)?;
+            zero::preallocate(&*roll.new_log, &roll.new_zero, HEADER_LEN as u64, window);
             self.sync_all(&*roll.new_log)?;
             active_synced = Arc::ptr_eq(&roll.new_log, &plan.active_log);
             // 3.
@@ -123,6 +134,12 @@ impl PartitionLog {
         // 4.
         if !active_synced && plan.active_end > plan.active_seg.readable_end.load(Ordering::Acquire)
         {
+            zero::preallocate(
+                &*plan.active_log,
+                &plan.active_zero,
+                plan.active_end,
+                window,
+            );
             let synced = self.sync_data(&*plan.active_log);
             if synced.is_err() && planted!(RETRY_FAILED_FSYNC) {
                 return self.sync_data(&*plan.active_log);

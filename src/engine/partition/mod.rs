@@ -74,6 +74,8 @@ pub struct LogStats {
     pub records_appended: AtomicU64,
     /// The read handles of every log's sealed segments.
     pub files: Arc<FileCache>,
+    /// Preallocation and zero-ahead settings and their counters.
+    pub write_path: WritePath,
 }
 
 /// Why a log stopped taking requests for good.
@@ -204,6 +206,8 @@ struct Active {
     born_ms: i64,
     /// Largest record timestamp written to it so far.
     max_timestamp: Option<i64>,
+    /// Its zero-ahead and preallocation state, shared with the zero worker.
+    zero: Arc<ZeroTarget>,
 }
 
 /// What a roll left for the next group commit (docs/FORMAT.md, Segment states).
@@ -215,6 +219,7 @@ struct PendingRoll {
     /// Created with a zero header; `header` is written to it only once the outgoing
     /// segment is durable, then fsynced, then the directory.
     new_log: Arc<dyn StorageFile>,
+    new_zero: Arc<ZeroTarget>,
     header: [u8; HEADER_LEN],
 }
 
@@ -255,6 +260,7 @@ struct SyncPlan {
     pending: Pending,
     active_log: Arc<dyn StorageFile>,
     active_seg: Arc<Segment>,
+    active_zero: Arc<ZeroTarget>,
     active_end: u64,
 }
 
@@ -321,8 +327,14 @@ impl PartitionLog {
         for base in sealed {
             segments.push(Arc::new(open_sealed(dir, base, &stats.files, &mut notes)?));
         }
-        let (active, next_offset) =
-            open_active(&*storage, dir, active_base, &stats.files, &mut notes)?;
+        let (active, next_offset) = open_active(
+            &*storage,
+            dir,
+            active_base,
+            &stats.files,
+            &stats.write_path,
+            &mut notes,
+        )?;
         segments.push(active.seg.clone());
         sync_on_open(&*storage, dir, &segments, &*active.log, &stats)?;
         let log = PartitionLog {
@@ -456,12 +468,18 @@ impl PartitionLog {
 
     fn sync_all(&self, f: &dyn StorageFile) -> io::Result<()> {
         self.stats.fsyncs.fetch_add(1, Ordering::Relaxed);
-        f.sync_all()
+        let began = Instant::now();
+        let r = f.sync_all();
+        self.stats.write_path.fsync_latency.record(began.elapsed());
+        r
     }
 
     fn sync_data(&self, f: &dyn StorageFile) -> io::Result<()> {
         self.stats.fsyncs.fetch_add(1, Ordering::Relaxed);
-        f.sync_data()
+        let began = Instant::now();
+        let r = f.sync_data();
+        self.stats.write_path.fsync_latency.record(began.elapsed());
+        r
     }
 
     fn sync_dir(&self) -> io::Result<()> {
@@ -479,6 +497,7 @@ mod read;
 mod retention;
 mod roll;
 mod tally;
+pub mod zero;
 
 #[cfg(test)]
 #[expect(clippy::unwrap_used, clippy::indexing_slicing, reason = "tests")]
@@ -488,6 +507,7 @@ use files::{FileCache, SegmentFile};
 pub use open::LostSegment;
 use open::{checked_header, list_segments, open_active, open_sealed, sync_on_open};
 use roll::create_segment_files;
+pub use zero::{WritePath, ZeroTarget};
 
 pub(crate) use open::create_first_segment;
 pub use read::LogFetch;

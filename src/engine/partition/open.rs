@@ -198,6 +198,7 @@ pub(super) fn open_active(
     dir: &Path,
     base: u64,
     cache: &Arc<FileCache>,
+    wp: &WritePath,
     notes: &mut Vec<String>,
 ) -> Result<(Active, u64), EngineError> {
     let path = dir.join(log_file_name(base));
@@ -222,6 +223,11 @@ pub(super) fn open_active(
                 scan.end.detail()
             ),
         });
+    }
+    let mut scan = scan;
+    if planted!(ZEROS_AS_RECORDS) && matches!(scan.end, ScanEnd::Record(RecordError::Zero { .. })) {
+        // The planted bug reads the zero tail as data: appends land past it.
+        scan.data_end = len;
     }
     let index = sync_index_file(storage, dir, base, &scan.index, notes)?;
     let seg = Segment {
@@ -248,7 +254,21 @@ pub(super) fn open_active(
         // The segment's age counts from its first record (clamped to now), like Kafka.
         born_ms: first_ts.map_or(now, |t: i64| t.min(now)),
         max_timestamp: scan.max_timestamp_ms,
+        zero: Arc::new(ZeroTarget::new(
+            path_of_active(dir, base),
+            scan.data_end,
+            len,
+            0,
+        )),
     };
+    // Recovery kept a zeroed tail (preallocated space) past the data: appends go there.
+    zero::preallocate(
+        &*active.log,
+        &active.zero,
+        active.data_end,
+        wp.preallocate_bytes.load(Ordering::Relaxed),
+    );
+    wp.register(&active.zero);
     // A record at u64::MAX leaves no offset to append at: refuse the partition.
     let next = match scan.last_offset {
         None => base,
@@ -258,6 +278,10 @@ pub(super) fn open_active(
         })?,
     };
     Ok((active, next))
+}
+
+fn path_of_active(dir: &Path, base: u64) -> PathBuf {
+    dir.join(log_file_name(base))
 }
 
 /// Makes the active segment's index file equal to `entries` (the index is derived

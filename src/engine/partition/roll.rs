@@ -81,8 +81,10 @@ impl PartitionLog {
         let old = &mut w.active;
         // Only a segment that holds records is rolled: the new base is above the old.
         assert!(base > old.seg.base_offset && old.data_end > HEADER_LEN as u64);
-        // 1.
-        if old.file_len > old.data_end {
+        // 1. (no zeros may be in flight while it is cut: the worker stops first)
+        let zeroed_end = old.zero.seal();
+        let reserved = old.zero.allocated_end.load(Ordering::Acquire);
+        if old.file_len.max(zeroed_end).max(reserved) > old.data_end {
             old.log.set_len(old.data_end).map_err(|e| {
                 EngineError::io(format!("truncating {}", old.seg.path.display()), e)
             })?;
@@ -142,7 +144,15 @@ impl PartitionLog {
             builder: IndexBuilder::new(),
             born_ms: now,
             max_timestamp: None,
+            zero: Arc::new(ZeroTarget::new(
+                path.clone(),
+                HEADER_LEN as u64,
+                HEADER_LEN as u64,
+                0,
+            )),
         };
+        self.stats.write_path.register(&new.zero);
+        let new_zero = new.zero.clone();
         let old = std::mem::replace(&mut w.active, new);
         let _ = old.seg.max_timestamp.set(old.max_timestamp);
         old.seg.seal_tally();
@@ -153,6 +163,7 @@ impl PartitionLog {
             outgoing_log: old.log,
             outgoing_index: old.index,
             new_log: log,
+            new_zero,
             header,
         });
         w.pending.sealed.push((old.seg, old.data_end));
@@ -161,6 +172,7 @@ impl PartitionLog {
         list.push(seg);
         self.publish(list);
         w.rolls += 1;
+        self.stats.write_path.rolls.fetch_add(1, Ordering::Relaxed);
         tracing::info!(
             topic = %self.topic,
             partition = self.partition,

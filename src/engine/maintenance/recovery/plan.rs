@@ -330,6 +330,8 @@ pub(super) fn plan_segment(
                 records_cut: None,
                 reason,
             });
+        } else if step == TailStep::KeepZeros {
+            // Zeros end the data for every reader; appends overwrite them.
         } else if step == TailStep::TrimSeal {
             plan.actions.push(Action::TrimSeal {
                 log: seg.files.log.clone(),
@@ -376,6 +378,8 @@ pub(super) enum TailStep {
     Cut { reason: String },
     /// A sealed segment's unfinished seal: cut.
     TrimSeal,
+    /// The active segment's zeroed (preallocated) tail: kept.
+    KeepZeros,
     /// Damage in a sealed segment: left in place for an operator.
     LeaveDamaged,
 }
@@ -400,9 +404,9 @@ pub(super) fn tail_step(active: bool, kind: Option<ProblemKind>, end: &ScanEnd) 
         K::TornTail if active => TailStep::Cut {
             reason: format!("{}; never acknowledged", end.detail()),
         },
-        K::ZeroTail if active => TailStep::Cut {
-            reason: "unwritten (zero) bytes after the data".to_string(),
-        },
+        // All zeros to the end of the file (a zero run followed by anything else is a
+        // torn tail): preallocated space, never a record, kept.
+        K::ZeroTail if active => TailStep::KeepZeros,
         K::StaleTail if active => TailStep::Cut {
             reason: "records of an older generation after the data".to_string(),
         },

@@ -1,0 +1,445 @@
+//! The write path's shared state: preallocation and zero-ahead settings, the zero
+//! state of every active segment (shared between its writer and the broker's zero
+//! worker), and the counters `bench` reports (fsync latency, rolls, roll stalls,
+//! zeroed bytes).
+//!
+//! Invariants of a [`ZeroTarget`] (all under its short mutex, never held across I/O):
+//! - The writer announces the end of every write (`writer_end`) before it writes.
+//! - The worker claims a piece `[start, start + len)` only with `start` at or past
+//!   `writer_end`, `zeroed_end` and `floor`; while a claim is in flight a writer whose
+//!   write would reach into it turns zeroing off and waits for the piece to finish, so
+//!   zeros never land on live data, whichever thread runs first.
+//! - Once off (overtaken, sealed, failed write) a target is never zeroed again.
+
+use std::io;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError, Weak};
+use std::time::Duration;
+
+use super::lock;
+use crate::engine::storage::io::StorageFile;
+
+/// Zeroing of a segment starts once it holds this much data.
+pub const ZERO_START_BYTES: u64 = 64 * 1024;
+/// Zeros are written (and fsynced) in chunks of this size.
+pub const ZERO_CHUNK_BYTES: u64 = 4 * 1024 * 1024;
+/// One claimed piece of a chunk: the longest a writer can wait for the worker.
+pub const ZERO_PIECE_BYTES: u64 = 256 * 1024;
+/// Default `--preallocate-bytes`: the zero-ahead window too.
+pub const PREALLOCATE_BYTES_DEFAULT: u64 = 8 * 1024 * 1024;
+/// Default `--zero-rate` in bytes per second, shared by every segment of a node.
+pub const ZERO_RATE_DEFAULT: u64 = 64 * 1024 * 1024;
+
+/// Sub-buckets per power of two of the fsync latency histogram (error at most 1/8).
+const SUB_BUCKETS: u64 = 8;
+/// Buckets of the fsync latency histogram: exact below 8 µs, then 8 per power of two.
+pub const FSYNC_BUCKETS: usize = (SUB_BUCKETS + 61 * SUB_BUCKETS) as usize;
+
+/// The bucket of a latency in microseconds.
+fn bucket_of(us: u64) -> usize {
+    if us < SUB_BUCKETS {
+        return us as usize;
+    }
+    let e = u64::from(u64::BITS - 1 - us.leading_zeros()); // >= 3
+    let sub = (us >> (e - 3)) & (SUB_BUCKETS - 1);
+    (SUB_BUCKETS + (e - 3) * SUB_BUCKETS + sub) as usize
+}
+
+/// The largest latency (µs) a bucket holds.
+fn bucket_upper_us(i: usize) -> u64 {
+    let i = i as u64;
+    if i < SUB_BUCKETS {
+        return i;
+    }
+    let e = (i - SUB_BUCKETS) / SUB_BUCKETS + 3;
+    let sub = (i - SUB_BUCKETS) % SUB_BUCKETS;
+    let upper = u128::from(SUB_BUCKETS + sub + 1) << (e - 3);
+    u64::try_from(upper - 1).unwrap_or(u64::MAX)
+}
+
+/// A log-linear histogram of fsync latencies in microseconds.
+#[derive(Debug)]
+pub struct LatencyHistogram {
+    buckets: Box<[AtomicU64]>,
+}
+
+impl Default for LatencyHistogram {
+    fn default() -> Self {
+        LatencyHistogram {
+            buckets: (0..FSYNC_BUCKETS).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+}
+
+impl LatencyHistogram {
+    /// Counts one latency.
+    pub fn record(&self, took: Duration) {
+        let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        if let Some(b) = self.buckets.get(bucket_of(us).min(FSYNC_BUCKETS - 1)) {
+            b.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The counts per bucket.
+    pub fn counts(&self) -> Vec<u64> {
+        self.buckets
+            .iter()
+            .map(|b| b.load(Ordering::Relaxed))
+            .collect()
+    }
+}
+
+/// The quantile `q` (0..=1) of histogram counts, in microseconds: the upper bound of
+/// the bucket that holds it (0 when nothing was counted).
+pub fn quantile_us(counts: &[u64], q: f64) -> u64 {
+    let total: u64 = counts.iter().sum();
+    if total == 0 {
+        return 0;
+    }
+    let want = ((total as f64) * q).ceil().max(1.0) as u64;
+    let mut seen = 0;
+    for (i, c) in counts.iter().enumerate() {
+        seen += c;
+        if seen >= want {
+            return bucket_upper_us(i);
+        }
+    }
+    bucket_upper_us(counts.len().saturating_sub(1))
+}
+
+/// Settings and counters of the write path, shared by every log of a broker.
+#[derive(Debug, Default)]
+pub struct WritePath {
+    /// Space reserved ahead of each active segment's writer (`fallocate`); 0: none.
+    pub preallocate_bytes: AtomicU64,
+    /// Whether new active segments are registered with the zero worker.
+    pub zero_ahead: AtomicBool,
+    /// Latency of every data fsync of a log (group commits and rolls).
+    pub fsync_latency: LatencyHistogram,
+    pub rolls: AtomicU64,
+    /// Longest a writer held the write lock for a roll, in microseconds.
+    pub roll_stall_max_us: AtomicU64,
+    /// Bytes of zeros the zero worker wrote and fsynced.
+    pub zeroed_bytes: AtomicU64,
+    targets: Mutex<Vec<Weak<ZeroTarget>>>,
+}
+
+impl WritePath {
+    /// Registers an active segment with the zero worker (when zero-ahead is on).
+    pub(super) fn register(&self, target: &Arc<ZeroTarget>) {
+        if self.zero_ahead.load(Ordering::Relaxed) {
+            let mut t = lock(&self.targets);
+            t.retain(|w| w.strong_count() > 0);
+            t.push(Arc::downgrade(target));
+        }
+    }
+
+    /// The segments the zero worker may still zero (drops those gone or off).
+    pub fn targets(&self) -> Vec<Arc<ZeroTarget>> {
+        let mut t = lock(&self.targets);
+        t.retain(|w| w.upgrade().is_some_and(|z| !z.is_off()));
+        t.iter().filter_map(Weak::upgrade).collect()
+    }
+}
+
+#[derive(Debug)]
+struct ZeroState {
+    /// End of the data the writer wrote or is writing.
+    writer_end: u64,
+    /// Zeros (or older data) reach this far; never below the file's length at open.
+    zeroed_end: u64,
+    /// Zeroing never writes below this (a reused file's old end).
+    floor: u64,
+    /// A piece being written: its start.
+    in_flight: Option<u64>,
+    /// Filling up to a full window (started when the lead fell below half).
+    filling: bool,
+    /// The worker has zeroed something.
+    started: bool,
+    off: bool,
+}
+
+/// The zero state of one active segment.
+#[derive(Debug)]
+pub struct ZeroTarget {
+    pub path: PathBuf,
+    state: Mutex<ZeroState>,
+    idle: Condvar,
+    /// The worker's own handle (its own open file description: a failed fsync on it
+    /// does not hide the error from the writer's handle, and vice versa).
+    handle: OnceLock<Box<dyn StorageFile>>,
+    /// A zero fsync failed: the writer fails the partition at its next append.
+    failed: OnceLock<Arc<io::Error>>,
+    /// Blocks are reserved (`fallocate`, size kept) up to here.
+    pub(super) allocated_end: AtomicU64,
+}
+
+/// A piece the worker may zero now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Claim {
+    pub start: u64,
+    pub len: u64,
+}
+
+impl ZeroTarget {
+    /// The zero state of a segment whose data ends at `data_end` in a file of
+    /// `file_len` bytes (the bytes past the data are zeros or, below `floor`, may be
+    /// an older generation's records).
+    pub(super) fn new(path: PathBuf, data_end: u64, file_len: u64, floor: u64) -> Self {
+        ZeroTarget {
+            path,
+            state: Mutex::new(ZeroState {
+                writer_end: data_end,
+                zeroed_end: file_len.max(data_end),
+                floor,
+                in_flight: None,
+                filling: false,
+                started: false,
+                off: false,
+            }),
+            idle: Condvar::new(),
+            handle: OnceLock::new(),
+            failed: OnceLock::new(),
+            allocated_end: AtomicU64::new(0),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, ZeroState> {
+        lock(&self.state)
+    }
+
+    pub fn is_off(&self) -> bool {
+        self.state().off
+    }
+
+    /// How far zeros reach (the file's length as far as the zeros made it).
+    pub fn zeroed_end(&self) -> u64 {
+        self.state().zeroed_end
+    }
+
+    /// The writer is about to write up to `end`. Waits for a piece in flight that the
+    /// write would reach into (and turns zeroing off), or turns it off when the
+    /// writer overtakes the zeros.
+    pub(super) fn before_write(&self, end: u64) {
+        let mut s = self.state();
+        if let Some(start) = s.in_flight {
+            if end > start {
+                s.off = true;
+                while s.in_flight.is_some() {
+                    s = self.idle.wait(s).unwrap_or_else(PoisonError::into_inner);
+                }
+            }
+        }
+        if s.started && end > s.zeroed_end {
+            s.off = true;
+        }
+        s.writer_end = s.writer_end.max(end);
+    }
+
+    /// The segment is being sealed: no more zeros, and none in flight once this
+    /// returns. Returns how far the zeros reach.
+    pub(super) fn seal(&self) -> u64 {
+        let mut s = self.state();
+        s.off = true;
+        while s.in_flight.is_some() {
+            s = self.idle.wait(s).unwrap_or_else(PoisonError::into_inner);
+        }
+        s.zeroed_end
+    }
+
+    /// Why zeroing failed the segment's durability, if it did.
+    pub(super) fn failure(&self) -> Option<Arc<io::Error>> {
+        self.failed.get().cloned()
+    }
+
+    /// The worker's next piece for a window of `window` bytes, if any is due: zeroing
+    /// starts once the segment holds [`ZERO_START_BYTES`]; when the lead (zeros ahead
+    /// of the writer) falls below half the window it fills up to a full window.
+    pub fn claim(&self, window: u64) -> Option<Claim> {
+        let mut s = self.state();
+        if s.off || s.in_flight.is_some() || s.writer_end < ZERO_START_BYTES || window == 0 {
+            return None;
+        }
+        let lead = s.zeroed_end.saturating_sub(s.writer_end);
+        if !s.filling && lead < window / 2 {
+            s.filling = true;
+        }
+        let target = s.writer_end.saturating_add(window);
+        let start = if planted!(ZEROS_OVER_LIVE_DATA) {
+            // The first piece page-aligned below the writer: zeros on live data.
+            if s.zeroed_end > s.writer_end {
+                s.zeroed_end
+            } else {
+                s.writer_end & !4095
+            }
+        } else {
+            s.zeroed_end.max(s.writer_end).max(s.floor)
+        };
+        if !s.filling || start >= target {
+            s.filling = false;
+            return None;
+        }
+        let len = (target - start).min(ZERO_PIECE_BYTES);
+        s.in_flight = Some(start);
+        s.started = true;
+        Some(Claim { start, len })
+    }
+
+    /// Ends a claim: `ok` when its zeros were written.
+    pub fn finish(&self, claim: Claim, ok: bool) {
+        let mut s = self.state();
+        debug_assert_eq!(s.in_flight, Some(claim.start));
+        s.in_flight = None;
+        if ok {
+            s.zeroed_end = s.zeroed_end.max(claim.start + claim.len);
+        } else {
+            s.off = true;
+        }
+        self.idle.notify_all();
+    }
+
+    /// The worker's handle, opened once with `open`.
+    pub fn handle(
+        &self,
+        open: impl FnOnce() -> io::Result<Box<dyn StorageFile>>,
+    ) -> io::Result<&dyn StorageFile> {
+        if let Some(h) = self.handle.get() {
+            return Ok(&**h);
+        }
+        let h = open()?;
+        Ok(&**self.handle.get_or_init(|| h))
+    }
+
+    /// A zero fsync failed: zeroing stops and the writer fails the partition.
+    pub fn fail(&self, e: io::Error) {
+        let _ = self.failed.set(Arc::new(e));
+        self.state().off = true;
+    }
+
+    /// Turns zeroing off (a failed write: the zeros are not needed for correctness).
+    pub fn turn_off(&self) {
+        self.state().off = true;
+    }
+}
+
+/// Reserves blocks up to `end + window` when fewer than half a window are reserved
+/// ahead of `end` (no-op for a window of 0). A failed reservation is only logged:
+/// preallocation makes fsyncs cheaper, never data safer.
+pub(super) fn preallocate(file: &dyn StorageFile, zero: &ZeroTarget, end: u64, window: u64) {
+    if window == 0 {
+        return;
+    }
+    let reserved = zero.allocated_end.load(Ordering::Acquire);
+    if reserved >= end.saturating_add(window / 2) {
+        return;
+    }
+    let want = end.saturating_add(window);
+    match file.allocate(want) {
+        Ok(()) => {
+            zero.allocated_end.fetch_max(want, Ordering::AcqRel);
+        }
+        Err(e) => {
+            // Not again for this window.
+            zero.allocated_end.fetch_max(want, Ordering::AcqRel);
+            tracing::warn!(path = %zero.path.display(), error = %e, "preallocation failed");
+        }
+    }
+}
+
+#[cfg(test)]
+#[expect(clippy::unwrap_used, reason = "tests")]
+mod tests {
+    use super::*;
+
+    const W: u64 = 8 * 1024 * 1024;
+
+    #[test]
+    fn nothing_before_the_start_threshold_then_fills_a_window() {
+        let t = ZeroTarget::new(PathBuf::from("x"), 32, 32, 0);
+        assert_eq!(t.claim(W), None);
+        t.before_write(ZERO_START_BYTES);
+        let mut end = ZERO_START_BYTES;
+        let mut pieces = 0;
+        while let Some(c) = t.claim(W) {
+            assert_eq!(c.start, end);
+            end += c.len;
+            t.finish(c, true);
+            pieces += 1;
+        }
+        assert_eq!(end, ZERO_START_BYTES + W);
+        assert_eq!(pieces, W / ZERO_PIECE_BYTES);
+        // Lead still above half a window: nothing due.
+        t.before_write(ZERO_START_BYTES + W / 2 - 1);
+        assert_eq!(t.claim(W), None);
+        t.before_write(ZERO_START_BYTES + W / 2 + 1);
+        let c = t.claim(W).unwrap();
+        assert_eq!(c.start, ZERO_START_BYTES + W);
+        t.finish(c, true);
+    }
+
+    #[test]
+    fn a_claim_never_starts_below_the_writer_or_the_floor() {
+        let t = ZeroTarget::new(PathBuf::from("x"), 32, 32, 1 << 20);
+        t.before_write(ZERO_START_BYTES);
+        let c = t.claim(W).unwrap();
+        assert_eq!(c.start, 1 << 20);
+        t.finish(c, true);
+    }
+
+    #[test]
+    fn a_writer_reaching_into_a_claim_waits_and_turns_zeroing_off() {
+        let t = Arc::new(ZeroTarget::new(PathBuf::from("x"), 32, 32, 0));
+        t.before_write(ZERO_START_BYTES);
+        let c = t.claim(W).unwrap();
+        let t2 = t.clone();
+        let writer = std::thread::spawn(move || t2.before_write(c.start + 1));
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(
+            !writer.is_finished(),
+            "the writer waits for the piece in flight"
+        );
+        t.finish(c, true);
+        writer.join().unwrap();
+        assert!(t.is_off());
+        assert_eq!(t.claim(W), None);
+    }
+
+    #[test]
+    fn overtaking_the_zeros_turns_zeroing_off() {
+        let t = ZeroTarget::new(PathBuf::from("x"), 32, 32, 0);
+        t.before_write(ZERO_START_BYTES);
+        let c = t.claim(W).unwrap();
+        t.finish(c, true);
+        t.before_write(c.start + c.len + 1);
+        assert!(t.is_off());
+        assert_eq!(t.seal(), c.start + c.len);
+    }
+
+    #[test]
+    fn quantiles_of_the_histogram() {
+        let h = LatencyHistogram::default();
+        for _ in 0..98 {
+            h.record(Duration::from_micros(100));
+        }
+        h.record(Duration::from_millis(5));
+        h.record(Duration::from_millis(5));
+        let c = h.counts();
+        // 100 µs lies in 96..=103, 5000 µs in 4608..=5119.
+        assert_eq!(quantile_us(&c, 0.5), 103);
+        assert_eq!(quantile_us(&c, 0.99), 5119);
+        assert_eq!(quantile_us(&vec![0; FSYNC_BUCKETS], 0.5), 0);
+    }
+
+    #[test]
+    fn every_latency_lies_in_its_bucket() {
+        for us in (0..5000).chain([u64::MAX / 3, u64::MAX]) {
+            let i = bucket_of(us);
+            assert!(i < FSYNC_BUCKETS, "{us}");
+            assert!(us <= bucket_upper_us(i), "{us}");
+            if i > 0 {
+                assert!(us > bucket_upper_us(i - 1), "{us}");
+            }
+        }
+    }
+}
