@@ -29,4 +29,5 @@ pub mod error;
 pub mod maintenance;
 pub mod net;
 pub mod partition;
+pub mod schemas;
 pub mod storage;
