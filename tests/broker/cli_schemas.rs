@@ -157,7 +157,7 @@ fn each_rule_accepts_and_refuses_a_new_version() {
     let b = Serve::start(&tmp.path().join("data"));
     let base = person();
     let added = with(person(), |s| {
-        s["properties"]["nick"] = json!({"type": "string"})
+        s["properties"]["nick"] = json!({"type": "string"});
     });
     let removed = with(person(), |s| {
         s["properties"].as_object_mut().unwrap().remove("kind");
@@ -252,7 +252,7 @@ fn restart_keeps_schemas_offline_reads_and_topic_delete_drops_them() {
     let f = write_schema(tmp.path(), "s.json", &person());
     b.ok(&["schemas", "register", "people", "--file", &f]);
     let added = with(person(), |s| {
-        s["properties"]["nick"] = json!({"type": "string"})
+        s["properties"]["nick"] = json!({"type": "string"});
     });
     let f = write_schema(tmp.path(), "s2.json", &added);
     b.ok(&["schemas", "register", "people", "--file", &f]);

@@ -11,7 +11,7 @@ use crate::testkit::sim::{crash_states, DirModel, Materialiser, Rng, SimStorage}
 use crate::testkit::storage::{FailOn, FailingStorage};
 
 fn open(dir: &Path, topics: &[&str]) -> SchemaRegistry {
-    let names: Vec<String> = topics.iter().map(|t| t.to_string()).collect();
+    let names: Vec<String> = topics.iter().map(ToString::to_string).collect();
     SchemaRegistry::open(Arc::new(RealStorage), dir, &names).unwrap()
 }
 
