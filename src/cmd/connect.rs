@@ -53,7 +53,9 @@ pub fn refusal_exit(code: ErrorCode) -> u8 {
         | ErrorCode::INVALID_CONFIG
         | ErrorCode::UNKNOWN_PARTITION
         | ErrorCode::RECORD_TOO_LARGE
-        | ErrorCode::INVALID_REQUEST => exit::USAGE,
+        | ErrorCode::INVALID_REQUEST
+        | ErrorCode::INVALID_SCHEMA => exit::USAGE,
+        ErrorCode::SCHEMA_VIOLATION => exit::SCHEMA_REFUSED,
         _ => exit::UNAVAILABLE,
     }
 }

@@ -18,6 +18,7 @@ pub mod format_string;
 pub mod produce;
 pub mod recover;
 pub mod reindex;
+pub mod schemas;
 pub mod serve;
 pub mod topics;
 pub mod verify;
@@ -30,6 +31,8 @@ pub mod exit {
     /// Records that cannot be read back, or segments that do not join up.
     pub const CORRUPT: u8 = 2;
     pub const USAGE: u8 = 64;
+    /// A produced record was refused by the topic's schema.
+    pub const SCHEMA_REFUSED: u8 = 65;
     /// Broker unreachable or it refused the request.
     pub const UNAVAILABLE: u8 = 69;
     /// The data directory is locked by a running broker or another tool.
@@ -72,6 +75,7 @@ Exit codes (the same whichever side, client or broker, finds the mistake):
   2   corruption: records that cannot be read back, or segments that do not join up
   64  usage error: a bad flag or argument, a bad topic name or partition, an unknown
       --config key or a value out of range, a record over max_record_bytes
+  65  produce: a record refused by the topic's schema (nothing of that request written)
   69  broker unreachable, failing, or refusing the request (no such topic, topic
       exists, offset out of range, storage error on the broker)
   73  the data directory is locked by a running broker or another tool
@@ -114,6 +118,8 @@ pub enum Command {
     Produce(produce::Args),
     /// Read records from a topic.
     Consume(consume::Args),
+    /// Register, get, list, check and delete the topics' JSON Schemas.
+    Schemas(schemas::Args),
     /// Load generator: measure produce or consume throughput and latency.
     Bench(bench::Args),
     /// Print the shell completion script (bash, zsh, fish).
@@ -145,6 +151,7 @@ pub fn main() -> ExitCode {
         Command::Topics(a) => topics::run(a, global),
         Command::Produce(a) => produce::run(a, global),
         Command::Consume(a) => consume::run(a, global),
+        Command::Schemas(a) => schemas::run(a, global),
         Command::Bench(a) => bench::run(a, global),
         Command::Completions(a) => completions::run(a, global),
         Command::Damage(a) => damage::run(a, global),

@@ -152,9 +152,10 @@ fn send(
         place.push((b, slot as u64));
     }
     let sizes: Vec<u64> = batches.iter().map(|b| b.records.len() as u64).collect();
-    let acks = client
-        .produce(topic, batches)
-        .map_err(|e| acked_before(client_error(e), first_seq))?;
+    let acks = client.produce(topic, batches).map_err(|e| {
+        let e = super::schemas::produce_refusal(e, topic, &targets, first_seq);
+        acked_before(e, first_seq)
+    })?;
     for (ack, &n) in acks.iter().zip(&sizes) {
         if let Ok((base, last)) = ack.result {
             if last.checked_sub(base).map(|d| d + 1) != Some(n) {

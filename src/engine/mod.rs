@@ -22,6 +22,10 @@
 //! 4. partition log: `write` → `sync` → `segments`. No fsync runs while `write` is
 //!    held, except the cut after a failed write (an error path).
 //!
+//! The schema registry ([`schemas`]): broker `admin` → registry `change` → its `doc` →
+//! its `cache`; a produce takes only `doc`/`cache` for reading, before any partition
+//! lock, and releases them before appending.
+//!
 //! Every file-system mutation goes through [`storage::io::Storage`].
 
 pub mod broker;
@@ -29,4 +33,5 @@ pub mod error;
 pub mod maintenance;
 pub mod net;
 pub mod partition;
+pub mod schemas;
 pub mod storage;

@@ -40,6 +40,7 @@ pub mod index;
 pub mod marker;
 pub mod names;
 pub mod record;
+pub mod schemas;
 pub mod topic;
 pub mod wire;
 

@@ -1,7 +1,7 @@
 //! The benchmarks, all ignored: they measure and print, and assert only what makes a
 //! run meaningless if false. Run them all with
 //! `cargo test --release --test bench -- --ignored --nocapture`, or one with a
-//! filter (`produce::`, `tools::`, `cleanup::`, `recovery::`, `compaction::`).
+//! filter (`produce::`, `tools::`, `cleanup::`, `recovery::`, `compaction::`, `schemas::`).
 
 #[path = "../util/mod.rs"]
 mod util;
@@ -10,5 +10,6 @@ mod cleanup;
 mod compaction;
 mod produce;
 mod recovery;
+mod schemas;
 mod tools;
 mod write_path;

@@ -34,6 +34,7 @@ mod cleaner;
 mod flusher;
 mod open;
 mod requests;
+mod schemas;
 mod topics;
 mod zeroer;
 
@@ -252,6 +253,8 @@ pub struct Broker {
     cleaner: Arc<Cleaner>,
     cleaner_threads: Mutex<Vec<JoinHandle<()>>>,
     dir_lock: Mutex<Option<DirLock>>,
+    /// The topics' JSON Schemas (`DATA/schemas.json`).
+    schemas: crate::engine::schemas::SchemaRegistry,
 }
 
 impl Drop for Broker {

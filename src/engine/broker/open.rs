@@ -45,6 +45,10 @@ impl Broker {
         }
         let (topics, notes) = load_topics(&storage, &topics_dir, &stats)?;
         report.extend(notes);
+        let names: Vec<String> = topics.keys().cloned().collect();
+        let schemas =
+            crate::engine::schemas::SchemaRegistry::open(storage.clone(), data_dir, &names)
+                .map_err(schemas::open_error)?;
         let flusher = Arc::new(Flusher::new(opts.flush_interval));
         let topics = Arc::new(RwLock::new(topics));
         let thread = flusher.clone().start(topics.clone())?;
@@ -109,6 +113,7 @@ impl Broker {
             cleaner,
             cleaner_threads: Mutex::new(cleaner_threads),
             dir_lock: Mutex::new(Some(dir_lock)),
+            schemas,
         }))
     }
 

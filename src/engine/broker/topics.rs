@@ -151,6 +151,7 @@ impl Broker {
             }
             return Err(e);
         }
+        self.drop_schemas(name);
         Ok(())
     }
 

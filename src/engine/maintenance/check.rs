@@ -65,6 +65,8 @@ pub enum ProblemKind {
     PartitionOutsideCount,
     /// A partition directory below the topic's partition count is missing.
     PartitionDirMissing,
+    /// A `DATA/schemas.json` that cannot be read or is not valid.
+    SchemasJsonUnreadable,
 
     // ----- partition level -----
     /// A compaction marker: the swap did not finish, or never started.
@@ -148,6 +150,7 @@ impl ProblemKind {
             ProblemKind::TopicJsonUnreadable => "topic_json_unreadable",
             ProblemKind::PartitionOutsideCount => "partition_outside_count",
             ProblemKind::PartitionDirMissing => "partition_dir_missing",
+            ProblemKind::SchemasJsonUnreadable => "schemas_json_unreadable",
             ProblemKind::UnfinishedCompaction => "unfinished_compaction",
             ProblemKind::LeftoverTempFile => "leftover_temp_file",
             ProblemKind::OrphanIndex => "orphan_index",
@@ -205,6 +208,7 @@ impl ProblemKind {
             | ProblemKind::TopicJsonUnreadable
             | ProblemKind::PartitionOutsideCount
             | ProblemKind::PartitionDirMissing
+            | ProblemKind::SchemasJsonUnreadable
             | ProblemKind::SegmentsOverlap
             | ProblemKind::SegmentsDoNotJoin
             | ProblemKind::LostSegment
@@ -336,6 +340,9 @@ pub fn topic_problems(target: &Target) -> Vec<TopicProblem> {
     for path in &target.temp_files {
         out.push(temp(None, path));
     }
+    if target.root_is_data_dir {
+        out.extend(schemas_problem(&target.root));
+    }
     for t in &target.topics {
         for issue in &t.issues {
             let detail = format!(
@@ -359,6 +366,46 @@ pub fn topic_problems(target: &Target) -> Vec<TopicProblem> {
         }
     }
     out
+}
+
+/// `DATA/schemas.json`, if present, must parse as the schemas file (corrupt: the
+/// broker does not start on it, since serving unchecked would let through what the
+/// schemas refuse).
+fn schemas_problem(root: &Path) -> Option<TopicProblem> {
+    use crate::format::schemas::{decode_schemas, SCHEMAS_FILE, SCHEMAS_FILE_BYTES_MAX};
+    use std::io::Read;
+    let path = root.join(SCHEMAS_FILE);
+    let read = || -> Result<(), String> {
+        let file = match File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e.to_string()),
+        };
+        let len = file.metadata().map_err(|e| e.to_string())?.len();
+        if len > SCHEMAS_FILE_BYTES_MAX {
+            return Err(format!(
+                "{len} bytes is over the limit of {SCHEMAS_FILE_BYTES_MAX}"
+            ));
+        }
+        let mut bytes = Vec::with_capacity(len as usize);
+        file.take(SCHEMAS_FILE_BYTES_MAX + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|e| e.to_string())?;
+        decode_schemas(&bytes)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    };
+    let detail = read().err()?;
+    Some(TopicProblem {
+        topic: None,
+        problem: problem(
+            ProblemKind::SchemasJsonUnreadable,
+            &path,
+            None,
+            None,
+            format!("{SCHEMAS_FILE} is unreadable: {detail}; the broker does not start until it is fixed or removed"),
+        ),
+    })
 }
 
 /// How much to read.

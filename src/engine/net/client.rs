@@ -473,6 +473,133 @@ impl Client {
     }
 }
 
+/// One version of a topic's schema, as the broker returned it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SchemaText {
+    pub version: u32,
+    pub compatibility: String,
+    /// The schema as compact JSON text.
+    pub schema: String,
+}
+
+/// A topic with schemas, in a schema list.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SchemaListing {
+    pub topic: String,
+    pub compatibility: String,
+    pub versions: Vec<u32>,
+}
+
+/// The schema registry requests (protocol version 3).
+impl Client {
+    fn schemas_spoken(&self) -> Result<(), ClientError> {
+        if self.version >= wire::SCHEMAS_VERSION {
+            return Ok(());
+        }
+        Err(ClientError::Protocol {
+            addr: self.addr.clone(),
+            detail: format!(
+                "the broker speaks protocol version {}; schema requests need {}",
+                self.version,
+                wire::SCHEMAS_VERSION
+            ),
+        })
+    }
+
+    /// Registers `schema` (JSON text); `compatibility` first becomes the topic's rule.
+    /// Returns the version.
+    pub fn schema_register(
+        &mut self,
+        topic: &str,
+        compatibility: Option<&str>,
+        schema: &str,
+    ) -> Result<u32, ClientError> {
+        self.schemas_spoken()?;
+        let req = Request::SchemaRegister {
+            topic,
+            compatibility: compatibility.unwrap_or(""),
+            schema,
+        };
+        match self.call(&req, Duration::ZERO)? {
+            ResponseBody::SchemaRegister { version } => Ok(version),
+            _ => Err(self.protocol("schema_register answered with another response")),
+        }
+    }
+
+    /// Version `version` (`None`: the latest) of a topic's schema.
+    pub fn schema_get(
+        &mut self,
+        topic: &str,
+        version: Option<u32>,
+    ) -> Result<SchemaText, ClientError> {
+        self.schemas_spoken()?;
+        let req = Request::SchemaGet {
+            topic,
+            version: version.unwrap_or(0),
+        };
+        match self.call(&req, Duration::ZERO)? {
+            ResponseBody::SchemaGet {
+                version,
+                compatibility,
+                schema,
+            } => Ok(SchemaText {
+                version,
+                compatibility: compatibility.to_string(),
+                schema: schema.to_string(),
+            }),
+            _ => Err(self.protocol("schema_get answered with another response")),
+        }
+    }
+
+    /// Every topic with schemas.
+    pub fn schema_list(&mut self) -> Result<Vec<SchemaListing>, ClientError> {
+        self.schemas_spoken()?;
+        match self.call(&Request::SchemaList, Duration::ZERO)? {
+            ResponseBody::SchemaList { topics } => Ok(topics
+                .into_iter()
+                .map(|t| SchemaListing {
+                    topic: t.topic.to_string(),
+                    compatibility: t.compatibility.to_string(),
+                    versions: t.versions,
+                })
+                .collect()),
+            _ => Err(self.protocol("schema_list answered with another response")),
+        }
+    }
+
+    /// `None` when `schema` is compatible with the topic's latest version, else why not.
+    pub fn schema_check(
+        &mut self,
+        topic: &str,
+        schema: &str,
+    ) -> Result<Option<String>, ClientError> {
+        self.schemas_spoken()?;
+        match self.call(&Request::SchemaCheck { topic, schema }, Duration::ZERO)? {
+            ResponseBody::SchemaCheck { compatible, reason } => {
+                Ok((!compatible).then(|| reason.to_string()))
+            }
+            _ => Err(self.protocol("schema_check answered with another response")),
+        }
+    }
+
+    /// Deletes version `version` (`None`: every version); returns the versions deleted.
+    pub fn schema_delete(
+        &mut self,
+        topic: &str,
+        version: Option<u32>,
+    ) -> Result<Vec<u32>, ClientError> {
+        self.schemas_spoken()?;
+        let req = Request::SchemaDelete {
+            topic,
+            version: version.unwrap_or(0),
+        };
+        match self.call(&req, Duration::ZERO)? {
+            ResponseBody::SchemaDelete { versions } => Ok(versions),
+            _ => Err(self.protocol("schema_delete answered with another response")),
+        }
+    }
+}
+
 fn owned(settings: &[(&str, &str)]) -> Vec<(String, String)> {
     settings
         .iter()

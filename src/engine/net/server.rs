@@ -565,6 +565,14 @@ impl Connection {
                 self.reply(id, api, &ResponseBody::Stats(body));
                 Ok(())
             }
+            r @ (Request::SchemaRegister { .. }
+            | Request::SchemaGet { .. }
+            | Request::SchemaList
+            | Request::SchemaCheck { .. }
+            | Request::SchemaDelete { .. }) => {
+                crate::engine::schemas::net::answer(&self.broker, self.version, &r)
+                    .map(|a| self.reply(id, api, &a.body()))
+            }
         };
         if let Err((code, msg)) = result {
             if self.opts.log_errors {
@@ -598,6 +606,7 @@ impl Connection {
         batches: &[PartitionBatch<'_>],
     ) -> Answer {
         name_ok(topic)?;
+        crate::engine::schemas::net::check_produce(&self.broker, self.version, topic, batches)?;
         let broker = &self.broker;
         let one = |batch: &PartitionBatch<'_>| -> Result<(u64, u64), EngineError> {
             let records: Vec<NewRecord<'_>> = batch

@@ -30,9 +30,12 @@ use crate::format::names::NAME_LEN_MAX;
 use crate::format::record::MAX_RECORD_LEN;
 use crate::format::topic::PARTITIONS_MAX;
 
+pub mod schemas;
+pub use schemas::{SchemaSubjectInfo, SCHEMAS_VERSION};
+
 /// The newest protocol version this build speaks. Version 2 adds the `cleanup` array
-/// to the describe-topic response; version 3 the `health` array after it; everything
-/// else is as in version 1.
+/// to the describe-topic response; version 3 the `health` array after it and the schema
+/// requests (see [`schemas`]); everything else is as in version 1.
 pub const PROTOCOL_VERSION: u16 = 3;
 /// The first version whose describe-topic response carries `cleanup`.
 pub const CLEANUP_INFO_VERSION: u16 = 2;
@@ -106,10 +109,15 @@ pub enum ApiKey {
     DescribeTopic = 7,
     AlterTopic = 8,
     Stats = 9,
+    SchemaRegister = 40,
+    SchemaGet = 41,
+    SchemaList = 42,
+    SchemaCheck = 43,
+    SchemaDelete = 44,
 }
 
 impl ApiKey {
-    pub const ALL: [ApiKey; 10] = [
+    pub const ALL: [ApiKey; 15] = [
         ApiKey::Handshake,
         ApiKey::Produce,
         ApiKey::Fetch,
@@ -120,6 +128,11 @@ impl ApiKey {
         ApiKey::DescribeTopic,
         ApiKey::AlterTopic,
         ApiKey::Stats,
+        ApiKey::SchemaRegister,
+        ApiKey::SchemaGet,
+        ApiKey::SchemaList,
+        ApiKey::SchemaCheck,
+        ApiKey::SchemaDelete,
     ];
 
     pub fn from_u16(v: u16) -> Option<ApiKey> {
@@ -138,6 +151,11 @@ impl ApiKey {
             ApiKey::DescribeTopic => "describe_topic",
             ApiKey::AlterTopic => "alter_topic",
             ApiKey::Stats => "stats",
+            ApiKey::SchemaRegister => "schema_register",
+            ApiKey::SchemaGet => "schema_get",
+            ApiKey::SchemaList => "schema_list",
+            ApiKey::SchemaCheck => "schema_check",
+            ApiKey::SchemaDelete => "schema_delete",
         }
     }
 }
@@ -181,6 +199,14 @@ impl ErrorCode {
     pub const PARTITION_UNAVAILABLE: ErrorCode = ErrorCode(22);
     /// The broker found corrupt data while serving the request.
     pub const CORRUPT_DATA: ErrorCode = ErrorCode(23);
+    /// A produced value does not match the topic's schema (version 3).
+    pub const SCHEMA_VIOLATION: ErrorCode = ErrorCode(40);
+    /// A schema given to register or check is not a valid JSON Schema (version 3).
+    pub const INVALID_SCHEMA: ErrorCode = ErrorCode(41);
+    /// A schema is not compatible with the topic's latest version (version 3).
+    pub const SCHEMA_INCOMPATIBLE: ErrorCode = ErrorCode(42);
+    /// The topic has no schema, or not the version asked for (version 3).
+    pub const UNKNOWN_SCHEMA: ErrorCode = ErrorCode(43);
 
     pub fn is_ok(self) -> bool {
         self == ErrorCode::NONE
@@ -215,6 +241,10 @@ impl ErrorCode {
             ErrorCode::INVALID_REQUEST => "invalid_request",
             ErrorCode::PARTITION_UNAVAILABLE => "partition_unavailable",
             ErrorCode::CORRUPT_DATA => "corrupt_data",
+            ErrorCode::SCHEMA_VIOLATION => "schema_violation",
+            ErrorCode::INVALID_SCHEMA => "invalid_schema",
+            ErrorCode::SCHEMA_INCOMPATIBLE => "schema_incompatible",
+            ErrorCode::UNKNOWN_SCHEMA => "unknown_schema",
             _ => "unknown_error",
         }
     }
@@ -333,6 +363,27 @@ pub enum Request<'a> {
         settings: Vec<Setting<'a>>,
     },
     Stats,
+    SchemaRegister {
+        topic: &'a str,
+        /// "" keeps the topic's rule.
+        compatibility: &'a str,
+        schema: &'a str,
+    },
+    SchemaGet {
+        topic: &'a str,
+        /// 0 = the latest.
+        version: u32,
+    },
+    SchemaList,
+    SchemaCheck {
+        topic: &'a str,
+        schema: &'a str,
+    },
+    SchemaDelete {
+        topic: &'a str,
+        /// 0 = every version.
+        version: u32,
+    },
 }
 
 impl Request<'_> {
@@ -348,6 +399,11 @@ impl Request<'_> {
             Request::DescribeTopic { .. } => ApiKey::DescribeTopic,
             Request::AlterTopic { .. } => ApiKey::AlterTopic,
             Request::Stats => ApiKey::Stats,
+            Request::SchemaRegister { .. } => ApiKey::SchemaRegister,
+            Request::SchemaGet { .. } => ApiKey::SchemaGet,
+            Request::SchemaList => ApiKey::SchemaList,
+            Request::SchemaCheck { .. } => ApiKey::SchemaCheck,
+            Request::SchemaDelete { .. } => ApiKey::SchemaDelete,
         }
     }
 }
@@ -501,6 +557,24 @@ pub enum ResponseBody<'a> {
         settings: Vec<Setting<'a>>,
     },
     Stats(StatsBody),
+    SchemaRegister {
+        version: u32,
+    },
+    SchemaGet {
+        version: u32,
+        compatibility: &'a str,
+        schema: &'a str,
+    },
+    SchemaList {
+        topics: Vec<SchemaSubjectInfo<'a>>,
+    },
+    SchemaCheck {
+        compatible: bool,
+        reason: &'a str,
+    },
+    SchemaDelete {
+        versions: Vec<u32>,
+    },
 }
 
 impl ResponseBody<'_> {
@@ -516,6 +590,11 @@ impl ResponseBody<'_> {
             ResponseBody::DescribeTopic { .. } => ApiKey::DescribeTopic,
             ResponseBody::AlterTopic { .. } => ApiKey::AlterTopic,
             ResponseBody::Stats(_) => ApiKey::Stats,
+            ResponseBody::SchemaRegister { .. } => ApiKey::SchemaRegister,
+            ResponseBody::SchemaGet { .. } => ApiKey::SchemaGet,
+            ResponseBody::SchemaList { .. } => ApiKey::SchemaList,
+            ResponseBody::SchemaCheck { .. } => ApiKey::SchemaCheck,
+            ResponseBody::SchemaDelete { .. } => ApiKey::SchemaDelete,
         }
     }
 }
@@ -742,6 +821,13 @@ fn encode_request_payload(out: &mut Vec<u8>, req: &Request<'_>) -> Result<(), Pr
             put_settings(out, settings)?;
         }
         Request::ListTopics | Request::Stats => {}
+        Request::SchemaRegister { .. }
+        | Request::SchemaGet { .. }
+        | Request::SchemaList
+        | Request::SchemaCheck { .. }
+        | Request::SchemaDelete { .. } => {
+            schemas::encode_request(out, req)?;
+        }
     }
     Ok(())
 }
@@ -922,6 +1008,13 @@ fn encode_response_body(out: &mut Vec<u8>, body: &ResponseBody<'_>) -> Result<()
             out.extend_from_slice(&s.fsyncs.to_be_bytes());
             out.extend_from_slice(&s.produce_requests.to_be_bytes());
             out.extend_from_slice(&s.records_appended.to_be_bytes());
+        }
+        ResponseBody::SchemaRegister { .. }
+        | ResponseBody::SchemaGet { .. }
+        | ResponseBody::SchemaList { .. }
+        | ResponseBody::SchemaCheck { .. }
+        | ResponseBody::SchemaDelete { .. } => {
+            schemas::encode_body(out, body)?;
         }
     }
     Ok(())
@@ -1188,6 +1281,11 @@ pub fn decode_request(frame: &[u8]) -> Result<(u32, Request<'_>), ProtocolError>
             }
         }
         ApiKey::Stats => Request::Stats,
+        ApiKey::SchemaRegister => schemas::decode_register(&mut r)?,
+        ApiKey::SchemaGet => schemas::decode_get(&mut r)?,
+        ApiKey::SchemaList => Request::SchemaList,
+        ApiKey::SchemaCheck => schemas::decode_check(&mut r)?,
+        ApiKey::SchemaDelete => schemas::decode_delete(&mut r)?,
     };
     r.finish()?;
     Ok((request_id, req))
@@ -1370,6 +1468,11 @@ fn decode_response_body<'a>(
             produce_requests: r.u64("produce_requests")?,
             records_appended: r.u64("records_appended")?,
         }),
+        ApiKey::SchemaRegister => schemas::decode_register_body(r)?,
+        ApiKey::SchemaGet => schemas::decode_get_body(r)?,
+        ApiKey::SchemaList => schemas::decode_list_body(r)?,
+        ApiKey::SchemaCheck => schemas::decode_check_body(r)?,
+        ApiKey::SchemaDelete => schemas::decode_delete_body(r)?,
     })
 }
 
@@ -1434,6 +1537,29 @@ mod tests {
                 settings: vec![("cleanup_policy", "compact"), ("segment_bytes", "1048576")],
             },
             Request::Stats,
+            Request::SchemaRegister {
+                topic: "orders",
+                compatibility: "full",
+                schema: "{\"type\":\"object\"}",
+            },
+            Request::SchemaRegister {
+                topic: "orders",
+                compatibility: "",
+                schema: "",
+            },
+            Request::SchemaGet {
+                topic: "orders",
+                version: 0,
+            },
+            Request::SchemaList,
+            Request::SchemaCheck {
+                topic: "o",
+                schema: "true",
+            },
+            Request::SchemaDelete {
+                topic: "o",
+                version: 7,
+            },
         ]
     }
 
@@ -1545,6 +1671,38 @@ mod tests {
                 produce_requests: 2,
                 records_appended: 3,
             }),
+            ResponseBody::SchemaRegister { version: 9 },
+            ResponseBody::SchemaGet {
+                version: 2,
+                compatibility: "backward",
+                schema: "{}",
+            },
+            ResponseBody::SchemaList {
+                topics: vec![
+                    SchemaSubjectInfo {
+                        topic: "a",
+                        compatibility: "none",
+                        versions: vec![1, 3],
+                    },
+                    SchemaSubjectInfo {
+                        topic: "b",
+                        compatibility: "full",
+                        versions: vec![],
+                    },
+                ],
+            },
+            ResponseBody::SchemaList { topics: vec![] },
+            ResponseBody::SchemaCheck {
+                compatible: false,
+                reason: "at /type: type narrowed",
+            },
+            ResponseBody::SchemaCheck {
+                compatible: true,
+                reason: "",
+            },
+            ResponseBody::SchemaDelete {
+                versions: vec![1, 2],
+            },
         ]
     }
 

@@ -431,6 +431,7 @@ pub(super) fn tail_step(active: bool, kind: Option<ProblemKind>, end: &ScanEnd) 
         | K::TopicJsonUnreadable
         | K::PartitionOutsideCount
         | K::PartitionDirMissing
+        | K::SchemasJsonUnreadable
         | K::UnfinishedCompaction
         | K::LeftoverTempFile
         | K::OrphanIndex

@@ -1,0 +1,174 @@
+//! Produce throughput with schema validation on and off. Ignored by default; run with
+//!
+//! ```text
+//! cargo test --release --test bench -- --ignored --nocapture schemas::
+//! ```
+//!
+//! A broker in this process (fsync before every acknowledgement) on a loopback port;
+//! 16 connections each send requests of 100 records of 256-byte JSON objects with 10
+//! properties to a topic, for `SEGLOG_BENCH_SECS` seconds per run (default 3). The
+//! same load runs on a topic without a schema and on one whose schema checks all 10
+//! properties (types, an enum, bounds, required fields, a closed model); runs
+//! alternate, twice each, and the ratio of the mean records/s is printed. This
+//! measures; it asserts only that every run worked.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Barrier};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use seglog::engine::broker::{Broker, BrokerOptions};
+use seglog::engine::net::client::Client;
+use seglog::engine::net::server::{Server, ServerOptions};
+use seglog::engine::storage::io::RealStorage;
+use seglog::format::topic::TopicConfig;
+use seglog::format::wire::{PartitionBatch, WireRecord};
+use serde_json::json;
+
+const VALUE_BYTES: usize = 256;
+const BATCH: usize = 100;
+const CONNECTIONS: usize = 16;
+
+fn run_seconds() -> u64 {
+    std::env::var("SEGLOG_BENCH_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3)
+}
+
+fn schema() -> serde_json::Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "id": {"type": "integer", "minimum": 0},
+            "name": {"type": "string", "maxLength": 64},
+            "email": {"type": "string"},
+            "age": {"type": "integer", "minimum": 0, "maximum": 200},
+            "active": {"type": "boolean"},
+            "score": {"type": "number"},
+            "kind": {"enum": ["basic", "gold", "platinum"]},
+            "tags": {"type": "array", "items": {"type": "string"}},
+            "city": {"type": "string"},
+            "note": {"type": "string"}
+        },
+        "required": ["id", "name", "email", "kind", "active"],
+        "additionalProperties": false
+    })
+}
+
+/// `n` distinct valid values of exactly [`VALUE_BYTES`] bytes.
+fn values(n: usize) -> Vec<Vec<u8>> {
+    (0..n)
+        .map(|i| {
+            let kind = ["basic", "gold", "platinum"][i % 3];
+            let mut v = json!({
+                "id": i, "name": format!("user {i}"), "email": format!("u{i}@example.com"),
+                "age": 20 + i % 50, "active": i % 2 == 0, "score": i as f64 * 0.5,
+                "kind": kind, "tags": ["a", "bb", "ccc"],
+                "city": "Lisbon", "note": ""
+            });
+            let len = serde_json::to_vec(&v).unwrap().len();
+            v["note"] = json!("n".repeat(VALUE_BYTES - len));
+            let bytes = serde_json::to_vec(&v).unwrap();
+            assert_eq!(bytes.len(), VALUE_BYTES);
+            bytes
+        })
+        .collect()
+}
+
+/// Records per second of one run against `topic`.
+fn load(addr: &str, topic: &str, partitions: u32, values: &[Vec<u8>], secs: u64) -> f64 {
+    let barrier = Arc::new(Barrier::new(CONNECTIONS + 1));
+    let workers: Vec<_> = (0..CONNECTIONS)
+        .map(|w| {
+            let barrier = Arc::clone(&barrier);
+            let (addr, topic, values) = (addr.to_string(), topic.to_string(), values.to_vec());
+            thread::spawn(move || {
+                let mut c = Client::connect(&addr, Duration::from_secs(30)).unwrap();
+                barrier.wait();
+                let deadline = Instant::now() + Duration::from_secs(secs);
+                let mut sent = 0u64;
+                let mut turn = w;
+                while Instant::now() < deadline {
+                    let records = (0..BATCH)
+                        .map(|i| WireRecord {
+                            timestamp_ms: -1,
+                            key: None,
+                            value: &values[(turn + i) % values.len()],
+                        })
+                        .collect();
+                    let batch = PartitionBatch {
+                        partition: (turn % partitions as usize) as u32,
+                        records,
+                    };
+                    turn += 1;
+                    let acks = c.produce(&topic, vec![batch]).unwrap();
+                    assert!(acks.iter().all(|a| a.result.is_ok()), "{acks:?}");
+                    sent += BATCH as u64;
+                }
+                sent
+            })
+        })
+        .collect();
+    barrier.wait();
+    let start = Instant::now();
+    let total: u64 = workers.into_iter().map(|w| w.join().unwrap()).sum();
+    total as f64 / start.elapsed().as_secs_f64()
+}
+
+#[test]
+#[ignore = "benchmark: run with --ignored --nocapture"]
+fn produce_with_and_without_a_schema() {
+    let secs = run_seconds();
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let opts = BrokerOptions {
+        flush_every_records: 1,
+        ..BrokerOptions::default()
+    };
+    let broker = Broker::open(dir.path(), Arc::new(RealStorage), opts).unwrap();
+    let server_opts = ServerOptions {
+        log_errors: false,
+        ..ServerOptions::default()
+    };
+    let server = Server::bind("127.0.0.1:0", Arc::clone(&broker), server_opts).unwrap();
+    let addr = server.local_addr().to_string();
+    let stop = server.stop_handle();
+    let thread = thread::spawn(move || server.run(&AtomicBool::new(false)));
+    let values = values(64);
+    println!();
+    println!(
+        "{CONNECTIONS} connections, batch {BATCH}, {VALUE_BYTES}-byte JSON values, 10-property schema, {secs} s per run"
+    );
+    println!(
+        "{:>5} | {:>14} {:>14} | {:>7}",
+        "parts", "no schema r/s", "schema r/s", "ratio"
+    );
+    for partitions in [1u32, 4] {
+        let (plain, checked) = (
+            format!("plain-{partitions}"),
+            format!("checked-{partitions}"),
+        );
+        for t in [&plain, &checked] {
+            broker
+                .create_topic(t, partitions, TopicConfig::default())
+                .unwrap();
+        }
+        broker.register_schema(&checked, &schema(), None).unwrap();
+        let mut without = Vec::new();
+        let mut with = Vec::new();
+        for _ in 0..2 {
+            without.push(load(&addr, &plain, partitions, &values, secs));
+            with.push(load(&addr, &checked, partitions, &values, secs));
+        }
+        let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+        let (a, b) = (mean(&without), mean(&with));
+        println!(
+            "{partitions:>5} | {a:>14.0} {b:>14.0} | {:>6.1}%   (runs: {without:.0?} vs {with:.0?})",
+            100.0 * b / a
+        );
+        assert!(a > 0.0 && b > 0.0);
+    }
+    stop.store(true, Ordering::SeqCst);
+    let _ = thread.join();
+    broker.shutdown().unwrap();
+}
