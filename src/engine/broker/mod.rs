@@ -39,6 +39,7 @@ mod topics;
 use cleaner::*;
 use flusher::*;
 use open::*;
+pub use requests::DurableWait;
 
 use crate::format::names::{
     creating_topic_dir_name, deleting_topic_dir_name, TOPIC_CREATING_SUFFIX, TOPIC_DELETING_SUFFIX,

@@ -10,9 +10,8 @@
 //!   id itself could not be read) and the connection is to be closed.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::engine::broker::{Broker, NewRecord};
@@ -39,6 +38,8 @@ pub struct Session {
     peer: SocketAddr,
     stop: Arc<AtomicBool>,
     log_errors: bool,
+    /// Connections the server serves right now (see [`Session::commit_here`]).
+    active: Arc<AtomicUsize>,
     out: Vec<u8>,
     handshaken: bool,
     /// The protocol version agreed in the handshake.
@@ -52,12 +53,14 @@ impl Session {
         peer: SocketAddr,
         stop: Arc<AtomicBool>,
         log_errors: bool,
+        active: Arc<AtomicUsize>,
     ) -> Self {
         Session {
             broker,
             peer,
             stop,
             log_errors,
+            active,
             out: Vec::new(),
             handshaken: false,
             version: PROTOCOL_VERSION_MIN,
@@ -83,7 +86,7 @@ impl Session {
 
     /// Decodes and answers one frame (the bytes after `frame_len`), leaving the
     /// response in [`Session::response`]. Returns true when the connection must close after it.
-    pub fn handle_frame(&mut self, frame: &[u8]) -> bool {
+    pub async fn handle_frame(&mut self, frame: &[u8]) -> bool {
         self.out.clear();
         let (id, api_key) = frame_head(frame).unwrap_or((0, API_KEY_NONE));
         match decode_request(frame) {
@@ -97,11 +100,11 @@ impl Session {
                 self.log(&detail);
                 true
             }
-            Ok((_, req)) => self.dispatch(id, req),
+            Ok((_, req)) => self.dispatch(id, req).await,
         }
     }
 
-    fn dispatch(&mut self, id: u32, req: Request<'_>) -> bool {
+    async fn dispatch(&mut self, id: u32, req: Request<'_>) -> bool {
         let api = req.api_key() as u16;
         if let Request::Handshake {
             min_version,
@@ -142,14 +145,19 @@ impl Session {
         }
         let result = match req {
             Request::Handshake { .. } => Ok(()),
-            Request::Produce { topic, partitions } => self.produce(id, api, topic, &partitions),
+            Request::Produce { topic, partitions } => {
+                self.produce(id, api, topic, &partitions).await
+            }
             Request::Fetch {
                 topic,
                 partition,
                 offset,
                 max_bytes,
                 max_wait_ms,
-            } => self.fetch(id, api, topic, partition, offset, max_bytes, max_wait_ms),
+            } => {
+                self.fetch(id, api, topic, partition, offset, max_bytes, max_wait_ms)
+                    .await
+            }
             Request::ListOffsets { topic } => self.list_offsets(id, api, topic),
             Request::CreateTopic {
                 topic,
@@ -200,7 +208,7 @@ impl Session {
         }
     }
 
-    fn produce(
+    async fn produce(
         &mut self,
         id: u32,
         api: u16,
@@ -208,8 +216,11 @@ impl Session {
         batches: &[PartitionBatch<'_>],
     ) -> Answer {
         name_ok(topic)?;
-        let broker = &self.broker;
-        let one = |batch: &PartitionBatch<'_>| -> Result<(u64, u64), EngineError> {
+        // Every partition's write first (page-cache writes, on this thread), then the
+        // durability waits side by side: one group commit per partition covers them.
+        let mut results: Vec<PartitionResult> = Vec::with_capacity(batches.len());
+        let mut waits = Vec::new();
+        for (i, batch) in batches.iter().enumerate() {
             let records: Vec<NewRecord<'_>> = batch
                 .records
                 .iter()
@@ -219,30 +230,36 @@ impl Session {
                     timestamp_ms: r.timestamp_ms,
                 })
                 .collect();
-            broker
-                .produce(topic, batch.partition, &records)
-                .map(|p| (p.base_offset, p.last_offset))
-        };
-        // Each partition has its own files and fsyncs: serve them side by side.
-        let results: Vec<Result<(u64, u64), (ErrorCode, String)>> = if batches.len() <= 1 {
-            batches
-                .iter()
-                .map(|b| one(b).map_err(engine_error))
-                .collect()
+            match self.broker.append(topic, batch.partition, &records) {
+                Ok((p, wait)) => {
+                    results.push(Ok((p.base_offset, p.last_offset)));
+                    if let Some(w) = wait {
+                        waits.push((i, w));
+                    }
+                }
+                Err(e) => results.push(Err(engine_error(e))),
+            }
+        }
+        if self.commit_here() && waits.len() == 1 {
+            // One connection: the fsync on the request's own path, no hand-off.
+            for (i, w) in waits {
+                if let Err(e) = self.broker.wait_durable_here(w) {
+                    set_error(&mut results, i, engine_error(e));
+                }
+            }
         } else {
-            thread::scope(|s| {
-                let handles: Vec<_> = batches.iter().map(|b| s.spawn(move || one(b))).collect();
-                handles
-                    .into_iter()
-                    .map(|h| match h.join() {
-                        Ok(r) => r.map_err(engine_error),
-                        Err(_) => {
-                            Err((ErrorCode::INTERNAL, "the produce worker failed".to_string()))
-                        }
-                    })
-                    .collect()
-            })
-        };
+            // Every commit is asked for before the first wait, so waiting for them
+            // in turn takes as long as the slowest.
+            let pending: Vec<_> = waits
+                .into_iter()
+                .map(|(i, w)| (i, self.broker.durable(w)))
+                .collect();
+            for (i, wait) in pending {
+                if let Err(e) = wait.await {
+                    set_error(&mut results, i, engine_error(e));
+                }
+            }
+        }
         let acks = batches
             .iter()
             .zip(&results)
@@ -267,8 +284,16 @@ impl Session {
         Ok(())
     }
 
+    /// True when this connection is the only one: its group commit runs on its own
+    /// task (blocking the event loop for one fsync that nobody else waits behind),
+    /// because handing the fsync to the flusher thread costs two context switches
+    /// per request and batches nothing.
+    fn commit_here(&self) -> bool {
+        self.active.load(Ordering::Relaxed) <= 1
+    }
+
     #[expect(clippy::too_many_arguments, reason = "the fields of a fetch request")]
-    fn fetch(
+    async fn fetch(
         &mut self,
         id: u32,
         api: u16,
@@ -287,7 +312,8 @@ impl Session {
             let slice = left.min(FETCH_SLICE);
             let r = self
                 .broker
-                .fetch(topic, partition, offset, max_bytes, slice)
+                .fetch_async(topic, partition, offset, max_bytes, slice)
+                .await
                 .map_err(engine_error)?;
             let has_data = r.chunks.iter().any(|c| !c.bytes.is_empty());
             if has_data || left <= slice || self.stop.load(Ordering::SeqCst) {
@@ -424,6 +450,16 @@ impl Session {
         let settings = text.iter().map(|(k, v)| (*k, v.as_str())).collect();
         self.reply(id, api, &ResponseBody::AlterTopic { settings });
         Ok(())
+    }
+}
+
+/// One partition's outcome in a produce: (base, last) offsets, or the error.
+type PartitionResult = Result<(u64, u64), (ErrorCode, String)>;
+
+/// Replaces a partition's result with the error its durability wait ended in.
+fn set_error(results: &mut [PartitionResult], i: usize, e: (ErrorCode, String)) {
+    if let Some(r) = results.get_mut(i) {
+        *r = Err(e);
     }
 }
 

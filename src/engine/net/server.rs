@@ -1,6 +1,15 @@
 //! The TCP server: accepts connections, reads request frames and writes responses;
-//! [`super::dispatch`] answers each frame by calling the [`Broker`]. One thread per
-//! connection (bounded by `max_connections`); no async runtime.
+//! [`super::dispatch`] answers each frame by calling the [`Broker`].
+//!
+//! One tokio runtime serves the listener: a task accepts, and each connection is a
+//! task (bounded by `max_connections`). The runtime is `current_thread`: on this
+//! broker's two-core target a second worker thread bought no throughput and cost
+//! context switches (docs/DESIGN.md, "The request path"), and one thread keeps every
+//! connection's appends of a pass back to back, so one group commit covers them.
+//! Storage stays synchronous: appends and reads are positional writes and reads of
+//! the page cache on the runtime thread; fsyncs run on the flusher thread, which
+//! wakes only the tasks of the partition it synced. With a single connection the
+//! request runs its own fsync (the hand-off would batch nothing).
 //!
 //! Invariants:
 //! - The first request on a connection must be a handshake.
@@ -11,30 +20,39 @@
 //!   read buffer grows only as bytes arrive.
 //! - Stopping: the accept loop ends, each connection finishes the request it is
 //!   serving (a long-poll fetch returns within one poll slice) and closes at the next
-//!   frame boundary; `run` returns once every connection thread has ended. The caller
+//!   frame boundary; `run` returns once every connection task has ended. The caller
 //!   then shuts the broker down.
+//!
+//! [`FRAME_BYTES_MAX`]: crate::format::wire::FRAME_BYTES_MAX
 
-use std::io::{self, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::io;
+use std::net::{SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
 
 use super::dispatch::Session;
 pub use super::dispatch::{config_settings, engine_error};
 use crate::engine::broker::Broker;
 use crate::format::wire::{check_frame_len, encode_error, ErrorCode, API_KEY_NONE, LEN_FIELD};
 
-/// How often an idle connection and the accept loop look at the stop flag.
+/// How often the accept loop looks at the stop flags.
 const POLL_INTERVAL: Duration = Duration::from_millis(100);
-/// Sleep of the non-blocking accept loop when no connection is waiting.
-const ACCEPT_SLEEP: Duration = Duration::from_millis(5);
-/// Step by which a frame buffer grows while its bytes arrive.
+/// Step by which a large frame's buffer grows while its bytes arrive.
 const READ_STEP_BYTES: usize = 1 << 20;
+/// A connection's read buffer: frames up to this size are read in place, several
+/// at a time when the peer sends them back to back.
+const READ_BUFFER_BYTES: usize = 64 << 10;
 /// How long a stopping server waits for a peer stalled in the middle of a frame.
 const STOP_GRACE: Duration = Duration::from_secs(1);
-/// Largest buffer a connection keeps between requests.
+/// Largest buffer a connection keeps between requests whatever it holds; a larger
+/// one is kept only while the requests fill at least a quarter of it (so a stream of
+/// large fetches reuses one response buffer, and a single large one does not pin it).
 const BUFFER_KEEP_BYTES: usize = 4 << 20;
 
 /// Server settings.
@@ -68,6 +86,14 @@ pub struct Server {
     opts: ServerOptions,
     stop: Arc<AtomicBool>,
     active: Arc<AtomicUsize>,
+}
+
+/// The runtime of the native listener (see the module documentation for why one
+/// thread).
+pub fn runtime() -> io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
 }
 
 impl Server {
@@ -113,69 +139,73 @@ impl Server {
     /// Accepts and serves connections until the stop handle or `also_stop` is set,
     /// then waits for every connection to finish its in-flight request and close.
     pub fn run(&self, also_stop: &AtomicBool) -> io::Result<()> {
-        let mut threads: Vec<JoinHandle<()>> = Vec::new();
-        let result = self.accept_loop(also_stop, &mut threads);
-        self.stop.store(true, Ordering::SeqCst);
-        for t in threads {
-            let _ = t.join();
-        }
-        result
+        let rt = runtime()?;
+        rt.block_on(async {
+            let listener = tokio::net::TcpListener::from_std(self.listener.try_clone()?)?;
+            let (stop_tx, stop_rx) = watch::channel(false);
+            let mut conns = JoinSet::new();
+            let result = self
+                .accept_loop(&listener, also_stop, &stop_rx, &mut conns)
+                .await;
+            self.stop.store(true, Ordering::SeqCst);
+            stop_tx.send_replace(true);
+            while conns.join_next().await.is_some() {}
+            result
+        })
     }
 
-    fn accept_loop(
+    async fn accept_loop(
         &self,
+        listener: &tokio::net::TcpListener,
         also_stop: &AtomicBool,
-        threads: &mut Vec<JoinHandle<()>>,
+        stop_rx: &watch::Receiver<bool>,
+        conns: &mut JoinSet<()>,
     ) -> io::Result<()> {
         let mut starved = Starved::new();
+        let mut tick = tokio::time::interval(POLL_INTERVAL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         while !self.stop.load(Ordering::SeqCst) && !also_stop.load(Ordering::SeqCst) {
-            match self.listener.accept() {
+            let accepted = tokio::select! {
+                _ = tick.tick() => continue,
+                r = listener.accept() => r,
+            };
+            match accepted {
                 Ok((stream, peer)) => {
                     starved.backoff = ACCEPT_BACKOFF_MIN;
-                    threads.retain(|t| !t.is_finished());
-                    self.start_connection(stream, peer, threads);
+                    while conns.try_join_next().is_some() {}
+                    self.start_connection(stream, peer, stop_rx, conns).await;
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => thread::sleep(ACCEPT_SLEEP),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 // Out of file descriptors: refuse the waiting connection through the
                 // spare descriptor, and back off; keep serving the others.
                 Err(e) if is_out_of_descriptors(&e) => {
-                    let refused = starved.refuse(&self.listener);
+                    let refused = starved.refuse(listener).await;
                     starved.note(&self.local_addr, &e, refused);
-                    thread::sleep(starved.backoff);
+                    tokio::time::sleep(starved.backoff).await;
                     starved.backoff = (starved.backoff * 2).min(ACCEPT_BACKOFF_MAX);
                 }
                 Err(e) => {
                     starved.note(&self.local_addr, &e, false);
-                    thread::sleep(POLL_INTERVAL);
+                    tokio::time::sleep(POLL_INTERVAL).await;
                 }
             }
         }
         Ok(())
     }
 
-    fn start_connection(
+    async fn start_connection(
         &self,
         mut stream: TcpStream,
         peer: SocketAddr,
-        threads: &mut Vec<JoinHandle<()>>,
+        stop_rx: &watch::Receiver<bool>,
+        conns: &mut JoinSet<()>,
     ) {
         if self.active.load(Ordering::SeqCst) >= self.opts.max_connections {
-            let mut out = Vec::new();
             let msg = format!(
                 "the broker serves at most {} connections",
                 self.opts.max_connections
             );
-            encode_error(
-                &mut out,
-                0,
-                API_KEY_NONE,
-                ErrorCode::TOO_MANY_CONNECTIONS,
-                &msg,
-            );
-            let _ = stream.set_nonblocking(false);
-            let _ = stream.set_write_timeout(Some(POLL_INTERVAL));
-            let _ = stream.write_all(&out);
+            refuse_with(&mut stream, &msg).await;
             tracing::warn!(%peer, max_connections = self.opts.max_connections, "refused a connection");
             return;
         }
@@ -188,26 +218,36 @@ impl Server {
                 peer,
                 Arc::clone(&self.stop),
                 self.opts.log_errors,
+                Arc::clone(&self.active),
             ),
             stop: Arc::clone(&self.stop),
+            stop_rx: stop_rx.clone(),
             opts: self.opts.clone(),
-            frame: Vec::new(),
+            buf: Vec::new(),
+            start: 0,
+            end: 0,
+            big: Vec::new(),
         };
         let active = Arc::clone(&self.active);
-        let spawned = thread::Builder::new()
-            .name(format!("seglog-conn-{peer}"))
-            .spawn(move || {
-                conn.serve();
-                active.fetch_sub(1, Ordering::SeqCst);
-            });
-        match spawned {
-            Ok(t) => threads.push(t),
-            Err(e) => {
-                self.active.fetch_sub(1, Ordering::SeqCst);
-                tracing::warn!(%peer, error = %e, "refused a connection: cannot start its thread");
-            }
-        }
+        conns.spawn(async move {
+            conn.serve().await;
+            active.fetch_sub(1, Ordering::SeqCst);
+        });
     }
+}
+
+/// Tells a refused peer why (TOO_MANY_CONNECTIONS, request id 0); the stream closes
+/// when dropped.
+async fn refuse_with(stream: &mut TcpStream, msg: &str) {
+    let mut out = Vec::new();
+    encode_error(
+        &mut out,
+        0,
+        API_KEY_NONE,
+        ErrorCode::TOO_MANY_CONNECTIONS,
+        msg,
+    );
+    let _ = tokio::time::timeout(POLL_INTERVAL, stream.write_all(&out)).await;
 }
 
 /// First and longest sleep of the accept loop while descriptors run out.
@@ -246,26 +286,16 @@ impl Starved {
 
     /// Frees the spare descriptor, accepts one connection on it, tells the peer
     /// why and closes it, then takes the spare again. True when one was refused.
-    fn refuse(&mut self, listener: &TcpListener) -> bool {
+    async fn refuse(&mut self, listener: &tokio::net::TcpListener) -> bool {
         if self.spare.take().is_none() {
             return false;
         }
-        let refused = match listener.accept() {
-            Ok((mut stream, _)) => {
-                let mut out = Vec::new();
-                encode_error(
-                    &mut out,
-                    0,
-                    API_KEY_NONE,
-                    ErrorCode::TOO_MANY_CONNECTIONS,
-                    "the broker is out of file descriptors",
-                );
-                let _ = stream.set_nonblocking(false);
-                let _ = stream.set_write_timeout(Some(POLL_INTERVAL));
-                let _ = stream.write_all(&out);
+        let refused = match tokio::time::timeout(POLL_INTERVAL, listener.accept()).await {
+            Ok(Ok((mut stream, _))) => {
+                refuse_with(&mut stream, "the broker is out of file descriptors").await;
                 true
             }
-            Err(_) => false,
+            _ => false,
         };
         self.spare = std::fs::File::open("/dev/null").ok();
         refused
@@ -305,62 +335,76 @@ enum ReadEnd {
     Failed(io::Error),
 }
 
-/// One accepted connection, served on its own thread.
+/// Where the frame just read lies.
+enum Frame {
+    /// `buf[start..end]`.
+    InPlace(usize, usize),
+    /// All of `big`.
+    Big,
+}
+
+/// One accepted connection, served as one task.
 struct Connection {
     stream: TcpStream,
     peer: SocketAddr,
     session: Session,
     stop: Arc<AtomicBool>,
+    /// Changes once, when the server starts stopping.
+    stop_rx: watch::Receiver<bool>,
     opts: ServerOptions,
-    frame: Vec<u8>,
+    /// Bytes read and not yet consumed are `buf[start..end]`.
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
+    /// A frame larger than `buf`, grown in steps as its bytes arrive.
+    big: Vec<u8>,
 }
 
 impl Connection {
-    fn serve(mut self) {
-        let setup = self
-            .stream
-            .set_nonblocking(false)
-            .and_then(|()| self.stream.set_nodelay(true))
-            .and_then(|()| self.stream.set_read_timeout(Some(POLL_INTERVAL)))
-            .and_then(|()| self.stream.set_write_timeout(Some(self.opts.io_timeout)));
-        if setup.is_err() {
+    async fn serve(mut self) {
+        if self.stream.set_nodelay(true).is_err() {
             return;
         }
         // A stopping server takes no new request, even one already sent.
         while !self.stop.load(Ordering::SeqCst) {
-            match self.read_frame() {
-                Ok(()) => {}
+            let frame = match self.read_frame().await {
+                Ok(f) => f,
                 Err(ReadEnd::Closed) => break,
                 Err(ReadEnd::BadLength(detail)) => {
                     let out = self.session.response_mut();
                     out.clear();
                     encode_error(out, 0, API_KEY_NONE, ErrorCode::FRAME_TOO_LARGE, &detail);
                     self.log(&detail);
-                    self.send_and_close();
+                    self.send_and_close().await;
                     return;
                 }
                 Err(ReadEnd::Failed(e)) => {
                     self.log(&format!("reading a request failed: {e}"));
                     break;
                 }
-            }
-            let close = self.session.handle_frame(&self.frame);
+            };
+            let bytes = match frame {
+                Frame::InPlace(a, b) => self.buf.get(a..b).unwrap_or(&[]),
+                Frame::Big => &self.big,
+            };
+            let close = self.session.handle_frame(bytes).await;
             if close {
-                self.send_and_close();
+                self.send_and_close().await;
                 return;
             }
-            if self.stream.write_all(self.session.response()).is_err() {
+            if self.send().await.is_err() {
                 break;
             }
             // A large request or fetch does not pin its buffers for the life of
             // the connection.
-            for buf in [&mut self.frame, self.session.response_mut()] {
-                if buf.capacity() > BUFFER_KEEP_BYTES {
-                    *buf = Vec::new();
-                }
+            if self.big.capacity() > BUFFER_KEEP_BYTES {
+                self.big = Vec::new();
+            }
+            let out = self.session.response_mut();
+            if out.capacity() > BUFFER_KEEP_BYTES && out.len() < out.capacity() / 4 {
+                *out = Vec::new();
             }
         }
-        let _ = self.stream.shutdown(Shutdown::Both);
     }
 
     fn log(&self, detail: &str) {
@@ -369,97 +413,195 @@ impl Connection {
         }
     }
 
-    /// Sends the response in `out`, then closes: the write side first so the peer
-    /// reads the response before the end of stream.
-    fn send_and_close(&mut self) {
-        let _ = self.stream.write_all(self.session.response());
-        let _ = self.stream.shutdown(Shutdown::Write);
+    /// Writes the response: one `send` when the socket takes it whole (the usual
+    /// case, and no timer is armed), else the rest within `io_timeout`.
+    async fn send(&mut self) -> io::Result<()> {
+        let out = self.session.response();
+        let sent = match self.stream.try_write(out) {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
+            Err(e) => return Err(e),
+        };
+        let rest = out.get(sent..).unwrap_or(&[]);
+        if rest.is_empty() {
+            return Ok(());
+        }
+        match tokio::time::timeout(self.opts.io_timeout, self.stream.write_all(rest)).await {
+            Ok(r) => r,
+            Err(_) => Err(io::ErrorKind::TimedOut.into()),
+        }
+    }
+
+    /// Sends the response, then closes: the write side first so the peer reads the
+    /// response before the end of stream.
+    async fn send_and_close(&mut self) {
+        let _ = self.send().await;
+        let _ = self.stream.shutdown().await;
         // Drain briefly so unread request bytes do not turn the close into a reset
         // that could discard the response before the peer reads it.
-        let deadline = Instant::now() + POLL_INTERVAL * 5;
         let mut sink = [0u8; 4096];
-        while Instant::now() < deadline {
-            match self.stream.read(&mut sink) {
-                Ok(0) => break,
-                Ok(_) => {}
-                Err(e) if is_timeout(&e) => {}
-                Err(_) => break,
+        let _ = tokio::time::timeout(POLL_INTERVAL * 5, async {
+            while let Ok(n) = self.stream.read(&mut sink).await {
+                if n == 0 {
+                    break;
+                }
             }
+        })
+        .await;
+    }
+
+    /// One read into `dst`. `idle`: at a frame boundary with nothing buffered, where
+    /// the connection waits as long as the peer likes and a stop ends it; otherwise
+    /// mid-frame, where a peer silent for longer than `io_timeout` (the stop grace
+    /// once stopping) fails the connection.
+    async fn read_some(
+        stream: &mut TcpStream,
+        stop: &AtomicBool,
+        stop_rx: &mut watch::Receiver<bool>,
+        io_timeout: Duration,
+        dst: &mut [u8],
+        idle: bool,
+        last_progress: Instant,
+    ) -> Result<usize, ReadEnd> {
+        loop {
+            let stopping = stop.load(Ordering::SeqCst);
+            let r = if idle {
+                if stopping {
+                    return Err(ReadEnd::Closed);
+                }
+                tokio::select! {
+                    r = stream.read(dst) => r,
+                    _ = stop_rx.changed() => continue,
+                }
+            } else {
+                let patience = if stopping {
+                    STOP_GRACE.min(io_timeout)
+                } else {
+                    io_timeout
+                };
+                let deadline = tokio::time::Instant::from_std(last_progress + patience);
+                tokio::select! {
+                    r = stream.read(dst) => r,
+                    _ = tokio::time::sleep_until(deadline) => {
+                        return Err(ReadEnd::Failed(io::ErrorKind::TimedOut.into()));
+                    }
+                    _ = stop_rx.changed(), if !stopping => continue,
+                }
+            };
+            return match r {
+                Ok(0) if idle => Err(ReadEnd::Closed),
+                Ok(0) => Err(ReadEnd::Failed(io::ErrorKind::UnexpectedEof.into())),
+                Ok(n) => Ok(n),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => Err(ReadEnd::Failed(e)),
+            };
         }
     }
 
-    /// Reads bytes into `buf[*filled..]` until full. At a frame boundary (nothing
-    /// read yet) a stop request or a clean end of stream ends the connection.
-    fn fill(&mut self, buf_len: usize, filled: &mut usize, boundary: bool) -> Result<(), ReadEnd> {
+    /// Reads until `buf[start..end]` holds at least `n` bytes (`n` at most the
+    /// buffer's size), moving the unread bytes to the front when the tail is short.
+    async fn fill(&mut self, n: usize, boundary: bool) -> Result<(), ReadEnd> {
+        if self.buf.is_empty() {
+            self.buf = vec![0; READ_BUFFER_BYTES];
+        }
         let mut last_progress = Instant::now();
-        while *filled < buf_len {
-            let Some(dst) = self.frame.get_mut(*filled..buf_len) else {
-                return Err(ReadEnd::Failed(io::Error::other("frame buffer too short")));
-            };
-            match self.stream.read(dst) {
-                Ok(0) if boundary && *filled == 0 => return Err(ReadEnd::Closed),
-                Ok(0) => return Err(ReadEnd::Failed(io::ErrorKind::UnexpectedEof.into())),
-                Ok(n) => {
-                    *filled += n;
-                    last_progress = Instant::now();
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if is_timeout(&e) => {
-                    if boundary && *filled == 0 {
-                        if self.stop.load(Ordering::SeqCst) {
-                            return Err(ReadEnd::Closed);
-                        }
-                    } else {
-                        // Mid-frame: wait for a slow peer, but not long once stopping.
-                        let patience = if self.stop.load(Ordering::SeqCst) {
-                            STOP_GRACE.min(self.opts.io_timeout)
-                        } else {
-                            self.opts.io_timeout
-                        };
-                        if last_progress.elapsed() > patience {
-                            return Err(ReadEnd::Failed(e));
-                        }
-                    }
-                }
-                Err(e) => return Err(ReadEnd::Failed(e)),
+        while self.end - self.start < n {
+            if self.buf.len() - self.start < n {
+                self.buf.copy_within(self.start..self.end, 0);
+                self.end -= self.start;
+                self.start = 0;
             }
+            let idle = boundary && self.end == self.start;
+            let Some(dst) = self.buf.get_mut(self.end..) else {
+                return Err(ReadEnd::Failed(io::Error::other("read buffer too short")));
+            };
+            let got = Self::read_some(
+                &mut self.stream,
+                &self.stop,
+                &mut self.stop_rx,
+                self.opts.io_timeout,
+                dst,
+                idle,
+                last_progress,
+            )
+            .await?;
+            self.end += got;
+            last_progress = Instant::now();
         }
         Ok(())
     }
 
-    /// Reads one frame (the bytes after `frame_len`) into `self.frame`.
-    fn read_frame(&mut self) -> Result<(), ReadEnd> {
-        self.frame.clear();
-        self.frame.resize(LEN_FIELD, 0);
-        let mut filled = 0;
-        self.fill(LEN_FIELD, &mut filled, true)?;
+    /// Reads one frame (the bytes after `frame_len`): in place when it fits the
+    /// read buffer, else into `big`, grown in steps as its bytes arrive (a peer
+    /// announcing 64 MiB and sending nothing holds at most one step).
+    async fn read_frame(&mut self) -> Result<Frame, ReadEnd> {
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        }
+        self.fill(LEN_FIELD, true).await?;
         let mut len_bytes = [0u8; LEN_FIELD];
-        len_bytes.copy_from_slice(self.frame.get(..LEN_FIELD).unwrap_or(&[0; LEN_FIELD]));
+        len_bytes.copy_from_slice(
+            self.buf
+                .get(self.start..self.start + LEN_FIELD)
+                .unwrap_or(&[0; LEN_FIELD]),
+        );
         let len = check_frame_len(u32::from_be_bytes(len_bytes))
             .map_err(|e| ReadEnd::BadLength(e.to_string()))?;
-        // Grow in steps as bytes arrive: a peer announcing 64 MiB and sending
-        // nothing holds at most one step.
-        self.frame.clear();
-        let mut filled = 0;
-        while filled < len {
-            let target = len.min(filled + READ_STEP_BYTES);
-            self.frame.resize(target, 0);
-            self.fill(target, &mut filled, false)?;
+        self.start += LEN_FIELD;
+        if len <= self.buf.len() {
+            self.fill(len, false).await?;
+            let frame = Frame::InPlace(self.start, self.start + len);
+            self.start += len;
+            return Ok(frame);
         }
-        Ok(())
+        self.big.clear();
+        let buffered = (self.end - self.start).min(len);
+        self.big.extend_from_slice(
+            self.buf
+                .get(self.start..self.start + buffered)
+                .unwrap_or(&[]),
+        );
+        self.start += buffered;
+        let mut last_progress = Instant::now();
+        while self.big.len() < len {
+            let filled = self.big.len();
+            let target = len.min(filled + READ_STEP_BYTES);
+            self.big.resize(target, 0);
+            let mut at = filled;
+            while at < target {
+                let dst = self.big.get_mut(at..target).unwrap_or(&mut []);
+                let got = Self::read_some(
+                    &mut self.stream,
+                    &self.stop,
+                    &mut self.stop_rx,
+                    self.opts.io_timeout,
+                    dst,
+                    false,
+                    last_progress,
+                )
+                .await;
+                match got {
+                    Ok(n) => {
+                        at += n;
+                        last_progress = Instant::now();
+                    }
+                    Err(e) => {
+                        self.big.truncate(at);
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        Ok(Frame::Big)
     }
-}
-
-fn is_timeout(e: &io::Error) -> bool {
-    matches!(
-        e.kind(),
-        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-    )
 }
 
 #[cfg(test)]
 mod tests {
+    use std::io::{Read, Write};
     use std::net::TcpStream;
+    use std::thread::{self, JoinHandle};
 
     use super::*;
     use crate::engine::broker::BrokerOptions;
