@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use crate::engine::broker::{Broker, NewRecord};
 use crate::engine::error::EngineError;
 use crate::engine::maintenance::compaction::CompactionError;
+use crate::engine::partition::buffers;
 use crate::engine::storage::layout::LayoutError;
 use crate::format::names::validate_name;
 use crate::format::topic::{TopicConfig, CONFIG_KEYS};
@@ -38,8 +39,9 @@ pub struct Session {
     peer: SocketAddr,
     stop: Arc<AtomicBool>,
     log_errors: bool,
-    /// Connections the server serves right now (see [`Session::commit_here`]).
-    active: Arc<AtomicUsize>,
+    /// Produce requests of the whole server between their append and their
+    /// acknowledgement (see [`Session::produce`]).
+    waiting: Arc<AtomicUsize>,
     out: Vec<u8>,
     handshaken: bool,
     /// The protocol version agreed in the handshake.
@@ -53,14 +55,14 @@ impl Session {
         peer: SocketAddr,
         stop: Arc<AtomicBool>,
         log_errors: bool,
-        active: Arc<AtomicUsize>,
+        waiting: Arc<AtomicUsize>,
     ) -> Self {
         Session {
             broker,
             peer,
             stop,
             log_errors,
-            active,
+            waiting,
             out: Vec::new(),
             handshaken: false,
             version: PROTOCOL_VERSION_MIN,
@@ -240,8 +242,19 @@ impl Session {
                 Err(e) => results.push(Err(engine_error(e))),
             }
         }
-        if self.commit_here() && waits.len() == 1 {
-            // One connection: the fsync on the request's own path, no hand-off.
+        // Group commit per pass: counted while this request waits, so the others of
+        // the same event-loop pass see it. The first of a pass yields once so every
+        // connection that is ready appends before anyone decides; then, unless it is
+        // still alone, the flusher runs one fsync per partition for all of them.
+        let _waiting = WaitingGuard::enter(&self.waiting);
+        if waits.len() == 1 && self.waiting.load(Ordering::SeqCst) == 1 {
+            // First of its pass: let every connection that is ready append first.
+            tokio::task::yield_now().await;
+        }
+        if waits.len() == 1 && self.waiting.load(Ordering::SeqCst) == 1 {
+            // Alone (one connection producing): the fsync on the request's own path;
+            // a hand-off to the flusher would batch nothing and cost two thread
+            // switches. The event loop is blocked for that one fsync only.
             for (i, w) in waits {
                 if let Err(e) = self.broker.wait_durable_here(w) {
                     set_error(&mut results, i, engine_error(e));
@@ -282,14 +295,6 @@ impl Session {
             .collect();
         self.reply(id, api, &ResponseBody::Produce { partitions: acks });
         Ok(())
-    }
-
-    /// True when this connection is the only one: its group commit runs on its own
-    /// task (blocking the event loop for one fsync that nobody else waits behind),
-    /// because handing the fsync to the flusher thread costs two context switches
-    /// per request and batches nothing.
-    fn commit_here(&self) -> bool {
-        self.active.load(Ordering::Relaxed) <= 1
     }
 
     #[expect(clippy::too_many_arguments, reason = "the fields of a fetch request")]
@@ -334,6 +339,9 @@ impl Session {
             chunks,
         };
         self.reply(id, api, &body);
+        for c in result.chunks {
+            buffers::give(c.bytes);
+        }
         Ok(())
     }
 
@@ -450,6 +458,22 @@ impl Session {
         let settings = text.iter().map(|(k, v)| (*k, v.as_str())).collect();
         self.reply(id, api, &ResponseBody::AlterTopic { settings });
         Ok(())
+    }
+}
+
+/// Counts a produce as waiting for durability until dropped.
+struct WaitingGuard(Arc<AtomicUsize>);
+
+impl WaitingGuard {
+    fn enter(count: &Arc<AtomicUsize>) -> Self {
+        count.fetch_add(1, Ordering::SeqCst);
+        WaitingGuard(Arc::clone(count))
+    }
+}
+
+impl Drop for WaitingGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 

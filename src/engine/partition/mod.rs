@@ -466,6 +466,7 @@ impl PartitionLog {
 }
 
 mod append;
+pub mod buffers;
 pub mod cleanup;
 mod commit;
 pub mod files;
