@@ -62,7 +62,7 @@ pub struct Config {
     pub record_size: u32,
     /// Records per produce request, or per fetch.
     pub batch: u32,
-    /// Connections, a thread each (at least 1).
+    /// Connections, each a task of one event-loop thread (at least 1).
     pub connections: u32,
     /// Partitions of the bench topic (created if missing; at least 1).
     pub partitions: u32,

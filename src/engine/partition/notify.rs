@@ -82,3 +82,104 @@ impl PartitionLog {
         }
     }
 }
+
+#[cfg(test)]
+#[expect(clippy::unwrap_used, reason = "tests")]
+mod tests {
+    use super::*;
+    use crate::engine::storage::io::RealStorage;
+
+    fn new_log(dir: &Path) -> Arc<PartitionLog> {
+        let storage: StorageRef = Arc::new(RealStorage);
+        let stats = Arc::new(LogStats::default());
+        create_first_segment(&*storage, dir, &stats).unwrap();
+        Arc::new(PartitionLog::open("t", 0, dir, storage, stats).unwrap().0)
+    }
+
+    fn append_one(log: &PartitionLog) -> u64 {
+        let a = log
+            .append(
+                &[NewRecord {
+                    key: None,
+                    value: b"v",
+                    timestamp_ms: 1,
+                }],
+                &TopicConfig::default(),
+            )
+            .unwrap();
+        a.last_offset + 1
+    }
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    /// Flushes `log` from another thread, as the flusher does.
+    fn flush_elsewhere(log: &Arc<PartitionLog>) {
+        let l = Arc::clone(log);
+        std::thread::spawn(move || l.flush())
+            .join()
+            .unwrap()
+            .unwrap();
+    }
+
+    #[test]
+    fn a_durable_wait_ends_only_with_the_fsync_that_covers_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = new_log(dir.path());
+        let target = append_one(&log);
+        runtime().block_on(async {
+            let mut wait = std::pin::pin!(log.durable(target));
+            // Nothing syncs the log: the wait cannot end, however long it is given.
+            let early = tokio::time::timeout(Duration::from_millis(20), &mut wait).await;
+            assert!(early.is_err(), "acknowledged before any fsync");
+            flush_elsewhere(&log);
+            wait.await.unwrap();
+        });
+        assert!(log.durable_end() >= target);
+    }
+
+    #[test]
+    fn a_durable_wait_ends_with_the_deletion() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = new_log(dir.path());
+        let target = append_one(&log);
+        runtime().block_on(async {
+            let mut wait = std::pin::pin!(log.durable(target));
+            let early = tokio::time::timeout(Duration::from_millis(20), &mut wait).await;
+            assert!(early.is_err());
+            log.close(Closed::Deleted);
+            let r = wait.await;
+            assert!(matches!(r, Err(EngineError::TopicDeleted { .. })), "{r:?}");
+        });
+    }
+
+    #[test]
+    fn a_long_poll_wakes_for_new_durable_data_and_times_out_without() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = new_log(dir.path());
+        runtime().block_on(async {
+            // No data: the poll ends empty at its timeout.
+            let f = log
+                .fetch_async(0, 1 << 20, Duration::from_millis(10))
+                .await
+                .unwrap();
+            assert!(f.chunks.is_empty());
+            assert_eq!(f.end_offset, 0);
+            let mut poll = std::pin::pin!(log.fetch_async(0, 1 << 20, Duration::from_secs(600)));
+            let early = tokio::time::timeout(Duration::from_millis(20), &mut poll).await;
+            assert!(early.is_err(), "answered before any record was durable");
+            // Written but not durable: still waiting.
+            let target = append_one(&log);
+            let early = tokio::time::timeout(Duration::from_millis(20), &mut poll).await;
+            assert!(early.is_err(), "served a record before its fsync");
+            flush_elsewhere(&log);
+            let f = poll.await.unwrap();
+            assert_eq!(f.end_offset, target);
+            assert!(f.chunks.iter().any(|c| !c.bytes.is_empty()));
+        });
+    }
+}
