@@ -1,5 +1,6 @@
 //! The load generator behind `seglog bench produce|consume`, in the spirit of
-//! kafka-producer-perf-test. Many connections from one process, a thread each; with
+//! kafka-producer-perf-test. Many connections from one process, each a task of one
+//! event-loop thread ([`conn`]); with
 //! an embedded target a broker and its server run in this process on a loopback port
 //! and the load still goes over TCP. Measures records, value bytes (10^6 bytes of
 //! record values make a MB), requests, fsyncs and every request's latency; the
@@ -8,9 +9,13 @@
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Barrier};
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
+
+mod conn;
+
+use conn::Conn;
 
 use crate::engine::broker::{Broker, BrokerOptions, BrokerStats};
 use crate::engine::error::EngineError;
@@ -58,7 +63,7 @@ pub struct Config {
     pub record_size: u32,
     /// Records per produce request, or per fetch.
     pub batch: u32,
-    /// Connections, a thread each (at least 1).
+    /// Connections, each a task of one event-loop thread (at least 1).
     pub connections: u32,
     /// Partitions of the bench topic (created if missing; at least 1).
     pub partitions: u32,
@@ -136,6 +141,8 @@ pub enum BenchError {
     },
     #[error("a bench worker failed")]
     WorkerPanicked,
+    #[error("cannot start the load generator's runtime: {0}")]
+    Runtime(io::Error),
 }
 
 impl From<ClientError> for BenchError {
@@ -368,40 +375,50 @@ fn bench(args: &Config, addr: &str, embedded: Option<&Arc<Broker>>) -> Result<Re
     }
 }
 
-/// Runs `work(worker index)` on one thread per connection, all starting together;
-/// returns each worker's result and the time from start to the last finish.
-fn run_workers<T: Send>(
-    connections: u32,
+/// Connects every worker, then runs `work(worker index, connection)` for all of
+/// them side by side as tasks of one current-thread runtime (one event loop, like
+/// redis-benchmark); returns each worker's result and the time from start to the
+/// last finish. Connecting is not timed.
+fn run_workers<T, Fut>(
+    args: &Config,
+    addr: &str,
     total: Option<u64>,
-    show_progress: bool,
-    progress: &Progress,
-    work: impl Fn(u32, &Barrier) -> Result<T, BenchError> + Sync,
-) -> Result<(Vec<T>, Duration), BenchError> {
-    let barrier = Barrier::new(connections as usize + 1);
-    let bar = progress_bar(total, show_progress);
-    let done = AtomicBool::new(false);
-    thread::scope(|s| {
-        let handles: Vec<_> = (0..connections)
-            .map(|w| {
-                let (work, barrier) = (&work, &barrier);
-                s.spawn(move || work(w, barrier))
-            })
-            .collect();
-        barrier.wait();
+    progress: &Arc<Progress>,
+    work: impl Fn(u32, Conn) -> Fut,
+) -> Result<(Vec<T>, Duration), BenchError>
+where
+    T: Send + 'static,
+    Fut: std::future::Future<Output = Result<T, BenchError>> + Send + 'static,
+{
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(BenchError::Runtime)?;
+    let bar = progress_bar(total, args.progress_bar);
+    rt.block_on(async {
+        let mut conns = Vec::with_capacity(args.connections as usize);
+        for _ in 0..args.connections {
+            conns.push(Conn::connect(addr, args.timeout).await?);
+        }
         let start = Instant::now();
-        let (ticker_bar, done_ref) = (bar.clone(), &done);
-        let ticker = s.spawn(move || {
-            while !done_ref.load(Ordering::Relaxed) {
-                if let Some(b) = &ticker_bar {
+        let mut set = tokio::task::JoinSet::new();
+        for (w, conn) in (0u32..).zip(conns) {
+            set.spawn(work(w, conn));
+        }
+        let ticker = bar.clone().map(|b| {
+            let progress = Arc::clone(progress);
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(Duration::from_millis(100));
+                loop {
+                    tick.tick().await;
                     b.set_position(progress.records.load(Ordering::Relaxed));
                 }
-                thread::sleep(Duration::from_millis(100));
-            }
+            })
         });
-        let mut results = Vec::with_capacity(handles.len());
+        let mut results = Vec::with_capacity(args.connections as usize);
         let mut first_error = None;
-        for h in handles {
-            match h.join() {
+        while let Some(joined) = set.join_next().await {
+            match joined {
                 Ok(Ok(r)) => results.push(r),
                 Ok(Err(e)) => {
                     first_error.get_or_insert(e);
@@ -412,8 +429,9 @@ fn run_workers<T: Send>(
             }
         }
         let elapsed = start.elapsed();
-        done.store(true, Ordering::Relaxed);
-        let _ = ticker.join();
+        if let Some(t) = ticker {
+            t.abort();
+        }
         if let Some(b) = &bar {
             b.finish_and_clear();
         }
@@ -436,23 +454,22 @@ struct WorkerResult {
 }
 
 fn produce(args: &Config, addr: &str, records: u64) -> Result<Report, BenchError> {
-    let value = vec![b'x'; args.record_size as usize];
-    let deadline_after = args.duration;
-    let progress = Progress {
+    let value: Arc<[u8]> = vec![b'x'; args.record_size as usize].into();
+    let progress = Arc::new(Progress {
         records: AtomicU64::new(0),
-    };
+    });
     let total = (records != u64::MAX).then_some(records);
-    let (results, elapsed) = run_workers(
-        args.connections,
-        total,
-        args.progress_bar,
-        &progress,
-        |w, barrier| {
-            let connected = Client::connect(addr, args.timeout);
-            barrier.wait();
-            let mut client = connected?;
-            let deadline = deadline_after.map(|d| Instant::now() + d);
-            let mut left = share(records, w, args.connections);
+    let deadline = args.duration.map(|d| Instant::now() + d);
+    let (results, elapsed) = run_workers(args, addr, total, &progress, |w, mut conn| {
+        let (value, progress) = (Arc::clone(&value), Arc::clone(&progress));
+        let (topic, addr) = (args.topic.clone(), addr.to_string());
+        let (batch, partitions, connections) = (args.batch, args.partitions, args.connections);
+        let per_conn = args
+            .write
+            .rate
+            .map(|r| (r as f64 / f64::from(connections.max(1))).max(1e-3));
+        async move {
+            let mut left = share(records, w, connections);
             let mut r = WorkerResult {
                 records: 0,
                 requests: 0,
@@ -461,22 +478,18 @@ fn produce(args: &Config, addr: &str, records: u64) -> Result<Report, BenchError
             let mut turn = u64::from(w);
             // With a fixed rate each connection sends its share on a schedule.
             let started = Instant::now();
-            let per_conn = args
-                .write
-                .rate
-                .map(|r| (r as f64 / f64::from(args.connections.max(1))).max(1e-3));
             let mut sent = 0u64;
             while left > 0 && deadline.is_none_or(|d| Instant::now() < d) {
                 if let Some(rate) = per_conn {
                     let due = started + Duration::from_secs_f64(sent as f64 / rate);
                     let now = Instant::now();
                     if due > now {
-                        thread::sleep(due - now);
+                        tokio::time::sleep(due - now).await;
                     }
                 }
-                let n = left.min(u64::from(args.batch));
+                let n = left.min(u64::from(batch));
                 sent += n;
-                let partition = (turn % u64::from(args.partitions)) as u32;
+                let partition = (turn % u64::from(partitions)) as u32;
                 turn += 1;
                 let batch = PartitionBatch {
                     partition,
@@ -489,13 +502,13 @@ fn produce(args: &Config, addr: &str, records: u64) -> Result<Report, BenchError
                         .collect(),
                 };
                 let t = Instant::now();
-                let acks = client.produce(&args.topic, vec![batch])?;
+                let ack = conn.produce(&topic, batch).await?;
                 r.latencies.push(t.elapsed());
-                if let Some(Err((code, message))) = acks.first().map(|a| &a.result) {
+                if let Err((code, message)) = ack {
                     return Err(BenchError::ProduceRefused {
-                        addr: addr.to_string(),
-                        code: *code,
-                        message: message.clone(),
+                        addr,
+                        code,
+                        message,
                     });
                 }
                 r.records += n;
@@ -504,8 +517,8 @@ fn produce(args: &Config, addr: &str, records: u64) -> Result<Report, BenchError
                 progress.records.fetch_add(n, Ordering::Relaxed);
             }
             Ok(r)
-        },
-    )?;
+        }
+    })?;
     Ok(collect(results, elapsed, u64::from(args.record_size)))
 }
 
@@ -584,51 +597,43 @@ fn consume(
     let per_record = encoded_len(None, args.record_size as usize).unwrap_or(1) as u64;
     let max_bytes =
         (u64::from(args.batch) * per_record).clamp(1, u64::from(FETCH_BYTES_MAX)) as u32;
-    let progress = Progress {
+    let progress = Arc::new(Progress {
         records: AtomicU64::new(0),
-    };
-    let (results, elapsed) = run_workers(
-        args.connections,
-        Some(records),
-        args.progress_bar,
-        &progress,
-        |w, barrier| {
-            let connected = Client::connect(addr, args.timeout);
-            barrier.wait();
-            let mut client = connected?;
+    });
+    let tasks: Arc<[(u32, u64, u64)]> = tasks.into();
+    let (results, elapsed) = run_workers(args, addr, Some(records), &progress, |w, mut conn| {
+        let (tasks, progress) = (Arc::clone(&tasks), Arc::clone(&progress));
+        let topic = args.topic.clone();
+        let connections = args.connections as usize;
+        async move {
             let mut r = WorkerResult {
                 records: 0,
                 requests: 0,
                 latencies: Vec::new(),
             };
-            for &(partition, from, to) in tasks
-                .iter()
-                .skip(w as usize)
-                .step_by(args.connections as usize)
-            {
+            for &(partition, from, to) in tasks.iter().skip(w as usize).step_by(connections) {
                 let mut pos = from;
                 while pos < to {
                     let t = Instant::now();
-                    let f = client.fetch(&args.topic, partition, pos, max_bytes, Duration::ZERO)?;
+                    let f = conn.fetch(&topic, partition, pos, max_bytes, to).await?;
                     r.latencies.push(t.elapsed());
                     r.requests += 1;
-                    let Some(last) = f.records.last() else {
+                    let Some(last) = f.last_offset else {
                         return Err(BenchError::FetchEmpty {
-                            topic: args.topic.clone(),
+                            topic,
                             partition,
                             offset: pos,
                             end: to,
                         });
                     };
-                    let got = f.records.iter().filter(|x| x.offset < to).count() as u64;
-                    pos = last.offset + 1;
-                    r.records += got;
-                    progress.records.fetch_add(got, Ordering::Relaxed);
+                    pos = last + 1;
+                    r.records += f.records;
+                    progress.records.fetch_add(f.records, Ordering::Relaxed);
                 }
             }
             Ok(r)
-        },
-    )?;
+        }
+    })?;
     Ok(collect(results, elapsed, u64::from(args.record_size)))
 }
 

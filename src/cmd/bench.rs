@@ -48,7 +48,7 @@ pub struct Args {
     /// Records per produce request, or per fetch.
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=i64::from(RECORDS_PER_PARTITION_MAX)))]
     pub batch: u32,
-    /// Connections, a thread each.
+    /// Connections, all driven by one event-loop thread.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub connections: u32,
     /// Partitions of the bench topic (created if missing).

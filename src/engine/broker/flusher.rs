@@ -1,5 +1,8 @@
 //! The flusher: with `--flush-every-records N > 1`, fsyncs every partition with
-//! records waiting at least every `--flush-interval`.
+//! records waiting at least every `--flush-interval`. With N = 1 it is the group
+//! commit thread of the async request path: each pass takes every partition asked
+//! for since the last one and runs one fsync per partition covering everything
+//! written to it so far; the publish wakes that partition's waiters only.
 
 use super::*;
 
@@ -37,13 +40,19 @@ impl Flusher {
             .map_err(|e| EngineError::io("starting the flusher thread", e))
     }
 
-    /// Asks for an fsync of `log` soon.
+    /// Asks for an fsync of `log` soon. Only the request that makes the queue
+    /// non-empty wakes the thread: it waits only with an empty queue, under the
+    /// lock, so later requests of the same pass need no wake-up of their own.
     pub(super) fn request(&self, log: &Arc<PartitionLog>) {
         let mut st = lock(&self.state);
-        if !st.queue.iter().any(|l| Arc::ptr_eq(l, log)) {
-            st.queue.push(log.clone());
+        if st.queue.iter().any(|l| Arc::ptr_eq(l, log)) {
+            return;
         }
-        self.wake.notify_one();
+        let was_empty = st.queue.is_empty();
+        st.queue.push(log.clone());
+        if was_empty {
+            self.wake.notify_one();
+        }
     }
 
     pub(super) fn stop(&self) {

@@ -42,6 +42,7 @@ use cleaner::*;
 use flusher::*;
 use open::*;
 use zeroer::Zeroer;
+pub use requests::DurableWait;
 
 use crate::format::names::{
     creating_topic_dir_name, deleting_topic_dir_name, TOPIC_CREATING_SUFFIX, TOPIC_DELETING_SUFFIX,

@@ -2,6 +2,15 @@
 
 use super::*;
 
+/// What a produce still waits for before its acknowledgement: an fsync of one
+/// partition covering `target`, under `flush_every_records = 1`.
+#[derive(Debug)]
+#[must_use = "the records are not acknowledged durable until the wait ends"]
+pub struct DurableWait {
+    log: Arc<PartitionLog>,
+    target: u64,
+}
+
 impl Broker {
     /// Appends the records to one partition as one write; returns once they are
     /// durable under the flush policy. Offsets are assigned under the partition's
@@ -12,18 +21,74 @@ impl Broker {
         partition: u32,
         records: &[NewRecord<'_>],
     ) -> Result<ProduceResult, EngineError> {
+        let (result, wait) = self.append(topic, partition, records)?;
+        if let Some(w) = wait {
+            self.wait_durable_here(w)?;
+        }
+        Ok(result)
+    }
+
+    /// The write half of [`Broker::produce`]: appends and applies the flush policy,
+    /// and returns the durability wait the acknowledgement still needs, if any (end
+    /// it with [`Broker::wait_durable_here`] or [`Broker::durable`]).
+    pub fn append(
+        &self,
+        topic: &str,
+        partition: u32,
+        records: &[NewRecord<'_>],
+    ) -> Result<(ProduceResult, Option<DurableWait>), EngineError> {
         self.check_running()?;
         let (t, log) = self.partition(topic, partition)?;
         let config = read(&t.config).clone();
         let appended = log.append(records, &config)?;
-        if self.opts.flush_every_records <= 1 {
-            log.wait_durable(appended.last_offset + 1)?;
-        } else if appended.unflushed >= self.opts.flush_every_records {
-            self.flusher.request(&log);
-        }
-        Ok(ProduceResult {
+        let result = ProduceResult {
             base_offset: appended.base_offset,
             last_offset: appended.last_offset,
+        };
+        if self.opts.flush_every_records <= 1 {
+            let target = appended.last_offset + 1;
+            return Ok((result, Some(DurableWait { log, target })));
+        }
+        if appended.unflushed >= self.opts.flush_every_records {
+            self.flusher.request(&log);
+        }
+        Ok((result, None))
+    }
+
+    /// Ends a durability wait on the calling thread: the first waiter of the
+    /// partition runs the group commit for everyone written so far.
+    pub fn wait_durable_here(&self, wait: DurableWait) -> Result<(), EngineError> {
+        wait.log.wait_durable(wait.target)
+    }
+
+    /// Ends a durability wait without holding a thread: asks the flusher for a group
+    /// commit of the partition at once (one per flusher pass, covering every request
+    /// appended meanwhile); the future waits for the partition's durable end to pass
+    /// the records.
+    pub fn durable(
+        &self,
+        wait: DurableWait,
+    ) -> impl std::future::Future<Output = Result<(), EngineError>> + Send + 'static {
+        self.flusher.request(&wait.log);
+        async move { wait.log.durable(wait.target).await }
+    }
+
+    /// [`Broker::fetch`] with the long poll as an async wait on the partition.
+    pub async fn fetch_async(
+        &self,
+        topic: &str,
+        partition: u32,
+        offset: u64,
+        max_bytes: u32,
+        max_wait: Duration,
+    ) -> Result<FetchResult, EngineError> {
+        self.check_running()?;
+        let (_, log) = self.partition(topic, partition)?;
+        let f = log.fetch_async(offset, max_bytes, max_wait).await?;
+        Ok(FetchResult {
+            chunks: f.chunks,
+            start_offset: f.start_offset,
+            end_offset: f.end_offset,
         })
     }
 

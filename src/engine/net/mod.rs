@@ -3,4 +3,5 @@
 //! protocol live in [`crate::format::wire`].
 
 pub mod client;
+pub mod dispatch;
 pub mod server;

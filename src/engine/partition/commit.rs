@@ -93,6 +93,7 @@ impl PartitionLog {
             .fetch_max(plan.active_end, Ordering::AcqRel);
         s.durable_end = s.durable_end.max(plan.target);
         self.rolls_durable.fetch_max(plan.rolls, Ordering::AcqRel);
+        self.wake_async(s.durable_end);
     }
 
     /// The fsync ordering of a group commit:

@@ -276,6 +276,9 @@ pub struct PartitionLog {
     sync: Mutex<SyncState>,
     /// Notified after every fsync attempt, failure and close.
     synced: Condvar,
+    /// The durable end for async waiters ([`notify`]): bumped by every publish,
+    /// failure and close.
+    durable_tx: tokio::sync::watch::Sender<u64>,
     segments: RwLock<Arc<Vec<Arc<Segment>>>>,
     /// Files of segments retention dropped from the list but could not delete yet.
     doomed: Mutex<Vec<PathBuf>>,
@@ -356,6 +359,7 @@ impl PartitionLog {
                 closed: None,
             }),
             synced: Condvar::new(),
+            durable_tx: tokio::sync::watch::Sender::new(next_offset),
             segments: RwLock::new(Arc::new(segments)),
             doomed: Mutex::new(Vec::new()),
             rolls_durable: AtomicU64::new(0),
@@ -446,7 +450,9 @@ impl PartitionLog {
                 "partition failed: it refuses writes until a restart runs recovery"
             );
         }
-        s.failed.get_or_insert(reason).clone()
+        let reason = s.failed.get_or_insert(reason).clone();
+        self.wake_async(s.durable_end);
+        reason
     }
 
     /// Puts the log into the failed state (it refuses writes until a restart runs
@@ -461,6 +467,7 @@ impl PartitionLog {
         let _w = lock(&self.write);
         let mut s = lock(&self.sync);
         s.closed.get_or_insert(why);
+        self.wake_async(s.durable_end);
         self.synced.notify_all();
     }
 
@@ -489,9 +496,11 @@ impl PartitionLog {
 }
 
 mod append;
+pub mod buffers;
 pub mod cleanup;
 mod commit;
 pub mod files;
+mod notify;
 mod open;
 mod read;
 mod retention;

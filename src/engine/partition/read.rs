@@ -238,13 +238,16 @@ pub(super) fn read_segment_around(
         .map_err(|e| EngineError::io(format!("opening {}", seg.path.display()), e))?;
     let io_err = |e| EngineError::io(format!("reading {}", seg.path.display()), e);
     loop {
-        let mut reader =
-            RecordReader::with_window(&file, seg.generation, start, limit, window).strict_limit();
-        let mut bytes = Vec::new();
-        let copied = reader
-            .copy_records(offset, budget, take_one, &mut bytes)
-            .map_err(io_err)?;
-        if reader.file_short() {
+        let mut reader = RecordReader::with_window(&file, seg.generation, start, limit, window)
+            .strict_limit()
+            .with_buffer(buffers::take());
+        let mut bytes = buffers::take();
+        bytes.clear();
+        let copied = reader.copy_records(offset, budget, take_one, &mut bytes);
+        let file_short = reader.file_short();
+        buffers::give(reader.into_buffer());
+        let copied = copied.map_err(io_err)?;
+        if file_short {
             return Err(EngineError::Corrupt {
                 path: seg.path.clone(),
                 detail: format!("file ends before its durable data does ({limit} bytes)"),

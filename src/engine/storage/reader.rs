@@ -180,6 +180,20 @@ impl<'f> RecordReader<'f> {
         self
     }
 
+    /// Reads into `buf`'s storage instead of a fresh one: its bytes are stale and
+    /// only overwritten, never zeroed again (a fetch reuses one buffer per thread).
+    pub fn with_buffer(mut self, buf: Vec<u8>) -> Self {
+        self.buf = buf;
+        self.filled = 0;
+        self.used = 0;
+        self
+    }
+
+    /// The read buffer's storage, for the next reader.
+    pub fn into_buffer(self) -> Vec<u8> {
+        self.buf
+    }
+
     /// True when a strict reader found the file ending before its limit.
     pub fn file_short(&self) -> bool {
         self.file_short

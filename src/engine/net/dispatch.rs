@@ -1,0 +1,584 @@
+//! Request dispatch: one decoded request → one engine call → one encoded response.
+//! The connection layer ([`super::server`]) reads frames and writes responses; this
+//! module is the only place that maps protocol requests to [`Broker`] calls, so a new
+//! request type is one more arm in [`Session::dispatch`].
+//!
+//! Invariants:
+//! - The first request on a connection must be a handshake; the version it agrees
+//!   gates every later field.
+//! - A frame that cannot be decoded gets one error response (request id 0 when the
+//!   id itself could not be read) and the connection is to be closed.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::engine::broker::{Broker, NewRecord, PartitionState};
+use crate::engine::error::EngineError;
+use crate::engine::maintenance::compaction::CompactionError;
+use crate::engine::partition::buffers;
+use crate::engine::storage::layout::LayoutError;
+use crate::format::names::validate_name;
+use crate::format::topic::{TopicConfig, CONFIG_KEYS};
+use crate::format::wire::{
+    decode_request, encode_error, encode_response, frame_head, ApiKey, Chunk, CleanupInfo,
+    ErrorCode, PartitionAck, PartitionBatch, PartitionDescription, PartitionOffsets, Request,
+    ResponseBody, StatsBody, API_KEY_NONE, CLEANUP_INFO_VERSION, FRAME_BYTES_MAX, PROTOCOL_VERSION,
+    PROTOCOL_VERSION_MIN,
+};
+use crate::format::wire::{HealthState, PartitionHealth, PARTITION_HEALTH_VERSION};
+
+/// Longest a long-poll fetch waits inside the broker before the server looks at
+/// the stop flag again.
+const FETCH_SLICE: Duration = Duration::from_millis(200);
+
+/// One connection's protocol state: the handshake, the agreed version, and the
+/// response buffer (reused from request to request).
+pub struct Session {
+    broker: Arc<Broker>,
+    peer: SocketAddr,
+    stop: Arc<AtomicBool>,
+    log_errors: bool,
+    /// Produce requests of the whole server between their append and their
+    /// acknowledgement (see [`Session::produce`]).
+    waiting: Arc<AtomicUsize>,
+    out: Vec<u8>,
+    handshaken: bool,
+    /// The protocol version agreed in the handshake.
+    version: u16,
+}
+
+impl Session {
+    /// A session before its handshake.
+    pub fn new(
+        broker: Arc<Broker>,
+        peer: SocketAddr,
+        stop: Arc<AtomicBool>,
+        log_errors: bool,
+        waiting: Arc<AtomicUsize>,
+    ) -> Self {
+        Session {
+            broker,
+            peer,
+            stop,
+            log_errors,
+            waiting,
+            out: Vec::new(),
+            handshaken: false,
+            version: PROTOCOL_VERSION_MIN,
+        }
+    }
+
+    /// The response to the last frame handled (a whole frame, `frame_len` included).
+    pub fn response(&self) -> &[u8] {
+        &self.out
+    }
+
+    /// The response buffer, for the connection layer to fill with its own errors or
+    /// to shrink.
+    pub fn response_mut(&mut self) -> &mut Vec<u8> {
+        &mut self.out
+    }
+
+    fn log(&self, detail: &str) {
+        if self.log_errors {
+            tracing::warn!(peer = %self.peer, "closing the connection: {detail}");
+        }
+    }
+
+    /// Decodes and answers one frame (the bytes after `frame_len`), leaving the
+    /// response in [`Session::response`]. Returns true when the connection must close after it.
+    pub async fn handle_frame(&mut self, frame: &[u8]) -> bool {
+        self.out.clear();
+        let (id, api_key) = frame_head(frame).unwrap_or((0, API_KEY_NONE));
+        match decode_request(frame) {
+            Err(e) => {
+                let code = match e {
+                    crate::format::wire::ProtocolError::UnknownApi { .. } => ErrorCode::UNKNOWN_API,
+                    _ => ErrorCode::MALFORMED,
+                };
+                let detail = format!("malformed {} request: {e}", api_name(api_key));
+                encode_error(&mut self.out, id, api_key, code, &detail);
+                self.log(&detail);
+                true
+            }
+            Ok((_, req)) => self.dispatch(id, req).await,
+        }
+    }
+
+    async fn dispatch(&mut self, id: u32, req: Request<'_>) -> bool {
+        let api = req.api_key() as u16;
+        if let Request::Handshake {
+            min_version,
+            max_version,
+        } = req
+        {
+            if min_version > PROTOCOL_VERSION
+                || max_version < PROTOCOL_VERSION_MIN
+                || min_version > max_version
+            {
+                let msg = format!(
+                    "client speaks protocol versions {min_version}..={max_version}, the broker \
+                     {PROTOCOL_VERSION_MIN}..={PROTOCOL_VERSION}"
+                );
+                encode_error(&mut self.out, id, api, ErrorCode::UNSUPPORTED_VERSION, &msg);
+                return true;
+            }
+            self.handshaken = true;
+            let version = max_version.min(PROTOCOL_VERSION);
+            self.version = version;
+            self.reply(
+                id,
+                api,
+                &ResponseBody::Handshake {
+                    version,
+                    frame_bytes_max: FRAME_BYTES_MAX,
+                },
+            );
+            return false;
+        }
+        if !self.handshaken {
+            let msg = format!(
+                "the first request must be a handshake, not {}",
+                req.api_key().name()
+            );
+            encode_error(&mut self.out, id, api, ErrorCode::HANDSHAKE_REQUIRED, &msg);
+            return true;
+        }
+        let result = match req {
+            Request::Handshake { .. } => Ok(()),
+            Request::Produce { topic, partitions } => {
+                self.produce(id, api, topic, &partitions).await
+            }
+            Request::Fetch {
+                topic,
+                partition,
+                offset,
+                max_bytes,
+                max_wait_ms,
+            } => {
+                self.fetch(id, api, topic, partition, offset, max_bytes, max_wait_ms)
+                    .await
+            }
+            Request::ListOffsets { topic } => self.list_offsets(id, api, topic),
+            Request::CreateTopic {
+                topic,
+                partitions,
+                settings,
+            } => self.create_topic(id, api, topic, partitions, &settings),
+            Request::DeleteTopic { topic } => self.delete_topic(id, api, topic),
+            Request::ListTopics => {
+                let topics = self.broker.list_topics();
+                let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+                self.reply(id, api, &ResponseBody::ListTopics { topics: names });
+                Ok(())
+            }
+            Request::DescribeTopic { topic } => self.describe_topic(id, api, topic),
+            Request::AlterTopic { topic, settings } => self.alter_topic(id, api, topic, &settings),
+            Request::Stats => {
+                let s = self.broker.stats();
+                let body = StatsBody {
+                    fsyncs: s.fsyncs,
+                    produce_requests: s.produce_requests,
+                    records_appended: s.records_appended,
+                };
+                self.reply(id, api, &ResponseBody::Stats(body));
+                Ok(())
+            }
+            r @ (Request::SchemaRegister { .. }
+            | Request::SchemaGet { .. }
+            | Request::SchemaList
+            | Request::SchemaCheck { .. }
+            | Request::SchemaDelete { .. }) => {
+                crate::engine::schemas::net::answer(&self.broker, self.version, &r)
+                    .map(|a| self.reply(id, api, &a.body()))
+            }
+        };
+        if let Err((code, msg)) = result {
+            if self.log_errors {
+                tracing::info!(
+                    peer = %self.peer,
+                    request = api_name(api),
+                    code = code.name(),
+                    "client error: {msg}"
+                );
+            }
+            self.out.clear();
+            encode_error(&mut self.out, id, api, code, &msg);
+        }
+        false
+    }
+
+    /// Encodes a successful response into `out`.
+    fn reply(&mut self, id: u32, api: u16, body: &ResponseBody<'_>) {
+        self.out.clear();
+        if let Err(e) = encode_response(&mut self.out, id, api, ErrorCode::NONE, "", Some(body)) {
+            let msg = format!("cannot encode the {} response: {e}", api_name(api));
+            encode_error(&mut self.out, id, api, ErrorCode::INTERNAL, &msg);
+        }
+    }
+
+    async fn produce(
+        &mut self,
+        id: u32,
+        api: u16,
+        topic: &str,
+        batches: &[PartitionBatch<'_>],
+    ) -> Answer {
+        name_ok(topic)?;
+        crate::engine::schemas::net::check_produce(&self.broker, self.version, topic, batches)?;
+        // Every partition's write first (page-cache writes, on this thread), then the
+        // durability waits side by side: one group commit per partition covers them.
+        let mut results: Vec<PartitionResult> = Vec::with_capacity(batches.len());
+        let mut waits = Vec::new();
+        for (i, batch) in batches.iter().enumerate() {
+            let records: Vec<NewRecord<'_>> = batch
+                .records
+                .iter()
+                .map(|r| NewRecord {
+                    key: r.key,
+                    value: r.value,
+                    timestamp_ms: r.timestamp_ms,
+                })
+                .collect();
+            match self.broker.append(topic, batch.partition, &records) {
+                Ok((p, wait)) => {
+                    results.push(Ok((p.base_offset, p.last_offset)));
+                    if let Some(w) = wait {
+                        waits.push((i, w));
+                    }
+                }
+                Err(e) => results.push(Err(engine_error(e))),
+            }
+        }
+        // Group commit per pass: counted while this request waits, so the others of
+        // the same event-loop pass see it. The first of a pass yields once so every
+        // connection that is ready appends before anyone decides; then, unless it is
+        // still alone, the flusher runs one fsync per partition for all of them.
+        let _waiting = WaitingGuard::enter(&self.waiting);
+        if waits.len() == 1 && self.waiting.load(Ordering::SeqCst) == 1 {
+            // First of its pass: let every connection that is ready append first.
+            tokio::task::yield_now().await;
+        }
+        if waits.len() == 1 && self.waiting.load(Ordering::SeqCst) == 1 {
+            // Alone (one connection producing): the fsync on the request's own path;
+            // a hand-off to the flusher would batch nothing and cost two thread
+            // switches. The event loop is blocked for that one fsync only.
+            for (i, w) in waits {
+                if let Err(e) = self.broker.wait_durable_here(w) {
+                    set_error(&mut results, i, engine_error(e));
+                }
+            }
+        } else {
+            // Every commit is asked for before the first wait, so waiting for them
+            // in turn takes as long as the slowest.
+            let pending: Vec<_> = waits
+                .into_iter()
+                .map(|(i, w)| (i, self.broker.durable(w)))
+                .collect();
+            for (i, wait) in pending {
+                if let Err(e) = wait.await {
+                    set_error(&mut results, i, engine_error(e));
+                }
+            }
+        }
+        let acks = batches
+            .iter()
+            .zip(&results)
+            .map(|(b, r)| match r {
+                Ok((base_offset, last_offset)) => PartitionAck {
+                    partition: b.partition,
+                    code: ErrorCode::NONE,
+                    message: "",
+                    base_offset: *base_offset,
+                    last_offset: *last_offset,
+                },
+                Err((code, message)) => PartitionAck {
+                    partition: b.partition,
+                    code: *code,
+                    message,
+                    base_offset: 0,
+                    last_offset: 0,
+                },
+            })
+            .collect();
+        self.reply(id, api, &ResponseBody::Produce { partitions: acks });
+        Ok(())
+    }
+
+    #[expect(clippy::too_many_arguments, reason = "the fields of a fetch request")]
+    async fn fetch(
+        &mut self,
+        id: u32,
+        api: u16,
+        topic: &str,
+        partition: u32,
+        offset: u64,
+        max_bytes: u32,
+        max_wait_ms: u32,
+    ) -> Answer {
+        name_ok(topic)?;
+        // Long-poll in slices so a stopping server is never held up by a waiting
+        // consumer for more than one slice.
+        let deadline = Instant::now() + Duration::from_millis(u64::from(max_wait_ms));
+        let result = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let slice = left.min(FETCH_SLICE);
+            let r = self
+                .broker
+                .fetch_async(topic, partition, offset, max_bytes, slice)
+                .await
+                .map_err(engine_error)?;
+            let has_data = r.chunks.iter().any(|c| !c.bytes.is_empty());
+            if has_data || left <= slice || self.stop.load(Ordering::SeqCst) {
+                break r;
+            }
+        };
+        let chunks = result
+            .chunks
+            .iter()
+            .map(|c| Chunk {
+                generation: c.generation,
+                bytes: &c.bytes,
+            })
+            .collect();
+        let body = ResponseBody::Fetch {
+            start_offset: result.start_offset,
+            end_offset: result.end_offset,
+            chunks,
+        };
+        self.reply(id, api, &body);
+        for c in result.chunks {
+            buffers::give(c.bytes);
+        }
+        Ok(())
+    }
+
+    fn list_offsets(&mut self, id: u32, api: u16, topic: &str) -> Answer {
+        name_ok(topic)?;
+        let n = self.broker.partition_count(topic).map_err(engine_error)?;
+        let mut partitions = Vec::with_capacity(n as usize);
+        for partition in 0..n {
+            let (start_offset, end_offset) = self
+                .broker
+                .offsets(topic, partition)
+                .map_err(engine_error)?;
+            partitions.push(PartitionOffsets {
+                partition,
+                start_offset,
+                end_offset,
+            });
+        }
+        self.reply(id, api, &ResponseBody::ListOffsets { partitions });
+        Ok(())
+    }
+
+    fn create_topic(
+        &mut self,
+        id: u32,
+        api: u16,
+        topic: &str,
+        partitions: u32,
+        settings: &[(&str, &str)],
+    ) -> Answer {
+        name_ok(topic)?;
+        let mut config = TopicConfig::default();
+        for (k, v) in settings {
+            config.set(k, v).map_err(|e| {
+                (
+                    ErrorCode::INVALID_CONFIG,
+                    format!("invalid topic configuration: {e}"),
+                )
+            })?;
+        }
+        self.broker
+            .create_topic(topic, partitions, config)
+            .map_err(engine_error)?;
+        self.reply(id, api, &ResponseBody::CreateTopic);
+        Ok(())
+    }
+
+    fn delete_topic(&mut self, id: u32, api: u16, topic: &str) -> Answer {
+        name_ok(topic)?;
+        self.broker.delete_topic(topic).map_err(engine_error)?;
+        self.reply(id, api, &ResponseBody::DeleteTopic);
+        Ok(())
+    }
+
+    fn describe_topic(&mut self, id: u32, api: u16, topic: &str) -> Answer {
+        name_ok(topic)?;
+        let d = self.broker.describe_topic(topic).map_err(engine_error)?;
+        let partitions = d
+            .partitions
+            .iter()
+            .map(|p| PartitionDescription {
+                partition: p.partition,
+                start_offset: p.start_offset,
+                end_offset: p.end_offset,
+                segments: p.segments,
+                bytes: p.bytes,
+            })
+            .collect();
+        let cleanup = (self.version >= CLEANUP_INFO_VERSION).then(|| {
+            d.partitions
+                .iter()
+                .map(|p| {
+                    let c = &p.cleanup;
+                    CleanupInfo {
+                        partition: p.partition,
+                        last_retention_ms: c.last_retention_ms,
+                        segments_deleted: c.segments_deleted,
+                        bytes_deleted: c.bytes_deleted,
+                        segments_archived: c.segments_archived,
+                        last_compaction_ms: c.last_compaction_ms,
+                        compactions: c.compactions,
+                        records_dropped: c.records_dropped,
+                        bytes_compacted: c.bytes_compacted,
+                        last_error: c.last_error.clone().unwrap_or_default(),
+                    }
+                })
+                .collect()
+        });
+        let health = (self.version >= PARTITION_HEALTH_VERSION).then(|| {
+            d.partitions
+                .iter()
+                .map(|p| PartitionHealth {
+                    partition: p.partition,
+                    records: p.records,
+                    state: match p.state {
+                        PartitionState::Ok => HealthState::Ok,
+                        PartitionState::Damaged => HealthState::Damaged,
+                        PartitionState::Failed => HealthState::Failed,
+                    },
+                    detail: p.detail.clone().unwrap_or_default(),
+                    // Filled by the write path later.
+                    spares: 0,
+                    preallocated_bytes: 0,
+                })
+                .collect()
+        });
+        let text = config_settings(&d.config);
+        let settings = text.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        self.reply(
+            id,
+            api,
+            &ResponseBody::DescribeTopic {
+                partitions,
+                settings,
+                cleanup,
+                health,
+            },
+        );
+        Ok(())
+    }
+
+    fn alter_topic(&mut self, id: u32, api: u16, topic: &str, settings: &[(&str, &str)]) -> Answer {
+        name_ok(topic)?;
+        let owned: Vec<(String, String)> = settings
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let config = self
+            .broker
+            .alter_topic(topic, &owned)
+            .map_err(engine_error)?;
+        let text = config_settings(&config);
+        let settings = text.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        self.reply(id, api, &ResponseBody::AlterTopic { settings });
+        Ok(())
+    }
+}
+
+/// Counts a produce as waiting for durability until dropped.
+struct WaitingGuard(Arc<AtomicUsize>);
+
+impl WaitingGuard {
+    fn enter(count: &Arc<AtomicUsize>) -> Self {
+        count.fetch_add(1, Ordering::SeqCst);
+        WaitingGuard(Arc::clone(count))
+    }
+}
+
+impl Drop for WaitingGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// One partition's outcome in a produce: (base, last) offsets, or the error.
+type PartitionResult = Result<(u64, u64), (ErrorCode, String)>;
+
+/// Replaces a partition's result with the error its durability wait ended in.
+fn set_error(results: &mut [PartitionResult], i: usize, e: (ErrorCode, String)) {
+    if let Some(r) = results.get_mut(i) {
+        *r = Err(e);
+    }
+}
+
+/// A handler's outcome: the response is in `out`, or the error to send instead.
+type Answer = Result<(), (ErrorCode, String)>;
+
+fn api_name(key: u16) -> &'static str {
+    ApiKey::from_u16(key).map_or("unknown", ApiKey::name)
+}
+
+/// Topic names are checked at the network boundary too, so a path-like name never
+/// reaches the engine.
+fn name_ok(topic: &str) -> Result<(), (ErrorCode, String)> {
+    validate_name(topic).map_err(|e| (ErrorCode::INVALID_NAME, format!("invalid topic name: {e}")))
+}
+
+/// Every configuration key with its value as text, in display order.
+pub fn config_settings(config: &TopicConfig) -> Vec<(&'static str, String)> {
+    let json = config.to_json();
+    CONFIG_KEYS
+        .iter()
+        .map(|k| {
+            let v = match json.get(*k) {
+                Some(serde_json::Value::String(s)) => s.clone(),
+                Some(other) => other.to_string(),
+                None => String::new(),
+            };
+            (*k, v)
+        })
+        .collect()
+}
+
+/// The wire error code and message for an engine error.
+pub fn engine_error(e: EngineError) -> (ErrorCode, String) {
+    let code = match &e {
+        EngineError::UnknownTopic { .. } | EngineError::TopicDeleted { .. } => {
+            ErrorCode::UNKNOWN_TOPIC
+        }
+        EngineError::UnknownPartition { .. } => ErrorCode::UNKNOWN_PARTITION,
+        EngineError::TopicExists { .. } => ErrorCode::TOPIC_EXISTS,
+        EngineError::InvalidName(_) => ErrorCode::INVALID_NAME,
+        EngineError::InvalidConfig(_) => ErrorCode::INVALID_CONFIG,
+        EngineError::OffsetOutOfRange { .. } => ErrorCode::OFFSET_OUT_OF_RANGE,
+        EngineError::RecordTooLarge { .. } | EngineError::BatchTooLarge { .. } => {
+            ErrorCode::RECORD_TOO_LARGE
+        }
+        EngineError::InvalidRequest { .. } => ErrorCode::INVALID_REQUEST,
+        EngineError::PartitionFailed { .. } => ErrorCode::PARTITION_FAILED,
+        EngineError::PartitionUnavailable { .. } => ErrorCode::PARTITION_UNAVAILABLE,
+        EngineError::Corrupt { .. }
+        | EngineError::RecordsDamaged { .. }
+        | EngineError::RecordsMissing { .. }
+        | EngineError::TopicOffline { .. } => ErrorCode::CORRUPT_DATA,
+        EngineError::ShuttingDown => ErrorCode::SHUTTING_DOWN,
+        EngineError::Io { .. } => ErrorCode::STORAGE,
+        EngineError::Recovery { .. } => ErrorCode::CORRUPT_DATA,
+        EngineError::Compaction(c) => match c {
+            CompactionError::Io { .. } => ErrorCode::STORAGE,
+            CompactionError::Unreadable { .. } => ErrorCode::CORRUPT_DATA,
+            _ => ErrorCode::INVALID_REQUEST,
+        },
+        EngineError::TopicMeta { source, .. } => match source.as_ref() {
+            LayoutError::Io { .. } => ErrorCode::STORAGE,
+            _ => ErrorCode::CORRUPT_DATA,
+        },
+        _ => ErrorCode::INTERNAL,
+    };
+    (code, e.to_string())
+}
