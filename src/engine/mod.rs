@@ -26,6 +26,7 @@
 
 pub mod broker;
 pub mod error;
+pub mod groups;
 pub mod maintenance;
 pub mod net;
 pub mod partition;

@@ -35,6 +35,7 @@
     )
 )]
 
+pub mod group;
 pub mod header;
 pub mod index;
 pub mod marker;
