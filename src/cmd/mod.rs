@@ -10,9 +10,11 @@ pub mod bench;
 pub mod compact;
 pub mod connect;
 pub mod consume;
+pub mod consume_group;
 pub mod dump;
 pub mod escape;
 pub mod format_string;
+pub mod groups;
 pub mod produce;
 pub mod recover;
 pub mod reindex;
@@ -114,6 +116,8 @@ pub enum Command {
     Consume(consume::Args),
     /// Load generator: measure produce or consume throughput and latency.
     Bench(bench::Args),
+    /// List, describe, reset the offsets of and delete consumer groups.
+    Groups(groups::Args),
 }
 
 /// Options every command sees.
@@ -140,6 +144,7 @@ pub fn main() -> ExitCode {
         Command::Produce(a) => produce::run(a, global),
         Command::Consume(a) => consume::run(a, global),
         Command::Bench(a) => bench::run(a, global),
+        Command::Groups(a) => groups::run(a, global),
     };
     ExitCode::from(finish(result))
 }

@@ -65,6 +65,15 @@ pub struct Args {
     /// (`seglog=debug`). Default: RUST_LOG if set, else info (error with --quiet).
     #[arg(long)]
     pub log_level: Option<String>,
+    /// Shortest session timeout a consumer-group member may ask for.
+    #[arg(long, default_value = "6s", value_parser = parse_positive_duration)]
+    pub group_min_session_timeout: Duration,
+    /// Longest session timeout a consumer-group member may ask for.
+    #[arg(long, default_value = "30m", value_parser = parse_positive_duration)]
+    pub group_max_session_timeout: Duration,
+    /// How long a consumer group without members keeps its committed offsets: 7d = 168h.
+    #[arg(long, default_value = "168h", value_parser = parse_positive_duration)]
+    pub offsets_retention: Duration,
 }
 
 /// How the broker log is written.
@@ -256,6 +265,11 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
         retention_check_interval: args.retention_check_interval,
         compaction_check_interval: args.compaction_check_interval,
         max_open_files: usize::try_from(max_open_files).unwrap_or(usize::MAX),
+        groups: crate::engine::groups::GroupOptions {
+            session_timeout_min: args.group_min_session_timeout,
+            session_timeout_max: args.group_max_session_timeout,
+            offsets_retention: args.offsets_retention,
+        },
     };
     // The startup report (recovery actions, unavailable partitions) is logged as
     // the broker opens.

@@ -61,6 +61,8 @@ pub struct BrokerOptions {
     /// Read handles of sealed segments kept open at once (least recently used first
     /// out); the active segment of each partition keeps its own handles besides.
     pub max_open_files: usize,
+    /// The group coordinator's timeouts and limits.
+    pub groups: crate::engine::groups::GroupOptions,
 }
 
 impl Default for BrokerOptions {
@@ -72,6 +74,7 @@ impl Default for BrokerOptions {
             retention_check_interval: Duration::from_secs(300),
             compaction_check_interval: Duration::from_secs(300),
             max_open_files: crate::engine::partition::files::OPEN_FILES_DEFAULT,
+            groups: crate::engine::groups::GroupOptions::default(),
         }
     }
 }
@@ -202,10 +205,25 @@ pub struct Broker {
     cleaner: Arc<Cleaner>,
     cleaner_threads: Mutex<Vec<JoinHandle<()>>>,
     dir_lock: Mutex<Option<DirLock>>,
+    /// Consumer groups and their committed offsets.
+    groups: Arc<crate::engine::groups::GroupCoordinator>,
 }
 
 impl Drop for Broker {
     fn drop(&mut self) {
         let _ = self.shutdown();
+    }
+}
+
+impl Broker {
+    /// The group coordinator.
+    pub fn groups(&self) -> &Arc<crate::engine::groups::GroupCoordinator> {
+        &self.groups
+    }
+}
+
+impl crate::engine::groups::TopicLookup for Broker {
+    fn partition_count(&self, topic: &str) -> Option<u32> {
+        Broker::partition_count(self, topic).ok()
     }
 }

@@ -36,6 +36,8 @@ impl Broker {
         }
         let (topics, notes) = load_topics(&storage, &topics_dir, &stats)?;
         report.extend(notes);
+        let (groups, notes) = open_groups(data_dir, &storage, &opts)?;
+        report.extend(notes);
         let flusher = Arc::new(Flusher::new(opts.flush_interval));
         let topics = Arc::new(RwLock::new(topics));
         let thread = flusher.clone().start(topics.clone())?;
@@ -47,6 +49,13 @@ impl Broker {
             wake: Condvar::new(),
             stopping: Arc::new(AtomicBool::new(false)),
         });
+        if let Err(e) = start_groups(&groups, &topics) {
+            groups.shutdown();
+            cleaner.stop();
+            flusher.stop();
+            let _ = thread.join();
+            return Err(e);
+        }
         let mut cleaner_threads = Vec::new();
         for (kind, interval) in [
             (CleanupKind::Retention, opts.retention_check_interval),
@@ -55,6 +64,7 @@ impl Broker {
             match cleaner.clone().start(kind, interval) {
                 Ok(t) => cleaner_threads.push(t),
                 Err(e) => {
+                    groups.shutdown();
                     cleaner.stop();
                     flusher.stop();
                     let _ = thread.join();
@@ -81,6 +91,7 @@ impl Broker {
             cleaner,
             cleaner_threads: Mutex::new(cleaner_threads),
             dir_lock: Mutex::new(Some(dir_lock)),
+            groups,
         }))
     }
 
@@ -309,4 +320,39 @@ pub(super) fn load_topic(
         partitions,
         offline: None,
     })
+}
+
+/// Opens the group coordinator over `DATA/groups/`.
+fn open_groups(
+    data_dir: &Path,
+    storage: &StorageRef,
+    opts: &BrokerOptions,
+) -> Result<(Arc<crate::engine::groups::GroupCoordinator>, Vec<String>), EngineError> {
+    let (groups, notes) = crate::engine::groups::GroupCoordinator::open(
+        data_dir,
+        storage.clone(),
+        opts.groups.clone(),
+    )
+    .map_err(|e| EngineError::io("opening the groups directory", std::io::Error::other(e)))?;
+    Ok((Arc::new(groups), notes))
+}
+
+/// Starts the coordinator's threads; they see the topics through the shared map.
+fn start_groups(
+    groups: &Arc<crate::engine::groups::GroupCoordinator>,
+    topics: &Arc<Topics>,
+) -> Result<(), EngineError> {
+    let topics = Arc::downgrade(topics);
+    groups
+        .start(Box::new(move || {
+            let Some(topics) = topics.upgrade() else {
+                return BTreeMap::new();
+            };
+            let map = read(&topics);
+            map.values()
+                .filter(|t| t.offline.is_none())
+                .map(|t| (t.name.clone(), t.partitions.len() as u32))
+                .collect()
+        }))
+        .map_err(|e| EngineError::io("starting the group coordinator", std::io::Error::other(e)))
 }

@@ -72,6 +72,7 @@ impl Broker {
             return Ok(());
         }
         self.shutting_down.store(true, Ordering::Release);
+        self.groups.shutdown();
         self.cleaner.stop();
         for handle in std::mem::take(&mut *lock(&self.cleaner_threads)) {
             let _ = handle.join();

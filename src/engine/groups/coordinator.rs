@@ -646,7 +646,7 @@ impl GroupCoordinator {
         Ok(())
     }
 
-    /// Commits offsets of `topic`. A member commits with its generation and id; an
+    /// Commits offsets of `topic` (Kafka's OffsetCommit). A member commits with its generation and id; an
     /// admin commit (generation -1, empty member) is accepted only while the group
     /// has no members. The completion fires once the group file holding the commit
     /// is durable.
@@ -707,11 +707,11 @@ impl GroupCoordinator {
                         member: member.to_string(),
                     })?;
                 g.check_member(member)?;
-                if g.state == GroupState::PreparingRebalance {
-                    return Err(g.rebalancing());
-                }
                 g.check_generation(generation)?;
-                if g.state != GroupState::Stable {
+                // As in Kafka: members of the current generation may commit while the
+                // next rebalance prepares (they commit before giving partitions up),
+                // not while assignments are being handed out.
+                if g.state == GroupState::CompletingRebalance {
                     return Err(g.rebalancing());
                 }
             }

@@ -3,4 +3,6 @@
 //! protocol live in [`crate::format::wire`].
 
 pub mod client;
+pub mod group_client;
+pub mod groups;
 pub mod server;

@@ -564,6 +564,10 @@ impl Connection {
                 self.reply(id, api, &ResponseBody::Stats(body));
                 Ok(())
             }
+            Request::Group(g) => {
+                super::groups::serve(&self.broker, self.version, &self.stop, id, g, &mut self.out);
+                Ok(())
+            }
         };
         if let Err((code, msg)) = result {
             if self.opts.log_errors {

@@ -27,14 +27,18 @@
 )]
 
 use crate::format::names::NAME_LEN_MAX;
+
+pub mod groups;
 use crate::format::record::MAX_RECORD_LEN;
 use crate::format::topic::PARTITIONS_MAX;
 
 /// The newest protocol version this build speaks. Version 2 adds the `cleanup` array
 /// to the describe-topic response; everything else is as in version 1.
-pub const PROTOCOL_VERSION: u16 = 2;
+pub const PROTOCOL_VERSION: u16 = 3;
 /// The first version whose describe-topic response carries `cleanup`.
 pub const CLEANUP_INFO_VERSION: u16 = 2;
+/// The first version with consumer groups (api keys 32..=40).
+pub const GROUPS_VERSION: u16 = 3;
 /// The oldest protocol version this build speaks.
 pub const PROTOCOL_VERSION_MIN: u16 = 1;
 
@@ -100,10 +104,19 @@ pub enum ApiKey {
     DescribeTopic = 7,
     AlterTopic = 8,
     Stats = 9,
+    JoinGroup = 32,
+    SyncGroup = 33,
+    Heartbeat = 34,
+    LeaveGroup = 35,
+    OffsetCommit = 36,
+    OffsetFetch = 37,
+    ListGroups = 38,
+    DescribeGroup = 39,
+    DeleteGroup = 40,
 }
 
 impl ApiKey {
-    pub const ALL: [ApiKey; 10] = [
+    pub const ALL: [ApiKey; 19] = [
         ApiKey::Handshake,
         ApiKey::Produce,
         ApiKey::Fetch,
@@ -114,6 +127,15 @@ impl ApiKey {
         ApiKey::DescribeTopic,
         ApiKey::AlterTopic,
         ApiKey::Stats,
+        ApiKey::JoinGroup,
+        ApiKey::SyncGroup,
+        ApiKey::Heartbeat,
+        ApiKey::LeaveGroup,
+        ApiKey::OffsetCommit,
+        ApiKey::OffsetFetch,
+        ApiKey::ListGroups,
+        ApiKey::DescribeGroup,
+        ApiKey::DeleteGroup,
     ];
 
     pub fn from_u16(v: u16) -> Option<ApiKey> {
@@ -132,7 +154,21 @@ impl ApiKey {
             ApiKey::DescribeTopic => "describe_topic",
             ApiKey::AlterTopic => "alter_topic",
             ApiKey::Stats => "stats",
+            ApiKey::JoinGroup => "join_group",
+            ApiKey::SyncGroup => "sync_group",
+            ApiKey::Heartbeat => "heartbeat",
+            ApiKey::LeaveGroup => "leave_group",
+            ApiKey::OffsetCommit => "offset_commit",
+            ApiKey::OffsetFetch => "offset_fetch",
+            ApiKey::ListGroups => "list_groups",
+            ApiKey::DescribeGroup => "describe_group",
+            ApiKey::DeleteGroup => "delete_group",
         }
+    }
+
+    /// The consumer-group requests (protocol version 3 and later).
+    pub fn is_group(self) -> bool {
+        (self as u16) >= ApiKey::JoinGroup as u16 && (self as u16) <= ApiKey::DeleteGroup as u16
     }
 }
 
@@ -175,6 +211,22 @@ impl ErrorCode {
     pub const PARTITION_UNAVAILABLE: ErrorCode = ErrorCode(22);
     /// The broker found corrupt data while serving the request.
     pub const CORRUPT_DATA: ErrorCode = ErrorCode(23);
+    /// Kafka's ILLEGAL_GENERATION: the member's generation is not the group's.
+    pub const ILLEGAL_GENERATION: ErrorCode = ErrorCode(40);
+    /// Kafka's REBALANCE_IN_PROGRESS: rejoin the group.
+    pub const REBALANCE_IN_PROGRESS: ErrorCode = ErrorCode(41);
+    /// Kafka's UNKNOWN_MEMBER_ID.
+    pub const UNKNOWN_MEMBER: ErrorCode = ErrorCode(42);
+    /// Kafka's GROUP_ID_NOT_FOUND.
+    pub const UNKNOWN_GROUP: ErrorCode = ErrorCode(43);
+    /// Kafka's NON_EMPTY_GROUP: the group has live members.
+    pub const GROUP_NOT_EMPTY: ErrorCode = ErrorCode(44);
+    /// Kafka's INVALID_SESSION_TIMEOUT.
+    pub const INVALID_SESSION_TIMEOUT: ErrorCode = ErrorCode(45);
+    /// Kafka's INCONSISTENT_GROUP_PROTOCOL.
+    pub const INCONSISTENT_PROTOCOL: ErrorCode = ErrorCode(46);
+    /// Kafka's OFFSET_METADATA_TOO_LARGE.
+    pub const METADATA_TOO_LARGE: ErrorCode = ErrorCode(47);
 
     pub fn is_ok(self) -> bool {
         self == ErrorCode::NONE
@@ -209,6 +261,14 @@ impl ErrorCode {
             ErrorCode::INVALID_REQUEST => "invalid_request",
             ErrorCode::PARTITION_UNAVAILABLE => "partition_unavailable",
             ErrorCode::CORRUPT_DATA => "corrupt_data",
+            ErrorCode::ILLEGAL_GENERATION => "illegal_generation",
+            ErrorCode::REBALANCE_IN_PROGRESS => "rebalance_in_progress",
+            ErrorCode::UNKNOWN_MEMBER => "unknown_member_id",
+            ErrorCode::UNKNOWN_GROUP => "unknown_group",
+            ErrorCode::GROUP_NOT_EMPTY => "group_not_empty",
+            ErrorCode::INVALID_SESSION_TIMEOUT => "invalid_session_timeout",
+            ErrorCode::INCONSISTENT_PROTOCOL => "inconsistent_group_protocol",
+            ErrorCode::METADATA_TOO_LARGE => "offset_metadata_too_large",
             _ => "unknown_error",
         }
     }
@@ -327,6 +387,8 @@ pub enum Request<'a> {
         settings: Vec<Setting<'a>>,
     },
     Stats,
+    /// A consumer-group request (protocol version 3).
+    Group(groups::GroupRequest<'a>),
 }
 
 impl Request<'_> {
@@ -342,6 +404,7 @@ impl Request<'_> {
             Request::DescribeTopic { .. } => ApiKey::DescribeTopic,
             Request::AlterTopic { .. } => ApiKey::AlterTopic,
             Request::Stats => ApiKey::Stats,
+            Request::Group(g) => g.api_key(),
         }
     }
 }
@@ -445,6 +508,7 @@ pub enum ResponseBody<'a> {
         settings: Vec<Setting<'a>>,
     },
     Stats(StatsBody),
+    Group(groups::GroupResponse<'a>),
 }
 
 impl ResponseBody<'_> {
@@ -460,6 +524,7 @@ impl ResponseBody<'_> {
             ResponseBody::DescribeTopic { .. } => ApiKey::DescribeTopic,
             ResponseBody::AlterTopic { .. } => ApiKey::AlterTopic,
             ResponseBody::Stats(_) => ApiKey::Stats,
+            ResponseBody::Group(g) => g.api_key(),
         }
     }
 }
@@ -686,6 +751,7 @@ fn encode_request_payload(out: &mut Vec<u8>, req: &Request<'_>) -> Result<(), Pr
             put_settings(out, settings)?;
         }
         Request::ListTopics | Request::Stats => {}
+        Request::Group(g) => groups::encode_request(out, g)?,
     }
     Ok(())
 }
@@ -845,6 +911,7 @@ fn encode_response_body(out: &mut Vec<u8>, body: &ResponseBody<'_>) -> Result<()
             out.extend_from_slice(&s.produce_requests.to_be_bytes());
             out.extend_from_slice(&s.records_appended.to_be_bytes());
         }
+        ResponseBody::Group(g) => groups::encode_response(out, g)?,
     }
     Ok(())
 }
@@ -1110,6 +1177,8 @@ pub fn decode_request(frame: &[u8]) -> Result<(u32, Request<'_>), ProtocolError>
             }
         }
         ApiKey::Stats => Request::Stats,
+        k if k.is_group() => Request::Group(groups::decode_request(k, &mut r)?),
+        k => return Err(ProtocolError::UnknownApi { key: k as u16 }),
     };
     r.finish()?;
     Ok((request_id, req))
@@ -1264,6 +1333,9 @@ fn decode_response_body<'a>(
             produce_requests: r.u64("produce_requests")?,
             records_appended: r.u64("records_appended")?,
         }),
+        k if k.is_group() => ResponseBody::Group(groups::decode_response(k, r)?),
+        // Unreachable: every key is matched above.
+        k => return Err(ProtocolError::UnknownApi { key: k as u16 }),
     })
 }
 
