@@ -9,6 +9,7 @@ mod util;
 mod cli_broker;
 mod cli_cleanup;
 mod cli_clients;
+mod cli_groups;
 mod cli_oplog;
 mod cli_topic_meta;
 mod engine_broker;

@@ -564,3 +564,121 @@ pub fn decode_topic_partitions(bytes: &[u8]) -> Result<Vec<(String, Vec<u32>)>, 
     r.finish()?;
     Ok(v)
 }
+
+#[cfg(test)]
+#[expect(clippy::unwrap_used, reason = "tests")]
+pub(super) mod tests {
+    use super::*;
+
+    /// One of each group request; the parent module's tests round-trip them and cut
+    /// them at every length.
+    pub(crate) fn sample_requests() -> Vec<GroupRequest<'static>> {
+        vec![
+            GroupRequest::JoinGroup {
+                group: "g",
+                member_id: "",
+                client_id: "c",
+                session_timeout_ms: 45_000,
+                rebalance_timeout_ms: 60_000,
+                protocol_type: "consumer",
+                protocols: vec![("range", b"sub"), ("roundrobin", b"")],
+            },
+            GroupRequest::SyncGroup {
+                group: "g",
+                generation: 3,
+                member_id: "m",
+                assignments: vec![("m", b"a"), ("n", b"")],
+            },
+            GroupRequest::Heartbeat {
+                group: "g",
+                generation: -1,
+                member_id: "m",
+            },
+            GroupRequest::LeaveGroup {
+                group: "g",
+                member_id: "m",
+            },
+            GroupRequest::OffsetCommit {
+                group: "g",
+                generation: 2,
+                member_id: "m",
+                topic: "t",
+                offsets: vec![CommitEntry {
+                    partition: 1,
+                    offset: 9,
+                    metadata: "x",
+                }],
+            },
+            GroupRequest::OffsetFetch {
+                group: "g",
+                generation: -1,
+                member_id: "",
+                topic: "",
+            },
+            GroupRequest::ListGroups,
+            GroupRequest::DescribeGroup { group: "g" },
+            GroupRequest::DeleteGroup { group: "g" },
+        ]
+    }
+
+    pub(crate) fn sample_responses() -> Vec<GroupResponse<'static>> {
+        let offsets = vec![OffsetEntry {
+            topic: "t",
+            partition: 2,
+            offset: 7,
+            metadata: "",
+            commit_ms: 5,
+        }];
+        vec![
+            GroupResponse::JoinGroup {
+                generation: 1,
+                protocol: "range",
+                leader: "m",
+                member_id: "m",
+                members: vec![("m", b"sub")],
+            },
+            GroupResponse::SyncGroup { assignment: b"abc" },
+            GroupResponse::Heartbeat,
+            GroupResponse::LeaveGroup,
+            GroupResponse::OffsetCommit,
+            GroupResponse::OffsetFetch {
+                offsets: offsets.clone(),
+            },
+            GroupResponse::ListGroups {
+                groups: vec![("g", "Stable")],
+            },
+            GroupResponse::DescribeGroup {
+                state: "Stable",
+                generation: 4,
+                protocol_type: "consumer",
+                protocol: "range",
+                members: vec![MemberEntry {
+                    member_id: "m",
+                    client_id: "c",
+                    assignment: b"a",
+                }],
+                offsets,
+            },
+            GroupResponse::DeleteGroup,
+        ]
+    }
+
+    #[test]
+    fn topic_partitions_round_trip_and_refuse_garbage() {
+        let items = vec![("t", vec![0u32, 3]), ("u", vec![])];
+        let bytes = encode_topic_partitions(&items).unwrap();
+        let back = decode_topic_partitions(&bytes).unwrap();
+        assert_eq!(
+            back,
+            vec![("t".to_string(), vec![0, 3]), ("u".to_string(), vec![])]
+        );
+        for cut in 0..bytes.len() {
+            assert!(decode_topic_partitions(&bytes[..cut]).is_err());
+        }
+        // A count far beyond the bytes present is refused before allocating.
+        assert!(matches!(
+            decode_topic_partitions(&[0, 0, 0xFF, 0xFF]),
+            Err(ProtocolError::Truncated { .. })
+        ));
+    }
+}

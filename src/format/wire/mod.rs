@@ -1401,6 +1401,13 @@ mod tests {
             },
             Request::Stats,
         ]
+        .into_iter()
+        .chain(
+            groups::tests::sample_requests()
+                .into_iter()
+                .map(Request::Group),
+        )
+        .collect()
     }
 
     fn sample_responses() -> Vec<ResponseBody<'static>> {
@@ -1487,6 +1494,13 @@ mod tests {
                 records_appended: 3,
             }),
         ]
+        .into_iter()
+        .chain(
+            groups::tests::sample_responses()
+                .into_iter()
+                .map(ResponseBody::Group),
+        )
+        .collect()
     }
 
     /// The protocol version a sample response is encoded for.
