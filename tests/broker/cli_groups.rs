@@ -423,15 +423,19 @@ fn bad_group_requests_are_refused_and_the_broker_serves_on() {
     );
     // Nothing was committed by any of them.
     assert!(c.fetch_offsets("g", -1, "", "").unwrap().is_empty());
-    let (_, l) =
-        seglog::engine::groups::offsets::read_group_file(&dir.path().join("groups/g.json"))
-            .unwrap();
-    assert!(l.offsets.is_empty());
+    // The group file (written in the background after the join) holds no offsets,
+    // and no other file was made.
+    let file = dir.path().join("groups/g.json");
+    if file.exists() {
+        let (_, l) = seglog::engine::groups::offsets::read_group_file(&file).unwrap();
+        assert!(l.offsets.is_empty());
+    }
     let names: Vec<String> = std::fs::read_dir(dir.path().join("groups"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n != "g.json")
         .collect();
-    assert_eq!(names, vec!["g.json".to_string()]);
+    assert!(names.is_empty(), "{names:?}");
     assert!(!dir.path().join("x.json").exists());
     // The connection and the broker serve on; a good commit lands.
     c.commit_offsets("g", 1, &j.member_id, "t", &[(1, 0, "ok")])
