@@ -30,4 +30,5 @@ pub mod groups;
 pub mod maintenance;
 pub mod net;
 pub mod partition;
+pub mod producers;
 pub mod storage;

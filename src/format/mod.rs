@@ -40,6 +40,7 @@ pub mod header;
 pub mod index;
 pub mod marker;
 pub mod names;
+pub mod producers;
 pub mod record;
 pub mod topic;
 pub mod wire;

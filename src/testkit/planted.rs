@@ -25,3 +25,7 @@ pub static SKIP_RETENTION_DIR_FSYNC: AtomicBool = AtomicBool::new(false);
 /// partition/roll.rs: a roll writes the new segment's header when it creates the file,
 /// before the outgoing segment's last records are durable.
 pub static ROLL_BEFORE_DATA_DURABLE: AtomicBool = AtomicBool::new(false);
+/// producers: an idempotent batch is acknowledged before its journal entry is durable.
+pub static ACK_BEFORE_JOURNAL_DURABLE: AtomicBool = AtomicBool::new(false);
+/// producers: recovery replays journal entries past a partition's recovered end.
+pub static REPLAY_PAST_RECOVERED_END: AtomicBool = AtomicBool::new(false);
