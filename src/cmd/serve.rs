@@ -74,6 +74,9 @@ pub struct Args {
     /// How long a consumer group without members keeps its committed offsets: 7d = 168h.
     #[arg(long, default_value = "168h", value_parser = parse_positive_duration)]
     pub offsets_retention: Duration,
+    /// How long the broker remembers an idempotent producer it has not heard from.
+    #[arg(long, default_value = "24h", value_parser = parse_positive_duration)]
+    pub producer_id_expiration: Duration,
 }
 
 /// How the broker log is written.
@@ -270,6 +273,7 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
             session_timeout_max: args.group_max_session_timeout,
             offsets_retention: args.offsets_retention,
         },
+        producer_id_expiration: args.producer_id_expiration,
     };
     // The startup report (recovery actions, unavailable partitions) is logged as
     // the broker opens.

@@ -63,6 +63,8 @@ pub struct BrokerOptions {
     pub max_open_files: usize,
     /// The group coordinator's timeouts and limits.
     pub groups: crate::engine::groups::GroupOptions,
+    /// How long an idempotent producer unseen is remembered.
+    pub producer_id_expiration: Duration,
 }
 
 impl Default for BrokerOptions {
@@ -75,6 +77,7 @@ impl Default for BrokerOptions {
             compaction_check_interval: Duration::from_secs(300),
             max_open_files: crate::engine::partition::files::OPEN_FILES_DEFAULT,
             groups: crate::engine::groups::GroupOptions::default(),
+            producer_id_expiration: crate::engine::producers::PRODUCER_ID_EXPIRATION_DEFAULT,
         }
     }
 }
@@ -207,6 +210,8 @@ pub struct Broker {
     dir_lock: Mutex<Option<DirLock>>,
     /// Consumer groups and their committed offsets.
     groups: Arc<crate::engine::groups::GroupCoordinator>,
+    /// Idempotent producers' state.
+    producers: Arc<crate::engine::producers::ProducerTable>,
 }
 
 impl Drop for Broker {
@@ -219,6 +224,11 @@ impl Broker {
     /// The group coordinator.
     pub fn groups(&self) -> &Arc<crate::engine::groups::GroupCoordinator> {
         &self.groups
+    }
+
+    /// The idempotent producers' table.
+    pub fn producers(&self) -> &Arc<crate::engine::producers::ProducerTable> {
+        &self.producers
     }
 }
 

@@ -38,6 +38,8 @@ impl Broker {
         report.extend(notes);
         let (groups, notes) = open_groups(data_dir, &storage, &opts)?;
         report.extend(notes);
+        let (producers, notes) = open_producers(data_dir, &storage, &opts, &topics)?;
+        report.extend(notes);
         let flusher = Arc::new(Flusher::new(opts.flush_interval));
         let topics = Arc::new(RwLock::new(topics));
         let thread = flusher.clone().start(topics.clone())?;
@@ -92,6 +94,7 @@ impl Broker {
             cleaner_threads: Mutex::new(cleaner_threads),
             dir_lock: Mutex::new(Some(dir_lock)),
             groups,
+            producers,
         }))
     }
 
@@ -355,4 +358,32 @@ fn start_groups(
                 .collect()
         }))
         .map_err(|e| EngineError::io("starting the group coordinator", std::io::Error::other(e)))
+}
+
+/// Opens the idempotent producers' table; journal entries past a partition's
+/// recovered end are dropped.
+fn open_producers(
+    data_dir: &Path,
+    storage: &StorageRef,
+    opts: &BrokerOptions,
+    topics: &TopicMap,
+) -> Result<(Arc<crate::engine::producers::ProducerTable>, Vec<String>), EngineError> {
+    let end_of = |topic: &str, partition: u32| -> Option<u64> {
+        match topics.get(topic)?.partitions.get(partition as usize)? {
+            Slot::Open(log) => Some(log.durable_end()),
+            Slot::Unavailable(_) => None,
+        }
+    };
+    let (table, notes) = crate::engine::producers::ProducerTable::open(
+        data_dir,
+        storage.clone(),
+        opts.producer_id_expiration,
+        &end_of,
+    )
+    .map_err(|e| EngineError::io("opening the producer journal", std::io::Error::other(e)))?;
+    let table = Arc::new(table);
+    table
+        .start()
+        .map_err(|e| EngineError::io("starting the producer journal", std::io::Error::other(e)))?;
+    Ok((table, notes))
 }

@@ -27,6 +27,33 @@ impl Broker {
         })
     }
 
+    /// [`Broker::produce`], calling `after_append` with the records' offsets once
+    /// they are written and before waiting for their fsync, so that other durable
+    /// work (an idempotent producer's journal entry) shares the wait.
+    pub fn produce_then<R>(
+        &self,
+        topic: &str,
+        partition: u32,
+        records: &[NewRecord<'_>],
+        after_append: impl FnOnce(&ProduceResult) -> R,
+    ) -> Result<(ProduceResult, R), EngineError> {
+        self.check_running()?;
+        let (t, log) = self.partition(topic, partition)?;
+        let config = read(&t.config).clone();
+        let appended = log.append(records, &config)?;
+        let result = ProduceResult {
+            base_offset: appended.base_offset,
+            last_offset: appended.last_offset,
+        };
+        let r = after_append(&result);
+        if self.opts.flush_every_records <= 1 {
+            log.wait_durable(appended.last_offset + 1)?;
+        } else if appended.unflushed >= self.opts.flush_every_records {
+            self.flusher.request(&log);
+        }
+        Ok((result, r))
+    }
+
     /// Durable records from `offset`, at most `max_bytes` (capped at
     /// [`crate::engine::partition::FETCH_BYTES_MAX`]; always at least one whole record if one
     /// exists), waiting up to `max_wait` for new durable data when `offset` is the end.
@@ -92,6 +119,7 @@ impl Broker {
                 }
             }
         }
+        self.producers.shutdown();
         lock(&self.dir_lock).take();
         *done = true;
         first_error.map_or(Ok(()), Err)

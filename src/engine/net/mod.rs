@@ -5,4 +5,6 @@
 pub mod client;
 pub mod group_client;
 pub mod groups;
+pub mod producer_client;
+pub mod producers;
 pub mod server;

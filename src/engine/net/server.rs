@@ -568,6 +568,17 @@ impl Connection {
                 super::groups::serve(&self.broker, self.version, &self.stop, id, g, &mut self.out);
                 Ok(())
             }
+            Request::Producer(p) => {
+                super::producers::serve(
+                    &self.broker,
+                    self.version,
+                    &self.stop,
+                    id,
+                    p,
+                    &mut self.out,
+                );
+                Ok(())
+            }
         };
         if let Err((code, msg)) = result {
             if self.opts.log_errors {

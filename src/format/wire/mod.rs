@@ -29,6 +29,7 @@
 use crate::format::names::NAME_LEN_MAX;
 
 pub mod groups;
+pub mod producers;
 use crate::format::record::MAX_RECORD_LEN;
 use crate::format::topic::PARTITIONS_MAX;
 
@@ -113,10 +114,12 @@ pub enum ApiKey {
     ListGroups = 38,
     DescribeGroup = 39,
     DeleteGroup = 40,
+    InitProducer = 41,
+    IdempotentProduce = 42,
 }
 
 impl ApiKey {
-    pub const ALL: [ApiKey; 19] = [
+    pub const ALL: [ApiKey; 21] = [
         ApiKey::Handshake,
         ApiKey::Produce,
         ApiKey::Fetch,
@@ -136,6 +139,8 @@ impl ApiKey {
         ApiKey::ListGroups,
         ApiKey::DescribeGroup,
         ApiKey::DeleteGroup,
+        ApiKey::InitProducer,
+        ApiKey::IdempotentProduce,
     ];
 
     pub fn from_u16(v: u16) -> Option<ApiKey> {
@@ -163,6 +168,8 @@ impl ApiKey {
             ApiKey::ListGroups => "list_groups",
             ApiKey::DescribeGroup => "describe_group",
             ApiKey::DeleteGroup => "delete_group",
+            ApiKey::InitProducer => "init_producer",
+            ApiKey::IdempotentProduce => "idempotent_produce",
         }
     }
 
@@ -227,6 +234,14 @@ impl ErrorCode {
     pub const INCONSISTENT_PROTOCOL: ErrorCode = ErrorCode(46);
     /// Kafka's OFFSET_METADATA_TOO_LARGE.
     pub const METADATA_TOO_LARGE: ErrorCode = ErrorCode(47);
+    /// Kafka's OUT_OF_ORDER_SEQUENCE_NUMBER: a gap in a producer's sequences.
+    pub const OUT_OF_ORDER_SEQUENCE: ErrorCode = ErrorCode(48);
+    /// Kafka's INVALID_PRODUCER_EPOCH: the producer was fenced by a newer epoch.
+    pub const INVALID_PRODUCER_EPOCH: ErrorCode = ErrorCode(49);
+    /// Kafka's UNKNOWN_PRODUCER_ID.
+    pub const UNKNOWN_PRODUCER: ErrorCode = ErrorCode(50);
+    /// A batch of the same producer and partition is being written: retry.
+    pub const PRODUCER_BUSY: ErrorCode = ErrorCode(51);
 
     pub fn is_ok(self) -> bool {
         self == ErrorCode::NONE
@@ -269,6 +284,10 @@ impl ErrorCode {
             ErrorCode::INVALID_SESSION_TIMEOUT => "invalid_session_timeout",
             ErrorCode::INCONSISTENT_PROTOCOL => "inconsistent_group_protocol",
             ErrorCode::METADATA_TOO_LARGE => "offset_metadata_too_large",
+            ErrorCode::OUT_OF_ORDER_SEQUENCE => "out_of_order_sequence_number",
+            ErrorCode::INVALID_PRODUCER_EPOCH => "invalid_producer_epoch",
+            ErrorCode::UNKNOWN_PRODUCER => "unknown_producer_id",
+            ErrorCode::PRODUCER_BUSY => "producer_busy",
             _ => "unknown_error",
         }
     }
@@ -389,6 +408,8 @@ pub enum Request<'a> {
     Stats,
     /// A consumer-group request (protocol version 3).
     Group(groups::GroupRequest<'a>),
+    /// An idempotent-producer request (protocol version 3).
+    Producer(producers::ProducerRequest<'a>),
 }
 
 impl Request<'_> {
@@ -405,6 +426,7 @@ impl Request<'_> {
             Request::AlterTopic { .. } => ApiKey::AlterTopic,
             Request::Stats => ApiKey::Stats,
             Request::Group(g) => g.api_key(),
+            Request::Producer(p) => p.api_key(),
         }
     }
 }
@@ -509,6 +531,11 @@ pub enum ResponseBody<'a> {
     },
     Stats(StatsBody),
     Group(groups::GroupResponse<'a>),
+    /// The init-producer response; an idempotent produce is answered with `Produce`.
+    InitProducer {
+        producer_id: u64,
+        epoch: u16,
+    },
 }
 
 impl ResponseBody<'_> {
@@ -525,6 +552,7 @@ impl ResponseBody<'_> {
             ResponseBody::AlterTopic { .. } => ApiKey::AlterTopic,
             ResponseBody::Stats(_) => ApiKey::Stats,
             ResponseBody::Group(g) => g.api_key(),
+            ResponseBody::InitProducer { .. } => ApiKey::InitProducer,
         }
     }
 }
@@ -752,6 +780,7 @@ fn encode_request_payload(out: &mut Vec<u8>, req: &Request<'_>) -> Result<(), Pr
         }
         Request::ListTopics | Request::Stats => {}
         Request::Group(g) => groups::encode_request(out, g)?,
+        Request::Producer(p) => producers::encode_request(out, p)?,
     }
     Ok(())
 }
@@ -912,6 +941,9 @@ fn encode_response_body(out: &mut Vec<u8>, body: &ResponseBody<'_>) -> Result<()
             out.extend_from_slice(&s.records_appended.to_be_bytes());
         }
         ResponseBody::Group(g) => groups::encode_response(out, g)?,
+        ResponseBody::InitProducer { producer_id, epoch } => {
+            producers::encode_init_response(out, *producer_id, *epoch);
+        }
     }
     Ok(())
 }
@@ -1178,6 +1210,9 @@ pub fn decode_request(frame: &[u8]) -> Result<(u32, Request<'_>), ProtocolError>
         }
         ApiKey::Stats => Request::Stats,
         k if k.is_group() => Request::Group(groups::decode_request(k, &mut r)?),
+        k @ (ApiKey::InitProducer | ApiKey::IdempotentProduce) => {
+            Request::Producer(producers::decode_request(k, &mut r)?)
+        }
         k => return Err(ProtocolError::UnknownApi { key: k as u16 }),
     };
     r.finish()?;
@@ -1223,7 +1258,7 @@ fn decode_response_body<'a>(
             version: r.u16("version")?,
             frame_bytes_max: r.u32("frame_bytes_max")?,
         },
-        ApiKey::Produce => {
+        ApiKey::Produce | ApiKey::IdempotentProduce => {
             let n = r.count("partitions", PARTITIONS_PER_MESSAGE_MAX, ACK_WIRE_MIN)?;
             let mut partitions = Vec::with_capacity(n);
             for _ in 0..n {
@@ -1334,6 +1369,10 @@ fn decode_response_body<'a>(
             records_appended: r.u64("records_appended")?,
         }),
         k if k.is_group() => ResponseBody::Group(groups::decode_response(k, r)?),
+        ApiKey::InitProducer => {
+            let (producer_id, epoch) = producers::decode_init_response(r)?;
+            ResponseBody::InitProducer { producer_id, epoch }
+        }
         // Unreachable: every key is matched above.
         k => return Err(ProtocolError::UnknownApi { key: k as u16 }),
     })
@@ -1407,6 +1446,28 @@ mod tests {
                 .into_iter()
                 .map(Request::Group),
         )
+        .chain([
+            Request::Producer(producers::ProducerRequest::InitProducer {
+                producer_id: -1,
+                epoch: 0,
+            }),
+            Request::Producer(producers::ProducerRequest::Produce {
+                topic: "t",
+                producer_id: 9,
+                epoch: 2,
+                partitions: vec![(
+                    5,
+                    PartitionBatch {
+                        partition: 1,
+                        records: vec![WireRecord {
+                            timestamp_ms: 3,
+                            key: Some(b"k"),
+                            value: b"v",
+                        }],
+                    },
+                )],
+            }),
+        ])
         .collect()
     }
 
@@ -1500,6 +1561,10 @@ mod tests {
                 .into_iter()
                 .map(ResponseBody::Group),
         )
+        .chain([ResponseBody::InitProducer {
+            producer_id: 4,
+            epoch: 1,
+        }])
         .collect()
     }
 
