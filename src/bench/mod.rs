@@ -66,6 +66,9 @@ pub struct Config {
     pub timeout: Duration,
     /// Draw a progress bar on stderr while the workers run.
     pub progress_bar: bool,
+    /// Produce only: idempotent produce requests (each connection its own producer id
+    /// and per-partition sequences).
+    pub idempotent: bool,
 }
 
 /// Why a run failed.
@@ -388,6 +391,12 @@ fn produce(args: &Config, addr: &str, records: u64) -> Result<Report, BenchError
                 latencies: Vec::new(),
             };
             let mut turn = u64::from(w);
+            let producer = if args.idempotent {
+                Some(client.init_producer(None)?)
+            } else {
+                None
+            };
+            let mut sequences = vec![0i32; args.partitions as usize];
             while left > 0 && deadline.is_none_or(|d| Instant::now() < d) {
                 let n = left.min(u64::from(args.batch));
                 let partition = (turn % u64::from(args.partitions)) as u32;
@@ -403,7 +412,16 @@ fn produce(args: &Config, addr: &str, records: u64) -> Result<Report, BenchError
                         .collect(),
                 };
                 let t = Instant::now();
-                let acks = client.produce(&args.topic, vec![batch])?;
+                let acks = match producer {
+                    Some((id, epoch)) => {
+                        let seq = sequences.get(partition as usize).copied().unwrap_or(0);
+                        if let Some(s) = sequences.get_mut(partition as usize) {
+                            *s = seq.saturating_add(n as i32);
+                        }
+                        client.produce_idempotent(&args.topic, id, epoch, vec![(seq, batch)])?
+                    }
+                    None => client.produce(&args.topic, vec![batch])?,
+                };
                 r.latencies.push(t.elapsed());
                 if let Some(Err((code, message))) = acks.first().map(|a| &a.result) {
                     return Err(BenchError::ProduceRefused {

@@ -64,6 +64,10 @@ pub struct Args {
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
+    /// Produce only: idempotent requests (a producer id per connection, a sequence
+    /// per batch), as `seglog produce` sends by default.
+    #[arg(long)]
+    pub idempotent: bool,
 }
 
 impl From<Mode> for load::Mode {
@@ -113,6 +117,7 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
         topic: args.topic.clone(),
         timeout: args.timeout,
         progress_bar: !global.quiet && io::stderr().is_terminal(),
+        idempotent: args.idempotent,
     };
     let report = load::run(&config).map_err(bench_error)?;
     print_report(&args, &report)?;

@@ -466,6 +466,9 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
     Ok(exit::OK)
 }
 
+/// Longest wait between two retries (the backoff doubles up to it).
+const RETRY_BACKOFF_MAX: Duration = Duration::from_secs(5);
+
 /// An idempotent producer's identity and next sequence per partition.
 struct Idempotence {
     producer_id: u64,
@@ -550,7 +553,7 @@ impl<'a> Session<'a> {
             }
             attempt += 1;
             thread::sleep(pause);
-            pause = pause.saturating_mul(2);
+            pause = pause.saturating_mul(2).min(RETRY_BACKOFF_MAX);
             if result.is_err() {
                 // The connection may be gone: a new one (the producer id stays).
                 if let Ok(c) = Client::connect(&self.broker.broker, self.broker.timeout) {

@@ -109,7 +109,6 @@ pub type Durable = oneshot::Receiver<Result<(), ProducerError>>;
 
 #[derive(Debug, Default)]
 struct JournalState {
-    pending: Vec<u8>,
     waiters: Vec<oneshot::Sender<Result<(), ProducerError>>>,
 }
 
@@ -122,7 +121,10 @@ pub struct ProducerTable {
     producers: Mutex<HashMap<u64, Producer>>,
     next_id: AtomicU64,
     journal: Mutex<JournalState>,
+    /// The journal and its end: entries are written under this lock.
     file: Mutex<Option<(Box<dyn StorageFile>, u64)>>,
+    /// A second handle of the journal, for the group fdatasync.
+    sync_file: Box<dyn StorageFile>,
     entries_since_snapshot: AtomicU64,
     wake: Mutex<Option<mpsc::Sender<()>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
@@ -303,6 +305,9 @@ impl ProducerTable {
                 .map_err(|e| io("syncing the data directory", e))?;
             (f, JOURNAL_HEADER_LEN as u64)
         };
+        let sync_file = storage
+            .open(&path)
+            .map_err(|e| io("opening the journal", e))?;
         Ok((
             ProducerTable {
                 dir: data_dir.to_path_buf(),
@@ -311,6 +316,7 @@ impl ProducerTable {
                 producers: Mutex::new(producers),
                 next_id: AtomicU64::new(next_id),
                 journal: Mutex::new(JournalState::default()),
+                sync_file,
                 file: Mutex::new(Some(file)),
                 entries_since_snapshot: AtomicU64::new(0),
                 wake: Mutex::new(None),
@@ -529,16 +535,37 @@ impl ProducerTable {
         })
     }
 
+    /// Writes the entry at the journal's end now (so that a crash of the process,
+    /// which keeps what was written, keeps the entry with the records written just
+    /// before it), then queues its waiter for the next group fdatasync.
     fn journal(&self, e: &JournalEntry) -> Durable {
         let (tx, rx) = oneshot::channel();
-        {
-            let mut j = lock(&self.journal);
-            encode_entry(&mut j.pending, e);
-            if planted!(ACK_BEFORE_JOURNAL_DURABLE) {
-                let _ = tx.send(Ok(()));
-            } else {
-                j.waiters.push(tx);
+        let mut bytes = Vec::with_capacity(128);
+        encode_entry(&mut bytes, e);
+        let written = (|| {
+            let mut file = lock(&self.file);
+            if let Some(why) = &*lock(&self.poisoned) {
+                return Err(ProducerError::Storage(why.clone()));
             }
+            let Some((f, end)) = file.as_mut() else {
+                return Err(ProducerError::ShuttingDown);
+            };
+            f.write_at(&bytes, *end).map_err(|e| {
+                let why = format!("writing {JOURNAL_FILE}: {e}");
+                *lock(&self.poisoned) = Some(why.clone());
+                ProducerError::Storage(why)
+            })?;
+            *end += bytes.len() as u64;
+            Ok(())
+        })();
+        if let Err(e) = written {
+            let _ = tx.send(Err(e));
+            return rx;
+        }
+        if planted!(ACK_BEFORE_JOURNAL_DURABLE) {
+            let _ = tx.send(Ok(()));
+        } else {
+            lock(&self.journal).waiters.push(tx);
         }
         match &*lock(&self.wake) {
             Some(w) => {
@@ -549,46 +576,30 @@ impl ProducerTable {
         rx
     }
 
-    /// Group commit: 1. take every waiting entry, 2. write them at the journal's end,
-    /// 3. fdatasync once, 4. complete their waiters. A failed write or sync poisons the
-    /// journal: later entries fail too.
+    /// Group commit: 1. take every waiter (each one's entry was written before it
+    /// was queued), 2. fdatasync once, through a handle of its own so writers go on
+    /// meanwhile, 3. complete the waiters. A failed sync poisons the journal: later
+    /// entries fail too.
     fn write_pending(&self) {
-        let mut file = lock(&self.file);
         // 1.
-        let (bytes, waiters) = {
-            let mut j = lock(&self.journal);
-            (
-                std::mem::take(&mut j.pending),
-                std::mem::take(&mut j.waiters),
-            )
-        };
-        if bytes.is_empty() && waiters.is_empty() {
+        let waiters = std::mem::take(&mut lock(&self.journal).waiters);
+        if waiters.is_empty() {
             return;
         }
         let result = (|| {
             if let Some(why) = &*lock(&self.poisoned) {
                 return Err(ProducerError::Storage(why.clone()));
             }
-            let Some((f, end)) = file.as_mut() else {
-                return Err(ProducerError::ShuttingDown);
-            };
             // 2.
-            f.write_at(&bytes, *end)
-                .and_then(|()| {
-                    // 3.
-                    f.sync_data()
-                })
-                .map_err(|e| {
-                    let why = format!("writing {JOURNAL_FILE}: {e}");
-                    *lock(&self.poisoned) = Some(why.clone());
-                    ProducerError::Storage(why)
-                })?;
+            self.sync_file.sync_data().map_err(|e| {
+                let why = format!("syncing {JOURNAL_FILE}: {e}");
+                *lock(&self.poisoned) = Some(why.clone());
+                ProducerError::Storage(why)
+            })?;
             self.fsyncs.fetch_add(1, Ordering::Relaxed);
-            *end += bytes.len() as u64;
             Ok(())
         })();
-        drop(file);
-        // 4.
+        // 3.
         let n = waiters.len() as u64;
         for w in waiters {
             let _ = w.send(result.clone());
