@@ -235,19 +235,23 @@ fn kill_9_during_idempotent_production_loses_and_duplicates_nothing() {
         .spawn()
         .unwrap();
     let mut stdin = child.stdin.take().unwrap();
-    let total = 1500;
+    let total = 3000;
     let writer = thread::spawn(move || {
         for i in 0..total {
             writeln!(stdin, "v{i}").unwrap();
             if i % 5 == 0 {
-                thread::sleep(Duration::from_millis(2));
+                thread::sleep(Duration::from_millis(3));
             }
         }
     });
     // Kill the broker twice while records stream, restarting it on the same address.
     let mut server = server;
     for _ in 0..2 {
-        thread::sleep(Duration::from_millis(700));
+        thread::sleep(Duration::from_millis(600));
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the producer still runs"
+        );
         server.kill9();
         thread::sleep(Duration::from_millis(200));
         server = serve_on(dir.path(), &addr);
