@@ -185,6 +185,9 @@ fn write_list(out: &mut impl Write, as_json: bool, groups: &[(String, String)]) 
     }
 }
 
+/// (member id, client id, assigned (topic, partition)s).
+type MemberRow = (String, String, Vec<(String, u32)>);
+
 fn write_describe(
     out: &mut impl Write,
     as_json: bool,
@@ -192,7 +195,7 @@ fn write_describe(
     info: &GroupInfo,
     ends: &BTreeMap<(String, u32), u64>,
 ) -> io::Result<()> {
-    let members: Vec<(String, String, Vec<(String, u32)>)> = info
+    let members: Vec<MemberRow> = info
         .members
         .iter()
         .map(|m| {
@@ -344,7 +347,11 @@ fn offline_end(dir: &Path, topic: &str, partition: u32) -> Option<u64> {
     let parts = crate::engine::storage::layout::topic_partitions(&topic_dir).ok()?;
     let p = parts.iter().find(|p| p.partition == Some(partition))?;
     let check = check_partition(p, CheckMode::Quick).ok()?;
-    check
-        .next_offset()
-        .or_else(|| check.segments.iter().map(|s| s.base_offset()).max())
+    check.next_offset().or_else(|| {
+        check
+            .segments
+            .iter()
+            .map(crate::engine::maintenance::check::SegmentCheck::base_offset)
+            .max()
+    })
 }

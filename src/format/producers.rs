@@ -293,7 +293,7 @@ pub fn decode_snapshot(bytes: &[u8]) -> Result<Snapshot, String> {
 }
 
 #[cfg(test)]
-#[expect(clippy::indexing_slicing, clippy::unwrap_used, reason = "tests")]
+#[expect(clippy::indexing_slicing, reason = "tests")]
 mod tests {
     use super::*;
 
@@ -334,7 +334,7 @@ mod tests {
             assert!(
                 matches!(
                     problem,
-                    Some(JournalError::Torn { position: 8 }) | Some(JournalError::BadLength { .. })
+                    Some(JournalError::Torn { position: 8 } | JournalError::BadLength { .. })
                 ),
                 "cut at {cut}: {problem:?}"
             );

@@ -179,7 +179,7 @@ impl Group {
     /// Starts a rebalance (or restarts its clock): pending syncs are told to rejoin.
     fn prepare_rebalance(&mut self, now: Instant) {
         if self.members.is_empty() {
-            self.to_empty();
+            self.become_empty();
             return;
         }
         let err = self.rebalancing();
@@ -200,7 +200,7 @@ impl Group {
         }
     }
 
-    fn to_empty(&mut self) {
+    fn become_empty(&mut self) {
         if self.state != GroupState::Empty {
             self.generation += 1;
             self.dirty = true;
@@ -224,7 +224,7 @@ impl Group {
         }
         self.members.retain(|_, m| m.join_waiter.is_some());
         if self.members.is_empty() {
-            self.to_empty();
+            self.become_empty();
             return;
         }
         // The protocol every member supports, in the leader's order of preference.
@@ -252,7 +252,7 @@ impl Group {
             };
             self.fail_waiters(&e);
             self.members.clear();
-            self.to_empty();
+            self.become_empty();
             return;
         };
         self.protocol = protocol;

@@ -147,18 +147,16 @@ pub type Report = Vec<String>;
 
 /// Reads the snapshot and journal of `data_dir` (for the tools): the snapshot, the
 /// journal's good entries, the good prefix length and the first problem.
-pub fn read_state(
-    data_dir: &Path,
-) -> Result<
-    (
-        Option<Snapshot>,
-        Vec<JournalEntry>,
-        usize,
-        Option<JournalError>,
-        bool,
-    ),
-    String,
-> {
+/// (snapshot, good entries, good prefix length, first problem, journal exists).
+pub type State = (
+    Option<Snapshot>,
+    Vec<JournalEntry>,
+    usize,
+    Option<JournalError>,
+    bool,
+);
+
+pub fn read_state(data_dir: &Path) -> Result<State, String> {
     let snap = match std::fs::read(data_dir.join(SNAPSHOT_FILE)) {
         Ok(b) => Some(decode_snapshot(&b).map_err(|e| format!("{SNAPSHOT_FILE}: {e}"))?),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,

@@ -566,7 +566,7 @@ pub fn decode_topic_partitions(bytes: &[u8]) -> Result<Vec<(String, Vec<u32>)>, 
 }
 
 #[cfg(test)]
-#[expect(clippy::unwrap_used, reason = "tests")]
+#[expect(clippy::unwrap_used, clippy::indexing_slicing, reason = "tests")]
 pub(super) mod tests {
     use super::*;
 
