@@ -17,6 +17,7 @@ use tokio::net::TcpStream;
 
 use crate::engine::net::client::ClientError;
 use crate::format::decode_record;
+use crate::format::wire::producers::ProducerRequest;
 use crate::format::wire::{
     check_frame_len, decode_response_version, encode_request, PartitionBatch, Request,
     ResponseBody, LEN_FIELD, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
@@ -153,6 +154,44 @@ impl Conn {
             topic,
             partitions: vec![batch],
         };
+        let body = self.call(&req).await?;
+        let ResponseBody::Produce { partitions } = body else {
+            return Err(self.protocol("produce answered with another response"));
+        };
+        match partitions.first() {
+            Some(a) if a.code.is_ok() => Ok(Ok(())),
+            Some(a) => Ok(Err((a.code, a.message.to_string()))),
+            None => Err(self.protocol("produce response without its partition")),
+        }
+    }
+
+    /// A new idempotent producer: (producer_id, epoch).
+    pub(super) async fn init_producer(&mut self) -> Result<(u64, u16), ClientError> {
+        let req = Request::Producer(ProducerRequest::InitProducer {
+            producer_id: -1,
+            epoch: 0,
+        });
+        match self.call(&req).await? {
+            ResponseBody::InitProducer { producer_id, epoch } => Ok((producer_id, epoch)),
+            _ => Err(self.protocol("init producer answered with another response")),
+        }
+    }
+
+    /// Produces one batch idempotently, with its base sequence; `Err((code,
+    /// message))` inside when the partition refused.
+    pub(super) async fn produce_idempotent(
+        &mut self,
+        topic: &str,
+        (producer_id, epoch): (u64, u16),
+        base_sequence: i32,
+        batch: PartitionBatch<'_>,
+    ) -> Result<Result<(), (crate::format::wire::ErrorCode, String)>, ClientError> {
+        let req = Request::Producer(ProducerRequest::Produce {
+            topic,
+            producer_id,
+            epoch,
+            partitions: vec![(base_sequence, batch)],
+        });
         let body = self.call(&req).await?;
         let ResponseBody::Produce { partitions } = body else {
             return Err(self.protocol("produce answered with another response"));

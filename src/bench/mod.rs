@@ -72,6 +72,9 @@ pub struct Config {
     pub timeout: Duration,
     /// Draw a progress bar on stderr while the workers run.
     pub progress_bar: bool,
+    /// Produce only: idempotent produce requests (each connection its own producer id
+    /// and per-partition sequences).
+    pub idempotent: bool,
     /// Write-path settings of the run.
     pub write: WriteOptions,
 }
@@ -464,6 +467,7 @@ fn produce(args: &Config, addr: &str, records: u64) -> Result<Report, BenchError
         let (value, progress) = (Arc::clone(&value), Arc::clone(&progress));
         let (topic, addr) = (args.topic.clone(), addr.to_string());
         let (batch, partitions, connections) = (args.batch, args.partitions, args.connections);
+        let idempotent = args.idempotent;
         let per_conn = args
             .write
             .rate
@@ -479,6 +483,12 @@ fn produce(args: &Config, addr: &str, records: u64) -> Result<Report, BenchError
             // With a fixed rate each connection sends its share on a schedule.
             let started = Instant::now();
             let mut sent = 0u64;
+            let producer = if idempotent {
+                Some(conn.init_producer().await?)
+            } else {
+                None
+            };
+            let mut sequences = vec![0i32; partitions as usize];
             while left > 0 && deadline.is_none_or(|d| Instant::now() < d) {
                 if let Some(rate) = per_conn {
                     let due = started + Duration::from_secs_f64(sent as f64 / rate);
@@ -502,7 +512,16 @@ fn produce(args: &Config, addr: &str, records: u64) -> Result<Report, BenchError
                         .collect(),
                 };
                 let t = Instant::now();
-                let ack = conn.produce(&topic, batch).await?;
+                let ack = match producer {
+                    Some(p) => {
+                        let seq = sequences.get(partition as usize).copied().unwrap_or(0);
+                        if let Some(s) = sequences.get_mut(partition as usize) {
+                            *s = seq.saturating_add(i32::try_from(n).unwrap_or(i32::MAX));
+                        }
+                        conn.produce_idempotent(&topic, p, seq, batch).await?
+                    }
+                    None => conn.produce(&topic, batch).await?,
+                };
                 r.latencies.push(t.elapsed());
                 if let Err((code, message)) = ack {
                     return Err(BenchError::ProduceRefused {

@@ -80,6 +80,10 @@ pub struct Args {
     /// (default: each connection sends its next request once the last is acked).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub rate: Option<u64>,
+    /// Produce only: idempotent requests (a producer id per connection, a sequence
+    /// per batch), as `seglog produce` sends by default.
+    #[arg(long)]
+    pub idempotent: bool,
 }
 
 impl From<Mode> for load::Mode {
@@ -143,6 +147,7 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
             zero_ahead: args.zero_ahead.map(|z| z == OnOff::On),
             rate: args.rate,
         },
+        idempotent: args.idempotent,
     };
     let report = load::run(&config).map_err(bench_error)?;
     print_report(&args, &report)?;

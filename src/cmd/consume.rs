@@ -18,7 +18,8 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::connect::{client_error, BrokerArgs};
+use super::connect::{client_error, parse_positive_duration, BrokerArgs};
+use super::consume_group::Assignor;
 use super::escape::{parse_bytes, Bytes};
 use super::format_string::RecordFormat;
 use super::{exit, BytesAs, ExitError, Global};
@@ -89,6 +90,22 @@ pub struct Args {
     /// Most record bytes per fetch request.
     #[arg(long, default_value_t = 1 << 20, value_parser = clap::value_parser!(u32).range(1..=i64::from(FETCH_BYTES_MAX)))]
     pub max_bytes: u32,
+    /// Read as a member of this consumer group: only the partitions the group assigns
+    /// to this member, from the group's committed offsets (--from applies only where
+    /// the group has none), following the log until Ctrl-C or --count.
+    #[arg(long, value_name = "GROUP", conflicts_with_all = ["partition", "from_time", "follow"])]
+    pub group: Option<String>,
+    /// With --group: how often to commit what was read (also on a clean exit).
+    #[arg(long, default_value = "5s", value_parser = parse_positive_duration)]
+    pub commit_interval: Duration,
+    /// With --group: how the group's leader splits partitions between members.
+    #[arg(long, value_enum, default_value_t = Assignor::Range)]
+    pub assignor: Assignor,
+    /// With --group: how long the broker waits for this member's heartbeat before
+    /// giving its partitions to others (within the broker's
+    /// --group-min-session-timeout and --group-max-session-timeout).
+    #[arg(long, default_value = "45s", value_parser = parse_positive_duration)]
+    pub session_timeout: Duration,
     #[command(flatten)]
     pub broker: BrokerArgs,
 }
@@ -172,7 +189,12 @@ impl StartAt {
 }
 
 /// Writes one record as a line.
-fn write_record(out: &mut impl Write, args: &Args, partition: u32, r: &Record) -> io::Result<()> {
+pub(super) fn write_record(
+    out: &mut impl Write,
+    args: &Args,
+    partition: u32,
+    r: &Record,
+) -> io::Result<()> {
     if args.json {
         let line = json!({
             "type": "record",
@@ -189,6 +211,9 @@ fn write_record(out: &mut impl Write, args: &Args, partition: u32, r: &Record) -
 }
 
 pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
+    if let Some(group) = &args.group {
+        return super::consume_group::run(&args, group, global);
+    }
     let mut client = args.broker.connect()?;
     let offsets = client.list_offsets(&args.topic).map_err(client_error)?;
     let chosen: Vec<_> = match args.partition {
@@ -473,7 +498,7 @@ fn plan_starts(
 /// `time_ms` (its end offset when none is), by binary search over offsets with
 /// one-record fetches. Exact when timestamps do not decrease along the log; otherwise
 /// some record at or after the time whose predecessor in the search is earlier.
-fn first_at_or_after(
+pub(super) fn first_at_or_after(
     client: &mut Client,
     topic: &str,
     o: &PartitionOffsets,
@@ -506,7 +531,7 @@ fn parse_count(s: &str) -> Result<u64, String> {
 }
 
 /// `--from-time`: RFC 3339 or milliseconds since the epoch.
-fn parse_time(s: &str) -> Result<i64, String> {
+pub(super) fn parse_time(s: &str) -> Result<i64, String> {
     if let Ok(ms) = s.parse::<i64>() {
         return Ok(ms);
     }

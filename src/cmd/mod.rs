@@ -12,9 +12,11 @@ pub mod completions;
 pub mod connect;
 pub mod consume;
 pub mod damage;
+pub mod consume_group;
 pub mod dump;
 pub mod escape;
 pub mod format_string;
+pub mod groups;
 pub mod produce;
 pub mod recover;
 pub mod reindex;
@@ -126,6 +128,8 @@ pub enum Command {
     Completions(completions::Args),
     /// Damage a copy of a data directory exactly as asked (testing fixtures).
     Damage(damage::Args),
+    /// List, describe, reset the offsets of and delete consumer groups.
+    Groups(groups::Args),
 }
 
 /// Options every command sees.
@@ -155,6 +159,7 @@ pub fn main() -> ExitCode {
         Command::Bench(a) => bench::run(a, global),
         Command::Completions(a) => completions::run(a, global),
         Command::Damage(a) => damage::run(a, global),
+        Command::Groups(a) => groups::run(a, global),
     };
     ExitCode::from(finish(result))
 }

@@ -19,14 +19,17 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::thread;
+use std::time::Duration;
 
 use serde_json::json;
 
-use super::connect::{client_error, refusal_exit, BrokerArgs};
+use super::connect::{client_error, parse_duration, refusal_exit, BrokerArgs};
 use super::escape::{parse_bytes, Bytes};
 use super::{exit, ExitError, Global};
-use crate::engine::net::client::{partition_for_key, Client};
-use crate::format::wire::{PartitionBatch, WireRecord, RECORDS_PER_PARTITION_MAX};
+use crate::engine::net::client::{partition_for_key, Ack, Client, ClientError};
+use crate::format::wire::{
+    ErrorCode, PartitionBatch, WireRecord, GROUPS_VERSION, RECORDS_PER_PARTITION_MAX,
+};
 
 /// Arguments of `seglog produce`.
 #[derive(Debug, clap::Args)]
@@ -69,6 +72,22 @@ pub struct Args {
     /// Print {"type": "ack", "partition", "offset"} per record.
     #[arg(long)]
     pub json: bool,
+    /// Idempotent production (the default): the broker hands out a producer id, each
+    /// batch carries a sequence number, and a batch sent again after a lost
+    /// connection or a timeout is written once (its retry gets the original offsets).
+    #[arg(long, overrides_with = "no_idempotent")]
+    pub idempotent: bool,
+    /// Plain produce requests, without retries (a broker older than protocol version
+    /// 3 is also served this way).
+    #[arg(long)]
+    pub no_idempotent: bool,
+    /// With idempotence: how many times a request is sent again after a lost
+    /// connection, a timeout or a broker busy with the same producer's batch.
+    #[arg(long, default_value_t = 5)]
+    pub retries: u32,
+    /// Wait before the first retry; doubled for each next one.
+    #[arg(long, default_value = "100ms", value_parser = parse_duration)]
+    pub retry_backoff: Duration,
     #[command(flatten)]
     pub broker: BrokerArgs,
 }
@@ -115,7 +134,7 @@ impl Partitioner {
 /// `seq` counts records from 0 across the whole input, starting at `first_seq` here).
 /// Returns the number acknowledged, or the error after printing the acks it got.
 fn send(
-    client: &mut Client,
+    session: &mut Session<'_>,
     topic: &str,
     first_seq: u64,
     records: &[Pending],
@@ -152,10 +171,11 @@ fn send(
         place.push((b, slot as u64));
     }
     let sizes: Vec<u64> = batches.iter().map(|b| b.records.len() as u64).collect();
-    let acks = client.produce(topic, batches).map_err(|e| {
+    let acks = session.produce(topic, batches).map_err(|e| {
         let e = super::schemas::produce_refusal(e, topic, &targets, first_seq);
         acked_before(e, first_seq)
     })?;
+    let client = &session.client;
     for (ack, &n) in acks.iter().zip(&sizes) {
         if let Ok((base, last)) = ack.result {
             if last.checked_sub(base).map(|d| d + 1) != Some(n) {
@@ -326,6 +346,7 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
             ),
         ));
     }
+    let mut session = Session::new(client, &args)?;
     let mut partitioner = Partitioner {
         fixed: args.partition,
         count: partitions,
@@ -347,7 +368,7 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
     if let Some(value) = single {
         let one = [Pending { key, value }];
         send(
-            &mut client,
+            &mut session,
             &args.topic,
             0,
             &one,
@@ -387,7 +408,7 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
                     None => {
                         if !pending.is_empty() {
                             total += send(
-                                &mut client,
+                                &mut session,
                                 &args.topic,
                                 total,
                                 &pending,
@@ -425,7 +446,7 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
             break;
         }
         total += send(
-            &mut client,
+            &mut session,
             &args.topic,
             total,
             &pending,
@@ -440,10 +461,108 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
         eprintln!(
             "seglog: {total} record{} acknowledged by {}",
             if total == 1 { "" } else { "s" },
-            client.addr()
+            session.client.addr()
         );
     }
     Ok(exit::OK)
+}
+
+/// Longest wait between two retries (the backoff doubles up to it).
+const RETRY_BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// An idempotent producer's identity and next sequence per partition.
+struct Idempotence {
+    producer_id: u64,
+    epoch: u16,
+    next_sequence: std::collections::HashMap<u32, i32>,
+}
+
+/// The connection produce requests go through: plain, or idempotent with retries
+/// (reconnecting after a lost connection; a retried batch keeps its sequence, so the
+/// broker writes it once).
+struct Session<'a> {
+    client: Client,
+    broker: &'a BrokerArgs,
+    idempotence: Option<Idempotence>,
+    retries: u32,
+    backoff: Duration,
+}
+
+impl<'a> Session<'a> {
+    fn new(mut client: Client, args: &'a Args) -> anyhow::Result<Session<'a>> {
+        let idempotence = if args.no_idempotent || client.version() < GROUPS_VERSION {
+            None
+        } else {
+            let (producer_id, epoch) = client.init_producer(None).map_err(client_error)?;
+            Some(Idempotence {
+                producer_id,
+                epoch,
+                next_sequence: std::collections::HashMap::new(),
+            })
+        };
+        Ok(Session {
+            client,
+            broker: &args.broker,
+            idempotence,
+            retries: args.retries,
+            backoff: args.retry_backoff,
+        })
+    }
+
+    fn produce(
+        &mut self,
+        topic: &str,
+        batches: Vec<PartitionBatch<'_>>,
+    ) -> Result<Vec<Ack>, ClientError> {
+        let Some(idem) = &self.idempotence else {
+            return self.client.produce(topic, batches);
+        };
+        let (producer_id, epoch) = (idem.producer_id, idem.epoch);
+        let with_seq: Vec<(i32, PartitionBatch<'_>)> = batches
+            .into_iter()
+            .map(|b| {
+                (
+                    idem.next_sequence.get(&b.partition).copied().unwrap_or(0),
+                    b,
+                )
+            })
+            .collect();
+        let mut attempt = 0;
+        let mut pause = self.backoff;
+        loop {
+            let result =
+                self.client
+                    .produce_idempotent(topic, producer_id, epoch, with_seq.clone());
+            let retry = match &result {
+                Ok(acks) => acks
+                    .iter()
+                    .any(|a| matches!(&a.result, Err((c, _)) if *c == ErrorCode::PRODUCER_BUSY)),
+                Err(ClientError::Refused { code, .. }) => *code == ErrorCode::SHUTTING_DOWN,
+                Err(_) => true,
+            };
+            if !retry || attempt >= self.retries {
+                if let (Ok(acks), Some(idem)) = (&result, self.idempotence.as_mut()) {
+                    for ((seq, b), a) in with_seq.iter().zip(acks) {
+                        if a.result.is_ok() {
+                            let n = b.records.len() as i32;
+                            idem.next_sequence
+                                .insert(b.partition, seq.saturating_add(n));
+                        }
+                    }
+                }
+                return result;
+            }
+            attempt += 1;
+            thread::sleep(pause);
+            pause = pause.saturating_mul(2).min(RETRY_BACKOFF_MAX);
+            if result.is_err() {
+                // The connection may be gone: a new one (the producer id stays).
+                if let Ok(c) = Client::connect(&self.broker.broker, self.broker.timeout) {
+                    self.client = c;
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]

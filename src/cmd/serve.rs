@@ -80,6 +80,18 @@ pub struct Args {
     /// (`seglog=debug`). Default: RUST_LOG if set, else info (error with --quiet).
     #[arg(long)]
     pub log_level: Option<String>,
+    /// Shortest session timeout a consumer-group member may ask for.
+    #[arg(long, default_value = "6s", value_parser = parse_positive_duration)]
+    pub group_min_session_timeout: Duration,
+    /// Longest session timeout a consumer-group member may ask for.
+    #[arg(long, default_value = "30m", value_parser = parse_positive_duration)]
+    pub group_max_session_timeout: Duration,
+    /// How long a consumer group without members keeps its committed offsets: 7d = 168h.
+    #[arg(long, default_value = "168h", value_parser = parse_positive_duration)]
+    pub offsets_retention: Duration,
+    /// How long the broker remembers an idempotent producer it has not heard from.
+    #[arg(long, default_value = "24h", value_parser = parse_positive_duration)]
+    pub producer_id_expiration: Duration,
 }
 
 /// A switch.
@@ -281,6 +293,12 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
         preallocate_bytes: args.preallocate_bytes,
         zero_ahead: args.zero_ahead == OnOff::On,
         zero_rate: args.zero_rate,
+        groups: crate::engine::groups::GroupOptions {
+            session_timeout_min: args.group_min_session_timeout,
+            session_timeout_max: args.group_max_session_timeout,
+            offsets_retention: args.offsets_retention,
+        },
+        producer_id_expiration: args.producer_id_expiration,
     };
     // The startup report (recovery actions, unavailable partitions) is logged as
     // the broker opens.

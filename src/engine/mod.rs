@@ -30,8 +30,10 @@
 
 pub mod broker;
 pub mod error;
+pub mod groups;
 pub mod maintenance;
 pub mod net;
 pub mod partition;
 pub mod schemas;
+pub mod producers;
 pub mod storage;

@@ -35,10 +35,12 @@
     )
 )]
 
+pub mod group;
 pub mod header;
 pub mod index;
 pub mod marker;
 pub mod names;
+pub mod producers;
 pub mod record;
 pub mod schemas;
 pub mod topic;

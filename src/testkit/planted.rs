@@ -31,3 +31,7 @@ pub static ZEROS_OVER_LIVE_DATA: AtomicBool = AtomicBool::new(false);
 /// partition/open.rs: opening the active segment reads its zero tail as records, so
 /// the end of the data moves to the end of the preallocated space.
 pub static ZEROS_AS_RECORDS: AtomicBool = AtomicBool::new(false);
+/// producers: an idempotent batch is acknowledged before its journal entry is durable.
+pub static ACK_BEFORE_JOURNAL_DURABLE: AtomicBool = AtomicBool::new(false);
+/// producers: recovery replays journal entries past a partition's recovered end.
+pub static REPLAY_PAST_RECOVERED_END: AtomicBool = AtomicBool::new(false);

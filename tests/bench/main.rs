@@ -8,6 +8,7 @@ mod util;
 
 mod cleanup;
 mod compaction;
+mod groups;
 mod produce;
 mod recovery;
 mod schemas;

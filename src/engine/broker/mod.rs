@@ -72,6 +72,10 @@ pub struct BrokerOptions {
     pub zero_ahead: bool,
     /// Bytes per second the zero worker writes, for all segments together.
     pub zero_rate: u64,
+    /// The group coordinator's timeouts and limits.
+    pub groups: crate::engine::groups::GroupOptions,
+    /// How long an idempotent producer unseen is remembered.
+    pub producer_id_expiration: Duration,
 }
 
 impl Default for BrokerOptions {
@@ -86,6 +90,8 @@ impl Default for BrokerOptions {
             preallocate_bytes: 0,
             zero_ahead: false,
             zero_rate: crate::engine::partition::zero::ZERO_RATE_DEFAULT,
+            groups: crate::engine::groups::GroupOptions::default(),
+            producer_id_expiration: crate::engine::producers::PRODUCER_ID_EXPIRATION_DEFAULT,
         }
     }
 }
@@ -256,10 +262,32 @@ pub struct Broker {
     dir_lock: Mutex<Option<DirLock>>,
     /// The topics' JSON Schemas (`DATA/schemas.json`).
     schemas: crate::engine::schemas::SchemaRegistry,
+    /// Consumer groups and their committed offsets.
+    groups: Arc<crate::engine::groups::GroupCoordinator>,
+    /// Idempotent producers' state.
+    producers: Arc<crate::engine::producers::ProducerTable>,
 }
 
 impl Drop for Broker {
     fn drop(&mut self) {
         let _ = self.shutdown();
+    }
+}
+
+impl Broker {
+    /// The group coordinator.
+    pub fn groups(&self) -> &Arc<crate::engine::groups::GroupCoordinator> {
+        &self.groups
+    }
+
+    /// The idempotent producers' table.
+    pub fn producers(&self) -> &Arc<crate::engine::producers::ProducerTable> {
+        &self.producers
+    }
+}
+
+impl crate::engine::groups::TopicLookup for Broker {
+    fn partition_count(&self, topic: &str) -> Option<u32> {
+        Broker::partition_count(self, topic).ok()
     }
 }

@@ -49,6 +49,10 @@ impl Broker {
         let schemas =
             crate::engine::schemas::SchemaRegistry::open(storage.clone(), data_dir, &names)
                 .map_err(schemas::open_error)?;
+        let (groups, notes) = open_groups(data_dir, &storage, &opts)?;
+        report.extend(notes);
+        let (producers, notes) = open_producers(data_dir, &storage, &opts, &topics)?;
+        report.extend(notes);
         let flusher = Arc::new(Flusher::new(opts.flush_interval));
         let topics = Arc::new(RwLock::new(topics));
         let thread = flusher.clone().start(topics.clone())?;
@@ -73,6 +77,17 @@ impl Broker {
         } else {
             None
         };
+        if let Err(e) = start_groups(&groups, &topics) {
+            groups.shutdown();
+            cleaner.stop();
+            flusher.stop();
+            zeroer.stop();
+            let _ = thread.join();
+            if let Some(t) = zeroer_thread {
+                let _ = t.join();
+            }
+            return Err(e);
+        }
         let mut cleaner_threads = Vec::new();
         for (kind, interval) in [
             (CleanupKind::Retention, opts.retention_check_interval),
@@ -81,6 +96,7 @@ impl Broker {
             match cleaner.clone().start(kind, interval) {
                 Ok(t) => cleaner_threads.push(t),
                 Err(e) => {
+                    groups.shutdown();
                     cleaner.stop();
                     flusher.stop();
                     zeroer.stop();
@@ -114,6 +130,8 @@ impl Broker {
             cleaner_threads: Mutex::new(cleaner_threads),
             dir_lock: Mutex::new(Some(dir_lock)),
             schemas,
+            groups,
+            producers,
         }))
     }
 
@@ -347,4 +365,67 @@ pub(super) fn load_topic(
         partitions,
         offline: None,
     })
+}
+
+/// Opens the group coordinator over `DATA/groups/`.
+fn open_groups(
+    data_dir: &Path,
+    storage: &StorageRef,
+    opts: &BrokerOptions,
+) -> Result<(Arc<crate::engine::groups::GroupCoordinator>, Vec<String>), EngineError> {
+    let (groups, notes) = crate::engine::groups::GroupCoordinator::open(
+        data_dir,
+        storage.clone(),
+        opts.groups.clone(),
+    )
+    .map_err(|e| EngineError::io("opening the groups directory", std::io::Error::other(e)))?;
+    Ok((Arc::new(groups), notes))
+}
+
+/// Starts the coordinator's threads; they see the topics through the shared map.
+fn start_groups(
+    groups: &Arc<crate::engine::groups::GroupCoordinator>,
+    topics: &Arc<Topics>,
+) -> Result<(), EngineError> {
+    let topics = Arc::downgrade(topics);
+    groups
+        .start(Box::new(move || {
+            let Some(topics) = topics.upgrade() else {
+                return BTreeMap::new();
+            };
+            let map = read(&topics);
+            map.values()
+                .filter(|t| t.offline.is_none())
+                .map(|t| (t.name.clone(), t.partitions.len() as u32))
+                .collect()
+        }))
+        .map_err(|e| EngineError::io("starting the group coordinator", std::io::Error::other(e)))
+}
+
+/// Opens the idempotent producers' table; journal entries past a partition's
+/// recovered end are dropped.
+fn open_producers(
+    data_dir: &Path,
+    storage: &StorageRef,
+    opts: &BrokerOptions,
+    topics: &TopicMap,
+) -> Result<(Arc<crate::engine::producers::ProducerTable>, Vec<String>), EngineError> {
+    let end_of = |topic: &str, partition: u32| -> Option<u64> {
+        match topics.get(topic)?.partitions.get(partition as usize)? {
+            Slot::Open(log) => Some(log.durable_end()),
+            Slot::Unavailable(_) => None,
+        }
+    };
+    let (table, notes) = crate::engine::producers::ProducerTable::open(
+        data_dir,
+        storage.clone(),
+        opts.producer_id_expiration,
+        &end_of,
+    )
+    .map_err(|e| EngineError::io("opening the producer journal", std::io::Error::other(e)))?;
+    let table = Arc::new(table);
+    table
+        .start()
+        .map_err(|e| EngineError::io("starting the producer journal", std::io::Error::other(e)))?;
+    Ok((table, notes))
 }

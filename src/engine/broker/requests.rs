@@ -55,6 +55,21 @@ impl Broker {
         Ok((result, None))
     }
 
+    /// [`Broker::append`], calling `after_append` with the records' offsets once they
+    /// are written and before anyone waits for their fsync, so that other durable work
+    /// (an idempotent producer's journal entry) shares the wait.
+    pub fn append_then<R>(
+        &self,
+        topic: &str,
+        partition: u32,
+        records: &[NewRecord<'_>],
+        after_append: impl FnOnce(&ProduceResult) -> R,
+    ) -> Result<(ProduceResult, Option<DurableWait>, R), EngineError> {
+        let (result, wait) = self.append(topic, partition, records)?;
+        let r = after_append(&result);
+        Ok((result, wait, r))
+    }
+
     /// Ends a durability wait on the calling thread: the first waiter of the
     /// partition runs the group commit for everyone written so far.
     pub fn wait_durable_here(&self, wait: DurableWait) -> Result<(), EngineError> {
@@ -90,6 +105,33 @@ impl Broker {
             start_offset: f.start_offset,
             end_offset: f.end_offset,
         })
+    }
+
+    /// [`Broker::produce`], calling `after_append` with the records' offsets once
+    /// they are written and before waiting for their fsync, so that other durable
+    /// work (an idempotent producer's journal entry) shares the wait.
+    pub fn produce_then<R>(
+        &self,
+        topic: &str,
+        partition: u32,
+        records: &[NewRecord<'_>],
+        after_append: impl FnOnce(&ProduceResult) -> R,
+    ) -> Result<(ProduceResult, R), EngineError> {
+        self.check_running()?;
+        let (t, log) = self.partition(topic, partition)?;
+        let config = read(&t.config).clone();
+        let appended = log.append(records, &config)?;
+        let result = ProduceResult {
+            base_offset: appended.base_offset,
+            last_offset: appended.last_offset,
+        };
+        let r = after_append(&result);
+        if self.opts.flush_every_records <= 1 {
+            log.wait_durable(appended.last_offset + 1)?;
+        } else if appended.unflushed >= self.opts.flush_every_records {
+            self.flusher.request(&log);
+        }
+        Ok((result, r))
     }
 
     /// Durable records from `offset`, at most `max_bytes` (capped at
@@ -145,6 +187,7 @@ impl Broker {
             return Ok(());
         }
         self.shutting_down.store(true, Ordering::Release);
+        self.groups.shutdown();
         self.cleaner.stop();
         for handle in std::mem::take(&mut *lock(&self.cleaner_threads)) {
             let _ = handle.join();
@@ -168,6 +211,7 @@ impl Broker {
                 }
             }
         }
+        self.producers.shutdown();
         lock(&self.dir_lock).take();
         *done = true;
         first_error.map_or(Ok(()), Err)

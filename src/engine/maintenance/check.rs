@@ -140,6 +140,13 @@ pub enum ProblemKind {
     WrongIndexEntry,
     /// More or fewer entries than the rule gives.
     WrongIndexLength,
+    /// A `groups/<group>.json` that cannot be read or fails its checks.
+    GroupFileUnreadable,
+    /// `producers.journal` ends in an entry cut short (recover cuts it).
+    JournalTornTail,
+    /// A `producers.journal` entry fails its CRC or field checks, or the header or
+    /// `producers.json` is unreadable.
+    JournalCorrupt,
 }
 
 impl ProblemKind {
@@ -181,6 +188,9 @@ impl ProblemKind {
             ProblemKind::IndexPastData => "index_past_data",
             ProblemKind::WrongIndexEntry => "wrong_index_entry",
             ProblemKind::WrongIndexLength => "wrong_index_length",
+            ProblemKind::GroupFileUnreadable => "group_file_unreadable",
+            ProblemKind::JournalTornTail => "journal_torn_tail",
+            ProblemKind::JournalCorrupt => "journal_corrupt",
         }
     }
 
@@ -203,7 +213,8 @@ impl ProblemKind {
             | ProblemKind::IndexNotIncreasing
             | ProblemKind::IndexPastData
             | ProblemKind::WrongIndexEntry
-            | ProblemKind::WrongIndexLength => Severity::Repairable,
+            | ProblemKind::WrongIndexLength
+            | ProblemKind::JournalTornTail => Severity::Repairable,
             ProblemKind::TopicJsonMissing
             | ProblemKind::TopicJsonUnreadable
             | ProblemKind::PartitionOutsideCount
@@ -224,7 +235,9 @@ impl ProblemKind {
             | ProblemKind::CrcMismatch
             | ProblemKind::StaleGeneration
             | ProblemKind::TooLarge
-            | ProblemKind::OffsetOutOfOrder => Severity::Corrupt,
+            | ProblemKind::OffsetOutOfOrder
+            | ProblemKind::GroupFileUnreadable
+            | ProblemKind::JournalCorrupt => Severity::Corrupt,
         }
     }
 
@@ -364,6 +377,14 @@ pub fn topic_problems(target: &Target) -> Vec<TopicProblem> {
         for path in &t.temp_files {
             out.push(temp(Some(t.topic.clone()), path));
         }
+    }
+    if target.root_is_data_dir
+        && matches!(
+            target.kind,
+            crate::engine::storage::layout::TargetKind::DataDir
+        )
+    {
+        out.extend(super::state::state_problems(&target.root));
     }
     out
 }

@@ -10,6 +10,7 @@ pub mod compaction;
 pub mod recovery;
 pub mod reindex;
 pub mod salvage;
+pub mod state;
 
 use std::io;
 use std::path::Path;

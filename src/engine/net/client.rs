@@ -180,7 +180,7 @@ impl Client {
         self.version
     }
 
-    fn protocol(&mut self, detail: impl Into<String>) -> ClientError {
+    pub(super) fn protocol(&mut self, detail: impl Into<String>) -> ClientError {
         self.broken = true;
         ClientError::Protocol {
             addr: self.addr.clone(),
@@ -227,7 +227,7 @@ impl Client {
     }
 
     /// Sends `req` and returns the body of a successful response.
-    fn call(
+    pub(super) fn call(
         &mut self,
         req: &Request<'_>,
         extra_wait: Duration,

@@ -186,6 +186,16 @@ impl Session {
                 self.reply(id, api, &ResponseBody::Stats(body));
                 Ok(())
             }
+            Request::Group(g) => {
+                super::groups::serve(&self.broker, self.version, &self.stop, id, g, &mut self.out)
+                    .await;
+                Ok(())
+            }
+            Request::Producer(p) => {
+                super::producers::serve(&self.broker, self.version, &self.stop, id, p, &mut self.out)
+                    .await;
+                Ok(())
+            }
             r @ (Request::SchemaRegister { .. }
             | Request::SchemaGet { .. }
             | Request::SchemaList

@@ -4,4 +4,8 @@
 
 pub mod client;
 pub mod dispatch;
+pub mod group_client;
+pub mod groups;
+pub mod producer_client;
+pub mod producers;
 pub mod server;

@@ -27,6 +27,9 @@
 )]
 
 use crate::format::names::NAME_LEN_MAX;
+
+pub mod groups;
+pub mod producers;
 use crate::format::record::MAX_RECORD_LEN;
 use crate::format::topic::PARTITIONS_MAX;
 
@@ -34,13 +37,17 @@ pub mod schemas;
 pub use schemas::{SchemaSubjectInfo, SCHEMAS_VERSION};
 
 /// The newest protocol version this build speaks. Version 2 adds the `cleanup` array
-/// to the describe-topic response; version 3 the `health` array after it and the schema
-/// requests (see [`schemas`]); everything else is as in version 1.
+/// to the describe-topic response; version 3 the `health` array after it, the stats
+/// response's write-path counters, the consumer-group and idempotent-producer requests
+/// and the schema requests (see [`groups`], [`producers`], [`schemas`]); everything
+/// else is as in version 1.
 pub const PROTOCOL_VERSION: u16 = 3;
 /// The first version whose describe-topic response carries `cleanup`.
 pub const CLEANUP_INFO_VERSION: u16 = 2;
 /// The first version whose describe-topic response carries `health`.
 pub const PARTITION_HEALTH_VERSION: u16 = 3;
+/// The first version with consumer groups (api keys 32..=40).
+pub const GROUPS_VERSION: u16 = 3;
 /// The oldest protocol version this build speaks.
 pub const PROTOCOL_VERSION_MIN: u16 = 1;
 
@@ -109,15 +116,26 @@ pub enum ApiKey {
     DescribeTopic = 7,
     AlterTopic = 8,
     Stats = 9,
-    SchemaRegister = 40,
-    SchemaGet = 41,
-    SchemaList = 42,
-    SchemaCheck = 43,
-    SchemaDelete = 44,
+    JoinGroup = 32,
+    SyncGroup = 33,
+    Heartbeat = 34,
+    LeaveGroup = 35,
+    OffsetCommit = 36,
+    OffsetFetch = 37,
+    ListGroups = 38,
+    DescribeGroup = 39,
+    DeleteGroup = 40,
+    InitProducer = 41,
+    IdempotentProduce = 42,
+    SchemaRegister = 50,
+    SchemaGet = 51,
+    SchemaList = 52,
+    SchemaCheck = 53,
+    SchemaDelete = 54,
 }
 
 impl ApiKey {
-    pub const ALL: [ApiKey; 15] = [
+    pub const ALL: [ApiKey; 26] = [
         ApiKey::Handshake,
         ApiKey::Produce,
         ApiKey::Fetch,
@@ -133,6 +151,17 @@ impl ApiKey {
         ApiKey::SchemaList,
         ApiKey::SchemaCheck,
         ApiKey::SchemaDelete,
+        ApiKey::JoinGroup,
+        ApiKey::SyncGroup,
+        ApiKey::Heartbeat,
+        ApiKey::LeaveGroup,
+        ApiKey::OffsetCommit,
+        ApiKey::OffsetFetch,
+        ApiKey::ListGroups,
+        ApiKey::DescribeGroup,
+        ApiKey::DeleteGroup,
+        ApiKey::InitProducer,
+        ApiKey::IdempotentProduce,
     ];
 
     pub fn from_u16(v: u16) -> Option<ApiKey> {
@@ -156,7 +185,23 @@ impl ApiKey {
             ApiKey::SchemaList => "schema_list",
             ApiKey::SchemaCheck => "schema_check",
             ApiKey::SchemaDelete => "schema_delete",
+            ApiKey::JoinGroup => "join_group",
+            ApiKey::SyncGroup => "sync_group",
+            ApiKey::Heartbeat => "heartbeat",
+            ApiKey::LeaveGroup => "leave_group",
+            ApiKey::OffsetCommit => "offset_commit",
+            ApiKey::OffsetFetch => "offset_fetch",
+            ApiKey::ListGroups => "list_groups",
+            ApiKey::DescribeGroup => "describe_group",
+            ApiKey::DeleteGroup => "delete_group",
+            ApiKey::InitProducer => "init_producer",
+            ApiKey::IdempotentProduce => "idempotent_produce",
         }
+    }
+
+    /// The consumer-group requests (protocol version 3 and later).
+    pub fn is_group(self) -> bool {
+        (self as u16) >= ApiKey::JoinGroup as u16 && (self as u16) <= ApiKey::DeleteGroup as u16
     }
 }
 
@@ -200,13 +245,37 @@ impl ErrorCode {
     /// The broker found corrupt data while serving the request.
     pub const CORRUPT_DATA: ErrorCode = ErrorCode(23);
     /// A produced value does not match the topic's schema (version 3).
-    pub const SCHEMA_VIOLATION: ErrorCode = ErrorCode(40);
+    pub const SCHEMA_VIOLATION: ErrorCode = ErrorCode(60);
     /// A schema given to register or check is not a valid JSON Schema (version 3).
-    pub const INVALID_SCHEMA: ErrorCode = ErrorCode(41);
+    pub const INVALID_SCHEMA: ErrorCode = ErrorCode(61);
     /// A schema is not compatible with the topic's latest version (version 3).
-    pub const SCHEMA_INCOMPATIBLE: ErrorCode = ErrorCode(42);
+    pub const SCHEMA_INCOMPATIBLE: ErrorCode = ErrorCode(62);
     /// The topic has no schema, or not the version asked for (version 3).
-    pub const UNKNOWN_SCHEMA: ErrorCode = ErrorCode(43);
+    pub const UNKNOWN_SCHEMA: ErrorCode = ErrorCode(63);
+    /// Kafka's ILLEGAL_GENERATION: the member's generation is not the group's.
+    pub const ILLEGAL_GENERATION: ErrorCode = ErrorCode(40);
+    /// Kafka's REBALANCE_IN_PROGRESS: rejoin the group.
+    pub const REBALANCE_IN_PROGRESS: ErrorCode = ErrorCode(41);
+    /// Kafka's UNKNOWN_MEMBER_ID.
+    pub const UNKNOWN_MEMBER: ErrorCode = ErrorCode(42);
+    /// Kafka's GROUP_ID_NOT_FOUND.
+    pub const UNKNOWN_GROUP: ErrorCode = ErrorCode(43);
+    /// Kafka's NON_EMPTY_GROUP: the group has live members.
+    pub const GROUP_NOT_EMPTY: ErrorCode = ErrorCode(44);
+    /// Kafka's INVALID_SESSION_TIMEOUT.
+    pub const INVALID_SESSION_TIMEOUT: ErrorCode = ErrorCode(45);
+    /// Kafka's INCONSISTENT_GROUP_PROTOCOL.
+    pub const INCONSISTENT_PROTOCOL: ErrorCode = ErrorCode(46);
+    /// Kafka's OFFSET_METADATA_TOO_LARGE.
+    pub const METADATA_TOO_LARGE: ErrorCode = ErrorCode(47);
+    /// Kafka's OUT_OF_ORDER_SEQUENCE_NUMBER: a gap in a producer's sequences.
+    pub const OUT_OF_ORDER_SEQUENCE: ErrorCode = ErrorCode(48);
+    /// Kafka's INVALID_PRODUCER_EPOCH: the producer was fenced by a newer epoch.
+    pub const INVALID_PRODUCER_EPOCH: ErrorCode = ErrorCode(49);
+    /// Kafka's UNKNOWN_PRODUCER_ID.
+    pub const UNKNOWN_PRODUCER: ErrorCode = ErrorCode(50);
+    /// A batch of the same producer and partition is being written: retry.
+    pub const PRODUCER_BUSY: ErrorCode = ErrorCode(51);
 
     pub fn is_ok(self) -> bool {
         self == ErrorCode::NONE
@@ -245,6 +314,18 @@ impl ErrorCode {
             ErrorCode::INVALID_SCHEMA => "invalid_schema",
             ErrorCode::SCHEMA_INCOMPATIBLE => "schema_incompatible",
             ErrorCode::UNKNOWN_SCHEMA => "unknown_schema",
+            ErrorCode::ILLEGAL_GENERATION => "illegal_generation",
+            ErrorCode::REBALANCE_IN_PROGRESS => "rebalance_in_progress",
+            ErrorCode::UNKNOWN_MEMBER => "unknown_member_id",
+            ErrorCode::UNKNOWN_GROUP => "unknown_group",
+            ErrorCode::GROUP_NOT_EMPTY => "group_not_empty",
+            ErrorCode::INVALID_SESSION_TIMEOUT => "invalid_session_timeout",
+            ErrorCode::INCONSISTENT_PROTOCOL => "inconsistent_group_protocol",
+            ErrorCode::METADATA_TOO_LARGE => "offset_metadata_too_large",
+            ErrorCode::OUT_OF_ORDER_SEQUENCE => "out_of_order_sequence_number",
+            ErrorCode::INVALID_PRODUCER_EPOCH => "invalid_producer_epoch",
+            ErrorCode::UNKNOWN_PRODUCER => "unknown_producer_id",
+            ErrorCode::PRODUCER_BUSY => "producer_busy",
             _ => "unknown_error",
         }
     }
@@ -384,6 +465,10 @@ pub enum Request<'a> {
         /// 0 = every version.
         version: u32,
     },
+    /// A consumer-group request (protocol version 3).
+    Group(groups::GroupRequest<'a>),
+    /// An idempotent-producer request (protocol version 3).
+    Producer(producers::ProducerRequest<'a>),
 }
 
 impl Request<'_> {
@@ -404,6 +489,8 @@ impl Request<'_> {
             Request::SchemaList => ApiKey::SchemaList,
             Request::SchemaCheck { .. } => ApiKey::SchemaCheck,
             Request::SchemaDelete { .. } => ApiKey::SchemaDelete,
+            Request::Group(g) => g.api_key(),
+            Request::Producer(p) => p.api_key(),
         }
     }
 }
@@ -575,6 +662,12 @@ pub enum ResponseBody<'a> {
     SchemaDelete {
         versions: Vec<u32>,
     },
+    Group(groups::GroupResponse<'a>),
+    /// The init-producer response; an idempotent produce is answered with `Produce`.
+    InitProducer {
+        producer_id: u64,
+        epoch: u16,
+    },
 }
 
 impl ResponseBody<'_> {
@@ -595,6 +688,8 @@ impl ResponseBody<'_> {
             ResponseBody::SchemaList { .. } => ApiKey::SchemaList,
             ResponseBody::SchemaCheck { .. } => ApiKey::SchemaCheck,
             ResponseBody::SchemaDelete { .. } => ApiKey::SchemaDelete,
+            ResponseBody::Group(g) => g.api_key(),
+            ResponseBody::InitProducer { .. } => ApiKey::InitProducer,
         }
     }
 }
@@ -828,6 +923,8 @@ fn encode_request_payload(out: &mut Vec<u8>, req: &Request<'_>) -> Result<(), Pr
         | Request::SchemaDelete { .. } => {
             schemas::encode_request(out, req)?;
         }
+        Request::Group(g) => groups::encode_request(out, g)?,
+        Request::Producer(p) => producers::encode_request(out, p)?,
     }
     Ok(())
 }
@@ -1015,6 +1112,10 @@ fn encode_response_body(out: &mut Vec<u8>, body: &ResponseBody<'_>) -> Result<()
         | ResponseBody::SchemaCheck { .. }
         | ResponseBody::SchemaDelete { .. } => {
             schemas::encode_body(out, body)?;
+        }
+        ResponseBody::Group(g) => groups::encode_response(out, g)?,
+        ResponseBody::InitProducer { producer_id, epoch } => {
+            producers::encode_init_response(out, *producer_id, *epoch);
         }
     }
     Ok(())
@@ -1286,6 +1387,11 @@ pub fn decode_request(frame: &[u8]) -> Result<(u32, Request<'_>), ProtocolError>
         ApiKey::SchemaList => Request::SchemaList,
         ApiKey::SchemaCheck => schemas::decode_check(&mut r)?,
         ApiKey::SchemaDelete => schemas::decode_delete(&mut r)?,
+        k if k.is_group() => Request::Group(groups::decode_request(k, &mut r)?),
+        k @ (ApiKey::InitProducer | ApiKey::IdempotentProduce) => {
+            Request::Producer(producers::decode_request(k, &mut r)?)
+        }
+        k => return Err(ProtocolError::UnknownApi { key: k as u16 }),
     };
     r.finish()?;
     Ok((request_id, req))
@@ -1330,7 +1436,7 @@ fn decode_response_body<'a>(
             version: r.u16("version")?,
             frame_bytes_max: r.u32("frame_bytes_max")?,
         },
-        ApiKey::Produce => {
+        ApiKey::Produce | ApiKey::IdempotentProduce => {
             let n = r.count("partitions", PARTITIONS_PER_MESSAGE_MAX, ACK_WIRE_MIN)?;
             let mut partitions = Vec::with_capacity(n);
             for _ in 0..n {
@@ -1473,6 +1579,13 @@ fn decode_response_body<'a>(
         ApiKey::SchemaList => schemas::decode_list_body(r)?,
         ApiKey::SchemaCheck => schemas::decode_check_body(r)?,
         ApiKey::SchemaDelete => schemas::decode_delete_body(r)?,
+        k if k.is_group() => ResponseBody::Group(groups::decode_response(k, r)?),
+        ApiKey::InitProducer => {
+            let (producer_id, epoch) = producers::decode_init_response(r)?;
+            ResponseBody::InitProducer { producer_id, epoch }
+        }
+        // Unreachable: every key is matched above.
+        k => return Err(ProtocolError::UnknownApi { key: k as u16 }),
     })
 }
 
@@ -1561,6 +1674,35 @@ mod tests {
                 version: 7,
             },
         ]
+        .into_iter()
+        .chain(
+            groups::tests::sample_requests()
+                .into_iter()
+                .map(Request::Group),
+        )
+        .chain([
+            Request::Producer(producers::ProducerRequest::InitProducer {
+                producer_id: -1,
+                epoch: 0,
+            }),
+            Request::Producer(producers::ProducerRequest::Produce {
+                topic: "t",
+                producer_id: 9,
+                epoch: 2,
+                partitions: vec![(
+                    5,
+                    PartitionBatch {
+                        partition: 1,
+                        records: vec![WireRecord {
+                            timestamp_ms: 3,
+                            key: Some(b"k"),
+                            value: b"v",
+                        }],
+                    },
+                )],
+            }),
+        ])
+        .collect()
     }
 
     fn sample_responses() -> Vec<ResponseBody<'static>> {
@@ -1704,6 +1846,17 @@ mod tests {
                 versions: vec![1, 2],
             },
         ]
+        .into_iter()
+        .chain(
+            groups::tests::sample_responses()
+                .into_iter()
+                .map(ResponseBody::Group),
+        )
+        .chain([ResponseBody::InitProducer {
+            producer_id: 4,
+            epoch: 1,
+        }])
+        .collect()
     }
 
     /// The protocol version a sample response is encoded for.

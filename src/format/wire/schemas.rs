@@ -262,7 +262,7 @@ mod tests {
         let expected: Vec<u8> = [
             &[0, 0, 0, 21][..],              // frame_len
             &[0, 0, 0, 3],                   // request_id
-            &[0, 40],                        // api_key schema_register
+            &[0, 50],                        // api_key schema_register
             &[0, 1, b't'],                   // topic
             &[0, 4, b'f', b'u', b'l', b'l'], // compatibility
             &[0, 0, 0, 2, b'{', b'}'],       // schema text

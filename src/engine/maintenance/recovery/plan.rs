@@ -449,6 +449,9 @@ pub(super) fn tail_step(active: bool, kind: Option<ProblemKind>, end: &ScanEnd) 
         | K::IndexNotIncreasing
         | K::IndexPastData
         | K::WrongIndexEntry
-        | K::WrongIndexLength => other(),
+        | K::WrongIndexLength
+        | K::GroupFileUnreadable
+        | K::JournalTornTail
+        | K::JournalCorrupt => other(),
     }
 }

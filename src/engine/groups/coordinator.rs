@@ -1,0 +1,913 @@
+//! The group state machine, as in Kafka's classic protocol:
+//!
+//! ```text
+//! Empty ──join──▶ PreparingRebalance ──all joined / rebalance timeout──▶ CompletingRebalance
+//!   ▲                 ▲      ▲                                                │ leader's sync
+//!   └─last leaves─────┘      └──join, leave, session expiry──── Stable ◀──────┘
+//! ```
+//! Invariants: the generation grows by one at every completed join phase; only members
+//! of the current generation may sync, heartbeat or commit; a member that has not
+//! rejoined when the rebalance timeout ends is removed; a member whose session timeout
+//! passes without a heartbeat is removed and triggers a rebalance.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
+
+use super::offsets::Loaded;
+use super::*;
+
+/// Where a group is in its rebalance cycle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GroupState {
+    Empty,
+    PreparingRebalance,
+    CompletingRebalance,
+    Stable,
+}
+
+impl GroupState {
+    /// Kafka's name for the state.
+    pub fn name(self) -> &'static str {
+        match self {
+            GroupState::Empty => "Empty",
+            GroupState::PreparingRebalance => "PreparingRebalance",
+            GroupState::CompletingRebalance => "CompletingRebalance",
+            GroupState::Stable => "Stable",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<GroupState> {
+        [
+            GroupState::Empty,
+            GroupState::PreparingRebalance,
+            GroupState::CompletingRebalance,
+            GroupState::Stable,
+        ]
+        .into_iter()
+        .find(|g| g.name() == s)
+    }
+}
+
+#[derive(Debug)]
+pub(super) struct Member {
+    client_id: String,
+    session_timeout: Duration,
+    rebalance_timeout: Duration,
+    protocols: Vec<(String, Vec<u8>)>,
+    last_heartbeat: Instant,
+    join_waiter: Option<oneshot::Sender<Result<JoinResponse, GroupError>>>,
+    sync_waiter: Option<oneshot::Sender<Result<Vec<u8>, GroupError>>>,
+    assignment: Vec<u8>,
+}
+
+#[derive(Debug)]
+pub(super) struct Group {
+    name: String,
+    pub(super) state: GroupState,
+    pub(super) generation: i32,
+    protocol_type: String,
+    protocol: String,
+    leader: String,
+    members: BTreeMap<String, Member>,
+    rebalance_deadline: Option<Instant>,
+    pub(super) offsets: BTreeMap<(String, u32), CommittedOffset>,
+    pub(super) empty_since_ms: i64,
+    /// The file must be replaced (or removed, when `deleted`).
+    pub(super) dirty: bool,
+    pub(super) deleted: bool,
+    pub(super) commit_waiters: Vec<oneshot::Sender<Result<(), GroupError>>>,
+}
+
+impl Group {
+    fn new(name: String) -> Group {
+        Group {
+            name,
+            state: GroupState::Empty,
+            generation: 0,
+            protocol_type: String::new(),
+            protocol: String::new(),
+            leader: String::new(),
+            members: BTreeMap::new(),
+            rebalance_deadline: None,
+            offsets: BTreeMap::new(),
+            empty_since_ms: now_ms(),
+            dirty: false,
+            deleted: false,
+            commit_waiters: Vec::new(),
+        }
+    }
+
+    pub(super) fn loaded(name: String, l: Loaded) -> Group {
+        let mut g = Group::new(name);
+        g.generation = l.generation;
+        g.protocol_type = l.protocol_type;
+        g.empty_since_ms = if l.empty_since_ms > 0 {
+            l.empty_since_ms
+        } else {
+            now_ms()
+        };
+        g.offsets = l
+            .offsets
+            .into_iter()
+            .map(|o| ((o.topic.clone(), o.partition), o))
+            .collect();
+        g
+    }
+
+    /// The content of the group's file.
+    pub(super) fn file(&self) -> crate::format::group::GroupFile {
+        crate::format::group::GroupFile {
+            version: crate::format::group::GROUP_FILE_VERSION,
+            group: self.name.clone(),
+            generation: self.generation,
+            protocol_type: self.protocol_type.clone(),
+            empty_since_ms: if self.members.is_empty() {
+                self.empty_since_ms
+            } else {
+                0
+            },
+            offsets: self.offsets.values().cloned().collect(),
+        }
+    }
+
+    pub(super) fn fail_waiters(&mut self, e: &GroupError) {
+        for m in self.members.values_mut() {
+            if let Some(w) = m.join_waiter.take() {
+                let _ = w.send(Err(e.clone()));
+            }
+            if let Some(w) = m.sync_waiter.take() {
+                let _ = w.send(Err(e.clone()));
+            }
+        }
+    }
+
+    fn is_empty_and_clean(&self) -> bool {
+        self.members.is_empty() && self.offsets.is_empty() && !self.dirty
+    }
+
+    fn check_member(&self, member: &str) -> Result<(), GroupError> {
+        if self.members.contains_key(member) {
+            Ok(())
+        } else {
+            Err(GroupError::UnknownMember {
+                group: self.name.clone(),
+                member: member.to_string(),
+            })
+        }
+    }
+
+    fn check_generation(&self, generation: i32) -> Result<(), GroupError> {
+        if generation == self.generation {
+            Ok(())
+        } else {
+            Err(GroupError::IllegalGeneration {
+                group: self.name.clone(),
+                generation,
+                current: self.generation,
+            })
+        }
+    }
+
+    fn rebalancing(&self) -> GroupError {
+        GroupError::RebalanceInProgress {
+            group: self.name.clone(),
+        }
+    }
+
+    /// Starts a rebalance (or restarts its clock): pending syncs are told to rejoin.
+    fn prepare_rebalance(&mut self, now: Instant) {
+        if self.members.is_empty() {
+            self.become_empty();
+            return;
+        }
+        let err = self.rebalancing();
+        for m in self.members.values_mut() {
+            if let Some(w) = m.sync_waiter.take() {
+                let _ = w.send(Err(err.clone()));
+            }
+        }
+        if self.state != GroupState::PreparingRebalance {
+            let timeout = self
+                .members
+                .values()
+                .map(|m| m.rebalance_timeout)
+                .max()
+                .unwrap_or_default();
+            self.rebalance_deadline = Some(now + timeout);
+            self.state = GroupState::PreparingRebalance;
+        }
+    }
+
+    fn become_empty(&mut self) {
+        if self.state != GroupState::Empty {
+            self.generation += 1;
+            self.dirty = true;
+        }
+        self.state = GroupState::Empty;
+        self.protocol.clear();
+        self.leader.clear();
+        self.rebalance_deadline = None;
+        self.empty_since_ms = now_ms();
+    }
+
+    /// Ends the join phase when every member has rejoined, or when `force` (the
+    /// rebalance timeout passed: members that did not rejoin are removed).
+    fn maybe_complete_join(&mut self, force: bool) {
+        if self.state != GroupState::PreparingRebalance {
+            return;
+        }
+        let all = self.members.values().all(|m| m.join_waiter.is_some());
+        if !all && !force {
+            return;
+        }
+        self.members.retain(|_, m| m.join_waiter.is_some());
+        if self.members.is_empty() {
+            self.become_empty();
+            return;
+        }
+        // The protocol every member supports, in the leader's order of preference.
+        if !self.members.contains_key(&self.leader) {
+            self.leader = self.members.keys().next().cloned().unwrap_or_default();
+        }
+        let leader_protocols: Vec<String> = self
+            .members
+            .get(&self.leader)
+            .map(|m| m.protocols.iter().map(|(n, _)| n.clone()).collect())
+            .unwrap_or_default();
+        let chosen = leader_protocols.into_iter().find(|p| {
+            self.members
+                .values()
+                .all(|m| m.protocols.iter().any(|(n, _)| n == p))
+        });
+        self.generation += 1;
+        self.dirty = true;
+        self.rebalance_deadline = None;
+        let Some(protocol) = chosen else {
+            // Cannot happen: joins with no common protocol are refused up front.
+            let e = GroupError::InconsistentProtocol {
+                group: self.name.clone(),
+                detail: "no protocol common to every member".into(),
+            };
+            self.fail_waiters(&e);
+            self.members.clear();
+            self.become_empty();
+            return;
+        };
+        self.protocol = protocol;
+        self.state = GroupState::CompletingRebalance;
+        let all_metadata: Vec<(String, Vec<u8>)> = self
+            .members
+            .iter()
+            .map(|(id, m)| {
+                let meta = m
+                    .protocols
+                    .iter()
+                    .find(|(n, _)| *n == self.protocol)
+                    .map(|(_, b)| b.clone())
+                    .unwrap_or_default();
+                (id.clone(), meta)
+            })
+            .collect();
+        let now = Instant::now();
+        for (id, m) in &mut self.members {
+            m.last_heartbeat = now;
+            m.assignment.clear();
+            if let Some(w) = m.join_waiter.take() {
+                let members = if *id == self.leader {
+                    all_metadata.clone()
+                } else {
+                    Vec::new()
+                };
+                let _ = w.send(Ok(JoinResponse {
+                    generation: self.generation,
+                    protocol: self.protocol.clone(),
+                    leader: self.leader.clone(),
+                    member_id: id.clone(),
+                    members,
+                }));
+            }
+        }
+        // The leader's sync must come within the rebalance timeout.
+        let timeout = self
+            .members
+            .values()
+            .map(|m| m.rebalance_timeout)
+            .max()
+            .unwrap_or_default();
+        self.rebalance_deadline = Some(now + timeout);
+    }
+
+    fn remove_member(&mut self, member: &str, now: Instant) {
+        if let Some(mut m) = self.members.remove(member) {
+            let e = GroupError::UnknownMember {
+                group: self.name.clone(),
+                member: member.to_string(),
+            };
+            if let Some(w) = m.join_waiter.take() {
+                let _ = w.send(Err(e.clone()));
+            }
+            if let Some(w) = m.sync_waiter.take() {
+                let _ = w.send(Err(e));
+            }
+        }
+        self.prepare_rebalance(now);
+        self.maybe_complete_join(false);
+    }
+
+    fn tick(&mut self, now: Instant) {
+        let expired: Vec<String> = self
+            .members
+            .iter()
+            .filter(|(_, m)| {
+                m.join_waiter.is_none() && now.duration_since(m.last_heartbeat) > m.session_timeout
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in expired {
+            tracing::info!(group = %self.name, member = %id, "session timeout: member removed");
+            self.remove_member(&id, now);
+        }
+        if let Some(deadline) = self.rebalance_deadline {
+            if now >= deadline {
+                match self.state {
+                    GroupState::PreparingRebalance => self.maybe_complete_join(true),
+                    GroupState::CompletingRebalance => {
+                        // The leader never synced: start over without it.
+                        let leader = self.leader.clone();
+                        self.remove_member(&leader, now);
+                    }
+                    _ => self.rebalance_deadline = None,
+                }
+            }
+        }
+    }
+}
+
+fn check_len(what: &'static str, s: &str) -> Result<(), GroupError> {
+    if s.len() > GROUP_ID_BYTES_MAX {
+        return Err(GroupError::TooLarge {
+            what,
+            max: GROUP_ID_BYTES_MAX,
+        });
+    }
+    Ok(())
+}
+
+impl GroupCoordinator {
+    fn check_join(&self, req: &JoinRequest) -> Result<(), GroupError> {
+        check_group_name(&req.group)?;
+        check_len("member id", &req.member_id)?;
+        check_len("client id", &req.client_id)?;
+        check_len("protocol type", &req.protocol_type)?;
+        let ms = u64::from(req.session_timeout_ms);
+        let (min, max) = (
+            self.opts.session_timeout_min.as_millis() as u64,
+            self.opts.session_timeout_max.as_millis() as u64,
+        );
+        if ms < min || ms > max {
+            return Err(GroupError::InvalidSessionTimeout { ms, min, max });
+        }
+        if req.protocols.is_empty() || req.protocols.len() > PROTOCOLS_PER_JOIN_MAX {
+            return Err(GroupError::InconsistentProtocol {
+                group: req.group.clone(),
+                detail: format!(
+                    "a join offers 1..={PROTOCOLS_PER_JOIN_MAX} protocols, not {}",
+                    req.protocols.len()
+                ),
+            });
+        }
+        for (name, meta) in &req.protocols {
+            check_len("protocol name", name)?;
+            if meta.len() > GROUP_BLOB_BYTES_MAX {
+                return Err(GroupError::TooLarge {
+                    what: "protocol metadata",
+                    max: GROUP_BLOB_BYTES_MAX,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Joins (or rejoins) a group. Completes when the join phase of the rebalance
+    /// ends: at once for a known member of a stable group whose protocols did not
+    /// change and who is not the leader, else once every member rejoined or the
+    /// rebalance timeout passed.
+    pub fn join(&self, req: JoinRequest) -> Completion<JoinResponse> {
+        let (tx, rx) = oneshot::channel();
+        if let Err(e) = self.check_join(&req) {
+            let _ = tx.send(Err(e));
+            return rx;
+        }
+        if self.stop.load(Ordering::Acquire) {
+            let _ = tx.send(Err(GroupError::ShuttingDown));
+            return rx;
+        }
+        let now = Instant::now();
+        let mut groups = lock(&self.groups);
+        if !groups.contains_key(&req.group) && groups.len() >= GROUPS_MAX {
+            let _ = tx.send(Err(GroupError::TooLarge {
+                what: "number of groups",
+                max: GROUPS_MAX,
+            }));
+            return rx;
+        }
+        let g = groups
+            .entry(req.group.clone())
+            .or_insert_with(|| Group::new(req.group.clone()));
+        if g.deleted {
+            // A group deleted and not yet removed from disk: start it afresh.
+            g.deleted = false;
+            g.offsets.clear();
+        }
+        if !g.members.is_empty()
+            && !g.protocol_type.is_empty()
+            && g.protocol_type != req.protocol_type
+        {
+            let _ = tx.send(Err(GroupError::InconsistentProtocol {
+                group: req.group.clone(),
+                detail: format!(
+                    "protocol type {:?} differs from the group's {:?}",
+                    req.protocol_type, g.protocol_type
+                ),
+            }));
+            return rx;
+        }
+        if !g.members.is_empty() {
+            let common = req.protocols.iter().any(|(n, _)| {
+                g.members
+                    .iter()
+                    .filter(|(id, _)| **id != req.member_id)
+                    .all(|(_, m)| m.protocols.iter().any(|(p, _)| p == n))
+            });
+            if !common {
+                let _ = tx.send(Err(GroupError::InconsistentProtocol {
+                    group: req.group.clone(),
+                    detail: "none of the offered protocols is supported by every member".into(),
+                }));
+                return rx;
+            }
+        }
+        let is_new = req.member_id.is_empty();
+        let member_id = if is_new {
+            if g.members.len() >= MEMBERS_PER_GROUP_MAX {
+                let _ = tx.send(Err(GroupError::TooLarge {
+                    what: "number of members",
+                    max: MEMBERS_PER_GROUP_MAX,
+                }));
+                return rx;
+            }
+            let n = self.next_member.fetch_add(1, Ordering::Relaxed);
+            let client = if req.client_id.is_empty() {
+                "member"
+            } else {
+                req.client_id.as_str()
+            };
+            let id = format!("{}-{}-{n}", &client[..client.len().min(64)], now_ms());
+            g.members.insert(
+                id.clone(),
+                Member {
+                    client_id: req.client_id.clone(),
+                    session_timeout: Duration::from_millis(u64::from(req.session_timeout_ms)),
+                    rebalance_timeout: Duration::from_millis(u64::from(req.rebalance_timeout_ms)),
+                    protocols: req.protocols.clone(),
+                    last_heartbeat: now,
+                    join_waiter: None,
+                    sync_waiter: None,
+                    assignment: Vec::new(),
+                },
+            );
+            id
+        } else if !g.members.contains_key(&req.member_id) {
+            let _ = tx.send(Err(GroupError::UnknownMember {
+                group: req.group.clone(),
+                member: req.member_id.clone(),
+            }));
+            return rx;
+        } else {
+            req.member_id.clone()
+        };
+        g.protocol_type.clone_from(&req.protocol_type);
+        let is_leader = g.leader == member_id;
+        let Some(m) = g.members.get_mut(&member_id) else {
+            return rx;
+        };
+        let same_protocols = m.protocols == req.protocols;
+        m.protocols = req.protocols;
+        m.client_id = req.client_id;
+        m.session_timeout = Duration::from_millis(u64::from(req.session_timeout_ms));
+        m.rebalance_timeout = Duration::from_millis(u64::from(req.rebalance_timeout_ms));
+        m.last_heartbeat = now;
+        if let Some(old) = m.join_waiter.take() {
+            let _ = old.send(Err(GroupError::RebalanceInProgress {
+                group: req.group.clone(),
+            }));
+        }
+        let immediate = !is_new
+            && match g.state {
+                GroupState::Stable => same_protocols && !is_leader,
+                GroupState::CompletingRebalance => same_protocols,
+                _ => false,
+            };
+        if immediate {
+            let _ = tx.send(Ok(JoinResponse {
+                generation: g.generation,
+                protocol: g.protocol.clone(),
+                leader: g.leader.clone(),
+                member_id,
+                members: Vec::new(),
+            }));
+            return rx;
+        }
+        m.join_waiter = Some(tx);
+        g.prepare_rebalance(now);
+        g.maybe_complete_join(false);
+        rx
+    }
+
+    /// Sync: the leader hands in every member's assignment; each member gets its
+    /// own once the leader's sync arrived.
+    pub fn sync(
+        &self,
+        group: &str,
+        generation: i32,
+        member: &str,
+        assignments: Vec<(String, Vec<u8>)>,
+    ) -> Completion<Vec<u8>> {
+        let (tx, rx) = oneshot::channel();
+        let result = (|| {
+            check_group_name(group)?;
+            let mut groups = lock(&self.groups);
+            let g = groups
+                .get_mut(group)
+                .ok_or_else(|| GroupError::UnknownMember {
+                    group: group.to_string(),
+                    member: member.to_string(),
+                })?;
+            g.check_member(member)?;
+            g.check_generation(generation)?;
+            if assignments
+                .iter()
+                .any(|(_, a)| a.len() > GROUP_BLOB_BYTES_MAX)
+            {
+                return Err(GroupError::TooLarge {
+                    what: "assignment",
+                    max: GROUP_BLOB_BYTES_MAX,
+                });
+            }
+            match g.state {
+                GroupState::Empty | GroupState::PreparingRebalance => Err(g.rebalancing()),
+                GroupState::Stable => {
+                    let a = g.members.get(member).map(|m| m.assignment.clone());
+                    Ok(Some(a.unwrap_or_default()))
+                }
+                GroupState::CompletingRebalance => {
+                    if member == g.leader {
+                        let mut given: BTreeMap<String, Vec<u8>> =
+                            assignments.into_iter().collect();
+                        for (id, m) in &mut g.members {
+                            m.assignment = given.remove(id).unwrap_or_default();
+                            if let Some(w) = m.sync_waiter.take() {
+                                let _ = w.send(Ok(m.assignment.clone()));
+                            }
+                        }
+                        g.state = GroupState::Stable;
+                        g.rebalance_deadline = None;
+                        let a = g.members.get(member).map(|m| m.assignment.clone());
+                        Ok(Some(a.unwrap_or_default()))
+                    } else {
+                        Ok(None)
+                    }
+                }
+            }
+        })();
+        match result {
+            Ok(Some(a)) => {
+                let _ = tx.send(Ok(a));
+            }
+            Ok(None) => {
+                let mut groups = lock(&self.groups);
+                match groups
+                    .get_mut(group)
+                    .and_then(|g| g.members.get_mut(member))
+                {
+                    Some(m) => m.sync_waiter = Some(tx),
+                    None => {
+                        let _ = tx.send(Err(GroupError::UnknownMember {
+                            group: group.to_string(),
+                            member: member.to_string(),
+                        }));
+                    }
+                }
+            }
+            Err(e) => {
+                let _ = tx.send(Err(e));
+            }
+        }
+        rx
+    }
+
+    /// A member's heartbeat. `RebalanceInProgress` tells it to rejoin.
+    pub fn heartbeat(&self, group: &str, generation: i32, member: &str) -> Result<(), GroupError> {
+        check_group_name(group)?;
+        let mut groups = lock(&self.groups);
+        let g = groups
+            .get_mut(group)
+            .ok_or_else(|| GroupError::UnknownMember {
+                group: group.to_string(),
+                member: member.to_string(),
+            })?;
+        g.check_member(member)?;
+        if let Some(m) = g.members.get_mut(member) {
+            m.last_heartbeat = Instant::now();
+        }
+        if g.state == GroupState::PreparingRebalance {
+            return Err(g.rebalancing());
+        }
+        g.check_generation(generation)?;
+        if g.state == GroupState::CompletingRebalance {
+            return Err(g.rebalancing());
+        }
+        Ok(())
+    }
+
+    /// A member leaves; the others rebalance.
+    pub fn leave(&self, group: &str, member: &str) -> Result<(), GroupError> {
+        check_group_name(group)?;
+        let mut groups = lock(&self.groups);
+        let g = groups
+            .get_mut(group)
+            .ok_or_else(|| GroupError::UnknownGroup {
+                group: group.to_string(),
+            })?;
+        g.check_member(member)?;
+        g.remove_member(member, Instant::now());
+        Ok(())
+    }
+
+    /// Commits offsets of `topic` (Kafka's OffsetCommit). A member commits with its generation and id; an
+    /// admin commit (generation -1, empty member) is accepted only while the group
+    /// has no members. The completion fires once the group file holding the commit
+    /// is durable.
+    pub fn commit(
+        &self,
+        topics: &dyn TopicLookup,
+        group: &str,
+        generation: i32,
+        member: &str,
+        topic: &str,
+        entries: &[OffsetCommit],
+    ) -> Result<Completion<()>, GroupError> {
+        check_group_name(group)?;
+        let partitions = topics
+            .partition_count(topic)
+            .ok_or_else(|| GroupError::UnknownTopic {
+                topic: topic.to_string(),
+            })?;
+        for e in entries {
+            check_metadata(&e.metadata)?;
+            if e.partition >= partitions {
+                return Err(GroupError::UnknownPartition {
+                    topic: topic.to_string(),
+                    partition: e.partition,
+                    partitions,
+                });
+            }
+        }
+        if self.stop.load(Ordering::Acquire) {
+            return Err(GroupError::ShuttingDown);
+        }
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut groups = lock(&self.groups);
+            let admin = generation < 0 && member.is_empty();
+            if admin {
+                if !groups.contains_key(group) && groups.len() >= GROUPS_MAX {
+                    return Err(GroupError::TooLarge {
+                        what: "number of groups",
+                        max: GROUPS_MAX,
+                    });
+                }
+                let g = groups
+                    .entry(group.to_string())
+                    .or_insert_with(|| Group::new(group.to_string()));
+                if !g.members.is_empty() {
+                    return Err(GroupError::GroupNotEmpty {
+                        group: group.to_string(),
+                        members: g.members.len(),
+                    });
+                }
+                g.deleted = false;
+            } else {
+                let g = groups
+                    .get_mut(group)
+                    .ok_or_else(|| GroupError::UnknownMember {
+                        group: group.to_string(),
+                        member: member.to_string(),
+                    })?;
+                g.check_member(member)?;
+                g.check_generation(generation)?;
+                // As in Kafka: members of the current generation may commit while the
+                // next rebalance prepares (they commit before giving partitions up),
+                // not while assignments are being handed out.
+                if g.state == GroupState::CompletingRebalance {
+                    return Err(g.rebalancing());
+                }
+            }
+            let Some(g) = groups.get_mut(group) else {
+                return Err(GroupError::UnknownGroup {
+                    group: group.to_string(),
+                });
+            };
+            if g.offsets.len() + entries.len() > crate::format::group::GROUP_OFFSETS_MAX {
+                return Err(GroupError::TooLarge {
+                    what: "number of committed offsets",
+                    max: crate::format::group::GROUP_OFFSETS_MAX,
+                });
+            }
+            let at = now_ms();
+            for e in entries {
+                g.offsets.insert(
+                    (topic.to_string(), e.partition),
+                    CommittedOffset {
+                        topic: topic.to_string(),
+                        partition: e.partition,
+                        offset: e.offset,
+                        metadata: e.metadata.clone(),
+                        commit_ms: at,
+                    },
+                );
+            }
+            g.dirty = true;
+            g.commit_waiters.push(tx);
+        }
+        self.wake_committer();
+        Ok(rx)
+    }
+
+    /// Committed offsets of `group` (of one topic, or all); `None` for a group the
+    /// broker does not know. With a member and generation, they are checked.
+    pub fn fetch_offsets(
+        &self,
+        group: &str,
+        topic: Option<&str>,
+        member: Option<(&str, i32)>,
+    ) -> Result<Vec<CommittedOffset>, GroupError> {
+        check_group_name(group)?;
+        let groups = lock(&self.groups);
+        let Some(g) = groups.get(group).filter(|g| !g.deleted) else {
+            return match member {
+                Some((m, _)) => Err(GroupError::UnknownMember {
+                    group: group.to_string(),
+                    member: m.to_string(),
+                }),
+                None => Ok(Vec::new()),
+            };
+        };
+        if let Some((m, generation)) = member {
+            g.check_member(m)?;
+            g.check_generation(generation)?;
+        }
+        Ok(g.offsets
+            .values()
+            .filter(|o| topic.is_none_or(|t| o.topic == t))
+            .cloned()
+            .collect())
+    }
+
+    /// Every group: name and state.
+    pub fn list(&self) -> Vec<(String, GroupState)> {
+        lock(&self.groups)
+            .values()
+            .filter(|g| !g.deleted)
+            .map(|g| (g.name.clone(), g.state))
+            .collect()
+    }
+
+    /// One group's state, members and committed offsets.
+    pub fn describe(&self, group: &str) -> Result<GroupDescription, GroupError> {
+        check_group_name(group)?;
+        let groups = lock(&self.groups);
+        let g =
+            groups
+                .get(group)
+                .filter(|g| !g.deleted)
+                .ok_or_else(|| GroupError::UnknownGroup {
+                    group: group.to_string(),
+                })?;
+        Ok(GroupDescription {
+            group: g.name.clone(),
+            state: g.state,
+            generation: g.generation,
+            protocol_type: g.protocol_type.clone(),
+            protocol: g.protocol.clone(),
+            members: g
+                .members
+                .iter()
+                .map(|(id, m)| MemberDescription {
+                    member_id: id.clone(),
+                    client_id: m.client_id.clone(),
+                    assignment: m.assignment.clone(),
+                })
+                .collect(),
+            offsets: g.offsets.values().cloned().collect(),
+        })
+    }
+
+    /// Deletes a group without members: its offsets and its file. The completion
+    /// fires once the removal is durable.
+    pub fn delete(&self, group: &str) -> Result<Completion<()>, GroupError> {
+        check_group_name(group)?;
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut groups = lock(&self.groups);
+            let g = groups
+                .get_mut(group)
+                .filter(|g| !g.deleted)
+                .ok_or_else(|| GroupError::UnknownGroup {
+                    group: group.to_string(),
+                })?;
+            if !g.members.is_empty() {
+                return Err(GroupError::GroupNotEmpty {
+                    group: group.to_string(),
+                    members: g.members.len(),
+                });
+            }
+            g.offsets.clear();
+            g.deleted = true;
+            g.dirty = true;
+            g.commit_waiters.push(tx);
+        }
+        self.wake_committer();
+        Ok(rx)
+    }
+
+    /// Moves time on: session expiry, rebalance timeouts, and (with `topics`, the
+    /// partition counts of existing topics) offsets of deleted topics and of
+    /// partitions that no longer exist are dropped; empty groups past the offsets
+    /// retention lose their offsets.
+    pub fn tick(&self, now: Instant, topics: Option<&BTreeMap<String, u32>>) {
+        let mut wake = false;
+        {
+            let mut groups = lock(&self.groups);
+            let retention_ms = self.opts.offsets_retention.as_millis() as i64;
+            let wall = now_ms();
+            for g in groups.values_mut() {
+                g.tick(now);
+                if let Some(known) = topics {
+                    let before = g.offsets.len();
+                    g.offsets
+                        .retain(|(t, p), _| known.get(t).is_some_and(|n| p < n));
+                    if g.offsets.len() != before {
+                        g.dirty = true;
+                    }
+                }
+                if g.members.is_empty() && !g.offsets.is_empty() && g.state == GroupState::Empty {
+                    let newest = g.offsets.values().map(|o| o.commit_ms).max().unwrap_or(0);
+                    if wall.saturating_sub(newest.max(g.empty_since_ms)) > retention_ms {
+                        g.offsets.clear();
+                        g.dirty = true;
+                    }
+                }
+                if g.is_empty_and_clean() && g.state == GroupState::Empty && !g.deleted {
+                    // Nothing left to keep: remove the file.
+                    g.deleted = true;
+                    g.dirty = true;
+                }
+                wake |= g.dirty;
+            }
+        }
+        if wake {
+            self.wake_committer();
+        }
+    }
+
+    /// Takes what must be written: (group, file bytes or `None` to remove, waiters).
+    pub(super) fn take_dirty(&self) -> Vec<offsets::Pending> {
+        let mut groups = lock(&self.groups);
+        let mut out = Vec::new();
+        for g in groups.values_mut().filter(|g| g.dirty) {
+            g.dirty = false;
+            out.push(offsets::Pending {
+                group: g.name.clone(),
+                bytes: (!g.deleted).then(|| crate::format::group::encode_group_file(&g.file())),
+                waiters: std::mem::take(&mut g.commit_waiters),
+            });
+        }
+        out
+    }
+
+    /// Forgets groups whose removal is durable and that nobody rejoined since.
+    pub(super) fn forget_deleted(&self, names: &[String]) {
+        let mut groups = lock(&self.groups);
+        for n in names {
+            if groups
+                .get(n)
+                .is_some_and(|g| g.deleted && !g.dirty && g.members.is_empty())
+            {
+                groups.remove(n);
+            }
+        }
+    }
+}

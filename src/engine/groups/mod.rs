@@ -1,0 +1,350 @@
+//! The group coordinator: Kafka's classic consumer-group protocol (join, sync,
+//! heartbeat, leave, generations, session and rebalance timeouts) and the groups'
+//! committed offsets in `DATA/groups/<group>.json`.
+//!
+//! One coordinator serves every front door. Requests that complete later (join and
+//! sync finish when the rebalance does; a commit when the file that covers it is
+//! durable) return a [`Completion`], a `tokio::sync::oneshot` receiver: a thread waits
+//! on it, an async task awaits it. Nothing inside the coordinator blocks waiting for
+//! another request. Time moves through [`GroupCoordinator::tick`], which a background
+//! thread calls; it expires sessions, ends rebalances whose timeout passed, drops the
+//! offsets of deleted topics and expires empty groups.
+//!
+//! Invariants:
+//! - A group's state, members and generation change only under the `groups` lock.
+//! - A commit is acknowledged only after a replace of the group's file that contains
+//!   it is durable (write temp, fsync, rename, fsync dir); commits that wait together
+//!   share one replace per group ([`offsets`]).
+//! - Group names are validated before they touch the file system.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
+
+use crate::engine::storage::io::StorageRef;
+use crate::format::group::{CommittedOffset, OFFSET_METADATA_BYTES_MAX};
+use crate::format::names::validate_name;
+
+mod coordinator;
+pub mod offsets;
+
+pub use coordinator::GroupState;
+
+/// Default per-member session timeout (Kafka's `session.timeout.ms`).
+pub const SESSION_TIMEOUT_DEFAULT: Duration = Duration::from_secs(45);
+/// Default committed-offset retention of an empty group (7 days).
+pub const OFFSETS_RETENTION_DEFAULT: Duration = Duration::from_secs(7 * 24 * 3600);
+/// Most members in one group.
+pub const MEMBERS_PER_GROUP_MAX: usize = 1000;
+/// Most groups one broker holds.
+pub const GROUPS_MAX: usize = 10_000;
+/// Most protocols one join may offer.
+pub const PROTOCOLS_PER_JOIN_MAX: usize = 16;
+/// Largest protocol metadata or member assignment.
+pub const GROUP_BLOB_BYTES_MAX: usize = 1 << 20;
+/// Longest member id, client id, protocol type or protocol name.
+pub const GROUP_ID_BYTES_MAX: usize = 255;
+/// How often the background thread calls [`GroupCoordinator::tick`].
+pub const TICK_INTERVAL: Duration = Duration::from_millis(100);
+
+/// A result that arrives later.
+pub type Completion<T> = oneshot::Receiver<Result<T, GroupError>>;
+
+/// The coordinator's limits and timeouts.
+#[derive(Clone, Debug)]
+pub struct GroupOptions {
+    /// Smallest session timeout a member may ask for (Kafka's
+    /// `group.min.session.timeout.ms`).
+    pub session_timeout_min: Duration,
+    /// Largest session timeout a member may ask for.
+    pub session_timeout_max: Duration,
+    /// How long an empty group keeps its committed offsets.
+    pub offsets_retention: Duration,
+}
+
+impl Default for GroupOptions {
+    fn default() -> Self {
+        GroupOptions {
+            session_timeout_min: Duration::from_secs(6),
+            session_timeout_max: Duration::from_secs(1800),
+            offsets_retention: OFFSETS_RETENTION_DEFAULT,
+        }
+    }
+}
+
+/// Why a group request failed. Each maps onto one of Kafka's error codes.
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum GroupError {
+    #[error("invalid group name: {0}")]
+    InvalidName(String),
+    #[error("group {group} does not exist")]
+    UnknownGroup { group: String },
+    /// Kafka's UNKNOWN_MEMBER_ID.
+    #[error("member {member:?} is not a member of group {group}")]
+    UnknownMember { group: String, member: String },
+    /// Kafka's ILLEGAL_GENERATION.
+    #[error("generation {generation} of group {group} is stale (the group is at {current})")]
+    IllegalGeneration {
+        group: String,
+        generation: i32,
+        current: i32,
+    },
+    /// Kafka's REBALANCE_IN_PROGRESS.
+    #[error("group {group} is rebalancing; rejoin")]
+    RebalanceInProgress { group: String },
+    /// Kafka's NON_EMPTY_GROUP.
+    #[error("group {group} has {members} live members")]
+    GroupNotEmpty { group: String, members: usize },
+    /// Kafka's INVALID_SESSION_TIMEOUT.
+    #[error("session timeout {ms} ms is outside the broker's {min}..={max} ms")]
+    InvalidSessionTimeout { ms: u64, min: u64, max: u64 },
+    /// Kafka's INCONSISTENT_GROUP_PROTOCOL.
+    #[error("group {group}: {detail}")]
+    InconsistentProtocol { group: String, detail: String },
+    /// Kafka's OFFSET_METADATA_TOO_LARGE.
+    #[error("offset metadata is {len} bytes, over the limit of {max}")]
+    MetadataTooLarge { len: usize, max: usize },
+    #[error("topic {topic} does not exist")]
+    UnknownTopic { topic: String },
+    #[error("topic {topic} has {partitions} partitions; there is no partition {partition}")]
+    UnknownPartition {
+        topic: String,
+        partition: u32,
+        partitions: u32,
+    },
+    #[error("{what} is over the limit of {max}")]
+    TooLarge { what: &'static str, max: usize },
+    #[error("cannot write the file of group {group}: {detail}")]
+    Storage { group: String, detail: String },
+    #[error("the broker is shutting down")]
+    ShuttingDown,
+}
+
+/// What the coordinator needs to know about topics.
+pub trait TopicLookup {
+    /// The partition count of `topic`, or `None` if there is no such topic.
+    fn partition_count(&self, topic: &str) -> Option<u32>;
+}
+
+/// A join request (Kafka's JoinGroup).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JoinRequest {
+    pub group: String,
+    /// Empty for a new member; the broker assigns one.
+    pub member_id: String,
+    pub client_id: String,
+    pub session_timeout_ms: u32,
+    pub rebalance_timeout_ms: u32,
+    pub protocol_type: String,
+    /// (name, metadata) in the member's order of preference.
+    pub protocols: Vec<(String, Vec<u8>)>,
+}
+
+/// The answer to a join, once the rebalance completes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JoinResponse {
+    pub generation: i32,
+    pub protocol: String,
+    pub leader: String,
+    pub member_id: String,
+    /// Every member and its metadata for the chosen protocol: only for the leader.
+    pub members: Vec<(String, Vec<u8>)>,
+}
+
+/// One offset to commit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OffsetCommit {
+    pub partition: u32,
+    pub offset: u64,
+    pub metadata: String,
+}
+
+/// A member as described.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemberDescription {
+    pub member_id: String,
+    pub client_id: String,
+    /// The member's assignment as the leader gave it (empty before the first sync).
+    pub assignment: Vec<u8>,
+}
+
+/// A group as described.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupDescription {
+    pub group: String,
+    pub state: GroupState,
+    pub generation: i32,
+    pub protocol_type: String,
+    pub protocol: String,
+    pub members: Vec<MemberDescription>,
+    pub offsets: Vec<CommittedOffset>,
+}
+
+/// Counters since the coordinator started.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GroupStats {
+    /// Commit requests acknowledged.
+    pub commits: u64,
+    /// Group files replaced or removed.
+    pub file_writes: u64,
+    /// fsyncs of group files and the groups directory.
+    pub fsyncs: u64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn now_ms() -> i64 {
+    crate::engine::partition::now_ms()
+}
+
+/// The coordinator. Shared as `Arc<GroupCoordinator>`.
+#[derive(Debug)]
+pub struct GroupCoordinator {
+    dir: PathBuf,
+    storage: StorageRef,
+    opts: GroupOptions,
+    groups: Mutex<BTreeMap<String, coordinator::Group>>,
+    /// Wakes the committer thread (one message per commit or delete).
+    dirty_tx: Mutex<Option<mpsc::Sender<()>>>,
+    stop: AtomicBool,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    next_member: AtomicU64,
+    commits: AtomicU64,
+    file_writes: AtomicU64,
+    fsyncs: AtomicU64,
+}
+
+impl GroupCoordinator {
+    /// Loads every `DATA/groups/*.json` (creating the directory if missing); a file
+    /// that cannot be read is reported in the returned lines and left alone (its
+    /// group is then refused until an operator repairs it).
+    pub fn open(
+        data_dir: &Path,
+        storage: StorageRef,
+        opts: GroupOptions,
+    ) -> Result<(GroupCoordinator, Vec<String>), GroupError> {
+        let dir = data_dir.join(crate::format::group::GROUPS_DIR);
+        let io_err = |e: std::io::Error| GroupError::Storage {
+            group: String::new(),
+            detail: format!("{}: {e}", dir.display()),
+        };
+        if !dir.is_dir() {
+            storage.create_dir_all(&dir).map_err(io_err)?;
+            storage.sync_dir(data_dir).map_err(io_err)?;
+        }
+        let (loaded, report) = offsets::load_dir(&dir);
+        let mut groups = BTreeMap::new();
+        for (name, loaded) in loaded {
+            groups.insert(name.clone(), coordinator::Group::loaded(name, loaded));
+        }
+        Ok((
+            GroupCoordinator {
+                dir,
+                storage,
+                opts,
+                groups: Mutex::new(groups),
+                dirty_tx: Mutex::new(None),
+                stop: AtomicBool::new(false),
+                threads: Mutex::new(Vec::new()),
+                next_member: AtomicU64::new(1),
+                commits: AtomicU64::new(0),
+                file_writes: AtomicU64::new(0),
+                fsyncs: AtomicU64::new(0),
+            },
+            report,
+        ))
+    }
+
+    /// Starts the committer thread and the ticker thread; `topics` lists the
+    /// partition counts of existing topics (for dropping offsets of deleted ones).
+    pub fn start(
+        self: &Arc<Self>,
+        topics: Box<dyn Fn() -> BTreeMap<String, u32> + Send>,
+    ) -> Result<(), GroupError> {
+        let (tx, rx) = mpsc::channel();
+        *lock(&self.dirty_tx) = Some(tx);
+        let spawn_err = |e: std::io::Error| GroupError::Storage {
+            group: String::new(),
+            detail: format!("starting a groups thread: {e}"),
+        };
+        let me = self.clone();
+        let committer = std::thread::Builder::new()
+            .name("seglog-groups-commit".into())
+            .spawn(move || me.run_committer(&rx))
+            .map_err(spawn_err)?;
+        lock(&self.threads).push(committer);
+        let me = self.clone();
+        let ticker = std::thread::Builder::new()
+            .name("seglog-groups-tick".into())
+            .spawn(move || {
+                while !me.stop.load(Ordering::Acquire) {
+                    std::thread::sleep(TICK_INTERVAL);
+                    let known = topics();
+                    me.tick(Instant::now(), Some(&known));
+                }
+            })
+            .map_err(spawn_err)?;
+        lock(&self.threads).push(ticker);
+        Ok(())
+    }
+
+    /// Stops the threads after writing what waits; every pending join and sync gets
+    /// [`GroupError::ShuttingDown`].
+    pub fn shutdown(&self) {
+        self.stop.store(true, Ordering::Release);
+        lock(&self.dirty_tx).take();
+        for t in std::mem::take(&mut *lock(&self.threads)) {
+            let _ = t.join();
+        }
+        // Without a committer thread (never started), write what waits here.
+        self.flush_dirty();
+        for g in lock(&self.groups).values_mut() {
+            g.fail_waiters(&GroupError::ShuttingDown);
+        }
+    }
+
+    /// Counters since start.
+    pub fn stats(&self) -> GroupStats {
+        GroupStats {
+            commits: self.commits.load(Ordering::Relaxed),
+            file_writes: self.file_writes.load(Ordering::Relaxed),
+            fsyncs: self.fsyncs.load(Ordering::Relaxed),
+        }
+    }
+
+    fn wake_committer(&self) {
+        match &*lock(&self.dirty_tx) {
+            Some(tx) => {
+                let _ = tx.send(());
+            }
+            // No committer thread: write now (tests that drive the coordinator alone).
+            None => self.flush_dirty(),
+        }
+    }
+}
+
+/// Checks a group name; the error names what is wrong.
+pub fn check_group_name(group: &str) -> Result<(), GroupError> {
+    validate_name(group).map_err(|e| GroupError::InvalidName(e.to_string()))
+}
+
+fn check_metadata(metadata: &str) -> Result<(), GroupError> {
+    if metadata.len() > OFFSET_METADATA_BYTES_MAX {
+        return Err(GroupError::MetadataTooLarge {
+            len: metadata.len(),
+            max: OFFSET_METADATA_BYTES_MAX,
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,225 @@
+//! The groups' files: loading `DATA/groups/*.json` at startup and the committer that
+//! writes them.
+//!
+//! Group commit: every commit marks its group dirty and wakes the committer; the
+//! committer takes every dirty group at once, replaces each group's file once
+//! (however many commits it holds), and only then completes the commits it took. A
+//! failed write fails exactly those commits; the group stays dirty-free until the
+//! next commit, which writes the whole file again.
+
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+
+use super::{GroupCoordinator, GroupError};
+use crate::engine::storage::io::write_file_atomic;
+use crate::format::group::{
+    decode_group_file, group_file_name, CommittedOffset, GroupFileError, GROUP_FILE_BYTES_MAX,
+    GROUP_FILE_EXT,
+};
+use crate::format::names::validate_name;
+
+/// What a group file held.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Loaded {
+    pub generation: i32,
+    pub protocol_type: String,
+    pub empty_since_ms: i64,
+    pub offsets: Vec<CommittedOffset>,
+}
+
+/// A group file that cannot be used.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum GroupFileProblem {
+    #[error("{file}: cannot read: {source}")]
+    Io {
+        file: String,
+        source: std::io::Error,
+    },
+    #[error("{file}: {source}")]
+    Bad {
+        file: String,
+        source: GroupFileError,
+    },
+    #[error("{file}: names group {inside:?}, not the file's name")]
+    NameMismatch { file: String, inside: String },
+}
+
+/// One entry of `DATA/groups/` as a tool sees it.
+#[derive(Debug)]
+pub enum GroupEntry {
+    Group(String, Loaded),
+    /// A leftover temporary file of an atomic replace (repairable: remove it).
+    Leftover(String),
+    Problem(GroupFileProblem),
+}
+
+/// Reads one group file (the name is checked against its content).
+pub fn read_group_file(path: &Path) -> Result<(String, Loaded), GroupFileProblem> {
+    let file = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let bytes = read_bounded(path).map_err(|source| GroupFileProblem::Io {
+        file: file.clone(),
+        source,
+    })?;
+    let f = decode_group_file(&bytes).map_err(|source| GroupFileProblem::Bad {
+        file: file.clone(),
+        source,
+    })?;
+    if group_file_name(&f.group) != file {
+        return Err(GroupFileProblem::NameMismatch {
+            file,
+            inside: f.group,
+        });
+    }
+    Ok((
+        f.group,
+        Loaded {
+            generation: f.generation,
+            protocol_type: f.protocol_type,
+            empty_since_ms: f.empty_since_ms,
+            offsets: f.offsets,
+        },
+    ))
+}
+
+fn read_bounded(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let f = std::fs::File::open(path)?;
+    let mut bytes = Vec::new();
+    f.take(GROUP_FILE_BYTES_MAX as u64 + 1)
+        .read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
+/// Every entry of a groups directory, in name order (empty when it is missing).
+pub fn scan_dir(dir: &Path) -> Vec<GroupEntry> {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut names: Vec<String> = rd
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    let suffix = format!(".{GROUP_FILE_EXT}");
+    names
+        .into_iter()
+        .map(|name| {
+            let path = dir.join(&name);
+            match name.strip_suffix(&suffix) {
+                Some(stem) if validate_name(stem).is_ok() => match read_group_file(&path) {
+                    Ok((g, l)) => GroupEntry::Group(g, l),
+                    Err(p) => GroupEntry::Problem(p),
+                },
+                _ if name.contains(".tmp-") => GroupEntry::Leftover(name),
+                _ => GroupEntry::Problem(GroupFileProblem::Bad {
+                    file: name.clone(),
+                    source: GroupFileError::Json("not a group file name".into()),
+                }),
+            }
+        })
+        .collect()
+}
+
+/// Loads the groups of a directory; problems come back as report lines.
+pub(super) fn load_dir(dir: &Path) -> (Vec<(String, Loaded)>, Vec<String>) {
+    let mut groups = Vec::new();
+    let mut report = Vec::new();
+    for e in scan_dir(dir) {
+        match e {
+            GroupEntry::Group(g, l) => groups.push((g, l)),
+            GroupEntry::Leftover(name) => {
+                report.push(format!("groups/{name}: leftover temporary file (ignored)"));
+            }
+            GroupEntry::Problem(p) => report.push(format!("groups/{p}")),
+        }
+    }
+    (groups, report)
+}
+
+/// A group file to write, and the commits it covers.
+#[derive(Debug)]
+pub(super) struct Pending {
+    pub(super) group: String,
+    /// `None`: remove the file.
+    pub(super) bytes: Option<Vec<u8>>,
+    pub(super) waiters: Vec<oneshot::Sender<Result<(), GroupError>>>,
+}
+
+impl GroupCoordinator {
+    /// The committer thread: wakes on a commit, takes every dirty group, writes.
+    pub(super) fn run_committer(&self, rx: &mpsc::Receiver<()>) {
+        loop {
+            match rx.recv_timeout(Duration::from_millis(200)) {
+                Ok(()) => while rx.try_recv().is_ok() {},
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    if self.stop.load(Ordering::Acquire) {
+                        break;
+                    }
+                    continue;
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            }
+            self.flush_dirty();
+        }
+        self.flush_dirty();
+    }
+
+    /// Writes every dirty group once, then completes the commits it covered.
+    pub(super) fn flush_dirty(&self) {
+        let pending = self.take_dirty();
+        if pending.is_empty() {
+            return;
+        }
+        let mut removed = Vec::new();
+        for p in pending {
+            let result = self.write_one(&p);
+            if result.is_ok() && p.bytes.is_none() {
+                removed.push(p.group.clone());
+            }
+            let n = p.waiters.len() as u64;
+            for w in p.waiters {
+                let _ = w.send(result.clone());
+            }
+            if result.is_ok() {
+                self.commits.fetch_add(n, Ordering::Relaxed);
+            }
+        }
+        self.forget_deleted(&removed);
+    }
+
+    fn write_one(&self, p: &Pending) -> Result<(), GroupError> {
+        let name = group_file_name(&p.group);
+        let err = |e: std::io::Error| GroupError::Storage {
+            group: p.group.clone(),
+            detail: e.to_string(),
+        };
+        self.file_writes.fetch_add(1, Ordering::Relaxed);
+        match &p.bytes {
+            Some(bytes) => {
+                // The numbered steps are in `write_file_atomic`: temp, fsync, rename,
+                // fsync dir. Two fsyncs per replace.
+                write_file_atomic(&*self.storage, &self.dir, &name, bytes).map_err(err)?;
+                self.fsyncs.fetch_add(2, Ordering::Relaxed);
+            }
+            None => {
+                // 1. unlink, 2. fsync the directory.
+                match self.storage.remove_file(&self.dir.join(&name)) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+                    Err(e) => return Err(err(e)),
+                }
+                self.storage.sync_dir(&self.dir).map_err(err)?;
+                self.fsyncs.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        Ok(())
+    }
+}

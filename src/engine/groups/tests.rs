@@ -1,0 +1,238 @@
+//! Coordinator state-machine tests, driven without threads: `tick` moves time.
+
+use super::*;
+use crate::engine::storage::io::RealStorage;
+
+struct Topics;
+impl TopicLookup for Topics {
+    fn partition_count(&self, topic: &str) -> Option<u32> {
+        (topic == "t").then_some(4)
+    }
+}
+
+fn coordinator(dir: &Path) -> GroupCoordinator {
+    let opts = GroupOptions {
+        session_timeout_min: Duration::from_millis(10),
+        ..GroupOptions::default()
+    };
+    GroupCoordinator::open(dir, Arc::new(RealStorage), opts)
+        .unwrap()
+        .0
+}
+
+fn join_req(member: &str, session_ms: u32) -> JoinRequest {
+    JoinRequest {
+        group: "g".into(),
+        member_id: member.into(),
+        client_id: "c".into(),
+        session_timeout_ms: session_ms,
+        rebalance_timeout_ms: 60_000,
+        protocol_type: "consumer".into(),
+        protocols: vec![("range".into(), b"meta".to_vec())],
+    }
+}
+
+fn done<T: std::fmt::Debug>(mut rx: Completion<T>) -> Result<T, GroupError> {
+    rx.try_recv().expect("completed")
+}
+
+#[test]
+fn join_sync_commit_and_generations() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = coordinator(dir.path());
+    let a = done(c.join(join_req("", 10_000))).unwrap();
+    assert_eq!(a.generation, 1);
+    assert_eq!(a.leader, a.member_id);
+    assert_eq!(a.members.len(), 1);
+    let asg = done(c.sync(
+        "g",
+        1,
+        &a.member_id,
+        vec![(a.member_id.clone(), b"p0".to_vec())],
+    ));
+    assert_eq!(asg.unwrap(), b"p0");
+    c.heartbeat("g", 1, &a.member_id).unwrap();
+
+    // A second member: the first learns of the rebalance through its heartbeat.
+    let mut b_rx = c.join(join_req("", 10_000));
+    assert!(
+        b_rx.try_recv().is_err(),
+        "waits for the first member to rejoin"
+    );
+    assert!(matches!(
+        c.heartbeat("g", 1, &a.member_id),
+        Err(GroupError::RebalanceInProgress { .. })
+    ));
+    // It may still commit what it read, with its generation, before rejoining.
+    done(c.commit(&Topics, "g", 1, &a.member_id, "t", &[]).unwrap()).unwrap();
+    assert!(matches!(
+        c.commit(&Topics, "g", 0, &a.member_id, "t", &[]),
+        Err(GroupError::IllegalGeneration { .. })
+    ));
+    let a2 = done(c.join(join_req(&a.member_id, 10_000))).unwrap();
+    let b = done(b_rx).unwrap();
+    assert_eq!((a2.generation, b.generation), (2, 2));
+    assert_eq!(a2.members.len(), 2);
+    assert!(b.members.is_empty());
+    let b_sync = c.sync("g", 2, &b.member_id, vec![]);
+    let a_asg = done(c.sync(
+        "g",
+        2,
+        &a.member_id,
+        vec![
+            (a.member_id.clone(), b"A".to_vec()),
+            (b.member_id.clone(), b"B".to_vec()),
+        ],
+    ));
+    assert_eq!(a_asg.unwrap(), b"A");
+    assert_eq!(done(b_sync).unwrap(), b"B");
+
+    // Stale generation, unknown member, bad partition, oversized metadata.
+    assert!(matches!(
+        c.heartbeat("g", 1, &a.member_id),
+        Err(GroupError::IllegalGeneration {
+            generation: 1,
+            current: 2,
+            ..
+        })
+    ));
+    assert!(matches!(
+        c.heartbeat("g", 2, "nobody"),
+        Err(GroupError::UnknownMember { .. })
+    ));
+    let commit = |p, off, meta: &str| {
+        c.commit(
+            &Topics,
+            "g",
+            2,
+            &b.member_id,
+            "t",
+            &[OffsetCommit {
+                partition: p,
+                offset: off,
+                metadata: meta.into(),
+            }],
+        )
+    };
+    assert!(matches!(
+        commit(4, 1, ""),
+        Err(GroupError::UnknownPartition { .. })
+    ));
+    assert!(matches!(
+        commit(0, 1, &"m".repeat(OFFSET_METADATA_BYTES_MAX + 1)),
+        Err(GroupError::MetadataTooLarge { .. })
+    ));
+    assert!(matches!(
+        c.commit(&Topics, "../g", 2, &b.member_id, "t", &[]),
+        Err(GroupError::InvalidName(_))
+    ));
+    assert!(
+        !dir.path().join("groups/g.json").exists() || {
+            // Files written so far hold no offsets.
+            let (_, l) = offsets::read_group_file(&dir.path().join("groups/g.json")).unwrap();
+            l.offsets.is_empty()
+        }
+    );
+    done(commit(3, 17, "x").unwrap()).unwrap();
+    let (_, l) = offsets::read_group_file(&dir.path().join("groups/g.json")).unwrap();
+    assert_eq!(l.offsets.len(), 1);
+    assert_eq!((l.offsets[0].partition, l.offsets[0].offset), (3, 17));
+    // An admin commit is refused while members live; deleting too.
+    assert!(matches!(
+        c.commit(&Topics, "g", -1, "", "t", &[]),
+        Err(GroupError::GroupNotEmpty { members: 2, .. })
+    ));
+    assert!(matches!(
+        c.delete("g"),
+        Err(GroupError::GroupNotEmpty { .. })
+    ));
+
+    // Sessions: b stops heartbeating and is removed; a rejoins alone.
+    c.leave("g", &a.member_id).unwrap();
+    let d = c.describe("g").unwrap();
+    assert_eq!(d.state, GroupState::PreparingRebalance);
+    let mut b3 = c.join(join_req(&b.member_id, 10_000));
+    let b3 = b3.try_recv().unwrap().unwrap();
+    assert_eq!(b3.generation, 3);
+    assert_eq!(b3.leader, b.member_id);
+
+    // Reopen: offsets survive, members do not.
+    c.leave("g", &b.member_id).unwrap();
+    drop(c);
+    let c = coordinator(dir.path());
+    let d = c.describe("g").unwrap();
+    assert_eq!(d.state, GroupState::Empty);
+    assert!(d.members.is_empty());
+    assert_eq!(d.offsets[0].offset, 17);
+    done(c.delete("g").unwrap()).unwrap();
+    assert!(!dir.path().join("groups/g.json").exists());
+    assert!(matches!(
+        c.describe("g"),
+        Err(GroupError::UnknownGroup { .. })
+    ));
+}
+
+#[test]
+fn session_timeout_and_deleted_topics() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = coordinator(dir.path());
+    let a = done(c.join(join_req("", 20))).unwrap();
+    done(c.sync("g", 1, &a.member_id, vec![])).unwrap();
+    done(
+        c.commit(
+            &Topics,
+            "g",
+            1,
+            &a.member_id,
+            "t",
+            &[OffsetCommit {
+                partition: 0,
+                offset: 5,
+                metadata: String::new(),
+            }],
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let mut known = BTreeMap::new();
+    known.insert("t".to_string(), 4u32);
+    c.tick(Instant::now() + Duration::from_millis(50), Some(&known));
+    let d = c.describe("g").unwrap();
+    assert!(d.members.is_empty(), "expired: {d:?}");
+    assert_eq!(d.state, GroupState::Empty);
+    assert!(matches!(
+        c.heartbeat("g", 1, &a.member_id),
+        Err(GroupError::UnknownMember { .. })
+    ));
+    assert_eq!(d.offsets.len(), 1);
+    // The topic is deleted: its offsets go, and then the empty group.
+    c.tick(Instant::now(), Some(&BTreeMap::new()));
+    c.tick(Instant::now(), Some(&BTreeMap::new()));
+    assert!(matches!(
+        c.describe("g"),
+        Err(GroupError::UnknownGroup { .. })
+    ));
+    assert!(!dir.path().join("groups/g.json").exists());
+}
+
+#[test]
+fn admin_commit_and_retention() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = GroupOptions {
+        offsets_retention: Duration::ZERO,
+        ..GroupOptions::default()
+    };
+    let c = GroupCoordinator::open(dir.path(), Arc::new(RealStorage), opts)
+        .unwrap()
+        .0;
+    let reset = [OffsetCommit {
+        partition: 1,
+        offset: 9,
+        metadata: String::new(),
+    }];
+    done(c.commit(&Topics, "g", -1, "", "t", &reset).unwrap()).unwrap();
+    assert_eq!(c.fetch_offsets("g", Some("t"), None).unwrap()[0].offset, 9);
+    std::thread::sleep(Duration::from_millis(5));
+    c.tick(Instant::now(), None);
+    assert!(c.fetch_offsets("g", None, None).unwrap().is_empty());
+}

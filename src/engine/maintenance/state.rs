@@ -1,0 +1,99 @@
+//! The data directory's state files beside the topics: `groups/*.json`,
+//! `producers.journal` and `producers.json`. `verify` reports their problems (with
+//! the journal entry's byte position), `recover` cuts a torn journal tail, and the
+//! broker does both at startup.
+
+use std::path::Path;
+
+use super::check::{Problem, ProblemKind, TopicProblem};
+use crate::engine::groups::offsets::{scan_dir, GroupEntry};
+use crate::engine::producers::read_state;
+use crate::engine::storage::io::Storage;
+use crate::format::group::GROUPS_DIR;
+use crate::format::producers::{JournalError, JOURNAL_FILE, SNAPSHOT_FILE};
+
+fn problem(kind: ProblemKind, path: &Path, position: Option<u64>, detail: String) -> TopicProblem {
+    TopicProblem {
+        topic: None,
+        problem: Problem {
+            kind,
+            severity: kind.severity(),
+            file: path.to_path_buf(),
+            position,
+            offset: None,
+            detail,
+        },
+    }
+}
+
+/// Problems of the group files and the producer journal of `data_dir`.
+pub fn state_problems(data_dir: &Path) -> Vec<TopicProblem> {
+    let mut out = Vec::new();
+    let groups = data_dir.join(GROUPS_DIR);
+    for e in scan_dir(&groups) {
+        match e {
+            GroupEntry::Group(..) => {}
+            GroupEntry::Leftover(name) => out.push(problem(
+                ProblemKind::LeftoverTempFile,
+                &groups.join(name),
+                None,
+                "leftover temporary file of an atomic replace (recover removes it)".into(),
+            )),
+            GroupEntry::Problem(p) => out.push(problem(
+                ProblemKind::GroupFileUnreadable,
+                &groups,
+                None,
+                format!("{p}; the broker refuses this group until it is repaired"),
+            )),
+        }
+    }
+    let journal = data_dir.join(JOURNAL_FILE);
+    match read_state(data_dir) {
+        Err(e) => out.push(problem(
+            ProblemKind::JournalCorrupt,
+            &data_dir.join(SNAPSHOT_FILE),
+            None,
+            e,
+        )),
+        Ok((_, _, good, Some(JournalError::Torn { position }), true)) => out.push(problem(
+            ProblemKind::JournalTornTail,
+            &journal,
+            Some(position),
+            format!("the last entry is cut short; recover cuts the journal to {good} bytes"),
+        )),
+        Ok((_, _, good, Some(e), true)) => {
+            let position = match &e {
+                JournalError::BadLength { position, .. }
+                | JournalError::Checksum { position, .. }
+                | JournalError::BadField { position, .. }
+                | JournalError::Torn { position } => Some(*position),
+                _ => Some(0),
+            };
+            out.push(problem(
+                ProblemKind::JournalCorrupt,
+                &journal,
+                position,
+                format!("{e}; the entries from byte {good} on cannot be used"),
+            ));
+        }
+        Ok(_) => {}
+    }
+    out
+}
+
+/// Cuts a torn tail off `producers.journal` (what the broker also does at startup);
+/// a corrupt entry is left for the broker's recovery, which reports it. Returns what
+/// was done.
+pub fn repair_journal(storage: &dyn Storage, data_dir: &Path) -> std::io::Result<Option<String>> {
+    let Ok((_, _, good, Some(JournalError::Torn { .. }), true)) = read_state(data_dir) else {
+        return Ok(None);
+    };
+    let path = data_dir.join(JOURNAL_FILE);
+    let f = storage.open(&path)?;
+    let before = f.len()?;
+    f.set_len(good as u64)?;
+    f.sync_all()?;
+    Ok(Some(format!(
+        "{JOURNAL_FILE}: cut a torn tail ({before} -> {good} bytes)"
+    )))
+}

@@ -1,0 +1,199 @@
+//! The native protocol's idempotent-producer requests, served by the engine's one
+//! producer table. A batch is acknowledged once its records and its journal entry
+//! are both durable; the journal entry is handed in right after the records are
+//! written, so its fsync runs alongside the partition's.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use super::server::engine_error;
+use crate::engine::broker::{Broker, NewRecord};
+use crate::engine::producers::{Decision, Durable, ProducerError};
+use crate::format::wire::producers::ProducerRequest;
+use crate::format::wire::{
+    encode_error, encode_response, ErrorCode, PartitionAck, PartitionBatch, ResponseBody,
+    GROUPS_VERSION,
+};
+
+/// The wire code and message of a producer error.
+pub fn producer_error(e: &ProducerError) -> (ErrorCode, String) {
+    let code = match e {
+        ProducerError::OutOfOrder { .. } => ErrorCode::OUT_OF_ORDER_SEQUENCE,
+        ProducerError::Fenced { .. } => ErrorCode::INVALID_PRODUCER_EPOCH,
+        ProducerError::UnknownProducer { .. } => ErrorCode::UNKNOWN_PRODUCER,
+        ProducerError::InFlight { .. } => ErrorCode::PRODUCER_BUSY,
+        ProducerError::Storage(_) => ErrorCode::STORAGE,
+        ProducerError::ShuttingDown => ErrorCode::SHUTTING_DOWN,
+    };
+    (code, e.to_string())
+}
+
+async fn wait(mut rx: Durable, stop: &AtomicBool) -> Result<(), ProducerError> {
+    loop {
+        match tokio::time::timeout(STOP_CHECK, &mut rx).await {
+            Ok(Ok(r)) => return r,
+            Ok(Err(_)) => return Err(ProducerError::ShuttingDown),
+            Err(_) if stop.load(Ordering::SeqCst) => return Err(ProducerError::ShuttingDown),
+            Err(_) => {}
+        }
+    }
+}
+
+/// How often a waiting request looks at the server's stop flag.
+const STOP_CHECK: Duration = Duration::from_millis(100);
+
+pub async fn serve(
+    broker: &Broker,
+    version: u16,
+    stop: &AtomicBool,
+    id: u32,
+    req: ProducerRequest<'_>,
+    out: &mut Vec<u8>,
+) {
+    let api = req.api_key() as u16;
+    out.clear();
+    if version < GROUPS_VERSION {
+        let msg = format!(
+            "{} needs protocol version {GROUPS_VERSION}; this connection agreed on {version}",
+            req.api_key().name()
+        );
+        encode_error(out, id, api, ErrorCode::INVALID_REQUEST, &msg);
+        return;
+    }
+    let table = broker.producers();
+    let body = match req {
+        ProducerRequest::InitProducer { producer_id, epoch } => {
+            let existing = u64::try_from(producer_id).ok().map(|p| (p, epoch));
+            let init = match table.init(existing) {
+                Ok((ids, rx)) => wait(rx, stop).await.map(|()| ids),
+                Err(e) => Err(e),
+            };
+            match init {
+                Ok((producer_id, epoch)) => ResponseBody::InitProducer { producer_id, epoch },
+                Err(e) => {
+                    let (code, msg) = producer_error(&e);
+                    encode_error(out, id, api, code, &msg);
+                    return;
+                }
+            }
+        }
+        ProducerRequest::Produce {
+            topic,
+            producer_id,
+            epoch,
+            partitions,
+        } => {
+            let mut results: Vec<Result<(u64, u64), (ErrorCode, String)>> =
+                Vec::with_capacity(partitions.len());
+            for (seq, b) in &partitions {
+                results.push(one(broker, stop, topic, producer_id, epoch, *seq, b).await);
+            }
+            let acks = partitions
+                .iter()
+                .zip(&results)
+                .map(|((_, b), r)| match r {
+                    Ok((base_offset, last_offset)) => PartitionAck {
+                        partition: b.partition,
+                        code: ErrorCode::NONE,
+                        message: "",
+                        base_offset: *base_offset,
+                        last_offset: *last_offset,
+                    },
+                    Err((code, message)) => PartitionAck {
+                        partition: b.partition,
+                        code: *code,
+                        message,
+                        base_offset: 0,
+                        last_offset: 0,
+                    },
+                })
+                .collect();
+            if let Err(e) = encode_response(
+                out,
+                id,
+                api,
+                ErrorCode::NONE,
+                "",
+                Some(&ResponseBody::Produce { partitions: acks }),
+            ) {
+                let msg = format!("cannot encode the response: {e}");
+                encode_error(out, id, api, ErrorCode::INTERNAL, &msg);
+            }
+            return;
+        }
+    };
+    if let Err(e) = encode_response(out, id, api, ErrorCode::NONE, "", Some(&body)) {
+        let msg = format!("cannot encode the response: {e}");
+        encode_error(out, id, api, ErrorCode::INTERNAL, &msg);
+    }
+}
+
+/// One partition's batch: checked against the table, written unless a duplicate,
+/// acknowledged once records and journal entry are durable.
+async fn one(
+    broker: &Broker,
+    stop: &AtomicBool,
+    topic: &str,
+    producer_id: u64,
+    epoch: u16,
+    seq: i32,
+    b: &PartitionBatch<'_>,
+) -> Result<(u64, u64), (ErrorCode, String)> {
+    if b.records.is_empty() {
+        return Err((
+            ErrorCode::INVALID_REQUEST,
+            "an idempotent batch needs records".into(),
+        ));
+    }
+    let count = b.records.len() as u32;
+    let table = broker.producers();
+    match table
+        .check(producer_id, epoch, topic, b.partition, seq, count)
+        .map_err(|e| producer_error(&e))?
+    {
+        Decision::Duplicate {
+            base_offset,
+            last_offset,
+        } => Ok((base_offset, last_offset)),
+        Decision::Append => {
+            let records: Vec<NewRecord<'_>> = b
+                .records
+                .iter()
+                .map(|r| NewRecord {
+                    key: r.key,
+                    value: r.value,
+                    timestamp_ms: r.timestamp_ms,
+                })
+                .collect();
+            let written = broker.append_then(topic, b.partition, &records, |p| {
+                table.accepted(
+                    producer_id,
+                    epoch,
+                    topic,
+                    b.partition,
+                    seq,
+                    count,
+                    p.base_offset,
+                    p.last_offset,
+                )
+            });
+            match written {
+                Ok((p, data, journal)) => {
+                    // The records' fsync and the journal entry's are asked for
+                    // together; the batch is acknowledged once both are durable.
+                    let data = data.map(|w| broker.durable(w));
+                    let journal = wait(journal, stop).await;
+                    if let Some(data) = data {
+                        data.await.map_err(engine_error)?;
+                    }
+                    journal.map_err(|e| producer_error(&e))?;
+                    Ok((p.base_offset, p.last_offset))
+                }
+                Err(e) => {
+                    table.abandoned(producer_id, topic, b.partition);
+                    Err(engine_error(e))
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,683 @@
+//! Idempotent producers on Kafka's model: an init hands out (producer_id, epoch);
+//! each batch for a partition carries a base sequence; per (producer_id, partition)
+//! the table keeps the last [`BATCHES_KEPT`] batches' sequence ranges and offsets.
+//! A duplicate gets its original offsets and writes nothing, a gap is refused as out
+//! of order, an older epoch is fenced.
+//!
+//! Durability: every accepted batch and every handed-out id is an entry of
+//! `DATA/producers.journal` ([`crate::format::producers`]), and a batch is
+//! acknowledged only once both its records and its entry are durable. Entries are
+//! group-committed: one writer thread takes every entry waiting, writes them at once
+//! and fdatasyncs once. After [`SNAPSHOT_EVERY_ENTRIES`] entries (and at shutdown)
+//! the table is written to `producers.json` (atomic replace) and then the journal is
+//! cut back to its header. Recovery: snapshot, then the journal's entries in order,
+//! dropping entries past a partition's recovered end (their records were lost) and
+//! cutting a torn tail.
+//!
+//! Invariant: at most one batch per (producer_id, partition) is between its check and
+//! its record in the table (`in_flight`); a second one is told to retry.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+
+use crate::engine::storage::io::{write_file_atomic, StorageFile, StorageRef};
+use crate::format::producers::{
+    decode_snapshot, encode_entry, encode_snapshot, journal_header, scan_journal, JournalEntry,
+    JournalError, Snapshot, SnapshotBatch, SnapshotProducer, BATCHES_KEPT, JOURNAL_FILE,
+    JOURNAL_HEADER_LEN, KIND_BATCH, KIND_INIT, SNAPSHOT_FILE,
+};
+
+/// Default `producer_id_expiration_ms`: a producer unseen this long is forgotten.
+pub const PRODUCER_ID_EXPIRATION_DEFAULT: Duration = Duration::from_secs(24 * 3600);
+/// Journal entries between snapshots.
+pub const SNAPSHOT_EVERY_ENTRIES: u64 = 100_000;
+
+/// Why a batch or init was refused.
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ProducerError {
+    /// Kafka's OUT_OF_ORDER_SEQUENCE_NUMBER.
+    #[error("producer {producer_id} on {topic}/{partition}: sequence {got} is out of order (expected {expected})")]
+    OutOfOrder {
+        producer_id: u64,
+        topic: String,
+        partition: u32,
+        expected: i32,
+        got: i32,
+    },
+    /// Kafka's INVALID_PRODUCER_EPOCH (fenced).
+    #[error("producer {producer_id}: epoch {epoch} is fenced by epoch {current}")]
+    Fenced {
+        producer_id: u64,
+        epoch: u16,
+        current: u16,
+    },
+    /// Kafka's UNKNOWN_PRODUCER_ID.
+    #[error("producer id {producer_id} is unknown (expired or never handed out)")]
+    UnknownProducer { producer_id: u64 },
+    /// Another batch of the same producer and partition is being written: retry.
+    #[error("producer {producer_id} has a batch in flight on {topic}/{partition}; retry")]
+    InFlight {
+        producer_id: u64,
+        topic: String,
+        partition: u32,
+    },
+    #[error("producer journal: {0}")]
+    Storage(String),
+    #[error("the broker is shutting down")]
+    ShuttingDown,
+}
+
+/// What to do with a batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Write it; then call [`ProducerTable::accepted`] or [`ProducerTable::abandoned`].
+    Append,
+    /// Already written: these were its offsets.
+    Duplicate { base_offset: u64, last_offset: u64 },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Batch {
+    base_sequence: i32,
+    last_sequence: i32,
+    base_offset: u64,
+    last_offset: u64,
+}
+
+#[derive(Debug, Default)]
+struct PartitionState {
+    batches: VecDeque<Batch>,
+    in_flight: bool,
+}
+
+#[derive(Debug)]
+struct Producer {
+    epoch: u16,
+    last_seen_ms: i64,
+    partitions: HashMap<(String, u32), PartitionState>,
+}
+
+/// Result of a journal write.
+pub type Durable = oneshot::Receiver<Result<(), ProducerError>>;
+
+#[derive(Debug, Default)]
+struct JournalState {
+    waiters: Vec<oneshot::Sender<Result<(), ProducerError>>>,
+}
+
+/// The producer-state table and its journal.
+#[derive(Debug)]
+pub struct ProducerTable {
+    dir: PathBuf,
+    storage: StorageRef,
+    expiration: Duration,
+    producers: Mutex<HashMap<u64, Producer>>,
+    next_id: AtomicU64,
+    journal: Mutex<JournalState>,
+    /// The journal and its end: entries are written under this lock.
+    file: Mutex<Option<(Box<dyn StorageFile>, u64)>>,
+    /// A second handle of the journal, for the group fdatasync.
+    sync_file: Box<dyn StorageFile>,
+    entries_since_snapshot: AtomicU64,
+    wake: Mutex<Option<mpsc::Sender<()>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    stop: AtomicBool,
+    poisoned: Mutex<Option<String>>,
+    /// fsyncs of the journal, the snapshot and the data directory.
+    pub fsyncs: AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn now_ms() -> i64 {
+    crate::engine::partition::now_ms()
+}
+
+/// What recovery did, as report lines.
+pub type Report = Vec<String>;
+
+/// Reads the snapshot and journal of `data_dir` (for the tools): the snapshot, the
+/// journal's good entries, the good prefix length and the first problem.
+/// (snapshot, good entries, good prefix length, first problem, journal exists).
+pub type State = (
+    Option<Snapshot>,
+    Vec<JournalEntry>,
+    usize,
+    Option<JournalError>,
+    bool,
+);
+
+pub fn read_state(data_dir: &Path) -> Result<State, String> {
+    let snap = match std::fs::read(data_dir.join(SNAPSHOT_FILE)) {
+        Ok(b) => Some(decode_snapshot(&b).map_err(|e| format!("{SNAPSHOT_FILE}: {e}"))?),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(format!("{SNAPSHOT_FILE}: {e}")),
+    };
+    match std::fs::read(data_dir.join(JOURNAL_FILE)) {
+        Ok(b) => {
+            let (entries, good, problem) = scan_journal(&b);
+            Ok((snap, entries, good, problem, true))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Ok((snap, Vec::new(), 0, None, false))
+        }
+        Err(e) => Err(format!("{JOURNAL_FILE}: {e}")),
+    }
+}
+
+impl ProducerTable {
+    /// Rebuilds the table from snapshot + journal. `end_of(topic, partition)` is the
+    /// partition's recovered end offset (`None`: no such partition); entries at or
+    /// past it are dropped. A torn journal tail is cut; a corrupt entry stops the
+    /// replay there and is reported with its position (the rest is cut too, after
+    /// the report: the batches it covered can be retried as new).
+    pub fn open(
+        data_dir: &Path,
+        storage: StorageRef,
+        expiration: Duration,
+        end_of: &dyn Fn(&str, u32) -> Option<u64>,
+    ) -> Result<(ProducerTable, Report), ProducerError> {
+        let io = |what: &str, e: std::io::Error| ProducerError::Storage(format!("{what}: {e}"));
+        let mut report = Vec::new();
+        let (snap, entries, good, problem, exists) =
+            read_state(data_dir).map_err(ProducerError::Storage)?;
+        let mut producers: HashMap<u64, Producer> = HashMap::new();
+        let mut next_id = 1;
+        if let Some(s) = snap {
+            next_id = s.next_producer_id.max(1);
+            for p in s.producers {
+                let mut partitions: HashMap<(String, u32), PartitionState> = HashMap::new();
+                for b in p.batches {
+                    partitions
+                        .entry((b.topic, b.partition))
+                        .or_default()
+                        .batches
+                        .push_back(Batch {
+                            base_sequence: b.base_sequence,
+                            last_sequence: b.last_sequence,
+                            base_offset: b.base_offset,
+                            last_offset: b.last_offset,
+                        });
+                }
+                producers.insert(
+                    p.producer_id,
+                    Producer {
+                        epoch: p.epoch,
+                        last_seen_ms: p.last_seen_ms,
+                        partitions,
+                    },
+                );
+            }
+        }
+        let mut dropped = 0u64;
+        for e in entries {
+            next_id = next_id.max(e.producer_id + 1);
+            let p = producers.entry(e.producer_id).or_insert_with(|| Producer {
+                epoch: e.epoch,
+                last_seen_ms: e.timestamp_ms,
+                partitions: HashMap::new(),
+            });
+            if e.epoch > p.epoch {
+                // A bumped epoch starts its sequences again.
+                p.epoch = e.epoch;
+                p.partitions.clear();
+            }
+            p.last_seen_ms = p.last_seen_ms.max(e.timestamp_ms);
+            if e.kind != KIND_BATCH {
+                continue;
+            }
+            let past_end = end_of(&e.topic, e.partition).is_none_or(|end| e.last_offset >= end);
+            if past_end && !planted!(REPLAY_PAST_RECOVERED_END) {
+                dropped += 1;
+                continue;
+            }
+            let st = p
+                .partitions
+                .entry((e.topic.clone(), e.partition))
+                .or_default();
+            let b = Batch {
+                base_sequence: e.base_sequence,
+                last_sequence: e.last_sequence,
+                base_offset: e.base_offset,
+                last_offset: e.last_offset,
+            };
+            if !st
+                .batches
+                .iter()
+                .any(|x| x.base_sequence == b.base_sequence)
+            {
+                st.batches.push_back(b);
+                while st.batches.len() > BATCHES_KEPT {
+                    st.batches.pop_front();
+                }
+            }
+        }
+        if dropped > 0 {
+            report.push(format!(
+                "{JOURNAL_FILE}: dropped {dropped} entries past their partition's recovered end"
+            ));
+        }
+        let path = data_dir.join(JOURNAL_FILE);
+        let file = if exists && good >= JOURNAL_HEADER_LEN {
+            let f = storage
+                .open(&path)
+                .map_err(|e| io("opening the journal", e))?;
+            if let Some(p) = &problem {
+                let len = f.len().map_err(|e| io("reading the journal", e))?;
+                report.push(format!(
+                    "{JOURNAL_FILE}: {p}; cut from {} to {good} bytes",
+                    len
+                ));
+                f.set_len(good as u64)
+                    .map_err(|e| io("cutting the journal", e))?;
+                f.sync_all().map_err(|e| io("syncing the journal", e))?;
+            }
+            (f, good as u64)
+        } else {
+            if exists {
+                report.push(format!(
+                    "{JOURNAL_FILE}: {}; replaced by an empty journal",
+                    problem.map_or("unreadable".to_string(), |p| p.to_string())
+                ));
+                storage
+                    .remove_file(&path)
+                    .map_err(|e| io("removing the journal", e))?;
+            }
+            let f = storage
+                .create(&path)
+                .map_err(|e| io("creating the journal", e))?;
+            f.write_at(&journal_header(), 0)
+                .map_err(|e| io("writing the journal", e))?;
+            f.sync_all().map_err(|e| io("syncing the journal", e))?;
+            storage
+                .sync_dir(data_dir)
+                .map_err(|e| io("syncing the data directory", e))?;
+            (f, JOURNAL_HEADER_LEN as u64)
+        };
+        let sync_file = storage
+            .open(&path)
+            .map_err(|e| io("opening the journal", e))?;
+        Ok((
+            ProducerTable {
+                dir: data_dir.to_path_buf(),
+                storage,
+                expiration,
+                producers: Mutex::new(producers),
+                next_id: AtomicU64::new(next_id),
+                journal: Mutex::new(JournalState::default()),
+                sync_file,
+                file: Mutex::new(Some(file)),
+                entries_since_snapshot: AtomicU64::new(0),
+                wake: Mutex::new(None),
+                thread: Mutex::new(None),
+                stop: AtomicBool::new(false),
+                poisoned: Mutex::new(None),
+                fsyncs: AtomicU64::new(0),
+            },
+            report,
+        ))
+    }
+
+    /// Starts the journal writer thread.
+    pub fn start(self: &Arc<Self>) -> Result<(), ProducerError> {
+        let (tx, rx) = mpsc::channel::<()>();
+        *lock(&self.wake) = Some(tx);
+        let me = self.clone();
+        let t = std::thread::Builder::new()
+            .name("seglog-producers".into())
+            .spawn(move || {
+                while let Ok(()) = rx.recv() {
+                    while rx.try_recv().is_ok() {}
+                    me.write_pending();
+                }
+                me.write_pending();
+            })
+            .map_err(|e| ProducerError::Storage(format!("starting the journal thread: {e}")))?;
+        *lock(&self.thread) = Some(t);
+        Ok(())
+    }
+
+    /// Writes what waits, stops the writer, snapshots and cuts the journal.
+    pub fn shutdown(&self) {
+        self.stop.store(true, Ordering::Release);
+        lock(&self.wake).take();
+        if let Some(t) = lock(&self.thread).take() {
+            let _ = t.join();
+        }
+        self.write_pending();
+        let _ = self.snapshot();
+    }
+
+    /// Hands out a new producer id with epoch 0 or, given the current (id, epoch) of
+    /// a known producer, bumps its epoch (fencing the old one; its sequences start
+    /// again at 0). Completes once the id is durable.
+    pub fn init(
+        &self,
+        existing: Option<(u64, u16)>,
+    ) -> Result<((u64, u16), Durable), ProducerError> {
+        if self.stop.load(Ordering::Acquire) {
+            return Err(ProducerError::ShuttingDown);
+        }
+        let at = now_ms();
+        let (id, epoch) = match existing {
+            None => {
+                let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+                lock(&self.producers).insert(
+                    id,
+                    Producer {
+                        epoch: 0,
+                        last_seen_ms: at,
+                        partitions: HashMap::new(),
+                    },
+                );
+                (id, 0)
+            }
+            Some((producer_id, epoch)) => {
+                let mut producers = lock(&self.producers);
+                let p = producers
+                    .get_mut(&producer_id)
+                    .ok_or(ProducerError::UnknownProducer { producer_id })?;
+                if p.epoch != epoch || epoch == u16::MAX {
+                    return Err(ProducerError::Fenced {
+                        producer_id,
+                        epoch,
+                        current: p.epoch,
+                    });
+                }
+                p.epoch += 1;
+                p.last_seen_ms = at;
+                p.partitions.clear();
+                (producer_id, p.epoch)
+            }
+        };
+        let rx = self.journal(&JournalEntry {
+            kind: KIND_INIT,
+            producer_id: id,
+            epoch,
+            topic: String::new(),
+            partition: 0,
+            base_sequence: 0,
+            last_sequence: 0,
+            base_offset: 0,
+            last_offset: 0,
+            timestamp_ms: at,
+        });
+        Ok(((id, epoch), rx))
+    }
+
+    /// Checks a batch of `count` records with `base_sequence` against the table.
+    pub fn check(
+        &self,
+        producer_id: u64,
+        epoch: u16,
+        topic: &str,
+        partition: u32,
+        base_sequence: i32,
+        count: u32,
+    ) -> Result<Decision, ProducerError> {
+        let mut producers = lock(&self.producers);
+        let p = producers
+            .get_mut(&producer_id)
+            .ok_or(ProducerError::UnknownProducer { producer_id })?;
+        if epoch != p.epoch {
+            return Err(if epoch < p.epoch {
+                ProducerError::Fenced {
+                    producer_id,
+                    epoch,
+                    current: p.epoch,
+                }
+            } else {
+                ProducerError::UnknownProducer { producer_id }
+            });
+        }
+        p.last_seen_ms = now_ms();
+        let st = p
+            .partitions
+            .entry((topic.to_string(), partition))
+            .or_default();
+        let last_sequence = base_sequence.saturating_add(count.saturating_sub(1) as i32);
+        if let Some(b) = st
+            .batches
+            .iter()
+            .find(|b| b.base_sequence == base_sequence && b.last_sequence == last_sequence)
+        {
+            return Ok(Decision::Duplicate {
+                base_offset: b.base_offset,
+                last_offset: b.last_offset,
+            });
+        }
+        if st.in_flight {
+            return Err(ProducerError::InFlight {
+                producer_id,
+                topic: topic.to_string(),
+                partition,
+            });
+        }
+        let expected = st
+            .batches
+            .back()
+            .map_or(0, |b| b.last_sequence.wrapping_add(1));
+        if base_sequence != expected {
+            return Err(ProducerError::OutOfOrder {
+                producer_id,
+                topic: topic.to_string(),
+                partition,
+                expected,
+                got: base_sequence,
+            });
+        }
+        st.in_flight = true;
+        Ok(Decision::Append)
+    }
+
+    /// The batch checked with [`Decision::Append`] was not written.
+    pub fn abandoned(&self, producer_id: u64, topic: &str, partition: u32) {
+        if let Some(st) = lock(&self.producers)
+            .get_mut(&producer_id)
+            .and_then(|p| p.partitions.get_mut(&(topic.to_string(), partition)))
+        {
+            st.in_flight = false;
+        }
+    }
+
+    /// The batch was written at `base_offset..=last_offset`: records it and journals
+    /// it; the completion fires once the entry is durable.
+    #[expect(clippy::too_many_arguments, reason = "the fields of a journal entry")]
+    pub fn accepted(
+        &self,
+        producer_id: u64,
+        epoch: u16,
+        topic: &str,
+        partition: u32,
+        base_sequence: i32,
+        count: u32,
+        base_offset: u64,
+        last_offset: u64,
+    ) -> Durable {
+        let last_sequence = base_sequence.saturating_add(count.saturating_sub(1) as i32);
+        if let Some(st) = lock(&self.producers)
+            .get_mut(&producer_id)
+            .and_then(|p| p.partitions.get_mut(&(topic.to_string(), partition)))
+        {
+            st.in_flight = false;
+            st.batches.push_back(Batch {
+                base_sequence,
+                last_sequence,
+                base_offset,
+                last_offset,
+            });
+            while st.batches.len() > BATCHES_KEPT {
+                st.batches.pop_front();
+            }
+        }
+        self.journal(&JournalEntry {
+            kind: KIND_BATCH,
+            producer_id,
+            epoch,
+            topic: topic.to_string(),
+            partition,
+            base_sequence,
+            last_sequence,
+            base_offset,
+            last_offset,
+            timestamp_ms: now_ms(),
+        })
+    }
+
+    /// Writes the entry at the journal's end now (so that a crash of the process,
+    /// which keeps what was written, keeps the entry with the records written just
+    /// before it), then queues its waiter for the next group fdatasync.
+    fn journal(&self, e: &JournalEntry) -> Durable {
+        let (tx, rx) = oneshot::channel();
+        let mut bytes = Vec::with_capacity(128);
+        encode_entry(&mut bytes, e);
+        let written = (|| {
+            let mut file = lock(&self.file);
+            if let Some(why) = &*lock(&self.poisoned) {
+                return Err(ProducerError::Storage(why.clone()));
+            }
+            let Some((f, end)) = file.as_mut() else {
+                return Err(ProducerError::ShuttingDown);
+            };
+            f.write_at(&bytes, *end).map_err(|e| {
+                let why = format!("writing {JOURNAL_FILE}: {e}");
+                *lock(&self.poisoned) = Some(why.clone());
+                ProducerError::Storage(why)
+            })?;
+            *end += bytes.len() as u64;
+            Ok(())
+        })();
+        if let Err(e) = written {
+            let _ = tx.send(Err(e));
+            return rx;
+        }
+        if planted!(ACK_BEFORE_JOURNAL_DURABLE) {
+            let _ = tx.send(Ok(()));
+        } else {
+            lock(&self.journal).waiters.push(tx);
+        }
+        match &*lock(&self.wake) {
+            Some(w) => {
+                let _ = w.send(());
+            }
+            None => self.write_pending(),
+        }
+        rx
+    }
+
+    /// Group commit: 1. take every waiter (each one's entry was written before it
+    /// was queued), 2. fdatasync once, through a handle of its own so writers go on
+    /// meanwhile, 3. complete the waiters. A failed sync poisons the journal: later
+    /// entries fail too.
+    fn write_pending(&self) {
+        // 1.
+        let waiters = std::mem::take(&mut lock(&self.journal).waiters);
+        if waiters.is_empty() {
+            return;
+        }
+        let result = (|| {
+            if let Some(why) = &*lock(&self.poisoned) {
+                return Err(ProducerError::Storage(why.clone()));
+            }
+            // 2.
+            self.sync_file.sync_data().map_err(|e| {
+                let why = format!("syncing {JOURNAL_FILE}: {e}");
+                *lock(&self.poisoned) = Some(why.clone());
+                ProducerError::Storage(why)
+            })?;
+            self.fsyncs.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        })();
+        // 3.
+        let n = waiters.len() as u64;
+        for w in waiters {
+            let _ = w.send(result.clone());
+        }
+        if result.is_ok()
+            && self.entries_since_snapshot.fetch_add(n, Ordering::Relaxed) + n
+                >= SNAPSHOT_EVERY_ENTRIES
+        {
+            let _ = self.snapshot();
+        }
+    }
+
+    /// Writes `producers.json` (dropping expired producers), then cuts the journal to
+    /// its header. Order: 1. snapshot replaced atomically (durable), 2. journal cut
+    /// and fsynced. A crash between them replays entries the snapshot already holds,
+    /// which is harmless (replay skips batches it has).
+    pub fn snapshot(&self) -> Result<(), ProducerError> {
+        let mut file = lock(&self.file);
+        let cutoff = now_ms() - self.expiration.as_millis() as i64;
+        let snap = {
+            let mut producers = lock(&self.producers);
+            producers.retain(|_, p| p.last_seen_ms >= cutoff);
+            let mut list: Vec<SnapshotProducer> = producers
+                .iter()
+                .map(|(id, p)| SnapshotProducer {
+                    producer_id: *id,
+                    epoch: p.epoch,
+                    last_seen_ms: p.last_seen_ms,
+                    batches: p
+                        .partitions
+                        .iter()
+                        .flat_map(|((t, part), st)| {
+                            st.batches.iter().map(move |b| SnapshotBatch {
+                                topic: t.clone(),
+                                partition: *part,
+                                base_sequence: b.base_sequence,
+                                last_sequence: b.last_sequence,
+                                base_offset: b.base_offset,
+                                last_offset: b.last_offset,
+                            })
+                        })
+                        .collect(),
+                })
+                .collect();
+            list.sort_by_key(|p| p.producer_id);
+            Snapshot {
+                version: 1,
+                next_producer_id: self.next_id.load(Ordering::Relaxed),
+                producers: list,
+            }
+        };
+        let err = |e: std::io::Error| ProducerError::Storage(e.to_string());
+        // 1.
+        write_file_atomic(
+            &*self.storage,
+            &self.dir,
+            SNAPSHOT_FILE,
+            &encode_snapshot(&snap),
+        )
+        .map_err(err)?;
+        self.fsyncs.fetch_add(2, Ordering::Relaxed);
+        // 2.
+        if let Some((f, end)) = file.as_mut() {
+            f.set_len(JOURNAL_HEADER_LEN as u64).map_err(err)?;
+            f.sync_all().map_err(err)?;
+            self.fsyncs.fetch_add(1, Ordering::Relaxed);
+            *end = JOURNAL_HEADER_LEN as u64;
+        }
+        self.entries_since_snapshot.store(0, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Producers known: id → (epoch, partitions with state).
+    pub fn describe(&self) -> BTreeMap<u64, (u16, usize)> {
+        lock(&self.producers)
+            .iter()
+            .map(|(id, p)| (*id, (p.epoch, p.partitions.len())))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,175 @@
+//! Producer-table tests: duplicates, gaps, fencing, journal replay and its cuts.
+
+use super::*;
+use crate::engine::storage::io::RealStorage;
+
+fn open(dir: &Path, end: u64) -> (ProducerTable, Report) {
+    ProducerTable::open(
+        dir,
+        Arc::new(RealStorage),
+        PRODUCER_ID_EXPIRATION_DEFAULT,
+        &move |t, p| (t == "t" && p == 0).then_some(end),
+    )
+    .unwrap()
+}
+
+fn durable(mut rx: Durable) {
+    rx.try_recv().expect("completed").unwrap();
+}
+
+/// Writes one batch of `count` records at `base_offset` through the table.
+fn write(
+    t: &ProducerTable,
+    id: u64,
+    epoch: u16,
+    seq: i32,
+    count: u32,
+    base_offset: u64,
+) -> Decision {
+    let d = t.check(id, epoch, "t", 0, seq, count).unwrap();
+    if d == Decision::Append {
+        durable(t.accepted(
+            id,
+            epoch,
+            "t",
+            0,
+            seq,
+            count,
+            base_offset,
+            base_offset + u64::from(count) - 1,
+        ));
+    }
+    d
+}
+
+#[test]
+fn duplicates_gaps_and_fencing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (t, _) = open(dir.path(), 0);
+    let ((id, epoch), rx) = t.init(None).unwrap();
+    durable(rx);
+    assert_eq!(write(&t, id, epoch, 0, 3, 0), Decision::Append);
+    assert_eq!(write(&t, id, epoch, 3, 2, 3), Decision::Append);
+    // A retry of either batch gets its offsets back.
+    assert_eq!(
+        write(&t, id, epoch, 0, 3, 99),
+        Decision::Duplicate {
+            base_offset: 0,
+            last_offset: 2
+        }
+    );
+    assert_eq!(
+        write(&t, id, epoch, 3, 2, 99),
+        Decision::Duplicate {
+            base_offset: 3,
+            last_offset: 4
+        }
+    );
+    // A gap.
+    assert!(matches!(
+        t.check(id, epoch, "t", 0, 9, 1),
+        Err(ProducerError::OutOfOrder {
+            expected: 5,
+            got: 9,
+            ..
+        })
+    ));
+    // A second batch while one is in flight is told to retry.
+    assert_eq!(t.check(id, epoch, "t", 0, 5, 1).unwrap(), Decision::Append);
+    assert!(matches!(
+        t.check(id, epoch, "t", 0, 5, 1),
+        Err(ProducerError::InFlight { .. })
+    ));
+    t.abandoned(id, "t", 0);
+    // A bumped epoch fences the old one.
+    let ((same, e1), rx) = t.init(Some((id, epoch))).unwrap();
+    durable(rx);
+    assert_eq!((same, e1), (id, 1));
+    assert!(matches!(
+        t.check(id, 0, "t", 0, 5, 1),
+        Err(ProducerError::Fenced {
+            epoch: 0,
+            current: 1,
+            ..
+        })
+    ));
+    assert!(matches!(
+        t.check(77, 0, "t", 0, 0, 1),
+        Err(ProducerError::UnknownProducer { .. })
+    ));
+    assert_eq!(write(&t, id, 1, 0, 1, 5), Decision::Append);
+}
+
+#[test]
+fn replay_drops_entries_past_the_end_and_cuts_a_torn_tail() {
+    let dir = tempfile::tempdir().unwrap();
+    let (t, _) = open(dir.path(), 0);
+    let ((id, e), rx) = t.init(None).unwrap();
+    durable(rx);
+    for i in 0..6 {
+        write(&t, id, e, i * 2, 2, u64::from(i as u32) * 2);
+    }
+    drop(t);
+    // A torn tail: half an entry appended.
+    let path = dir.path().join(JOURNAL_FILE);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let good = bytes.len();
+    bytes.extend_from_slice(&[0, 0, 0, 57, 1, 2, 3]);
+    std::fs::write(&path, &bytes).unwrap();
+    // The partition recovered to offset 8: batches at 8..=9 and 10..=11 are gone.
+    let (t, report) = open(dir.path(), 8);
+    assert_eq!(std::fs::metadata(&path).unwrap().len() as usize, good);
+    assert!(
+        report.iter().any(|l| l.contains("dropped 2 entries")),
+        "{report:?}"
+    );
+    assert!(report.iter().any(|l| l.contains("cut short")), "{report:?}");
+    // Batch 3 (sequences 6..=7) is a duplicate; sequence 8 is the next, as new.
+    assert_eq!(
+        t.check(id, e, "t", 0, 6, 2).unwrap(),
+        Decision::Duplicate {
+            base_offset: 6,
+            last_offset: 7
+        }
+    );
+    assert_eq!(write(&t, id, e, 8, 2, 8), Decision::Append);
+    // Snapshot + journal cut, then reopen: the state survives, the journal is empty.
+    t.snapshot().unwrap();
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().len() as usize,
+        JOURNAL_HEADER_LEN
+    );
+    drop(t);
+    let (t, _) = open(dir.path(), 10);
+    assert_eq!(
+        t.check(id, e, "t", 0, 8, 2).unwrap(),
+        Decision::Duplicate {
+            base_offset: 8,
+            last_offset: 9
+        }
+    );
+    let ((next, _), _) = t.init(None).unwrap();
+    assert!(next > id);
+}
+
+#[test]
+fn a_corrupt_entry_is_reported_with_its_position() {
+    let dir = tempfile::tempdir().unwrap();
+    let (t, _) = open(dir.path(), 100);
+    let ((id, e), rx) = t.init(None).unwrap();
+    durable(rx);
+    write(&t, id, e, 0, 1, 0);
+    drop(t);
+    let path = dir.path().join(JOURNAL_FILE);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let second = JOURNAL_HEADER_LEN + crate::format::producers::ENTRY_FIXED_LEN;
+    bytes[second + 10] ^= 1;
+    std::fs::write(&path, &bytes).unwrap();
+    let (_, report) = open(dir.path(), 100);
+    assert!(
+        report
+            .iter()
+            .any(|l| l.contains(&format!("entry at byte {second}")) && l.contains("checksum")),
+        "{report:?}"
+    );
+}

@@ -1,0 +1,449 @@
+//! Consumer groups against a real broker: `consume --group` processes splitting a
+//! topic and rebalancing as members come, go and die; the `groups` commands online and
+//! offline; bad group requests refused with clear errors while the broker serves on.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use seglog::engine::net::client::Client;
+use seglog::format::wire::ErrorCode;
+
+use crate::util::bin::{json, BIN};
+use crate::util::serve::{Serve, PATIENCE};
+
+/// A `consume --group` child whose stdout (JSON lines) is collected as it arrives.
+struct Member {
+    child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl Member {
+    fn start(server: &Serve, group: &str) -> Member {
+        let mut child = Command::new(BIN)
+            .env("SEGLOG_BROKER", &server.addr)
+            .args([
+                "consume",
+                "t",
+                "--group",
+                group,
+                "--json",
+                "--session-timeout",
+                "1500ms",
+                "--commit-interval",
+                "100ms",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start consume --group");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let out = child.stdout.take().expect("stdout");
+        let sink = Arc::clone(&lines);
+        thread::spawn(move || {
+            for line in BufReader::new(out).lines() {
+                let Ok(line) = line else { break };
+                sink.lock().unwrap().push(line);
+            }
+        });
+        let err = child.stderr.take().expect("stderr");
+        let sink = Arc::clone(&stderr);
+        thread::spawn(move || {
+            for line in BufReader::new(err).lines() {
+                let Ok(line) = line else { break };
+                let mut s = sink.lock().unwrap();
+                s.push_str(&line);
+                s.push('\n');
+            }
+        });
+        Member {
+            child,
+            lines,
+            stderr,
+        }
+    }
+
+    fn values(&self) -> Vec<String> {
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|l| json(l)["value"].as_str().unwrap().to_string())
+            .collect()
+    }
+
+    fn signal(&self, signal: rustix::process::Signal) {
+        let pid = rustix::process::Pid::from_raw(self.child.id() as i32).unwrap();
+        rustix::process::kill_process(pid, signal).unwrap();
+    }
+
+    fn wait(mut self) -> (i32, Vec<String>, String) {
+        let status = self.child.wait().unwrap();
+        // Let the reader threads drain the pipes.
+        thread::sleep(Duration::from_millis(100));
+        let values = self.values();
+        let stderr = self.stderr.lock().unwrap().clone();
+        (status.code().unwrap_or(-1), values, stderr)
+    }
+}
+
+/// Polls `groups describe g --json` until `ok` holds for it.
+fn wait_for(
+    server: &Serve,
+    what: &str,
+    ok: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let out = server.run(&["groups", "describe", "g", "--json"]);
+        if out.status.success() {
+            let v = json(&String::from_utf8_lossy(&out.stdout));
+            if ok(&v) {
+                return v;
+            }
+            assert!(Instant::now() < deadline, "waiting for {what}: last {v}");
+        } else {
+            assert!(Instant::now() < deadline, "waiting for {what}: {out:?}");
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The sorted partition counts of the group's members, when it is stable.
+fn split(v: &serde_json::Value) -> Option<Vec<usize>> {
+    if v["state"] != "Stable" {
+        return None;
+    }
+    let mut counts: Vec<usize> = v["members"]
+        .as_array()?
+        .iter()
+        .map(|m| m["partitions"].as_array().map_or(0, Vec::len))
+        .collect();
+    counts.sort_unstable();
+    Some(counts)
+}
+
+fn all_committed(v: &serde_json::Value) -> bool {
+    let offsets = v["offsets"].as_array().unwrap();
+    offsets.len() == 4 && offsets.iter().all(|o| o["lag"] == 0)
+}
+
+fn produce(server: &Serve, phase: &str, produced: &mut BTreeSet<String>) {
+    for p in 0..4 {
+        let values: Vec<String> = (0..10).map(|i| format!("{phase}-p{p}-{i}")).collect();
+        let input = values.join("\n") + "\n";
+        server.ok_with_stdin(&["produce", "t", "--partition", &p.to_string()], &input);
+        produced.extend(values);
+    }
+}
+
+#[test]
+fn members_split_rebalance_and_take_over_a_killed_member() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Serve::start_with(dir.path(), &["--group-min-session-timeout", "500ms"]);
+    server.ok(&["topics", "create", "t", "--partitions", "4"]);
+    let mut produced = BTreeSet::new();
+    produce(&server, "a", &mut produced);
+
+    let m1 = Member::start(&server, "g");
+    let m2 = Member::start(&server, "g");
+    wait_for(&server, "a 2/2 split", |v| split(v) == Some(vec![2, 2]));
+    let m3 = Member::start(&server, "g");
+    wait_for(&server, "a 2/1/1 split", |v| {
+        split(v) == Some(vec![1, 1, 2])
+    });
+    produce(&server, "b", &mut produced);
+    wait_for(&server, "every record read and committed", |v| {
+        split(v) == Some(vec![1, 1, 2]) && all_committed(v)
+    });
+
+    // The third member dies without leaving: after its session timeout the others
+    // take its partitions over from its last commit.
+    m3.signal(rustix::process::Signal::KILL);
+    produce(&server, "c", &mut produced);
+    let v = wait_for(&server, "a 2/2 split after the kill", |v| {
+        split(v) == Some(vec![2, 2]) && all_committed(v)
+    });
+    let owned: BTreeSet<u64> = v["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|m| m["partitions"].as_array().unwrap().clone())
+        .map(|p| p["partition"].as_u64().unwrap())
+        .collect();
+    assert_eq!(owned, (0..4).collect(), "{v}");
+
+    // A clean exit commits and leaves.
+    m1.signal(rustix::process::Signal::TERM);
+    m2.signal(rustix::process::Signal::TERM);
+    let mut consumed: BTreeMap<String, usize> = BTreeMap::new();
+    for (i, m) in [m1, m2, m3].into_iter().enumerate() {
+        let (code, values, stderr) = m.wait();
+        if i < 2 {
+            assert_eq!(code, 0, "member {i}: {stderr}");
+        }
+        for value in values {
+            *consumed.entry(value).or_default() += 1;
+        }
+    }
+    let missing: Vec<&String> = produced
+        .iter()
+        .filter(|v| !consumed.contains_key(*v))
+        .collect();
+    assert!(missing.is_empty(), "records never consumed: {missing:?}");
+    let unknown: Vec<&String> = consumed.keys().filter(|v| !produced.contains(*v)).collect();
+    assert!(unknown.is_empty(), "records never produced: {unknown:?}");
+    let v = wait_for(&server, "an empty group", |v| v["state"] == "Empty");
+    assert!(v["members"].as_array().unwrap().is_empty());
+    assert!(all_committed(&v), "{v}");
+    server.stop();
+}
+
+#[test]
+fn groups_commands_online_and_offline() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Serve::start(dir.path());
+    server.ok(&["topics", "create", "t", "--partitions", "2"]);
+    server.ok_with_stdin(&["produce", "t", "--partition", "0"], "a\nb\nc\n");
+    server.ok_with_stdin(&["produce", "t", "--partition", "1"], "d\n");
+
+    // A member reads two records and exits cleanly: it commits and leaves.
+    let out = server.ok(&[
+        "consume",
+        "t",
+        "--group",
+        "g",
+        "--count",
+        "2",
+        "--assignor",
+        "roundrobin",
+    ]);
+    assert_eq!(out.lines().count(), 2, "{out}");
+    let listed = server.ok(&["groups", "list", "--json"]);
+    assert_eq!(
+        json(&listed),
+        serde_json::json!({"groups": [{"group": "g", "state": "Empty"}]})
+    );
+    let v = json(&server.ok(&["groups", "describe", "g", "--json"]));
+    assert_eq!(v["group"], "g");
+    let committed: u64 = v["offsets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["committed"].as_u64().unwrap())
+        .sum();
+    assert_eq!(committed, 2, "{v}");
+
+    // The next member resumes after the commit: it reads the other two records.
+    let out = server.ok(&["consume", "t", "--group", "g", "--count", "2"]);
+    let mut all: Vec<&str> = out.lines().collect();
+    all.sort_unstable();
+    assert_eq!(all.len(), 2, "{out}");
+
+    // reset-offsets: refused while a member lives, done once it left.
+    let out = server.ok(&[
+        "groups",
+        "reset-offsets",
+        "g",
+        "--topic",
+        "t",
+        "--to",
+        "earliest",
+        "--json",
+    ]);
+    let v = json(&out);
+    assert_eq!(v["offsets"][0]["committed"], 0, "{v}");
+    let mut live = Command::new(BIN)
+        .env("SEGLOG_BROKER", &server.addr)
+        .args(["consume", "t", "--group", "g", "--session-timeout", "10s"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for(&server, "a live member", |v| {
+        v["members"].as_array().is_some_and(|m| m.len() == 1)
+    });
+    let refused = server.run(&[
+        "groups",
+        "reset-offsets",
+        "g",
+        "--topic",
+        "t",
+        "--to",
+        "latest",
+    ]);
+    assert_eq!(refused.status.code(), Some(69), "{refused:?}");
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("live members"),
+        "{refused:?}"
+    );
+    let refused = server.run(&["groups", "delete", "g"]);
+    assert_eq!(refused.status.code(), Some(69), "{refused:?}");
+    let pid = rustix::process::Pid::from_raw(live.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    assert!(live.wait().unwrap().success());
+    // The member read everything from 0 and committed the ends on its way out.
+    let v = wait_for(&server, "the ends committed", |v| {
+        v["state"] == "Empty"
+            && v["offsets"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|o| o["lag"] == 0)
+    });
+    assert_eq!(v["offsets"][0]["committed"], 3, "{v}");
+    server.ok(&["groups", "reset-offsets", "g", "--topic", "t", "--to", "1"]);
+    server.stop();
+
+    // Offline: the data directory's group file.
+    let d = dir.path().to_str().unwrap();
+    let (code, out, err) =
+        crate::util::bin::run(&["groups", "list", "--data-dir", d, "--json"], dir.path());
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(json(&out)["groups"][0]["group"], "g");
+    let (code, out, err) = crate::util::bin::run(
+        &["groups", "describe", "g", "--data-dir", d, "--json"],
+        dir.path(),
+    );
+    assert_eq!(code, 0, "{err}");
+    let v = json(&out);
+    let rows: Vec<(u64, u64, u64)> = v["offsets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| {
+            (
+                o["committed"].as_u64().unwrap(),
+                o["end"].as_u64().unwrap(),
+                o["lag"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(rows, vec![(1, 3, 2), (1, 1, 0)], "{v}");
+
+    // delete, back online.
+    let server = Serve::start(dir.path());
+    server.ok(&["groups", "delete", "g"]);
+    assert!(!dir.path().join("groups/g.json").exists());
+    let out = server.run(&["groups", "describe", "g"]);
+    assert_eq!(out.status.code(), Some(69));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("does not exist"),
+        "{out:?}"
+    );
+    server.stop();
+}
+
+#[test]
+fn bad_group_requests_are_refused_and_the_broker_serves_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Serve::start(dir.path());
+    server.ok(&["topics", "create", "t", "--partitions", "2"]);
+    let mut c = Client::connect(&server.addr, PATIENCE).unwrap();
+    let code = |r: Result<(), seglog::engine::net::client::ClientError>| r.unwrap_err().code();
+    // Unknown group or member.
+    assert_eq!(
+        code(c.heartbeat("nobody", 1, "m")),
+        Some(ErrorCode::UNKNOWN_MEMBER)
+    );
+    assert_eq!(
+        code(c.leave_group("nobody", "m")),
+        Some(ErrorCode::UNKNOWN_GROUP)
+    );
+    let j = c
+        .join_group(
+            "g",
+            "",
+            "test",
+            Duration::from_secs(10),
+            Duration::from_secs(10),
+            "consumer",
+            &[("range", b"")],
+        )
+        .unwrap();
+    assert_eq!((j.generation, j.leader == j.member_id), (1, true));
+    c.sync_group("g", 1, &j.member_id, &[], Duration::ZERO)
+        .unwrap();
+    assert_eq!(
+        code(c.heartbeat("g", 1, "someone-else")),
+        Some(ErrorCode::UNKNOWN_MEMBER)
+    );
+    // A stale generation.
+    assert_eq!(
+        code(c.heartbeat("g", 0, &j.member_id)),
+        Some(ErrorCode::ILLEGAL_GENERATION)
+    );
+    assert_eq!(
+        code(c.commit_offsets("g", 0, &j.member_id, "t", &[(0, 1, "")])),
+        Some(ErrorCode::ILLEGAL_GENERATION)
+    );
+    // A partition that does not exist, a topic that does not exist.
+    assert_eq!(
+        code(c.commit_offsets("g", 1, &j.member_id, "t", &[(2, 1, "")])),
+        Some(ErrorCode::UNKNOWN_PARTITION)
+    );
+    assert_eq!(
+        code(c.commit_offsets("g", 1, &j.member_id, "nope", &[(0, 1, "")])),
+        Some(ErrorCode::UNKNOWN_TOPIC)
+    );
+    // Oversized metadata.
+    let big = "m".repeat(4097);
+    assert_eq!(
+        code(c.commit_offsets("g", 1, &j.member_id, "t", &[(0, 1, &big)])),
+        Some(ErrorCode::METADATA_TOO_LARGE)
+    );
+    // A group name that tries to leave the directory.
+    assert_eq!(
+        code(c.heartbeat("../x", 1, "m")),
+        Some(ErrorCode::INVALID_NAME)
+    );
+    assert_eq!(
+        code(c.commit_offsets("../x", -1, "", "t", &[(0, 1, "")])),
+        Some(ErrorCode::INVALID_NAME)
+    );
+    assert_eq!(code(c.delete_group("..")), Some(ErrorCode::INVALID_NAME));
+    // A session timeout outside the broker's bounds.
+    let r = c.join_group(
+        "g2",
+        "",
+        "test",
+        Duration::from_millis(10),
+        Duration::from_secs(1),
+        "consumer",
+        &[("range", b"")],
+    );
+    assert_eq!(
+        r.unwrap_err().code(),
+        Some(ErrorCode::INVALID_SESSION_TIMEOUT)
+    );
+    // Nothing was committed by any of them.
+    assert!(c.fetch_offsets("g", -1, "", "").unwrap().is_empty());
+    // The group file (written in the background after the join) holds no offsets,
+    // and no other file was made.
+    let file = dir.path().join("groups/g.json");
+    if file.exists() {
+        let (_, l) = seglog::engine::groups::offsets::read_group_file(&file).unwrap();
+        assert!(l.offsets.is_empty());
+    }
+    let names: Vec<String> = std::fs::read_dir(dir.path().join("groups"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n != "g.json")
+        .collect();
+    assert!(names.is_empty(), "{names:?}");
+    assert!(!dir.path().join("x.json").exists());
+    // The connection and the broker serve on; a good commit lands.
+    c.commit_offsets("g", 1, &j.member_id, "t", &[(1, 0, "ok")])
+        .unwrap();
+    assert_eq!(
+        c.fetch_offsets("g", 1, &j.member_id, "t").unwrap()[0].metadata,
+        "ok"
+    );
+    assert_eq!(c.list_topics().unwrap(), vec!["t".to_string()]);
+    server.stop();
+}

@@ -1,0 +1,282 @@
+//! Idempotent producers against a real broker: a produce whose response is lost
+//! (the connection cut after the broker wrote the batch) is retried by
+//! `seglog produce` and written once; a sequence gap and a fenced epoch are refused
+//! and write nothing.
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::Duration;
+
+use seglog::engine::net::client::Client;
+use seglog::format::wire::{ApiKey, ErrorCode, PartitionBatch, WireRecord};
+
+use crate::util::serve::{Serve, PATIENCE};
+
+/// A TCP proxy to `target` that drops the connection instead of relaying the
+/// response to the first `cut` idempotent produce requests (the broker has written
+/// and acknowledged them; the client never hears it).
+fn proxy(target: String, cut: usize) -> (String, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let cuts = Arc::new(AtomicUsize::new(0));
+    let done = Arc::clone(&cuts);
+    thread::spawn(move || {
+        for client in listener.incoming() {
+            let Ok(mut client) = client else { break };
+            let mut server = TcpStream::connect(&target).unwrap();
+            let (mut c2, mut s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+            thread::spawn(move || {
+                let _ = std::io::copy(&mut c2, &mut s2);
+                let _ = s2.shutdown(Shutdown::Write);
+            });
+            let done = Arc::clone(&done);
+            thread::spawn(move || loop {
+                let mut len = [0u8; 4];
+                if server.read_exact(&mut len).is_err() {
+                    let _ = client.shutdown(Shutdown::Both);
+                    return;
+                }
+                let mut frame = vec![0u8; u32::from_be_bytes(len) as usize];
+                if server.read_exact(&mut frame).is_err() {
+                    return;
+                }
+                let api = u16::from_be_bytes([frame[4], frame[5]]);
+                if api == ApiKey::IdempotentProduce as u16 && done.load(Ordering::SeqCst) < cut {
+                    done.fetch_add(1, Ordering::SeqCst);
+                    let _ = client.shutdown(Shutdown::Both);
+                    let _ = server.shutdown(Shutdown::Both);
+                    return;
+                }
+                if client
+                    .write_all(&len)
+                    .and_then(|()| client.write_all(&frame))
+                    .is_err()
+                {
+                    return;
+                }
+            });
+        }
+    });
+    (addr, cuts)
+}
+
+#[test]
+fn a_retry_after_a_lost_acknowledgement_writes_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Serve::start(dir.path());
+    server.ok(&["topics", "create", "t", "--partitions", "1"]);
+    let (addr, cuts) = proxy(server.addr.clone(), 2);
+    let input: String = (0..50).map(|i| format!("r{i}\n")).collect();
+    let mut cmd = server.cmd();
+    let out = cmd
+        .env("SEGLOG_BROKER", &addr)
+        .args([
+            "produce",
+            "t",
+            "--batch",
+            "10",
+            "--retry-backoff",
+            "10ms",
+            "--json",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut child = out;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        cuts.load(Ordering::SeqCst),
+        2,
+        "the proxy cut two acknowledgements"
+    );
+    // Every record acknowledged once, at its own offset, and stored exactly once.
+    let acks = String::from_utf8_lossy(&out.stdout).to_string();
+    let offsets: Vec<u64> = acks
+        .lines()
+        .map(|l| crate::util::bin::json(l)["offset"].as_u64().unwrap())
+        .collect();
+    assert_eq!(offsets, (0..50).collect::<Vec<u64>>());
+    let stored = server.ok(&["consume", "t"]);
+    assert_eq!(stored, input);
+    server.stop();
+}
+
+#[test]
+fn a_gap_and_a_fenced_epoch_are_refused_and_write_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Serve::start(dir.path());
+    server.ok(&["topics", "create", "t", "--partitions", "1"]);
+    let mut c = Client::connect(&server.addr, PATIENCE).unwrap();
+    let (pid, epoch) = c.init_producer(None).unwrap();
+    let batch = |v: &'static [u8]| PartitionBatch {
+        partition: 0,
+        records: vec![WireRecord {
+            timestamp_ms: -1,
+            key: None,
+            value: v,
+        }],
+    };
+    let acks = c
+        .produce_idempotent("t", pid, epoch, vec![(0, batch(b"a"))])
+        .unwrap();
+    assert_eq!(acks[0].result, Ok((0, 0)));
+    // The same batch again: its original offsets, nothing written.
+    let acks = c
+        .produce_idempotent("t", pid, epoch, vec![(0, batch(b"a"))])
+        .unwrap();
+    assert_eq!(acks[0].result, Ok((0, 0)));
+    // A gap.
+    let acks = c
+        .produce_idempotent("t", pid, epoch, vec![(5, batch(b"gap"))])
+        .unwrap();
+    let (code, message) = acks[0].result.clone().unwrap_err();
+    assert_eq!(code, ErrorCode::OUT_OF_ORDER_SEQUENCE);
+    assert!(message.contains("expected 1"), "{message}");
+    // A newer epoch fences the old one.
+    let (same, newer) = c.init_producer(Some((pid, epoch))).unwrap();
+    assert_eq!((same, newer), (pid, epoch + 1));
+    let acks = c
+        .produce_idempotent("t", pid, epoch, vec![(1, batch(b"old"))])
+        .unwrap();
+    assert_eq!(
+        acks[0].result.clone().unwrap_err().0,
+        ErrorCode::INVALID_PRODUCER_EPOCH
+    );
+    // An id never handed out.
+    let acks = c
+        .produce_idempotent("t", pid + 100, 0, vec![(0, batch(b"x"))])
+        .unwrap();
+    assert_eq!(
+        acks[0].result.clone().unwrap_err().0,
+        ErrorCode::UNKNOWN_PRODUCER
+    );
+    assert_eq!(
+        c.list_offsets("t").unwrap()[0].end_offset,
+        1,
+        "nothing else was written"
+    );
+    // The new epoch starts at sequence 0.
+    let acks = c
+        .produce_idempotent("t", pid, newer, vec![(0, batch(b"b"))])
+        .unwrap();
+    assert_eq!(acks[0].result, Ok((1, 1)));
+    drop(c);
+    // After a restart the table is rebuilt: the last batch is still a duplicate.
+    server.stop();
+    let server = Serve::start(dir.path());
+    let mut c = Client::connect(&server.addr, PATIENCE).unwrap();
+    let acks = c
+        .produce_idempotent("t", pid, newer, vec![(0, batch(b"b"))])
+        .unwrap();
+    assert_eq!(acks[0].result, Ok((1, 1)));
+    assert_eq!(server.ok(&["consume", "t"]), "a\nb\n");
+    // --no-idempotent sends plain requests.
+    server.ok_with_stdin(&["produce", "t", "--no-idempotent"], "c\n");
+    assert_eq!(server.ok(&["consume", "t"]), "a\nb\nc\n");
+    thread::sleep(Duration::from_millis(1));
+    server.stop();
+}
+
+/// A free loopback port (bound and released).
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn serve_on(dir: &std::path::Path, addr: &str) -> Serve {
+    let mut cmd = std::process::Command::new(crate::util::bin::BIN);
+    cmd.args(["serve", "--listen", addr, "--data-dir"]).arg(dir);
+    Serve::spawn(cmd)
+}
+
+#[test]
+fn kill_9_during_idempotent_production_loses_and_duplicates_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let server = serve_on(dir.path(), &addr);
+    server.ok(&["topics", "create", "t", "--partitions", "2"]);
+    let mut child = server
+        .cmd()
+        .args([
+            "produce",
+            "t",
+            "--batch",
+            "5",
+            "--retries",
+            "1000",
+            "--retry-backoff",
+            "20ms",
+            "--timeout",
+            "5s",
+            "--json",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let total = 3000;
+    let writer = thread::spawn(move || {
+        for i in 0..total {
+            writeln!(stdin, "v{i}").unwrap();
+            if i % 5 == 0 {
+                thread::sleep(Duration::from_millis(3));
+            }
+        }
+    });
+    // Kill the broker twice while records stream, restarting it on the same address.
+    let mut server = server;
+    for _ in 0..2 {
+        thread::sleep(Duration::from_millis(600));
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the producer still runs"
+        );
+        server.kill9();
+        thread::sleep(Duration::from_millis(200));
+        server = serve_on(dir.path(), &addr);
+    }
+    writer.join().unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let acks = String::from_utf8_lossy(&out.stdout).lines().count();
+    assert_eq!(acks, total, "every record acknowledged");
+    let stored = server.ok(&["consume", "t"]);
+    let mut counts = std::collections::BTreeMap::new();
+    for v in stored.lines() {
+        *counts.entry(v.to_string()).or_insert(0) += 1;
+    }
+    let missing: Vec<String> = (0..total)
+        .map(|i| format!("v{i}"))
+        .filter(|v| !counts.contains_key(v))
+        .collect();
+    assert!(missing.is_empty(), "acknowledged and lost: {missing:?}");
+    let twice: Vec<(&String, &i32)> = counts.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "written more than once: {twice:?}");
+    assert_eq!(counts.len(), total);
+    server.stop();
+}
