@@ -303,6 +303,29 @@ fn fsync_count(
     }
 }
 
+/// The broker's counters: read directly from an embedded broker, else asked of the
+/// broker (`None` from one older than protocol version 3, which has no write-path
+/// counters).
+fn write_stats(
+    addr: &str,
+    timeout: Duration,
+    embedded: Option<&Arc<Broker>>,
+) -> Result<Option<BrokerStats>, BenchError> {
+    if let Some(b) = embedded {
+        return Ok(Some(b.stats()));
+    }
+    let s = Client::connect(addr, timeout).and_then(|mut c| c.stats())?;
+    Ok(s.write.map(|w| BrokerStats {
+        fsyncs: s.fsyncs,
+        produce_requests: s.produce_requests,
+        records_appended: s.records_appended,
+        fsync_latency_us: w.fsync_latency_us,
+        rolls: w.rolls,
+        roll_stall_max_us: w.roll_stall_max_us,
+        zeroed_bytes: w.zeroed_bytes,
+    }))
+}
+
 /// The write-path counters between two stats of one broker.
 fn write_path_report(before: &BrokerStats, after: &BrokerStats) -> WritePathReport {
     let hist: Vec<u64> = after
@@ -358,12 +381,13 @@ fn bench(args: &Config, addr: &str, embedded: Option<&Arc<Broker>>) -> Result<Re
     match args.mode {
         Mode::Produce => {
             let fsyncs_before = fsync_count(addr, args.timeout, embedded)?;
-            let stats_before = embedded.map(|b| b.stats());
+            let stats_before = write_stats(addr, args.timeout, embedded)?;
             let mut report = produce(args, addr, records)?;
             report.fsyncs =
                 fsync_count(addr, args.timeout, embedded)?.saturating_sub(fsyncs_before);
-            if let (Some(b), Some(before)) = (embedded, &stats_before) {
-                report.write_path = Some(write_path_report(before, &b.stats()));
+            let stats_after = write_stats(addr, args.timeout, embedded)?;
+            if let (Some(before), Some(after)) = (&stats_before, &stats_after) {
+                report.write_path = Some(write_path_report(before, after));
             }
             Ok(report)
         }

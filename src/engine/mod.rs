@@ -34,6 +34,6 @@ pub mod groups;
 pub mod maintenance;
 pub mod net;
 pub mod partition;
-pub mod schemas;
 pub mod producers;
+pub mod schemas;
 pub mod storage;

@@ -24,7 +24,9 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::engine::maintenance::check::{check_partition, quick_check, CheckMode, Severity};
+use crate::engine::maintenance::check::{
+    check_partition, quick_check, CheckMode, ProblemKind, Severity,
+};
 use crate::engine::storage::layout::PartitionRef;
 use crate::engine::storage::reader::{read_header, scan_segment, Next, RecordReader, ScanEnd};
 use crate::format::index::{decode_index, lookup, lookup_bytes, IndexEntry, INDEX_ENTRY_LEN};
@@ -39,7 +41,7 @@ use crate::format::wire::{
     WireRecord, CLEANUP_INFO_VERSION, FRAME_BYTES_MAX, LEN_FIELD, PROTOCOL_VERSION,
     PROTOCOL_VERSION_MIN,
 };
-use crate::format::wire::{HealthState, PartitionHealth, PARTITION_HEALTH_VERSION};
+use crate::format::wire::{HealthState, PartitionHealth, WriteStats, PARTITION_HEALTH_VERSION};
 use crate::format::{
     HeaderError, SegmentHeader, HEADER_LEN, INDEX_INTERVAL_BYTES, RECORD_OVERHEAD,
 };
@@ -817,7 +819,20 @@ pub fn check_segment_case(case: &SegmentCase) {
         assert_eq!(seg.data_end, oracle.data_end);
         let clean_index = case.index.as_deref() == Some(&rule_index_bytes(&case.log)[..]);
         if oracle.end == ScanEnd::Eof && clean_index {
-            assert_eq!(check.severity(), None, "{:?}", check.problems);
+            if oracle.records.is_empty() && case.next_base.is_some() {
+                // A sealed segment without a record cannot tile: the next one starts
+                // past its base, so the base offset is in no segment.
+                assert_eq!(check.severity(), Some(Severity::Corrupt));
+                assert!(
+                    check
+                        .all_problems()
+                        .any(|p| p.kind == ProblemKind::SegmentsDoNotJoin),
+                    "{:?}",
+                    check.problems
+                );
+            } else {
+                assert_eq!(check.severity(), None, "{:?}", check.problems);
+            }
         }
         let damaged = !matches!(
             &oracle.end,
@@ -1061,6 +1076,12 @@ pub fn seed_response_frames() -> Vec<Vec<u8>> {
             fsyncs: 1,
             produce_requests: 2,
             records_appended: 3,
+            write: Some(WriteStats {
+                fsync_latency_us: vec![0, 4, 9],
+                rolls: 5,
+                roll_stall_max_us: 6,
+                zeroed_bytes: 7,
+            }),
         }),
     ];
     let mut frames: Vec<Vec<u8>> = bodies

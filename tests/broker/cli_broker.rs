@@ -658,6 +658,34 @@ fn embedded_bench_reports_its_fields() {
     assert_eq!(r["records"], 200);
 }
 
+/// Against a running broker (protocol version 3) the bench reports the write path's
+/// counters too: they come in the stats response.
+#[test]
+fn bench_against_a_broker_reports_the_write_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = Serve::start(dir.path());
+    let out = b.ok(&[
+        "bench",
+        "produce",
+        "--records",
+        "400",
+        "--batch",
+        "10",
+        "--segment-bytes",
+        "4096",
+        "--json",
+    ]);
+    let r = json(&out);
+    assert_eq!(r["records"], 400, "{r}");
+    // 400 records of 100 bytes and more in segments of 4 KiB: several rolls.
+    assert!(r["rolls"].as_u64().is_some_and(|n| n >= 5), "{r}");
+    for field in ["fsync_p50_ms", "fsync_p99_ms", "roll_stall_max_ms"] {
+        assert!(r[field].as_f64().is_some_and(|v| v > 0.0), "{field}: {r}");
+    }
+    assert!(r["zeroed_bytes"].as_u64().is_some(), "{r}");
+    b.stop();
+}
+
 /// Exit codes follow the kind of mistake, not which side notices it: every invalid
 /// argument is 64 (one line on stderr), a missing topic or a broker failure 69.
 #[test]

@@ -424,3 +424,10 @@ proptest! {
         fuzzprops::check_recovery(&case);
     }
 }
+
+/// A sealed segment without a record, followed by one at base + 1 (found by
+/// `segment_scan_recipes`): the check must call it a segment that does not join.
+#[test]
+fn segment_scan_of_an_empty_sealed_segment() {
+    fuzzprops::segment_scan(&[3, 144, 12, 0, 30, 160, 0, 16]);
+}

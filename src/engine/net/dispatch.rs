@@ -27,7 +27,13 @@ use crate::format::wire::{
     ResponseBody, StatsBody, API_KEY_NONE, CLEANUP_INFO_VERSION, FRAME_BYTES_MAX, PROTOCOL_VERSION,
     PROTOCOL_VERSION_MIN,
 };
-use crate::format::wire::{HealthState, PartitionHealth, PARTITION_HEALTH_VERSION};
+use crate::format::wire::{
+    HealthState, PartitionHealth, WriteStats, LATENCY_BUCKETS_MAX, PARTITION_HEALTH_VERSION,
+    WRITE_STATS_VERSION,
+};
+
+// The broker's fsync histogram fits a stats response.
+const _: () = assert!(crate::engine::partition::zero::FSYNC_BUCKETS as u32 <= LATENCY_BUCKETS_MAX);
 
 /// Longest a long-poll fetch waits inside the broker before the server looks at
 /// the stop flag again.
@@ -178,10 +184,17 @@ impl Session {
             Request::AlterTopic { topic, settings } => self.alter_topic(id, api, topic, &settings),
             Request::Stats => {
                 let s = self.broker.stats();
+                let write = (self.version >= WRITE_STATS_VERSION).then(|| WriteStats {
+                    fsync_latency_us: s.fsync_latency_us.clone(),
+                    rolls: s.rolls,
+                    roll_stall_max_us: s.roll_stall_max_us,
+                    zeroed_bytes: s.zeroed_bytes,
+                });
                 let body = StatsBody {
                     fsyncs: s.fsyncs,
                     produce_requests: s.produce_requests,
                     records_appended: s.records_appended,
+                    write,
                 };
                 self.reply(id, api, &ResponseBody::Stats(body));
                 Ok(())
@@ -192,8 +205,15 @@ impl Session {
                 Ok(())
             }
             Request::Producer(p) => {
-                super::producers::serve(&self.broker, self.version, &self.stop, id, p, &mut self.out)
-                    .await;
+                super::producers::serve(
+                    &self.broker,
+                    self.version,
+                    &self.stop,
+                    id,
+                    p,
+                    &mut self.out,
+                )
+                .await;
                 Ok(())
             }
             r @ (Request::SchemaRegister { .. }

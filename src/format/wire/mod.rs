@@ -600,11 +600,31 @@ pub struct CleanupInfo {
 }
 
 /// Broker counters.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct StatsBody {
     pub fsyncs: u64,
     pub produce_requests: u64,
     pub records_appended: u64,
+    /// The write path's counters (protocol version 3 and later).
+    pub write: Option<WriteStats>,
+}
+
+/// The first version whose stats response carries [`WriteStats`].
+pub const WRITE_STATS_VERSION: u16 = 3;
+/// Most fsync latency buckets a stats response carries.
+pub const LATENCY_BUCKETS_MAX: u32 = 1024;
+
+/// The write path's counters since the broker started (stats response, version 3).
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct WriteStats {
+    /// Timed fsyncs of log data per latency bucket (the broker's histogram layout:
+    /// docs/PROTOCOL.md).
+    pub fsync_latency_us: Vec<u64>,
+    pub rolls: u64,
+    /// Longest a writer waited at a roll, in microseconds.
+    pub roll_stall_max_us: u64,
+    /// Zeros written and fsynced ahead of writers.
+    pub zeroed_bytes: u64,
 }
 
 /// The body of a successful response.
@@ -1105,6 +1125,20 @@ fn encode_response_body(out: &mut Vec<u8>, body: &ResponseBody<'_>) -> Result<()
             out.extend_from_slice(&s.fsyncs.to_be_bytes());
             out.extend_from_slice(&s.produce_requests.to_be_bytes());
             out.extend_from_slice(&s.records_appended.to_be_bytes());
+            if let Some(w) = &s.write {
+                put_count(
+                    out,
+                    "fsync_latency_us",
+                    w.fsync_latency_us.len(),
+                    LATENCY_BUCKETS_MAX,
+                )?;
+                for b in &w.fsync_latency_us {
+                    out.extend_from_slice(&b.to_be_bytes());
+                }
+                out.extend_from_slice(&w.rolls.to_be_bytes());
+                out.extend_from_slice(&w.roll_stall_max_us.to_be_bytes());
+                out.extend_from_slice(&w.zeroed_bytes.to_be_bytes());
+            }
         }
         ResponseBody::SchemaRegister { .. }
         | ResponseBody::SchemaGet { .. }
@@ -1569,11 +1603,32 @@ fn decode_response_body<'a>(
         ApiKey::AlterTopic => ResponseBody::AlterTopic {
             settings: r.settings()?,
         },
-        ApiKey::Stats => ResponseBody::Stats(StatsBody {
-            fsyncs: r.u64("fsyncs")?,
-            produce_requests: r.u64("produce_requests")?,
-            records_appended: r.u64("records_appended")?,
-        }),
+        ApiKey::Stats => {
+            let fsyncs = r.u64("fsyncs")?;
+            let produce_requests = r.u64("produce_requests")?;
+            let records_appended = r.u64("records_appended")?;
+            let write = if version >= WRITE_STATS_VERSION {
+                let n = r.count("fsync_latency_us", LATENCY_BUCKETS_MAX, 8)?;
+                let mut buckets = Vec::with_capacity(n);
+                for _ in 0..n {
+                    buckets.push(r.u64("fsync_latency_us")?);
+                }
+                Some(WriteStats {
+                    fsync_latency_us: buckets,
+                    rolls: r.u64("rolls")?,
+                    roll_stall_max_us: r.u64("roll_stall_max_us")?,
+                    zeroed_bytes: r.u64("zeroed_bytes")?,
+                })
+            } else {
+                None
+            };
+            ResponseBody::Stats(StatsBody {
+                fsyncs,
+                produce_requests,
+                records_appended,
+                write,
+            })
+        }
         ApiKey::SchemaRegister => schemas::decode_register_body(r)?,
         ApiKey::SchemaGet => schemas::decode_get_body(r)?,
         ApiKey::SchemaList => schemas::decode_list_body(r)?,
@@ -1812,6 +1867,12 @@ mod tests {
                 fsyncs: 1,
                 produce_requests: 2,
                 records_appended: 3,
+                write: Some(WriteStats {
+                    fsync_latency_us: vec![0, 4, 9],
+                    rolls: 5,
+                    roll_stall_max_us: 6,
+                    zeroed_bytes: 7,
+                }),
             }),
             ResponseBody::SchemaRegister { version: 9 },
             ResponseBody::SchemaGet {
