@@ -83,6 +83,17 @@ pub async fn serve(
             epoch,
             partitions,
         } => {
+            // A topic's schema refuses the whole request before anything is written,
+            // as for a plain produce.
+            if let Err((code, msg)) = crate::engine::schemas::net::check_produce(
+                broker,
+                version,
+                topic,
+                partitions.iter().map(|(_, b)| b),
+            ) {
+                encode_error(out, id, api, code, &msg);
+                return;
+            }
             let mut results: Vec<Result<(u64, u64), (ErrorCode, String)>> =
                 Vec::with_capacity(partitions.len());
             for (seq, b) in &partitions {

@@ -129,7 +129,10 @@ impl Compiled {
 
     /// Checks every record of a produce request; the first failure names the record.
     /// A keyed record with an empty value is a tombstone and is not checked.
-    pub fn check_batches(&self, batches: &[PartitionBatch<'_>]) -> Result<(), SchemaError> {
+    pub fn check_batches<'b, 'r: 'b>(
+        &self,
+        batches: impl IntoIterator<Item = &'b PartitionBatch<'r>>,
+    ) -> Result<(), SchemaError> {
         for b in batches {
             for (index, r) in (0u64..).zip(&b.records) {
                 if r.key.is_some() && r.value.is_empty() {
@@ -486,10 +489,10 @@ impl SchemaRegistry {
 
     /// Checks a produce request against the topic's latest schema (if any). Runs
     /// before anything is appended and takes no partition lock.
-    pub fn check_produce(
+    pub fn check_produce<'b, 'r: 'b>(
         &self,
         topic: &str,
-        batches: &[PartitionBatch<'_>],
+        batches: impl IntoIterator<Item = &'b PartitionBatch<'r>>,
     ) -> Result<(), SchemaError> {
         match self.validator(topic)? {
             Some(c) => c.check_batches(batches),

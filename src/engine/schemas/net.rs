@@ -100,11 +100,11 @@ pub fn wire_error(e: SchemaError, version: u16) -> (ErrorCode, String) {
 }
 
 /// Checks every value of a produce request against the topic's latest schema.
-pub fn check_produce(
+pub fn check_produce<'b, 'r: 'b>(
     broker: &Broker,
     version: u16,
     topic: &str,
-    batches: &[PartitionBatch<'_>],
+    batches: impl IntoIterator<Item = &'b PartitionBatch<'r>>,
 ) -> Result<(), (ErrorCode, String)> {
     broker
         .schemas()

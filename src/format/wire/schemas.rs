@@ -275,7 +275,7 @@ mod tests {
     #[test]
     fn limits_are_checked_before_allocating() {
         // A schema text length over the limit.
-        let mut b = vec![0, 0, 0, 1, 0, 43, 0, 1, b't'];
+        let mut b = vec![0, 0, 0, 1, 0, 53, 0, 1, b't'];
         b.extend_from_slice(&(SCHEMA_TEXT_BYTES_MAX as u32 + 1).to_be_bytes());
         assert!(matches!(
             decode_request(&b),
@@ -285,7 +285,7 @@ mod tests {
             })
         ));
         // A versions count over the limit in a delete response.
-        let mut b = vec![0, 0, 0, 1, 0, 44, 0, 0, 0, 0];
+        let mut b = vec![0, 0, 0, 1, 0, 54, 0, 0, 0, 0];
         b.extend_from_slice(&(SCHEMA_VERSIONS_MAX + 1).to_be_bytes());
         assert!(matches!(
             decode_response(&b),
@@ -295,7 +295,7 @@ mod tests {
             })
         ));
         // `compatible` other than 0 or 1.
-        let b = [0, 0, 0, 1, 0, 43, 0, 0, 0, 0, 2, 0, 0];
+        let b = [0, 0, 0, 1, 0, 53, 0, 0, 0, 0, 2, 0, 0];
         assert!(matches!(
             decode_response(&b),
             Err(ProtocolError::BadValue {
