@@ -41,8 +41,8 @@ mod zeroer;
 use cleaner::*;
 use flusher::*;
 use open::*;
-use zeroer::Zeroer;
 pub use requests::DurableWait;
+use zeroer::Zeroer;
 
 use crate::format::names::{
     creating_topic_dir_name, deleting_topic_dir_name, TOPIC_CREATING_SUFFIX, TOPIC_DELETING_SUFFIX,

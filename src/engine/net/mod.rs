@@ -4,4 +4,5 @@
 
 pub mod client;
 pub mod dispatch;
+pub mod metrics;
 pub mod server;
