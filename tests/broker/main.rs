@@ -10,6 +10,7 @@ mod cli_broker;
 mod cli_cleanup;
 mod cli_clients;
 mod cli_describe;
+mod cli_metrics;
 mod cli_oplog;
 mod cli_schemas;
 mod cli_topic_meta;

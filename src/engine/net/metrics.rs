@@ -255,12 +255,31 @@ impl EncodeMetric for Value {
     }
 }
 
-/// A histogram read at scrape time: cumulative counts per upper bound, sum, count.
+/// A histogram read at scrape time: the count of each bucket (not cumulative: the
+/// encoder sums them) by upper bound, the last one `+Inf`; sum and count.
 #[derive(Debug)]
 struct Hist {
     buckets: Vec<(f64, u64)>,
     sum: f64,
     count: u64,
+}
+
+impl Hist {
+    /// From cumulative counts at each finite bound: adds the `+Inf` bucket.
+    fn from_cumulative(cumulative: impl Iterator<Item = (f64, u64)>, sum: f64, count: u64) -> Hist {
+        let mut buckets = Vec::new();
+        let mut below = 0;
+        for (bound, at_most) in cumulative {
+            buckets.push((bound, at_most.saturating_sub(below)));
+            below = below.max(at_most);
+        }
+        buckets.push((f64::MAX, count.saturating_sub(below)));
+        Hist {
+            buckets,
+            sum,
+            count,
+        }
+    }
 }
 
 impl EncodeMetric for Hist {
@@ -278,13 +297,12 @@ fn seconds_of_us(us: u64) -> f64 {
 }
 
 fn latency_hist(h: &Pow2Histogram) -> Hist {
-    Hist {
-        buckets: (LATENCY_EXP_MIN..=LATENCY_EXP_MAX)
-            .map(|e| (seconds_of_us(1 << e), h.count_at_most_pow2(e)))
-            .collect(),
-        sum: seconds_of_us(h.sum()),
-        count: h.count(),
-    }
+    Hist::from_cumulative(
+        (LATENCY_EXP_MIN..=LATENCY_EXP_MAX)
+            .map(|e| (seconds_of_us(1 << e), h.count_at_most_pow2(e))),
+        seconds_of_us(h.sum()),
+        h.count(),
+    )
 }
 
 fn counter(name: &str, help: &str, unit: Option<&Unit>) -> (String, String, Option<Unit>) {
@@ -420,13 +438,12 @@ impl BrokerCollector {
     fn encode_write_path(&self, enc: &mut DescriptorEncoder) -> Fmt {
         let stats = self.broker.stats();
         let fsync_counts = &stats.fsync_latency_us;
-        let fsync = Hist {
-            buckets: (LATENCY_EXP_MIN..=LATENCY_EXP_MAX)
-                .map(|e| (seconds_of_us(1 << e), count_below_pow2_us(fsync_counts, e)))
-                .collect(),
-            sum: seconds_of_us(self.broker.fsync_latency_sum_us()),
-            count: fsync_counts.iter().sum(),
-        };
+        let fsync = Hist::from_cumulative(
+            (LATENCY_EXP_MIN..=LATENCY_EXP_MAX)
+                .map(|e| (seconds_of_us(1 << e), count_below_pow2_us(fsync_counts, e))),
+            seconds_of_us(self.broker.fsync_latency_sum_us()),
+            fsync_counts.iter().sum(),
+        );
         single(
             enc,
             "seglog_fsync_duration",
@@ -435,13 +452,11 @@ impl BrokerCollector {
             &fsync,
         )?;
         let batches = self.broker.commit_batches();
-        let batch = Hist {
-            buckets: (0..=BATCH_EXP_MAX)
-                .map(|e| (f64::from(1u32 << e), batches.count_at_most_pow2(e)))
-                .collect(),
-            sum: batches.sum() as f64,
-            count: batches.count(),
-        };
+        let batch = Hist::from_cumulative(
+            (0..=BATCH_EXP_MAX).map(|e| (f64::from(1u32 << e), batches.count_at_most_pow2(e))),
+            batches.sum() as f64,
+            batches.count(),
+        );
         single(
             enc,
             "seglog_group_commit_records",
@@ -712,6 +727,12 @@ mod tests {
         assert_eq!(count_records(&[]), 0);
         assert_eq!(stored_len(Some(b"k"), b"abc"), a as u64);
         assert_eq!(stored_len(None, b""), b as u64);
+    }
+
+    #[test]
+    fn histogram_buckets_are_given_per_bucket_with_the_rest_in_inf() {
+        let h = Hist::from_cumulative([(1.0, 2), (2.0, 2), (4.0, 5)].into_iter(), 9.0, 7);
+        assert_eq!(h.buckets, [(1.0, 2), (2.0, 0), (4.0, 3), (f64::MAX, 2)]);
     }
 
     #[test]
