@@ -305,10 +305,6 @@ fn latency_hist(h: &Pow2Histogram) -> Hist {
     )
 }
 
-fn counter(name: &str, help: &str, unit: Option<&Unit>) -> (String, String, Option<Unit>) {
-    (name.to_string(), help.to_string(), unit.cloned())
-}
-
 impl Collector for BrokerCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> Fmt {
         self.encode_requests(&mut enc)?;
@@ -379,41 +375,34 @@ impl BrokerCollector {
                 .filter_map(|t| map.get(t).map(|c| (t.clone(), Arc::clone(c))))
                 .collect()
         };
-        let specs: [(_, fn(&TopicCounters) -> &AtomicU64); 4] = [
+        type Field = fn(&TopicCounters) -> &AtomicU64;
+        let specs: [(&str, &str, Option<Unit>, Field); 4] = [
             (
-                counter(
-                    "seglog_produced_records",
-                    "Records produced (acknowledged) per topic",
-                    None,
-                ),
+                "seglog_produced_records",
+                "Records produced (acknowledged) per topic",
+                None,
                 |c| &c.produced_records,
             ),
             (
-                counter(
-                    "seglog_produced",
-                    "Bytes of the records produced per topic, in their stored encoding",
-                    Some(&Unit::Bytes),
-                ),
+                "seglog_produced",
+                "Bytes of the records produced per topic, in their stored encoding",
+                Some(Unit::Bytes),
                 |c| &c.produced_bytes,
             ),
             (
-                counter(
-                    "seglog_fetched_records",
-                    "Records sent in fetch responses per topic",
-                    None,
-                ),
+                "seglog_fetched_records",
+                "Records sent in fetch responses per topic",
+                None,
                 |c| &c.fetched_records,
             ),
             (
-                counter(
-                    "seglog_fetched",
-                    "Bytes of the records sent in fetch responses per topic, in their stored encoding",
-                    Some(&Unit::Bytes),
-                ),
+                "seglog_fetched",
+                "Bytes of the records sent in fetch responses per topic, in their stored encoding",
+                Some(Unit::Bytes),
                 |c| &c.fetched_bytes,
             ),
         ];
-        for ((name, help, unit), field) in &specs {
+        for (name, help, unit, field) in &specs {
             let samples: Vec<_> = topics
                 .iter()
                 .map(|(t, c)| {
