@@ -6,7 +6,8 @@
 //! The broker log goes to stderr through `tracing` (text or JSON lines, with
 //! timestamps and levels); this is the only place a global subscriber is installed.
 //! Besides the log, stderr always carries one plain line `seglog: listening on ADDR
-//! (data DIR)`, also with `--quiet`: scripts read the port from it.
+//! (data DIR)`, also with `--quiet`: scripts read the port from it. With
+//! `--metrics-listen`, a line `seglog: metrics listening on ADDR` comes before it.
 
 use std::io::{IsTerminal, Write};
 use std::net::TcpListener;
@@ -19,6 +20,7 @@ use super::connect::parse_positive_duration;
 use super::{exit, ExitError, Global};
 use crate::engine::broker::{Broker, BrokerOptions};
 use crate::engine::error::EngineError;
+use crate::engine::net::metrics::{self, MetricsServer, NetMetrics};
 use crate::engine::net::server::{Server, ServerOptions};
 use crate::engine::storage::io::RealStorage;
 
@@ -32,6 +34,11 @@ pub struct Args {
     /// stderr as `seglog: listening on ADDR`, also with --quiet.
     #[arg(long, default_value = "127.0.0.1:9494")]
     pub listen: String,
+    /// Serve Prometheus metrics at http://ADDR/metrics (off by default); port 0 picks
+    /// a free port, printed on stderr as `seglog: metrics listening on ADDR`. Every
+    /// other path answers 404.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<String>,
     /// 1: acknowledge each produce after an fsync covering it. N > 1: fsync once N
     /// records wait (acknowledgements do not wait for it).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
@@ -279,6 +286,15 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
     // Bound before the data directory is touched: a busy port creates nothing.
     let listener = TcpListener::bind(&args.listen)
         .map_err(|e| ExitError::new(exit::IO, format!("cannot listen on {}: {e}", args.listen)))?;
+    let metrics_listener = match &args.metrics_listen {
+        Some(addr) => Some(TcpListener::bind(addr).map_err(|e| {
+            ExitError::new(
+                exit::IO,
+                format!("cannot listen on {addr} (--metrics-listen): {e}"),
+            )
+        })?),
+        None => None,
+    };
     let max_open_files = args
         .max_open_files
         .unwrap_or_else(|| default_open_files(soft));
@@ -304,9 +320,13 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
     // the broker opens.
     let broker = Broker::open(&args.data_dir, Arc::new(RealStorage), opts)
         .map_err(|e| open_error(e, &args.data_dir))?;
+    let net_metrics = metrics_listener
+        .as_ref()
+        .map(|_| Arc::new(NetMetrics::default()));
     let server_opts = ServerOptions {
         max_connections: args.max_connections as usize,
         log_errors: true,
+        metrics: net_metrics.clone(),
         ..ServerOptions::default()
     };
     let server = match Server::from_listener(listener, Arc::clone(&broker), server_opts) {
@@ -327,6 +347,31 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
              reaches this address can read, write and delete topics"
         );
     }
+    let metrics_server = match (metrics_listener, net_metrics) {
+        (Some(l), Some(net)) => {
+            let registry = metrics::registry(Arc::clone(&broker), net);
+            let started = MetricsServer::start(l, registry, server.stop_handle());
+            match started {
+                Ok(m) => {
+                    let maddr = m.local_addr();
+                    tracing::info!(metrics_listen = %maddr, "serving metrics at /metrics");
+                    writeln!(
+                        std::io::stderr().lock(),
+                        "seglog: metrics listening on {maddr}"
+                    )?;
+                    Some(m)
+                }
+                Err(e) => {
+                    let _ = broker.shutdown();
+                    return Err(ExitError::new(
+                        exit::IO,
+                        format!("cannot serve metrics: {e}"),
+                    ));
+                }
+            }
+        }
+        _ => None,
+    };
     tracing::info!(listen = %addr, data_dir = %args.data_dir.display(), "listening");
     // Tests and scripts wait for this line; it carries the real port.
     writeln!(
@@ -335,6 +380,9 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
         args.data_dir.display()
     )?;
     let served = server.run(&STOP);
+    if let Some(m) = metrics_server {
+        m.join();
+    }
     tracing::info!("shutting down");
     let shut = broker.shutdown();
     served.map_err(|e| ExitError::new(exit::IO, format!("serving on {addr} failed: {e}")))?;

@@ -1,7 +1,7 @@
 //! The benchmarks, all ignored: they measure and print, and assert only what makes a
 //! run meaningless if false. Run them all with
 //! `cargo test --release --test bench -- --ignored --nocapture`, or one with a
-//! filter (`produce::`, `tools::`, `cleanup::`, `recovery::`, `compaction::`, `schemas::`).
+//! filter (`produce::`, `tools::`, `cleanup::`, `recovery::`, `compaction::`, `schemas::`, `metrics::`).
 
 #[path = "../util/mod.rs"]
 mod util;
@@ -9,6 +9,7 @@ mod util;
 mod cleanup;
 mod compaction;
 mod groups;
+mod metrics;
 mod produce;
 mod recovery;
 mod schemas;

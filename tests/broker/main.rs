@@ -11,6 +11,7 @@ mod cli_cleanup;
 mod cli_clients;
 mod cli_describe;
 mod cli_groups;
+mod cli_metrics;
 mod cli_oplog;
 mod cli_producers;
 mod cli_schemas;

@@ -178,6 +178,17 @@ impl Broker {
         }
     }
 
+    /// Sum of the fsync latencies counted in [`BrokerStats::fsync_latency_us`], in
+    /// microseconds.
+    pub fn fsync_latency_sum_us(&self) -> u64 {
+        self.stats.write_path.fsync_latency.sum_us()
+    }
+
+    /// Records made durable by each group commit.
+    pub fn commit_batches(&self) -> &crate::engine::partition::zero::Pow2Histogram {
+        &self.stats.commit_records
+    }
+
     /// Stops taking requests, stops the flusher, fsyncs every partition, releases the
     /// lock. Idempotent. Returns the first failure of a final fsync (a partition that
     /// had failed before is skipped: nothing more of it will be acknowledged).

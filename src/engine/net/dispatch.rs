@@ -17,10 +17,12 @@ use std::time::{Duration, Instant};
 use crate::engine::broker::{Broker, NewRecord, PartitionState};
 use crate::engine::error::EngineError;
 use crate::engine::maintenance::compaction::CompactionError;
+use crate::engine::net::metrics::{stored_len, NetMetrics, TopicCache};
 use crate::engine::partition::buffers;
 use crate::engine::storage::layout::LayoutError;
 use crate::format::names::validate_name;
 use crate::format::topic::{TopicConfig, CONFIG_KEYS};
+use crate::format::wire::producers::ProducerRequest;
 use crate::format::wire::{
     decode_request, encode_error, encode_response, frame_head, ApiKey, Chunk, CleanupInfo,
     ErrorCode, PartitionAck, PartitionBatch, PartitionDescription, PartitionOffsets, Request,
@@ -53,6 +55,9 @@ pub struct Session {
     handshaken: bool,
     /// The protocol version agreed in the handshake.
     version: u16,
+    /// Request and traffic counters, when the server keeps them.
+    metrics: Option<Arc<NetMetrics>>,
+    topic_counters: TopicCache,
 }
 
 impl Session {
@@ -73,7 +78,15 @@ impl Session {
             out: Vec::new(),
             handshaken: false,
             version: PROTOCOL_VERSION_MIN,
+            metrics: None,
+            topic_counters: TopicCache::default(),
         }
+    }
+
+    /// Counts this session's requests and traffic in `metrics`.
+    pub fn with_metrics(mut self, metrics: Option<Arc<NetMetrics>>) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     /// The response to the last frame handled (a whole frame, `frame_len` included).
@@ -96,6 +109,16 @@ impl Session {
     /// Decodes and answers one frame (the bytes after `frame_len`), leaving the
     /// response in [`Session::response`]. Returns true when the connection must close after it.
     pub async fn handle_frame(&mut self, frame: &[u8]) -> bool {
+        let began = self.metrics.is_some().then(Instant::now);
+        let close = self.handle_frame_inner(frame).await;
+        if let (Some(m), Some(t)) = (&self.metrics, began) {
+            let api_key = frame_head(frame).map_or(API_KEY_NONE, |(_, k)| k);
+            m.request(api_key, t.elapsed());
+        }
+        close
+    }
+
+    async fn handle_frame_inner(&mut self, frame: &[u8]) -> bool {
         self.out.clear();
         let (id, api_key) = frame_head(frame).unwrap_or((0, API_KEY_NONE));
         match decode_request(frame) {
@@ -205,7 +228,11 @@ impl Session {
                 Ok(())
             }
             Request::Producer(p) => {
-                super::producers::serve(
+                let topic = match &p {
+                    ProducerRequest::Produce { topic, .. } => Some(*topic),
+                    ProducerRequest::InitProducer { .. } => None,
+                };
+                let (records, bytes) = super::producers::serve(
                     &self.broker,
                     self.version,
                     &self.stop,
@@ -214,6 +241,11 @@ impl Session {
                     &mut self.out,
                 )
                 .await;
+                if let (Some(m), Some(topic)) = (&self.metrics, topic) {
+                    if records > 0 {
+                        self.topic_counters.produced(m, topic, records, bytes);
+                    }
+                }
                 Ok(())
             }
             r @ (Request::SchemaRegister { .. }
@@ -313,6 +345,20 @@ impl Session {
                 }
             }
         }
+        if let Some(m) = &self.metrics {
+            let (mut records, mut bytes) = (0, 0);
+            for (b, _) in batches.iter().zip(&results).filter(|(_, r)| r.is_ok()) {
+                records += b.records.len() as u64;
+                bytes += b
+                    .records
+                    .iter()
+                    .map(|r| stored_len(r.key, r.value))
+                    .sum::<u64>();
+            }
+            if records > 0 {
+                self.topic_counters.produced(m, topic, records, bytes);
+            }
+        }
         let acks = batches
             .iter()
             .zip(&results)
@@ -379,6 +425,10 @@ impl Session {
             chunks,
         };
         self.reply(id, api, &body);
+        if let Some(m) = &self.metrics {
+            let chunks = result.chunks.iter().map(|c| c.bytes.as_slice());
+            self.topic_counters.fetched(m, topic, chunks);
+        }
         for c in result.chunks {
             buffers::give(c.bytes);
         }

@@ -42,6 +42,11 @@ async fn wait(mut rx: Durable, stop: &AtomicBool) -> Result<(), ProducerError> {
 /// How often a waiting request looks at the server's stop flag.
 const STOP_CHECK: Duration = Duration::from_millis(100);
 
+/// A batch's (base offset, last offset, newly written), or its wire error.
+type BatchResult = Result<(u64, u64, bool), (ErrorCode, String)>;
+
+/// Answers one producer request into `out`; returns the records and stored bytes it
+/// wrote (for the metrics).
 pub async fn serve(
     broker: &Broker,
     version: u16,
@@ -49,7 +54,7 @@ pub async fn serve(
     id: u32,
     req: ProducerRequest<'_>,
     out: &mut Vec<u8>,
-) {
+) -> (u64, u64) {
     let api = req.api_key() as u16;
     out.clear();
     if version < GROUPS_VERSION {
@@ -58,7 +63,7 @@ pub async fn serve(
             req.api_key().name()
         );
         encode_error(out, id, api, ErrorCode::INVALID_REQUEST, &msg);
-        return;
+        return (0, 0);
     }
     let table = broker.producers();
     let body = match req {
@@ -73,7 +78,7 @@ pub async fn serve(
                 Err(e) => {
                     let (code, msg) = producer_error(&e);
                     encode_error(out, id, api, code, &msg);
-                    return;
+                    return (0, 0);
                 }
             }
         }
@@ -92,18 +97,29 @@ pub async fn serve(
                 partitions.iter().map(|(_, b)| b),
             ) {
                 encode_error(out, id, api, code, &msg);
-                return;
+                return (0, 0);
             }
-            let mut results: Vec<Result<(u64, u64), (ErrorCode, String)>> =
-                Vec::with_capacity(partitions.len());
+            let mut results: Vec<BatchResult> = Vec::with_capacity(partitions.len());
             for (seq, b) in &partitions {
                 results.push(one(broker, stop, topic, producer_id, epoch, *seq, b).await);
+            }
+            // Records and stored bytes newly written (a duplicate writes nothing).
+            let mut written = (0u64, 0u64);
+            for ((_, b), r) in partitions.iter().zip(&results) {
+                if let Ok((_, _, true)) = r {
+                    written.0 += b.records.len() as u64;
+                    written.1 += b
+                        .records
+                        .iter()
+                        .map(|r| super::metrics::stored_len(r.key, r.value))
+                        .sum::<u64>();
+                }
             }
             let acks = partitions
                 .iter()
                 .zip(&results)
                 .map(|((_, b), r)| match r {
-                    Ok((base_offset, last_offset)) => PartitionAck {
+                    Ok((base_offset, last_offset, _)) => PartitionAck {
                         partition: b.partition,
                         code: ErrorCode::NONE,
                         message: "",
@@ -130,13 +146,14 @@ pub async fn serve(
                 let msg = format!("cannot encode the response: {e}");
                 encode_error(out, id, api, ErrorCode::INTERNAL, &msg);
             }
-            return;
+            return written;
         }
     };
     if let Err(e) = encode_response(out, id, api, ErrorCode::NONE, "", Some(&body)) {
         let msg = format!("cannot encode the response: {e}");
         encode_error(out, id, api, ErrorCode::INTERNAL, &msg);
     }
+    (0, 0)
 }
 
 /// One partition's batch: checked against the table, written unless a duplicate,
@@ -149,7 +166,7 @@ async fn one(
     epoch: u16,
     seq: i32,
     b: &PartitionBatch<'_>,
-) -> Result<(u64, u64), (ErrorCode, String)> {
+) -> BatchResult {
     if b.records.is_empty() {
         return Err((
             ErrorCode::INVALID_REQUEST,
@@ -165,7 +182,7 @@ async fn one(
         Decision::Duplicate {
             base_offset,
             last_offset,
-        } => Ok((base_offset, last_offset)),
+        } => Ok((base_offset, last_offset, false)),
         Decision::Append => {
             let records: Vec<NewRecord<'_>> = b
                 .records
@@ -198,7 +215,7 @@ async fn one(
                         data.await.map_err(engine_error)?;
                     }
                     journal.map_err(|e| producer_error(&e))?;
-                    Ok((p.base_offset, p.last_offset))
+                    Ok((p.base_offset, p.last_offset, true))
                 }
                 Err(e) => {
                     table.abandoned(producer_id, topic, b.partition);

@@ -66,6 +66,8 @@ pub struct ServerOptions {
     /// Log (through `tracing`) each connection closed because of a bad frame and each
     /// error response.
     pub log_errors: bool,
+    /// Where the request path counts requests and traffic (`None`: nothing counted).
+    pub metrics: Option<Arc<super::metrics::NetMetrics>>,
 }
 
 impl Default for ServerOptions {
@@ -74,6 +76,7 @@ impl Default for ServerOptions {
             max_connections: 1024,
             io_timeout: Duration::from_secs(30),
             log_errors: true,
+            metrics: None,
         }
     }
 }
@@ -114,13 +117,17 @@ impl Server {
     ) -> io::Result<Server> {
         listener.set_nonblocking(true)?;
         let local_addr = listener.local_addr()?;
+        let active = Arc::new(AtomicUsize::new(0));
+        if let Some(m) = &opts.metrics {
+            m.set_connections(Arc::clone(&active));
+        }
         Ok(Server {
             listener,
             local_addr,
             broker,
             opts,
             stop: Arc::new(AtomicBool::new(false)),
-            active: Arc::new(AtomicUsize::new(0)),
+            active,
             waiting: Arc::new(AtomicUsize::new(0)),
         })
     }
@@ -223,7 +230,8 @@ impl Server {
                 Arc::clone(&self.stop),
                 self.opts.log_errors,
                 Arc::clone(&self.waiting),
-            ),
+            )
+            .with_metrics(self.opts.metrics.clone()),
             stop: Arc::clone(&self.stop),
             stop_rx: stop_rx.clone(),
             opts: self.opts.clone(),

@@ -64,6 +64,13 @@ pub struct CleanupStats {
     /// The last failure of retention or compaction on this partition, if the last
     /// visit failed.
     pub last_error: Option<String>,
+    /// Retention visits, and those that failed.
+    pub retention_runs: u64,
+    pub retention_errors: u64,
+    /// Compaction visits that did work or failed (not idle or cancelled ones), and
+    /// those that failed.
+    pub compaction_runs: u64,
+    pub compaction_errors: u64,
 }
 
 impl Default for CleanupStats {
@@ -78,6 +85,10 @@ impl Default for CleanupStats {
             records_dropped: 0,
             bytes_compacted: 0,
             last_error: None,
+            retention_runs: 0,
+            retention_errors: 0,
+            compaction_runs: 0,
+            compaction_errors: 0,
         }
     }
 }
@@ -192,6 +203,8 @@ impl Visit<'_> {
         let result = self.retention_locked(cold);
         let mut st = lock(&self.cleanup.state);
         st.stats.last_retention_ms = self.now_ms;
+        st.stats.retention_runs += 1;
+        st.stats.retention_errors += u64::from(result.is_err());
         match &result {
             Ok(done) => {
                 st.stats.segments_deleted += done.removed.len() as u64;
@@ -280,6 +293,10 @@ impl Visit<'_> {
         let result = self.compaction_locked();
         let mut st = lock(&self.cleanup.state);
         st.stats.last_compaction_ms = self.now_ms;
+        if !matches!(result, Ok(CompactionDone::Idle | CompactionDone::Cancelled)) {
+            st.stats.compaction_runs += 1;
+        }
+        st.stats.compaction_errors += u64::from(result.is_err());
         match &result {
             Ok(CompactionDone::Swapped(r)) => {
                 st.stats.compactions += 1;

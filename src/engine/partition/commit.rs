@@ -91,6 +91,10 @@ impl PartitionLog {
         plan.active_seg
             .readable_end
             .fetch_max(plan.active_end, Ordering::AcqRel);
+        let covered = plan.target.saturating_sub(s.durable_end);
+        if covered > 0 {
+            self.stats.commit_records.record(covered);
+        }
         s.durable_end = s.durable_end.max(plan.target);
         self.rolls_durable.fetch_max(plan.rolls, Ordering::AcqRel);
         self.wake_async(s.durable_end);

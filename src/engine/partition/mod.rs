@@ -72,6 +72,9 @@ pub struct LogStats {
     pub fsyncs: AtomicU64,
     pub produce_requests: AtomicU64,
     pub records_appended: AtomicU64,
+    /// Records each group commit made durable (one value per fsync that covered
+    /// records).
+    pub commit_records: zero::Pow2Histogram,
     /// The read handles of every log's sealed segments.
     pub files: Arc<FileCache>,
     /// Preallocation and zero-ahead settings and their counters.

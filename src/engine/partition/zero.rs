@@ -62,12 +62,15 @@ fn bucket_upper_us(i: usize) -> u64 {
 #[derive(Debug)]
 pub struct LatencyHistogram {
     buckets: Box<[AtomicU64]>,
+    /// Sum of every latency counted, in microseconds (for a Prometheus `_sum`).
+    sum_us: AtomicU64,
 }
 
 impl Default for LatencyHistogram {
     fn default() -> Self {
         LatencyHistogram {
             buckets: (0..FSYNC_BUCKETS).map(|_| AtomicU64::new(0)).collect(),
+            sum_us: AtomicU64::new(0),
         }
     }
 }
@@ -79,6 +82,12 @@ impl LatencyHistogram {
         if let Some(b) = self.buckets.get(bucket_of(us).min(FSYNC_BUCKETS - 1)) {
             b.fetch_add(1, Ordering::Relaxed);
         }
+        self.sum_us.fetch_add(us, Ordering::Relaxed);
+    }
+
+    /// Sum of every latency counted, in microseconds.
+    pub fn sum_us(&self) -> u64 {
+        self.sum_us.load(Ordering::Relaxed)
     }
 
     /// The counts per bucket.
@@ -87,6 +96,71 @@ impl LatencyHistogram {
             .iter()
             .map(|b| b.load(Ordering::Relaxed))
             .collect()
+    }
+}
+
+/// How many of `counts` (of a [`LatencyHistogram`]) are below `2^exp` µs: exact,
+/// since every power of two from 8 µs on starts a bucket.
+pub fn count_below_pow2_us(counts: &[u64], exp: u32) -> u64 {
+    let Some(bound) = 1u64.checked_shl(exp) else {
+        return counts.iter().sum();
+    };
+    counts
+        .iter()
+        .enumerate()
+        .take_while(|(i, _)| bucket_upper_us(*i) < bound)
+        .map(|(_, c)| c)
+        .sum()
+}
+
+/// Buckets of a [`Pow2Histogram`]: bucket `i` holds the values in `(2^(i-1), 2^i]`
+/// (bucket 0 holds 0 and 1).
+pub const POW2_BUCKETS: usize = 65;
+
+/// A histogram with power-of-two bucket bounds, its sum and its count: one atomic
+/// add per bucket, sum and count per value, no lock, no allocation.
+#[derive(Debug)]
+pub struct Pow2Histogram {
+    buckets: Box<[AtomicU64]>,
+    sum: AtomicU64,
+}
+
+impl Default for Pow2Histogram {
+    fn default() -> Self {
+        Pow2Histogram {
+            buckets: (0..POW2_BUCKETS).map(|_| AtomicU64::new(0)).collect(),
+            sum: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Pow2Histogram {
+    /// Counts one value.
+    pub fn record(&self, v: u64) {
+        let i = (u64::BITS - v.saturating_sub(1).leading_zeros()) as usize;
+        if let Some(b) = self.buckets.get(i) {
+            b.fetch_add(1, Ordering::Relaxed);
+        }
+        self.sum.fetch_add(v, Ordering::Relaxed);
+    }
+
+    /// Values counted at most `2^exp` (`exp` past the last bucket: every value).
+    pub fn count_at_most_pow2(&self, exp: u32) -> u64 {
+        self.buckets
+            .iter()
+            .take(exp as usize + 1)
+            .map(|b| b.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    /// Every value counted.
+    pub fn count(&self) -> u64 {
+        self.count_at_most_pow2(POW2_BUCKETS as u32)
+    }
+
+    /// Sum of the values counted.
+    pub fn sum(&self) -> u64 {
+        self.sum.load(Ordering::Relaxed)
     }
 }
 
@@ -429,6 +503,31 @@ mod tests {
         assert_eq!(quantile_us(&c, 0.5), 103);
         assert_eq!(quantile_us(&c, 0.99), 5119);
         assert_eq!(quantile_us(&vec![0; FSYNC_BUCKETS], 0.5), 0);
+        assert_eq!(count_below_pow2_us(&vec![0; FSYNC_BUCKETS], 10), 0);
+    }
+
+    #[test]
+    fn power_of_two_counts_are_exact() {
+        let h = LatencyHistogram::default();
+        for us in [7, 8, 1023, 1024, 1025, 4095, 4096] {
+            h.record(Duration::from_micros(us));
+        }
+        let c = h.counts();
+        assert_eq!(count_below_pow2_us(&c, 3), 1);
+        assert_eq!(count_below_pow2_us(&c, 10), 3);
+        assert_eq!(count_below_pow2_us(&c, 12), 6);
+        assert_eq!(count_below_pow2_us(&c, 64), 7);
+        assert_eq!(h.sum_us(), 7 + 8 + 1023 + 1024 + 1025 + 4095 + 4096);
+
+        let p = Pow2Histogram::default();
+        for v in [0, 1, 2, 3, 4, 5, 100, u64::MAX] {
+            p.record(v);
+        }
+        assert_eq!(p.count_at_most_pow2(0), 2);
+        assert_eq!(p.count_at_most_pow2(1), 3);
+        assert_eq!(p.count_at_most_pow2(2), 5);
+        assert_eq!(p.count_at_most_pow2(7), 7);
+        assert_eq!(p.count(), 8);
     }
 
     #[test]
