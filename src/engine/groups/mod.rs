@@ -214,6 +214,8 @@ pub struct GroupCoordinator {
     groups: Mutex<BTreeMap<String, coordinator::Group>>,
     /// Wakes the committer thread (one message per commit or delete).
     dirty_tx: Mutex<Option<mpsc::Sender<()>>>,
+    /// Dropped by [`GroupCoordinator::shutdown`]: wakes the ticker at once.
+    tick_stop: Mutex<Option<mpsc::Sender<()>>>,
     stop: AtomicBool,
     threads: Mutex<Vec<JoinHandle<()>>>,
     next_member: AtomicU64,
@@ -252,6 +254,7 @@ impl GroupCoordinator {
                 opts,
                 groups: Mutex::new(groups),
                 dirty_tx: Mutex::new(None),
+                tick_stop: Mutex::new(None),
                 stop: AtomicBool::new(false),
                 threads: Mutex::new(Vec::new()),
                 next_member: AtomicU64::new(1),
@@ -282,11 +285,18 @@ impl GroupCoordinator {
             .map_err(spawn_err)?;
         lock(&self.threads).push(committer);
         let me = self.clone();
+        let (stop_tx, stop_rx) = mpsc::channel::<()>();
+        *lock(&self.tick_stop) = Some(stop_tx);
         let ticker = std::thread::Builder::new()
             .name("seglog-groups-tick".into())
             .spawn(move || {
+                // Sleeps between ticks on the stop channel, so a shutdown does not wait
+                // out the interval.
                 while !me.stop.load(Ordering::Acquire) {
-                    std::thread::sleep(TICK_INTERVAL);
+                    match stop_rx.recv_timeout(TICK_INTERVAL) {
+                        Err(mpsc::RecvTimeoutError::Timeout) => {}
+                        Ok(()) | Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                    }
                     let known = topics();
                     me.tick(Instant::now(), Some(&known));
                 }
@@ -301,6 +311,7 @@ impl GroupCoordinator {
     pub fn shutdown(&self) {
         self.stop.store(true, Ordering::Release);
         lock(&self.dirty_tx).take();
+        lock(&self.tick_stop).take();
         for t in std::mem::take(&mut *lock(&self.threads)) {
             let _ = t.join();
         }
