@@ -306,25 +306,29 @@ impl ProducerTable {
         let sync_file = storage
             .open(&path)
             .map_err(|e| io("opening the journal", e))?;
-        Ok((
-            ProducerTable {
-                dir: data_dir.to_path_buf(),
-                storage,
-                expiration,
-                producers: Mutex::new(producers),
-                next_id: AtomicU64::new(next_id),
-                journal: Mutex::new(JournalState::default()),
-                sync_file,
-                file: Mutex::new(Some(file)),
-                entries_since_snapshot: AtomicU64::new(0),
-                wake: Mutex::new(None),
-                thread: Mutex::new(None),
-                stop: AtomicBool::new(false),
-                poisoned: Mutex::new(None),
-                fsyncs: AtomicU64::new(0),
-            },
-            report,
-        ))
+        let table = ProducerTable {
+            dir: data_dir.to_path_buf(),
+            storage,
+            expiration,
+            producers: Mutex::new(producers),
+            next_id: AtomicU64::new(next_id),
+            journal: Mutex::new(JournalState::default()),
+            sync_file,
+            file: Mutex::new(Some(file)),
+            entries_since_snapshot: AtomicU64::new(0),
+            wake: Mutex::new(None),
+            thread: Mutex::new(None),
+            stop: AtomicBool::new(false),
+            poisoned: Mutex::new(None),
+            fsyncs: AtomicU64::new(0),
+        };
+        if dropped > 0 {
+            // The dropped entries must not stay in the journal: once new records
+            // fill those offsets, a later recovery would take them for the lost
+            // batches. The snapshot holds what was kept; then the journal is cut.
+            table.snapshot()?;
+        }
+        Ok((table, report))
     }
 
     /// Starts the journal writer thread.
