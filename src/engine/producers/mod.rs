@@ -192,11 +192,18 @@ impl ProducerTable {
             read_state(data_dir).map_err(ProducerError::Storage)?;
         let mut producers: HashMap<u64, Producer> = HashMap::new();
         let mut next_id = 1;
+        let mut dropped = 0u64;
         if let Some(s) = snap {
             next_id = s.next_producer_id.max(1);
             for p in s.producers {
                 let mut partitions: HashMap<(String, u32), PartitionState> = HashMap::new();
                 for b in p.batches {
+                    // A snapshot may be taken while a batch's records are not yet
+                    // durable: one past the recovered end is dropped like an entry.
+                    if end_of(&b.topic, b.partition).is_none_or(|end| b.last_offset >= end) {
+                        dropped += 1;
+                        continue;
+                    }
                     partitions
                         .entry((b.topic, b.partition))
                         .or_default()
@@ -218,7 +225,6 @@ impl ProducerTable {
                 );
             }
         }
-        let mut dropped = 0u64;
         for e in entries {
             next_id = next_id.max(e.producer_id + 1);
             let p = producers.entry(e.producer_id).or_insert_with(|| Producer {
