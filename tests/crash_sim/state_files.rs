@@ -70,7 +70,7 @@ pub(super) fn check_open(dir: &Path, broker: &Broker, o: &StateOracle, v: &mut V
     if o.idem.is_empty() {
         return;
     }
-    let end = |p: u32| broker.offsets(TOPIC, p).map(|(_, e)| e).unwrap_or(0);
+    let end = |p: u32| broker.offsets(TOPIC, p).map_or(0, |(_, e)| e);
     // The journal as recovery left it: no entry past its partition's end.
     match read_state(dir) {
         Ok((_, entries, _, problem, _)) => {
