@@ -37,6 +37,10 @@ use seglog::testkit::sim::{crash_states, DirModel, Image, Materialiser, Rng, Sim
 
 const TOPIC: &str = "t";
 
+#[path = "crash_sim/state_files.rs"]
+mod state_files;
+use state_files::{IdemBatch, StateOracle};
+
 // ----- what the workload was told -----
 
 /// One thing the workload learnt, in trace order.
@@ -89,6 +93,14 @@ enum Ev {
     RetentionDone {
         p: u32,
     },
+    /// A commit of the group's offset is about to be made / was acknowledged.
+    GroupIntent(u64),
+    GroupAck(u64),
+    /// An idempotent batch was written (its offsets known) / acknowledged.
+    Idem {
+        acked: bool,
+        b: IdemBatch,
+    },
 }
 
 type Rec = (u64, Option<Vec<u8>>, Vec<u8>);
@@ -103,6 +115,8 @@ struct Oracle {
     alter_allowed: Vec<i64>,
     /// Compaction: partition -> (old, new, committed, upto).
     compact: BTreeMap<u32, (Vec<Rec>, Vec<Rec>, bool, u64)>,
+    /// Group offsets and idempotent producers.
+    state: StateOracle,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -185,6 +199,9 @@ impl Oracle {
                     let po = o.partitions.entry(*p).or_default();
                     po.retention_done = po.retention_floor;
                 }
+                Ev::GroupIntent(x) => o.state.group_intent(*x),
+                Ev::GroupAck(x) => o.state.group_ack(*x),
+                Ev::Idem { acked, b } => o.state.idem(*acked, b),
             }
         }
         o
@@ -330,6 +347,7 @@ fn check_state(
         Err(e) if must_exist => v.push(format!("topic lost: {e}")),
         Err(_) => {}
     }
+    state_files::check_open(dir, &broker, &o.state, &mut v);
     drop(broker);
     let mut records = BTreeMap::new();
     let tdir = dir.join(TOPICS_DIR).join(TOPIC);
@@ -371,6 +389,7 @@ fn check_state(
             }
         };
         check_records(p, &recs, o, gaps_allowed, &mut v);
+        state_files::check_exactly_once(p, &recs, &o.state, &mut v);
         records.insert(p, recs);
     }
     (v, records)
@@ -1408,6 +1427,8 @@ fn workloads() -> Vec<(&'static str, Workload, usize)> {
         ("broker_compaction", workload_broker_compaction, 7),
         ("torn_tail", workload_torn_tail, 6),
         ("fsync_failure", workload_fsync_failure, 7),
+        ("group_commits", state_files::workload_group_commits, 1),
+        ("idempotent", state_files::workload_idempotent, 1),
     ]
 }
 
@@ -1626,6 +1647,21 @@ fn planted_bugs_are_caught() {
             name: "zeros_as_records",
             flag: &planted::ZEROS_AS_RECORDS,
             workload: workload_zero_ahead,
+        },
+        Planted {
+            name: "skip_group_file_dir_fsync",
+            flag: &planted::SKIP_ATOMIC_DIR_FSYNC,
+            workload: state_files::workload_group_commits,
+        },
+        Planted {
+            name: "ack_before_journal_durable",
+            flag: &planted::ACK_BEFORE_JOURNAL_DURABLE,
+            workload: state_files::workload_idempotent,
+        },
+        Planted {
+            name: "replay_past_recovered_end",
+            flag: &planted::REPLAY_PAST_RECOVERED_END,
+            workload: state_files::workload_idempotent,
         },
     ];
     let mut missed = Vec::new();

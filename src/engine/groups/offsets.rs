@@ -20,7 +20,7 @@ use crate::format::group::{
     decode_group_file, group_file_name, CommittedOffset, GroupFileError, GROUP_FILE_BYTES_MAX,
     GROUP_FILE_EXT,
 };
-use crate::format::names::validate_name;
+use crate::format::names::{is_atomic_tmp_file_name, validate_name};
 
 /// What a group file held.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -118,7 +118,9 @@ pub fn scan_dir(dir: &Path) -> Vec<GroupEntry> {
                     Ok((g, l)) => GroupEntry::Group(g, l),
                     Err(p) => GroupEntry::Problem(p),
                 },
-                _ if name.contains(".tmp-") => GroupEntry::Leftover(name),
+                _ if name.contains(".tmp-") || is_atomic_tmp_file_name(&name) => {
+                    GroupEntry::Leftover(name)
+                }
                 _ => GroupEntry::Problem(GroupFileProblem::Bad {
                     file: name.clone(),
                     source: GroupFileError::Json("not a group file name".into()),

@@ -192,11 +192,18 @@ impl ProducerTable {
             read_state(data_dir).map_err(ProducerError::Storage)?;
         let mut producers: HashMap<u64, Producer> = HashMap::new();
         let mut next_id = 1;
+        let mut dropped = 0u64;
         if let Some(s) = snap {
             next_id = s.next_producer_id.max(1);
             for p in s.producers {
                 let mut partitions: HashMap<(String, u32), PartitionState> = HashMap::new();
                 for b in p.batches {
+                    // A snapshot may be taken while a batch's records are not yet
+                    // durable: one past the recovered end is dropped like an entry.
+                    if end_of(&b.topic, b.partition).is_none_or(|end| b.last_offset >= end) {
+                        dropped += 1;
+                        continue;
+                    }
                     partitions
                         .entry((b.topic, b.partition))
                         .or_default()
@@ -218,7 +225,6 @@ impl ProducerTable {
                 );
             }
         }
-        let mut dropped = 0u64;
         for e in entries {
             next_id = next_id.max(e.producer_id + 1);
             let p = producers.entry(e.producer_id).or_insert_with(|| Producer {
@@ -306,25 +312,29 @@ impl ProducerTable {
         let sync_file = storage
             .open(&path)
             .map_err(|e| io("opening the journal", e))?;
-        Ok((
-            ProducerTable {
-                dir: data_dir.to_path_buf(),
-                storage,
-                expiration,
-                producers: Mutex::new(producers),
-                next_id: AtomicU64::new(next_id),
-                journal: Mutex::new(JournalState::default()),
-                sync_file,
-                file: Mutex::new(Some(file)),
-                entries_since_snapshot: AtomicU64::new(0),
-                wake: Mutex::new(None),
-                thread: Mutex::new(None),
-                stop: AtomicBool::new(false),
-                poisoned: Mutex::new(None),
-                fsyncs: AtomicU64::new(0),
-            },
-            report,
-        ))
+        let table = ProducerTable {
+            dir: data_dir.to_path_buf(),
+            storage,
+            expiration,
+            producers: Mutex::new(producers),
+            next_id: AtomicU64::new(next_id),
+            journal: Mutex::new(JournalState::default()),
+            sync_file,
+            file: Mutex::new(Some(file)),
+            entries_since_snapshot: AtomicU64::new(0),
+            wake: Mutex::new(None),
+            thread: Mutex::new(None),
+            stop: AtomicBool::new(false),
+            poisoned: Mutex::new(None),
+            fsyncs: AtomicU64::new(0),
+        };
+        if dropped > 0 {
+            // The dropped entries must not stay in the journal: once new records
+            // fill those offsets, a later recovery would take them for the lost
+            // batches. The snapshot holds what was kept; then the journal is cut.
+            table.snapshot()?;
+        }
+        Ok((table, report))
     }
 
     /// Starts the journal writer thread.

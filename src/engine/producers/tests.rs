@@ -116,14 +116,29 @@ fn replay_drops_entries_past_the_end_and_cuts_a_torn_tail() {
     let good = bytes.len();
     bytes.extend_from_slice(&[0, 0, 0, 57, 1, 2, 3]);
     std::fs::write(&path, &bytes).unwrap();
-    // The partition recovered to offset 8: batches at 8..=9 and 10..=11 are gone.
-    let (t, report) = open(dir.path(), 8);
+    // Every batch recovered: only the torn tail is cut.
+    let (t, report) = open(dir.path(), 12);
     assert_eq!(std::fs::metadata(&path).unwrap().len() as usize, good);
+    assert!(report.iter().any(|l| l.contains("cut short")), "{report:?}");
+    drop(t);
+    // The partition recovered to offset 8: batches at 8..=9 and 10..=11 are gone,
+    // and their entries leave the journal (a snapshot of what was kept, then the
+    // journal cut), so that records written later at those offsets are never taken
+    // for them.
+    let (t, report) = open(dir.path(), 8);
     assert!(
         report.iter().any(|l| l.contains("dropped 2 entries")),
         "{report:?}"
     );
-    assert!(report.iter().any(|l| l.contains("cut short")), "{report:?}");
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().len() as usize,
+        JOURNAL_HEADER_LEN
+    );
+    drop(t);
+    let (t, report) = open(dir.path(), 12);
+    assert!(!report.iter().any(|l| l.contains("dropped")), "{report:?}");
+    assert_eq!(t.check(id, e, "t", 0, 8, 2).unwrap(), Decision::Append);
+    t.abandoned(id, "t", 0);
     // Batch 3 (sequences 6..=7) is a duplicate; sequence 8 is the next, as new.
     assert_eq!(
         t.check(id, e, "t", 0, 6, 2).unwrap(),
@@ -171,5 +186,31 @@ fn a_corrupt_entry_is_reported_with_its_position() {
             .iter()
             .any(|l| l.contains(&format!("entry at byte {second}")) && l.contains("checksum")),
         "{report:?}"
+    );
+}
+
+#[test]
+fn snapshot_batches_past_the_recovered_end_are_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let (t, _) = open(dir.path(), 0);
+    let ((id, e), rx) = t.init(None).unwrap();
+    durable(rx);
+    for i in 0..3 {
+        write(&t, id, e, i * 2, 2, u64::from(i as u32) * 2);
+    }
+    // The snapshot is taken before the last batch's records were durable.
+    t.snapshot().unwrap();
+    drop(t);
+    let (t, report) = open(dir.path(), 4);
+    assert!(report.iter().any(|l| l.contains("dropped 1")), "{report:?}");
+    // The lost batch is written again, not answered as a duplicate.
+    assert_eq!(t.check(id, e, "t", 0, 4, 2).unwrap(), Decision::Append);
+    t.abandoned(id, "t", 0);
+    assert_eq!(
+        t.check(id, e, "t", 0, 2, 2).unwrap(),
+        Decision::Duplicate {
+            base_offset: 2,
+            last_offset: 3
+        }
     );
 }

@@ -1,0 +1,333 @@
+//! Workloads for the broker's own state files: a consumer group's committed offsets
+//! (`groups/<group>.json`, replaced atomically) and the idempotent producers' journal
+//! (`producers.journal` + `producers.json`), and their checks after recovery.
+
+use super::*;
+
+use seglog::engine::groups::offsets::{read_group_file, scan_dir, GroupEntry};
+use seglog::engine::groups::OffsetCommit;
+use seglog::engine::producers::{read_state, Decision};
+use seglog::format::group::{group_file_name, GROUPS_DIR};
+use seglog::format::producers::KIND_BATCH;
+
+pub(super) const GROUP: &str = "g";
+
+/// An idempotent batch as the workload wrote it.
+#[derive(Clone, Debug)]
+pub(super) struct IdemBatch {
+    pub pid: u64,
+    pub epoch: u16,
+    pub p: u32,
+    pub seq: i32,
+    pub count: u32,
+    pub base: u64,
+    pub last: u64,
+    pub values: Vec<Vec<u8>>,
+}
+
+/// What the state files must show.
+#[derive(Clone, Debug, Default)]
+pub(super) struct StateOracle {
+    /// Whether the workload commits offsets of [`GROUP`].
+    pub group_used: bool,
+    /// The last acknowledged commit.
+    pub group_acked: Option<u64>,
+    /// Commits begun after it (any may be the one on disk).
+    pub group_pending: Vec<u64>,
+    /// Idempotent batches written, and whether each was acknowledged.
+    pub idem: Vec<(bool, IdemBatch)>,
+}
+
+impl StateOracle {
+    pub(super) fn group_intent(&mut self, offset: u64) {
+        self.group_used = true;
+        self.group_pending.push(offset);
+    }
+    pub(super) fn group_ack(&mut self, offset: u64) {
+        self.group_acked = Some(offset);
+        // Offsets only grow: what was begun before is superseded on disk.
+        self.group_pending.retain(|o| *o > offset);
+    }
+    pub(super) fn idem(&mut self, acked: bool, b: &IdemBatch) {
+        match self
+            .idem
+            .iter_mut()
+            .find(|(_, x)| x.pid == b.pid && x.p == b.p && x.seq == b.seq)
+        {
+            Some(e) => e.0 |= acked,
+            None => self.idem.push((acked, b.clone())),
+        }
+    }
+}
+
+/// Checks done with the recovered broker open: the group's committed offset, and
+/// every idempotent batch's producer state (a retry is a duplicate with the original
+/// offsets; nothing points past a partition's recovered end).
+pub(super) fn check_open(dir: &Path, broker: &Broker, o: &StateOracle, v: &mut Vec<String>) {
+    if o.group_used {
+        check_group(dir, broker, o, v);
+    }
+    if o.idem.is_empty() {
+        return;
+    }
+    let end = |p: u32| broker.offsets(TOPIC, p).map_or(0, |(_, e)| e);
+    // The journal as recovery left it: no entry past its partition's end.
+    match read_state(dir) {
+        Ok((_, entries, _, problem, _)) => {
+            if let Some(pr) = problem {
+                v.push(format!(
+                    "producers.journal has a problem after recovery: {pr}"
+                ));
+            }
+            for e in entries.iter().filter(|e| e.kind == KIND_BATCH) {
+                let end = end(e.partition);
+                if e.last_offset >= end {
+                    v.push(format!(
+                        "producers.journal: entry of producer {} seq {} points at offset {} past partition {}'s recovered end {end}",
+                        e.producer_id, e.base_sequence, e.last_offset, e.partition
+                    ));
+                }
+            }
+        }
+        Err(e) => v.push(format!("producer state unreadable after recovery: {e}")),
+    }
+    let table = broker.producers();
+    for (acked, b) in &o.idem {
+        let end = end(b.p);
+        match table.check(b.pid, b.epoch, TOPIC, b.p, b.seq, b.count) {
+            Ok(Decision::Duplicate {
+                base_offset,
+                last_offset,
+            }) => {
+                if (base_offset, last_offset) != (b.base, b.last) {
+                    v.push(format!(
+                        "producer {} seq {}: a retry is answered with offsets {base_offset}..={last_offset}, not {}..={}",
+                        b.pid, b.seq, b.base, b.last
+                    ));
+                }
+                if last_offset >= end {
+                    v.push(format!(
+                        "producer {} seq {}: a retry is answered as a duplicate at {last_offset}, past partition {}'s recovered end {end}",
+                        b.pid, b.seq, b.p
+                    ));
+                }
+            }
+            Ok(Decision::Append) => {
+                table.abandoned(b.pid, TOPIC, b.p);
+                if *acked {
+                    v.push(format!(
+                        "producer {} seq {}: acknowledged, yet after recovery a retry would be written again",
+                        b.pid, b.seq
+                    ));
+                }
+            }
+            Err(e) => {
+                if *acked {
+                    v.push(format!(
+                        "producer {} seq {}: acknowledged, yet after recovery a retry is refused: {e}",
+                        b.pid, b.seq
+                    ));
+                }
+            }
+        }
+    }
+}
+
+fn check_group(dir: &Path, broker: &Broker, o: &StateOracle, v: &mut Vec<String>) {
+    let gdir = dir.join(GROUPS_DIR);
+    for e in scan_dir(&gdir) {
+        if let GroupEntry::Problem(p) = e {
+            v.push(format!("group file unusable after recovery: {p}"));
+        }
+    }
+    let path = gdir.join(group_file_name(GROUP));
+    let on_disk = if path.exists() {
+        match read_group_file(&path) {
+            Ok((_, l)) => l
+                .offsets
+                .iter()
+                .find(|c| c.topic == TOPIC && c.partition == 0)
+                .map(|c| c.offset),
+            Err(e) => {
+                v.push(format!("group file torn after recovery: {e}"));
+                return;
+            }
+        }
+    } else {
+        None
+    };
+    let served = broker
+        .groups()
+        .fetch_offsets(GROUP, Some(TOPIC), None)
+        .unwrap_or_default()
+        .iter()
+        .find(|c| c.partition == 0)
+        .map(|c| c.offset);
+    if served != on_disk {
+        v.push(format!(
+            "the broker serves committed offset {served:?}, the group file holds {on_disk:?}"
+        ));
+    }
+    let ok = on_disk == o.group_acked || on_disk.is_some_and(|x| o.group_pending.contains(&x));
+    if !ok {
+        v.push(format!(
+            "group {GROUP}: committed offset {on_disk:?} after recovery; acknowledged {:?}, in flight {:?}",
+            o.group_acked, o.group_pending
+        ));
+    }
+}
+
+/// Each acknowledged idempotent batch's values are in the partition exactly once.
+pub(super) fn check_exactly_once(p: u32, recs: &[Rec], o: &StateOracle, v: &mut Vec<String>) {
+    for (_, b) in o.idem.iter().filter(|(a, b)| *a && b.p == p) {
+        for val in &b.values {
+            let n = recs.iter().filter(|r| &r.2 == val).count();
+            if n != 1 {
+                v.push(format!(
+                    "partition {p}: acknowledged idempotent value {:?} is there {n} times",
+                    String::from_utf8_lossy(val)
+                ));
+            }
+        }
+    }
+}
+
+/// Offsets of one group committed again and again (admin commits: the group has no
+/// members), with produces between, over a topic made before the trace.
+pub(super) fn workload_group_commits(root: &Path, rng: &mut Rng) -> Run {
+    let evs = setup_topic(root, small_config(), 1, 2, false, rng);
+    let mut run = Run::new(root);
+    run.topic_preexisting = true;
+    replay(&mut run, evs);
+    let storage: StorageRef = Arc::new(run.sim.clone());
+    let b = Broker::open(root, storage, broker_opts()).unwrap();
+    let mut offset = 0;
+    for i in 0..6u64 {
+        offset += 1 + rng.below(3);
+        run.mark(Ev::GroupIntent(offset));
+        let entries = [OffsetCommit {
+            partition: 0,
+            offset,
+            metadata: format!("m{i}"),
+        }];
+        let done = b
+            .groups()
+            .commit(&*b, GROUP, -1, "", TOPIC, &entries)
+            .unwrap();
+        match done.blocking_recv() {
+            Ok(Ok(())) => run.mark(Ev::GroupAck(offset)),
+            other => run
+                .live_violations
+                .push(format!("commit of {offset} failed: {other:?}")),
+        }
+        if rng.below(2) == 0 {
+            let v = value(0, 700 + i, rng);
+            produce(&mut run, &b, 0, vec![v]);
+        }
+    }
+    drop(b);
+    run
+}
+
+/// Idempotent batches on two partitions the way the server writes them: check
+/// against the table, append, journal entry, both durable, then acknowledged;
+/// some acknowledged batches are retried and must come back as duplicates.
+pub(super) fn workload_idempotent(root: &Path, rng: &mut Rng) -> Run {
+    let evs = setup_topic(root, small_config(), 2, 2, false, rng);
+    let mut run = Run::new(root);
+    run.topic_preexisting = true;
+    replay(&mut run, evs);
+    let storage: StorageRef = Arc::new(run.sim.clone());
+    let b = Broker::open(root, storage, broker_opts()).unwrap();
+    let table = b.producers().clone();
+    let ((pid, epoch), init) = table.init(None).unwrap();
+    if !matches!(init.blocking_recv(), Ok(Ok(()))) {
+        run.live_violations.push("producer init failed".into());
+        return run;
+    }
+    let mut seqs = [0i32; 2];
+    for i in 0..8u64 {
+        let p = (rng.below(2)) as u32;
+        let count = 1 + rng.below(3) as u32;
+        let values: Vec<Vec<u8>> = (0..u64::from(count))
+            .map(|j| value(p, 900 + i * 10 + j, rng))
+            .collect();
+        let seq = seqs[p as usize];
+        match table.check(pid, epoch, TOPIC, p, seq, count) {
+            Ok(Decision::Append) => {}
+            other => {
+                run.live_violations
+                    .push(format!("batch seq {seq}: check said {other:?}"));
+                continue;
+            }
+        }
+        run.mark(Ev::Intent {
+            p,
+            values: values.clone(),
+        });
+        let recs = new_records(&values);
+        let written = b.append_then(TOPIC, p, &recs, |r| {
+            table.accepted(
+                pid,
+                epoch,
+                TOPIC,
+                p,
+                seq,
+                count,
+                r.base_offset,
+                r.last_offset,
+            )
+        });
+        let (r, wait, journal) = match written {
+            Ok(w) => w,
+            Err(e) => {
+                table.abandoned(pid, TOPIC, p);
+                run.live_violations.push(format!("append failed: {e}"));
+                continue;
+            }
+        };
+        let batch = IdemBatch {
+            pid,
+            epoch,
+            p,
+            seq,
+            count,
+            base: r.base_offset,
+            last: r.last_offset,
+            values: values.clone(),
+        };
+        run.mark(Ev::Idem {
+            acked: false,
+            b: batch.clone(),
+        });
+        seqs[p as usize] += count as i32;
+        let data_ok = wait.is_none_or(|w| b.wait_durable_here(w).is_ok());
+        let journal_ok = matches!(journal.blocking_recv(), Ok(Ok(())));
+        if !(data_ok && journal_ok) {
+            continue;
+        }
+        run.mark(Ev::Ack {
+            p,
+            base: r.base_offset,
+            values,
+        });
+        run.mark(Ev::Idem {
+            acked: true,
+            b: batch.clone(),
+        });
+        if rng.below(3) == 0 {
+            // A retry of what was just acknowledged: a duplicate, nothing written.
+            match table.check(pid, epoch, TOPIC, p, seq, count) {
+                Ok(Decision::Duplicate {
+                    base_offset,
+                    last_offset,
+                }) if (base_offset, last_offset) == (batch.base, batch.last) => {}
+                other => run
+                    .live_violations
+                    .push(format!("retry of seq {seq} answered {other:?}")),
+            }
+        }
+    }
+    drop(b);
+    run
+}
