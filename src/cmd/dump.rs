@@ -19,6 +19,8 @@ use std::path::PathBuf;
 use anyhow::Context as _;
 use serde_json::json;
 
+mod state;
+
 use super::verify::{exit_code, problem_json, problem_line, resolve_target};
 use super::{BytesAs, ExitError, Global};
 use crate::engine::maintenance::check::{
@@ -56,7 +58,17 @@ per line, no spaces; paths relative to the data directory (to the partition dire
 loose copy) and no absolute path in any detail text; the records' own timestamp_ms (data, not \
 the time of the run); and a last line {\"type\": \"end\", \"records\", \"severity\"}. It holds \
 no time of the run, no PATH as given, no process id, host or version. --from, --to, --limit \
-and --bytes apply as usual."
+and --bytes apply as usual.\n\n\
+State files: PATH may also be DATA/producers.journal (one line per entry: \
+{\"type\": \"journal_entry\", \"path\", \"position\", \"kind\" (batch or init), \"producer_id\", \
+\"epoch\", \"topic\", \"partition\", \"base_sequence\", \"last_sequence\", \"base_offset\", \
+\"last_offset\", \"timestamp_ms\"}, with --header a {\"type\": \"journal_header\"} line first; a torn \
+tail or corrupt entry is a problem line with its byte position), DATA/producers.json (a \
+{\"type\": \"snapshot\"} line, then one {\"type\": \"producer\"} line per producer with its batches), \
+DATA/groups/GROUP.json or DATA/groups (per group a {\"type\": \"group\"} line, then one \
+{\"type\": \"offset\"} line per committed offset, by topic and partition). --json and --canonical \
+apply (the end line counts the entries, producers or offsets); --limit caps those; --from, --to, \
+--index and --bytes do not apply."
 )]
 pub struct Args {
     /// Data directory, topic directory, partition directory or one .log file.
@@ -124,6 +136,9 @@ pub fn run(args: Args, _global: Global) -> anyhow::Result<u8> {
 /// Dumps what `args` names to `out`; `map_sealed` reads sealed segments through a
 /// memory map, else with positional reads (the output is the same).
 fn dump_to(args: &Args, out: impl Write, map_sealed: bool) -> anyhow::Result<u8> {
+    if let Some((kind, data_dir)) = state::classify(&args.path) {
+        return state::dump_state(args, kind, data_dir, out);
+    }
     let target = resolve_target(&args.path)?;
     let mut d = Dumper {
         args,

@@ -273,3 +273,50 @@ fn metrics_are_off_by_default() {
     assert!(!s.stderr().contains("metrics listening"), "{}", s.stderr());
     s.stop();
 }
+
+/// `seglog_group_lag` is a partition's end offset minus the group's committed
+/// offset, per group, topic and partition.
+#[test]
+fn group_lag_per_partition() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = Serve::start_with(tmp.path(), &["--metrics-listen", "127.0.0.1:0"]);
+    let maddr = metrics_addr(&s);
+    let mut c = Client::connect(&s.addr, Duration::from_secs(30)).unwrap();
+    c.create_topic("lag", 2, &[]).unwrap();
+    for (partition, n) in [(0u32, 10usize), (1, 3)] {
+        let records: Vec<WireRecord<'_>> = (0..n)
+            .map(|_| WireRecord {
+                timestamp_ms: -1,
+                key: None,
+                value: b"v",
+            })
+            .collect();
+        let acks = c
+            .produce("lag", vec![PartitionBatch { partition, records }])
+            .unwrap();
+        assert!(acks[0].result.is_ok(), "{acks:?}");
+    }
+    let (_, text) = get(&maddr, "/metrics");
+    assert!(!text.contains("seglog_group_lag"), "no group yet: {text}");
+    s.ok(&[
+        "groups",
+        "reset-offsets",
+        "g",
+        "--topic",
+        "lag",
+        "--to",
+        "4",
+    ]);
+    let (status, text) = get(&maddr, "/metrics");
+    assert_eq!(status, 200, "{text}");
+    let m = parse(&text);
+    fn at(p: &str) -> [(&str, &str); 3] {
+        [("group", "g"), ("topic", "lag"), ("partition", p)]
+    }
+    assert_eq!(value(&m, "seglog_group_lag", &at("0")), 6.0);
+    // Reset to 4 on a partition of 3 records commits its end (clamped): no lag.
+    assert_eq!(value(&m, "seglog_group_lag", &at("1")), 0.0);
+    promtool_check(&text);
+    drop(c);
+    s.stop();
+}

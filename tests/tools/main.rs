@@ -26,5 +26,6 @@ mod man;
 mod recover;
 mod release_build;
 mod salvage;
+mod state_files;
 mod topic_meta;
 mod vectors;

@@ -3,8 +3,18 @@
 //! commit thread of the async request path: each pass takes every partition asked
 //! for since the last one and runs one fsync per partition covering everything
 //! written to it so far; the publish wakes that partition's waiters only.
+//!
+//! The producer journal and the group files share these passes (no fsync thread of
+//! their own): a pass 1. fdatasyncs the journal once for every entry written before
+//! it, 2. fsyncs the partitions asked for, 3. moves the group coordinator's time on
+//! (every [`TICK_INTERVAL`]) and replaces every dirty group file once. An idempotent
+//! batch's entry is written right after its records and before its partition is
+//! queued, so the pass that makes the records durable for its acknowledgement has
+//! made the entry durable just before: the batch waits for one group commit.
 
 use super::*;
+use crate::engine::groups::{GroupCoordinator, TICK_INTERVAL};
+use crate::engine::producers::ProducerTable;
 
 /// The background thread that fsyncs partitions whose records wait for one: on
 /// request (N records waiting) and every `flush_interval` for all of them.
@@ -13,20 +23,32 @@ pub(super) struct Flusher {
     pub(super) state: Mutex<FlushState>,
     pub(super) wake: Condvar,
     pub(super) interval: Duration,
+    /// Journal entries waiting for the pass's fdatasync.
+    pub(super) producers: Arc<ProducerTable>,
+    /// Group files to replace in the pass, and the coordinator's clock.
+    pub(super) groups: Arc<GroupCoordinator>,
 }
 
 #[derive(Debug, Default)]
 pub(super) struct FlushState {
     pub(super) queue: Vec<Arc<PartitionLog>>,
+    /// A journal entry or a group file waits: run a pass even with an empty queue.
+    pub(super) kicked: bool,
     pub(super) stop: bool,
 }
 
 impl Flusher {
-    pub(super) fn new(interval: Duration) -> Self {
+    pub(super) fn new(
+        interval: Duration,
+        producers: Arc<ProducerTable>,
+        groups: Arc<GroupCoordinator>,
+    ) -> Self {
         Flusher {
             state: Mutex::new(FlushState::default()),
             wake: Condvar::new(),
             interval,
+            producers,
+            groups,
         }
     }
 
@@ -48,11 +70,21 @@ impl Flusher {
         if st.queue.iter().any(|l| Arc::ptr_eq(l, log)) {
             return;
         }
-        let was_empty = st.queue.is_empty();
+        let was_idle = st.queue.is_empty() && !st.kicked;
         st.queue.push(log.clone());
-        if was_empty {
+        if was_idle {
             self.wake.notify_one();
         }
+    }
+
+    /// Asks for a pass soon without a partition: a journal entry or a group file
+    /// waits. As with [`Flusher::request`], only the first ask of a pass wakes.
+    pub(super) fn kick(&self) {
+        let mut st = lock(&self.state);
+        if st.queue.is_empty() && !st.kicked {
+            self.wake.notify_one();
+        }
+        st.kicked = true;
     }
 
     pub(super) fn stop(&self) {
@@ -69,7 +101,8 @@ impl Flusher {
                 return None;
             }
             let now = Instant::now();
-            if !st.queue.is_empty() || now >= deadline {
+            if !st.queue.is_empty() || st.kicked || now >= deadline {
+                st.kicked = false;
                 return Some(std::mem::take(&mut st.queue));
             }
             st = self
@@ -81,14 +114,20 @@ impl Flusher {
     }
 
     /// A failed fsync is recorded in its partition (which then refuses writes);
-    /// the flusher goes on with the others.
+    /// the flusher goes on with the others. The numbered steps are the module's.
     pub(super) fn run(&self, topics: &Topics) {
         let mut deadline = Instant::now() + self.interval;
-        while let Some(batch) = self.next_batch(deadline) {
+        let mut tick_at = Instant::now() + TICK_INTERVAL;
+        while let Some(batch) = self.next_batch(deadline.min(tick_at)) {
+            // 1. Before the partitions: an entry is never made durable after the
+            // records it covers by the same pass.
+            self.producers.sync_pending();
+            // 2.
             for log in batch {
                 let _ = log.flush();
             }
-            if Instant::now() >= deadline {
+            let now = Instant::now();
+            if now >= deadline {
                 let all: Vec<Arc<Topic>> = read(topics).values().cloned().collect();
                 for log in all.iter().flat_map(|t| t.logs()) {
                     if log.durable_end() < log.written_end() {
@@ -97,6 +136,17 @@ impl Flusher {
                 }
                 deadline = Instant::now() + self.interval;
             }
+            // 3.
+            if now >= tick_at {
+                let known: BTreeMap<String, u32> = read(topics)
+                    .values()
+                    .filter(|t| t.offline.is_none())
+                    .map(|t| (t.name.clone(), t.partitions.len() as u32))
+                    .collect();
+                self.groups.tick(now, Some(&known));
+                tick_at = now + TICK_INTERVAL;
+            }
+            self.groups.flush_if_dirty();
         }
     }
 }

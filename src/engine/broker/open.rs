@@ -53,9 +53,21 @@ impl Broker {
         report.extend(notes);
         let (producers, notes) = open_producers(data_dir, &storage, &opts, &topics)?;
         report.extend(notes);
-        let flusher = Arc::new(Flusher::new(opts.flush_interval));
+        let flusher = Arc::new(Flusher::new(
+            opts.flush_interval,
+            producers.clone(),
+            groups.clone(),
+        ));
+        share_commits(&flusher, &groups, &producers);
         let topics = Arc::new(RwLock::new(topics));
-        let thread = flusher.clone().start(topics.clone())?;
+        let thread = match flusher.clone().start(topics.clone()) {
+            Ok(t) => t,
+            Err(e) => {
+                groups.shutdown();
+                producers.shutdown();
+                return Err(e);
+            }
+        };
         let cleaner = Arc::new(Cleaner {
             topics: topics.clone(),
             storage: storage.clone(),
@@ -77,17 +89,6 @@ impl Broker {
         } else {
             None
         };
-        if let Err(e) = start_groups(&groups, &topics) {
-            groups.shutdown();
-            cleaner.stop();
-            flusher.stop();
-            zeroer.stop();
-            let _ = thread.join();
-            if let Some(t) = zeroer_thread {
-                let _ = t.join();
-            }
-            return Err(e);
-        }
         let mut cleaner_threads = Vec::new();
         for (kind, interval) in [
             (CleanupKind::Retention, opts.retention_check_interval),
@@ -382,24 +383,24 @@ fn open_groups(
     Ok((Arc::new(groups), notes))
 }
 
-/// Starts the coordinator's threads; they see the topics through the shared map.
-fn start_groups(
-    groups: &Arc<crate::engine::groups::GroupCoordinator>,
-    topics: &Arc<Topics>,
-) -> Result<(), EngineError> {
-    let topics = Arc::downgrade(topics);
-    groups
-        .start(Box::new(move || {
-            let Some(topics) = topics.upgrade() else {
-                return BTreeMap::new();
-            };
-            let map = read(&topics);
-            map.values()
-                .filter(|t| t.offline.is_none())
-                .map(|t| (t.name.clone(), t.partitions.len() as u32))
-                .collect()
+/// The group files and the producer journal are made durable in the flusher's
+/// passes; each asks for a pass through a weak handle (the flusher holds them).
+fn share_commits(
+    flusher: &Arc<Flusher>,
+    groups: &crate::engine::groups::GroupCoordinator,
+    producers: &crate::engine::producers::ProducerTable,
+) {
+    use crate::engine::groups::Waker;
+    let waker = || {
+        let f = Arc::downgrade(flusher);
+        Waker(Box::new(move || {
+            if let Some(f) = f.upgrade() {
+                f.kick();
+            }
         }))
-        .map_err(|e| EngineError::io("starting the group coordinator", std::io::Error::other(e)))
+    };
+    groups.share_commits(waker());
+    producers.share_commits(waker());
 }
 
 /// Opens the idempotent producers' table; journal entries past a partition's
@@ -423,9 +424,5 @@ fn open_producers(
         &end_of,
     )
     .map_err(|e| EngineError::io("opening the producer journal", std::io::Error::other(e)))?;
-    let table = Arc::new(table);
-    table
-        .start()
-        .map_err(|e| EngineError::io("starting the producer journal", std::io::Error::other(e)))?;
-    Ok((table, notes))
+    Ok((Arc::new(table), notes))
 }

@@ -77,6 +77,9 @@ pub(super) struct Group {
     /// The file must be replaced (or removed, when `deleted`).
     pub(super) dirty: bool,
     pub(super) deleted: bool,
+    /// Commits whose file replace is not durable yet, oldest first: applied to
+    /// `offsets` once it is, dropped if it fails (memory stays as the file is).
+    pub(super) staged: Vec<CommittedOffset>,
     pub(super) commit_waiters: Vec<oneshot::Sender<Result<(), GroupError>>>,
 }
 
@@ -95,6 +98,7 @@ impl Group {
             empty_since_ms: now_ms(),
             dirty: false,
             deleted: false,
+            staged: Vec::new(),
             commit_waiters: Vec::new(),
         }
     }
@@ -116,8 +120,12 @@ impl Group {
         g
     }
 
-    /// The content of the group's file.
-    pub(super) fn file(&self) -> crate::format::group::GroupFile {
+    /// The content of the group's file, with the first `staged` staged commits.
+    pub(super) fn file(&self, staged: usize) -> crate::format::group::GroupFile {
+        let mut offsets = self.offsets.clone();
+        for o in &self.staged[..staged.min(self.staged.len())] {
+            offsets.insert((o.topic.clone(), o.partition), o.clone());
+        }
         crate::format::group::GroupFile {
             version: crate::format::group::GROUP_FILE_VERSION,
             group: self.name.clone(),
@@ -128,7 +136,7 @@ impl Group {
             } else {
                 0
             },
-            offsets: self.offsets.values().cloned().collect(),
+            offsets: offsets.into_values().collect(),
         }
     }
 
@@ -144,7 +152,7 @@ impl Group {
     }
 
     fn is_empty_and_clean(&self) -> bool {
-        self.members.is_empty() && self.offsets.is_empty() && !self.dirty
+        self.members.is_empty() && self.offsets.is_empty() && self.staged.is_empty() && !self.dirty
     }
 
     fn check_member(&self, member: &str) -> Result<(), GroupError> {
@@ -720,24 +728,30 @@ impl GroupCoordinator {
                     group: group.to_string(),
                 });
             };
-            if g.offsets.len() + entries.len() > crate::format::group::GROUP_OFFSETS_MAX {
+            let new_keys = g
+                .staged
+                .iter()
+                .map(|o| (o.topic.as_str(), o.partition))
+                .chain(entries.iter().map(|e| (topic, e.partition)))
+                .filter(|(t, p)| !g.offsets.contains_key(&(t.to_string(), *p)))
+                .collect::<std::collections::BTreeSet<_>>()
+                .len();
+            if g.offsets.len() + new_keys > crate::format::group::GROUP_OFFSETS_MAX {
                 return Err(GroupError::TooLarge {
                     what: "number of committed offsets",
                     max: crate::format::group::GROUP_OFFSETS_MAX,
                 });
             }
             let at = now_ms();
+            // Staged: visible (fetch, describe) once the file holding them is durable.
             for e in entries {
-                g.offsets.insert(
-                    (topic.to_string(), e.partition),
-                    CommittedOffset {
-                        topic: topic.to_string(),
-                        partition: e.partition,
-                        offset: e.offset,
-                        metadata: e.metadata.clone(),
-                        commit_ms: at,
-                    },
-                );
+                g.staged.push(CommittedOffset {
+                    topic: topic.to_string(),
+                    partition: e.partition,
+                    offset: e.offset,
+                    metadata: e.metadata.clone(),
+                    commit_ms: at,
+                });
             }
             g.dirty = true;
             g.commit_waiters.push(tx);
@@ -834,7 +848,9 @@ impl GroupCoordinator {
                     members: g.members.len(),
                 });
             }
+            // Commits still waiting for their file are superseded by the removal.
             g.offsets.clear();
+            g.staged.clear();
             g.deleted = true;
             g.dirty = true;
             g.commit_waiters.push(tx);
@@ -889,13 +905,31 @@ impl GroupCoordinator {
         let mut out = Vec::new();
         for g in groups.values_mut().filter(|g| g.dirty) {
             g.dirty = false;
+            let staged = g.staged.len();
             out.push(offsets::Pending {
                 group: g.name.clone(),
-                bytes: (!g.deleted).then(|| crate::format::group::encode_group_file(&g.file())),
+                bytes: (!g.deleted)
+                    .then(|| crate::format::group::encode_group_file(&g.file(staged))),
+                staged,
                 waiters: std::mem::take(&mut g.commit_waiters),
             });
         }
         out
+    }
+
+    /// After the write of `p`: its staged commits are applied (`ok`) or dropped, so
+    /// that memory holds what the file holds.
+    pub(super) fn settle(&self, p: &offsets::Pending, ok: bool) {
+        let mut groups = lock(&self.groups);
+        let Some(g) = groups.get_mut(&p.group) else {
+            return;
+        };
+        let n = p.staged.min(g.staged.len());
+        for o in g.staged.drain(..n) {
+            if ok {
+                g.offsets.insert((o.topic.clone(), o.partition), o);
+            }
+        }
     }
 
     /// Forgets groups whose removal is durable and that nobody rejoined since.

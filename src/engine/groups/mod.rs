@@ -6,9 +6,11 @@
 //! sync finish when the rebalance does; a commit when the file that covers it is
 //! durable) return a [`Completion`], a `tokio::sync::oneshot` receiver: a thread waits
 //! on it, an async task awaits it. Nothing inside the coordinator blocks waiting for
-//! another request. Time moves through [`GroupCoordinator::tick`], which a background
-//! thread calls; it expires sessions, ends rebalances whose timeout passed, drops the
-//! offsets of deleted topics and expires empty groups.
+//! another request. Time moves through [`GroupCoordinator::tick`], which the broker's
+//! flusher calls every [`TICK_INTERVAL`]; it expires sessions, ends rebalances whose
+//! timeout passed, drops the offsets of deleted topics and expires empty groups. The
+//! group files are written in the flusher's passes too ([`offsets`]): no thread of
+//! the coordinator's own.
 //!
 //! Invariants:
 //! - A group's state, members and generation change only under the `groups` lock.
@@ -20,9 +22,8 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex, MutexGuard, PoisonError};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
 use tokio::sync::oneshot;
 
@@ -49,8 +50,23 @@ pub const PROTOCOLS_PER_JOIN_MAX: usize = 16;
 pub const GROUP_BLOB_BYTES_MAX: usize = 1 << 20;
 /// Longest member id, client id, protocol type or protocol name.
 pub const GROUP_ID_BYTES_MAX: usize = 255;
-/// How often the background thread calls [`GroupCoordinator::tick`].
+/// How often the broker calls [`GroupCoordinator::tick`].
 pub const TICK_INTERVAL: Duration = Duration::from_millis(100);
+
+/// Asks the broker's flusher for a pass (shared by the producer journal).
+pub struct Waker(pub Box<dyn Fn() + Send + Sync>);
+
+impl Waker {
+    pub fn wake(&self) {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for Waker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Waker")
+    }
+}
 
 /// A result that arrives later.
 pub type Completion<T> = oneshot::Receiver<Result<T, GroupError>>;
@@ -212,12 +228,12 @@ pub struct GroupCoordinator {
     storage: StorageRef,
     opts: GroupOptions,
     groups: Mutex<BTreeMap<String, coordinator::Group>>,
-    /// Wakes the committer thread (one message per commit or delete).
-    dirty_tx: Mutex<Option<mpsc::Sender<()>>>,
-    /// Dropped by [`GroupCoordinator::shutdown`]: wakes the ticker at once.
-    tick_stop: Mutex<Option<mpsc::Sender<()>>>,
+    /// Asks the broker for a pass that writes the dirty groups (set by
+    /// [`GroupCoordinator::share_commits`]; without one, a commit writes at once).
+    waker: Mutex<Option<Waker>>,
+    /// Some group is dirty: the next pass writes.
+    dirty: AtomicBool,
     stop: AtomicBool,
-    threads: Mutex<Vec<JoinHandle<()>>>,
     next_member: AtomicU64,
     commits: AtomicU64,
     file_writes: AtomicU64,
@@ -253,10 +269,9 @@ impl GroupCoordinator {
                 storage,
                 opts,
                 groups: Mutex::new(groups),
-                dirty_tx: Mutex::new(None),
-                tick_stop: Mutex::new(None),
+                waker: Mutex::new(None),
+                dirty: AtomicBool::new(false),
                 stop: AtomicBool::new(false),
-                threads: Mutex::new(Vec::new()),
                 next_member: AtomicU64::new(1),
                 commits: AtomicU64::new(0),
                 file_writes: AtomicU64::new(0),
@@ -266,59 +281,28 @@ impl GroupCoordinator {
         ))
     }
 
-    /// Starts the committer thread and the ticker thread; `topics` lists the
-    /// partition counts of existing topics (for dropping offsets of deleted ones).
-    pub fn start(
-        self: &Arc<Self>,
-        topics: Box<dyn Fn() -> BTreeMap<String, u32> + Send>,
-    ) -> Result<(), GroupError> {
-        let (tx, rx) = mpsc::channel();
-        *lock(&self.dirty_tx) = Some(tx);
-        let spawn_err = |e: std::io::Error| GroupError::Storage {
-            group: String::new(),
-            detail: format!("starting a groups thread: {e}"),
-        };
-        let me = self.clone();
-        let committer = std::thread::Builder::new()
-            .name("seglog-groups-commit".into())
-            .spawn(move || me.run_committer(&rx))
-            .map_err(spawn_err)?;
-        lock(&self.threads).push(committer);
-        let me = self.clone();
-        let (stop_tx, stop_rx) = mpsc::channel::<()>();
-        *lock(&self.tick_stop) = Some(stop_tx);
-        let ticker = std::thread::Builder::new()
-            .name("seglog-groups-tick".into())
-            .spawn(move || {
-                // Sleeps between ticks on the stop channel, so a shutdown does not wait
-                // out the interval.
-                while !me.stop.load(Ordering::Acquire) {
-                    match stop_rx.recv_timeout(TICK_INTERVAL) {
-                        Err(mpsc::RecvTimeoutError::Timeout) => {}
-                        Ok(()) | Err(mpsc::RecvTimeoutError::Disconnected) => break,
-                    }
-                    let known = topics();
-                    me.tick(Instant::now(), Some(&known));
-                }
-            })
-            .map_err(spawn_err)?;
-        lock(&self.threads).push(ticker);
-        Ok(())
+    /// Hands the writing of group files to the broker's group commit: `waker` asks
+    /// for a pass, which calls [`GroupCoordinator::flush_if_dirty`].
+    pub fn share_commits(&self, waker: Waker) {
+        *lock(&self.waker) = Some(waker);
     }
 
-    /// Stops the threads after writing what waits; every pending join and sync gets
-    /// [`GroupError::ShuttingDown`].
+    /// Writes what waits (from now on a commit is written at once, or refused once
+    /// stopped); every pending join and sync gets [`GroupError::ShuttingDown`].
     pub fn shutdown(&self) {
         self.stop.store(true, Ordering::Release);
-        lock(&self.dirty_tx).take();
-        lock(&self.tick_stop).take();
-        for t in std::mem::take(&mut *lock(&self.threads)) {
-            let _ = t.join();
-        }
-        // Without a committer thread (never started), write what waits here.
+        lock(&self.waker).take();
         self.flush_dirty();
         for g in lock(&self.groups).values_mut() {
             g.fail_waiters(&GroupError::ShuttingDown);
+        }
+    }
+
+    /// One pass of the group commit: if a group is dirty, replaces each dirty
+    /// group's file once and then completes the commits it covered.
+    pub fn flush_if_dirty(&self) {
+        if self.dirty.swap(false, Ordering::AcqRel) {
+            self.flush_dirty();
         }
     }
 
@@ -332,12 +316,12 @@ impl GroupCoordinator {
     }
 
     fn wake_committer(&self) {
-        match &*lock(&self.dirty_tx) {
-            Some(tx) => {
-                let _ = tx.send(());
-            }
-            // No committer thread: write now (tests that drive the coordinator alone).
-            None => self.flush_dirty(),
+        self.dirty.store(true, Ordering::Release);
+        match &*lock(&self.waker) {
+            Some(w) => w.wake(),
+            // Not shared (tests that drive the coordinator alone, or shut down):
+            // write now.
+            None => self.flush_if_dirty(),
         }
     }
 }

@@ -1,16 +1,16 @@
-//! The groups' files: loading `DATA/groups/*.json` at startup and the committer that
-//! writes them.
+//! The groups' files: loading `DATA/groups/*.json` at startup and the group commit
+//! that writes them.
 //!
-//! Group commit: every commit marks its group dirty and wakes the committer; the
-//! committer takes every dirty group at once, replaces each group's file once
+//! Group commit: every commit marks its group dirty and asks the broker's flusher for
+//! a pass; the pass takes every dirty group at once, replaces each group's file once
 //! (however many commits it holds), and only then completes the commits it took. A
-//! failed write fails exactly those commits; the group stays dirty-free until the
-//! next commit, which writes the whole file again.
+//! commit is staged until then: applied to the group's offsets once its replace is
+//! durable, dropped if the replace fails, so memory never holds a commit the file
+//! may not (a failed write fails exactly those commits and leaves the group's
+//! offsets as they were; the next commit writes the whole file again).
 
 use std::path::Path;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc;
-use std::time::Duration;
 
 use tokio::sync::oneshot;
 
@@ -152,28 +152,12 @@ pub(super) struct Pending {
     pub(super) group: String,
     /// `None`: remove the file.
     pub(super) bytes: Option<Vec<u8>>,
+    /// How many of the group's staged commits the bytes hold.
+    pub(super) staged: usize,
     pub(super) waiters: Vec<oneshot::Sender<Result<(), GroupError>>>,
 }
 
 impl GroupCoordinator {
-    /// The committer thread: wakes on a commit, takes every dirty group, writes.
-    pub(super) fn run_committer(&self, rx: &mpsc::Receiver<()>) {
-        loop {
-            match rx.recv_timeout(Duration::from_millis(200)) {
-                Ok(()) => while rx.try_recv().is_ok() {},
-                Err(mpsc::RecvTimeoutError::Timeout) => {
-                    if self.stop.load(Ordering::Acquire) {
-                        break;
-                    }
-                    continue;
-                }
-                Err(mpsc::RecvTimeoutError::Disconnected) => break,
-            }
-            self.flush_dirty();
-        }
-        self.flush_dirty();
-    }
-
     /// Writes every dirty group once, then completes the commits it covered.
     pub(super) fn flush_dirty(&self) {
         let pending = self.take_dirty();
@@ -183,6 +167,7 @@ impl GroupCoordinator {
         let mut removed = Vec::new();
         for p in pending {
             let result = self.write_one(&p);
+            self.settle(&p, result.is_ok());
             if result.is_ok() && p.bytes.is_none() {
                 removed.push(p.group.clone());
             }

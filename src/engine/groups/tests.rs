@@ -1,5 +1,8 @@
 //! Coordinator state-machine tests, driven without threads: `tick` moves time.
 
+use std::sync::Arc;
+use std::time::Instant;
+
 use super::*;
 use crate::engine::storage::io::RealStorage;
 
@@ -235,4 +238,78 @@ fn admin_commit_and_retention() {
     std::thread::sleep(Duration::from_millis(5));
     c.tick(Instant::now(), None);
     assert!(c.fetch_offsets("g", None, None).unwrap().is_empty());
+}
+
+/// A commit whose file replace fails is not applied: fetch and the file keep the
+/// offset before it, and the next commit is written whole.
+#[test]
+fn failed_replace_leaves_offsets_as_they_were() {
+    use crate::testkit::storage::{FailOn, FailingStorage};
+    let commit = |c: &GroupCoordinator, offset: u64| {
+        let e = [OffsetCommit {
+            partition: 2,
+            offset,
+            metadata: format!("m{offset}"),
+        }];
+        done(c.commit(&Topics, "g", -1, "", "t", &e).unwrap())
+    };
+    // Counts the calls an open and one commit make, then fails the next one.
+    let probe_dir = tempfile::tempdir().unwrap();
+    let probe = FailingStorage::new(Arc::new(RealStorage), u64::MAX, FailOn::Any, false);
+    let c = GroupCoordinator::open(
+        probe_dir.path(),
+        Arc::new(probe.clone()),
+        GroupOptions::default(),
+    )
+    .unwrap()
+    .0;
+    commit(&c, 5).unwrap();
+    let after_first = probe.calls();
+    for step in 1..=3 {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = FailingStorage::new(
+            Arc::new(RealStorage),
+            after_first + step,
+            FailOn::Any,
+            false,
+        );
+        let c = GroupCoordinator::open(
+            dir.path(),
+            Arc::new(storage.clone()),
+            GroupOptions::default(),
+        )
+        .unwrap()
+        .0;
+        commit(&c, 5).unwrap();
+        let failed = commit(&c, 9);
+        assert!(storage.has_failed(), "step {step}");
+        assert!(
+            matches!(failed, Err(GroupError::Storage { .. })),
+            "step {step}: {failed:?}"
+        );
+        let seen = c.fetch_offsets("g", Some("t"), None).unwrap();
+        assert_eq!(seen.len(), 1);
+        assert_eq!(
+            (seen[0].offset, seen[0].metadata.as_str()),
+            (5, "m5"),
+            "step {step}"
+        );
+        assert_eq!(c.describe("g").unwrap().offsets[0].offset, 5);
+        // A restart reads what the file holds: the same.
+        let reopened = coordinator(dir.path());
+        assert_eq!(
+            reopened.fetch_offsets("g", Some("t"), None).unwrap()[0].offset,
+            5,
+            "step {step}"
+        );
+        commit(&c, 12).unwrap();
+        assert_eq!(c.fetch_offsets("g", Some("t"), None).unwrap()[0].offset, 12);
+        assert_eq!(
+            coordinator(dir.path())
+                .fetch_offsets("g", Some("t"), None)
+                .unwrap()[0]
+                .offset,
+            12
+        );
+    }
 }

@@ -26,26 +26,31 @@ fn problem(kind: ProblemKind, path: &Path, position: Option<u64>, detail: String
     }
 }
 
+/// The problem of one entry of `DATA/groups/` (`groups`), if it has one.
+pub fn group_entry_problem(groups: &Path, e: &GroupEntry) -> Option<TopicProblem> {
+    match e {
+        GroupEntry::Group(..) => None,
+        GroupEntry::Leftover(name) => Some(problem(
+            ProblemKind::LeftoverTempFile,
+            &groups.join(name),
+            None,
+            "leftover temporary file of an atomic replace (recover removes it)".into(),
+        )),
+        GroupEntry::Problem(p) => Some(problem(
+            ProblemKind::GroupFileUnreadable,
+            groups,
+            None,
+            format!("{p}; the broker refuses this group until it is repaired"),
+        )),
+    }
+}
+
 /// Problems of the group files and the producer journal of `data_dir`.
 pub fn state_problems(data_dir: &Path) -> Vec<TopicProblem> {
     let mut out = Vec::new();
     let groups = data_dir.join(GROUPS_DIR);
     for e in scan_dir(&groups) {
-        match e {
-            GroupEntry::Group(..) => {}
-            GroupEntry::Leftover(name) => out.push(problem(
-                ProblemKind::LeftoverTempFile,
-                &groups.join(name),
-                None,
-                "leftover temporary file of an atomic replace (recover removes it)".into(),
-            )),
-            GroupEntry::Problem(p) => out.push(problem(
-                ProblemKind::GroupFileUnreadable,
-                &groups,
-                None,
-                format!("{p}; the broker refuses this group until it is repaired"),
-            )),
-        }
+        out.extend(group_entry_problem(&groups, &e));
     }
     let journal = data_dir.join(JOURNAL_FILE);
     match read_state(data_dir) {

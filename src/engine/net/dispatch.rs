@@ -289,7 +289,8 @@ impl Session {
         batches: &[PartitionBatch<'_>],
     ) -> Answer {
         name_ok(topic)?;
-        crate::engine::schemas::net::check_produce(&self.broker, self.version, topic, batches)?;
+        crate::engine::schemas::net::check_produce(&self.broker, self.version, topic, batches)
+            .await?;
         // Every partition's write first (page-cache writes, on this thread), then the
         // durability waits side by side: one group commit per partition covers them.
         let mut results: Vec<PartitionResult> = Vec::with_capacity(batches.len());

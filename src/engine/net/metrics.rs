@@ -462,9 +462,9 @@ impl BrokerCollector {
         )
     }
 
-    /// Per-partition figures, read from the broker now. Consumer-group lag per
-    /// partition belongs here too once groups exist (one more gauge family labelled
-    /// by topic and partition, and the group, whose count the broker bounds).
+    /// Per-partition figures, read from the broker now, and the consumer groups' lag
+    /// per partition (labelled by group too: the broker bounds the groups and their
+    /// committed offsets).
     fn encode_partitions(&self, enc: &mut DescriptorEncoder) -> Fmt {
         let mut rows = Vec::new();
         let mut failed = 0i64;
@@ -559,12 +559,63 @@ impl BrokerCollector {
                 .collect();
             family(enc, name, help, unit.as_ref(), *metric_type, &samples)?;
         }
+        self.encode_group_lag(enc, &rows)?;
         single(
             enc,
             "seglog_failed_partitions",
             "Partitions that refuse writes (failed, or could not be opened)",
             None,
             &gauge(u64::try_from(failed).unwrap_or(0)),
+        )
+    }
+}
+
+impl BrokerCollector {
+    /// `seglog_group_lag{group, topic, partition}`: a partition's end offset minus
+    /// the group's committed offset (0 when the commit is at or past the end), for
+    /// every committed offset of a partition that exists.
+    fn encode_group_lag(
+        &self,
+        enc: &mut DescriptorEncoder,
+        rows: &[(String, String, crate::engine::broker::PartitionInfo)],
+    ) -> Fmt {
+        let ends: std::collections::HashMap<(&str, u32), u64> = rows
+            .iter()
+            .map(|(t, _, p)| ((t.as_str(), p.partition), p.end_offset))
+            .collect();
+        let groups = self.broker.groups();
+        let mut lags = Vec::new();
+        for (group, _) in groups.list() {
+            let Ok(offsets) = groups.fetch_offsets(&group, None, None) else {
+                continue;
+            };
+            for o in offsets {
+                if let Some(end) = ends.get(&(o.topic.as_str(), o.partition)) {
+                    let lag = end.saturating_sub(o.offset);
+                    lags.push((group.clone(), o.topic, o.partition.to_string(), lag));
+                }
+            }
+        }
+        let samples: Vec<_> = lags
+            .iter()
+            .map(|(g, t, p, lag)| {
+                (
+                    [
+                        ("group", g.as_str()),
+                        ("topic", t.as_str()),
+                        ("partition", p.as_str()),
+                    ],
+                    Value::Gauge(i64::try_from(*lag).unwrap_or(i64::MAX)),
+                )
+            })
+            .collect();
+        family(
+            enc,
+            "seglog_group_lag",
+            "Records of a partition after a consumer group's committed offset",
+            None,
+            MetricType::Gauge,
+            &samples,
         )
     }
 }

@@ -95,7 +95,9 @@ pub async fn serve(
                 version,
                 topic,
                 partitions.iter().map(|(_, b)| b),
-            ) {
+            )
+            .await
+            {
                 encode_error(out, id, api, code, &msg);
                 return (0, 0);
             }

@@ -6,9 +6,16 @@
 //!
 //! Durability: every accepted batch and every handed-out id is an entry of
 //! `DATA/producers.journal` ([`crate::format::producers`]), and a batch is
-//! acknowledged only once both its records and its entry are durable. Entries are
-//! group-committed: one writer thread takes every entry waiting, writes them at once
-//! and fdatasyncs once. After [`SNAPSHOT_EVERY_ENTRIES`] entries (and at shutdown)
+//! acknowledged only once both its records and its entry are durable. An entry is
+//! written (page cache) when its batch is accepted, right after the batch's records;
+//! entries are group-committed in the broker's flusher passes
+//! ([`ProducerTable::sync_pending`]): each pass fdatasyncs the journal once for every
+//! entry written before it, just before it fsyncs the partitions, so a batch waits
+//! for one group commit. Power loss: an entry is durable no later than its batch is
+//! acknowledged. The records of a batch not yet acknowledged may become durable
+//! before its entry does (a pass that fsyncs the partition after the records were
+//! written and before the entry was); after such a power loss the retry of that
+//! batch is written again. After [`SNAPSHOT_EVERY_ENTRIES`] entries (and at shutdown)
 //! the table is written to `producers.json` (atomic replace) and then the journal is
 //! cut back to its header. Recovery: snapshot, then the journal's entries in order,
 //! dropping entries past a partition's recovered end (their records were lost) and
@@ -20,12 +27,12 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex, MutexGuard, PoisonError};
-use std::thread::JoinHandle;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::oneshot;
 
+use crate::engine::groups::Waker;
 use crate::engine::storage::io::{write_file_atomic, StorageFile, StorageRef};
 use crate::format::producers::{
     decode_snapshot, encode_entry, encode_snapshot, journal_header, scan_journal, JournalEntry,
@@ -126,8 +133,8 @@ pub struct ProducerTable {
     /// A second handle of the journal, for the group fdatasync.
     sync_file: Box<dyn StorageFile>,
     entries_since_snapshot: AtomicU64,
-    wake: Mutex<Option<mpsc::Sender<()>>>,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    /// Asks the broker's flusher for a pass (without one, an entry syncs at once).
+    wake: Mutex<Option<Waker>>,
     stop: AtomicBool,
     poisoned: Mutex<Option<String>>,
     /// fsyncs of the journal, the snapshot and the data directory.
@@ -323,7 +330,6 @@ impl ProducerTable {
             file: Mutex::new(Some(file)),
             entries_since_snapshot: AtomicU64::new(0),
             wake: Mutex::new(None),
-            thread: Mutex::new(None),
             stop: AtomicBool::new(false),
             poisoned: Mutex::new(None),
             fsyncs: AtomicU64::new(0),
@@ -337,33 +343,17 @@ impl ProducerTable {
         Ok((table, report))
     }
 
-    /// Starts the journal writer thread.
-    pub fn start(self: &Arc<Self>) -> Result<(), ProducerError> {
-        let (tx, rx) = mpsc::channel::<()>();
-        *lock(&self.wake) = Some(tx);
-        let me = self.clone();
-        let t = std::thread::Builder::new()
-            .name("seglog-producers".into())
-            .spawn(move || {
-                while let Ok(()) = rx.recv() {
-                    while rx.try_recv().is_ok() {}
-                    me.write_pending();
-                }
-                me.write_pending();
-            })
-            .map_err(|e| ProducerError::Storage(format!("starting the journal thread: {e}")))?;
-        *lock(&self.thread) = Some(t);
-        Ok(())
+    /// Hands the journal's fdatasync to the broker's group commit: `waker` asks for
+    /// a pass, which calls [`ProducerTable::sync_pending`].
+    pub fn share_commits(&self, waker: Waker) {
+        *lock(&self.wake) = Some(waker);
     }
 
-    /// Writes what waits, stops the writer, snapshots and cuts the journal.
+    /// Syncs what waits, snapshots and cuts the journal; later entries are refused.
     pub fn shutdown(&self) {
         self.stop.store(true, Ordering::Release);
         lock(&self.wake).take();
-        if let Some(t) = lock(&self.thread).take() {
-            let _ = t.join();
-        }
-        self.write_pending();
+        self.sync_pending();
         let _ = self.snapshot();
     }
 
@@ -576,19 +566,17 @@ impl ProducerTable {
             lock(&self.journal).waiters.push(tx);
         }
         match &*lock(&self.wake) {
-            Some(w) => {
-                let _ = w.send(());
-            }
-            None => self.write_pending(),
+            Some(w) => w.wake(),
+            None => self.sync_pending(),
         }
         rx
     }
 
-    /// Group commit: 1. take every waiter (each one's entry was written before it
-    /// was queued), 2. fdatasync once, through a handle of its own so writers go on
-    /// meanwhile, 3. complete the waiters. A failed sync poisons the journal: later
-    /// entries fail too.
-    fn write_pending(&self) {
+    /// Group commit, one pass: 1. take every waiter (each one's entry was written
+    /// before it was queued), 2. fdatasync once, through a handle of its own so
+    /// writers go on meanwhile, 3. complete the waiters. A failed sync poisons the
+    /// journal: later entries fail too.
+    pub fn sync_pending(&self) {
         // 1.
         let waiters = std::mem::take(&mut lock(&self.journal).waiters);
         if waiters.is_empty() {

@@ -1,6 +1,8 @@
 //! Producer-table tests: duplicates, gaps, fencing, journal replay and its cuts.
 
 use super::*;
+use std::sync::Arc;
+
 use crate::engine::storage::io::RealStorage;
 
 fn open(dir: &Path, end: u64) -> (ProducerTable, Report) {

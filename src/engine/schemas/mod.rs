@@ -153,6 +153,97 @@ impl Compiled {
     }
 }
 
+/// Requests with fewer records to check are checked on the calling thread (a hand-off
+/// would cost more than it frees).
+pub const OFF_THREAD_RECORDS_MIN: usize = 16;
+
+/// The values of one request copied out of it, so that threads of the blocking pool
+/// can check them: one buffer, and per value (partition, index in its batch, range).
+#[derive(Debug, Default)]
+struct Values {
+    bytes: Vec<u8>,
+    spans: Vec<(u32, u64, std::ops::Range<usize>)>,
+}
+
+impl Compiled {
+    /// [`Compiled::check_batches`] over copied values.
+    fn check_spans(
+        &self,
+        bytes: &[u8],
+        spans: &[(u32, u64, std::ops::Range<usize>)],
+    ) -> Result<(), SchemaError> {
+        for (partition, index, range) in spans {
+            if let Err((pointer, detail)) = self.check_value(&bytes[range.clone()]) {
+                return Err(SchemaError::Violation {
+                    partition: *partition,
+                    index: *index,
+                    version: self.version,
+                    pointer,
+                    detail,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Compiled::check_batches`] without holding the calling thread (an event
+    /// loop): the values are copied out and checked in contiguous parts, one per core,
+    /// on tokio's blocking pool. The first failure in request order is the one
+    /// reported, as on one thread. Small requests are checked here.
+    pub async fn check_batches_off_thread<'b, 'r: 'b>(
+        self: &Arc<Self>,
+        batches: impl IntoIterator<Item = &'b PartitionBatch<'r>>,
+    ) -> Result<(), SchemaError> {
+        let batches: Vec<&PartitionBatch<'_>> = batches.into_iter().collect();
+        let n: usize = batches.iter().map(|b| b.records.len()).sum();
+        if n < OFF_THREAD_RECORDS_MIN {
+            return self.check_batches(batches);
+        }
+        let mut v = Values {
+            bytes: Vec::with_capacity(
+                batches
+                    .iter()
+                    .flat_map(|b| &b.records)
+                    .map(|r| r.value.len())
+                    .sum(),
+            ),
+            spans: Vec::with_capacity(n),
+        };
+        for b in &batches {
+            for (index, r) in (0u64..).zip(&b.records) {
+                if r.key.is_some() && r.value.is_empty() {
+                    continue;
+                }
+                let start = v.bytes.len();
+                v.bytes.extend_from_slice(r.value);
+                v.spans.push((b.partition, index, start..v.bytes.len()));
+            }
+        }
+        let v = Arc::new(v);
+        let parts = std::thread::available_parallelism()
+            .map_or(1, |p| p.get())
+            .clamp(1, 8);
+        let per = v.spans.len().div_ceil(parts).max(1);
+        let mut handles = Vec::with_capacity(parts);
+        for start in (0..v.spans.len()).step_by(per) {
+            let end = (start + per).min(v.spans.len());
+            let (c, v) = (self.clone(), v.clone());
+            handles.push((
+                start..end,
+                tokio::task::spawn_blocking(move || c.check_spans(&v.bytes, &v.spans[start..end])),
+            ));
+        }
+        for (range, h) in handles {
+            match h.await {
+                Ok(r) => r?,
+                // The pool could not run it (shutting down): check that part here.
+                Err(_) => self.check_spans(&v.bytes, &v.spans[range])?,
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Meta-validates and compiles a schema.
 pub fn compile(schema: &Value, version: u32) -> Result<Compiled, SchemaError> {
     if !(schema.is_object() || schema.is_boolean()) {
@@ -496,6 +587,20 @@ impl SchemaRegistry {
     ) -> Result<(), SchemaError> {
         match self.validator(topic)? {
             Some(c) => c.check_batches(batches),
+            None => Ok(()),
+        }
+    }
+
+    /// [`SchemaRegistry::check_produce`] for an event loop: the values are checked on
+    /// other threads while the loop serves other connections
+    /// ([`Compiled::check_batches_off_thread`]).
+    pub async fn check_produce_off_thread<'b, 'r: 'b>(
+        &self,
+        topic: &str,
+        batches: impl IntoIterator<Item = &'b PartitionBatch<'r>>,
+    ) -> Result<(), SchemaError> {
+        match self.validator(topic)? {
+            Some(c) => c.check_batches_off_thread(batches).await,
             None => Ok(()),
         }
     }

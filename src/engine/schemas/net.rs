@@ -99,8 +99,9 @@ pub fn wire_error(e: SchemaError, version: u16) -> (ErrorCode, String) {
     (code, e.to_string())
 }
 
-/// Checks every value of a produce request against the topic's latest schema.
-pub fn check_produce<'b, 'r: 'b>(
+/// Checks every value of a produce request against the topic's latest schema, on
+/// threads other than the event loop's when the request is large enough.
+pub async fn check_produce<'b, 'r: 'b>(
     broker: &Broker,
     version: u16,
     topic: &str,
@@ -108,7 +109,8 @@ pub fn check_produce<'b, 'r: 'b>(
 ) -> Result<(), (ErrorCode, String)> {
     broker
         .schemas()
-        .check_produce(topic, batches)
+        .check_produce_off_thread(topic, batches)
+        .await
         .map_err(|e| wire_error(e, version))
 }
 

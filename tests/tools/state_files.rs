@@ -1,0 +1,358 @@
+//! The state files beside the topics through the tools: `dump` of
+//! `producers.journal`, `producers.json` and `groups/<group>.json` (human, --json,
+//! --canonical), `verify` of a torn journal tail (repairable, at the entry's byte
+//! position) and of a corrupt entry (corrupt, at its position), `recover` cutting
+//! the torn tail, and a broken or leftover group file.
+
+use std::fs;
+use std::path::Path;
+use std::sync::Arc;
+
+use seglog::engine::broker::{Broker, BrokerOptions};
+use seglog::engine::groups::{GroupCoordinator, GroupOptions, OffsetCommit, TopicLookup};
+use seglog::engine::producers::{Decision, ProducerTable, PRODUCER_ID_EXPIRATION_DEFAULT};
+use seglog::engine::storage::io::RealStorage;
+use seglog::format::producers::{ENTRY_FIXED_LEN, JOURNAL_HEADER_LEN};
+use serde_json::Value;
+
+use crate::util::bin::{json, json_lines, run};
+
+struct Topics;
+impl TopicLookup for Topics {
+    fn partition_count(&self, topic: &str) -> Option<u32> {
+        (topic == "t").then_some(4)
+    }
+}
+
+/// A data directory (made by a broker) whose journal holds an init and two batches
+/// of producer 1 on t/0 and whose group `g` committed t/1 at 7 and t/3 at 2.
+fn data() -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().unwrap();
+    drop(Broker::open(tmp.path(), Arc::new(RealStorage), BrokerOptions::default()).unwrap());
+    let (table, _) = ProducerTable::open(
+        tmp.path(),
+        Arc::new(RealStorage),
+        PRODUCER_ID_EXPIRATION_DEFAULT,
+        &|_, _| Some(1000),
+    )
+    .unwrap();
+    let ((id, epoch), _) = table.init(None).unwrap();
+    for (seq, base) in [(0, 0u64), (5, 5)] {
+        assert_eq!(
+            table.check(id, epoch, "t", 0, seq, 5).unwrap(),
+            Decision::Append
+        );
+        let mut done = table.accepted(id, epoch, "t", 0, seq, 5, base, base + 4);
+        done.try_recv().unwrap().unwrap();
+    }
+    let (groups, _) =
+        GroupCoordinator::open(tmp.path(), Arc::new(RealStorage), GroupOptions::default()).unwrap();
+    let commits = [
+        OffsetCommit {
+            partition: 3,
+            offset: 2,
+            metadata: String::new(),
+        },
+        OffsetCommit {
+            partition: 1,
+            offset: 7,
+            metadata: "m".into(),
+        },
+    ];
+    let mut done = groups.commit(&Topics, "g", -1, "", "t", &commits).unwrap();
+    done.try_recv().unwrap().unwrap();
+    tmp
+}
+
+fn p(dir: &Path, rel: &str) -> String {
+    dir.join(rel).to_str().unwrap().to_string()
+}
+
+/// Every object with a "kind" in a verify report: (kind, severity, path, position).
+fn problems(v: &Value) -> Vec<(String, String, String, Option<u64>)> {
+    let mut out = Vec::new();
+    fn walk(v: &Value, out: &mut Vec<(String, String, String, Option<u64>)>) {
+        match v {
+            Value::Object(m) => {
+                if let (Some(k), Some(s)) = (m.get("kind"), m.get("severity")) {
+                    out.push((
+                        k.as_str().unwrap_or("").to_string(),
+                        s.as_str().unwrap_or("").to_string(),
+                        m.get("path")
+                            .and_then(Value::as_str)
+                            .unwrap_or("")
+                            .to_string(),
+                        m.get("position").and_then(Value::as_u64),
+                    ));
+                }
+                m.values().for_each(|x| walk(x, out));
+            }
+            Value::Array(a) => a.iter().for_each(|x| walk(x, out)),
+            _ => {}
+        }
+    }
+    walk(v, &mut out);
+    out
+}
+
+const ENTRY_INIT: usize = ENTRY_FIXED_LEN;
+const ENTRY_T: usize = ENTRY_FIXED_LEN + 1;
+
+#[test]
+fn dump_shows_journal_entries_with_their_positions() {
+    let d = data();
+    let dir = d.path();
+    let (code, out, err) = run(&["dump", "--json", &p(dir, "producers.journal")], dir);
+    assert_eq!(code, 0, "{err}");
+    let lines = json_lines(&out);
+    assert_eq!(lines.len(), 3, "{out}");
+    let first = JOURNAL_HEADER_LEN as u64;
+    let second = first + ENTRY_INIT as u64;
+    let third = second + ENTRY_T as u64;
+    assert_eq!(lines[0]["type"], "journal_entry");
+    assert_eq!(lines[0]["kind"], "init");
+    assert_eq!(lines[0]["position"], first);
+    assert_eq!(lines[0]["path"], "producers.journal");
+    for (l, (pos, seq, off)) in lines[1..].iter().zip([(second, 0, 0), (third, 5, 5)]) {
+        assert_eq!(l["kind"], "batch", "{l}");
+        assert_eq!(l["position"], pos, "{l}");
+        assert_eq!(l["producer_id"], lines[0]["producer_id"]);
+        assert_eq!(
+            (l["topic"].as_str(), l["partition"].as_u64()),
+            (Some("t"), Some(0))
+        );
+        assert_eq!(l["base_sequence"], seq);
+        assert_eq!(l["last_sequence"], seq + 4);
+        assert_eq!(l["base_offset"], off);
+        assert_eq!(l["last_offset"], off + 4);
+    }
+    let (code, human, _) = run(&["dump", &p(dir, "producers.journal")], dir);
+    assert_eq!(code, 0);
+    assert!(
+        human.contains(&format!(
+            "{second}  batch  producer 1 epoch 0  t/0  seq 0..4  offsets 0..4"
+        )),
+        "{human}"
+    );
+    // --canonical: byte-identical for a copy elsewhere, with an end line.
+    let (code, canon, _) = run(&["dump", "--canonical", &p(dir, "producers.journal")], dir);
+    assert_eq!(code, 0);
+    let copy = tempfile::tempdir().unwrap();
+    fs::copy(
+        dir.join("producers.journal"),
+        copy.path().join("producers.journal"),
+    )
+    .unwrap();
+    let (_, canon2, _) = run(
+        &["dump", "--canonical", &p(copy.path(), "producers.journal")],
+        copy.path(),
+    );
+    assert_eq!(canon, canon2);
+    let last = canon.lines().last().unwrap();
+    assert_eq!(last, r#"{"type":"end","records":3,"severity":"clean"}"#);
+    assert!(
+        canon
+            .lines()
+            .next()
+            .unwrap()
+            .starts_with(r#"{"type":"journal_header","#),
+        "{canon}"
+    );
+    // --limit caps the entries.
+    let (_, limited, _) = run(
+        &[
+            "dump",
+            "--json",
+            "--limit",
+            "1",
+            &p(dir, "producers.journal"),
+        ],
+        dir,
+    );
+    assert_eq!(json_lines(&limited).len(), 1);
+}
+
+#[test]
+fn a_torn_journal_tail_is_repairable_and_recover_cuts_it() {
+    let d = data();
+    let dir = d.path();
+    let journal = dir.join("producers.journal");
+    let good = fs::metadata(&journal).unwrap().len();
+    let last = good - ENTRY_T as u64;
+    // The last entry cut short.
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&journal)
+        .unwrap()
+        .set_len(good - 3)
+        .unwrap();
+    let (code, out, _) = run(&["verify", "--json", dir.to_str().unwrap()], dir);
+    assert_eq!(code, 1, "{out}");
+    let found = problems(&json(&out));
+    assert!(
+        found.contains(&(
+            "journal_torn_tail".into(),
+            "repairable".into(),
+            "producers.journal".into(),
+            Some(last)
+        )),
+        "{found:?}"
+    );
+    // dump: the entries before it, then the problem at its position.
+    let (code, out, _) = run(&["dump", "--json", &p(dir, "producers.journal")], dir);
+    assert_eq!(code, 1, "{out}");
+    let lines = json_lines(&out);
+    assert_eq!(lines.len(), 3, "{out}");
+    assert_eq!(lines[2]["type"], "problem");
+    assert_eq!(lines[2]["kind"], "journal_torn_tail");
+    assert_eq!(lines[2]["position"], last);
+    let (code, _, err) = run(&["dump", &p(dir, "producers.journal")], dir);
+    assert_eq!(code, 1);
+    assert!(err.contains(&format!("at byte {last}")), "{err}");
+
+    let (code, _, err) = run(&["recover", dir.to_str().unwrap()], dir);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(fs::metadata(&journal).unwrap().len(), last);
+    let (code, out, _) = run(&["verify", "--json", dir.to_str().unwrap()], dir);
+    assert_eq!(code, 0, "{out}");
+}
+
+#[test]
+fn a_corrupt_journal_entry_is_reported_with_its_position() {
+    let d = data();
+    let dir = d.path();
+    let journal = dir.join("producers.journal");
+    let mut bytes = fs::read(&journal).unwrap();
+    let second = JOURNAL_HEADER_LEN + ENTRY_INIT;
+    // A bit of the first batch's base_offset.
+    bytes[second + ENTRY_T - 12] ^= 0x10;
+    fs::write(&journal, &bytes).unwrap();
+    let (code, out, _) = run(&["verify", "--json", dir.to_str().unwrap()], dir);
+    assert_eq!(code, 2, "{out}");
+    let found = problems(&json(&out));
+    assert!(
+        found.contains(&(
+            "journal_corrupt".into(),
+            "corrupt".into(),
+            "producers.journal".into(),
+            Some(second as u64)
+        )),
+        "{found:?}"
+    );
+    let (code, out, _) = run(&["dump", "--canonical", &p(dir, "producers.journal")], dir);
+    assert_eq!(code, 2, "{out}");
+    let lines = json_lines(&out);
+    // The header, the init entry, the problem, the end.
+    assert_eq!(lines.len(), 4, "{out}");
+    assert_eq!(lines[1]["kind"], "init");
+    assert_eq!(lines[2]["type"], "problem");
+    assert_eq!(lines[2]["position"], second as u64);
+    assert_eq!(lines[3]["severity"], "corrupt");
+    // recover leaves a corrupt entry for the broker's recovery, which reports it.
+    let (_, _, _) = run(&["recover", dir.to_str().unwrap()], dir);
+    assert_eq!(fs::read(&journal).unwrap(), bytes);
+}
+
+#[test]
+fn dump_shows_the_snapshot() {
+    let d = data();
+    let dir = d.path();
+    // A broker's shutdown writes the snapshot and cuts the journal.
+    drop(Broker::open(dir, Arc::new(RealStorage), BrokerOptions::default()).unwrap());
+    assert_eq!(
+        fs::metadata(dir.join("producers.journal")).unwrap().len(),
+        JOURNAL_HEADER_LEN as u64
+    );
+    let (code, out, err) = run(&["dump", "--json", &p(dir, "producers.json")], dir);
+    assert_eq!(code, 0, "{err}");
+    let lines = json_lines(&out);
+    assert_eq!(lines.len(), 2, "{out}");
+    assert_eq!(lines[0]["type"], "snapshot");
+    assert_eq!(lines[0]["producers"], 1);
+    assert_eq!(lines[1]["type"], "producer");
+    assert_eq!(lines[1]["epoch"], 0);
+    let batches = lines[1]["batches"].as_array().unwrap();
+    assert_eq!(batches.len(), 2);
+    assert_eq!(batches[1]["base_offset"], 5);
+    let (code, human, _) = run(&["dump", &p(dir, "producers.json")], dir);
+    assert_eq!(code, 0);
+    assert!(human.contains("  t/0  seq 5..9  offsets 5..9"), "{human}");
+    let (code, out, _) = run(&["dump", "--json", &p(dir, "producers.journal")], dir);
+    assert_eq!((code, out.as_str()), (0, ""));
+}
+
+#[test]
+fn dump_shows_group_files_and_their_problems() {
+    let d = data();
+    let dir = d.path();
+    let (code, out, err) = run(&["dump", "--json", &p(dir, "groups/g.json")], dir);
+    assert_eq!(code, 0, "{err}");
+    let lines = json_lines(&out);
+    assert_eq!(lines.len(), 3, "{out}");
+    assert_eq!(lines[0]["type"], "group");
+    assert_eq!(lines[0]["group"], "g");
+    assert_eq!(lines[0]["offsets"], 2);
+    assert_eq!(lines[0]["path"], "groups/g.json");
+    assert_eq!(
+        (lines[1]["partition"].as_u64(), lines[1]["offset"].as_u64()),
+        (Some(1), Some(7))
+    );
+    assert_eq!(lines[1]["metadata"], "m");
+    assert_eq!(
+        (lines[2]["partition"].as_u64(), lines[2]["offset"].as_u64()),
+        (Some(3), Some(2))
+    );
+    let (_, human, _) = run(&["dump", &p(dir, "groups/g.json")], dir);
+    assert!(human.contains("t/1  7  m  "), "{human}");
+    let (code, canon, _) = run(&["dump", "--canonical", &p(dir, "groups")], dir);
+    assert_eq!(code, 0);
+    assert_eq!(
+        canon.lines().last().unwrap(),
+        r#"{"type":"end","records":2,"severity":"clean"}"#
+    );
+
+    // A broken group file beside it, and a leftover of a replace.
+    fs::write(dir.join("groups/h.json"), b"{not json").unwrap();
+    fs::write(dir.join("groups/.g.json.tmp-1"), b"{}").unwrap();
+    let (code, out, _) = run(&["dump", "--json", &p(dir, "groups/h.json")], dir);
+    assert_eq!(code, 2, "{out}");
+    let lines = json_lines(&out);
+    assert_eq!(lines.len(), 1, "{out}");
+    assert_eq!(lines[0]["kind"], "group_file_unreadable");
+    assert_eq!(lines[0]["path"], "groups/h.json");
+    let (code, out, _) = run(&["dump", "--json", &p(dir, "groups")], dir);
+    assert_eq!(code, 2, "{out}");
+    let kinds: Vec<String> = json_lines(&out)
+        .iter()
+        .map(|l| {
+            l["kind"]
+                .as_str()
+                .unwrap_or(l["type"].as_str().unwrap())
+                .to_string()
+        })
+        .collect();
+    for want in ["leftover_temp_file", "group_file_unreadable", "offset"] {
+        assert!(kinds.iter().any(|k| k == want), "{want}: {kinds:?}");
+    }
+
+    let (code, out, _) = run(&["verify", "--json", dir.to_str().unwrap()], dir);
+    assert_eq!(code, 2, "{out}");
+    let found = problems(&json(&out));
+    assert!(
+        found
+            .iter()
+            .any(|f| f.0 == "group_file_unreadable" && f.1 == "corrupt"),
+        "{found:?}"
+    );
+    assert!(
+        found
+            .iter()
+            .any(|f| f.0 == "leftover_temp_file" && f.2 == "groups/.g.json.tmp-1"),
+        "{found:?}"
+    );
+    // recover removes the leftover and leaves the broken file for an operator.
+    let (_, _, err) = run(&["recover", dir.to_str().unwrap()], dir);
+    assert!(!dir.join("groups/.g.json.tmp-1").exists(), "{err}");
+    assert!(dir.join("groups/h.json").exists());
+    assert!(dir.join("groups/g.json").exists());
+}
