@@ -8,11 +8,12 @@ use std::fs;
 use std::path::Path;
 use std::sync::Arc;
 
-use seglog::engine::broker::{Broker, BrokerOptions};
+use seglog::engine::broker::{Broker, BrokerOptions, NewRecord};
 use seglog::engine::groups::{GroupCoordinator, GroupOptions, OffsetCommit, TopicLookup};
 use seglog::engine::producers::{Decision, ProducerTable, PRODUCER_ID_EXPIRATION_DEFAULT};
 use seglog::engine::storage::io::RealStorage;
 use seglog::format::producers::{ENTRY_FIXED_LEN, JOURNAL_HEADER_LEN};
+use seglog::format::topic::TopicConfig;
 use serde_json::Value;
 
 use crate::util::bin::{json, json_lines, run};
@@ -28,12 +29,22 @@ impl TopicLookup for Topics {
 /// of producer 1 on t/0 and whose group `g` committed t/1 at 7 and t/3 at 2.
 fn data() -> tempfile::TempDir {
     let tmp = tempfile::tempdir().unwrap();
-    drop(Broker::open(tmp.path(), Arc::new(RealStorage), BrokerOptions::default()).unwrap());
+    let b = Broker::open(tmp.path(), Arc::new(RealStorage), BrokerOptions::default()).unwrap();
+    b.create_topic("t", 4, TopicConfig::default()).unwrap();
+    let records: Vec<NewRecord<'_>> = (0..10)
+        .map(|_| NewRecord {
+            key: None,
+            value: b"v",
+            timestamp_ms: 1_700_000_000_000,
+        })
+        .collect();
+    b.produce("t", 0, &records).unwrap();
+    drop(b);
     let (table, _) = ProducerTable::open(
         tmp.path(),
         Arc::new(RealStorage),
         PRODUCER_ID_EXPIRATION_DEFAULT,
-        &|_, _| Some(1000),
+        &|_, _| Some(10),
     )
     .unwrap();
     let ((id, epoch), _) = table.init(None).unwrap();
@@ -210,8 +221,8 @@ fn a_torn_journal_tail_is_repairable_and_recover_cuts_it() {
     assert_eq!(code, 1);
     assert!(err.contains(&format!("at byte {last}")), "{err}");
 
-    let (code, _, err) = run(&["recover", dir.to_str().unwrap()], dir);
-    assert_eq!(code, 0, "{err}");
+    let (code, out, err) = run(&["recover", dir.to_str().unwrap()], dir);
+    assert_eq!(code, 0, "{out} {err}");
     assert_eq!(fs::metadata(&journal).unwrap().len(), last);
     let (code, out, _) = run(&["verify", "--json", dir.to_str().unwrap()], dir);
     assert_eq!(code, 0, "{out}");

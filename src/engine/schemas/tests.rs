@@ -353,3 +353,64 @@ fn a_crash_while_replacing_leaves_old_or_new() {
     }
     assert!(states > n);
 }
+
+/// Off the event loop, a large request is checked in parts on other threads; the
+/// failure reported is still the first in request order, and tombstones are skipped.
+#[test]
+fn off_thread_checks_report_the_first_failure_in_order() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let c = Arc::new(compile(&person(None), 3).unwrap());
+    let good = br#"{"name": "x", "age": 1}"#.as_slice();
+    let make = |bad: &[(u32, usize)]| -> Vec<PartitionBatch<'static>> {
+        (0..2u32)
+            .map(|partition| PartitionBatch {
+                partition,
+                records: (0..40usize)
+                    .map(|i| WireRecord {
+                        timestamp_ms: -1,
+                        key: (i == 7).then_some(b"k".as_slice()),
+                        value: if bad.contains(&(partition, i)) {
+                            br#"{"name": "x", "age": "old"}"#.as_slice()
+                        } else if i == 7 {
+                            b"".as_slice()
+                        } else {
+                            good
+                        },
+                    })
+                    .collect(),
+            })
+            .collect()
+    };
+    let check = |bad: &[(u32, usize)]| {
+        let batches = make(bad);
+        let one = c.check_batches(&batches);
+        let off = rt.block_on(c.check_batches_off_thread(&batches));
+        assert_eq!(format!("{one:?}"), format!("{off:?}"), "{bad:?}");
+        off
+    };
+    assert!(check(&[]).is_ok());
+    for bad in [
+        vec![(0, 5), (1, 30)],
+        vec![(1, 30)],
+        vec![(1, 39), (1, 2)],
+        vec![(0, 39)],
+    ] {
+        let mut first = bad.clone();
+        first.sort_unstable();
+        match check(&bad) {
+            Err(SchemaError::Violation {
+                partition,
+                index,
+                version,
+                pointer,
+                ..
+            }) => {
+                assert_eq!((partition, index as usize), first[0], "{bad:?}");
+                assert_eq!((version, pointer.as_str()), (3, "/age"));
+            }
+            other => panic!("{bad:?}: {other:?}"),
+        }
+    }
+}

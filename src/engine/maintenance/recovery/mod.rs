@@ -545,8 +545,18 @@ fn offline_lines(root: &Path, offline: &[Problem]) -> Vec<String> {
     offline
         .iter()
         .map(|p| {
+            // A state file beside the topics (a group file, the producer journal)
+            // takes no topic offline.
+            let stays = if matches!(
+                p.kind,
+                ProblemKind::GroupFileUnreadable | ProblemKind::JournalCorrupt
+            ) {
+                "left in place for an operator"
+            } else {
+                "left in place, the topic stays offline"
+            };
             format!(
-                "{} ({}, {}): left in place, the topic stays offline",
+                "{} ({}, {}): {stays}",
                 p.detail,
                 p.kind,
                 relative(root, &p.file)

@@ -71,6 +71,11 @@ pub fn plan_topics(target: &Target) -> Vec<TopicPlan> {
                 "temporary file of an atomic replace, left in place while the topic is offline"
                     .to_string();
             plan.offline.push(tp.problem);
+        } else if tp.problem.kind == ProblemKind::JournalTornTail {
+            // Not a topic's: the journal's own repair cuts it
+            // (`maintenance::state::repair_journal`, which `recover` and the broker's
+            // startup run beside this plan).
+            continue;
         } else if tp.problem.kind == ProblemKind::LeftoverTempFile {
             plan.actions.push(Action::RemoveTempFile {
                 bytes: file_len(&tp.problem.file),
