@@ -39,6 +39,9 @@ fn data() -> tempfile::TempDir {
         })
         .collect();
     b.produce("t", 0, &records).unwrap();
+    // A topic named like the groups directory stays a topic for dump.
+    b.create_topic("groups", 1, TopicConfig::default()).unwrap();
+    b.produce("groups", 0, &records[..2]).unwrap();
     drop(b);
     let (table, _) = ProducerTable::open(
         tmp.path(),
@@ -313,6 +316,11 @@ fn dump_shows_group_files_and_their_problems() {
         (lines[2]["partition"].as_u64(), lines[2]["offset"].as_u64()),
         (Some(3), Some(2))
     );
+    let (code, out, _) = run(&["dump", "--json", &p(dir, "topics/groups")], dir);
+    assert_eq!(code, 0, "{out}");
+    let records = json_lines(&out);
+    assert_eq!(records.len(), 2, "{out}");
+    assert!(records.iter().all(|l| l["type"] == "record"), "{out}");
     let (_, human, _) = run(&["dump", &p(dir, "groups/g.json")], dir);
     assert!(human.contains("t/1  7  m  "), "{human}");
     let (code, canon, _) = run(&["dump", "--canonical", &p(dir, "groups")], dir);

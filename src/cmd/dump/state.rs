@@ -17,6 +17,7 @@ use crate::engine::maintenance::check::{Problem, ProblemKind, Severity};
 use crate::engine::maintenance::state::{group_entry_problem, state_problems};
 use crate::engine::storage::layout::{Target, TargetKind};
 use crate::format::group::GROUPS_DIR;
+use crate::format::names::TOPICS_DIR;
 use crate::format::producers::{
     decode_entry, decode_snapshot, JournalEntry, JOURNAL_FILE, JOURNAL_HEADER_LEN, KIND_BATCH,
     SNAPSHOT_FILE,
@@ -43,8 +44,11 @@ pub(super) fn classify(path: &Path) -> Option<(StateFile, PathBuf)> {
         Some(p) => p,
         None => Path::new("."),
     };
+    // A topic named like the groups directory is a topic: `topics/groups`.
+    let is_topics = |p: &Path| p.file_name().and_then(|n| n.to_str()) == Some(TOPICS_DIR);
     if path.is_dir() {
-        return (name == GROUPS_DIR).then(|| (StateFile::GroupsDir, parent.to_path_buf()));
+        return (name == GROUPS_DIR && !is_topics(parent))
+            .then(|| (StateFile::GroupsDir, parent.to_path_buf()));
     }
     if !path.is_file() {
         return None;
@@ -62,7 +66,9 @@ pub(super) fn classify(path: &Path) -> Option<(StateFile, PathBuf)> {
             Some(p) => p,
             None => Path::new("."),
         };
-        return Some((StateFile::Group, data.to_path_buf()));
+        if !is_topics(data) {
+            return Some((StateFile::Group, data.to_path_buf()));
+        }
     }
     None
 }
@@ -262,7 +268,7 @@ impl<W: Write> StateDumper<'_, W> {
         let rel = self.rel(path);
         let snap = match std::fs::read(path)
             .map_err(|e| e.to_string())
-            .and_then(|b| decode_snapshot(&b).map_err(|e| e.to_string()))
+            .and_then(|b| decode_snapshot(&b).map_err(|e| e.clone()))
         {
             Ok(s) => s,
             Err(e) => {

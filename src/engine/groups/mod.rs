@@ -58,7 +58,7 @@ pub struct Waker(pub Box<dyn Fn() + Send + Sync>);
 
 impl Waker {
     pub fn wake(&self) {
-        (self.0)()
+        (self.0)();
     }
 }
 

@@ -221,7 +221,7 @@ impl Compiled {
         }
         let v = Arc::new(v);
         let parts = std::thread::available_parallelism()
-            .map_or(1, |p| p.get())
+            .map_or(1, std::num::NonZero::get)
             .clamp(1, 8);
         let per = v.spans.len().div_ceil(parts).max(1);
         let mut handles = Vec::with_capacity(parts);
