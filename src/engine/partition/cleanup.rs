@@ -271,8 +271,16 @@ impl Visit<'_> {
             return Ok(done);
         }
         let bases: Vec<u64> = due.iter().map(|s| s.base_offset).collect();
-        let removed = self.log.remove_oldest(&bases)?;
-        done.bytes = removed.iter().map(|s| s.bytes()).sum();
+        if cold.is_some() {
+            let removed = self.log.remove_oldest(&bases)?;
+            done.bytes = removed.iter().map(|s| s.bytes()).sum();
+        } else {
+            // Without cold storage the files may become spares: no segment of them
+            // may still be held here.
+            drop(due);
+            drop(settled);
+            done.bytes = self.log.retire_oldest(&bases)?;
+        }
         tracing::info!(
             topic = self.topic,
             partition = self.partition,
