@@ -147,7 +147,13 @@ fn retention_fills_the_pool_rolls_take_from_it_and_startup_restamps() {
     assert_acked_kept(&b, &acked);
     // A reused segment's records carry its generation.
     let gens: Vec<u64> = b
-        .fetch("t", 0, b.offsets("t", 0).unwrap().0, 1 << 20, Duration::ZERO)
+        .fetch(
+            "t",
+            0,
+            b.offsets("t", 0).unwrap().0,
+            1 << 20,
+            Duration::ZERO,
+        )
         .unwrap()
         .chunks
         .iter()
@@ -223,14 +229,9 @@ impl Hook for FailSpareStep {
         if !self.armed.load(Ordering::SeqCst) {
             return None;
         }
-        let in_spares = op
-            .path
-            .components()
-            .any(|c| c.as_os_str() == "spares");
+        let in_spares = op.path.components().any(|c| c.as_os_str() == "spares");
         let counted = match op.call {
-            Call::Rename { to } => {
-                in_spares || to.components().any(|c| c.as_os_str() == "spares")
-            }
+            Call::Rename { to } => in_spares || to.components().any(|c| c.as_os_str() == "spares"),
             Call::SyncDir => true,
             Call::WriteAt { .. } | Call::SyncAll => in_spares,
             _ => false,
@@ -261,14 +262,14 @@ fn a_failure_at_every_spare_step_recovers_with_nothing_acknowledged_lost() {
         let storage = Arc::new(HookStorage::shared(real(), hook.clone()));
         let b = Broker::open(dir.path(), storage, opts()).unwrap();
         b.create_topic("t", 1, config()).unwrap();
-        let mut acked = produce(&b, 0, 40);
-        assert_eq!(acked.len(), 40);
+        let mut acked = produce(&b, 0, 30);
+        assert_eq!(acked.len(), 30);
         hook.armed.store(true, Ordering::SeqCst);
         // Entry (retention), then rolls that take spares, then entry again.
         let _ = b.run_retention();
-        acked.extend(produce(&b, 40, 30));
+        acked.extend(produce(&b, 40, 14));
         let _ = b.run_retention();
-        acked.extend(produce(&b, 70, 10));
+        acked.extend(produce(&b, 70, 4));
         hook.armed.store(false, Ordering::SeqCst);
         let failed = hook.failed.load(Ordering::SeqCst);
         let _ = b.shutdown();
@@ -281,8 +282,8 @@ fn a_failure_at_every_spare_step_recovers_with_nothing_acknowledged_lost() {
             spare_headers(dir.path()).iter().all(|h| h.0 == u64::MAX),
             "step {n}: every spare unassigned"
         );
-        let more = produce(&b, 1000, 20);
-        assert_eq!(more.len(), 20, "step {n}: the partition takes writes");
+        let more = produce(&b, 1000, 8);
+        assert_eq!(more.len(), 8, "step {n}: the partition takes writes");
         acked.extend(more);
         assert_acked_kept(&b, &acked);
         b.shutdown().unwrap();

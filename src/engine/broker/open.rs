@@ -161,9 +161,7 @@ fn open_spares(
     if opts.spares_per_partition == 0 {
         return Ok(Vec::new());
     }
-    stats
-        .spares
-        .configure(data_dir, opts.spares_per_partition);
+    stats.spares.configure(data_dir, opts.spares_per_partition);
     let Some(dir) = stats.spares.dir() else {
         return Ok(Vec::new());
     };

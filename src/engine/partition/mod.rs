@@ -525,9 +525,9 @@ mod tests;
 use files::{FileCache, SegmentFile};
 pub use open::LostSegment;
 use open::{checked_header, list_segments, open_active, open_sealed, sync_on_open};
+use retention::Doomed;
 use roll::create_segment_files;
 pub use spares::SparePool;
-use retention::Doomed;
 pub use zero::{WritePath, ZeroTarget};
 
 pub(crate) use open::create_first_segment;

@@ -78,8 +78,7 @@ impl PartitionLog {
             } else {
                 [0; HEADER_LEN]
             };
-            let (log, index) =
-                create_segment_files(&*self.storage, &self.dir, base, &first_bytes)?;
+            let (log, index) = create_segment_files(&*self.storage, &self.dir, base, &first_bytes)?;
             return Ok((log, index, None));
         };
         let index_path = self.dir.join(index_file_name(base));
@@ -141,15 +140,15 @@ impl PartitionLog {
         // 2.
         let path = self.dir.join(log_file_name(base));
         let (log, index, spare) = self.new_segment_files(base, &path).map_err(|e| {
-                EngineError::io(
-                    format!(
-                        "creating segment {} in {}",
-                        log_file_name(base),
-                        self.dir.display()
-                    ),
-                    e,
-                )
-            })?;
+            EngineError::io(
+                format!(
+                    "creating segment {} in {}",
+                    log_file_name(base),
+                    self.dir.display()
+                ),
+                e,
+            )
+        })?;
         let generation = spare.as_ref().map_or(0, |s| s.generation);
         // A reused file's old bytes are records of an older generation: zeroing
         // starts past them.

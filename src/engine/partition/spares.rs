@@ -243,8 +243,7 @@ impl SparePool {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(true),
             Err(e) => return Err(e),
         };
-        if rustix::fs::flock(&probe, rustix::fs::FlockOperation::NonBlockingLockExclusive)
-            .is_err()
+        if rustix::fs::flock(&probe, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err()
         {
             return Ok(false);
         }
@@ -336,6 +335,8 @@ impl super::PartitionLog {
 
     /// Spares in the node's pool that came from this partition.
     pub fn spares(&self) -> u64 {
-        self.stats.spares.from_partition(&self.topic, self.partition)
+        self.stats
+            .spares
+            .from_partition(&self.topic, self.partition)
     }
 }
