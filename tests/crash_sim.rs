@@ -1331,7 +1331,9 @@ fn workload_spares(root: &Path, rng: &mut Rng) -> Run {
     let mut evs = vec![Ev::TopicCreated, Ev::AlterIntent(ms), Ev::AlterAck(ms)];
     for i in 0..30 {
         let v = value(0, 10_000 + i, rng);
-        let r = b.produce(TOPIC, 0, &new_records(&[v.clone()])).unwrap();
+        let r = b
+            .produce(TOPIC, 0, &new_records(std::slice::from_ref(&v)))
+            .unwrap();
         evs.push(Ev::Ack {
             p: 0,
             base: r.base_offset,

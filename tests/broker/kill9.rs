@@ -220,7 +220,7 @@ fn kill9_loop(reuse: Option<&Reuse>, default_iterations: u64) {
         if it % ROUNDS_PER_DIR == 0 {
             c.create_topic(TOPIC, PARTITIONS, &settings).unwrap();
         }
-        spares_seen += std::fs::read_dir(dir.path().join("spares")).map_or(0, |d| d.count());
+        spares_seen += std::fs::read_dir(dir.path().join("spares")).map_or(0, Iterator::count);
         // Everything acknowledged before the earlier kills is still there.
         let got = read_back(&server.addr);
         {

@@ -8,6 +8,13 @@ use super::*;
 
 // ----- rolling -----
 
+/// A new segment's log, its index, and the spare the log was taken from, if any.
+type NewSegmentFiles = (
+    Arc<dyn StorageFile>,
+    Arc<dyn StorageFile>,
+    Option<spares::Spare>,
+);
+
 /// Creates `<base>.log` starting with `header` (a generation-0 header, or 32 zero
 /// bytes at a roll) and an empty `<base>.index`. Nothing is fsynced here; on failure,
 /// whatever was created is removed.
@@ -63,15 +70,7 @@ impl PartitionLog {
     /// The new segment's files at a roll: a spare from the node's pool renamed to
     /// `path` (its header still the spare's), else a new file with its 32 header
     /// bytes zero; and a new, empty index. Nothing is fsynced here.
-    fn new_segment_files(
-        &self,
-        base: u64,
-        path: &Path,
-    ) -> io::Result<(
-        Arc<dyn StorageFile>,
-        Arc<dyn StorageFile>,
-        Option<spares::Spare>,
-    )> {
+    fn new_segment_files(&self, base: u64, path: &Path) -> io::Result<NewSegmentFiles> {
         let Some(spare) = self.stats.spares.take(&*self.storage, path) else {
             let first_bytes = if planted!(ROLL_BEFORE_DATA_DURABLE) {
                 SegmentHeader::new(base).encode()
