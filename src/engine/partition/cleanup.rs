@@ -279,7 +279,10 @@ impl Visit<'_> {
             // may still be held here.
             drop(due);
             drop(settled);
-            done.bytes = self.log.retire_oldest(&bases)?;
+            // Rule 4: a spare is never longer than a segment plus the preallocation.
+            let window = self.log.preallocate_window();
+            let spare_bytes_max = config.segment_bytes.saturating_add(window);
+            done.bytes = self.log.retire_oldest_within(&bases, spare_bytes_max)?;
         }
         tracing::info!(
             topic = self.topic,

@@ -159,13 +159,25 @@ impl PartitionLog {
     /// first; the entry fsyncs the partition directory after its rename). The caller
     /// holds no segment of `bases`. Returns the bytes of the segments removed.
     pub fn retire_oldest(&self, bases: &[u64]) -> Result<u64, EngineError> {
+        self.retire_oldest_within(bases, u64::MAX)
+    }
+
+    /// [`PartitionLog::retire_oldest`] where only a log of at most `spare_bytes_max`
+    /// bytes may become a spare (docs/FORMAT.md, Spare files, rule 4).
+    pub fn retire_oldest_within(
+        &self,
+        bases: &[u64],
+        spare_bytes_max: u64,
+    ) -> Result<u64, EngineError> {
         let removed = self.unlist_oldest(bases)?;
         let bytes = removed.iter().map(|s| s.bytes()).sum();
         let mut doomed = lock(&self.doomed);
         for seg in removed {
             // Only this list holds the segment, and no reader shares its handle: once
             // it is dropped nobody reads the old bytes through this process.
-            let unheld = Arc::strong_count(&seg) == 1 && seg.file.unshared();
+            let unheld = Arc::strong_count(&seg) == 1
+                && seg.file.unshared()
+                && seg.bytes() <= spare_bytes_max;
             doomed.push(Doomed {
                 path: seg.path.clone(),
                 spare: unheld.then_some(seg.generation),

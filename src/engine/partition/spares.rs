@@ -333,6 +333,14 @@ impl super::PartitionLog {
         reserved.saturating_sub(a.data_end)
     }
 
+    /// The preallocation window (`--preallocate-bytes`).
+    pub fn preallocate_window(&self) -> u64 {
+        self.stats
+            .write_path
+            .preallocate_bytes
+            .load(Ordering::Relaxed)
+    }
+
     /// Spares in the node's pool that came from this partition.
     pub fn spares(&self) -> u64 {
         self.stats
