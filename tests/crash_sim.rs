@@ -7,7 +7,8 @@
 //!
 //! `SEGLOG_CRASH_STATES=N` sets the target number of states (default 150000, shared
 //! out among the workloads and models; the effort per crash point grows with it); `SEGLOG_SEED=S` reruns a seed;
-//! `SEGLOG_CRASH_ONLY=NAME` runs one workload.
+//! `SEGLOG_CRASH_ONLY=NAME` runs one workload; `SEGLOG_PLANTED_ONLY=TEXT` runs the
+//! planted bugs whose name contains TEXT.
 
 #![expect(clippy::unwrap_used, reason = "tests")]
 
@@ -29,9 +30,9 @@ use seglog::engine::storage::io::{RealStorage, StorageRef};
 use seglog::engine::storage::layout::{list_partition, resolve};
 use seglog::engine::storage::reader::{open_log, read_header, scan_segment};
 use seglog::format::marker::CompactionMarker;
-use seglog::format::names::{COMPACTION_MARKER, TOPICS_DIR, TOPIC_FILE};
+use seglog::format::names::{COMPACTION_MARKER, SPARES_DIR, TOPICS_DIR, TOPIC_FILE};
 use seglog::format::topic::{TopicConfig, TopicMeta};
-use seglog::format::{encode_record, HEADER_LEN};
+use seglog::format::{decode_record, encode_record, SegmentHeader, HEADER_LEN};
 use seglog::testkit::planted;
 use seglog::testkit::sim::{crash_states, DirModel, Image, Materialiser, Rng, SimStorage, Trace};
 
@@ -319,7 +320,7 @@ fn check_state(
     let mut v = Vec::new();
     check_metadata(dir, o, &mut v);
     let opened = catch_unwind(AssertUnwindSafe(|| {
-        Broker::open(dir, Arc::new(RealStorage), broker_opts())
+        Broker::open(dir, Arc::new(RealStorage), spare_opts())
     }));
     let broker = match opened {
         Err(_) => {
@@ -349,6 +350,7 @@ fn check_state(
     }
     state_files::check_open(dir, &broker, &o.state, &mut v);
     drop(broker);
+    check_spare_files(dir, &mut v);
     let mut records = BTreeMap::new();
     let tdir = dir.join(TOPICS_DIR).join(TOPIC);
     if !tdir.exists() {
@@ -625,7 +627,7 @@ fn crash_during_recovery(
     let sim = SimStorage::new(&dir).unwrap();
     let storage: StorageRef = Arc::new(sim.clone());
     let opened = catch_unwind(AssertUnwindSafe(|| {
-        Broker::open(&dir, storage, broker_opts())
+        Broker::open(&dir, storage, spare_opts())
     }));
     match opened {
         Ok(Ok(b)) => drop(b),
@@ -1307,6 +1309,141 @@ fn workload_retention(root: &Path, rng: &mut Rng) -> Run {
     run
 }
 
+/// The broker's options with the spare pool on (docs/FORMAT.md, Spares).
+fn spare_opts() -> BrokerOptions {
+    BrokerOptions {
+        spares_per_partition: 4,
+        ..broker_opts()
+    }
+}
+
+/// Spares: set up on the real disk with the pool on (retention has filled
+/// `DATA/spares/`), then traced on one partition log sharing the pool: the startup
+/// re-stamp, appends with a group commit every few records over rolls that take
+/// spares (the outgoing segment's last records not yet durable at the roll), and
+/// retention handing the oldest segments back to the pool, twice.
+fn workload_spares(root: &Path, rng: &mut Rng) -> Run {
+    const FLUSH_EVERY_RECORDS: u64 = 3;
+    let config = retention_config();
+    let b = Broker::open(root, Arc::new(RealStorage), spare_opts()).unwrap();
+    b.create_topic(TOPIC, 1, config.clone()).unwrap();
+    let ms = config.retention_ms;
+    let mut evs = vec![Ev::TopicCreated, Ev::AlterIntent(ms), Ev::AlterAck(ms)];
+    for i in 0..30 {
+        let v = value(0, 10_000 + i, rng);
+        let r = b
+            .produce(TOPIC, 0, &new_records(std::slice::from_ref(&v)))
+            .unwrap();
+        evs.push(Ev::Ack {
+            p: 0,
+            base: r.base_offset,
+            values: vec![v],
+        });
+    }
+    assert!(b.run_retention().is_empty());
+    let (start, _) = b.offsets(TOPIC, 0).unwrap();
+    assert!(b.stats().spares_returned > 0, "the setup fills the pool");
+    evs.extend([
+        Ev::RetentionStart { p: 0, start },
+        Ev::RetentionDone { p: 0 },
+    ]);
+    drop(b);
+    let mut run = Run::new(root);
+    run.topic_preexisting = true;
+    replay(&mut run, evs);
+    let storage: StorageRef = Arc::new(run.sim.clone());
+    let stats = Arc::new(LogStats::default());
+    stats.spares.configure(root, 4);
+    stats.spares.set_partitions(1);
+    stats.spares.restamp(&*storage).unwrap();
+    let dir = root.join(TOPICS_DIR).join(TOPIC).join("0");
+    let (log, _) = PartitionLog::open(TOPIC, 0, &dir, storage, stats.clone()).unwrap();
+    let mut unacked: Vec<(u64, Vec<Vec<u8>>)> = Vec::new();
+    let mut n = 0u64;
+    for round in 0..2 {
+        for i in 0..12 {
+            let count = 1 + rng.below(2);
+            let values: Vec<Vec<u8>> = (0..count)
+                .map(|_| {
+                    n += 1;
+                    value(0, n, rng)
+                })
+                .collect();
+            let Some(a) = append_values(&mut run, &log, &config, &values) else {
+                continue;
+            };
+            unacked.push((a.base_offset, values));
+            if a.unflushed >= FLUSH_EVERY_RECORDS || i == 11 {
+                if log.wait_durable(a.last_offset + 1).is_err() {
+                    break;
+                }
+                for (base, values) in unacked.drain(..) {
+                    run.mark(Ev::Ack { p: 0, base, values });
+                }
+            }
+        }
+        if round == 1 {
+            break;
+        }
+        // Retention by hand: every settled segment but the newest goes.
+        let settled = log.settled_segments();
+        let Some((kept, gone)) = settled.split_last() else {
+            continue;
+        };
+        let bases: Vec<u64> = gone.iter().map(|s| s.base_offset).collect();
+        let start = kept.base_offset;
+        drop(settled);
+        run.mark(Ev::RetentionStart { p: 0, start });
+        log.retire_oldest(&bases).unwrap();
+        run.mark(Ev::RetentionDone { p: 0 });
+        check_spare_files(root, &mut run.live_violations);
+    }
+    assert!(
+        stats.spares.taken.load(Ordering::Relaxed) > 0,
+        "rolls take spares"
+    );
+    drop(log);
+    run
+}
+
+/// Every file in `DATA/spares/` is an unassigned spare (base `u64::MAX`) whose
+/// records are all of an older generation (docs/FORMAT.md, Spares rules 1 and 2): a
+/// record at the start that passes its CRC with the header's generation would be
+/// readable again once a log takes the file.
+fn check_spare_files(root: &Path, v: &mut Vec<String>) {
+    let Ok(rd) = fs::read_dir(root.join(SPARES_DIR)) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let path = e.path();
+        let Ok(bytes) = fs::read(&path) else {
+            v.push(format!("{}: unreadable spare", path.display()));
+            continue;
+        };
+        match SegmentHeader::decode(&bytes) {
+            Ok(h) => {
+                if !h.is_spare() {
+                    v.push(format!(
+                        "{}: header names base {}, not an unassigned spare",
+                        path.display(),
+                        h.base_offset
+                    ));
+                }
+                let rest = bytes.get(HEADER_LEN..).unwrap_or(&[]);
+                if let Ok(r) = decode_record(rest, HEADER_LEN as u64, h.generation) {
+                    v.push(format!(
+                        "{}: holds a valid record (offset {}) of its own generation {}",
+                        path.display(),
+                        r.offset,
+                        h.generation
+                    ));
+                }
+            }
+            Err(e) => v.push(format!("{}: spare header: {e}", path.display())),
+        }
+    }
+}
+
 /// A torn tail (a damaged record with a valid one behind it) cut by the broker's
 /// startup recovery, then new appends at the same offsets.
 fn workload_torn_tail(root: &Path, rng: &mut Rng) -> Run {
@@ -1424,6 +1561,7 @@ fn workloads() -> Vec<(&'static str, Workload, usize)> {
         ("alter_topic", workload_alter, 7),
         ("compaction", workload_compact, 7),
         ("retention", workload_retention, 7),
+        ("spares", workload_spares, 5),
         ("broker_compaction", workload_broker_compaction, 7),
         ("torn_tail", workload_torn_tail, 6),
         ("fsync_failure", workload_fsync_failure, 7),
@@ -1639,6 +1777,21 @@ fn planted_bugs_are_caught() {
             workload: workload_retention,
         },
         Planted {
+            name: "spare_without_generation_bump",
+            flag: &planted::SPARE_WITHOUT_GENERATION_BUMP,
+            workload: workload_spares,
+        },
+        Planted {
+            name: "spare_not_restamped_at_startup",
+            flag: &planted::SPARE_NOT_RESTAMPED_AT_STARTUP,
+            workload: workload_spares,
+        },
+        Planted {
+            name: "spare_base_before_data_durable",
+            flag: &planted::SPARE_BASE_BEFORE_DATA_DURABLE,
+            workload: workload_spares,
+        },
+        Planted {
             name: "zeros_over_live_data",
             flag: &planted::ZEROS_OVER_LIVE_DATA,
             workload: workload_zero_ahead,
@@ -1665,7 +1818,11 @@ fn planted_bugs_are_caught() {
         },
     ];
     let mut missed = Vec::new();
+    let only = std::env::var("SEGLOG_PLANTED_ONLY").ok();
     for c in &cases {
+        if only.as_deref().is_some_and(|o| !c.name.contains(o)) {
+            continue;
+        }
         c.flag.store(true, Ordering::SeqCst);
         let run = catch_unwind(AssertUnwindSafe(|| {
             let mut caught = 0;

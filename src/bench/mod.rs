@@ -104,6 +104,9 @@ pub struct WritePathReport {
     /// The longest a writer waited at a roll since the broker started.
     pub roll_stall_max_ms: f64,
     pub zeroed_bytes: u64,
+    /// Spare files logs took at a roll, and segments that became spares.
+    pub spares_taken: u64,
+    pub spares_returned: u64,
 }
 
 /// Why a run failed.
@@ -233,6 +236,7 @@ impl Embedded {
             flush_every_records,
             preallocate_bytes: write.preallocate_bytes.unwrap_or(PREALLOCATE_BYTES_DEFAULT),
             zero_ahead: write.zero_ahead.unwrap_or(true),
+            spares_per_partition: crate::engine::partition::spares::SPARES_PER_PARTITION_DEFAULT,
             ..BrokerOptions::default()
         };
         let broker = Broker::open(dir, Arc::new(RealStorage), opts).map_err(|e| match e {
@@ -323,6 +327,8 @@ fn write_stats(
         rolls: w.rolls,
         roll_stall_max_us: w.roll_stall_max_us,
         zeroed_bytes: w.zeroed_bytes,
+        spares_taken: w.spares_taken,
+        spares_returned: w.spares_returned,
     }))
 }
 
@@ -342,6 +348,8 @@ fn write_path_report(before: &BrokerStats, after: &BrokerStats) -> WritePathRepo
         rolls: after.rolls.saturating_sub(before.rolls),
         roll_stall_max_ms: ms(after.roll_stall_max_us),
         zeroed_bytes: after.zeroed_bytes.saturating_sub(before.zeroed_bytes),
+        spares_taken: after.spares_taken.saturating_sub(before.spares_taken),
+        spares_returned: after.spares_returned.saturating_sub(before.spares_returned),
     }
 }
 

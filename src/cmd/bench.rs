@@ -204,6 +204,8 @@ fn print_report(args: &Args, r: &Report) -> anyhow::Result<()> {
             "rolls": r.write_path.map(|w| w.rolls),
             "roll_stall_max_ms": r.write_path.map(|w| w.roll_stall_max_ms),
             "zeroed_bytes": r.write_path.map(|w| w.zeroed_bytes),
+            "spares_taken": r.write_path.map(|w| w.spares_taken),
+            "spares_returned": r.write_path.map(|w| w.spares_returned),
             "segment_bytes": args.segment_bytes,
             "rate": args.rate,
         });
@@ -245,6 +247,8 @@ fn print_report(args: &Args, r: &Report) -> anyhow::Result<()> {
             format!("{:.3}", w.roll_stall_max_ms),
         ]);
         t.add_row(["zeroed bytes".to_string(), w.zeroed_bytes.to_string()]);
+        t.add_row(["spares taken".to_string(), w.spares_taken.to_string()]);
+        t.add_row(["spares returned".to_string(), w.spares_returned.to_string()]);
     }
     writeln!(out, "{t}")?;
     Ok(())

@@ -80,6 +80,12 @@ pub struct Args {
     #[arg(long, default_value_t = crate::engine::partition::zero::ZERO_RATE_DEFAULT,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub zero_rate: u64,
+    /// Segment files retention would delete (without --cold-storage-dir) are kept in
+    /// DATA/spares/ instead, up to this many per partition of the node, and reused by
+    /// the next roll of any partition (their blocks already allocated). 0: off.
+    #[arg(long, default_value_t = crate::engine::partition::spares::SPARES_PER_PARTITION_DEFAULT,
+          value_parser = clap::value_parser!(u64).range(0..=1024))]
+    pub spares_per_partition: u64,
     /// Format of the broker log on stderr: text or json (one object per line).
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -309,6 +315,7 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
         preallocate_bytes: args.preallocate_bytes,
         zero_ahead: args.zero_ahead == OnOff::On,
         zero_rate: args.zero_rate,
+        spares_per_partition: args.spares_per_partition,
         groups: crate::engine::groups::GroupOptions {
             session_timeout_min: args.group_min_session_timeout,
             session_timeout_max: args.group_max_session_timeout,

@@ -291,7 +291,7 @@ fn write_description(out: &mut impl Write, name: &str, info: &TopicInfo) -> io::
     ];
     let with_state = !info.health.is_empty();
     if with_state {
-        header.push("state");
+        header.extend(["state", "spares", "preallocated_bytes"]);
     }
     t.set_header(header);
     let mut details = Vec::new();
@@ -307,6 +307,8 @@ fn write_description(out: &mut impl Write, name: &str, info: &TopicInfo) -> io::
         if with_state {
             let h = health_of(info, p.partition);
             row.push(h.map_or("-", |h| h.state.as_str()).to_string());
+            row.push(h.map_or_else(|| "-".into(), |h| h.spares.to_string()));
+            row.push(h.map_or_else(|| "-".into(), |h| h.preallocated_bytes.to_string()));
             if let Some(h) = h.filter(|h| !h.detail.is_empty()) {
                 details.push(format!(
                     "partition {} {}: {}",

@@ -20,6 +20,10 @@ pub const TOPICS_DIR: &str = "topics";
 pub const TOPIC_CREATING_SUFFIX: &str = "~new";
 /// Suffix of a topic directory being removed (never part of a valid topic name).
 pub const TOPIC_DELETING_SUFFIX: &str = "~del";
+/// Directory of the node's spare segment files inside the data directory.
+pub const SPARES_DIR: &str = "spares";
+/// Prefix of a spare file's name: `spare-<20-digit sequence>.log`.
+pub const SPARE_PREFIX: &str = "spare-";
 /// Longest topic or group name.
 pub const NAME_LEN_MAX: usize = 249;
 
@@ -36,6 +40,23 @@ pub fn log_file_name(base_offset: u64) -> String {
 /// `00000000000000000147.index`
 pub fn index_file_name(base_offset: u64) -> String {
     format!("{base_offset:020}.{INDEX_EXT}")
+}
+
+/// `spare-00000000000000000007.log`: a spare file in `DATA/spares/`.
+pub fn spare_file_name(seq: u64) -> String {
+    format!("{SPARE_PREFIX}{seq:020}.{LOG_EXT}")
+}
+
+/// The sequence number of a name [`spare_file_name`] gives.
+pub fn parse_spare_file_name(name: &str) -> Option<u64> {
+    let digits = name
+        .strip_prefix(SPARE_PREFIX)?
+        .strip_suffix(LOG_EXT)?
+        .strip_suffix('.')?;
+    if digits.len() != SEGMENT_NAME_DIGITS || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
 }
 
 /// `<name>.tmp`: the name a file is written under before it is renamed to `name`

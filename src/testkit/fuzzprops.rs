@@ -1081,6 +1081,8 @@ pub fn seed_response_frames() -> Vec<Vec<u8>> {
                 rolls: 5,
                 roll_stall_max_us: 6,
                 zeroed_bytes: 7,
+                spares_taken: 8,
+                spares_returned: 9,
             }),
         }),
     ];

@@ -35,3 +35,12 @@ pub static ZEROS_AS_RECORDS: AtomicBool = AtomicBool::new(false);
 pub static ACK_BEFORE_JOURNAL_DURABLE: AtomicBool = AtomicBool::new(false);
 /// producers: recovery replays journal entries past a partition's recovered end.
 pub static REPLAY_PAST_RECOVERED_END: AtomicBool = AtomicBool::new(false);
+/// partition/spares.rs: a segment enters the pool with its header rewritten but its
+/// generation not increased (its old records stay valid).
+pub static SPARE_WITHOUT_GENERATION_BUMP: AtomicBool = AtomicBool::new(false);
+/// partition/spares.rs: startup takes the files in `spares/` as they are, without the
+/// header rewrite (generation + 1).
+pub static SPARE_NOT_RESTAMPED_AT_STARTUP: AtomicBool = AtomicBool::new(false);
+/// partition/roll.rs: a roll that takes a spare writes the new segment's base offset
+/// into its header at once, before the outgoing segment is durable.
+pub static SPARE_BASE_BEFORE_DATA_DURABLE: AtomicBool = AtomicBool::new(false);

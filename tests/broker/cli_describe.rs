@@ -65,7 +65,9 @@ fn describe_counts_the_records_present_in_a_compacted_topic() {
         assert_eq!(p["state"], "ok", "{p}");
         assert!(p["detail"].is_null(), "{p}");
         assert_eq!(p["spares"], 0, "{p}");
-        assert_eq!(p["preallocated_bytes"], 0, "{p}");
+        // The active segment's reservation past its data: serve's default
+        // --preallocate-bytes.
+        assert_eq!(p["preallocated_bytes"], 8 * 1024 * 1024, "{p}");
         // The existing keys stay.
         for key in ["start_offset", "end_offset", "segments", "bytes", "cleanup"] {
             assert!(p.get(key).is_some(), "{key} missing: {p}");
@@ -368,5 +370,50 @@ fn a_version_2_client_still_decodes_describe() {
         }
         other => panic!("{other:?}"),
     }
+    s.stop();
+}
+
+#[test]
+fn describe_shows_the_spares_a_partition_returned() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Serve::start_with(dir.path(), &["--retention-check-interval", "20ms"]);
+    s.ok(&[
+        "topics",
+        "create",
+        "events",
+        "--config",
+        "segment_bytes=1024",
+        "--config",
+        "retention_bytes=2048",
+        "--config",
+        "retention_ms=-1",
+    ]);
+    let input: String = (0..60).map(|i| format!("{i:0>100}\n")).collect();
+    s.ok_with_stdin(&["produce", "events", "--batch", "2"], &input);
+    // Retention runs every 20 ms: wait until it has returned segments to the pool.
+    let began = Instant::now();
+    let spares = loop {
+        let d = describe(&s, "events");
+        let n = d["partitions"][0]["spares"].as_u64().unwrap();
+        if n > 0 || began.elapsed() > PATIENCE {
+            break n;
+        }
+        thread::sleep(Duration::from_millis(20));
+    };
+    assert!(spares > 0, "no spare after retention");
+    assert!(
+        spares <= 4,
+        "at most --spares-per-partition (4) per partition"
+    );
+    let files = std::fs::read_dir(dir.path().join("spares"))
+        .unwrap()
+        .count() as u64;
+    assert_eq!(files, spares);
+    let text = s.ok(&["topics", "describe", "events"]);
+    let header = text.lines().find(|l| l.starts_with("| partition")).unwrap();
+    assert!(
+        header.contains("spares") && header.contains("preallocated_bytes"),
+        "{text}"
+    );
     s.stop();
 }

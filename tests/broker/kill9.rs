@@ -3,7 +3,12 @@
 //! SIGKILLed at a random moment, restarted on the same directory, and every record
 //! acknowledged so far must be read back at its offset with its value.
 //!
-//! `SEGLOG_KILL9_ITERATIONS` (default 100) and `SEGLOG_SEED` change the run.
+//! A second loop runs with retention deleting segments as the producers go, so the
+//! broker's spare pool fills and rolls take reused files (docs/FORMAT.md, Spares):
+//! there, acknowledged records below a partition's start offset may have aged out.
+//!
+//! `SEGLOG_KILL9_ITERATIONS` (default 100; 40 for the loop with reuse) and
+//! `SEGLOG_SEED` change the run.
 
 #![expect(clippy::unwrap_used, reason = "tests")]
 
@@ -98,12 +103,38 @@ fn producer(
     }
 }
 
+/// What a restarted broker holds: (partition, offset) -> value, read from each
+/// partition's start, and the start offsets.
+struct ReadBack {
+    records: BTreeMap<(u32, u64), Vec<u8>>,
+    starts: Vec<u64>,
+}
+
+impl ReadBack {
+    fn get(&self, at: &(u32, u64)) -> Option<&Vec<u8>> {
+        self.records.get(at)
+    }
+
+    /// Below the start offset: aged out by retention.
+    fn aged_out(&self, at: &(u32, u64)) -> bool {
+        self.starts
+            .get(at.0 as usize)
+            .is_some_and(|start| at.1 < *start)
+    }
+}
+
 /// Reads every partition from its start; (partition, offset) -> value.
-fn read_back(addr: &str) -> BTreeMap<(u32, u64), Vec<u8>> {
+fn read_back(addr: &str) -> ReadBack {
     let mut c = Client::connect(addr, Duration::from_secs(5)).unwrap();
     let mut out = BTreeMap::new();
+    let starts: Vec<u64> = c
+        .list_offsets(TOPIC)
+        .unwrap()
+        .iter()
+        .map(|p| p.start_offset)
+        .collect();
     for p in 0..PARTITIONS {
-        let mut offset = 0;
+        let mut offset = starts.get(p as usize).copied().unwrap_or(0);
         loop {
             let f = c.fetch(TOPIC, p, offset, 1 << 20, Duration::ZERO).unwrap();
             let Some(last) = f.records.last() else { break };
@@ -116,11 +147,36 @@ fn read_back(addr: &str) -> BTreeMap<(u32, u64), Vec<u8>> {
             }
         }
     }
-    out
+    ReadBack {
+        records: out,
+        starts,
+    }
 }
 
 #[test]
 fn acknowledged_records_survive_repeated_kill_9() {
+    kill9_loop(None, 100);
+}
+
+/// Retention by size, checked every 20 ms, keeps each partition near 6 KiB of 2 KiB
+/// segments: deleted segments become spares (serve's default pool) and rolls reuse
+/// them while the broker is killed at random moments.
+#[test]
+fn acknowledged_records_survive_repeated_kill_9_with_reused_segments() {
+    let reuse = Reuse {
+        serve_args: &["--retention-check-interval", "20ms"],
+        topic: &[("retention_bytes", "6144"), ("retention_ms", "-1")],
+    };
+    kill9_loop(Some(&reuse), 40);
+}
+
+/// The loop with spares in use: serve flags and topic settings.
+struct Reuse {
+    serve_args: &'static [&'static str],
+    topic: &'static [(&'static str, &'static str)],
+}
+
+fn kill9_loop(reuse: Option<&Reuse>, default_iterations: u64) {
     let clock = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()
@@ -129,7 +185,7 @@ fn acknowledged_records_survive_repeated_kill_9() {
     let iterations: u64 = std::env::var("SEGLOG_KILL9_ITERATIONS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(100);
+        .unwrap_or(default_iterations);
     println!("kill -9 loop: seed {seed} (SEGLOG_SEED reruns it), {iterations} iterations");
     let mut rng = Rng::new(seed);
     let mut dir = tempfile::tempdir().unwrap();
@@ -138,23 +194,33 @@ fn acknowledged_records_survive_repeated_kill_9() {
     let mut verified_total = 0u64;
     let mut lost = Vec::new();
     let mut acked_total = 0;
+    let mut aged_out = 0u64;
+    let serve_args = reuse.map_or(&[][..], |r| r.serve_args);
+    let mut settings = vec![("segment_bytes".to_string(), "2048".to_string())];
+    for (k, v) in reuse.map_or(&[][..], |r| r.topic) {
+        settings.push((k.to_string(), v.to_string()));
+    }
+    let mut spares_seen = 0;
+    let mut spares_taken = 0;
     for it in 0..iterations {
         if it > 0 && it % ROUNDS_PER_DIR == 0 {
             // A fresh directory now and then keeps each start's fsyncs few.
-            acked_total += final_check(dir.path(), &acks, &mut verified_total, &mut lost);
+            acked_total += final_check(
+                dir.path(),
+                serve_args,
+                &acks,
+                &mut verified_total,
+                &mut lost,
+            );
             dir = tempfile::tempdir().unwrap();
             acks = Arc::default();
         }
-        let server = Serve::start(dir.path());
+        let server = Serve::start_with(dir.path(), serve_args);
         let mut c = Client::connect(&server.addr, Duration::from_secs(5)).unwrap();
         if it % ROUNDS_PER_DIR == 0 {
-            c.create_topic(
-                TOPIC,
-                PARTITIONS,
-                &[("segment_bytes".into(), "2048".into())],
-            )
-            .unwrap();
+            c.create_topic(TOPIC, PARTITIONS, &settings).unwrap();
         }
+        spares_seen += std::fs::read_dir(dir.path().join("spares")).map_or(0, Iterator::count);
         // Everything acknowledged before the earlier kills is still there.
         let got = read_back(&server.addr);
         {
@@ -162,6 +228,7 @@ fn acknowledged_records_survive_repeated_kill_9() {
             for (at, v) in a.iter() {
                 match got.get(at) {
                     Some(g) if g == v => verified_total += 1,
+                    None if reuse.is_some() && got.aged_out(at) => aged_out += 1,
                     other => lost.push(format!(
                         "iteration {it}: {}/{} acknowledged as {:?}, read back {:?}",
                         at.0,
@@ -185,6 +252,11 @@ fn acknowledged_records_survive_repeated_kill_9() {
             })
             .collect();
         thread::sleep(Duration::from_millis(10 + rng.below(150)));
+        if reuse.is_some() {
+            if let Ok(st) = c.stats() {
+                spares_taken += st.write.map_or(0, |w| w.spares_taken);
+            }
+        }
         server.kill9();
         stop.store(true, Ordering::Relaxed);
         for t in threads {
@@ -192,9 +264,15 @@ fn acknowledged_records_survive_repeated_kill_9() {
         }
     }
     // A last start checks the acknowledgements of the last iteration.
-    acked_total += final_check(dir.path(), &acks, &mut verified_total, &mut lost);
+    acked_total += final_check(
+        dir.path(),
+        serve_args,
+        &acks,
+        &mut verified_total,
+        &mut lost,
+    );
     println!(
-        "kill -9 loop: {iterations} iterations, {acked_total} records acknowledged, {verified_total} acknowledgement checks passed, {} lost, {:.1}s, seed {seed}",
+        "kill -9 loop: {iterations} iterations, {acked_total} records acknowledged, {verified_total} acknowledgement checks passed, {aged_out} aged out, {spares_seen} spares seen at starts, {spares_taken} taken, {} lost, {:.1}s, seed {seed}",
         lost.len(),
         start.elapsed().as_secs_f64()
     );
@@ -203,16 +281,29 @@ fn acknowledged_records_survive_repeated_kill_9() {
         "lost acknowledged records (seed {seed}): {lost:?}"
     );
     assert!(acked_total > 0, "no record was acknowledged at all");
+    if reuse.is_some() {
+        assert!(spares_seen > 0, "retention never filled the spare pool");
+        assert!(spares_taken > 0, "no roll took a spare");
+    }
 }
 
 /// Starts the broker once more and checks every acknowledgement; returns how many.
-fn final_check(dir: &Path, acks: &Acks, verified: &mut u64, lost: &mut Vec<String>) -> u64 {
-    let server = Serve::start(dir);
+fn final_check(
+    dir: &Path,
+    serve_args: &[&str],
+    acks: &Acks,
+    verified: &mut u64,
+    lost: &mut Vec<String>,
+) -> u64 {
+    let server = Serve::start_with(dir, serve_args);
     let got = read_back(&server.addr);
     let a = acks.lock().unwrap();
+    let aging = !serve_args.is_empty();
     for (at, v) in a.iter() {
         if got.get(at) == Some(v) {
             *verified += 1;
+        } else if aging && got.get(at).is_none() && got.aged_out(at) {
+            // Retention took it.
         } else {
             lost.push(format!("{}: {}/{} lost", dir.display(), at.0, at.1));
         }

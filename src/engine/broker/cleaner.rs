@@ -29,6 +29,8 @@ pub(super) struct Cleaner {
     pub(super) wake: Condvar,
     /// Set with `stop`: a compaction or copy in progress gives up at its next write.
     pub(super) stopping: Arc<AtomicBool>,
+    /// The broker's log counters, for the spare pool's cap.
+    pub(super) spares: Arc<LogStats>,
 }
 
 impl Cleaner {
@@ -84,6 +86,9 @@ impl Cleaner {
     pub(super) fn round(&self, kind: CleanupKind) -> Vec<String> {
         let mut warnings = Vec::new();
         let topics: Vec<Arc<Topic>> = read(&self.topics).values().cloned().collect();
+        self.spares
+            .spares
+            .set_partitions(topics.iter().map(|t| t.partitions.len() as u64).sum());
         for topic in topics {
             let config = read(&topic.config).clone();
             for (p, (slot, cleanup)) in topic.partitions.iter().zip(&topic.cleanup).enumerate() {

@@ -72,6 +72,9 @@ pub struct BrokerOptions {
     pub zero_ahead: bool,
     /// Bytes per second the zero worker writes, for all segments together.
     pub zero_rate: u64,
+    /// Spare segment files kept in `DATA/spares/` per partition of the node (0: none;
+    /// segments retention removes are deleted).
+    pub spares_per_partition: u64,
     /// The group coordinator's timeouts and limits.
     pub groups: crate::engine::groups::GroupOptions,
     /// How long an idempotent producer unseen is remembered.
@@ -90,6 +93,7 @@ impl Default for BrokerOptions {
             preallocate_bytes: 0,
             zero_ahead: false,
             zero_rate: crate::engine::partition::zero::ZERO_RATE_DEFAULT,
+            spares_per_partition: 0,
             groups: crate::engine::groups::GroupOptions::default(),
             producer_id_expiration: crate::engine::producers::PRODUCER_ID_EXPIRATION_DEFAULT,
         }
@@ -134,6 +138,10 @@ pub struct PartitionInfo {
     pub state: PartitionState,
     /// One line naming the failure or the (first) damaged file and offsets.
     pub detail: Option<String>,
+    /// Spares in the node's pool that came from this partition.
+    pub spares: u64,
+    /// Bytes reserved for the active segment past the end of its data.
+    pub preallocated_bytes: u64,
 }
 
 /// The state of a partition's data as `topics describe` shows it.
@@ -181,6 +189,10 @@ pub struct BrokerStats {
     pub roll_stall_max_us: u64,
     /// Zeros written and fsynced ahead of writers.
     pub zeroed_bytes: u64,
+    /// Spare files logs took at a roll.
+    pub spares_taken: u64,
+    /// Segments that became spares instead of being deleted.
+    pub spares_returned: u64,
 }
 
 /// A partition as the broker holds it.

@@ -45,6 +45,7 @@ impl Broker {
         }
         let (topics, notes) = load_topics(&storage, &topics_dir, &stats)?;
         report.extend(notes);
+        report.extend(open_spares(&*storage, data_dir, &opts, &stats, &topics)?);
         let names: Vec<String> = topics.keys().cloned().collect();
         let schemas =
             crate::engine::schemas::SchemaRegistry::open(storage.clone(), data_dir, &names)
@@ -75,6 +76,7 @@ impl Broker {
             stop: Mutex::new(false),
             wake: Condvar::new(),
             stopping: Arc::new(AtomicBool::new(false)),
+            spares: stats.clone(),
         });
         let zeroer = Arc::new(Zeroer::new(stats.clone(), storage.clone(), opts.zero_rate));
         let zeroer_thread = if zero_ahead {
@@ -146,6 +148,42 @@ impl Broker {
     pub fn data_dir(&self) -> &Path {
         &self.data_dir
     }
+}
+
+/// Turns the spare pool on (`DATA/spares`, created 0700 if missing) and re-stamps
+/// every spare found there (docs/FORMAT.md, Spares rule 2) before any log can roll.
+fn open_spares(
+    storage: &dyn Storage,
+    data_dir: &Path,
+    opts: &BrokerOptions,
+    stats: &LogStats,
+    topics: &BTreeMap<String, Arc<Topic>>,
+) -> Result<Vec<String>, EngineError> {
+    if opts.spares_per_partition == 0 {
+        return Ok(Vec::new());
+    }
+    stats.spares.configure(data_dir, opts.spares_per_partition);
+    let Some(dir) = stats.spares.dir() else {
+        return Ok(Vec::new());
+    };
+    ensure_dir(storage, &dir, stats)?;
+    stats
+        .spares
+        .set_partitions(topics.values().map(|t| t.partitions.len() as u64).sum());
+    let done = stats
+        .spares
+        .restamp(storage)
+        .map_err(|e| EngineError::io(format!("re-stamping the spares in {}", dir.display()), e))?;
+    Ok(if done.removed > 0 {
+        vec![format!(
+            "{}: removed {} file(s) that cannot be spares; {} spare(s) kept",
+            dir.display(),
+            done.removed,
+            done.kept
+        )]
+    } else {
+        Vec::new()
+    })
 }
 
 /// Runs recovery (docs/FORMAT.md, Recovery: the same function as `seglog recover`) over the

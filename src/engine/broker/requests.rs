@@ -175,6 +175,8 @@ impl Broker {
                 .roll_stall_max_us
                 .load(Ordering::Relaxed),
             zeroed_bytes: self.stats.write_path.zeroed_bytes.load(Ordering::Relaxed),
+            spares_taken: self.stats.spares.taken.load(Ordering::Relaxed),
+            spares_returned: self.stats.spares.returned.load(Ordering::Relaxed),
         }
     }
 

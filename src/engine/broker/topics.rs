@@ -287,6 +287,8 @@ pub(super) fn partition_info(partition: u32, slot: &Slot, cleanup: CleanupStats)
                 records: health.records,
                 state,
                 detail,
+                spares: log.spares(),
+                preallocated_bytes: log.preallocated_bytes(),
             }
         }
         Slot::Unavailable(reason) => PartitionInfo {
@@ -300,6 +302,8 @@ pub(super) fn partition_info(partition: u32, slot: &Slot, cleanup: CleanupStats)
             records: 0,
             state: PartitionState::Failed,
             detail: Some(reason.clone()),
+            spares: 0,
+            preallocated_bytes: 0,
         },
     }
 }

@@ -212,6 +212,8 @@ impl Session {
                     rolls: s.rolls,
                     roll_stall_max_us: s.roll_stall_max_us,
                     zeroed_bytes: s.zeroed_bytes,
+                    spares_taken: s.spares_taken,
+                    spares_returned: s.spares_returned,
                 });
                 let body = StatsBody {
                     fsyncs: s.fsyncs,
@@ -533,9 +535,8 @@ impl Session {
                         PartitionState::Failed => HealthState::Failed,
                     },
                     detail: p.detail.clone().unwrap_or_default(),
-                    // Filled by the write path later.
-                    spares: 0,
-                    preallocated_bytes: 0,
+                    spares: p.spares,
+                    preallocated_bytes: p.preallocated_bytes,
                 })
                 .collect()
         });

@@ -271,8 +271,19 @@ impl Visit<'_> {
             return Ok(done);
         }
         let bases: Vec<u64> = due.iter().map(|s| s.base_offset).collect();
-        let removed = self.log.remove_oldest(&bases)?;
-        done.bytes = removed.iter().map(|s| s.bytes()).sum();
+        if cold.is_some() {
+            let removed = self.log.remove_oldest(&bases)?;
+            done.bytes = removed.iter().map(|s| s.bytes()).sum();
+        } else {
+            // Without cold storage the files may become spares: no segment of them
+            // may still be held here.
+            drop(due);
+            drop(settled);
+            // Rule 4: a spare is never longer than a segment plus the preallocation.
+            let window = self.log.preallocate_window();
+            let spare_bytes_max = config.segment_bytes.saturating_add(window);
+            done.bytes = self.log.retire_oldest_within(&bases, spare_bytes_max)?;
+        }
         tracing::info!(
             topic = self.topic,
             partition = self.partition,

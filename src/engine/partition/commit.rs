@@ -131,9 +131,13 @@ impl PartitionLog {
             zero::preallocate(&*roll.new_log, &roll.new_zero, HEADER_LEN as u64, window);
             self.sync_all(&*roll.new_log)?;
             active_synced = Arc::ptr_eq(&roll.new_log, &plan.active_log);
-            // 3.
+            // 3. (and the spare directory a reused file came from)
             if !planted!(SKIP_ROLL_DIR_FSYNC) {
                 self.sync_dir()?;
+                if let Some(dir) = &roll.spares_dir {
+                    self.stats.fsyncs.fetch_add(1, Ordering::Relaxed);
+                    self.storage.sync_dir(dir)?;
+                }
             }
         }
         // 4.

@@ -200,6 +200,16 @@ impl SegmentFile {
         Ok(())
     }
 
+    /// True when the handle is held and no reader shares it (nobody can read the
+    /// file through this segment once the segment itself is gone).
+    pub(super) fn unshared(&self) -> bool {
+        self.held
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .is_some_and(|f| Arc::strong_count(f) == 1)
+    }
+
     /// Hands a held handle to the cache: the segment was sealed.
     pub(super) fn release(&self) {
         let taken = self

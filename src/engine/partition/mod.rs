@@ -79,6 +79,8 @@ pub struct LogStats {
     pub files: Arc<FileCache>,
     /// Preallocation and zero-ahead settings and their counters.
     pub write_path: WritePath,
+    /// The node's spare segment files.
+    pub spares: SparePool,
 }
 
 /// Why a log stopped taking requests for good.
@@ -224,6 +226,9 @@ struct PendingRoll {
     new_log: Arc<dyn StorageFile>,
     new_zero: Arc<ZeroTarget>,
     header: [u8; HEADER_LEN],
+    /// The spare directory the new log was renamed from (fsynced with the
+    /// partition directory), when the roll took a spare.
+    spares_dir: Option<PathBuf>,
 }
 
 /// Syncs that a roll left for the next group commit.
@@ -283,8 +288,9 @@ pub struct PartitionLog {
     /// failure and close.
     durable_tx: tokio::sync::watch::Sender<u64>,
     segments: RwLock<Arc<Vec<Arc<Segment>>>>,
-    /// Files of segments retention dropped from the list but could not delete yet.
-    doomed: Mutex<Vec<PathBuf>>,
+    /// Files of segments retention dropped from the list but could not delete yet
+    /// (a log file with its generation may go to the spare pool instead).
+    doomed: Mutex<Vec<Doomed>>,
     /// Rolls whose new segment (name, header) and outgoing segment are durable.
     rolls_durable: AtomicU64,
     /// Segments found lost at open (their `.log` gone, their `.index` kept), in
@@ -508,6 +514,7 @@ mod open;
 mod read;
 mod retention;
 mod roll;
+pub mod spares;
 mod tally;
 pub mod zero;
 
@@ -518,7 +525,9 @@ mod tests;
 use files::{FileCache, SegmentFile};
 pub use open::LostSegment;
 use open::{checked_header, list_segments, open_active, open_sealed, sync_on_open};
+use retention::Doomed;
 use roll::create_segment_files;
+pub use spares::SparePool;
 pub use zero::{WritePath, ZeroTarget};
 
 pub(crate) use open::create_first_segment;

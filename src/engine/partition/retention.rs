@@ -7,6 +7,15 @@ use crate::format::names::{INDEX_EXT, LOG_EXT};
 
 // ----- background work: rolling by age, retention, compaction -----
 
+/// A file retention dropped from the list, still to delete (or, for a log file with
+/// `spare` set, to hand to the node's spare pool).
+#[derive(Debug)]
+pub(super) struct Doomed {
+    path: PathBuf,
+    /// The log's generation, when the segment may become a spare (no reader held it).
+    spare: Option<u64>,
+}
+
 impl PartitionLog {
     /// Rolls the active segment when it holds records and is older than the topic's
     /// `segment_ms` (a quiet partition's data can then age out), and runs the syncs the
@@ -127,6 +136,63 @@ impl PartitionLog {
     /// which recovery removes; the start offset on disk only ever moves forward.
     /// Files that could not be deleted are retried by the next call.
     pub fn remove_oldest(&self, bases: &[u64]) -> Result<Vec<Arc<Segment>>, EngineError> {
+        let removed = self.unlist_oldest(bases)?;
+        let mut doomed = lock(&self.doomed);
+        for seg in &removed {
+            doomed.push(Doomed {
+                path: seg.path.clone(),
+                spare: None,
+            });
+            doomed.push(Doomed {
+                path: seg.path.with_extension(INDEX_EXT),
+                spare: None,
+            });
+        }
+        self.delete_doomed(&mut doomed)?;
+        Ok(removed)
+    }
+
+    /// Retention as [`PartitionLog::remove_oldest`], but each removed segment's log
+    /// that no reader holds becomes a spare (docs/FORMAT.md, Spares) when the pool
+    /// has room, instead of being deleted; its entry replaces the deletion in step 2
+    /// and keeps its order (a directory fsync before each segment's log but the
+    /// first; the entry fsyncs the partition directory after its rename). The caller
+    /// holds no segment of `bases`. Returns the bytes of the segments removed.
+    pub fn retire_oldest(&self, bases: &[u64]) -> Result<u64, EngineError> {
+        self.retire_oldest_within(bases, u64::MAX)
+    }
+
+    /// [`PartitionLog::retire_oldest`] where only a log of at most `spare_bytes_max`
+    /// bytes may become a spare (docs/FORMAT.md, Spare files, rule 4).
+    pub fn retire_oldest_within(
+        &self,
+        bases: &[u64],
+        spare_bytes_max: u64,
+    ) -> Result<u64, EngineError> {
+        let removed = self.unlist_oldest(bases)?;
+        let bytes = removed.iter().map(|s| s.bytes()).sum();
+        let mut doomed = lock(&self.doomed);
+        for seg in removed {
+            // Only this list holds the segment, and no reader shares its handle: once
+            // it is dropped nobody reads the old bytes through this process.
+            let unheld = Arc::strong_count(&seg) == 1
+                && seg.file.unshared()
+                && seg.bytes() <= spare_bytes_max;
+            doomed.push(Doomed {
+                path: seg.path.clone(),
+                spare: unheld.then_some(seg.generation),
+            });
+            doomed.push(Doomed {
+                path: seg.path.with_extension(INDEX_EXT),
+                spare: None,
+            });
+        }
+        self.delete_doomed(&mut doomed)?;
+        Ok(bytes)
+    }
+
+    /// Step 1 of [`PartitionLog::remove_oldest`].
+    fn unlist_oldest(&self, bases: &[u64]) -> Result<Vec<Arc<Segment>>, EngineError> {
         // 1.
         let removed = {
             let w = lock(&self.write);
@@ -155,23 +221,17 @@ impl PartitionLog {
             self.publish(kept.to_vec());
             gone
         };
-        let mut doomed = lock(&self.doomed);
-        for seg in &removed {
-            doomed.push(seg.path.clone());
-            doomed.push(seg.path.with_extension(INDEX_EXT));
-        }
-        self.delete_doomed(&mut doomed)?;
         Ok(removed)
     }
 
     /// Steps 2 and 3 of [`PartitionLog::remove_oldest`] for every file still waiting.
-    pub(super) fn delete_doomed(&self, doomed: &mut Vec<PathBuf>) -> Result<(), EngineError> {
+    pub(super) fn delete_doomed(&self, doomed: &mut Vec<Doomed>) -> Result<(), EngineError> {
         if doomed.is_empty() {
             return Ok(());
         }
         // 2.
         let mut removed_one = false;
-        while let Some(path) = doomed.first() {
+        while let Some(Doomed { path, spare }) = doomed.first() {
             // The removals must persist oldest first: a newer segment's log gone
             // while an older one's is back after a crash would leave offsets missing
             // between the segments. Directory operations need not persist in the
@@ -183,6 +243,21 @@ impl PartitionLog {
             {
                 self.sync_dir()
                     .map_err(|e| EngineError::io(format!("syncing {}", self.dir.display()), e))?;
+            }
+            if let Some(generation) = *spare {
+                let origin = (self.topic.clone(), self.partition);
+                let entered = self
+                    .stats
+                    .spares
+                    .enter(&*self.storage, &self.dir, path, generation, origin)
+                    .map_err(|e| {
+                        EngineError::io(format!("moving {} to the spares", path.display()), e)
+                    })?;
+                if entered {
+                    removed_one = true;
+                    doomed.remove(0);
+                    continue;
+                }
             }
             match self.storage.remove_file(path) {
                 Ok(()) => {}

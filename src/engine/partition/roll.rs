@@ -8,6 +8,13 @@ use super::*;
 
 // ----- rolling -----
 
+/// A new segment's log, its index, and the spare the log was taken from, if any.
+type NewSegmentFiles = (
+    Arc<dyn StorageFile>,
+    Arc<dyn StorageFile>,
+    Option<spares::Spare>,
+);
+
 /// Creates `<base>.log` starting with `header` (a generation-0 header, or 32 zero
 /// bytes at a roll) and an empty `<base>.index`. Nothing is fsynced here; on failure,
 /// whatever was created is removed.
@@ -60,10 +67,49 @@ impl PartitionLog {
         }
     }
 
+    /// The new segment's files at a roll: a spare from the node's pool renamed to
+    /// `path` (its header still the spare's), else a new file with its 32 header
+    /// bytes zero; and a new, empty index. Nothing is fsynced here.
+    fn new_segment_files(&self, base: u64, path: &Path) -> io::Result<NewSegmentFiles> {
+        let Some(spare) = self.stats.spares.take(&*self.storage, path) else {
+            let first_bytes = if planted!(ROLL_BEFORE_DATA_DURABLE) {
+                SegmentHeader::new(base).encode()
+            } else {
+                [0; HEADER_LEN]
+            };
+            let (log, index) = create_segment_files(&*self.storage, &self.dir, base, &first_bytes)?;
+            return Ok((log, index, None));
+        };
+        let index_path = self.dir.join(index_file_name(base));
+        let made = (|| {
+            let log: Arc<dyn StorageFile> = Arc::from(self.storage.open(path)?);
+            if planted!(SPARE_BASE_BEFORE_DATA_DURABLE) {
+                let header = SegmentHeader {
+                    base_offset: base,
+                    generation: spare.generation,
+                    flags: 0,
+                };
+                log.write_at(&header.encode(), 0)?;
+            }
+            let index: Arc<dyn StorageFile> = Arc::from(self.storage.create(&index_path)?);
+            Ok((log, index))
+        })();
+        match made {
+            Ok((log, index)) => Ok((log, index, Some(spare))),
+            Err(e) => {
+                // Its header still marks a spare: recovery would remove it too.
+                let _ = self.storage.remove_file(path);
+                let _ = self.storage.remove_file(&index_path);
+                Err(e)
+            }
+        }
+    }
+
     /// Seals the active segment and starts a new one at the next offset, without an
     /// fsync (writers append to the new segment at once):
     /// 1. truncate the outgoing log to the end of its data;
-    /// 2. create the new log with its 32 header bytes zero, and its index;
+    /// 2. create the new log with its 32 header bytes zero (or take a spare, whose
+    ///    header still marks it unassigned), and its index;
     /// 3. leave the rest to the next group commit (see [`PartitionLog::execute`]):
     ///    fsync the outgoing log and index, then write and fsync the new header, then
     ///    fsync the directory, before any record of the new segment is acknowledged or
@@ -91,27 +137,30 @@ impl PartitionLog {
             old.file_len = old.data_end;
         }
         // 2.
-        let header = SegmentHeader::new(base).encode();
-        let first_bytes = if planted!(ROLL_BEFORE_DATA_DURABLE) {
-            header
-        } else {
-            [0; HEADER_LEN]
-        };
-        let (log, index) = create_segment_files(&*self.storage, &self.dir, base, &first_bytes)
-            .map_err(|e| {
-                EngineError::io(
-                    format!(
-                        "creating segment {} in {}",
-                        log_file_name(base),
-                        self.dir.display()
-                    ),
-                    e,
-                )
-            })?;
         let path = self.dir.join(log_file_name(base));
+        let (log, index, spare) = self.new_segment_files(base, &path).map_err(|e| {
+            EngineError::io(
+                format!(
+                    "creating segment {} in {}",
+                    log_file_name(base),
+                    self.dir.display()
+                ),
+                e,
+            )
+        })?;
+        let generation = spare.as_ref().map_or(0, |s| s.generation);
+        // A reused file's old bytes are records of an older generation: zeroing
+        // starts past them.
+        let old_len = spare.as_ref().map_or(HEADER_LEN as u64, |s| s.len);
+        let header = SegmentHeader {
+            base_offset: base,
+            generation,
+            flags: 0,
+        }
+        .encode();
         let seg = Segment::new(
             base,
-            0,
+            generation,
             path.clone(),
             Vec::new(),
             HEADER_LEN as u64,
@@ -139,7 +188,7 @@ impl PartitionLog {
             log: log.clone(),
             index,
             data_end: HEADER_LEN as u64,
-            file_len: HEADER_LEN as u64,
+            file_len: old_len,
             index_len: 0,
             builder: IndexBuilder::new(),
             born_ms: now,
@@ -147,8 +196,8 @@ impl PartitionLog {
             zero: Arc::new(ZeroTarget::new(
                 path.clone(),
                 HEADER_LEN as u64,
-                HEADER_LEN as u64,
-                0,
+                old_len,
+                old_len,
             )),
         };
         self.stats.write_path.register(&new.zero);
@@ -165,6 +214,7 @@ impl PartitionLog {
             new_log: log,
             new_zero,
             header,
+            spares_dir: spare.and(self.stats.spares.dir()),
         });
         w.pending.sealed.push((old.seg, old.data_end));
         // 4.

@@ -315,3 +315,82 @@ fn health_counts_records_through_rolls_reopen_and_damage() {
         "{h:?}"
     );
 }
+
+#[test]
+fn a_reused_files_stale_tail_is_never_served() {
+    let data = tempfile::tempdir().unwrap();
+    let dir = data.path().join("topics/t/0");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::create_dir_all(data.path().join(crate::format::names::SPARES_DIR)).unwrap();
+    let storage: StorageRef = Arc::new(RealStorage);
+    let stats = Arc::new(LogStats::default());
+    stats.spares.configure(data.path(), 4);
+    stats.spares.set_partitions(1);
+    create_first_segment(&*storage, &dir, &stats).unwrap();
+    let log = PartitionLog::open("t", 0, &dir, storage, stats.clone())
+        .unwrap()
+        .0;
+    let append = |n: usize, fill: u8| {
+        let v = vec![fill; n];
+        let a = log
+            .append(
+                &[NewRecord {
+                    key: None,
+                    value: &v,
+                    timestamp_ms: 1,
+                }],
+                &config(1024),
+            )
+            .unwrap();
+        log.wait_durable(a.last_offset + 1).unwrap();
+        a.base_offset
+    };
+    // Large records fill the oldest segment; it becomes a spare.
+    for _ in 0..12 {
+        append(300, 1);
+    }
+    let oldest = log.settled_segments()[0].base_offset;
+    log.retire_oldest(&[oldest]).unwrap();
+    assert_eq!(stats.spares.len(), 1);
+    let spare_len = stats.spares.dir().map_or(0, |d| {
+        std::fs::read_dir(d)
+            .unwrap()
+            .map(|e| e.unwrap().metadata().unwrap().len())
+            .sum::<u64>()
+    });
+    assert!(spare_len > 600, "the spare keeps its old records");
+    // Roll until the spare is taken, then one small record in the reused file.
+    while stats.spares.taken.load(Ordering::Relaxed) == 0 {
+        append(300, 2);
+    }
+    let active = log.snapshot().last().unwrap().clone();
+    assert_eq!(active.generation, 1, "the reused file's generation");
+    let small = append(10, 3);
+    let on_disk = std::fs::metadata(active.path()).unwrap().len();
+    assert!(
+        on_disk > active.bytes(),
+        "stale bytes lie past the data: {on_disk} vs {}",
+        active.bytes()
+    );
+    // Only the records written to it are served, never the older generation's.
+    let got = value_of(&log, active.base_offset, 1 << 20);
+    let mine: Vec<(u64, usize)> = got
+        .iter()
+        .copied()
+        .filter(|(o, _)| *o >= active.base_offset)
+        .collect();
+    let want: Vec<(u64, usize)> = (active.base_offset..small)
+        .map(|o| (o, 300))
+        .chain([(small, 10)])
+        .collect();
+    assert_eq!(mine, want);
+    let f = log.fetch(small, 1 << 20, Duration::ZERO).unwrap();
+    assert!(f.chunks.iter().all(|c| c.generation == 1));
+    // A fetch from the last record returns it alone: the stale bytes behind it
+    // (records of generation 0) are not served.
+    assert_eq!(value_of(&log, small, 1 << 20), vec![(small, 10)]);
+    assert_eq!(
+        f.chunks.iter().map(|c| c.bytes.len()).sum::<usize>(),
+        10 + 28 + 4
+    );
+}

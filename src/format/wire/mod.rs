@@ -625,6 +625,10 @@ pub struct WriteStats {
     pub roll_stall_max_us: u64,
     /// Zeros written and fsynced ahead of writers.
     pub zeroed_bytes: u64,
+    /// Spare segment files logs took at a roll.
+    pub spares_taken: u64,
+    /// Segments that became spares instead of being deleted.
+    pub spares_returned: u64,
 }
 
 /// The body of a successful response.
@@ -1138,6 +1142,8 @@ fn encode_response_body(out: &mut Vec<u8>, body: &ResponseBody<'_>) -> Result<()
                 out.extend_from_slice(&w.rolls.to_be_bytes());
                 out.extend_from_slice(&w.roll_stall_max_us.to_be_bytes());
                 out.extend_from_slice(&w.zeroed_bytes.to_be_bytes());
+                out.extend_from_slice(&w.spares_taken.to_be_bytes());
+                out.extend_from_slice(&w.spares_returned.to_be_bytes());
             }
         }
         ResponseBody::SchemaRegister { .. }
@@ -1618,6 +1624,8 @@ fn decode_response_body<'a>(
                     rolls: r.u64("rolls")?,
                     roll_stall_max_us: r.u64("roll_stall_max_us")?,
                     zeroed_bytes: r.u64("zeroed_bytes")?,
+                    spares_taken: r.u64("spares_taken")?,
+                    spares_returned: r.u64("spares_returned")?,
                 })
             } else {
                 None
@@ -1872,6 +1880,8 @@ mod tests {
                     rolls: 5,
                     roll_stall_max_us: 6,
                     zeroed_bytes: 7,
+                    spares_taken: 8,
+                    spares_returned: 9,
                 }),
             }),
             ResponseBody::SchemaRegister { version: 9 },

@@ -1,0 +1,350 @@
+//! The node's pool of spare segment files (docs/FORMAT.md, Spares): segments that
+//! retention would delete are kept in `DATA/spares/` and taken by any log at its next
+//! roll, so their blocks are already allocated and written.
+//!
+//! Invariants:
+//! - A file is in the pool's list only once its entry is complete: renamed into
+//!   `spares/`, both directories fsynced, its header rewritten with
+//!   `base_offset = u64::MAX` and `generation + 1`, and the file fsynced (rule 1). Every
+//!   record left in it is then of an older generation, which readers and recovery
+//!   reject.
+//! - At startup every file found in `spares/` gets that header rewrite and fsync
+//!   again before the pool hands it out (rule 2): a spare caught mid-reuse by a crash
+//!   can hold valid records of its current generation.
+//! - The pool holds at most `per_partition` spares per partition of the node (rule 4);
+//!   a file that does not fit is deleted as before.
+//! - Entry runs on the cleaner thread, never on a writer's path; taking a spare at a
+//!   roll is one rename (made durable by the roll's group commit, which fsyncs both
+//!   directories before any record of the new segment is acknowledged).
+//! - A segment enters only when no reader holds it or maps it (the caller checks its
+//!   handles; [`SparePool::enter`] takes an exclusive `flock` on a fresh open).
+//! - Every change goes through the I/O seam.
+
+use std::fs::File;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use super::lock;
+use crate::engine::storage::io::{Storage, StorageFile};
+use crate::engine::storage::reader::read_header;
+use crate::format::names::{parse_spare_file_name, spare_file_name, SPARES_DIR};
+use crate::format::{SegmentHeader, HEADER_LEN};
+
+/// Default `serve --spares-per-partition`.
+pub const SPARES_PER_PARTITION_DEFAULT: u64 = 4;
+
+/// A spare ready to be taken.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Spare {
+    pub path: PathBuf,
+    /// The generation its header carries; records appended to it carry it too.
+    pub generation: u64,
+    /// Its length: bytes up to here hold an older generation's records.
+    pub len: u64,
+    /// The partition (topic, number) it came from; `None` for one found at startup.
+    pub origin: Option<(String, u32)>,
+}
+
+#[derive(Debug, Default)]
+struct PoolState {
+    /// `DATA/spares`; `None`: the pool is off.
+    dir: Option<PathBuf>,
+    per_partition: u64,
+    partitions: u64,
+    ready: Vec<Spare>,
+    /// Next file name's sequence number.
+    next_seq: u64,
+}
+
+/// The node's spares and their counters, shared by every log of a broker.
+#[derive(Debug, Default)]
+pub struct SparePool {
+    state: Mutex<PoolState>,
+    /// Spares logs took at a roll.
+    pub taken: AtomicU64,
+    /// Segments that entered the pool.
+    pub returned: AtomicU64,
+}
+
+/// What startup found in `spares/`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Restamped {
+    /// Spares re-stamped and in the pool.
+    pub kept: u64,
+    /// Files removed (unreadable header, over the cap, not a spare's name).
+    pub removed: u64,
+}
+
+impl SparePool {
+    /// Turns the pool on with its directory (`DATA/spares`, created by the caller)
+    /// and its limit; `per_partition` 0 leaves it off.
+    pub fn configure(&self, data_dir: &Path, per_partition: u64) {
+        let mut s = lock(&self.state);
+        s.per_partition = per_partition;
+        s.dir = (per_partition > 0).then(|| data_dir.join(SPARES_DIR));
+    }
+
+    /// The pool's directory, when it is on.
+    pub fn dir(&self) -> Option<PathBuf> {
+        lock(&self.state).dir.clone()
+    }
+
+    /// Partitions on the node (the cap is `per_partition` times this).
+    pub fn set_partitions(&self, n: u64) {
+        lock(&self.state).partitions = n;
+    }
+
+    /// Spares ready now.
+    pub fn len(&self) -> usize {
+        lock(&self.state).ready.len()
+    }
+
+    /// True when no spare is ready.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Spares ready now that came from `topic`/`partition`.
+    pub fn from_partition(&self, topic: &str, partition: u32) -> u64 {
+        lock(&self.state)
+            .ready
+            .iter()
+            .filter(|s| {
+                s.origin
+                    .as_ref()
+                    .is_some_and(|(t, p)| t == topic && *p == partition)
+            })
+            .count() as u64
+    }
+
+    fn cap(s: &PoolState) -> u64 {
+        s.per_partition.saturating_mul(s.partitions)
+    }
+
+    /// Startup (rule 2): every file in `spares/` gets its header rewritten with
+    /// `base_offset = u64::MAX` and `generation + 1`, and is fsynced, before any log
+    /// may take it. A file whose header does not decode (its generation is unknown),
+    /// whose generation cannot grow, beyond the cap or not named as a spare is
+    /// removed; the directory is fsynced after removals.
+    pub fn restamp(&self, storage: &dyn Storage) -> io::Result<Restamped> {
+        let Some(dir) = self.dir() else {
+            return Ok(Restamped::default());
+        };
+        let mut names: Vec<(Option<u64>, PathBuf)> = Vec::new();
+        for entry in std::fs::read_dir(&dir)? {
+            let entry = entry?;
+            let name = entry.file_name();
+            let seq = name.to_str().and_then(parse_spare_file_name);
+            names.push((seq, entry.path()));
+        }
+        names.sort();
+        let mut done = Restamped::default();
+        let mut ready = Vec::new();
+        let cap = Self::cap(&lock(&self.state));
+        let mut next_seq = 0u64;
+        for (seq, path) in names {
+            next_seq = next_seq.max(seq.map_or(0, |s| s.saturating_add(1)));
+            let kept = match seq {
+                Some(_) if (ready.len() as u64) < cap => restamp_file(storage, &path)?,
+                _ => None,
+            };
+            match kept {
+                Some(spare) => ready.push(spare),
+                None => {
+                    match storage.remove_file(&path) {
+                        Ok(()) => {}
+                        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                        Err(e) => return Err(e),
+                    }
+                    done.removed += 1;
+                }
+            }
+        }
+        if done.removed > 0 {
+            storage.sync_dir(&dir)?;
+        }
+        done.kept = ready.len() as u64;
+        let mut s = lock(&self.state);
+        s.next_seq = s.next_seq.max(next_seq);
+        s.ready = ready;
+        Ok(done)
+    }
+
+    /// Takes a spare for a new segment at `to` (a roll): renames it there. The new
+    /// name and the spare directory's removal are made durable by the roll's group
+    /// commit. `None` when the pool is off or empty, or the rename failed (the file
+    /// stays where it was and is re-stamped at the next start).
+    pub fn take(&self, storage: &dyn Storage, to: &Path) -> Option<Spare> {
+        let spare = {
+            let mut s = lock(&self.state);
+            s.dir.as_ref()?;
+            s.ready.pop()?
+        };
+        match storage.rename(&spare.path, to) {
+            Ok(()) => {
+                self.taken.fetch_add(1, Ordering::Relaxed);
+                Some(Spare {
+                    path: to.to_path_buf(),
+                    ..spare
+                })
+            }
+            Err(e) => {
+                tracing::warn!(spare = %spare.path.display(), error = %e, "taking a spare failed");
+                None
+            }
+        }
+    }
+
+    /// Entry (rule 1) of a sealed segment file at `path` in `partition_dir` whose
+    /// header carries `generation` and whose length is `len`:
+    /// 1. rename it to `spares/spare-<seq>.log`;
+    /// 2. fsync the partition directory, then the spare directory;
+    /// 3. rewrite its header with `base_offset = u64::MAX` and `generation + 1`;
+    /// 4. fsync the file; only then is it in the pool.
+    ///
+    /// Returns false, having changed nothing, when the pool is off or full, the
+    /// generation cannot grow, or someone holds a lock on the file (a reader maps
+    /// it): the caller deletes it instead. A failure after step 1 leaves the file in
+    /// `spares/`, outside the pool until the next start re-stamps it.
+    pub fn enter(
+        &self,
+        storage: &dyn Storage,
+        partition_dir: &Path,
+        path: &Path,
+        generation: u64,
+        origin: (String, u32),
+    ) -> io::Result<bool> {
+        let (dir, seq) = {
+            let mut s = lock(&self.state);
+            let Some(dir) = s.dir.clone() else {
+                return Ok(false);
+            };
+            if s.ready.len() as u64 >= Self::cap(&s) {
+                return Ok(false);
+            }
+            let seq = s.next_seq;
+            s.next_seq += 1;
+            (dir, seq)
+        };
+        let Some(next_generation) = generation.checked_add(1) else {
+            return Ok(false);
+        };
+        let next_generation = if planted!(SPARE_WITHOUT_GENERATION_BUMP) {
+            generation
+        } else {
+            next_generation
+        };
+        // Nobody may read the old bytes while they change: a reader that maps a
+        // sealed file holds a shared lock on it.
+        let probe = match File::open(path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(true),
+            Err(e) => return Err(e),
+        };
+        if rustix::fs::flock(&probe, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err()
+        {
+            return Ok(false);
+        }
+        let len = probe.metadata()?.len();
+        if len < HEADER_LEN as u64 {
+            return Ok(false);
+        }
+        let to = dir.join(spare_file_name(seq));
+        // 1.
+        match storage.rename(path, &to) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(true),
+            Err(e) => return Err(e),
+        }
+        // 2.
+        storage.sync_dir(partition_dir)?;
+        storage.sync_dir(&dir)?;
+        // 3.
+        let f = storage.open(&to)?;
+        let header = SegmentHeader {
+            base_offset: crate::format::header::SPARE_BASE_OFFSET,
+            generation: next_generation,
+            flags: 0,
+        };
+        f.write_at(&header.encode(), 0)?;
+        // 4.
+        f.sync_all()?;
+        drop(probe);
+        let mut s = lock(&self.state);
+        s.ready.push(Spare {
+            path: to,
+            generation: next_generation,
+            len,
+            origin: Some(origin),
+        });
+        self.returned.fetch_add(1, Ordering::Relaxed);
+        Ok(true)
+    }
+}
+
+/// Rewrites one spare's header at startup (base `u64::MAX`, generation + 1) and
+/// fsyncs it. `None` when its header does not decode or its generation cannot grow.
+fn restamp_file(storage: &dyn Storage, path: &Path) -> io::Result<Option<Spare>> {
+    let file = File::open(path)?;
+    let len = file.metadata()?.len();
+    let Ok(header) = read_header(&file, len)? else {
+        return Ok(None);
+    };
+    let Some(generation) = header.generation.checked_add(1) else {
+        return Ok(None);
+    };
+    if !planted!(SPARE_NOT_RESTAMPED_AT_STARTUP) {
+        let f: Box<dyn StorageFile> = storage.open(path)?;
+        let header = SegmentHeader {
+            base_offset: crate::format::header::SPARE_BASE_OFFSET,
+            generation,
+            flags: 0,
+        };
+        f.write_at(&header.encode(), 0)?;
+        f.sync_all()?;
+    }
+    let generation = if planted!(SPARE_NOT_RESTAMPED_AT_STARTUP) {
+        header.generation
+    } else {
+        generation
+    };
+    Ok(Some(Spare {
+        path: path.to_path_buf(),
+        generation,
+        len,
+        origin: None,
+    }))
+}
+
+impl super::PartitionLog {
+    /// Bytes reserved for the active segment past the end of its data: preallocated
+    /// (`fallocate`), zeroed, or a reused file's old length.
+    pub fn preallocated_bytes(&self) -> u64 {
+        let w = lock(&self.write);
+        let a = &w.active;
+        let reserved = a
+            .zero
+            .allocated_end
+            .load(Ordering::Acquire)
+            .max(a.file_len)
+            .max(a.zero.zeroed_end());
+        reserved.saturating_sub(a.data_end)
+    }
+
+    /// The preallocation window (`--preallocate-bytes`).
+    pub fn preallocate_window(&self) -> u64 {
+        self.stats
+            .write_path
+            .preallocate_bytes
+            .load(Ordering::Relaxed)
+    }
+
+    /// Spares in the node's pool that came from this partition.
+    pub fn spares(&self) -> u64 {
+        self.stats
+            .spares
+            .from_partition(&self.topic, self.partition)
+    }
+}
