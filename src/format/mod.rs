@@ -36,6 +36,7 @@
 )]
 
 pub mod group;
+pub mod keys;
 pub mod header;
 pub mod index;
 pub mod marker;

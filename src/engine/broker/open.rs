@@ -49,6 +49,8 @@ impl Broker {
         let schemas =
             crate::engine::schemas::SchemaRegistry::open(storage.clone(), data_dir, &names)
                 .map_err(schemas::open_error)?;
+        let keys = crate::engine::keys::KeyStore::open(storage.clone(), data_dir)
+            .map_err(keys_open_error)?;
         let (groups, notes) = open_groups(data_dir, &storage, &opts)?;
         report.extend(notes);
         let (producers, notes) = open_producers(data_dir, &storage, &opts, &topics)?;
@@ -132,6 +134,7 @@ impl Broker {
             schemas,
             groups,
             producers,
+            keys,
         }))
     }
 
@@ -144,6 +147,17 @@ impl Broker {
     /// The data directory.
     pub fn data_dir(&self) -> &Path {
         &self.data_dir
+    }
+}
+
+fn keys_open_error(e: crate::engine::keys::KeyError) -> EngineError {
+    use crate::engine::keys::KeyError;
+    match e {
+        KeyError::Unreadable { path, detail } => EngineError::Corrupt { path, detail },
+        KeyError::Io { context, source } => EngineError::Io { context, source },
+        other => EngineError::InvalidRequest {
+            detail: other.to_string(),
+        },
     }
 }
 
