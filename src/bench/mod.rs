@@ -299,9 +299,11 @@ fn fsync_count(
 ) -> Result<u64, BenchError> {
     match embedded {
         Some(b) => Ok(b.stats().fsyncs),
-        None => Ok(Client::connect_with_token(addr, args.timeout, args.token.as_deref())
-            .and_then(|mut c| c.stats())?
-            .fsyncs),
+        None => Ok(
+            Client::connect_with_token(addr, args.timeout, args.token.as_deref())
+                .and_then(|mut c| c.stats())?
+                .fsyncs,
+        ),
     }
 }
 
@@ -386,8 +388,7 @@ fn bench(args: &Config, addr: &str, embedded: Option<&Arc<Broker>>) -> Result<Re
             let fsyncs_before = fsync_count(addr, args, embedded)?;
             let stats_before = write_stats(addr, args, embedded)?;
             let mut report = produce(args, addr, records)?;
-            report.fsyncs =
-                fsync_count(addr, args, embedded)?.saturating_sub(fsyncs_before);
+            report.fsyncs = fsync_count(addr, args, embedded)?.saturating_sub(fsyncs_before);
             let stats_after = write_stats(addr, args, embedded)?;
             if let (Some(before), Some(after)) = (&stats_before, &stats_after) {
                 report.write_path = Some(write_path_report(before, after));
@@ -398,8 +399,7 @@ fn bench(args: &Config, addr: &str, embedded: Option<&Arc<Broker>>) -> Result<Re
             seed(args, &mut admin, records)?;
             let fsyncs_before = fsync_count(addr, args, embedded)?;
             let mut report = consume(args, addr, &mut admin, records)?;
-            report.fsyncs =
-                fsync_count(addr, args, embedded)?.saturating_sub(fsyncs_before);
+            report.fsyncs = fsync_count(addr, args, embedded)?.saturating_sub(fsyncs_before);
             Ok(report)
         }
     }

@@ -175,7 +175,12 @@ fn entry_json(k: &KeyEntry) -> serde_json::Value {
     })
 }
 
-fn write_created(out: &mut impl Write, as_json: bool, k: &KeyEntry, token: &str) -> anyhow::Result<()> {
+fn write_created(
+    out: &mut impl Write,
+    as_json: bool,
+    k: &KeyEntry,
+    token: &str,
+) -> anyhow::Result<()> {
     if as_json {
         let mut v = entry_json(k);
         if let Some(o) = v.as_object_mut() {
@@ -205,7 +210,15 @@ fn write_list(out: &mut impl Write, as_json: bool, keys: &[KeyEntry]) -> anyhow:
     }
     let mut table = Table::new();
     table.load_preset(comfy_table::presets::NOTHING);
-    table.set_header(["ID", "NAME", "ROLE", "TOPICS", "GROUPS", "CREATED", "LAST USED"]);
+    table.set_header([
+        "ID",
+        "NAME",
+        "ROLE",
+        "TOPICS",
+        "GROUPS",
+        "CREATED",
+        "LAST USED",
+    ]);
     for k in keys {
         table.add_row([
             k.id.clone(),

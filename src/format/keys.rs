@@ -187,9 +187,7 @@ pub fn encode_keys(doc: &KeysDoc) -> Vec<u8> {
 
 fn check_entry(k: &KeyEntry) -> Result<(), String> {
     if !is_key_id(&k.id) {
-        return Err(format!(
-            "the id is not {KEY_ID_LEN} lowercase hex digits"
-        ));
+        return Err(format!("the id is not {KEY_ID_LEN} lowercase hex digits"));
     }
     check_key_name(&k.name)?;
     check_patterns("topic", &k.topics)?;

@@ -36,9 +36,9 @@
 )]
 
 pub mod group;
-pub mod keys;
 pub mod header;
 pub mod index;
+pub mod keys;
 pub mod marker;
 pub mod names;
 pub mod producers;

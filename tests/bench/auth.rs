@@ -92,7 +92,12 @@ fn produce_with_and_without_auth() {
         .unwrap();
     let key = broker
         .keys()
-        .create("bench", "producer", &["other".into(), "bench.*".into()], &[])
+        .create(
+            "bench",
+            "producer",
+            &["other".into(), "bench.*".into()],
+            &[],
+        )
         .unwrap();
     let server_opts = ServerOptions {
         log_errors: false,
@@ -103,7 +108,9 @@ fn produce_with_and_without_auth() {
     let stop = server.stop_handle();
     let thread = thread::spawn(move || server.run(&AtomicBool::new(false)));
     println!();
-    println!("{CONNECTIONS} connections, {VALUE_BYTES}-byte values, fsync per ack, {secs} s per run");
+    println!(
+        "{CONNECTIONS} connections, {VALUE_BYTES}-byte values, fsync per ack, {secs} s per run"
+    );
     println!(
         "{:>5} | {:>14} {:>14} | {:>7}",
         "batch", "auth off r/s", "auth on r/s", "ratio"

@@ -25,7 +25,13 @@ fn stderr(o: &Output) -> String {
 
 /// Creates a key offline; returns (id, token).
 fn create_offline(dir: &Path, args: &[&str]) -> (String, String) {
-    let mut all = vec!["keys", "create", "--json", "--data-dir", dir.to_str().unwrap()];
+    let mut all = vec![
+        "keys",
+        "create",
+        "--json",
+        "--data-dir",
+        dir.to_str().unwrap(),
+    ];
     all.extend_from_slice(args);
     let (code, out, err) = run(&all, dir);
     assert_eq!(code, 0, "{err}");
@@ -91,7 +97,16 @@ fn keys_roles_patterns_and_refusals() {
     );
     // A producer key without a topic pattern is a usage error.
     let (code, _, err) = run(
-        &["keys", "create", "--data-dir", data.to_str().unwrap(), "--name", "x", "--role", "producer"],
+        &[
+            "keys",
+            "create",
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--name",
+            "x",
+            "--role",
+            "producer",
+        ],
         tmp.path(),
     );
     assert_eq!(code, 64, "{err}");
@@ -106,7 +121,13 @@ fn keys_roles_patterns_and_refusals() {
         0o600
     );
     let (code, out, _) = run(
-        &["keys", "list", "--json", "--data-dir", data.to_str().unwrap()],
+        &[
+            "keys",
+            "list",
+            "--json",
+            "--data-dir",
+            data.to_str().unwrap(),
+        ],
         tmp.path(),
     );
     assert_eq!(code, 0);
@@ -126,7 +147,10 @@ fn keys_roles_patterns_and_refusals() {
     wrong.push(if last == 'A' { 'B' } else { 'A' });
     let unknown = format!("sgk_0000000000000000_{}", &producer_token[21..]);
     for bad in [wrong.as_str(), unknown.as_str(), "sgk_nonsense"] {
-        assert_eq!(refused_code(connect(&addr, Some(bad))), ErrorCode::AUTH_FAILED);
+        assert_eq!(
+            refused_code(connect(&addr, Some(bad))),
+            ErrorCode::AUTH_FAILED
+        );
     }
     let o = b.run(&["topics", "list"]);
     assert_eq!(o.status.code(), Some(69));
@@ -159,7 +183,9 @@ fn keys_roles_patterns_and_refusals() {
         ErrorCode::NOT_AUTHORIZED
     );
     assert_eq!(end(&mut admin, "orders.eu"), 1);
-    let f = consumer.fetch("orders.eu", 0, 0, 1 << 20, Duration::ZERO).unwrap();
+    let f = consumer
+        .fetch("orders.eu", 0, 0, 1 << 20, Duration::ZERO)
+        .unwrap();
     assert_eq!(f.records[0].value, b"p1");
     assert_eq!(
         refused_code(consumer.fetch("payments", 0, 0, 1 << 20, Duration::ZERO)),
@@ -168,9 +194,15 @@ fn keys_roles_patterns_and_refusals() {
 
     // The CLI with --token-file and with $SEGLOG_TOKEN.
     let pfile = write_token(tmp.path(), "producer.token", &producer_token);
-    let o = b.run_with_stdin(&["produce", "orders.eu", "--token-file", &pfile], Some("cli\n"));
+    let o = b.run_with_stdin(
+        &["produce", "orders.eu", "--token-file", &pfile],
+        Some("cli\n"),
+    );
     assert!(o.status.success(), "{}", stderr(&o));
-    let o = b.run_with_stdin(&["produce", "payments", "--token-file", &pfile], Some("no\n"));
+    let o = b.run_with_stdin(
+        &["produce", "payments", "--token-file", &pfile],
+        Some("no\n"),
+    );
     assert_eq!(o.status.code(), Some(69));
     assert!(stderr(&o).contains("not_authorized"), "{}", stderr(&o));
     let o = b
@@ -186,13 +218,24 @@ fn keys_roles_patterns_and_refusals() {
     // Online key commands, applied at once.
     let afile = write_token(tmp.path(), "admin.token", &admin_token);
     let out = b.ok(&[
-        "keys", "create", "--json", "--token-file", &afile, "--name", "late", "--role",
-        "producer", "--topic", "payments",
+        "keys",
+        "create",
+        "--json",
+        "--token-file",
+        &afile,
+        "--name",
+        "late",
+        "--role",
+        "producer",
+        "--topic",
+        "payments",
     ]);
     let created: Value = parse_json(&out);
     let late_token = created["token"].as_str().unwrap().to_string();
     let mut late = connect(&addr, Some(&late_token)).unwrap();
-    assert!(late.produce("payments", one(b"ok")).unwrap()[0].result.is_ok());
+    assert!(late.produce("payments", one(b"ok")).unwrap()[0]
+        .result
+        .is_ok());
     let listed = json_lines(&b.ok(&["keys", "list", "--json", "--token-file", &afile]));
     assert_eq!(listed.len(), 4);
     assert!(listed.iter().all(|k| k.get("token").is_none()));
@@ -231,12 +274,20 @@ fn keys_roles_patterns_and_refusals() {
     assert!(!text.contains(&late_token[21..]));
     assert!(!text.contains(&producer_id));
     let (_, out, _) = run(
-        &["keys", "list", "--json", "--data-dir", data.to_str().unwrap()],
+        &[
+            "keys",
+            "list",
+            "--json",
+            "--data-dir",
+            data.to_str().unwrap(),
+        ],
         tmp.path(),
     );
     let keys = json_lines(&out);
     assert_eq!(keys.len(), 3);
-    assert!(keys.iter().any(|k| k["name"] == "late" && k["last_used_ms"].as_i64() > Some(0)));
+    assert!(keys
+        .iter()
+        .any(|k| k["name"] == "late" && k["last_used_ms"].as_i64() > Some(0)));
 }
 
 #[test]
@@ -244,7 +295,10 @@ fn auth_off_and_required_without_keys() {
     let tmp = tempfile::tempdir().unwrap();
     let data = tmp.path().join("data");
     let b = Serve::start_with(&data, &["--auth", "required"]);
-    assert_eq!(refused_code(connect(&b.addr, None)), ErrorCode::AUTH_REQUIRED);
+    assert_eq!(
+        refused_code(connect(&b.addr, None)),
+        ErrorCode::AUTH_REQUIRED
+    );
     b.stop();
     create_offline(&data, &["--name", "ops", "--role", "admin"]);
     let b = Serve::start_with(&data, &["--auth", "off"]);
@@ -288,7 +342,10 @@ fn failed_logins_are_limited_per_source_address() {
             code => assert_eq!(code, ErrorCode::AUTH_FAILED),
         }
     }
-    assert!(limited > 900, "{limited} of 1000 failed logins were rate-limited");
+    assert!(
+        limited > 900,
+        "{limited} of 1000 failed logins were rate-limited"
+    );
     // The address is slowed even with the right token ...
     assert_eq!(
         refused_code(connect(&b.addr, Some(&token))),

@@ -237,7 +237,9 @@ impl Limiter {
         if self.buckets.len() >= TRACKED_ADDRESSES_MAX && !self.buckets.contains_key(&peer) {
             return self.overflow.get_or_insert_with(|| Bucket::full(now));
         }
-        self.buckets.entry(peer).or_insert_with(|| Bucket::full(now))
+        self.buckets
+            .entry(peer)
+            .or_insert_with(|| Bucket::full(now))
     }
 
     /// `Err(retry_after)` while `peer` has no attempt left.
@@ -462,12 +464,9 @@ impl KeyStore {
     /// The principal's key as the store holds it now: `None` once revoked.
     pub fn current(&self, principal: &Principal) -> Option<Principal> {
         let state = self.state.read().unwrap_or_else(PoisonError::into_inner);
-        state
-            .by_id
-            .get(principal.key_id())
-            .map(|key| Principal {
-                key: Arc::clone(key),
-            })
+        state.by_id.get(principal.key_id()).map(|key| Principal {
+            key: Arc::clone(key),
+        })
     }
 
     /// Every key, in creation order, with its in-memory `last_used_ms`.

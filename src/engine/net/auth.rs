@@ -17,10 +17,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use crate::engine::keys::{Action, AuthError, KeyError, KeyStore, Principal, Resource};
-use crate::format::keys::KeyEntry;
-use crate::format::wire::keys::{KeyInfo, KeyRequest, KeyResponse, KEYS_VERSION};
 use crate::engine::net::metrics::NetMetrics;
+use crate::format::keys::KeyEntry;
 use crate::format::wire::groups::GroupRequest;
+use crate::format::wire::keys::{KeyInfo, KeyRequest, KeyResponse, KEYS_VERSION};
 use crate::format::wire::producers::ProducerRequest;
 use crate::format::wire::{ErrorCode, Request};
 
@@ -238,7 +238,11 @@ impl KeyAnswer {
 }
 
 /// Carries out a key request (the session has checked it is an admin's).
-pub fn serve_key(keys: &KeyStore, version: u16, req: &KeyRequest<'_>) -> Result<KeyAnswer, Refusal> {
+pub fn serve_key(
+    keys: &KeyStore,
+    version: u16,
+    req: &KeyRequest<'_>,
+) -> Result<KeyAnswer, Refusal> {
     if version < KEYS_VERSION {
         return Err((
             ErrorCode::INVALID_REQUEST,

@@ -15,13 +15,11 @@
 //! A token is at most [`TOKEN_BYTES_MAX`] bytes; the key-create response is the only
 //! message that carries a secret (inside the token).
 
-use super::{
-    put_count, put_str, ApiKey, ProtocolError, Reader, STRING_WIRE_MIN,
-};
+use super::{put_count, put_str, ApiKey, ProtocolError, Reader, STRING_WIRE_MIN};
+pub use crate::format::keys::TOKEN_BYTES_MAX;
 use crate::format::keys::{
     KEYS_MAX, KEY_ID_LEN, KEY_NAME_BYTES_MAX, PATTERNS_PER_KEY_MAX, PATTERN_BYTES_MAX,
 };
-pub use crate::format::keys::TOKEN_BYTES_MAX;
 
 /// The first protocol version with the handshake token and the key requests.
 pub const KEYS_VERSION: u16 = 3;
@@ -95,11 +93,7 @@ impl KeyResponse<'_> {
     }
 }
 
-fn put_list(
-    out: &mut Vec<u8>,
-    field: &'static str,
-    items: &[&str],
-) -> Result<(), ProtocolError> {
+fn put_list(out: &mut Vec<u8>, field: &'static str, items: &[&str]) -> Result<(), ProtocolError> {
     put_count(out, field, items.len(), PATTERNS_MAX)?;
     for p in items {
         put_str(out, field, p, PATTERN_BYTES_MAX)?;
@@ -145,10 +139,7 @@ pub(super) fn read_token<'a>(
     Ok(Some(r.str("token", TOKEN_BYTES_MAX)?))
 }
 
-pub(super) fn encode_request(
-    out: &mut Vec<u8>,
-    req: &KeyRequest<'_>,
-) -> Result<(), ProtocolError> {
+pub(super) fn encode_request(out: &mut Vec<u8>, req: &KeyRequest<'_>) -> Result<(), ProtocolError> {
     match req {
         KeyRequest::Create {
             name,
@@ -262,10 +253,10 @@ mod tests {
         };
         encode_request(&mut frame, 1, &req).unwrap();
         let expected: Vec<u8> = [
-            &[0, 0, 0, 15][..],      // frame_len
-            &[0, 0, 0, 1],           // request_id
-            &[0, 0],                 // api_key handshake
-            &[0, 1, 0, 3],           // min_version, max_version
+            &[0, 0, 0, 15][..],        // frame_len
+            &[0, 0, 0, 1],             // request_id
+            &[0, 0],                   // api_key handshake
+            &[0, 1, 0, 3],             // min_version, max_version
             &[0, 3, b't', b'o', b'k'], // token
         ]
         .concat();
