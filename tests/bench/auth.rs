@@ -19,11 +19,12 @@ use std::time::{Duration, Instant};
 
 use seglog::engine::broker::{Broker, BrokerOptions};
 use seglog::engine::keys::AuthMode;
+use seglog::engine::net::auth::{self, Login};
 use seglog::engine::net::client::Client;
 use seglog::engine::net::server::{Server, ServerOptions};
 use seglog::engine::storage::io::RealStorage;
 use seglog::format::topic::TopicConfig;
-use seglog::format::wire::{PartitionBatch, WireRecord};
+use seglog::format::wire::{PartitionBatch, Request, WireRecord};
 
 const VALUE_BYTES: usize = 256;
 const CONNECTIONS: usize = 16;
@@ -132,6 +133,34 @@ fn produce_with_and_without_auth() {
         );
         assert!(a > 0.0 && b > 0.0);
     }
+    // The check alone, in this process: what auth adds to each request.
+    let mut login = Login::default();
+    let peer = "127.0.0.1:1".parse().unwrap();
+    auth::login(broker.keys(), Some(&key.token), peer, None, &mut login).unwrap();
+    let value = vec![b'v'; VALUE_BYTES];
+    let req = Request::Produce {
+        topic: "bench.auth",
+        partitions: vec![PartitionBatch {
+            partition: 0,
+            records: vec![WireRecord {
+                timestamp_ms: -1,
+                key: None,
+                value: &value,
+            }],
+        }],
+    };
+    let n = 1_000_000u32;
+    let start = Instant::now();
+    for _ in 0..n {
+        auth::authorize(broker.keys(), &mut login, std::hint::black_box(&req)).unwrap();
+    }
+    let per_check = start.elapsed() / n;
+    let start = Instant::now();
+    for _ in 0..1000 {
+        broker.keys().authenticate(&key.token, peer.ip()).unwrap();
+    }
+    let per_login = start.elapsed() / 1000;
+    println!("permission check {per_check:?} per request; login {per_login:?}");
     stop.store(true, Ordering::SeqCst);
     let _ = thread.join();
     broker.shutdown().unwrap();
