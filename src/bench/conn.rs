@@ -44,7 +44,11 @@ pub(super) struct Fetched {
 
 impl Conn {
     /// Connects and performs the handshake, within `timeout` each.
-    pub(super) async fn connect(addr: &str, timeout: Duration) -> Result<Conn, ClientError> {
+    pub(super) async fn connect(
+        addr: &str,
+        timeout: Duration,
+        token: Option<&str>,
+    ) -> Result<Conn, ClientError> {
         let connect_err = |source| ClientError::Connect {
             addr: addr.to_string(),
             source,
@@ -66,6 +70,7 @@ impl Conn {
         let req = Request::Handshake {
             min_version: PROTOCOL_VERSION_MIN,
             max_version: PROTOCOL_VERSION,
+            token,
         };
         let ResponseBody::Handshake { version, .. } = conn.call(&req).await? else {
             return Err(conn.protocol("handshake answered with another response"));

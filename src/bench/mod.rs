@@ -77,6 +77,8 @@ pub struct Config {
     pub idempotent: bool,
     /// Write-path settings of the run.
     pub write: WriteOptions,
+    /// The API key token each connection logs in with.
+    pub token: Option<String>,
 }
 
 /// Write-path settings of a run: the topic's segment size, the embedded broker's
@@ -296,14 +298,16 @@ fn progress_bar(total: Option<u64>, wanted: bool) -> Option<indicatif::ProgressB
 
 fn fsync_count(
     addr: &str,
-    timeout: Duration,
+    args: &Config,
     embedded: Option<&Arc<Broker>>,
 ) -> Result<u64, BenchError> {
     match embedded {
         Some(b) => Ok(b.stats().fsyncs),
-        None => Ok(Client::connect(addr, timeout)
-            .and_then(|mut c| c.stats())?
-            .fsyncs),
+        None => Ok(
+            Client::connect_with_token(addr, args.timeout, args.token.as_deref())
+                .and_then(|mut c| c.stats())?
+                .fsyncs,
+        ),
     }
 }
 
@@ -312,13 +316,14 @@ fn fsync_count(
 /// counters).
 fn write_stats(
     addr: &str,
-    timeout: Duration,
+    args: &Config,
     embedded: Option<&Arc<Broker>>,
 ) -> Result<Option<BrokerStats>, BenchError> {
     if let Some(b) = embedded {
         return Ok(Some(b.stats()));
     }
-    let s = Client::connect(addr, timeout).and_then(|mut c| c.stats())?;
+    let s = Client::connect_with_token(addr, args.timeout, args.token.as_deref())
+        .and_then(|mut c| c.stats())?;
     Ok(s.write.map(|w| BrokerStats {
         fsyncs: s.fsyncs,
         produce_requests: s.produce_requests,
@@ -384,16 +389,15 @@ fn ensure_topic(
 
 fn bench(args: &Config, addr: &str, embedded: Option<&Arc<Broker>>) -> Result<Report, BenchError> {
     let records = args.records;
-    let mut admin = Client::connect(addr, args.timeout)?;
+    let mut admin = Client::connect_with_token(addr, args.timeout, args.token.as_deref())?;
     ensure_topic(&mut admin, &args.topic, args.partitions, &args.write)?;
     match args.mode {
         Mode::Produce => {
-            let fsyncs_before = fsync_count(addr, args.timeout, embedded)?;
-            let stats_before = write_stats(addr, args.timeout, embedded)?;
+            let fsyncs_before = fsync_count(addr, args, embedded)?;
+            let stats_before = write_stats(addr, args, embedded)?;
             let mut report = produce(args, addr, records)?;
-            report.fsyncs =
-                fsync_count(addr, args.timeout, embedded)?.saturating_sub(fsyncs_before);
-            let stats_after = write_stats(addr, args.timeout, embedded)?;
+            report.fsyncs = fsync_count(addr, args, embedded)?.saturating_sub(fsyncs_before);
+            let stats_after = write_stats(addr, args, embedded)?;
             if let (Some(before), Some(after)) = (&stats_before, &stats_after) {
                 report.write_path = Some(write_path_report(before, after));
             }
@@ -401,10 +405,9 @@ fn bench(args: &Config, addr: &str, embedded: Option<&Arc<Broker>>) -> Result<Re
         }
         Mode::Consume => {
             seed(args, &mut admin, records)?;
-            let fsyncs_before = fsync_count(addr, args.timeout, embedded)?;
+            let fsyncs_before = fsync_count(addr, args, embedded)?;
             let mut report = consume(args, addr, &mut admin, records)?;
-            report.fsyncs =
-                fsync_count(addr, args.timeout, embedded)?.saturating_sub(fsyncs_before);
+            report.fsyncs = fsync_count(addr, args, embedded)?.saturating_sub(fsyncs_before);
             Ok(report)
         }
     }
@@ -433,7 +436,7 @@ where
     rt.block_on(async {
         let mut conns = Vec::with_capacity(args.connections as usize);
         for _ in 0..args.connections {
-            conns.push(Conn::connect(addr, args.timeout).await?);
+            conns.push(Conn::connect(addr, args.timeout, args.token.as_deref()).await?);
         }
         let start = Instant::now();
         let mut set = tokio::task::JoinSet::new();

@@ -84,6 +84,8 @@ pub struct Args {
     /// per batch), as `seglog produce` sends by default.
     #[arg(long)]
     pub idempotent: bool,
+    #[command(flatten)]
+    pub token: super::connect::TokenArgs,
 }
 
 impl From<Mode> for load::Mode {
@@ -148,6 +150,7 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
             rate: args.rate,
         },
         idempotent: args.idempotent,
+        token: args.token.token()?,
     };
     let report = load::run(&config).map_err(bench_error)?;
     print_report(&args, &report)?;

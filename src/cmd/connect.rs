@@ -1,9 +1,12 @@
 //! What the client commands (`topics`, `produce`, `consume`, `bench`) share: the
-//! `--broker`/`--timeout` flags, duration parsing, and the mapping of client errors
+//! `--broker`/`--timeout` flags, the API key (`--token-file` or `$SEGLOG_TOKEN`, never a
+//! flag holding the token itself, which would show in the process list), duration parsing, and the mapping of client errors
 //! to exit codes: 64 for an invalid argument, whichever side finds it (the broker's
 //! error code says which refusals are that), 69 when the broker is unreachable or
 //! fails.
 
+use std::io::Read;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use super::{exit, ExitError};
@@ -19,12 +22,55 @@ pub struct BrokerArgs {
     /// How long to wait to connect and for each response: 500ms, 10s, 1m.
     #[arg(long, default_value = "30s", value_parser = parse_duration, global = true)]
     pub timeout: Duration,
+    #[command(flatten)]
+    pub token: TokenArgs,
 }
 
 impl BrokerArgs {
-    /// Connects and performs the handshake.
+    /// Connects and performs the handshake, logging in with the API key if one is
+    /// given.
     pub fn connect(&self) -> anyhow::Result<Client> {
-        Client::connect(&self.broker, self.timeout).map_err(client_error)
+        let token = self.token.token()?;
+        Client::connect_with_token(&self.broker, self.timeout, token.as_deref())
+            .map_err(client_error)
+    }
+}
+
+/// Longest token file read (a token is under 100 bytes).
+const TOKEN_FILE_BYTES_MAX: u64 = 4096;
+
+/// `--token-file`, or the token itself in `$SEGLOG_TOKEN`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct TokenArgs {
+    /// File holding the API key token to log in with (`seglog keys create` prints
+    /// it; keep the file 0600). Default: the token in $SEGLOG_TOKEN, if set.
+    #[arg(long, value_name = "PATH", global = true)]
+    pub token_file: Option<PathBuf>,
+}
+
+impl TokenArgs {
+    /// The token: the first line of `--token-file`, else `$SEGLOG_TOKEN`, else none.
+    pub fn token(&self) -> anyhow::Result<Option<String>> {
+        let Some(path) = &self.token_file else {
+            return Ok(std::env::var("SEGLOG_TOKEN")
+                .ok()
+                .map(|t| t.trim().to_string())
+                .filter(|t| !t.is_empty()));
+        };
+        let mut text = String::new();
+        std::fs::File::open(path)
+            .and_then(|f| f.take(TOKEN_FILE_BYTES_MAX).read_to_string(&mut text))
+            .map_err(|e| {
+                ExitError::usage(format!("cannot read --token-file {}: {e}", path.display()))
+            })?;
+        let token = text.lines().next().unwrap_or("").trim();
+        if token.is_empty() {
+            return Err(ExitError::usage(format!(
+                "--token-file {} holds no token",
+                path.display()
+            )));
+        }
+        Ok(Some(token.to_string()))
     }
 }
 

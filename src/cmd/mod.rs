@@ -17,6 +17,7 @@ pub mod dump;
 pub mod escape;
 pub mod format_string;
 pub mod groups;
+pub mod keys;
 pub mod produce;
 pub mod recover;
 pub mod reindex;
@@ -130,6 +131,8 @@ pub enum Command {
     Damage(damage::Args),
     /// List, describe, reset the offsets of and delete consumer groups.
     Groups(groups::Args),
+    /// Create, list and revoke the API keys clients log in with.
+    Keys(keys::Args),
 }
 
 /// Options every command sees.
@@ -160,6 +163,7 @@ pub fn main() -> ExitCode {
         Command::Completions(a) => completions::run(a, global),
         Command::Damage(a) => damage::run(a, global),
         Command::Groups(a) => groups::run(a, global),
+        Command::Keys(a) => keys::run(a, global),
     };
     ExitCode::from(finish(result))
 }

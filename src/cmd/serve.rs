@@ -20,6 +20,7 @@ use super::connect::parse_positive_duration;
 use super::{exit, ExitError, Global};
 use crate::engine::broker::{Broker, BrokerOptions};
 use crate::engine::error::EngineError;
+use crate::engine::keys::AuthMode;
 use crate::engine::net::metrics::{self, MetricsServer, NetMetrics};
 use crate::engine::net::server::{Server, ServerOptions};
 use crate::engine::storage::io::RealStorage;
@@ -39,6 +40,11 @@ pub struct Args {
     /// other path answers 404.
     #[arg(long, value_name = "ADDR")]
     pub metrics_listen: Option<String>,
+    /// required: every connection logs in with an API key (`seglog keys`); off: no
+    /// login, every request allowed. Default: required as soon as DATA/api_keys.json
+    /// holds a key.
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub auth: Option<AuthFlag>,
     /// 1: acknowledge each produce after an fsync covering it. N > 1: fsync once N
     /// records wait (acknowledgements do not wait for it).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
@@ -105,6 +111,13 @@ pub struct Args {
     /// How long the broker remembers an idempotent producer it has not heard from.
     #[arg(long, default_value = "24h", value_parser = parse_positive_duration)]
     pub producer_id_expiration: Duration,
+}
+
+/// `--auth`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum AuthFlag {
+    Required,
+    Off,
 }
 
 /// A switch.
@@ -327,6 +340,11 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
     // the broker opens.
     let broker = Broker::open(&args.data_dir, Arc::new(RealStorage), opts)
         .map_err(|e| open_error(e, &args.data_dir))?;
+    broker.keys().set_mode(match args.auth {
+        Some(AuthFlag::Required) => AuthMode::Required,
+        Some(AuthFlag::Off) => AuthMode::Off,
+        None => AuthMode::Auto,
+    });
     let net_metrics = metrics_listener
         .as_ref()
         .map(|_| Arc::new(NetMetrics::default()));

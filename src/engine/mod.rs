@@ -26,11 +26,15 @@
 //! its `cache`; a produce takes only `doc`/`cache` for reading, before any partition
 //! lock, and releases them before appending.
 //!
+//! The API keys ([`keys`]): `change` → `state` → `limiter`; a login takes `state`
+//! for reading and the limiter only, never a partition lock.
+//!
 //! Every file-system mutation goes through [`storage::io::Storage`].
 
 pub mod broker;
 pub mod error;
 pub mod groups;
+pub mod keys;
 pub mod maintenance;
 pub mod net;
 pub mod partition;

@@ -38,6 +38,7 @@
 pub mod group;
 pub mod header;
 pub mod index;
+pub mod keys;
 pub mod marker;
 pub mod names;
 pub mod producers;

@@ -934,6 +934,7 @@ pub fn seed_request_frames() -> Vec<Vec<u8>> {
         Request::Handshake {
             min_version: 1,
             max_version: 1,
+            token: None,
         },
         Request::Produce {
             topic: "orders",
@@ -1240,4 +1241,115 @@ pub fn run_target(target: &str, data: &[u8]) {
         "names" => names(data),
         other => panic!("unknown fuzz target {other}"),
     }
+}
+
+// ---------------------------------------------------------------------------------
+// Handshake and authentication frames.
+
+/// The one key of [`auth_frames`]'s store: id and secret.
+pub const AUTH_KEY_ID: &str = "0123456789abcdef";
+pub const AUTH_SECRET: [u8; 32] = [7; 32];
+
+/// Fuzz entry for the handshake and API-key frames. First byte even: the rest is a
+/// request frame (after `frame_len`); it must re-encode byte for byte, what it needs
+/// must be computable for every role without a panic, an admin must be allowed it, and
+/// a handshake's token must log in exactly when it is the store's one token. First
+/// byte odd: the rest is a token; a token that parses must format back to itself.
+pub fn auth_frames(data: &[u8]) {
+    use crate::engine::keys::AuthError;
+    use crate::format::keys::{format_token, parse_token};
+    let Some((&mode, rest)) = data.split_first() else {
+        return;
+    };
+    if mode % 2 == 1 {
+        let text = String::from_utf8_lossy(rest);
+        if let Ok((id, secret)) = parse_token(&text) {
+            assert_eq!(format_token(id, &secret), text.trim());
+        }
+        return;
+    }
+    protocol_request(rest);
+    let Ok((_, req)) = decode_request(rest) else {
+        return;
+    };
+    let store = auth_store();
+    let good = format_token(AUTH_KEY_ID, &AUTH_SECRET);
+    let peer = std::net::IpAddr::from([127, 0, 0, 1]);
+    let admin = store
+        .authenticate(&good, peer)
+        .expect("the store's own token logs in");
+    for (action, resource) in crate::engine::net::auth::needs(&req).into_iter().flatten() {
+        assert!(admin.allows(action, resource));
+    }
+    if let Request::Handshake {
+        token: Some(token), ..
+    } = req
+    {
+        match store.authenticate(token, peer) {
+            Ok(p) => {
+                assert_eq!(token.trim(), good);
+                assert_eq!(p.key_id(), AUTH_KEY_ID);
+            }
+            Err(AuthError::Failed) => assert_ne!(token.trim(), good),
+            Err(e) => panic!("one failure cannot rate-limit: {e}"),
+        }
+    }
+}
+
+/// A store with one admin key ([`AUTH_KEY_ID`], [`AUTH_SECRET`]), in memory.
+fn auth_store() -> crate::engine::keys::KeyStore {
+    use crate::format::keys::{encode_hash, hash_secret, KeyEntry, KeysDoc, Role, KEYS_FORMAT};
+    let doc = KeysDoc {
+        format: KEYS_FORMAT,
+        keys: vec![KeyEntry {
+            id: AUTH_KEY_ID.to_string(),
+            name: "fuzz".to_string(),
+            role: Role::Admin,
+            topics: vec![],
+            groups: vec![],
+            created_ms: 0,
+            last_used_ms: -1,
+            secret_sha256: encode_hash(&hash_secret(&AUTH_SECRET)),
+        }],
+    };
+    crate::engine::keys::KeyStore::from_doc(
+        std::sync::Arc::new(crate::engine::storage::io::RealStorage),
+        Path::new("/nonexistent-seglog-fuzz"),
+        doc,
+    )
+    .expect("a valid document")
+}
+
+/// Valid handshake and key frames to mutate (mode byte 0 first).
+pub fn seed_auth_frames() -> Vec<Vec<u8>> {
+    use crate::format::wire::keys::KeyRequest;
+    let good = crate::format::keys::format_token(AUTH_KEY_ID, &AUTH_SECRET);
+    let reqs = [
+        Request::Handshake {
+            min_version: 1,
+            max_version: 3,
+            token: Some(&good),
+        },
+        Request::Handshake {
+            min_version: 3,
+            max_version: 3,
+            token: Some("sgk_0123456789abcdef_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"),
+        },
+        Request::Key(KeyRequest::Create {
+            name: "app",
+            role: "producer",
+            topics: vec!["orders.*"],
+            groups: vec!["g?"],
+        }),
+        Request::Key(KeyRequest::Revoke { id: AUTH_KEY_ID }),
+    ];
+    reqs.iter()
+        .map(|r| {
+            let mut out = Vec::new();
+            encode_request(&mut out, 1, r).expect("a seed encodes");
+            let mut framed = vec![0u8];
+            framed.extend_from_slice(&out[LEN_FIELD..]);
+            framed
+        })
+        .collect()
 }

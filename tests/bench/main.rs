@@ -6,6 +6,7 @@
 #[path = "../util/mod.rs"]
 mod util;
 
+mod auth;
 mod cleanup;
 mod compaction;
 mod groups;

@@ -336,6 +336,7 @@ fn handshake() -> Vec<u8> {
         &Request::Handshake {
             min_version: 1,
             max_version: 1,
+            token: None,
         },
     )
     .unwrap();

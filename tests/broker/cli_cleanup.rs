@@ -101,6 +101,7 @@ fn a_version_1_client_gets_the_version_1_describe_response() {
             Request::Handshake {
                 min_version: 1,
                 max_version: 1,
+                token: None,
             },
         ),
         (2, Request::DescribeTopic { topic: "t" }),

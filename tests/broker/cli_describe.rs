@@ -320,6 +320,7 @@ fn describe_at(s: &Serve, version: u16, topic: &str) -> ResponseBody<'static> {
             Request::Handshake {
                 min_version: version,
                 max_version: version,
+                token: None,
             },
         ),
         (2, Request::DescribeTopic { topic }),

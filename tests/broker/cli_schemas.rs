@@ -375,6 +375,7 @@ fn schema_requests_need_version_3() {
         &Request::Handshake {
             min_version: 1,
             max_version: 2,
+            token: None,
         },
     );
     assert_eq!(code, ErrorCode::NONE);

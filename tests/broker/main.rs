@@ -6,6 +6,7 @@
 #[path = "../util/mod.rs"]
 mod util;
 
+mod cli_auth;
 mod cli_broker;
 mod cli_cleanup;
 mod cli_clients;

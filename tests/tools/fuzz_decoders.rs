@@ -358,6 +358,18 @@ proptest! {
     }
 
     #[test]
+    fn auth_frames_random(data in vec(any::<u8>(), 0..120)) {
+        fuzzprops::auth_frames(&data);
+    }
+
+    #[test]
+    fn auth_frames_mutated(which in 0usize..4, edits in vec(mutation(), 1..4)) {
+        let frames = fuzzprops::seed_auth_frames();
+        fuzzprops::auth_frames(&frames[which]);
+        fuzzprops::auth_frames(&apply(&frames[which], &edits));
+    }
+
+    #[test]
     fn protocol_random(data in vec(any::<u8>(), 0..120)) {
         fuzzprops::protocol_request(&data);
         fuzzprops::protocol_response(&data);

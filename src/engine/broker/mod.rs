@@ -278,6 +278,8 @@ pub struct Broker {
     groups: Arc<crate::engine::groups::GroupCoordinator>,
     /// Idempotent producers' state.
     producers: Arc<crate::engine::producers::ProducerTable>,
+    /// The API keys (`DATA/api_keys.json`).
+    keys: crate::engine::keys::KeyStore,
 }
 
 impl Drop for Broker {
@@ -295,6 +297,11 @@ impl Broker {
     /// The idempotent producers' table.
     pub fn producers(&self) -> &Arc<crate::engine::producers::ProducerTable> {
         &self.producers
+    }
+
+    /// The API keys and the login check.
+    pub fn keys(&self) -> &crate::engine::keys::KeyStore {
+        &self.keys
     }
 }
 

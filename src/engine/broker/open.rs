@@ -50,6 +50,8 @@ impl Broker {
         let schemas =
             crate::engine::schemas::SchemaRegistry::open(storage.clone(), data_dir, &names)
                 .map_err(schemas::open_error)?;
+        let keys = crate::engine::keys::KeyStore::open(storage.clone(), data_dir)
+            .map_err(keys_open_error)?;
         let (groups, notes) = open_groups(data_dir, &storage, &opts)?;
         report.extend(notes);
         let (producers, notes) = open_producers(data_dir, &storage, &opts, &topics)?;
@@ -135,6 +137,7 @@ impl Broker {
             schemas,
             groups,
             producers,
+            keys,
         }))
     }
 
@@ -184,6 +187,17 @@ fn open_spares(
     } else {
         Vec::new()
     })
+}
+
+fn keys_open_error(e: crate::engine::keys::KeyError) -> EngineError {
+    use crate::engine::keys::KeyError;
+    match e {
+        KeyError::Unreadable { path, detail } => EngineError::Corrupt { path, detail },
+        KeyError::Io { context, source } => EngineError::Io { context, source },
+        other => EngineError::InvalidRequest {
+            detail: other.to_string(),
+        },
+    }
 }
 
 /// Runs recovery (docs/FORMAT.md, Recovery: the same function as `seglog recover`) over the

@@ -225,6 +225,9 @@ impl Broker {
             }
         }
         self.producers.shutdown();
+        if let Err(e) = self.keys.flush() {
+            tracing::warn!(error = %e, "writing the keys' last-used times failed");
+        }
         lock(&self.dir_lock).take();
         *done = true;
         first_error.map_or(Ok(()), Err)

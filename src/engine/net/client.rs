@@ -129,6 +129,15 @@ impl Client {
     /// Connects to `addr` (host:port), waiting at most `timeout` to connect and for
     /// each response, and performs the version handshake.
     pub fn connect(addr: &str, timeout: Duration) -> Result<Client, ClientError> {
+        Client::connect_with_token(addr, timeout, None)
+    }
+
+    /// [`Client::connect`], logging in with an API key token in the handshake.
+    pub fn connect_with_token(
+        addr: &str,
+        timeout: Duration,
+        token: Option<&str>,
+    ) -> Result<Client, ClientError> {
         let err = |source| ClientError::Connect {
             addr: addr.to_string(),
             source,
@@ -147,6 +156,22 @@ impl Client {
             }
         }
         let stream = stream.ok_or_else(|| err(last))?;
+        Client::over_stream(stream, addr, timeout, token)
+    }
+
+    /// Performs the handshake (with `token`, if given) on a connected stream (a caller
+    /// that binds its own source address).
+    pub fn over_stream(
+        stream: TcpStream,
+        addr: &str,
+        timeout: Duration,
+        token: Option<&str>,
+    ) -> Result<Client, ClientError> {
+        let err = |source| ClientError::Connect {
+            addr: addr.to_string(),
+            source,
+        };
+        let timeout = timeout.max(Duration::from_millis(1));
         stream.set_nodelay(true).map_err(err)?;
         stream.set_write_timeout(Some(timeout)).map_err(err)?;
         let mut client = Client {
@@ -162,6 +187,7 @@ impl Client {
         let req = Request::Handshake {
             min_version: PROTOCOL_VERSION_MIN,
             max_version: PROTOCOL_VERSION,
+            token,
         };
         match client.call(&req, Duration::ZERO)? {
             ResponseBody::Handshake { version, .. } => client.version = version,

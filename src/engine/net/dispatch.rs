@@ -5,7 +5,8 @@
 //!
 //! Invariants:
 //! - The first request on a connection must be a handshake; the version it agrees
-//!   gates every later field.
+//!   gates every later field. It also logs in ([`super::auth::login`]), and every
+//!   later request passes [`super::auth::authorize`] before it reaches the broker.
 //! - A frame that cannot be decoded gets one error response (request id 0 when the
 //!   id itself could not be read) and the connection is to be closed.
 
@@ -58,6 +59,8 @@ pub struct Session {
     /// Request and traffic counters, when the server keeps them.
     metrics: Option<Arc<NetMetrics>>,
     topic_counters: TopicCache,
+    /// The API key this connection logged in with.
+    login: super::auth::Login,
 }
 
 impl Session {
@@ -80,6 +83,7 @@ impl Session {
             version: PROTOCOL_VERSION_MIN,
             metrics: None,
             topic_counters: TopicCache::default(),
+            login: super::auth::Login::default(),
         }
     }
 
@@ -141,6 +145,7 @@ impl Session {
         if let Request::Handshake {
             min_version,
             max_version,
+            token,
         } = req
         {
             if min_version > PROTOCOL_VERSION
@@ -152,6 +157,14 @@ impl Session {
                      {PROTOCOL_VERSION_MIN}..={PROTOCOL_VERSION}"
                 );
                 encode_error(&mut self.out, id, api, ErrorCode::UNSUPPORTED_VERSION, &msg);
+                return true;
+            }
+            let keys = self.broker.keys();
+            let metrics = self.metrics.as_ref();
+            if let Err((code, msg)) =
+                super::auth::login(keys, token, self.peer, metrics, &mut self.login)
+            {
+                encode_error(&mut self.out, id, api, code, &msg);
                 return true;
             }
             self.handshaken = true;
@@ -174,6 +187,10 @@ impl Session {
             );
             encode_error(&mut self.out, id, api, ErrorCode::HANDSHAKE_REQUIRED, &msg);
             return true;
+        }
+        if let Err(refused) = super::auth::authorize(self.broker.keys(), &mut self.login, &req) {
+            self.refuse(id, api, refused);
+            return false;
         }
         let result = match req {
             Request::Handshake { .. } => Ok(()),
@@ -199,7 +216,12 @@ impl Session {
             Request::DeleteTopic { topic } => self.delete_topic(id, api, topic),
             Request::ListTopics => {
                 let topics = self.broker.list_topics();
-                let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+                let keys = self.broker.keys();
+                let names: Vec<&str> = topics
+                    .iter()
+                    .map(String::as_str)
+                    .filter(|t| super::auth::may_see(keys, &self.login, t))
+                    .collect();
                 self.reply(id, api, &ResponseBody::ListTopics { topics: names });
                 Ok(())
             }
@@ -258,20 +280,27 @@ impl Session {
                 crate::engine::schemas::net::answer(&self.broker, self.version, &r)
                     .map(|a| self.reply(id, api, &a.body()))
             }
+            Request::Key(k) => super::auth::serve_key(self.broker.keys(), self.version, &k)
+                .map(|body| self.reply(id, api, &ResponseBody::Key(body.as_wire()))),
         };
-        if let Err((code, msg)) = result {
-            if self.log_errors {
-                tracing::info!(
-                    peer = %self.peer,
-                    request = api_name(api),
-                    code = code.name(),
-                    "client error: {msg}"
-                );
-            }
-            self.out.clear();
-            encode_error(&mut self.out, id, api, code, &msg);
+        if let Err(refused) = result {
+            self.refuse(id, api, refused);
         }
         false
+    }
+
+    /// Logs a refused request and encodes its error response.
+    fn refuse(&mut self, id: u32, api: u16, (code, msg): (ErrorCode, String)) {
+        if self.log_errors {
+            tracing::info!(
+                peer = %self.peer,
+                request = api_name(api),
+                code = code.name(),
+                "client error: {msg}"
+            );
+        }
+        self.out.clear();
+        encode_error(&mut self.out, id, api, code, &msg);
     }
 
     /// Encodes a successful response into `out`.

@@ -78,6 +78,8 @@ pub struct NetMetrics {
     topics: RwLock<BTreeMap<String, Arc<TopicCounters>>>,
     /// Connections open now (the server's own count).
     connections: RwLock<Option<Arc<AtomicUsize>>>,
+    /// Failed logins (bad token or rate-limited address).
+    auth_failures: AtomicU64,
 }
 
 impl Default for NetMetrics {
@@ -86,6 +88,7 @@ impl Default for NetMetrics {
             apis: (0..API_SLOTS).map(|_| ApiSlot::default()).collect(),
             topics: RwLock::new(BTreeMap::new()),
             connections: RwLock::new(None),
+            auth_failures: AtomicU64::new(0),
         }
     }
 }
@@ -115,6 +118,11 @@ impl NetMetrics {
         }
         let mut map = self.topics.write().unwrap_or_else(PoisonError::into_inner);
         Arc::clone(map.entry(topic.to_string()).or_default())
+    }
+
+    /// Counts one failed login.
+    pub fn auth_failure(&self) {
+        self.auth_failures.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Lets the collector report `count` as the open connections.
@@ -311,6 +319,13 @@ impl Collector for BrokerCollector {
         self.encode_topics(&mut enc)?;
         self.encode_write_path(&mut enc)?;
         self.encode_partitions(&mut enc)?;
+        single(
+            &mut enc,
+            "seglog_auth_failures",
+            "Failed logins of the native protocol (bad token or rate-limited address)",
+            None,
+            &Value::Counter(self.net.auth_failures.load(Ordering::Relaxed)),
+        )?;
         let open = self
             .net
             .connections

@@ -2,10 +2,12 @@
 //! and the blocking client the command-line tools use ([`client`]). The bytes of the
 //! protocol live in [`crate::format::wire`].
 
+pub mod auth;
 pub mod client;
 pub mod dispatch;
 pub mod group_client;
 pub mod groups;
+pub mod key_client;
 pub mod metrics;
 pub mod producer_client;
 pub mod producers;

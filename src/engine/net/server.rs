@@ -694,6 +694,7 @@ mod tests {
                 &Request::Handshake {
                     min_version: min,
                     max_version: max,
+                    token: None,
                 },
             )
             .unwrap();
@@ -716,6 +717,7 @@ mod tests {
             &Request::Handshake {
                 min_version: 1,
                 max_version: 9,
+                token: None,
             },
         )
         .unwrap();

@@ -29,6 +29,7 @@
 use crate::format::names::NAME_LEN_MAX;
 
 pub mod groups;
+pub mod keys;
 pub mod producers;
 use crate::format::record::MAX_RECORD_LEN;
 use crate::format::topic::PARTITIONS_MAX;
@@ -132,10 +133,13 @@ pub enum ApiKey {
     SchemaList = 52,
     SchemaCheck = 53,
     SchemaDelete = 54,
+    KeyCreate = 60,
+    KeyList = 61,
+    KeyRevoke = 62,
 }
 
 impl ApiKey {
-    pub const ALL: [ApiKey; 26] = [
+    pub const ALL: [ApiKey; 29] = [
         ApiKey::Handshake,
         ApiKey::Produce,
         ApiKey::Fetch,
@@ -162,6 +166,9 @@ impl ApiKey {
         ApiKey::DeleteGroup,
         ApiKey::InitProducer,
         ApiKey::IdempotentProduce,
+        ApiKey::KeyCreate,
+        ApiKey::KeyList,
+        ApiKey::KeyRevoke,
     ];
 
     pub fn from_u16(v: u16) -> Option<ApiKey> {
@@ -196,6 +203,9 @@ impl ApiKey {
             ApiKey::DeleteGroup => "delete_group",
             ApiKey::InitProducer => "init_producer",
             ApiKey::IdempotentProduce => "idempotent_produce",
+            ApiKey::KeyCreate => "key_create",
+            ApiKey::KeyList => "key_list",
+            ApiKey::KeyRevoke => "key_revoke",
         }
     }
 
@@ -276,6 +286,16 @@ impl ErrorCode {
     pub const UNKNOWN_PRODUCER: ErrorCode = ErrorCode(50);
     /// A batch of the same producer and partition is being written: retry.
     pub const PRODUCER_BUSY: ErrorCode = ErrorCode(51);
+    /// The broker requires a token and the handshake carried none (version 3).
+    pub const AUTH_REQUIRED: ErrorCode = ErrorCode(70);
+    /// The token is malformed, unknown, revoked or wrong (version 3).
+    pub const AUTH_FAILED: ErrorCode = ErrorCode(71);
+    /// The key's role or patterns do not allow the request (version 3).
+    pub const NOT_AUTHORIZED: ErrorCode = ErrorCode(72);
+    /// Too many failed logins from this source address: wait (version 3).
+    pub const AUTH_RATE_LIMITED: ErrorCode = ErrorCode(73);
+    /// No API key has the id given (version 3).
+    pub const UNKNOWN_KEY: ErrorCode = ErrorCode(74);
 
     pub fn is_ok(self) -> bool {
         self == ErrorCode::NONE
@@ -326,6 +346,11 @@ impl ErrorCode {
             ErrorCode::INVALID_PRODUCER_EPOCH => "invalid_producer_epoch",
             ErrorCode::UNKNOWN_PRODUCER => "unknown_producer_id",
             ErrorCode::PRODUCER_BUSY => "producer_busy",
+            ErrorCode::AUTH_REQUIRED => "auth_required",
+            ErrorCode::AUTH_FAILED => "auth_failed",
+            ErrorCode::NOT_AUTHORIZED => "not_authorized",
+            ErrorCode::AUTH_RATE_LIMITED => "auth_rate_limited",
+            ErrorCode::UNKNOWN_KEY => "unknown_key",
             _ => "unknown_error",
         }
     }
@@ -412,6 +437,8 @@ pub enum Request<'a> {
     Handshake {
         min_version: u16,
         max_version: u16,
+        /// The API key token (version 3; sent only when the client has one).
+        token: Option<&'a str>,
     },
     Produce {
         topic: &'a str,
@@ -469,6 +496,8 @@ pub enum Request<'a> {
     Group(groups::GroupRequest<'a>),
     /// An idempotent-producer request (protocol version 3).
     Producer(producers::ProducerRequest<'a>),
+    /// An API-key request (protocol version 3).
+    Key(keys::KeyRequest<'a>),
 }
 
 impl Request<'_> {
@@ -491,6 +520,7 @@ impl Request<'_> {
             Request::SchemaDelete { .. } => ApiKey::SchemaDelete,
             Request::Group(g) => g.api_key(),
             Request::Producer(p) => p.api_key(),
+            Request::Key(k) => k.api_key(),
         }
     }
 }
@@ -692,6 +722,7 @@ pub enum ResponseBody<'a> {
         producer_id: u64,
         epoch: u16,
     },
+    Key(keys::KeyResponse<'a>),
 }
 
 impl ResponseBody<'_> {
@@ -714,6 +745,7 @@ impl ResponseBody<'_> {
             ResponseBody::SchemaDelete { .. } => ApiKey::SchemaDelete,
             ResponseBody::Group(g) => g.api_key(),
             ResponseBody::InitProducer { .. } => ApiKey::InitProducer,
+            ResponseBody::Key(k) => k.api_key(),
         }
     }
 }
@@ -888,9 +920,11 @@ fn encode_request_payload(out: &mut Vec<u8>, req: &Request<'_>) -> Result<(), Pr
         Request::Handshake {
             min_version,
             max_version,
+            token,
         } => {
             out.extend_from_slice(&min_version.to_be_bytes());
             out.extend_from_slice(&max_version.to_be_bytes());
+            keys::put_token(out, *token)?;
         }
         Request::Produce { topic, partitions } => {
             put_str(out, "topic", topic, TOPIC_BYTES_MAX)?;
@@ -949,6 +983,7 @@ fn encode_request_payload(out: &mut Vec<u8>, req: &Request<'_>) -> Result<(), Pr
         }
         Request::Group(g) => groups::encode_request(out, g)?,
         Request::Producer(p) => producers::encode_request(out, p)?,
+        Request::Key(k) => keys::encode_request(out, k)?,
     }
     Ok(())
 }
@@ -1157,6 +1192,7 @@ fn encode_response_body(out: &mut Vec<u8>, body: &ResponseBody<'_>) -> Result<()
         ResponseBody::InitProducer { producer_id, epoch } => {
             producers::encode_init_response(out, *producer_id, *epoch);
         }
+        ResponseBody::Key(k) => keys::encode_response(out, k)?,
     }
     Ok(())
 }
@@ -1342,10 +1378,15 @@ pub fn decode_request(frame: &[u8]) -> Result<(u32, Request<'_>), ProtocolError>
     let key = r.u16("api_key")?;
     let api = ApiKey::from_u16(key).ok_or(ProtocolError::UnknownApi { key })?;
     let req = match api {
-        ApiKey::Handshake => Request::Handshake {
-            min_version: r.u16("min_version")?,
-            max_version: r.u16("max_version")?,
-        },
+        ApiKey::Handshake => {
+            let min_version = r.u16("min_version")?;
+            let max_version = r.u16("max_version")?;
+            Request::Handshake {
+                min_version,
+                max_version,
+                token: keys::read_token(&mut r, max_version)?,
+            }
+        }
         ApiKey::Produce => {
             let topic = r.str("topic", TOPIC_BYTES_MAX)?;
             let n = r.count(
@@ -1430,6 +1471,9 @@ pub fn decode_request(frame: &[u8]) -> Result<(u32, Request<'_>), ProtocolError>
         k if k.is_group() => Request::Group(groups::decode_request(k, &mut r)?),
         k @ (ApiKey::InitProducer | ApiKey::IdempotentProduce) => {
             Request::Producer(producers::decode_request(k, &mut r)?)
+        }
+        k @ (ApiKey::KeyCreate | ApiKey::KeyList | ApiKey::KeyRevoke) => {
+            Request::Key(keys::decode_request(k, &mut r)?)
         }
         k => return Err(ProtocolError::UnknownApi { key: k as u16 }),
     };
@@ -1647,6 +1691,9 @@ fn decode_response_body<'a>(
             let (producer_id, epoch) = producers::decode_init_response(r)?;
             ResponseBody::InitProducer { producer_id, epoch }
         }
+        k @ (ApiKey::KeyCreate | ApiKey::KeyList | ApiKey::KeyRevoke) => {
+            ResponseBody::Key(keys::decode_response(k, r)?)
+        }
         // Unreachable: every key is matched above.
         k => return Err(ProtocolError::UnknownApi { key: k as u16 }),
     })
@@ -1662,6 +1709,7 @@ mod tests {
             Request::Handshake {
                 min_version: 1,
                 max_version: 3,
+                token: None,
             },
             Request::Produce {
                 topic: "orders",
@@ -2051,6 +2099,7 @@ mod tests {
             &Request::Handshake {
                 min_version: 1,
                 max_version: 1,
+                token: None,
             },
         );
         assert_eq!(frame, [0, 0, 0, 10, 0, 0, 0, 1, 0, 0, 0, 1, 0, 1]);
