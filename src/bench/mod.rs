@@ -77,6 +77,8 @@ pub struct Config {
     pub idempotent: bool,
     /// Write-path settings of the run.
     pub write: WriteOptions,
+    /// Connect over TLS (a running broker only).
+    pub tls: Option<crate::engine::net::tls::ClientTls>,
 }
 
 /// Write-path settings of a run: the topic's segment size, the embedded broker's
@@ -293,11 +295,12 @@ fn progress_bar(total: Option<u64>, wanted: bool) -> Option<indicatif::ProgressB
 fn fsync_count(
     addr: &str,
     timeout: Duration,
+    tls: Option<&crate::engine::net::tls::ClientTls>,
     embedded: Option<&Arc<Broker>>,
 ) -> Result<u64, BenchError> {
     match embedded {
         Some(b) => Ok(b.stats().fsyncs),
-        None => Ok(Client::connect(addr, timeout)
+        None => Ok(Client::connect_with(addr, timeout, tls)
             .and_then(|mut c| c.stats())?
             .fsyncs),
     }
@@ -309,12 +312,13 @@ fn fsync_count(
 fn write_stats(
     addr: &str,
     timeout: Duration,
+    tls: Option<&crate::engine::net::tls::ClientTls>,
     embedded: Option<&Arc<Broker>>,
 ) -> Result<Option<BrokerStats>, BenchError> {
     if let Some(b) = embedded {
         return Ok(Some(b.stats()));
     }
-    let s = Client::connect(addr, timeout).and_then(|mut c| c.stats())?;
+    let s = Client::connect_with(addr, timeout, tls).and_then(|mut c| c.stats())?;
     Ok(s.write.map(|w| BrokerStats {
         fsyncs: s.fsyncs,
         produce_requests: s.produce_requests,
@@ -376,16 +380,17 @@ fn ensure_topic(
 
 fn bench(args: &Config, addr: &str, embedded: Option<&Arc<Broker>>) -> Result<Report, BenchError> {
     let records = args.records;
-    let mut admin = Client::connect(addr, args.timeout)?;
+    let tls = args.tls.as_ref();
+    let mut admin = Client::connect_with(addr, args.timeout, tls)?;
     ensure_topic(&mut admin, &args.topic, args.partitions, &args.write)?;
     match args.mode {
         Mode::Produce => {
-            let fsyncs_before = fsync_count(addr, args.timeout, embedded)?;
-            let stats_before = write_stats(addr, args.timeout, embedded)?;
+            let fsyncs_before = fsync_count(addr, args.timeout, tls, embedded)?;
+            let stats_before = write_stats(addr, args.timeout, tls, embedded)?;
             let mut report = produce(args, addr, records)?;
             report.fsyncs =
-                fsync_count(addr, args.timeout, embedded)?.saturating_sub(fsyncs_before);
-            let stats_after = write_stats(addr, args.timeout, embedded)?;
+                fsync_count(addr, args.timeout, tls, embedded)?.saturating_sub(fsyncs_before);
+            let stats_after = write_stats(addr, args.timeout, tls, embedded)?;
             if let (Some(before), Some(after)) = (&stats_before, &stats_after) {
                 report.write_path = Some(write_path_report(before, after));
             }
@@ -393,10 +398,10 @@ fn bench(args: &Config, addr: &str, embedded: Option<&Arc<Broker>>) -> Result<Re
         }
         Mode::Consume => {
             seed(args, &mut admin, records)?;
-            let fsyncs_before = fsync_count(addr, args.timeout, embedded)?;
+            let fsyncs_before = fsync_count(addr, args.timeout, tls, embedded)?;
             let mut report = consume(args, addr, &mut admin, records)?;
             report.fsyncs =
-                fsync_count(addr, args.timeout, embedded)?.saturating_sub(fsyncs_before);
+                fsync_count(addr, args.timeout, tls, embedded)?.saturating_sub(fsyncs_before);
             Ok(report)
         }
     }
@@ -425,7 +430,7 @@ where
     rt.block_on(async {
         let mut conns = Vec::with_capacity(args.connections as usize);
         for _ in 0..args.connections {
-            conns.push(Conn::connect(addr, args.timeout).await?);
+            conns.push(Conn::connect(addr, args.timeout, args.tls.as_ref()).await?);
         }
         let start = Instant::now();
         let mut set = tokio::task::JoinSet::new();

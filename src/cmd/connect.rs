@@ -1,13 +1,16 @@
 //! What the client commands (`topics`, `produce`, `consume`, `bench`) share: the
-//! `--broker`/`--timeout` flags, duration parsing, and the mapping of client errors
+//! `--broker`/`--timeout` flags, the TLS flags (`--tls`, `--tls-ca`, a client
+//! certificate), duration parsing, and the mapping of client errors
 //! to exit codes: 64 for an invalid argument, whichever side finds it (the broker's
 //! error code says which refusals are that), 69 when the broker is unreachable or
 //! fails.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use super::{exit, ExitError};
 use crate::engine::net::client::{Client, ClientError, DEFAULT_BROKER};
+use crate::engine::net::tls::ClientTls;
 use crate::format::wire::ErrorCode;
 
 /// `--broker` and `--timeout`.
@@ -19,12 +22,64 @@ pub struct BrokerArgs {
     /// How long to wait to connect and for each response: 500ms, 10s, 1m.
     #[arg(long, default_value = "30s", value_parser = parse_duration, global = true)]
     pub timeout: Duration,
+    #[command(flatten)]
+    pub tls: TlsArgs,
 }
 
 impl BrokerArgs {
-    /// Connects and performs the handshake.
+    /// Connects (over TLS with `--tls`) and performs the handshake.
     pub fn connect(&self) -> anyhow::Result<Client> {
-        Client::connect(&self.broker, self.timeout).map_err(client_error)
+        let tls = self.tls.client_tls()?;
+        Client::connect_with(&self.broker, self.timeout, tls.as_ref()).map_err(client_error)
+    }
+}
+
+/// `--tls`, `--tls-ca` and the client certificate, shared by every client command.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct TlsArgs {
+    /// Connect over TLS, trusting the CA of --tls-ca.
+    #[arg(long, global = true)]
+    pub tls: bool,
+    /// PEM file of the CA that signed the broker's certificate (with --tls).
+    #[arg(long, env = "SEGLOG_TLS_CA", value_name = "PEM", global = true)]
+    pub tls_ca: Option<PathBuf>,
+    /// PEM file of this client's certificate chain, for a broker that requires client
+    /// certificates (serve --tls-client-ca); with --tls-key.
+    #[arg(
+        long,
+        env = "SEGLOG_TLS_CERT",
+        value_name = "PEM",
+        global = true,
+        requires = "tls_key"
+    )]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM file of the private key of --tls-cert.
+    #[arg(
+        long,
+        env = "SEGLOG_TLS_KEY",
+        value_name = "PEM",
+        global = true,
+        requires = "tls_cert"
+    )]
+    pub tls_key: Option<PathBuf>,
+}
+
+impl TlsArgs {
+    /// The TLS settings to connect with (`None` without `--tls`). Exit 64 when
+    /// `--tls` has no CA or a PEM file cannot be used.
+    pub fn client_tls(&self) -> anyhow::Result<Option<ClientTls>> {
+        if !self.tls {
+            return Ok(None);
+        }
+        let Some(ca) = &self.tls_ca else {
+            return Err(ExitError::usage(
+                "--tls needs the CA that signed the broker's certificate: --tls-ca PEM or $SEGLOG_TLS_CA",
+            ));
+        };
+        let client = self.tls_cert.as_deref().zip(self.tls_key.as_deref());
+        ClientTls::from_pem_files(ca, client)
+            .map(Some)
+            .map_err(|e| ExitError::usage(e.to_string()))
     }
 }
 
@@ -54,7 +109,8 @@ pub fn refusal_exit(code: ErrorCode) -> u8 {
         | ErrorCode::UNKNOWN_PARTITION
         | ErrorCode::RECORD_TOO_LARGE
         | ErrorCode::INVALID_REQUEST
-        | ErrorCode::INVALID_SCHEMA => exit::USAGE,
+        | ErrorCode::INVALID_SCHEMA
+        | ErrorCode::LIMIT_EXCEEDED => exit::USAGE,
         ErrorCode::SCHEMA_VIOLATION => exit::SCHEMA_REFUSED,
         _ => exit::UNAVAILABLE,
     }

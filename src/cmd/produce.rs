@@ -557,7 +557,7 @@ impl<'a> Session<'a> {
             pause = pause.saturating_mul(2).min(RETRY_BACKOFF_MAX);
             if result.is_err() {
                 // The connection may be gone: a new one (the producer id stays).
-                if let Ok(c) = Client::connect(&self.broker.broker, self.broker.timeout) {
+                if let Ok(c) = self.broker.connect() {
                     self.client = c;
                 }
             }

@@ -58,6 +58,8 @@ pub struct Session {
     /// Request and traffic counters, when the server keeps them.
     metrics: Option<Arc<NetMetrics>>,
     topic_counters: TopicCache,
+    /// What a client may ask (checked before each request is served).
+    limits: Arc<super::limits::Limits>,
 }
 
 impl Session {
@@ -80,7 +82,14 @@ impl Session {
             version: PROTOCOL_VERSION_MIN,
             metrics: None,
             topic_counters: TopicCache::default(),
+            limits: Arc::default(),
         }
+    }
+
+    /// Checks every request against `limits`.
+    pub fn with_limits(mut self, limits: Arc<super::limits::Limits>) -> Self {
+        self.limits = limits;
+        self
     }
 
     /// Counts this session's requests and traffic in `metrics`.
@@ -162,7 +171,7 @@ impl Session {
                 api,
                 &ResponseBody::Handshake {
                     version,
-                    frame_bytes_max: FRAME_BYTES_MAX,
+                    frame_bytes_max: self.limits.frame_bytes_max.min(FRAME_BYTES_MAX),
                 },
             );
             return false;
@@ -175,7 +184,9 @@ impl Session {
             encode_error(&mut self.out, id, api, ErrorCode::HANDSHAKE_REQUIRED, &msg);
             return true;
         }
+        let limited = super::limits::check_request(&self.limits, &self.broker, &req);
         let result = match req {
+            _ if limited.is_err() => limited,
             Request::Handshake { .. } => Ok(()),
             Request::Produce { topic, partitions } => {
                 self.produce(id, api, topic, &partitions).await

@@ -78,6 +78,8 @@ pub struct NetMetrics {
     topics: RwLock<BTreeMap<String, Arc<TopicCounters>>>,
     /// Connections open now (the server's own count).
     connections: RwLock<Option<Arc<AtomicUsize>>>,
+    /// The server's connection gate: connections refused by a connection limit.
+    gate: RwLock<Option<Arc<super::limits::ConnectionGate>>>,
 }
 
 impl Default for NetMetrics {
@@ -86,6 +88,7 @@ impl Default for NetMetrics {
             apis: (0..API_SLOTS).map(|_| ApiSlot::default()).collect(),
             topics: RwLock::new(BTreeMap::new()),
             connections: RwLock::new(None),
+            gate: RwLock::new(None),
         }
     }
 }
@@ -123,6 +126,11 @@ impl NetMetrics {
             .connections
             .write()
             .unwrap_or_else(PoisonError::into_inner) = Some(count);
+    }
+
+    /// Lets the collector report the connections `gate` refused.
+    pub fn set_gate(&self, gate: Arc<super::limits::ConnectionGate>) {
+        *self.gate.write().unwrap_or_else(PoisonError::into_inner) = Some(gate);
     }
 }
 
@@ -318,6 +326,20 @@ impl Collector for BrokerCollector {
             .unwrap_or_else(PoisonError::into_inner)
             .as_ref()
             .map_or(0, |c| c.load(Ordering::Relaxed));
+        let refused = self
+            .net
+            .gate
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .map_or(0, |g| g.refused());
+        single(
+            &mut enc,
+            "seglog_connections_refused",
+            "Connections of the native protocol refused by a connection limit",
+            None,
+            &Value::Counter(refused),
+        )?;
         single(
             &mut enc,
             "seglog_open_connections",

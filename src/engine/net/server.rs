@@ -24,6 +24,17 @@
 //!   frame boundary; `run` returns once every connection task has ended. The caller
 //!   then shuts the broker down.
 //!
+//! - Limits ([`Limits`]): connections in all and per source address are counted by
+//!   a [`ConnectionGate`] before anything is read; a connection reads ahead of the
+//!   request it serves at most the in-flight limit (and nothing while a request is
+//!   being answered, so a client that pipelines faster than it is served meets TCP
+//!   backpressure, not a growing buffer); a response that the peer does not read
+//!   within `io_timeout` drops the connection; a connection idle at a frame boundary
+//!   for longer than the idle timeout is closed.
+//! - TLS ([`ServerTls`]): the TLS handshake runs in the connection's task, bounded by
+//!   `io_timeout`; a plaintext peer where TLS is required gets one TLS_REQUIRED error
+//!   frame and is closed.
+//!
 //! [`FRAME_BYTES_MAX`]: crate::format::wire::FRAME_BYTES_MAX
 
 use std::io;
@@ -39,8 +50,10 @@ use tokio::task::JoinSet;
 
 use super::dispatch::Session;
 pub use super::dispatch::{config_settings, engine_error};
+use super::limits::{Admitted, ConnectionGate, Limits};
+use super::tls::{Accepted, ServerTls, Stream};
 use crate::engine::broker::Broker;
-use crate::format::wire::{check_frame_len, encode_error, ErrorCode, API_KEY_NONE, LEN_FIELD};
+use crate::format::wire::{encode_error, ErrorCode, API_KEY_NONE, LEN_FIELD};
 
 /// How often the accept loop looks at the stop flags.
 const POLL_INTERVAL: Duration = Duration::from_millis(100);
@@ -68,6 +81,10 @@ pub struct ServerOptions {
     pub log_errors: bool,
     /// Where the request path counts requests and traffic (`None`: nothing counted).
     pub metrics: Option<Arc<super::metrics::NetMetrics>>,
+    /// What one client may ask of the broker (see [`Limits`]).
+    pub limits: Limits,
+    /// TLS, when configured.
+    pub tls: Option<ServerTls>,
 }
 
 impl Default for ServerOptions {
@@ -77,6 +94,8 @@ impl Default for ServerOptions {
             io_timeout: Duration::from_secs(30),
             log_errors: true,
             metrics: None,
+            limits: Limits::default(),
+            tls: None,
         }
     }
 }
@@ -90,6 +109,9 @@ pub struct Server {
     opts: ServerOptions,
     stop: Arc<AtomicBool>,
     active: Arc<AtomicUsize>,
+    /// Counts `active`, in all and per source address.
+    gate: Arc<ConnectionGate>,
+    limits: Arc<Limits>,
     /// Produce requests waiting for durability, across connections.
     waiting: Arc<AtomicUsize>,
 }
@@ -121,6 +143,18 @@ impl Server {
         if let Some(m) = &opts.metrics {
             m.set_connections(Arc::clone(&active));
         }
+        opts.limits
+            .validate()
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        let gate = ConnectionGate::new(
+            Arc::clone(&active),
+            opts.max_connections,
+            opts.limits.connections_per_address_max,
+        );
+        if let Some(m) = &opts.metrics {
+            m.set_gate(Arc::clone(&gate));
+        }
+        let limits = Arc::new(opts.limits.clone());
         Ok(Server {
             listener,
             local_addr,
@@ -128,6 +162,8 @@ impl Server {
             opts,
             stop: Arc::new(AtomicBool::new(false)),
             active,
+            gate,
+            limits,
             waiting: Arc::new(AtomicUsize::new(0)),
         })
     }
@@ -211,18 +247,19 @@ impl Server {
         stop_rx: &watch::Receiver<bool>,
         conns: &mut JoinSet<()>,
     ) {
-        if self.active.load(Ordering::SeqCst) >= self.opts.max_connections {
-            let msg = format!(
-                "the broker serves at most {} connections",
-                self.opts.max_connections
-            );
-            refuse_with(&mut stream, &msg).await;
-            tracing::warn!(%peer, max_connections = self.opts.max_connections, "refused a connection");
-            return;
-        }
-        self.active.fetch_add(1, Ordering::SeqCst);
-        let conn = Connection {
-            stream,
+        let admitted = match self.gate.admit(peer) {
+            Ok(a) => a,
+            Err(refusal) => {
+                refuse_with(&mut stream, &refusal.message()).await;
+                tracing::warn!(%peer, "refused a connection: {}", refusal.message());
+                return;
+            }
+        };
+        let tls = self.opts.tls.clone();
+        let io_timeout = self.opts.io_timeout;
+        let log_errors = self.opts.log_errors;
+        let mut conn = Connection {
+            stream: Stream::Plain(stream),
             peer,
             session: Session::new(
                 Arc::clone(&self.broker),
@@ -231,7 +268,9 @@ impl Server {
                 self.opts.log_errors,
                 Arc::clone(&self.waiting),
             )
-            .with_metrics(self.opts.metrics.clone()),
+            .with_metrics(self.opts.metrics.clone())
+            .with_limits(Arc::clone(&self.limits)),
+            limits: Arc::clone(&self.limits),
             stop: Arc::clone(&self.stop),
             stop_rx: stop_rx.clone(),
             opts: self.opts.clone(),
@@ -240,12 +279,56 @@ impl Server {
             end: 0,
             big: Vec::new(),
         };
-        let active = Arc::clone(&self.active);
         conns.spawn(async move {
+            let _admitted: Admitted = admitted;
+            if let Some(tls) = tls {
+                let Stream::Plain(tcp) = conn.stream else {
+                    return;
+                };
+                match tls.accept(tcp, io_timeout).await {
+                    Accepted::Stream(s) => conn.stream = s,
+                    Accepted::Plaintext(mut tcp) => {
+                        refuse_plaintext(&mut tcp, io_timeout).await;
+                        if log_errors {
+                            tracing::warn!(%peer, "refused a plaintext connection: TLS is required");
+                        }
+                        return;
+                    }
+                    Accepted::Failed(e) => {
+                        if log_errors {
+                            tracing::warn!(%peer, "TLS handshake failed: {e}");
+                        }
+                        return;
+                    }
+                }
+            }
             conn.serve().await;
-            active.fetch_sub(1, Ordering::SeqCst);
         });
     }
+}
+
+/// Tells a plaintext peer of a TLS-only listener to use TLS (TLS_REQUIRED, request
+/// id 0), then closes after a short drain (so the peer reads the frame, not a reset).
+async fn refuse_plaintext(stream: &mut TcpStream, io_timeout: Duration) {
+    let mut out = Vec::new();
+    encode_error(
+        &mut out,
+        0,
+        API_KEY_NONE,
+        ErrorCode::TLS_REQUIRED,
+        "this listener requires TLS (connect with --tls and --tls-ca)",
+    );
+    let _ = tokio::time::timeout(io_timeout, stream.write_all(&out)).await;
+    let _ = stream.shutdown().await;
+    let mut sink = [0u8; 4096];
+    let _ = tokio::time::timeout(POLL_INTERVAL * 5, async {
+        while let Ok(n) = stream.read(&mut sink).await {
+            if n == 0 {
+                break;
+            }
+        }
+    })
+    .await;
 }
 
 /// Tells a refused peer why (TOO_MANY_CONNECTIONS, request id 0); the stream closes
@@ -345,6 +428,8 @@ enum ReadEnd {
     BadLength(String),
     /// The connection failed or stalled mid-frame.
     Failed(io::Error),
+    /// No request came within the idle timeout.
+    Idle(Duration),
 }
 
 /// Where the frame just read lies.
@@ -357,9 +442,10 @@ enum Frame {
 
 /// One accepted connection, served as one task.
 struct Connection {
-    stream: TcpStream,
+    stream: Stream,
     peer: SocketAddr,
     session: Session,
+    limits: Arc<Limits>,
     stop: Arc<AtomicBool>,
     /// Changes once, when the server starts stopping.
     stop_rx: watch::Receiver<bool>,
@@ -374,7 +460,7 @@ struct Connection {
 
 impl Connection {
     async fn serve(mut self) {
-        if self.stream.set_nodelay(true).is_err() {
+        if self.stream.tcp().set_nodelay(true).is_err() {
             return;
         }
         // A stopping server takes no new request, even one already sent.
@@ -394,6 +480,13 @@ impl Connection {
                     self.log(&format!("reading a request failed: {e}"));
                     break;
                 }
+                Err(ReadEnd::Idle(t)) => {
+                    self.log(&format!(
+                        "no request for {} ms (idle_timeout)",
+                        t.as_millis()
+                    ));
+                    break;
+                }
             };
             let bytes = match frame {
                 Frame::InPlace(a, b) => self.buf.get(a..b).unwrap_or(&[]),
@@ -404,7 +497,8 @@ impl Connection {
                 self.send_and_close().await;
                 return;
             }
-            if self.send().await.is_err() {
+            if let Err(e) = self.send().await {
+                self.log(&format!("writing a response failed: {e}"));
                 break;
             }
             // A large request or fetch does not pin its buffers for the life of
@@ -429,16 +523,22 @@ impl Connection {
     /// case, and no timer is armed), else the rest within `io_timeout`.
     async fn send(&mut self) -> io::Result<()> {
         let out = self.session.response();
-        let sent = match self.stream.try_write(out) {
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
-            Err(e) => return Err(e),
+        let sent = match self.stream.try_write_plain(out) {
+            Some(Ok(n)) => n,
+            Some(Err(e)) if e.kind() == io::ErrorKind::WouldBlock => 0,
+            Some(Err(e)) => return Err(e),
+            None => 0,
         };
         let rest = out.get(sent..).unwrap_or(&[]);
         if rest.is_empty() {
             return Ok(());
         }
-        match tokio::time::timeout(self.opts.io_timeout, self.stream.write_all(rest)).await {
+        let stream = &mut self.stream;
+        let write = async move {
+            stream.write_all(rest).await?;
+            stream.flush().await
+        };
+        match tokio::time::timeout(self.opts.io_timeout, write).await {
             Ok(r) => r,
             Err(_) => Err(io::ErrorKind::TimedOut.into()),
         }
@@ -466,11 +566,13 @@ impl Connection {
     /// the connection waits as long as the peer likes and a stop ends it; otherwise
     /// mid-frame, where a peer silent for longer than `io_timeout` (the stop grace
     /// once stopping) fails the connection.
+    #[expect(clippy::too_many_arguments, reason = "the state one read needs")]
     async fn read_some(
-        stream: &mut TcpStream,
+        stream: &mut Stream,
         stop: &AtomicBool,
         stop_rx: &mut watch::Receiver<bool>,
         io_timeout: Duration,
+        idle_timeout: Option<Duration>,
         dst: &mut [u8],
         idle: bool,
         last_progress: Instant,
@@ -481,9 +583,14 @@ impl Connection {
                 if stopping {
                     return Err(ReadEnd::Closed);
                 }
+                let idle_deadline =
+                    idle_timeout.map(|t| tokio::time::Instant::from_std(last_progress + t));
                 tokio::select! {
                     r = stream.read(dst) => r,
                     _ = stop_rx.changed() => continue,
+                    () = sleep_until_some(idle_deadline) => {
+                        return Err(ReadEnd::Idle(idle_timeout.unwrap_or_default()));
+                    }
                 }
             } else {
                 let patience = if stopping {
@@ -524,7 +631,10 @@ impl Connection {
                 self.start = 0;
             }
             let idle = boundary && self.end == self.start;
-            let Some(dst) = self.buf.get_mut(self.end..) else {
+            // Read ahead at most the in-flight limit past the frame's start.
+            let window = self.limits.read_window(self.buf.len()).max(n);
+            let until = (self.start + window).min(self.buf.len());
+            let Some(dst) = self.buf.get_mut(self.end..until) else {
                 return Err(ReadEnd::Failed(io::Error::other("read buffer too short")));
             };
             let got = Self::read_some(
@@ -532,6 +642,7 @@ impl Connection {
                 &self.stop,
                 &mut self.stop_rx,
                 self.opts.io_timeout,
+                self.limits.idle_timeout,
                 dst,
                 idle,
                 last_progress,
@@ -558,8 +669,10 @@ impl Connection {
                 .get(self.start..self.start + LEN_FIELD)
                 .unwrap_or(&[0; LEN_FIELD]),
         );
-        let len = check_frame_len(u32::from_be_bytes(len_bytes))
-            .map_err(|e| ReadEnd::BadLength(e.to_string()))?;
+        let len = self
+            .limits
+            .check_frame_len(u32::from_be_bytes(len_bytes))
+            .map_err(ReadEnd::BadLength)?;
         self.start += LEN_FIELD;
         if len <= self.buf.len() {
             self.fill(len, false).await?;
@@ -588,6 +701,7 @@ impl Connection {
                     &self.stop,
                     &mut self.stop_rx,
                     self.opts.io_timeout,
+                    None,
                     dst,
                     false,
                     last_progress,
@@ -606,6 +720,14 @@ impl Connection {
             }
         }
         Ok(Frame::Big)
+    }
+}
+
+/// Sleeps until `deadline`, or forever without one.
+async fn sleep_until_some(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
     }
 }
 

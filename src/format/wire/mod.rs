@@ -276,6 +276,11 @@ impl ErrorCode {
     pub const UNKNOWN_PRODUCER: ErrorCode = ErrorCode(50);
     /// A batch of the same producer and partition is being written: retry.
     pub const PRODUCER_BUSY: ErrorCode = ErrorCode(51);
+    /// A request past one of the listener's configured limits (records per request,
+    /// topics, partitions per topic); nothing was written. The connection stays open.
+    pub const LIMIT_EXCEEDED: ErrorCode = ErrorCode(80);
+    /// A plaintext connection to a listener that requires TLS. Closes.
+    pub const TLS_REQUIRED: ErrorCode = ErrorCode(81);
 
     pub fn is_ok(self) -> bool {
         self == ErrorCode::NONE
@@ -283,7 +288,7 @@ impl ErrorCode {
 
     /// Codes after which the server closes the connection.
     pub fn closes_connection(self) -> bool {
-        (1..10).contains(&self.0)
+        (1..10).contains(&self.0) || self == ErrorCode::TLS_REQUIRED
     }
 
     /// Stable machine-readable name.
@@ -326,6 +331,8 @@ impl ErrorCode {
             ErrorCode::INVALID_PRODUCER_EPOCH => "invalid_producer_epoch",
             ErrorCode::UNKNOWN_PRODUCER => "unknown_producer_id",
             ErrorCode::PRODUCER_BUSY => "producer_busy",
+            ErrorCode::LIMIT_EXCEEDED => "limit_exceeded",
+            ErrorCode::TLS_REQUIRED => "tls_required",
             _ => "unknown_error",
         }
     }
