@@ -250,10 +250,44 @@ fn connect_from(src: &str, addr: &str) -> TcpStream {
     s
 }
 
+/// `seglog_connections_refused_total` from the broker's metrics endpoint.
+fn refused_connections(b: &Serve) -> u64 {
+    let err = b.stderr();
+    let addr = err
+        .lines()
+        .find_map(|l| l.strip_prefix("seglog: metrics listening on "))
+        .unwrap_or_else(|| panic!("no metrics line in:\n{err}"))
+        .trim()
+        .to_string();
+    let mut c = TcpStream::connect(&addr).unwrap();
+    c.set_read_timeout(Some(PATIENCE)).unwrap();
+    write!(
+        c,
+        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    c.read_to_string(&mut text).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("seglog_connections_refused_total "))
+        .unwrap_or_else(|| panic!("no refused count in:\n{text}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
 #[test]
 fn connections_per_address_at_the_edge_and_past_it() {
     let data = tempfile::tempdir().unwrap();
-    let b = Serve::start_with(data.path(), &["--max-connections-per-address", "2"]);
+    let b = Serve::start_with(
+        data.path(),
+        &[
+            "--max-connections-per-address",
+            "2",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ],
+    );
     let timeout = Duration::from_secs(30);
     let first = Client::connect(&b.addr, timeout).unwrap();
     let mut second = Client::connect(&b.addr, timeout).unwrap();
@@ -282,6 +316,9 @@ fn connections_per_address_at_the_edge_and_past_it() {
         }
     }
     assert!(again.unwrap().list_topics().unwrap().is_empty());
+    // Each refusal is counted (one above, and any of the retries).
+    let refused = refused_connections(&b);
+    assert!(refused >= 1, "{refused}");
     b.stop();
 }
 

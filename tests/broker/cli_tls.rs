@@ -324,3 +324,21 @@ fn serve_refuses_unusable_tls_files() {
     // Nothing was created.
     assert!(!data.path().join("d").exists());
 }
+
+#[test]
+fn a_refusal_at_the_connection_limit_is_told_over_tls() {
+    let pki = pki();
+    let data = tempfile::tempdir().unwrap();
+    let b = serve_tls(data.path(), &pki, &["--max-connections", "1"]);
+    let tls = seglog::engine::net::tls::ClientTls::from_pem_files(&pki.ca, None).unwrap();
+    let timeout = std::time::Duration::from_secs(30);
+    let mut held =
+        seglog::engine::net::client::Client::connect_with(&b.addr, timeout, Some(&tls)).unwrap();
+    let e = seglog::engine::net::client::Client::connect_with(&b.addr, timeout, Some(&tls))
+        .unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::TOO_MANY_CONNECTIONS), "{e}");
+    assert!(e.to_string().contains("at most 1 connections"), "{e}");
+    assert!(held.list_topics().unwrap().is_empty());
+    drop(held);
+    b.stop();
+}

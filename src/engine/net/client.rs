@@ -167,7 +167,8 @@ pub fn tls_hint(e: &io::Error) -> &'static str {
     } else if text.contains("CertificateRequired") || text.contains("certificate required") {
         " (the broker requires a client certificate: --tls-cert and --tls-key)"
     } else if text.contains("corrupt message") || text.contains("InvalidContentType") {
-        " (does the broker serve TLS on this port?)"
+        " (the broker answered in plaintext: it serves no TLS on this port, or refused the \
+         connection at a connection limit)"
     } else {
         ""
     }

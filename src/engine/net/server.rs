@@ -112,6 +112,8 @@ pub struct Server {
     /// Counts `active`, in all and per source address.
     gate: Arc<ConnectionGate>,
     limits: Arc<Limits>,
+    /// Refusals being told over TLS right now, at most [`TLS_REFUSALS_MAX`].
+    tls_refusals: Arc<tokio::sync::Semaphore>,
     /// Produce requests waiting for durability, across connections.
     waiting: Arc<AtomicUsize>,
 }
@@ -164,6 +166,7 @@ impl Server {
             active,
             gate,
             limits,
+            tls_refusals: Arc::new(tokio::sync::Semaphore::new(TLS_REFUSALS_MAX)),
             waiting: Arc::new(AtomicUsize::new(0)),
         })
     }
@@ -250,8 +253,23 @@ impl Server {
         let admitted = match self.gate.admit(peer) {
             Ok(a) => a,
             Err(refusal) => {
-                refuse_with(&mut stream, &refusal.message()).await;
                 tracing::warn!(%peer, "refused a connection: {}", refusal.message());
+                match (
+                    &self.opts.tls,
+                    self.tls_refusals.clone().try_acquire_owned(),
+                ) {
+                    // A TLS client is told over TLS, by a task of its own (a few at
+                    // once; past them the connection is only closed).
+                    (Some(tls), Ok(permit)) => {
+                        let tls = tls.clone();
+                        conns.spawn(async move {
+                            let _permit = permit;
+                            refuse_tls(tls, stream, &refusal.message()).await;
+                        });
+                    }
+                    (Some(_), Err(_)) => {}
+                    (None, _) => refuse_with(&mut stream, &refusal.message()).await,
+                }
                 return;
             }
         };
@@ -305,6 +323,33 @@ impl Server {
             conn.serve().await;
         });
     }
+}
+
+/// Refused connections of a TLS listener told why at once (each costs a handshake).
+const TLS_REFUSALS_MAX: usize = 16;
+
+/// Tells a refused peer of a TLS listener why (TOO_MANY_CONNECTIONS, request id 0),
+/// over TLS when it speaks TLS, within a second in all.
+async fn refuse_tls(tls: ServerTls, tcp: TcpStream, msg: &str) {
+    let mut out = Vec::new();
+    encode_error(
+        &mut out,
+        0,
+        API_KEY_NONE,
+        ErrorCode::TOO_MANY_CONNECTIONS,
+        msg,
+    );
+    let _ = tokio::time::timeout(POLL_INTERVAL * 10, async {
+        let mut stream = match tls.accept(tcp, POLL_INTERVAL * 10).await {
+            Accepted::Stream(s) => s,
+            Accepted::Plaintext(tcp) => Stream::Plain(tcp),
+            Accepted::Failed(_) => return,
+        };
+        if stream.write_all(&out).await.is_ok() && stream.flush().await.is_ok() {
+            let _ = stream.shutdown().await;
+        }
+    })
+    .await;
 }
 
 /// Tells a plaintext peer of a TLS-only listener to use TLS (TLS_REQUIRED, request
