@@ -297,13 +297,23 @@ impl Server {
             end: 0,
             big: Vec::new(),
         };
+        let mut handshake_stop = stop_rx.clone();
+        let stopping = Arc::clone(&self.stop);
         conns.spawn(async move {
             let _admitted: Admitted = admitted;
+            if tls.is_some() && stopping.load(Ordering::SeqCst) {
+                return;
+            }
             if let Some(tls) = tls {
                 let Stream::Plain(tcp) = conn.stream else {
                     return;
                 };
-                match tls.accept(tcp, io_timeout).await {
+                // A stopping server does not wait out a handshake.
+                let accepted = tokio::select! {
+                    a = tls.accept(tcp, io_timeout) => a,
+                    _ = handshake_stop.changed() => return,
+                };
+                match accepted {
                     Accepted::Stream(s) => conn.stream = s,
                     Accepted::Plaintext(mut tcp) => {
                         refuse_plaintext(&mut tcp, io_timeout).await;
