@@ -12,7 +12,7 @@
 use std::io;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::engine::net::client::ClientError;
@@ -23,9 +23,15 @@ use crate::format::wire::{
     ResponseBody, LEN_FIELD, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
 };
 
+/// A connection's byte stream: plain TCP, or TLS over it.
+trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+
 /// One connection of a bench run.
 pub(super) struct Conn {
-    stream: TcpStream,
+    stream: Box<dyn Io>,
+    /// True over TLS, where a write goes through the session and needs a flush.
+    tls: bool,
     addr: String,
     timeout: Duration,
     next_id: u32,
@@ -48,6 +54,7 @@ impl Conn {
         addr: &str,
         timeout: Duration,
         token: Option<&str>,
+        tls: Option<&crate::engine::net::tls::ClientTls>,
     ) -> Result<Conn, ClientError> {
         let connect_err = |source| ClientError::Connect {
             addr: addr.to_string(),
@@ -58,8 +65,23 @@ impl Conn {
             Err(_) => return Err(connect_err(io::ErrorKind::TimedOut.into())),
         };
         stream.set_nodelay(true).map_err(connect_err)?;
+        let stream: Box<dyn Io> = match tls {
+            None => Box::new(stream),
+            Some(tls) => match tokio::time::timeout(timeout, tls.wrap_async(addr, stream)).await {
+                Ok(Ok(s)) => Box::new(s),
+                Ok(Err(source)) => {
+                    return Err(ClientError::Tls {
+                        addr: addr.to_string(),
+                        hint: crate::engine::net::client::tls_hint(&source),
+                        source,
+                    })
+                }
+                Err(_) => return Err(connect_err(io::ErrorKind::TimedOut.into())),
+            },
+        };
         let mut conn = Conn {
             stream,
+            tls: tls.is_some(),
             addr: addr.to_string(),
             timeout,
             next_id: 1,
@@ -135,6 +157,11 @@ impl Conn {
     async fn round_trip(&mut self) -> Result<(), ClientError> {
         if let Err(e) = self.stream.write_all(&self.out).await {
             return Err(self.io(e));
+        }
+        if self.tls {
+            if let Err(e) = self.stream.flush().await {
+                return Err(self.io(e));
+            }
         }
         let mut len = [0u8; LEN_FIELD];
         if let Err(e) = self.stream.read_exact(&mut len).await {

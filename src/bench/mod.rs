@@ -79,6 +79,8 @@ pub struct Config {
     pub write: WriteOptions,
     /// The API key token each connection logs in with.
     pub token: Option<String>,
+    /// Connect over TLS (a running broker only).
+    pub tls: Option<crate::engine::net::tls::ClientTls>,
 }
 
 /// Write-path settings of a run: the topic's segment size, the embedded broker's
@@ -303,11 +305,13 @@ fn fsync_count(
 ) -> Result<u64, BenchError> {
     match embedded {
         Some(b) => Ok(b.stats().fsyncs),
-        None => Ok(
-            Client::connect_with_token(addr, args.timeout, args.token.as_deref())
-                .and_then(|mut c| c.stats())?
-                .fsyncs,
-        ),
+        None => {
+            Ok(
+                Client::connect_with(addr, args.timeout, args.tls.as_ref(), args.token.as_deref())
+                    .and_then(|mut c| c.stats())?
+                    .fsyncs,
+            )
+        }
     }
 }
 
@@ -322,7 +326,7 @@ fn write_stats(
     if let Some(b) = embedded {
         return Ok(Some(b.stats()));
     }
-    let s = Client::connect_with_token(addr, args.timeout, args.token.as_deref())
+    let s = Client::connect_with(addr, args.timeout, args.tls.as_ref(), args.token.as_deref())
         .and_then(|mut c| c.stats())?;
     Ok(s.write.map(|w| BrokerStats {
         fsyncs: s.fsyncs,
@@ -389,7 +393,8 @@ fn ensure_topic(
 
 fn bench(args: &Config, addr: &str, embedded: Option<&Arc<Broker>>) -> Result<Report, BenchError> {
     let records = args.records;
-    let mut admin = Client::connect_with_token(addr, args.timeout, args.token.as_deref())?;
+    let mut admin =
+        Client::connect_with(addr, args.timeout, args.tls.as_ref(), args.token.as_deref())?;
     ensure_topic(&mut admin, &args.topic, args.partitions, &args.write)?;
     match args.mode {
         Mode::Produce => {
@@ -436,7 +441,9 @@ where
     rt.block_on(async {
         let mut conns = Vec::with_capacity(args.connections as usize);
         for _ in 0..args.connections {
-            conns.push(Conn::connect(addr, args.timeout, args.token.as_deref()).await?);
+            conns.push(
+                Conn::connect(addr, args.timeout, args.token.as_deref(), args.tls.as_ref()).await?,
+            );
         }
         let start = Instant::now();
         let mut set = tokio::task::JoinSet::new();

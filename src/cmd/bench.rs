@@ -66,6 +66,8 @@ pub struct Args {
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub tls: super::connect::TlsArgs,
     /// segment_bytes of the bench topic when the run creates it.
     #[arg(long, value_parser = clap::value_parser!(u64).range(SEGMENT_BYTES_MIN..=SEGMENT_BYTES_MAX))]
     pub segment_bytes: Option<u64>,
@@ -151,6 +153,14 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
         },
         idempotent: args.idempotent,
         token: args.token.token()?,
+        tls: match &args.embedded {
+            Some(_) if args.tls.tls => {
+                return Err(super::ExitError::usage(
+                    "--tls connects to a running broker (--broker), not an --embedded one",
+                ))
+            }
+            _ => args.tls.client_tls()?,
+        },
     };
     let report = load::run(&config).map_err(bench_error)?;
     print_report(&args, &report)?;

@@ -1,6 +1,7 @@
 //! What the client commands (`topics`, `produce`, `consume`, `bench`) share: the
 //! `--broker`/`--timeout` flags, the API key (`--token-file` or `$SEGLOG_TOKEN`, never a
-//! flag holding the token itself, which would show in the process list), duration parsing, and the mapping of client errors
+//! flag holding the token itself, which would show in the process list), the TLS flags
+//! (`--tls`, `--tls-ca`, a client certificate), duration parsing, and the mapping of client errors
 //! to exit codes: 64 for an invalid argument, whichever side finds it (the broker's
 //! error code says which refusals are that), 69 when the broker is unreachable or
 //! fails.
@@ -11,6 +12,7 @@ use std::time::Duration;
 
 use super::{exit, ExitError};
 use crate::engine::net::client::{Client, ClientError, DEFAULT_BROKER};
+use crate::engine::net::tls::ClientTls;
 use crate::format::wire::ErrorCode;
 
 /// `--broker` and `--timeout`.
@@ -24,14 +26,17 @@ pub struct BrokerArgs {
     pub timeout: Duration,
     #[command(flatten)]
     pub token: TokenArgs,
+    #[command(flatten)]
+    pub tls: TlsArgs,
 }
 
 impl BrokerArgs {
-    /// Connects and performs the handshake, logging in with the API key if one is
-    /// given.
+    /// Connects (over TLS with `--tls`) and performs the handshake, logging in with
+    /// the API key if one is given.
     pub fn connect(&self) -> anyhow::Result<Client> {
         let token = self.token.token()?;
-        Client::connect_with_token(&self.broker, self.timeout, token.as_deref())
+        let tls = self.tls.client_tls()?;
+        Client::connect_with(&self.broker, self.timeout, tls.as_ref(), token.as_deref())
             .map_err(client_error)
     }
 }
@@ -74,6 +79,55 @@ impl TokenArgs {
     }
 }
 
+/// `--tls`, `--tls-ca` and the client certificate, shared by every client command.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct TlsArgs {
+    /// Connect over TLS, trusting the CA of --tls-ca.
+    #[arg(long, global = true)]
+    pub tls: bool,
+    /// PEM file of the CA that signed the broker's certificate (with --tls).
+    #[arg(long, env = "SEGLOG_TLS_CA", value_name = "PEM", global = true)]
+    pub tls_ca: Option<PathBuf>,
+    /// PEM file of this client's certificate chain, for a broker that requires client
+    /// certificates (serve --tls-client-ca); with --tls-key.
+    #[arg(
+        long,
+        env = "SEGLOG_TLS_CERT",
+        value_name = "PEM",
+        global = true,
+        requires = "tls_key"
+    )]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM file of the private key of --tls-cert.
+    #[arg(
+        long,
+        env = "SEGLOG_TLS_KEY",
+        value_name = "PEM",
+        global = true,
+        requires = "tls_cert"
+    )]
+    pub tls_key: Option<PathBuf>,
+}
+
+impl TlsArgs {
+    /// The TLS settings to connect with (`None` without `--tls`). Exit 64 when
+    /// `--tls` has no CA or a PEM file cannot be used.
+    pub fn client_tls(&self) -> anyhow::Result<Option<ClientTls>> {
+        if !self.tls {
+            return Ok(None);
+        }
+        let Some(ca) = &self.tls_ca else {
+            return Err(ExitError::usage(
+                "--tls needs the CA that signed the broker's certificate: --tls-ca PEM or $SEGLOG_TLS_CA",
+            ));
+        };
+        let client = self.tls_cert.as_deref().zip(self.tls_key.as_deref());
+        ClientTls::from_pem_files(ca, client)
+            .map(Some)
+            .map_err(|e| ExitError::usage(e.to_string()))
+    }
+}
+
 /// Exit 64 for a request that cannot be encoded or that the broker refuses as an
 /// invalid argument ([`refusal_exit`]), 74 for a record that fails its check, 69
 /// otherwise (unreachable or failing broker; the message names the address).
@@ -100,7 +154,8 @@ pub fn refusal_exit(code: ErrorCode) -> u8 {
         | ErrorCode::UNKNOWN_PARTITION
         | ErrorCode::RECORD_TOO_LARGE
         | ErrorCode::INVALID_REQUEST
-        | ErrorCode::INVALID_SCHEMA => exit::USAGE,
+        | ErrorCode::INVALID_SCHEMA
+        | ErrorCode::LIMIT_EXCEEDED => exit::USAGE,
         ErrorCode::SCHEMA_VIOLATION => exit::SCHEMA_REFUSED,
         _ => exit::UNAVAILABLE,
     }

@@ -77,10 +77,12 @@ Exit codes (the same whichever side, client or broker, finds the mistake):
   1   problems recover repairs without losing acknowledged data
   2   corruption: records that cannot be read back, or segments that do not join up
   64  usage error: a bad flag or argument, a bad topic name or partition, an unknown
-      --config key or a value out of range, a record over max_record_bytes
+      --config key or a value out of range, a record over max_record_bytes, a
+      request over one of the broker's limits (serve --max-*)
   65  produce: a record refused by the topic's schema (nothing of that request written)
-  69  broker unreachable, failing, or refusing the request (no such topic, topic
-      exists, offset out of range, storage error on the broker)
+  69  broker unreachable (a failed TLS handshake too), failing, or refusing the
+      request (no such topic, topic exists, offset out of range, storage error on
+      the broker, TLS required)
   73  the data directory is locked by a running broker or another tool
   74  I/O error, or the command could not run for another reason";
 

@@ -21,9 +21,13 @@ use super::{exit, ExitError, Global};
 use crate::engine::broker::{Broker, BrokerOptions};
 use crate::engine::error::EngineError;
 use crate::engine::keys::AuthMode;
+use crate::engine::net::limits::{Limits, RECORDS_PER_REQUEST_HARD_MAX};
 use crate::engine::net::metrics::{self, MetricsServer, NetMetrics};
 use crate::engine::net::server::{Server, ServerOptions};
+use crate::engine::net::tls::ServerTls;
 use crate::engine::storage::io::RealStorage;
+use crate::format::topic::PARTITIONS_MAX;
+use crate::format::wire::{FRAME_BYTES_MAX, FRAME_HEAD_LEN, RECORD_FIELD_BYTES_MAX, TOPICS_MAX};
 
 /// Arguments of `seglog serve`.
 #[derive(Debug, clap::Args)]
@@ -111,6 +115,108 @@ pub struct Args {
     /// How long the broker remembers an idempotent producer it has not heard from.
     #[arg(long, default_value = "24h", value_parser = parse_positive_duration)]
     pub producer_id_expiration: Duration,
+    /// TLS: PEM file of the listener's certificate chain (with --tls-key). While TLS
+    /// is on, plaintext connections are refused unless --allow-plaintext.
+    #[arg(long, value_name = "PEM", requires = "tls_key", help_heading = "TLS")]
+    pub tls_cert: Option<PathBuf>,
+    /// TLS: PEM file of the private key of --tls-cert.
+    #[arg(long, value_name = "PEM", requires = "tls_cert", help_heading = "TLS")]
+    pub tls_key: Option<PathBuf>,
+    /// TLS: require client certificates signed by this CA (PEM).
+    #[arg(long, value_name = "PEM", requires = "tls_cert", help_heading = "TLS")]
+    pub tls_client_ca: Option<PathBuf>,
+    /// TLS: serve plaintext connections too, on the same port.
+    #[arg(long, requires = "tls_cert", help_heading = "TLS")]
+    pub allow_plaintext: bool,
+    #[command(flatten)]
+    pub limits: LimitArgs,
+}
+
+/// The configurable limits of `serve` (the README table "Limits"); each is at most
+/// the protocol's hard cap, and the defaults are the caps.
+#[derive(Debug, clap::Args)]
+#[command(next_help_heading = "Limits")]
+pub struct LimitArgs {
+    /// Connections served at once from one source IP address (default: --max-connections).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=65536))]
+    pub max_connections_per_address: Option<u64>,
+    /// Largest request frame in bytes (at most 67108864, the protocol's limit).
+    #[arg(long, default_value_t = u64::from(FRAME_BYTES_MAX),
+          value_parser = clap::value_parser!(u64).range(FRAME_HEAD_LEN as u64..=u64::from(FRAME_BYTES_MAX)))]
+    pub max_frame_bytes: u64,
+    /// Records in one produce request, all partitions together.
+    #[arg(long, default_value_t = RECORDS_PER_REQUEST_HARD_MAX,
+          value_parser = clap::value_parser!(u64).range(1..=RECORDS_PER_REQUEST_HARD_MAX))]
+    pub max_records_per_request: u64,
+    /// Bytes a connection may hold read but unanswered; it stops reading while it
+    /// holds that many (default and minimum: --max-frame-bytes).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(FRAME_HEAD_LEN as u64..=u64::from(u32::MAX)))]
+    pub max_inflight_bytes: Option<u64>,
+    /// Topics the broker holds; creating one more is refused.
+    #[arg(long, default_value_t = TOPICS_MAX, value_parser = clap::value_parser!(u32).range(1..=i64::from(TOPICS_MAX)))]
+    pub max_topics: u32,
+    /// Partitions a new topic may have.
+    #[arg(long, default_value_t = PARTITIONS_MAX, value_parser = clap::value_parser!(u32).range(1..=i64::from(PARTITIONS_MAX)))]
+    pub max_partitions_per_topic: u32,
+    /// Largest record key in bytes.
+    #[arg(long, default_value_t = RECORD_FIELD_BYTES_MAX, value_parser = clap::value_parser!(u32).range(0..=i64::from(RECORD_FIELD_BYTES_MAX)))]
+    pub max_key_bytes: u32,
+    /// Largest record value in bytes (a topic's max_record_bytes applies too).
+    #[arg(long, default_value_t = RECORD_FIELD_BYTES_MAX, value_parser = clap::value_parser!(u32).range(0..=i64::from(RECORD_FIELD_BYTES_MAX)))]
+    pub max_value_bytes: u32,
+    /// Close a connection that sends no request for this long: 30s, 10m (default: never).
+    #[arg(long, value_parser = parse_positive_duration)]
+    pub idle_timeout: Option<Duration>,
+    /// Longest a peer may stall in the middle of a request, or take to read a
+    /// response, before its connection is dropped.
+    #[arg(long, default_value = "30s", value_parser = parse_positive_duration)]
+    pub io_timeout: Duration,
+}
+
+impl LimitArgs {
+    /// The limits to serve with; exit 64 for a combination the broker refuses.
+    fn limits(&self, max_connections: u64) -> anyhow::Result<Limits> {
+        let frame = u32::try_from(self.max_frame_bytes).unwrap_or(FRAME_BYTES_MAX);
+        let limits = Limits {
+            connections_per_address_max: usize::try_from(
+                self.max_connections_per_address.unwrap_or(max_connections),
+            )
+            .unwrap_or(usize::MAX),
+            frame_bytes_max: frame,
+            records_per_request_max: self.max_records_per_request,
+            inflight_bytes_max: self.max_inflight_bytes.unwrap_or(u64::from(frame)),
+            topics_max: self.max_topics,
+            partitions_per_topic_max: self.max_partitions_per_topic,
+            key_bytes_max: self.max_key_bytes,
+            value_bytes_max: self.max_value_bytes,
+            idle_timeout: self.idle_timeout,
+        };
+        limits.validate().map_err(|e| {
+            let hint = if e.name == "inflight_bytes_max" {
+                " (--max-inflight-bytes must be at least --max-frame-bytes)"
+            } else {
+                ""
+            };
+            ExitError::usage(format!("invalid limit: {e}{hint}"))
+        })?;
+        Ok(limits)
+    }
+}
+
+/// The listener's TLS settings, loaded before the broker opens (exit 64 for a file
+/// that cannot be used).
+fn server_tls(args: &Args) -> anyhow::Result<Option<ServerTls>> {
+    let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) else {
+        return Ok(None);
+    };
+    ServerTls::from_pem_files(
+        cert,
+        key,
+        args.tls_client_ca.as_deref(),
+        args.allow_plaintext,
+    )
+    .map(Some)
+    .map_err(|e| ExitError::usage(format!("cannot set up TLS: {e}")))
 }
 
 /// `--auth`.
@@ -302,6 +408,8 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
     watch_hangups();
     let soft = raise_nofile_limit();
     check_data_dir(&args.data_dir)?;
+    let limits = args.limits.limits(args.max_connections)?;
+    let tls = server_tls(&args)?;
     // Bound before the data directory is touched: a busy port creates nothing.
     let listener = TcpListener::bind(&args.listen)
         .map_err(|e| ExitError::new(exit::IO, format!("cannot listen on {}: {e}", args.listen)))?;
@@ -352,7 +460,9 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
         max_connections: args.max_connections as usize,
         log_errors: true,
         metrics: net_metrics.clone(),
-        ..ServerOptions::default()
+        io_timeout: args.limits.io_timeout,
+        limits,
+        tls,
     };
     let server = match Server::from_listener(listener, Arc::clone(&broker), server_opts) {
         Ok(s) => s,
@@ -365,11 +475,11 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
         }
     };
     let addr = server.local_addr();
-    if !addr.ip().is_loopback() {
+    if !addr.ip().is_loopback() && !broker.keys().required() {
         tracing::warn!(
             listen = %addr,
-            "listening beyond loopback: the broker has no authentication, anyone who \
-             reaches this address can read, write and delete topics"
+            "listening beyond loopback without logins (no API key, or --auth off): anyone \
+             who reaches this address can read, write and delete topics"
         );
     }
     let metrics_server = match (metrics_listener, net_metrics) {
@@ -397,7 +507,14 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
         }
         _ => None,
     };
-    tracing::info!(listen = %addr, data_dir = %args.data_dir.display(), "listening");
+    tracing::info!(
+        listen = %addr,
+        data_dir = %args.data_dir.display(),
+        tls = args.tls_cert.is_some(),
+        client_certs = args.tls_client_ca.is_some(),
+        allow_plaintext = args.allow_plaintext,
+        "listening"
+    );
     // Tests and scripts wait for this line; it carries the real port.
     writeln!(
         std::io::stderr().lock(),

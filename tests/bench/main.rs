@@ -1,7 +1,7 @@
 //! The benchmarks, all ignored: they measure and print, and assert only what makes a
 //! run meaningless if false. Run them all with
 //! `cargo test --release --test bench -- --ignored --nocapture`, or one with a
-//! filter (`produce::`, `tools::`, `cleanup::`, `recovery::`, `compaction::`, `schemas::`, `metrics::`).
+//! filter (`produce::`, `tools::`, `cleanup::`, `recovery::`, `compaction::`, `schemas::`, `metrics::`, `tls::`).
 
 #[path = "../util/mod.rs"]
 mod util;
@@ -14,5 +14,6 @@ mod metrics;
 mod produce;
 mod recovery;
 mod schemas;
+mod tls;
 mod tools;
 mod write_path;

@@ -322,7 +322,7 @@ fn connect_from(from: &str, addr: &str, token: &str) -> Result<Client, ClientErr
         s.into_std().unwrap()
     });
     stream.set_nonblocking(false).unwrap();
-    Client::over_stream(stream, addr, TIMEOUT, Some(token))
+    Client::over_stream(stream, addr, TIMEOUT, None, Some(token))
 }
 
 #[test]

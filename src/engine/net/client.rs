@@ -58,6 +58,12 @@ pub enum ClientError {
     Encode(ProtocolError),
     #[error("the connection to the broker at {addr} is closed after an earlier error")]
     Closed { addr: String },
+    #[error("TLS handshake with the broker at {addr} failed: {source}{hint}")]
+    Tls {
+        addr: String,
+        source: io::Error,
+        hint: &'static str,
+    },
 }
 
 impl ClientError {
@@ -112,10 +118,66 @@ pub struct TopicInfo {
     pub config: Vec<(String, String)>,
 }
 
+/// A client's connection: plain TCP or TLS over it.
+#[derive(Debug)]
+enum Stream {
+    Plain(TcpStream),
+    Tls(super::tls::BlockingTls),
+}
+
+impl Stream {
+    fn tcp(&self) -> &TcpStream {
+        match self {
+            Stream::Plain(s) => s,
+            Stream::Tls(s) => s.get_ref(),
+        }
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Plain(s) => s.read(buf),
+            Stream::Tls(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Plain(s) => s.write(buf),
+            Stream::Tls(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Stream::Plain(s) => s.flush(),
+            Stream::Tls(s) => s.flush(),
+        }
+    }
+}
+
+/// Why a TLS handshake failed, in a few words an operator can act on.
+pub fn tls_hint(e: &io::Error) -> &'static str {
+    let text = e.to_string();
+    if text.contains("UnknownIssuer") || text.contains("invalid peer certificate") {
+        " (is --tls-ca the CA that signed the broker's certificate?)"
+    } else if text.contains("CertificateRequired") || text.contains("certificate required") {
+        " (the broker requires a client certificate: --tls-cert and --tls-key)"
+    } else if text.contains("corrupt message") || text.contains("InvalidContentType") {
+        " (the broker answered in plaintext: it serves no TLS on this port, or refused the \
+         connection at a connection limit)"
+    } else {
+        ""
+    }
+}
+
 /// A connection to a broker.
 #[derive(Debug)]
 pub struct Client {
-    stream: TcpStream,
+    stream: Stream,
     addr: String,
     timeout: Duration,
     next_id: u32,
@@ -129,13 +191,24 @@ impl Client {
     /// Connects to `addr` (host:port), waiting at most `timeout` to connect and for
     /// each response, and performs the version handshake.
     pub fn connect(addr: &str, timeout: Duration) -> Result<Client, ClientError> {
-        Client::connect_with_token(addr, timeout, None)
+        Client::connect_with(addr, timeout, None, None)
     }
 
     /// [`Client::connect`], logging in with an API key token in the handshake.
     pub fn connect_with_token(
         addr: &str,
         timeout: Duration,
+        token: Option<&str>,
+    ) -> Result<Client, ClientError> {
+        Client::connect_with(addr, timeout, None, token)
+    }
+
+    /// [`Client::connect`], over TLS when `tls` is given, logging in with `token` when
+    /// one is given.
+    pub fn connect_with(
+        addr: &str,
+        timeout: Duration,
+        tls: Option<&super::tls::ClientTls>,
         token: Option<&str>,
     ) -> Result<Client, ClientError> {
         let err = |source| ClientError::Connect {
@@ -156,15 +229,16 @@ impl Client {
             }
         }
         let stream = stream.ok_or_else(|| err(last))?;
-        Client::over_stream(stream, addr, timeout, token)
+        Client::over_stream(stream, addr, timeout, tls, token)
     }
 
-    /// Performs the handshake (with `token`, if given) on a connected stream (a caller
-    /// that binds its own source address).
+    /// Performs the handshake (over TLS when `tls` is given, with `token` if given) on
+    /// a connected stream (a caller that binds its own source address).
     pub fn over_stream(
         stream: TcpStream,
         addr: &str,
         timeout: Duration,
+        tls: Option<&super::tls::ClientTls>,
         token: Option<&str>,
     ) -> Result<Client, ClientError> {
         let err = |source| ClientError::Connect {
@@ -174,6 +248,20 @@ impl Client {
         let timeout = timeout.max(Duration::from_millis(1));
         stream.set_nodelay(true).map_err(err)?;
         stream.set_write_timeout(Some(timeout)).map_err(err)?;
+        let stream = match tls {
+            None => Stream::Plain(stream),
+            Some(tls) => {
+                stream.set_read_timeout(Some(timeout)).map_err(err)?;
+                let s = tls
+                    .wrap_blocking(addr, stream)
+                    .map_err(|source| ClientError::Tls {
+                        addr: addr.to_string(),
+                        hint: tls_hint(&source),
+                        source,
+                    })?;
+                Stream::Tls(s)
+            }
+        };
         let mut client = Client {
             stream,
             addr: addr.to_string(),
@@ -189,7 +277,22 @@ impl Client {
             max_version: PROTOCOL_VERSION,
             token,
         };
-        match client.call(&req, Duration::ZERO)? {
+        let answer = client.call(&req, Duration::ZERO);
+        let answer = match answer {
+            // A TLS 1.3 server refuses a client certificate after the handshake; the
+            // first read shows it.
+            Err(ClientError::Io { addr, source })
+                if tls.is_some() && source.kind() == io::ErrorKind::InvalidData =>
+            {
+                return Err(ClientError::Tls {
+                    addr,
+                    hint: tls_hint(&source),
+                    source,
+                })
+            }
+            other => other?,
+        };
+        match answer {
             ResponseBody::Handshake { version, .. } => client.version = version,
             _ => return Err(client.protocol("handshake answered with another response")),
         }
@@ -236,11 +339,16 @@ impl Client {
         encode_request(&mut self.out, id, req).map_err(ClientError::Encode)?;
         if let Err(e) = self
             .stream
+            .tcp()
             .set_read_timeout(Some(self.timeout + extra_wait))
         {
             return Err(self.io(e));
         }
-        if let Err(e) = self.stream.write_all(&self.out) {
+        if let Err(e) = self
+            .stream
+            .write_all(&self.out)
+            .and_then(|()| self.stream.flush())
+        {
             return Err(self.io(e));
         }
         if let Err(e) = read_frame(&mut self.stream, &mut self.frame) {

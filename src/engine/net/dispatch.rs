@@ -61,6 +61,8 @@ pub struct Session {
     topic_counters: TopicCache,
     /// The API key this connection logged in with.
     login: super::auth::Login,
+    /// What a client may ask (checked before each request is served).
+    limits: Arc<super::limits::Limits>,
 }
 
 impl Session {
@@ -84,7 +86,14 @@ impl Session {
             metrics: None,
             topic_counters: TopicCache::default(),
             login: super::auth::Login::default(),
+            limits: Arc::default(),
         }
+    }
+
+    /// Checks every request against `limits`.
+    pub fn with_limits(mut self, limits: Arc<super::limits::Limits>) -> Self {
+        self.limits = limits;
+        self
     }
 
     /// Counts this session's requests and traffic in `metrics`.
@@ -175,7 +184,7 @@ impl Session {
                 api,
                 &ResponseBody::Handshake {
                     version,
-                    frame_bytes_max: FRAME_BYTES_MAX,
+                    frame_bytes_max: self.limits.frame_bytes_max.min(FRAME_BYTES_MAX),
                 },
             );
             return false;
@@ -192,7 +201,9 @@ impl Session {
             self.refuse(id, api, refused);
             return false;
         }
+        let limited = super::limits::check_request(&self.limits, &self.broker, &req);
         let result = match req {
+            _ if limited.is_err() => limited,
             Request::Handshake { .. } => Ok(()),
             Request::Produce { topic, partitions } => {
                 self.produce(id, api, topic, &partitions).await

@@ -80,6 +80,8 @@ pub struct NetMetrics {
     connections: RwLock<Option<Arc<AtomicUsize>>>,
     /// Failed logins (bad token or rate-limited address).
     auth_failures: AtomicU64,
+    /// The server's connection gate: connections refused by a connection limit.
+    gate: RwLock<Option<Arc<super::limits::ConnectionGate>>>,
 }
 
 impl Default for NetMetrics {
@@ -89,6 +91,7 @@ impl Default for NetMetrics {
             topics: RwLock::new(BTreeMap::new()),
             connections: RwLock::new(None),
             auth_failures: AtomicU64::new(0),
+            gate: RwLock::new(None),
         }
     }
 }
@@ -131,6 +134,11 @@ impl NetMetrics {
             .connections
             .write()
             .unwrap_or_else(PoisonError::into_inner) = Some(count);
+    }
+
+    /// Lets the collector report the connections `gate` refused.
+    pub fn set_gate(&self, gate: Arc<super::limits::ConnectionGate>) {
+        *self.gate.write().unwrap_or_else(PoisonError::into_inner) = Some(gate);
     }
 }
 
@@ -333,6 +341,20 @@ impl Collector for BrokerCollector {
             .unwrap_or_else(PoisonError::into_inner)
             .as_ref()
             .map_or(0, |c| c.load(Ordering::Relaxed));
+        let refused = self
+            .net
+            .gate
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .map_or(0, |g| g.refused());
+        single(
+            &mut enc,
+            "seglog_connections_refused",
+            "Connections of the native protocol refused by a connection limit",
+            None,
+            &Value::Counter(refused),
+        )?;
         single(
             &mut enc,
             "seglog_open_connections",

@@ -24,6 +24,17 @@
 //!   frame boundary; `run` returns once every connection task has ended. The caller
 //!   then shuts the broker down.
 //!
+//! - Limits ([`Limits`]): connections in all and per source address are counted by
+//!   a [`ConnectionGate`] before anything is read; a connection reads ahead of the
+//!   request it serves at most the in-flight limit (and nothing while a request is
+//!   being answered, so a client that pipelines faster than it is served meets TCP
+//!   backpressure, not a growing buffer); a response that the peer does not read
+//!   within `io_timeout` drops the connection; a connection idle at a frame boundary
+//!   for longer than the idle timeout is closed.
+//! - TLS ([`ServerTls`]): the TLS handshake runs in the connection's task, bounded by
+//!   `io_timeout`; a plaintext peer where TLS is required gets one TLS_REQUIRED error
+//!   frame and is closed.
+//!
 //! [`FRAME_BYTES_MAX`]: crate::format::wire::FRAME_BYTES_MAX
 
 use std::io;
@@ -39,8 +50,10 @@ use tokio::task::JoinSet;
 
 use super::dispatch::Session;
 pub use super::dispatch::{config_settings, engine_error};
+use super::limits::{Admitted, ConnectionGate, Limits};
+use super::tls::{Accepted, ServerTls, Stream};
 use crate::engine::broker::Broker;
-use crate::format::wire::{check_frame_len, encode_error, ErrorCode, API_KEY_NONE, LEN_FIELD};
+use crate::format::wire::{encode_error, ErrorCode, API_KEY_NONE, LEN_FIELD};
 
 /// How often the accept loop looks at the stop flags.
 const POLL_INTERVAL: Duration = Duration::from_millis(100);
@@ -68,6 +81,10 @@ pub struct ServerOptions {
     pub log_errors: bool,
     /// Where the request path counts requests and traffic (`None`: nothing counted).
     pub metrics: Option<Arc<super::metrics::NetMetrics>>,
+    /// What one client may ask of the broker (see [`Limits`]).
+    pub limits: Limits,
+    /// TLS, when configured.
+    pub tls: Option<ServerTls>,
 }
 
 impl Default for ServerOptions {
@@ -77,6 +94,8 @@ impl Default for ServerOptions {
             io_timeout: Duration::from_secs(30),
             log_errors: true,
             metrics: None,
+            limits: Limits::default(),
+            tls: None,
         }
     }
 }
@@ -90,6 +109,11 @@ pub struct Server {
     opts: ServerOptions,
     stop: Arc<AtomicBool>,
     active: Arc<AtomicUsize>,
+    /// Counts `active`, in all and per source address.
+    gate: Arc<ConnectionGate>,
+    limits: Arc<Limits>,
+    /// Refusals being told over TLS right now, at most [`TLS_REFUSALS_MAX`].
+    tls_refusals: Arc<tokio::sync::Semaphore>,
     /// Produce requests waiting for durability, across connections.
     waiting: Arc<AtomicUsize>,
 }
@@ -121,6 +145,18 @@ impl Server {
         if let Some(m) = &opts.metrics {
             m.set_connections(Arc::clone(&active));
         }
+        opts.limits
+            .validate()
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        let gate = ConnectionGate::new(
+            Arc::clone(&active),
+            opts.max_connections,
+            opts.limits.connections_per_address_max,
+        );
+        if let Some(m) = &opts.metrics {
+            m.set_gate(Arc::clone(&gate));
+        }
+        let limits = Arc::new(opts.limits.clone());
         Ok(Server {
             listener,
             local_addr,
@@ -128,6 +164,9 @@ impl Server {
             opts,
             stop: Arc::new(AtomicBool::new(false)),
             active,
+            gate,
+            limits,
+            tls_refusals: Arc::new(tokio::sync::Semaphore::new(TLS_REFUSALS_MAX)),
             waiting: Arc::new(AtomicUsize::new(0)),
         })
     }
@@ -211,18 +250,34 @@ impl Server {
         stop_rx: &watch::Receiver<bool>,
         conns: &mut JoinSet<()>,
     ) {
-        if self.active.load(Ordering::SeqCst) >= self.opts.max_connections {
-            let msg = format!(
-                "the broker serves at most {} connections",
-                self.opts.max_connections
-            );
-            refuse_with(&mut stream, &msg).await;
-            tracing::warn!(%peer, max_connections = self.opts.max_connections, "refused a connection");
-            return;
-        }
-        self.active.fetch_add(1, Ordering::SeqCst);
-        let conn = Connection {
-            stream,
+        let admitted = match self.gate.admit(peer) {
+            Ok(a) => a,
+            Err(refusal) => {
+                tracing::warn!(%peer, "refused a connection: {}", refusal.message());
+                match (
+                    &self.opts.tls,
+                    self.tls_refusals.clone().try_acquire_owned(),
+                ) {
+                    // A TLS client is told over TLS, by a task of its own (a few at
+                    // once; past them the connection is only closed).
+                    (Some(tls), Ok(permit)) => {
+                        let tls = tls.clone();
+                        conns.spawn(async move {
+                            let _permit = permit;
+                            refuse_tls(tls, stream, &refusal.message()).await;
+                        });
+                    }
+                    (Some(_), Err(_)) => {}
+                    (None, _) => refuse_with(&mut stream, &refusal.message()).await,
+                }
+                return;
+            }
+        };
+        let tls = self.opts.tls.clone();
+        let io_timeout = self.opts.io_timeout;
+        let log_errors = self.opts.log_errors;
+        let mut conn = Connection {
+            stream: Stream::Plain(stream),
             peer,
             session: Session::new(
                 Arc::clone(&self.broker),
@@ -231,7 +286,9 @@ impl Server {
                 self.opts.log_errors,
                 Arc::clone(&self.waiting),
             )
-            .with_metrics(self.opts.metrics.clone()),
+            .with_metrics(self.opts.metrics.clone())
+            .with_limits(Arc::clone(&self.limits)),
+            limits: Arc::clone(&self.limits),
             stop: Arc::clone(&self.stop),
             stop_rx: stop_rx.clone(),
             opts: self.opts.clone(),
@@ -240,12 +297,93 @@ impl Server {
             end: 0,
             big: Vec::new(),
         };
-        let active = Arc::clone(&self.active);
+        let mut handshake_stop = stop_rx.clone();
+        let stopping = Arc::clone(&self.stop);
         conns.spawn(async move {
+            let _admitted: Admitted = admitted;
+            if tls.is_some() && stopping.load(Ordering::SeqCst) {
+                return;
+            }
+            if let Some(tls) = tls {
+                let Stream::Plain(tcp) = conn.stream else {
+                    return;
+                };
+                // A stopping server does not wait out a handshake.
+                let accepted = tokio::select! {
+                    a = tls.accept(tcp, io_timeout) => a,
+                    _ = handshake_stop.changed() => return,
+                };
+                match accepted {
+                    Accepted::Stream(s) => conn.stream = s,
+                    Accepted::Plaintext(mut tcp) => {
+                        refuse_plaintext(&mut tcp, io_timeout).await;
+                        if log_errors {
+                            tracing::warn!(%peer, "refused a plaintext connection: TLS is required");
+                        }
+                        return;
+                    }
+                    Accepted::Failed(e) => {
+                        if log_errors {
+                            tracing::warn!(%peer, "TLS handshake failed: {e}");
+                        }
+                        return;
+                    }
+                }
+            }
             conn.serve().await;
-            active.fetch_sub(1, Ordering::SeqCst);
         });
     }
+}
+
+/// Refused connections of a TLS listener told why at once (each costs a handshake).
+const TLS_REFUSALS_MAX: usize = 16;
+
+/// Tells a refused peer of a TLS listener why (TOO_MANY_CONNECTIONS, request id 0),
+/// over TLS when it speaks TLS, within a second in all.
+async fn refuse_tls(tls: ServerTls, tcp: TcpStream, msg: &str) {
+    let mut out = Vec::new();
+    encode_error(
+        &mut out,
+        0,
+        API_KEY_NONE,
+        ErrorCode::TOO_MANY_CONNECTIONS,
+        msg,
+    );
+    let _ = tokio::time::timeout(POLL_INTERVAL * 10, async {
+        let mut stream = match tls.accept(tcp, POLL_INTERVAL * 10).await {
+            Accepted::Stream(s) => s,
+            Accepted::Plaintext(tcp) => Stream::Plain(tcp),
+            Accepted::Failed(_) => return,
+        };
+        if stream.write_all(&out).await.is_ok() && stream.flush().await.is_ok() {
+            let _ = stream.shutdown().await;
+        }
+    })
+    .await;
+}
+
+/// Tells a plaintext peer of a TLS-only listener to use TLS (TLS_REQUIRED, request
+/// id 0), then closes after a short drain (so the peer reads the frame, not a reset).
+async fn refuse_plaintext(stream: &mut TcpStream, io_timeout: Duration) {
+    let mut out = Vec::new();
+    encode_error(
+        &mut out,
+        0,
+        API_KEY_NONE,
+        ErrorCode::TLS_REQUIRED,
+        "this listener requires TLS (connect with --tls and --tls-ca)",
+    );
+    let _ = tokio::time::timeout(io_timeout, stream.write_all(&out)).await;
+    let _ = stream.shutdown().await;
+    let mut sink = [0u8; 4096];
+    let _ = tokio::time::timeout(POLL_INTERVAL * 5, async {
+        while let Ok(n) = stream.read(&mut sink).await {
+            if n == 0 {
+                break;
+            }
+        }
+    })
+    .await;
 }
 
 /// Tells a refused peer why (TOO_MANY_CONNECTIONS, request id 0); the stream closes
@@ -345,6 +483,8 @@ enum ReadEnd {
     BadLength(String),
     /// The connection failed or stalled mid-frame.
     Failed(io::Error),
+    /// No request came within the idle timeout.
+    Idle(Duration),
 }
 
 /// Where the frame just read lies.
@@ -357,9 +497,10 @@ enum Frame {
 
 /// One accepted connection, served as one task.
 struct Connection {
-    stream: TcpStream,
+    stream: Stream,
     peer: SocketAddr,
     session: Session,
+    limits: Arc<Limits>,
     stop: Arc<AtomicBool>,
     /// Changes once, when the server starts stopping.
     stop_rx: watch::Receiver<bool>,
@@ -374,7 +515,7 @@ struct Connection {
 
 impl Connection {
     async fn serve(mut self) {
-        if self.stream.set_nodelay(true).is_err() {
+        if self.stream.tcp().set_nodelay(true).is_err() {
             return;
         }
         // A stopping server takes no new request, even one already sent.
@@ -394,6 +535,13 @@ impl Connection {
                     self.log(&format!("reading a request failed: {e}"));
                     break;
                 }
+                Err(ReadEnd::Idle(t)) => {
+                    self.log(&format!(
+                        "no request for {} ms (idle_timeout)",
+                        t.as_millis()
+                    ));
+                    break;
+                }
             };
             let bytes = match frame {
                 Frame::InPlace(a, b) => self.buf.get(a..b).unwrap_or(&[]),
@@ -404,7 +552,8 @@ impl Connection {
                 self.send_and_close().await;
                 return;
             }
-            if self.send().await.is_err() {
+            if let Err(e) = self.send().await {
+                self.log(&format!("writing a response failed: {e}"));
                 break;
             }
             // A large request or fetch does not pin its buffers for the life of
@@ -429,16 +578,22 @@ impl Connection {
     /// case, and no timer is armed), else the rest within `io_timeout`.
     async fn send(&mut self) -> io::Result<()> {
         let out = self.session.response();
-        let sent = match self.stream.try_write(out) {
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
-            Err(e) => return Err(e),
+        let sent = match self.stream.try_write_plain(out) {
+            Some(Ok(n)) => n,
+            Some(Err(e)) if e.kind() == io::ErrorKind::WouldBlock => 0,
+            Some(Err(e)) => return Err(e),
+            None => 0,
         };
         let rest = out.get(sent..).unwrap_or(&[]);
         if rest.is_empty() {
             return Ok(());
         }
-        match tokio::time::timeout(self.opts.io_timeout, self.stream.write_all(rest)).await {
+        let stream = &mut self.stream;
+        let write = async move {
+            stream.write_all(rest).await?;
+            stream.flush().await
+        };
+        match tokio::time::timeout(self.opts.io_timeout, write).await {
             Ok(r) => r,
             Err(_) => Err(io::ErrorKind::TimedOut.into()),
         }
@@ -466,11 +621,13 @@ impl Connection {
     /// the connection waits as long as the peer likes and a stop ends it; otherwise
     /// mid-frame, where a peer silent for longer than `io_timeout` (the stop grace
     /// once stopping) fails the connection.
+    #[expect(clippy::too_many_arguments, reason = "the state one read needs")]
     async fn read_some(
-        stream: &mut TcpStream,
+        stream: &mut Stream,
         stop: &AtomicBool,
         stop_rx: &mut watch::Receiver<bool>,
         io_timeout: Duration,
+        idle_timeout: Option<Duration>,
         dst: &mut [u8],
         idle: bool,
         last_progress: Instant,
@@ -481,9 +638,14 @@ impl Connection {
                 if stopping {
                     return Err(ReadEnd::Closed);
                 }
+                let idle_deadline =
+                    idle_timeout.map(|t| tokio::time::Instant::from_std(last_progress + t));
                 tokio::select! {
                     r = stream.read(dst) => r,
                     _ = stop_rx.changed() => continue,
+                    () = sleep_until_some(idle_deadline) => {
+                        return Err(ReadEnd::Idle(idle_timeout.unwrap_or_default()));
+                    }
                 }
             } else {
                 let patience = if stopping {
@@ -524,7 +686,10 @@ impl Connection {
                 self.start = 0;
             }
             let idle = boundary && self.end == self.start;
-            let Some(dst) = self.buf.get_mut(self.end..) else {
+            // Read ahead at most the in-flight limit past the frame's start.
+            let window = self.limits.read_window(self.buf.len()).max(n);
+            let until = (self.start + window).min(self.buf.len());
+            let Some(dst) = self.buf.get_mut(self.end..until) else {
                 return Err(ReadEnd::Failed(io::Error::other("read buffer too short")));
             };
             let got = Self::read_some(
@@ -532,6 +697,7 @@ impl Connection {
                 &self.stop,
                 &mut self.stop_rx,
                 self.opts.io_timeout,
+                self.limits.idle_timeout,
                 dst,
                 idle,
                 last_progress,
@@ -558,8 +724,10 @@ impl Connection {
                 .get(self.start..self.start + LEN_FIELD)
                 .unwrap_or(&[0; LEN_FIELD]),
         );
-        let len = check_frame_len(u32::from_be_bytes(len_bytes))
-            .map_err(|e| ReadEnd::BadLength(e.to_string()))?;
+        let len = self
+            .limits
+            .check_frame_len(u32::from_be_bytes(len_bytes))
+            .map_err(ReadEnd::BadLength)?;
         self.start += LEN_FIELD;
         if len <= self.buf.len() {
             self.fill(len, false).await?;
@@ -588,6 +756,7 @@ impl Connection {
                     &self.stop,
                     &mut self.stop_rx,
                     self.opts.io_timeout,
+                    None,
                     dst,
                     false,
                     last_progress,
@@ -606,6 +775,14 @@ impl Connection {
             }
         }
         Ok(Frame::Big)
+    }
+}
+
+/// Sleeps until `deadline`, or forever without one.
+async fn sleep_until_some(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
     }
 }
 

@@ -296,6 +296,11 @@ impl ErrorCode {
     pub const AUTH_RATE_LIMITED: ErrorCode = ErrorCode(73);
     /// No API key has the id given (version 3).
     pub const UNKNOWN_KEY: ErrorCode = ErrorCode(74);
+    /// A request past one of the listener's configured limits (records per request,
+    /// topics, partitions per topic); nothing was written. The connection stays open.
+    pub const LIMIT_EXCEEDED: ErrorCode = ErrorCode(80);
+    /// A plaintext connection to a listener that requires TLS. Closes.
+    pub const TLS_REQUIRED: ErrorCode = ErrorCode(81);
 
     pub fn is_ok(self) -> bool {
         self == ErrorCode::NONE
@@ -303,7 +308,7 @@ impl ErrorCode {
 
     /// Codes after which the server closes the connection.
     pub fn closes_connection(self) -> bool {
-        (1..10).contains(&self.0)
+        (1..10).contains(&self.0) || self == ErrorCode::TLS_REQUIRED
     }
 
     /// Stable machine-readable name.
@@ -351,6 +356,8 @@ impl ErrorCode {
             ErrorCode::NOT_AUTHORIZED => "not_authorized",
             ErrorCode::AUTH_RATE_LIMITED => "auth_rate_limited",
             ErrorCode::UNKNOWN_KEY => "unknown_key",
+            ErrorCode::LIMIT_EXCEEDED => "limit_exceeded",
+            ErrorCode::TLS_REQUIRED => "tls_required",
             _ => "unknown_error",
         }
     }
