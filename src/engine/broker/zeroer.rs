@@ -12,6 +12,10 @@
 use super::*;
 use crate::engine::partition::zero::{Claim, ZeroTarget, ZERO_CHUNK_BYTES, ZERO_PIECE_BYTES};
 
+/// Zeros written and not yet fsynced, at most: one piece.
+const ZERO_SYNC_BYTES: u64 = ZERO_PIECE_BYTES;
+const _: () = assert!(ZERO_SYNC_BYTES <= ZERO_CHUNK_BYTES);
+
 /// How often the worker looks at every active segment.
 const POLL: Duration = Duration::from_millis(2);
 
@@ -80,7 +84,7 @@ impl Zeroer {
     }
 
     /// Zeroes `target` up to a full window ahead of its writer (if due), fsyncing
-    /// after each chunk. False once stopped.
+    /// after each piece. False once stopped.
     fn zero_one(
         &self,
         target: &ZeroTarget,
@@ -103,8 +107,11 @@ impl Zeroer {
                 target.turn_off();
                 return true;
             }
+            // Each piece is fsynced at once: a writer's fdatasync writes out every
+            // dirty page of the file, these zeros included, so at most one piece of
+            // them ever lands on a writer's fsync.
             unsynced += claim.len;
-            if unsynced >= ZERO_CHUNK_BYTES {
+            if unsynced >= ZERO_SYNC_BYTES {
                 self.sync(target, unsynced);
                 unsynced = 0;
             }
