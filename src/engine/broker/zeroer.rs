@@ -16,8 +16,9 @@ use crate::engine::partition::zero::{Claim, ZeroTarget, ZERO_CHUNK_BYTES, ZERO_P
 const ZERO_SYNC_BYTES: u64 = ZERO_PIECE_BYTES;
 const _: () = assert!(ZERO_SYNC_BYTES <= ZERO_CHUNK_BYTES);
 
-/// How often the worker looks at every active segment.
-const POLL: Duration = Duration::from_millis(2);
+/// Longest the worker sleeps without being woken by a writer before it looks at
+/// every active segment anyway.
+const IDLE_MAX: Duration = Duration::from_millis(100);
 
 #[derive(Debug)]
 pub(super) struct Zeroer {
@@ -50,6 +51,11 @@ impl Zeroer {
     pub(super) fn stop(&self) {
         *lock(&self.stop) = true;
         self.wake.notify_all();
+        self.stats.write_path.wake_zeroer();
+    }
+
+    fn stopped(&self) -> bool {
+        *lock(&self.stop)
     }
 
     /// Sleeps for `d` or until stopped; false once stopped.
@@ -69,7 +75,13 @@ impl Zeroer {
         let zeros = vec![0u8; ZERO_PIECE_BYTES as usize];
         // The earliest time the next piece may start, by the shared rate.
         let mut next_at = Instant::now();
-        while self.sleep(POLL) {
+        // Woken by a writer whose lead fell below half the window, else every
+        // `IDLE_MAX` (no polling while nothing is due).
+        loop {
+            self.stats.write_path.wait_zero_due(IDLE_MAX);
+            if self.stopped() {
+                return;
+            }
             let window = self
                 .stats
                 .write_path
