@@ -797,3 +797,35 @@ fn a_dropped_commit_leader_hands_the_fsync_to_the_flusher() {
     });
     assert_eq!(b.offsets("t", 0).unwrap(), (0, 2));
 }
+
+#[test]
+fn a_commit_that_carries_a_roll_is_handed_to_the_flusher() {
+    use seglog::engine::broker::Commit;
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path());
+    b.create_topic("t", 1, small_segments(1024)).unwrap();
+    let big = vec![b'x'; 600];
+    b.produce("t", 0, &[one(&big)]).unwrap();
+    // Past 1024 bytes: this append rolls, and its commit carries the roll's syncs.
+    let (p, w) = b.append("t", 0, &[one(&big)]).unwrap();
+    assert_eq!(p.base_offset, 1);
+    let Commit::Lead(lead) = b.lead_or_follow(w.unwrap()) else {
+        panic!("nobody else leads");
+    };
+    assert!(lead.carries_roll());
+    let wait = lead.hand_off();
+    current_thread().block_on(async {
+        tokio::time::timeout(Duration::from_secs(60), b.follow(wait))
+            .await
+            .expect("the flusher did not run the handed-off commit")
+            .unwrap();
+    });
+    assert_eq!(b.offsets("t", 0).unwrap(), (0, 2));
+    // The roll is durable: the next commit carries none.
+    let (_, w) = b.append("t", 0, &[one(b"next")]).unwrap();
+    let Commit::Lead(lead) = b.lead_or_follow(w.unwrap()) else {
+        panic!("nobody else leads");
+    };
+    assert!(!lead.carries_roll());
+    lead.commit().unwrap();
+}

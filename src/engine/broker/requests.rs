@@ -39,6 +39,24 @@ impl CommitLead {
         self.done = true;
         self.log.commit_claimed()
     }
+
+    /// Whether the commit carries a roll's syncs (the outgoing segment, the new
+    /// header, the directory): several fsyncs, better run off the event loop.
+    pub fn carries_roll(&self) -> bool {
+        self.log.roll_pending()
+    }
+
+    /// Releases the claim and hands the commit to the flusher thread; the returned
+    /// wait (for [`Broker::follow`]) ends once it covers every record written so far.
+    pub fn hand_off(mut self) -> DurableWait {
+        self.done = true;
+        let target = self.log.release_claim();
+        self.flusher.request(&self.log);
+        DurableWait {
+            log: Arc::clone(&self.log),
+            target,
+        }
+    }
 }
 
 impl Drop for CommitLead {

@@ -318,7 +318,8 @@ impl Session {
         // reach its partition leads the commit, yields once so every connection that
         // is ready appends first (each finds the commit led and follows it), then
         // runs one fsync for all of them; the publish wakes the followers. No other
-        // thread is involved, so nobody waits for a CPU to be woken on. A request
+        // thread is involved, so nobody waits for a CPU to be woken on; only a commit
+        // that carries a roll goes to the flusher. A request
         // that writes to several partitions asks the flusher for one fsync per
         // partition instead, and waits for them side by side.
         let _waiting = WaitingGuard::enter(&self.waiting);
@@ -329,7 +330,13 @@ impl Session {
                         if self.others_may_be_ready() {
                             tokio::task::yield_now().await;
                         }
-                        lead.commit()
+                        if lead.carries_roll() {
+                            // A roll's syncs are several fsyncs: the flusher runs
+                            // them while the loop goes on serving the new segment.
+                            self.broker.follow(lead.hand_off()).await
+                        } else {
+                            lead.commit()
+                        }
                     }
                     Commit::Follow(w) => self.broker.follow(w).await,
                 };

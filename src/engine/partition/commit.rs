@@ -66,6 +66,12 @@ impl PartitionLog {
         self.wait_durable(target)
     }
 
+    /// Whether a roll waits for the next group commit (its syncs make that commit
+    /// several fsyncs long).
+    pub fn roll_pending(&self) -> bool {
+        lock(&self.write).pending.roll.is_some()
+    }
+
     /// Releases a claim without waiting; returns the next offset at the release:
     /// the holder, or whoever it hands the commit to, must make every offset below it
     /// durable.
