@@ -9,6 +9,13 @@
 //!    one connection, one partition (`--rate 1000`).
 //! 2. 1 MiB segments vs 1 GiB: batch 10, 4 connections, 256-byte records, as fast as
 //!    acknowledged: `roll stall max` and request p99.
+//! 3. Durable produce (an fsync before every ack) vs `--flush-every-records 100000`:
+//!    256-byte records, 16 connections, batch 100 and batch 10.
+//! 4. Consume of 256-byte records with large fetches (100,000 records) vs small ones
+//!    (1,000 records).
+//! 5. Durable produce, batch 1, 256-byte records, vs Redis Streams `XADD` with
+//!    `appendonly yes`, `appendfsync always` (`redis-server` and `redis-benchmark` from
+//!    the PATH; skipped when missing), 16 connections and 1.
 //!
 //! Each pair runs side by side in one run, alternating, `SEGLOG_BENCH_ROUNDS` rounds
 //! (default 3), `SEGLOG_BENCH_SECS` seconds each (default 5); medians and their ratios
@@ -29,13 +36,21 @@ fn env_or(name: &str, default: u64) -> u64 {
 
 /// One `seglog bench produce --embedded` run on a fresh directory; its JSON report.
 fn bench(args: &[&str]) -> Value {
+    let duration = format!("{}s", env_or("SEGLOG_BENCH_SECS", 5));
+    let mut all = vec!["produce", "--duration", &duration];
+    all.extend_from_slice(args);
+    bench_mode(&all)
+}
+
+/// One `seglog bench MODE --embedded` run on a fresh directory (`args` starts with
+/// the mode); its JSON report.
+fn bench_mode(args: &[&str]) -> Value {
     let dir = tempfile::tempdir().unwrap();
-    let secs = env_or("SEGLOG_BENCH_SECS", 5).to_string();
+    let (mode, rest) = args.split_first().unwrap();
     let out = Command::new(BIN)
-        .args(["bench", "produce", "--json", "--embedded"])
+        .args(["bench", mode, "--json", "--embedded"])
         .arg(dir.path().join("data"))
-        .args(["--duration", &format!("{secs}s")])
-        .args(args)
+        .args(rest)
         .output()
         .unwrap();
     assert!(
@@ -136,4 +151,182 @@ fn zero_ahead_fsync_p50_and_roll_stalls() {
         p99_small / p99_large.max(1e-9)
     );
     assert!(med(&small, "rolls") > 0.0, "1 MiB segments rolled");
+}
+
+#[test]
+#[ignore]
+fn durable_against_non_durable() {
+    let rounds = env_or("SEGLOG_BENCH_ROUNDS", 3);
+    for batch in ["100", "10"] {
+        let base = [
+            "--record-size",
+            "256",
+            "--batch",
+            batch,
+            "--connections",
+            "16",
+        ];
+        let (mut durable, mut loose) = (Vec::new(), Vec::new());
+        for round in 0..rounds {
+            for (flush, out) in [("1", &mut durable), ("100000", &mut loose)] {
+                let mut args = base.to_vec();
+                args.extend(["--flush-every-records", flush]);
+                let v = bench(&args);
+                println!(
+                    "round {round} batch {batch:>3} flush every {flush:>6}: {} records/s, fsyncs {}, p99 {:.3} ms",
+                    field(&v, "records_per_sec").round(),
+                    field(&v, "fsyncs"),
+                    field(&v, "p99_ms"),
+                );
+                assert!(field(&v, "records") > 0.0);
+                out.push(field(&v, "records_per_sec"));
+            }
+        }
+        let (d, l) = (median(durable), median(loose));
+        println!(
+            "batch {batch}, 16 connections: durable {d:.0} records/s, flush every 100000 {l:.0} (medians of {rounds}), ratio {:.2}",
+            d / l.max(1e-9)
+        );
+    }
+}
+
+#[test]
+#[ignore]
+fn large_fetches_against_small() {
+    let rounds = env_or("SEGLOG_BENCH_ROUNDS", 3);
+    let records = env_or("SEGLOG_BENCH_RECORDS", 2_000_000).to_string();
+    let (mut small, mut large) = (Vec::new(), Vec::new());
+    for round in 0..rounds {
+        for (batch, out) in [("1000", &mut small), ("100000", &mut large)] {
+            let v = bench_mode(&[
+                "consume",
+                "--records",
+                &records,
+                "--record-size",
+                "256",
+                "--batch",
+                batch,
+            ]);
+            println!(
+                "round {round} fetch of {batch:>6} records: {} records/s, p50 {:.3} ms",
+                field(&v, "records_per_sec").round(),
+                field(&v, "p50_ms"),
+            );
+            assert!(field(&v, "records") > 0.0);
+            out.push(field(&v, "records_per_sec"));
+        }
+    }
+    let (s, l) = (median(small), median(large));
+    println!(
+        "consume: fetches of 100000 records {l:.0} records/s, of 1000 {s:.0} (medians of {rounds}), ratio large/small {:.2}",
+        l / s.max(1e-9)
+    );
+}
+
+/// Whether `program` runs from the PATH.
+fn have(program: &str) -> bool {
+    Command::new(program)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// A `redis-server` with every write fsynced before its reply, on a free port.
+struct Redis {
+    child: std::process::Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Redis {
+    fn start() -> Redis {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let dir = tempfile::tempdir().unwrap();
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .arg("--dir")
+            .arg(dir.path())
+            .args([
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--save",
+                "",
+            ])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        for _ in 0..200 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        Redis {
+            child,
+            port,
+            _dir: dir,
+        }
+    }
+
+    /// `XADD` of 256-byte values for about `secs` seconds; requests per second.
+    fn xadd(&self, connections: u32, secs: u64) -> f64 {
+        let value = "x".repeat(256);
+        let requests = (u64::from(connections) * 1000).max(2000) * secs;
+        let out = Command::new("redis-benchmark")
+            .args(["-p", &self.port.to_string(), "-c", &connections.to_string()])
+            .args(["-n", &requests.to_string(), "--csv"])
+            .args(["XADD", "s", "*", "v", &value])
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        let text = String::from_utf8_lossy(&out.stdout);
+        let last = text.lines().last().unwrap_or_default();
+        let rps = last.split("\",\"").nth(1).unwrap_or_default();
+        rps.trim_matches('"').parse().unwrap()
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+#[ignore]
+fn durable_batch_1_against_redis() {
+    if !have("redis-server") || !have("redis-benchmark") {
+        println!("skipped: redis-server and redis-benchmark are not on the PATH");
+        return;
+    }
+    let rounds = env_or("SEGLOG_BENCH_ROUNDS", 3);
+    let secs = env_or("SEGLOG_BENCH_SECS", 5);
+    for connections in [16u32, 1] {
+        let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+        for round in 0..rounds {
+            let c = connections.to_string();
+            let v = bench(&["--record-size", "256", "--batch", "1", "--connections", &c]);
+            let redis = Redis::start();
+            let r = redis.xadd(connections, secs);
+            drop(redis);
+            println!(
+                "round {round} {connections:>2} connections: seglog {} records/s, redis {r:.0}",
+                field(&v, "records_per_sec").round(),
+            );
+            ours.push(field(&v, "records_per_sec"));
+            theirs.push(r);
+        }
+        let (o, t) = (median(ours), median(theirs));
+        println!(
+            "batch 1, {connections} connections: seglog {o:.0} records/s, redis {t:.0} (medians of {rounds}), ratio {:.2}",
+            o / t.max(1e-9)
+        );
+    }
 }

@@ -725,3 +725,107 @@ fn a_lost_segment_of_a_compacted_topic_is_reported_at_start_and_nothing_deleted(
         drop(b);
     }
 }
+
+fn one(v: &[u8]) -> NewRecord<'_> {
+    NewRecord {
+        key: None,
+        value: v,
+        timestamp_ms: -1,
+    }
+}
+
+fn current_thread() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn a_led_commit_covers_its_followers_and_nothing_is_served_before_it() {
+    use seglog::engine::broker::Commit;
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path());
+    b.create_topic("t", 1, TopicConfig::default()).unwrap();
+    let (_, w1) = b.append("t", 0, &[one(b"lead")]).unwrap();
+    let Commit::Lead(lead) = b.lead_or_follow(w1.unwrap()) else {
+        panic!("the first request of a pass leads its partition's commit");
+    };
+    let (_, w2) = b.append("t", 0, &[one(b"follow")]).unwrap();
+    let Commit::Follow(follow) = b.lead_or_follow(w2.unwrap()) else {
+        panic!("a request appended while the commit is led follows it");
+    };
+    // Written, not durable: nothing is served yet.
+    let f = b.fetch("t", 0, 0, 1 << 20, Duration::ZERO).unwrap();
+    assert!(f.chunks.iter().all(|c| c.bytes.is_empty()), "{f:?}");
+    current_thread().block_on(async {
+        let mut waiting = std::pin::pin!(b.follow(follow));
+        let early = tokio::time::timeout(Duration::from_millis(20), &mut waiting).await;
+        assert!(
+            early.is_err(),
+            "a follower acknowledged before the leader's fsync"
+        );
+        lead.commit().unwrap();
+        waiting.await.unwrap();
+    });
+    let f = b.fetch("t", 0, 0, 1 << 20, Duration::ZERO).unwrap();
+    assert_eq!(decode_all(&f).len(), 2);
+    // The claim is free again: the next request leads.
+    let (_, w3) = b.append("t", 0, &[one(b"next")]).unwrap();
+    assert!(matches!(b.lead_or_follow(w3.unwrap()), Commit::Lead(_)));
+}
+
+#[test]
+fn a_dropped_commit_leader_hands_the_fsync_to_the_flusher() {
+    use seglog::engine::broker::Commit;
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path());
+    b.create_topic("t", 1, TopicConfig::default()).unwrap();
+    let (_, w1) = b.append("t", 0, &[one(b"lead")]).unwrap();
+    let lead = b.lead_or_follow(w1.unwrap());
+    assert!(matches!(lead, Commit::Lead(_)));
+    let (_, w2) = b.append("t", 0, &[one(b"follow")]).unwrap();
+    let Commit::Follow(follow) = b.lead_or_follow(w2.unwrap()) else {
+        panic!("the commit is led");
+    };
+    drop(lead);
+    current_thread().block_on(async {
+        tokio::time::timeout(Duration::from_secs(60), b.follow(follow))
+            .await
+            .expect("the follower was left waiting")
+            .unwrap();
+    });
+    assert_eq!(b.offsets("t", 0).unwrap(), (0, 2));
+}
+
+#[test]
+fn a_commit_that_carries_a_roll_is_handed_to_the_flusher() {
+    use seglog::engine::broker::Commit;
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path());
+    b.create_topic("t", 1, small_segments(1024)).unwrap();
+    let big = vec![b'x'; 600];
+    b.produce("t", 0, &[one(&big)]).unwrap();
+    // Past 1024 bytes: this append rolls, and its commit carries the roll's syncs.
+    let (p, w) = b.append("t", 0, &[one(&big)]).unwrap();
+    assert_eq!(p.base_offset, 1);
+    let Commit::Lead(lead) = b.lead_or_follow(w.unwrap()) else {
+        panic!("nobody else leads");
+    };
+    assert!(lead.carries_roll());
+    let wait = lead.hand_off();
+    current_thread().block_on(async {
+        tokio::time::timeout(Duration::from_secs(60), b.follow(wait))
+            .await
+            .expect("the flusher did not run the handed-off commit")
+            .unwrap();
+    });
+    assert_eq!(b.offsets("t", 0).unwrap(), (0, 2));
+    // The roll is durable: the next commit carries none.
+    let (_, w) = b.append("t", 0, &[one(b"next")]).unwrap();
+    let Commit::Lead(lead) = b.lead_or_follow(w.unwrap()) else {
+        panic!("nobody else leads");
+    };
+    assert!(!lead.carries_roll());
+    lead.commit().unwrap();
+}

@@ -1,8 +1,10 @@
 //! The flusher: with `--flush-every-records N > 1`, fsyncs every partition with
-//! records waiting at least every `--flush-interval`. With N = 1 it is the group
-//! commit thread of the async request path: each pass takes every partition asked
-//! for since the last one and runs one fsync per partition covering everything
-//! written to it so far; the publish wakes that partition's waiters only.
+//! records waiting at least every `--flush-interval`. With N = 1 it runs the group
+//! commits the event loop hands it (a produce to several partitions, a commit leader
+//! that went away, a commit that carries a roll, an idempotent batch): each pass takes
+//! every partition asked for since the last one and runs one fsync per partition
+//! covering everything written to it so far; the publish wakes that partition's
+//! waiters only.
 //!
 //! The producer journal and the group files share these passes (no fsync thread of
 //! their own): a pass 1. fdatasyncs the journal once for every entry written before

@@ -41,7 +41,7 @@ mod zeroer;
 use cleaner::*;
 use flusher::*;
 use open::*;
-pub use requests::DurableWait;
+pub use requests::{Commit, CommitLead, DurableWait};
 use zeroer::Zeroer;
 
 use crate::format::names::{

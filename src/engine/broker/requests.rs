@@ -11,6 +11,63 @@ pub struct DurableWait {
     target: u64,
 }
 
+/// A produce's part in its partition's next group commit ([`Broker::lead_or_follow`]).
+#[derive(Debug)]
+#[must_use = "the records are not acknowledged durable until the commit ends"]
+pub enum Commit {
+    /// Runs the commit.
+    Lead(CommitLead),
+    /// Covered by a leader's commit: wait with [`Broker::follow`].
+    Follow(DurableWait),
+}
+
+/// The claim on a partition's next group commit. Dropped without
+/// [`CommitLead::commit`], it releases the claim and asks the flusher for the fsync,
+/// so the requests that follow it are never left waiting.
+#[derive(Debug)]
+#[must_use = "followers wait for this commit"]
+pub struct CommitLead {
+    log: Arc<PartitionLog>,
+    flusher: Arc<Flusher>,
+    done: bool,
+}
+
+impl CommitLead {
+    /// Releases the claim and runs (or waits for) one fsync covering every record
+    /// written to the partition so far, on the calling thread.
+    pub fn commit(mut self) -> Result<(), EngineError> {
+        self.done = true;
+        self.log.commit_claimed()
+    }
+
+    /// Whether the commit carries a roll's syncs (the outgoing segment, the new
+    /// header, the directory): several fsyncs, better run off the event loop.
+    pub fn carries_roll(&self) -> bool {
+        self.log.roll_pending()
+    }
+
+    /// Releases the claim and hands the commit to the flusher thread; the returned
+    /// wait (for [`Broker::follow`]) ends once it covers every record written so far.
+    pub fn hand_off(mut self) -> DurableWait {
+        self.done = true;
+        let target = self.log.release_claim();
+        self.flusher.request(&self.log);
+        DurableWait {
+            log: Arc::clone(&self.log),
+            target,
+        }
+    }
+}
+
+impl Drop for CommitLead {
+    fn drop(&mut self) {
+        if !self.done {
+            self.log.release_claim();
+            self.flusher.request(&self.log);
+        }
+    }
+}
+
 impl Broker {
     /// Appends the records to one partition as one write; returns once they are
     /// durable under the flush policy. Offsets are assigned under the partition's
@@ -86,6 +143,29 @@ impl Broker {
     ) -> impl std::future::Future<Output = Result<(), EngineError>> + Send + 'static {
         self.flusher.request(&wait.log);
         async move { wait.log.durable(wait.target).await }
+    }
+
+    /// The event-loop way to end a durability wait: the first request of a pass to
+    /// reach its partition's commit leads it ([`CommitLead::commit`] runs one fsync
+    /// on the caller's thread for every record written to the partition until then);
+    /// the others follow ([`Broker::follow`]), covered by the leader's fsync, with no
+    /// hand-off to another thread.
+    pub fn lead_or_follow(&self, wait: DurableWait) -> Commit {
+        if wait.log.claim_commit() {
+            Commit::Lead(CommitLead {
+                log: wait.log,
+                flusher: Arc::clone(&self.flusher),
+                done: false,
+            })
+        } else {
+            Commit::Follow(wait)
+        }
+    }
+
+    /// Waits, without a thread and without asking for an fsync, until the leader's
+    /// commit covers `wait` (see [`Broker::lead_or_follow`]).
+    pub async fn follow(&self, wait: DurableWait) -> Result<(), EngineError> {
+        wait.log.durable(wait.target).await
     }
 
     /// [`Broker::fetch`] with the long poll as an async wait on the partition.

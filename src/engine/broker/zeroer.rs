@@ -12,8 +12,13 @@
 use super::*;
 use crate::engine::partition::zero::{Claim, ZeroTarget, ZERO_CHUNK_BYTES, ZERO_PIECE_BYTES};
 
-/// How often the worker looks at every active segment.
-const POLL: Duration = Duration::from_millis(2);
+/// Zeros written and not yet fsynced, at most: one piece.
+const ZERO_SYNC_BYTES: u64 = ZERO_PIECE_BYTES;
+const _: () = assert!(ZERO_SYNC_BYTES <= ZERO_CHUNK_BYTES);
+
+/// Longest the worker sleeps without being woken by a writer before it looks at
+/// every active segment anyway.
+const IDLE_MAX: Duration = Duration::from_millis(100);
 
 #[derive(Debug)]
 pub(super) struct Zeroer {
@@ -46,6 +51,11 @@ impl Zeroer {
     pub(super) fn stop(&self) {
         *lock(&self.stop) = true;
         self.wake.notify_all();
+        self.stats.write_path.wake_zeroer();
+    }
+
+    fn stopped(&self) -> bool {
+        *lock(&self.stop)
     }
 
     /// Sleeps for `d` or until stopped; false once stopped.
@@ -65,7 +75,13 @@ impl Zeroer {
         let zeros = vec![0u8; ZERO_PIECE_BYTES as usize];
         // The earliest time the next piece may start, by the shared rate.
         let mut next_at = Instant::now();
-        while self.sleep(POLL) {
+        // Woken by a writer whose lead fell below half the window, else every
+        // `IDLE_MAX` (no polling while nothing is due).
+        loop {
+            self.stats.write_path.wait_zero_due(IDLE_MAX);
+            if self.stopped() {
+                return;
+            }
             let window = self
                 .stats
                 .write_path
@@ -80,7 +96,7 @@ impl Zeroer {
     }
 
     /// Zeroes `target` up to a full window ahead of its writer (if due), fsyncing
-    /// after each chunk. False once stopped.
+    /// after each piece. False once stopped.
     fn zero_one(
         &self,
         target: &ZeroTarget,
@@ -103,8 +119,11 @@ impl Zeroer {
                 target.turn_off();
                 return true;
             }
+            // Each piece is fsynced at once: a writer's fdatasync writes out every
+            // dirty page of the file, these zeros included, so at most one piece of
+            // them ever lands on a writer's fsync.
             unsynced += claim.len;
-            if unsynced >= ZERO_CHUNK_BYTES {
+            if unsynced >= ZERO_SYNC_BYTES {
                 self.sync(target, unsynced);
                 unsynced = 0;
             }

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::engine::broker::{Broker, NewRecord, PartitionState};
+use crate::engine::broker::{Broker, Commit, NewRecord, PartitionState};
 use crate::engine::error::EngineError;
 use crate::engine::maintenance::compaction::CompactionError;
 use crate::engine::net::metrics::{stored_len, NetMetrics, TopicCache};
@@ -357,21 +357,33 @@ impl Session {
                 Err(e) => results.push(Err(engine_error(e))),
             }
         }
-        // Group commit per pass: counted while this request waits, so the others of
-        // the same event-loop pass see it. The first of a pass yields once so every
-        // connection that is ready appends before anyone decides; then, unless it is
-        // still alone, the flusher runs one fsync per partition for all of them.
+        // Group commit per pass, on this thread: the first request of a pass to
+        // reach its partition leads the commit, yields once so every connection that
+        // is ready appends first (each finds the commit led and follows it), then
+        // runs one fsync for all of them; the publish wakes the followers. No other
+        // thread is involved, so nobody waits for a CPU to be woken on; only a commit
+        // that carries a roll goes to the flusher. A request
+        // that writes to several partitions asks the flusher for one fsync per
+        // partition instead, and waits for them side by side.
         let _waiting = WaitingGuard::enter(&self.waiting);
-        if waits.len() == 1 && self.waiting.load(Ordering::SeqCst) == 1 {
-            // First of its pass: let every connection that is ready append first.
-            tokio::task::yield_now().await;
-        }
-        if waits.len() == 1 && self.waiting.load(Ordering::SeqCst) == 1 {
-            // Alone (one connection producing): the fsync on the request's own path;
-            // a hand-off to the flusher would batch nothing and cost two thread
-            // switches. The event loop is blocked for that one fsync only.
+        if waits.len() == 1 {
             for (i, w) in waits {
-                if let Err(e) = self.broker.wait_durable_here(w) {
+                let done = match self.broker.lead_or_follow(w) {
+                    Commit::Lead(lead) => {
+                        if self.others_may_be_ready() {
+                            tokio::task::yield_now().await;
+                        }
+                        if lead.carries_roll() {
+                            // A roll's syncs are several fsyncs: the flusher runs
+                            // them while the loop goes on serving the new segment.
+                            self.broker.follow(lead.hand_off()).await
+                        } else {
+                            lead.commit()
+                        }
+                    }
+                    Commit::Follow(w) => self.broker.follow(w).await,
+                };
+                if let Err(e) = done {
                     set_error(&mut results, i, engine_error(e));
                 }
             }
@@ -424,6 +436,15 @@ impl Session {
             .collect();
         self.reply(id, api, &ResponseBody::Produce { partitions: acks });
         Ok(())
+    }
+
+    /// Whether another task of this event loop may have a request to append before
+    /// this one's commit: another connection, or another produce waiting. With one
+    /// connection alone the yield would cost a pass of the loop and batch nothing.
+    fn others_may_be_ready(&self) -> bool {
+        let tasks = tokio::runtime::Handle::try_current()
+            .map_or(usize::MAX, |h| h.metrics().num_alive_tasks());
+        tasks > 1 || self.waiting.load(Ordering::SeqCst) > 1
     }
 
     #[expect(clippy::too_many_arguments, reason = "the fields of a fetch request")]

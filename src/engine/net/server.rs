@@ -8,9 +8,10 @@
 //! together, and two workers 52 µs and 1.15; one thread also keeps the appends of an
 //! event-loop pass back to back, so one group commit covers them (README, "The
 //! request path"). Storage stays synchronous: appends and reads are positional
-//! writes and reads of the page cache on the runtime thread; fsyncs run on the
-//! flusher thread, whose publish wakes only the tasks of the partition it synced. A
-//! produce that is alone runs its own fsync (a hand-off would batch nothing).
+//! writes and reads of the page cache on the runtime thread, and so is the group
+//! commit of a pass: the first produce of a pass to reach a partition runs its fsync
+//! for every request of the pass, whose publish wakes only that partition's tasks
+//! (`Session::produce`).
 //!
 //! Invariants:
 //! - The first request on a connection must be a handshake.

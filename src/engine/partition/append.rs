@@ -132,7 +132,17 @@ impl PartitionLog {
             "encoded batch differs from its checked size"
         );
         // Announced before the write: the zero worker never claims space below it.
-        w.active.zero.before_write(w.active.data_end + batch_len);
+        let window = self
+            .stats
+            .write_path
+            .preallocate_bytes
+            .load(Ordering::Relaxed);
+        if w.active
+            .zero
+            .before_write(w.active.data_end + batch_len, window)
+        {
+            self.stats.write_path.wake_zeroer();
+        }
         self.write_batch(&w.active, &enc)?;
         let a = &mut w.active;
         a.data_end += enc.log_bytes.len() as u64;

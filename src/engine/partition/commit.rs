@@ -46,6 +46,42 @@ impl PartitionLog {
         }
     }
 
+    /// Claims the log's next group commit for a request whose records are written
+    /// (an event-loop pass: the claim holder yields so the other ready connections
+    /// append, then runs one fsync for all of them on its own thread). True when the
+    /// caller now holds the claim and must end it with
+    /// [`PartitionLog::commit_claimed`] or [`PartitionLog::release_claim`]; false
+    /// when another request holds it: that request's commit covers the caller's
+    /// records, written before the holder takes its target.
+    pub fn claim_commit(&self) -> bool {
+        let mut w = lock(&self.write);
+        !std::mem::replace(&mut w.commit_claimed, true)
+    }
+
+    /// Ends a claim: releases it and takes as target everything written so far (so
+    /// every request that found the claim held is covered), then runs
+    /// [`PartitionLog::wait_durable`] for it.
+    pub fn commit_claimed(&self) -> Result<(), EngineError> {
+        let target = self.release_claim();
+        self.wait_durable(target)
+    }
+
+    /// Whether a roll waits for the next group commit (its syncs make that commit
+    /// several fsyncs long).
+    pub fn roll_pending(&self) -> bool {
+        lock(&self.write).pending.roll.is_some()
+    }
+
+    /// Releases a claim without waiting; returns the next offset at the release:
+    /// the holder, or whoever it hands the commit to, must make every offset below it
+    /// durable.
+    pub fn release_claim(&self) -> u64 {
+        let mut w = lock(&self.write);
+        assert!(w.commit_claimed, "a commit claim released twice");
+        w.commit_claimed = false;
+        w.next_offset
+    }
+
     /// Makes everything written so far durable (the flusher and shutdown call this).
     pub fn flush(&self) -> Result<(), EngineError> {
         let target = self.written_end();
@@ -101,8 +137,9 @@ impl PartitionLog {
     }
 
     /// The fsync ordering of a group commit:
-    /// 1. `sync_all` the outgoing log of a pending roll (its last data and truncation)
-    ///    and its index;
+    /// 1. truncate the outgoing log of a pending roll to the end of its data (its
+    ///    zero tail and reserved blocks) and `sync_all` it (its last data and the
+    ///    truncation), then its index;
     /// 2. only then write the new segment's header (the roll's commit record: it must
     ///    never reach the disk before the records below its base) and `sync_all` the
     ///    new log;
@@ -124,6 +161,9 @@ impl PartitionLog {
             .load(Ordering::Relaxed);
         if let Some(roll) = &plan.pending.roll {
             // 1.
+            if let Some(end) = roll.cut_to {
+                roll.outgoing_log.set_len(end)?;
+            }
             self.sync_all(&*roll.outgoing_log)?;
             self.sync_all(&*roll.outgoing_index)?;
             // 2.

@@ -218,8 +218,10 @@ struct Active {
 /// What a roll left for the next group commit (docs/FORMAT.md, Segment states).
 #[derive(Debug)]
 struct PendingRoll {
-    /// To `sync_all` first: the last data and the truncation.
+    /// To truncate to `cut_to` (when its file is longer than its data) and `sync_all`
+    /// first: the last data and the truncation.
     outgoing_log: Arc<dyn StorageFile>,
+    cut_to: Option<u64>,
     outgoing_index: Arc<dyn StorageFile>,
     /// Created with a zero header; `header` is written to it only once the outgoing
     /// segment is durable, then fsynced, then the directory.
@@ -247,6 +249,10 @@ struct WriteState {
     pending: Pending,
     /// Rolls made since the log opened.
     rolls: u64,
+    /// An event-loop request holds this log's next group commit
+    /// ([`PartitionLog::claim_commit`]): a request that appends meanwhile is covered
+    /// by it, since the holder takes its target only when it releases the claim.
+    commit_claimed: bool,
 }
 
 #[derive(Debug)]
@@ -360,6 +366,7 @@ impl PartitionLog {
                 next_offset,
                 pending: Pending::default(),
                 rolls: 0,
+                commit_claimed: false,
             }),
             sync: Mutex::new(SyncState {
                 durable_end: next_offset,

@@ -107,7 +107,9 @@ impl PartitionLog {
 
     /// Seals the active segment and starts a new one at the next offset, without an
     /// fsync (writers append to the new segment at once):
-    /// 1. truncate the outgoing log to the end of its data;
+    /// 1. stop zeroing the outgoing log and note where its data ends: the next group
+    ///    commit truncates it there (a truncation waits for the file system's journal,
+    ///    so it is kept off the writer's lock);
     /// 2. create the new log with its 32 header bytes zero (or take a spare, whose
     ///    header still marks it unassigned), and its index;
     /// 3. leave the rest to the next group commit (see [`PartitionLog::execute`]):
@@ -124,18 +126,14 @@ impl PartitionLog {
             "a roll starts only once the previous roll is durable"
         );
         let base = w.next_offset;
-        let old = &mut w.active;
+        let old = &w.active;
         // Only a segment that holds records is rolled: the new base is above the old.
         assert!(base > old.seg.base_offset && old.data_end > HEADER_LEN as u64);
-        // 1. (no zeros may be in flight while it is cut: the worker stops first)
+        // 1. (no zeros may be in flight once it is cut: the worker stops first)
         let zeroed_end = old.zero.seal();
         let reserved = old.zero.allocated_end.load(Ordering::Acquire);
-        if old.file_len.max(zeroed_end).max(reserved) > old.data_end {
-            old.log.set_len(old.data_end).map_err(|e| {
-                EngineError::io(format!("truncating {}", old.seg.path.display()), e)
-            })?;
-            old.file_len = old.data_end;
-        }
+        let cut_to =
+            (old.file_len.max(zeroed_end).max(reserved) > old.data_end).then_some(old.data_end);
         // 2.
         let path = self.dir.join(log_file_name(base));
         let (log, index, spare) = self.new_segment_files(base, &path).map_err(|e| {
@@ -210,6 +208,7 @@ impl PartitionLog {
         // 3.
         w.pending.roll = Some(PendingRoll {
             outgoing_log: old.log,
+            cut_to,
             outgoing_index: old.index,
             new_log: log,
             new_zero,

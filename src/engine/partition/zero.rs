@@ -197,9 +197,32 @@ pub struct WritePath {
     /// Bytes of zeros the zero worker wrote and fsynced.
     pub zeroed_bytes: AtomicU64,
     targets: Mutex<Vec<Weak<ZeroTarget>>>,
+    /// Some segment's lead fell below half the window (or the worker is to stop):
+    /// the zero worker sleeps on this instead of polling.
+    zero_due: Mutex<bool>,
+    zero_wake: Condvar,
 }
 
 impl WritePath {
+    /// Wakes the zero worker: a segment wants zeros, or the worker is to stop. Only
+    /// the first call after the worker woke makes a system call.
+    pub fn wake_zeroer(&self) {
+        let mut due = lock(&self.zero_due);
+        if !std::mem::replace(&mut *due, true) {
+            self.zero_wake.notify_one();
+        }
+    }
+
+    /// The zero worker's sleep: until [`WritePath::wake_zeroer`] or `timeout`.
+    pub fn wait_zero_due(&self, timeout: Duration) {
+        let due = lock(&self.zero_due);
+        let (mut due, _) = self
+            .zero_wake
+            .wait_timeout_while(due, timeout, |due| !*due)
+            .unwrap_or_else(PoisonError::into_inner);
+        *due = false;
+    }
+
     /// Registers an active segment with the zero worker (when zero-ahead is on).
     pub(super) fn register(&self, target: &Arc<ZeroTarget>) {
         if self.zero_ahead.load(Ordering::Relaxed) {
@@ -295,7 +318,11 @@ impl ZeroTarget {
     /// The writer is about to write up to `end`. Waits for a piece in flight that the
     /// write would reach into (and turns zeroing off), or turns it off when the
     /// writer overtakes the zeros.
-    pub(super) fn before_write(&self, end: u64) {
+    ///
+    /// Returns true when the worker should be woken: zeroing is on, the segment holds
+    /// [`ZERO_START_BYTES`], no fill is under way and the lead is below half of
+    /// `window`.
+    pub(super) fn before_write(&self, end: u64, window: u64) -> bool {
         let mut s = self.state();
         if let Some(start) = s.in_flight {
             if end > start {
@@ -309,6 +336,8 @@ impl ZeroTarget {
             s.off = true;
         }
         s.writer_end = s.writer_end.max(end);
+        let lead = s.zeroed_end.saturating_sub(s.writer_end);
+        !s.off && !s.filling && s.writer_end >= ZERO_START_BYTES && lead < window / 2
     }
 
     /// The segment is being sealed: no more zeros, and none in flight once this
@@ -432,7 +461,7 @@ mod tests {
     fn nothing_before_the_start_threshold_then_fills_a_window() {
         let t = ZeroTarget::new(PathBuf::from("x"), 32, 32, 0);
         assert_eq!(t.claim(W), None);
-        t.before_write(ZERO_START_BYTES);
+        t.before_write(ZERO_START_BYTES, W);
         let mut end = ZERO_START_BYTES;
         let mut pieces = 0;
         while let Some(c) = t.claim(W) {
@@ -444,18 +473,35 @@ mod tests {
         assert_eq!(end, ZERO_START_BYTES + W);
         assert_eq!(pieces, W / ZERO_PIECE_BYTES);
         // Lead still above half a window: nothing due.
-        t.before_write(ZERO_START_BYTES + W / 2 - 1);
+        t.before_write(ZERO_START_BYTES + W / 2 - 1, W);
         assert_eq!(t.claim(W), None);
-        t.before_write(ZERO_START_BYTES + W / 2 + 1);
+        t.before_write(ZERO_START_BYTES + W / 2 + 1, W);
         let c = t.claim(W).unwrap();
         assert_eq!(c.start, ZERO_START_BYTES + W);
         t.finish(c, true);
     }
 
     #[test]
+    fn a_writer_asks_for_the_worker_only_when_zeros_are_due() {
+        let t = ZeroTarget::new(PathBuf::from("x"), 32, 32, 0);
+        assert!(
+            !t.before_write(ZERO_START_BYTES - 1, W),
+            "below the start threshold"
+        );
+        assert!(t.before_write(ZERO_START_BYTES, W), "no lead at all");
+        let c = t.claim(W).unwrap();
+        assert!(!t.before_write(ZERO_START_BYTES, W), "a fill is under way");
+        t.finish(c, true);
+        assert!(!t.before_write(ZERO_START_BYTES, W), "the fill goes on");
+        assert!(!t.before_write(ZERO_START_BYTES, 0), "no window, no zeros");
+        t.turn_off();
+        assert!(!t.before_write(ZERO_START_BYTES + 1, W), "zeroing is off");
+    }
+
+    #[test]
     fn a_claim_never_starts_below_the_writer_or_the_floor() {
         let t = ZeroTarget::new(PathBuf::from("x"), 32, 32, 1 << 20);
-        t.before_write(ZERO_START_BYTES);
+        t.before_write(ZERO_START_BYTES, W);
         let c = t.claim(W).unwrap();
         assert_eq!(c.start, 1 << 20);
         t.finish(c, true);
@@ -464,10 +510,10 @@ mod tests {
     #[test]
     fn a_writer_reaching_into_a_claim_waits_and_turns_zeroing_off() {
         let t = Arc::new(ZeroTarget::new(PathBuf::from("x"), 32, 32, 0));
-        t.before_write(ZERO_START_BYTES);
+        t.before_write(ZERO_START_BYTES, W);
         let c = t.claim(W).unwrap();
         let t2 = t.clone();
-        let writer = std::thread::spawn(move || t2.before_write(c.start + 1));
+        let writer = std::thread::spawn(move || t2.before_write(c.start + 1, W));
         std::thread::sleep(Duration::from_millis(20));
         assert!(
             !writer.is_finished(),
@@ -482,10 +528,10 @@ mod tests {
     #[test]
     fn overtaking_the_zeros_turns_zeroing_off() {
         let t = ZeroTarget::new(PathBuf::from("x"), 32, 32, 0);
-        t.before_write(ZERO_START_BYTES);
+        t.before_write(ZERO_START_BYTES, W);
         let c = t.claim(W).unwrap();
         t.finish(c, true);
-        t.before_write(c.start + c.len + 1);
+        t.before_write(c.start + c.len + 1, W);
         assert!(t.is_off());
         assert_eq!(t.seal(), c.start + c.len);
     }
