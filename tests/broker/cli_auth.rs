@@ -265,7 +265,7 @@ fn keys_roles_patterns_and_refusals() {
         tmp.path(),
     );
     assert_eq!(code, 73, "{err}");
-    assert!(b.stderr().contains("failed login"));
+    assert!(b.stderr_gets("failed login"));
     drop((admin, producer, consumer, late));
     b.stop();
 

@@ -82,6 +82,22 @@ impl Serve {
         self.stderr.lock().unwrap().clone()
     }
 
+    /// Waits (at most [`PATIENCE`]) until the broker's stderr contains `needle`, which
+    /// a reader thread collects a moment after the broker writes it; returns whether
+    /// it came.
+    pub fn stderr_gets(&self, needle: &str) -> bool {
+        let began = std::time::Instant::now();
+        loop {
+            if self.stderr().contains(needle) {
+                return true;
+            }
+            if began.elapsed() > PATIENCE {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// Sends `signal` to the broker.
     pub fn signal(&self, signal: rustix::process::Signal) {
         let child = self.child.as_ref().unwrap();
