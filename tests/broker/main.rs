@@ -20,4 +20,5 @@ mod engine_broker;
 mod engine_cleanup;
 mod engine_damage;
 mod engine_failures;
+mod kafka_clients;
 mod kill9;

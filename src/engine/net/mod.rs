@@ -6,6 +6,7 @@ pub mod client;
 pub mod dispatch;
 pub mod group_client;
 pub mod groups;
+pub mod kafka;
 pub mod metrics;
 pub mod producer_client;
 pub mod producers;
