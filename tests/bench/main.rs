@@ -9,6 +9,7 @@ mod util;
 mod cleanup;
 mod compaction;
 mod groups;
+mod kafka;
 mod metrics;
 mod produce;
 mod recovery;

@@ -227,3 +227,120 @@ fn kafka_python_compression_and_admin() {
     assert!(snappy == "ok" || snappy.starts_with("unavailable"), "{r}");
     s.stop();
 }
+
+#[test]
+fn confluent_headers_timestamps_and_transactions() {
+    if !have_python("confluent_kafka") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (s, boot) = start(dir.path());
+    s.ok(&["topics", "create", "e", "--partitions", "1"]);
+    let r = python("confluent_edges", &[&boot, "e"]);
+    assert_eq!(r["headers_is_invalid_record"], true, "{r}");
+    // Three records at 1000, 2000, 3000 ms (offsets 0..=2; the refused one took none).
+    assert_eq!(r["by_time"], serde_json::json!([1, 2, -1]), "{r}");
+    assert_eq!(r["watermarks"], serde_json::json!([0, 3]), "{r}");
+    let tx = r["transactions"].as_str().unwrap();
+    assert!(tx.starts_with("refused") && !tx.contains("TIMED_OUT"), "{r}");
+    assert!(s.stderr().contains("record headers are not supported"));
+    s.stop();
+}
+
+/// Reads a child's stream into a shared string.
+fn collect(r: impl std::io::Read + Send + 'static) -> std::sync::Arc<std::sync::Mutex<String>> {
+    use std::io::BufRead;
+    let text = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let sink = std::sync::Arc::clone(&text);
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(r).lines() {
+            let Ok(line) = line else { break };
+            let mut t = sink.lock().unwrap();
+            t.push_str(&line);
+            t.push('\n');
+        }
+    });
+    text
+}
+
+/// The partitions of the last "assigned:" line kcat logged.
+fn last_assignment(stderr: &str) -> Option<Vec<String>> {
+    let line = stderr.lines().rev().find(|l| l.contains("assigned:"))?;
+    let list = line.split("assigned:").nth(1)?;
+    Some(
+        list.split(',')
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .collect(),
+    )
+}
+
+#[test]
+fn kcat_group_members_split_partitions_and_resume() {
+    if !have_kcat() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (s, boot) = start(dir.path());
+    s.ok(&["topics", "create", "g", "--partitions", "4"]);
+    let input: String = (0..400).map(|i| format!("k{i}:v{i}\n")).collect();
+    kcat(&boot, &["-P", "-t", "g", "-K:"], Some(&input));
+    let member = || {
+        let mut c = Command::new("kcat")
+            .args(["-b", &boot, "-G", "kg", "g", "-u", "-o", "beginning", "-f", "%p %o\n"])
+            .args(["-X", "auto.commit.interval.ms=100"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run kcat -G");
+        let out = collect(c.stdout.take().unwrap());
+        let err = collect(c.stderr.take().unwrap());
+        (c, out, err)
+    };
+    let (mut a, a_out, a_err) = member();
+    let (mut b, b_out, b_err) = member();
+    let deadline = std::time::Instant::now() + crate::util::serve::PATIENCE;
+    let split = loop {
+        let (ea, eb) = (a_err.lock().unwrap().clone(), b_err.lock().unwrap().clone());
+        let seen = a_out.lock().unwrap().lines().count() + b_out.lock().unwrap().lines().count();
+        if let (Some(x), Some(y)) = (last_assignment(&ea), last_assignment(&eb)) {
+            if !x.is_empty() && !y.is_empty() && x.len() + y.len() == 4 && seen >= 400 {
+                break (x, y);
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no split: {ea}\n{eb}\n{seen} records seen"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    // Let the auto-commit run, then stop both members (kcat commits as it closes).
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    for c in [&mut a, &mut b] {
+        rustix::process::kill_process(
+            rustix::process::Pid::from_child(c),
+            rustix::process::Signal::TERM,
+        )
+        .unwrap();
+        c.wait().unwrap();
+    }
+    let mut all: Vec<String> = a_out.lock().unwrap().lines().map(String::from).collect();
+    all.extend(b_out.lock().unwrap().lines().map(String::from));
+    all.sort();
+    all.dedup();
+    assert_eq!(all.len(), 400, "{split:?}");
+    // A new member resumes from the committed offsets: only records produced since.
+    let more: String = (400..410).map(|i| format!("k{i}:v{i}\n")).collect();
+    kcat(&boot, &["-P", "-t", "g", "-K:"], Some(&more));
+    let out = kcat(&boot, &["-G", "kg", "g", "-e", "-q", "-f", "%s\n"], None);
+    let mut got: Vec<String> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(String::from)
+        .collect();
+    got.sort();
+    let mut want: Vec<String> = (400..410).map(|i| format!("v{i}")).collect();
+    want.sort();
+    assert_eq!(got, want);
+    s.stop();
+}

@@ -130,6 +130,80 @@ def kafka_python(boot):
     out(result)
 
 
+def confluent_edges(boot, topic):
+    from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition, Consumer
+
+    result = {}
+    p = Producer({"bootstrap.servers": boot, "acks": "all"})
+    errs = []
+    p.produce(topic, value=b"h", partition=0, headers=[("a", b"b")],
+              on_delivery=lambda err, msg: errs.append(err))
+    p.flush(DEADLINE_S)
+    result["headers_error"] = errs[0].code() if errs and errs[0] else None
+    result["headers_is_invalid_record"] = bool(errs and errs[0] and errs[0].code() == KafkaError.INVALID_RECORD)
+    for ts in (1000, 2000, 3000):
+        p.produce(topic, value=b"t%d" % ts, partition=0, timestamp=ts)
+    p.flush(DEADLINE_S)
+    c = Consumer({"bootstrap.servers": boot, "group.id": "edges"})
+    result["by_time"] = [c.offsets_for_times([TopicPartition(topic, 0, ts)], timeout=10)[0].offset
+                         for ts in (1500, 3000, 9000)]
+    result["watermarks"] = list(c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10))
+    c.close()
+    try:
+        t = Producer({"bootstrap.servers": boot, "transactional.id": "tx"})
+        t.init_transactions(10)
+        result["transactions"] = "accepted"
+    except KafkaException as e:
+        result["transactions"] = "refused: %s" % e
+    out(result)
+
+
+def bench_produce(boot, topic, n, size):
+    from confluent_kafka import Producer
+
+    p = Producer({"bootstrap.servers": boot, "acks": "all", "linger.ms": 5,
+                  "queue.buffering.max.messages": 1000000})
+    value = b"x" * size
+    failed = []
+
+    def cb(err, msg):
+        if err is not None:
+            failed.append(str(err))
+
+    start = time.time()
+    for _ in range(n):
+        while True:
+            try:
+                p.produce(topic, value=value, on_delivery=cb)
+                break
+            except BufferError:
+                p.poll(0.01)
+    p.flush(120)
+    took = time.time() - start
+    out({"records": n, "seconds": took, "records_per_s": n / took, "failed": len(failed)})
+
+
+def bench_fetch(boot, topic, n):
+    from confluent_kafka import Consumer
+
+    c = Consumer({"bootstrap.servers": boot, "group.id": "bench-fetch",
+                  "auto.offset.reset": "earliest", "enable.auto.commit": False,
+                  "fetch.max.bytes": 52428800, "max.partition.fetch.bytes": 8388608})
+    c.subscribe([topic])
+    got, nbytes, start = 0, 0, None
+    end = time.time() + 120
+    while got < n and time.time() < end:
+        for m in c.consume(10000, 1.0):
+            if m.error() is None:
+                if start is None:
+                    start = time.time()
+                got += 1
+                nbytes += len(m.value() or b"")
+    took = time.time() - (start or time.time())
+    c.close()
+    out({"records": got, "seconds": took, "mb_per_s": nbytes / 1e6 / max(took, 1e-9)})
+
+
 def main():
     mode = sys.argv[1]
     try:
@@ -137,6 +211,12 @@ def main():
             confluent_idempotent(sys.argv[2], sys.argv[3], int(sys.argv[4]))
         elif mode == "confluent_group":
             confluent_group(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]))
+        elif mode == "confluent_edges":
+            confluent_edges(sys.argv[2], sys.argv[3])
+        elif mode == "bench_produce":
+            bench_produce(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
+        elif mode == "bench_fetch":
+            bench_fetch(sys.argv[2], sys.argv[3], int(sys.argv[4]))
         elif mode == "kafka_python":
             kafka_python(sys.argv[2])
         else:

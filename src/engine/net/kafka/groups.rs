@@ -54,26 +54,14 @@ pub(crate) async fn wait<T>(mut rx: Completion<T>, stop: &AtomicBool) -> Result<
     }
 }
 
-pub(crate) fn find_coordinator(ctx: &Ctx, r: FindCoordinatorRequest) -> Outcome {
+pub(crate) fn find_coordinator(ctx: &Ctx, _r: FindCoordinatorRequest) -> Outcome {
+    // Transaction coordinators (key type 1) are this broker too, so a transactional
+    // producer reaches InitProducerId and is refused there with a clear error.
     let mut resp = FindCoordinatorResponse::default();
-    if r.key_type != 0 {
-        let msg = "transaction coordinators are not served (transactions are not supported)";
-        ctx.client_error(
-            ApiKey::FindCoordinator,
-            code::COORDINATOR_NOT_AVAILABLE,
-            msg,
-        );
-        resp.error_code = code::COORDINATOR_NOT_AVAILABLE;
-        resp.error_message = Some(sb(msg));
-        resp.node_id = BrokerId(-1);
-        resp.host = sb("");
-        resp.port = -1;
-    } else {
-        resp.node_id = BrokerId(NODE_ID);
-        resp.host = sb(&ctx.opts.advertised_host);
-        resp.port = ctx.opts.advertised_port;
-        resp.error_message = None;
-    }
+    resp.node_id = BrokerId(NODE_ID);
+    resp.host = sb(&ctx.opts.advertised_host);
+    resp.port = ctx.opts.advertised_port;
+    resp.error_message = None;
     Outcome::Reply(ResponseKind::FindCoordinator(resp))
 }
 

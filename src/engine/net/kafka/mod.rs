@@ -381,3 +381,10 @@ pub(crate) fn engine_code(e: &crate::engine::error::EngineError) -> i16 {
         _ => code::UNKNOWN_SERVER_ERROR,
     }
 }
+
+/// The record batches of one produce partition as the Produce path decodes them
+/// (record counts checked first, headers and transactional batches refused): the
+/// number of records per batch, or the Kafka error code and message.
+pub fn decode_produce_records(records: Option<Bytes>) -> Result<Vec<usize>, (i16, String)> {
+    produce::decode_batches(records).map(|b| b.iter().map(Vec::len).collect())
+}
