@@ -16,8 +16,16 @@ const NATIVE_BATCH: &str = "1000";
 
 fn python(args: &[&str]) -> serde_json::Value {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/broker/kafka/clients.py");
-    let out = Command::new("python3").arg(script).args(args).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new("python3")
+        .arg(script)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
@@ -32,8 +40,19 @@ fn kafka_beside_native() {
     let k = python(&["bench_produce", &boot, "kb", RECORDS, RECORD_SIZE]);
     assert_eq!(k["failed"], 0, "{k}");
     let n = s.ok(&[
-        "bench", "produce", "--topic", "nb", "--records", RECORDS, "--record-size", RECORD_SIZE,
-        "--batch", NATIVE_BATCH, "--connections", "1", "--json",
+        "bench",
+        "produce",
+        "--topic",
+        "nb",
+        "--records",
+        RECORDS,
+        "--record-size",
+        RECORD_SIZE,
+        "--batch",
+        NATIVE_BATCH,
+        "--connections",
+        "1",
+        "--json",
     ]);
     let n: serde_json::Value = serde_json::from_str(n.lines().last().unwrap()).unwrap();
     let kafka_rate = k["records_per_s"].as_f64().unwrap();
@@ -41,7 +60,15 @@ fn kafka_beside_native() {
     println!("native produce (seglog bench produce --batch {NATIVE_BATCH}): {n}");
     let f = python(&["bench_fetch", &boot, "kb", RECORDS]);
     println!("kafka fetch (confluent-kafka consumer): {f}");
-    let nf = s.ok(&["bench", "consume", "--topic", "nb", "--records", RECORDS, "--json"]);
+    let nf = s.ok(&[
+        "bench",
+        "consume",
+        "--topic",
+        "nb",
+        "--records",
+        RECORDS,
+        "--json",
+    ]);
     println!("native fetch (seglog bench consume): {}", nf.trim());
     s.stop();
 }

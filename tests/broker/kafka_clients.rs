@@ -242,7 +242,10 @@ fn confluent_headers_timestamps_and_transactions() {
     assert_eq!(r["by_time"], serde_json::json!([1, 2, -1]), "{r}");
     assert_eq!(r["watermarks"], serde_json::json!([0, 3]), "{r}");
     let tx = r["transactions"].as_str().unwrap();
-    assert!(tx.starts_with("refused") && !tx.contains("TIMED_OUT"), "{r}");
+    assert!(
+        tx.starts_with("refused") && !tx.contains("TIMED_OUT"),
+        "{r}"
+    );
     assert!(s.stderr().contains("record headers are not supported"));
     s.stop();
 }
@@ -287,7 +290,18 @@ fn kcat_group_members_split_partitions_and_resume() {
     kcat(&boot, &["-P", "-t", "g", "-K:"], Some(&input));
     let member = || {
         let mut c = Command::new("kcat")
-            .args(["-b", &boot, "-G", "kg", "g", "-u", "-o", "beginning", "-f", "%p %o\n"])
+            .args([
+                "-b",
+                &boot,
+                "-G",
+                "kg",
+                "g",
+                "-u",
+                "-o",
+                "beginning",
+                "-f",
+                "%p %o\n",
+            ])
             .args(["-X", "auto.commit.interval.ms=100"])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

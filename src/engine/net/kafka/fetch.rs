@@ -155,7 +155,7 @@ pub(crate) async fn fetch(ctx: &Ctx, r: FetchRequest, version: i16) -> Outcome {
         }
         let now = Instant::now();
         if bytes >= min_bytes.max(1) || now >= deadline || ctx.stopping() {
-            return Outcome::Reply(ResponseKind::Fetch(response(&r, parts)));
+            return Outcome::reply(ResponseKind::Fetch(response(&r, parts)));
         }
         wait_for_any(&ctx.broker, &r, (deadline - now).min(FETCH_SLICE)).await;
     }

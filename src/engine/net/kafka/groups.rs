@@ -62,7 +62,7 @@ pub(crate) fn find_coordinator(ctx: &Ctx, _r: FindCoordinatorRequest) -> Outcome
     resp.host = sb(&ctx.opts.advertised_host);
     resp.port = ctx.opts.advertised_port;
     resp.error_message = None;
-    Outcome::Reply(ResponseKind::FindCoordinator(resp))
+    Outcome::reply(ResponseKind::FindCoordinator(resp))
 }
 
 pub(crate) async fn join(ctx: &Ctx, r: JoinGroupRequest, version: i16) -> Outcome {
@@ -115,7 +115,7 @@ pub(crate) async fn join(ctx: &Ctx, r: JoinGroupRequest, version: i16) -> Outcom
             resp.protocol_name = if version >= 7 { None } else { Some(sb("")) };
         }
     }
-    Outcome::Reply(ResponseKind::JoinGroup(resp))
+    Outcome::reply(ResponseKind::JoinGroup(resp))
 }
 
 pub(crate) async fn sync(ctx: &Ctx, r: SyncGroupRequest) -> Outcome {
@@ -139,7 +139,7 @@ pub(crate) async fn sync(ctx: &Ctx, r: SyncGroupRequest) -> Outcome {
             resp.error_code = c;
         }
     }
-    Outcome::Reply(ResponseKind::SyncGroup(resp))
+    Outcome::reply(ResponseKind::SyncGroup(resp))
 }
 
 pub(crate) fn heartbeat(ctx: &Ctx, r: HeartbeatRequest) -> Outcome {
@@ -155,7 +155,7 @@ pub(crate) fn heartbeat(ctx: &Ctx, r: HeartbeatRequest) -> Outcome {
         }
         resp.error_code = c;
     }
-    Outcome::Reply(ResponseKind::Heartbeat(resp))
+    Outcome::reply(ResponseKind::Heartbeat(resp))
 }
 
 pub(crate) fn leave(ctx: &Ctx, r: LeaveGroupRequest, version: i16) -> Outcome {
@@ -179,7 +179,7 @@ pub(crate) fn leave(ctx: &Ctx, r: LeaveGroupRequest, version: i16) -> Outcome {
     } else {
         resp.error_code = leave_one(r.member_id.as_str());
     }
-    Outcome::Reply(ResponseKind::LeaveGroup(resp))
+    Outcome::reply(ResponseKind::LeaveGroup(resp))
 }
 
 pub(crate) fn list(ctx: &Ctx) -> Outcome {
@@ -194,7 +194,7 @@ pub(crate) fn list(ctx: &Ctx) -> Outcome {
         g.group_state = sb(state.name());
         resp.groups.push(g);
     }
-    Outcome::Reply(ResponseKind::ListGroups(resp))
+    Outcome::reply(ResponseKind::ListGroups(resp))
 }
 
 pub(crate) fn describe(ctx: &Ctx, r: DescribeGroupsRequest) -> Outcome {
@@ -230,5 +230,5 @@ pub(crate) fn describe(ctx: &Ctx, r: DescribeGroupsRequest) -> Outcome {
         g.group_id = group;
         resp.groups.push(g);
     }
-    Outcome::Reply(ResponseKind::DescribeGroups(resp))
+    Outcome::reply(ResponseKind::DescribeGroups(resp))
 }

@@ -63,7 +63,7 @@ pub(crate) fn metadata(ctx: &Ctx, r: MetadataRequest, version: i16) -> Outcome {
     };
     let names = wanted.unwrap_or_else(|| ctx.broker.list_topics());
     resp.topics = names.iter().map(|n| topic_entry(ctx, n)).collect();
-    Outcome::Reply(ResponseKind::Metadata(resp))
+    Outcome::reply(ResponseKind::Metadata(resp))
 }
 
 pub(crate) fn create_topics(ctx: &Ctx, r: CreateTopicsRequest, version: i16) -> Outcome {
@@ -92,7 +92,7 @@ pub(crate) fn create_topics(ctx: &Ctx, r: CreateTopicsRequest, version: i16) -> 
         }
         resp.topics.push(result);
     }
-    Outcome::Reply(ResponseKind::CreateTopics(resp))
+    Outcome::reply(ResponseKind::CreateTopics(resp))
 }
 
 /// Partitions of a topic created when the request asks for the default (-1).
@@ -181,5 +181,5 @@ pub(crate) fn delete_topics(ctx: &Ctx, r: DeleteTopicsRequest, version: i16) -> 
         result.name = Some(name);
         resp.responses.push(result);
     }
-    Outcome::Reply(ResponseKind::DeleteTopics(resp))
+    Outcome::reply(ResponseKind::DeleteTopics(resp))
 }

@@ -122,7 +122,7 @@ pub(crate) async fn list_offsets(ctx: &Ctx, r: ListOffsetsRequest, version: i16)
         }
         resp.topics.push(tr);
     }
-    Outcome::Reply(ResponseKind::ListOffsets(resp))
+    Outcome::reply(ResponseKind::ListOffsets(resp))
 }
 
 pub(crate) async fn offset_commit(ctx: &Ctx, r: OffsetCommitRequest) -> Outcome {
@@ -189,7 +189,7 @@ pub(crate) async fn offset_commit(ctx: &Ctx, r: OffsetCommitRequest) -> Outcome 
         }
         resp.topics.push(tr);
     }
-    Outcome::Reply(ResponseKind::OffsetCommit(resp))
+    Outcome::reply(ResponseKind::OffsetCommit(resp))
 }
 
 pub(crate) fn offset_fetch(ctx: &Ctx, r: OffsetFetchRequest, version: i16) -> Outcome {
@@ -251,5 +251,5 @@ pub(crate) fn offset_fetch(ctx: &Ctx, r: OffsetFetchRequest, version: i16) -> Ou
             }
         }
     }
-    Outcome::Reply(ResponseKind::OffsetFetch(resp))
+    Outcome::reply(ResponseKind::OffsetFetch(resp))
 }

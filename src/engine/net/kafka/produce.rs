@@ -259,7 +259,7 @@ pub(crate) async fn produce(ctx: &Ctx, r: ProduceRequest, version: i16) -> Outco
             code::INVALID_REQUEST,
             "transactions are not supported".to_string(),
         ))
-    } else if !matches!(r.acks, 0 | 1 | -1) {
+    } else if !matches!(r.acks, -1..=1) {
         Some((
             code::INVALID_REQUIRED_ACKS,
             format!("acks {} (use 0, 1 or -1)", r.acks),
@@ -345,7 +345,7 @@ pub(crate) async fn produce(ctx: &Ctx, r: ProduceRequest, version: i16) -> Outco
         }
     }
     debug_assert_eq!(n, answers.len());
-    Outcome::Reply(ResponseKind::Produce(resp))
+    Outcome::reply(ResponseKind::Produce(resp))
 }
 
 pub(crate) async fn init_producer_id(ctx: &Ctx, r: InitProducerIdRequest) -> Outcome {
@@ -357,7 +357,7 @@ pub(crate) async fn init_producer_id(ctx: &Ctx, r: InitProducerIdRequest) -> Out
                    unset transactional.id";
         ctx.client_error(ApiKey::InitProducerId, code::INVALID_REQUEST, msg);
         resp.error_code = code::INVALID_REQUEST;
-        return Outcome::Reply(ResponseKind::InitProducerId(resp));
+        return Outcome::reply(ResponseKind::InitProducerId(resp));
     }
     let existing = match (
         u64::try_from(r.producer_id.0),
@@ -385,5 +385,5 @@ pub(crate) async fn init_producer_id(ctx: &Ctx, r: InitProducerIdRequest) -> Out
             resp.error_code = c;
         }
     }
-    Outcome::Reply(ResponseKind::InitProducerId(resp))
+    Outcome::reply(ResponseKind::InitProducerId(resp))
 }

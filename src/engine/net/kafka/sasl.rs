@@ -22,7 +22,7 @@ pub(crate) fn handshake(ctx: &Ctx, r: SaslHandshakeRequest) -> Outcome {
     let mut resp = SaslHandshakeResponse::default();
     resp.error_code = code::UNSUPPORTED_SASL_MECHANISM;
     resp.mechanisms = Vec::new();
-    Outcome::Reply(ResponseKind::SaslHandshake(resp))
+    Outcome::reply(ResponseKind::SaslHandshake(resp))
 }
 
 pub(crate) fn authenticate(ctx: &Ctx) -> Outcome {
@@ -31,5 +31,5 @@ pub(crate) fn authenticate(ctx: &Ctx) -> Outcome {
     let mut resp = SaslAuthenticateResponse::default();
     resp.error_code = code::ILLEGAL_SASL_STATE;
     resp.error_message = Some(sb(msg));
-    Outcome::Reply(ResponseKind::SaslAuthenticate(resp))
+    Outcome::reply(ResponseKind::SaslAuthenticate(resp))
 }

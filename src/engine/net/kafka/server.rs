@@ -167,11 +167,17 @@ fn split_host_port(addr: &str) -> Option<(String, i32)> {
 /// What the request path asks of the connection loop.
 pub(crate) enum Outcome {
     /// Send this response body.
-    Reply(ResponseKind),
+    Reply(Box<ResponseKind>),
     /// Send nothing (a produce with acks 0).
     NoReply,
     /// Log this and close the connection.
     Close(String),
+}
+
+impl Outcome {
+    pub(crate) fn reply(body: ResponseKind) -> Outcome {
+        Outcome::Reply(Box::new(body))
+    }
 }
 
 /// What a request handler sees of its connection.
@@ -277,7 +283,7 @@ impl Connection {
             }
             // `fill_buf` is cancel-safe: a tick loses no bytes.
             let ready = tokio::select! {
-                r = self.reader.fill_buf() => Some(r.map(|b| b.is_empty())),
+                r = self.reader.fill_buf() => Some(r.map(<[u8]>::is_empty)),
                 _ = tokio::time::sleep(POLL_INTERVAL) => None,
             };
             match ready {
@@ -333,7 +339,7 @@ impl Connection {
                     &format!("ApiVersions v{version} asked; answering v0"),
                 );
                 let body = ResponseKind::ApiVersions(api_versions_body(code::UNSUPPORTED_VERSION));
-                return (Outcome::Reply(body), ApiKey::ApiVersions, 0, correlation_id);
+                return (Outcome::reply(body), ApiKey::ApiVersions, 0, correlation_id);
             }
             Err(e) => {
                 let id = e.correlation_id();
@@ -344,7 +350,7 @@ impl Connection {
         let ctx = &self.ctx;
         let outcome = match d.request {
             RequestKind::ApiVersions(_) => {
-                Outcome::Reply(ResponseKind::ApiVersions(api_versions_body(code::NONE)))
+                Outcome::reply(ResponseKind::ApiVersions(api_versions_body(code::NONE)))
             }
             RequestKind::Metadata(r) => super::metadata::metadata(ctx, r, version),
             RequestKind::CreateTopics(r) => super::metadata::create_topics(ctx, r, version),
