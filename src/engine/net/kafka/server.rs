@@ -381,10 +381,116 @@ impl Connection {
 
 #[cfg(test)]
 mod tests {
-    use super::split_host_port;
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+
+    use bytes::BufMut;
+    use kafka_protocol::messages::{
+        ApiVersionsRequest, ApiVersionsResponse, DescribeConfigsRequest, RequestHeader,
+        SaslHandshakeRequest, SaslHandshakeResponse,
+    };
+    use kafka_protocol::protocol::{Decodable, Encodable};
+
+    use super::*;
+    use crate::engine::broker::BrokerOptions;
+    use crate::engine::storage::io::RealStorage;
+
+    /// A broker with only the Kafka listener, served on a thread.
+    fn start() -> (
+        tempfile::TempDir,
+        String,
+        Arc<AtomicBool>,
+        std::thread::JoinHandle<()>,
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let broker =
+            Broker::open(dir.path(), Arc::new(RealStorage), BrokerOptions::default()).unwrap();
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let k = KafkaServer::from_listener(l, Arc::clone(&broker), None, 8, false).unwrap();
+        let addr = k.local_addr().to_string();
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = Arc::clone(&stop);
+        let t = std::thread::spawn(move || {
+            let rt = crate::engine::net::server::runtime().unwrap();
+            rt.block_on(k.serve(s, &AtomicBool::new(false))).unwrap();
+            broker.shutdown().unwrap();
+        });
+        (dir, addr, stop, t)
+    }
+
+    fn request(api: ApiKey, version: i16, body: &impl Encodable) -> Vec<u8> {
+        let mut b = BytesMut::new();
+        b.put_u32(0);
+        RequestHeader::default()
+            .with_request_api_key(api as i16)
+            .with_request_api_version(version)
+            .with_correlation_id(9)
+            .encode(&mut b, api.request_header_version(version))
+            .unwrap();
+        body.encode(&mut b, version).unwrap();
+        let len = (b.len() - 4) as u32;
+        b[..4].copy_from_slice(&len.to_be_bytes());
+        b.to_vec()
+    }
+
+    /// Sends `frame` and reads one response body (after size and correlation id);
+    /// `None` when the connection was closed instead.
+    fn exchange(addr: &str, frame: &[u8]) -> Option<Bytes> {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        s.write_all(frame).unwrap();
+        let mut len = [0u8; 4];
+        s.read_exact(&mut len).ok()?;
+        let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
+        s.read_exact(&mut body).unwrap();
+        assert_eq!(&body[..4], &9i32.to_be_bytes());
+        Some(Bytes::from(body).slice(4..))
+    }
+
+    #[test]
+    fn bad_frames_close_and_errors_are_answered() {
+        let (_dir, addr, stop, t) = start();
+        // A size over the limit closes the connection before anything is read.
+        let mut huge = (REQUEST_BYTES_MAX + 1).to_be_bytes().to_vec();
+        huge.extend_from_slice(&[0; 16]);
+        assert!(exchange(&addr, &huge).is_none());
+        // An API that is not served closes the connection (after a log line).
+        let cfg = request(
+            ApiKey::DescribeConfigs,
+            1,
+            &DescribeConfigsRequest::default(),
+        );
+        assert!(exchange(&addr, &cfg).is_none());
+        // A newer ApiVersions is answered in version 0 with UNSUPPORTED_VERSION.
+        let mut v4 = request(ApiKey::ApiVersions, 3, &ApiVersionsRequest::default());
+        v4[6..8].copy_from_slice(&4i16.to_be_bytes());
+        let mut body = exchange(&addr, &v4).unwrap();
+        let r = ApiVersionsResponse::decode(&mut body, 0).unwrap();
+        assert_eq!(r.error_code, code::UNSUPPORTED_VERSION);
+        assert_eq!(r.api_keys.len(), super::super::SERVED.len());
+        // SASL: no mechanism offered.
+        let mut sasl = SaslHandshakeRequest::default();
+        sasl.mechanism = crate::engine::net::kafka::sb("PLAIN");
+        let mut body = exchange(&addr, &request(ApiKey::SaslHandshake, 1, &sasl)).unwrap();
+        let r = SaslHandshakeResponse::decode(&mut body, 1).unwrap();
+        assert_eq!(r.error_code, code::UNSUPPORTED_SASL_MECHANISM);
+        assert!(r.mechanisms.is_empty());
+        // The listener still serves after all of it.
+        let ok = request(ApiKey::ApiVersions, 3, &ApiVersionsRequest::default());
+        let mut body = exchange(&addr, &ok).unwrap();
+        assert_eq!(
+            ApiVersionsResponse::decode(&mut body, 3)
+                .unwrap()
+                .error_code,
+            0
+        );
+        stop.store(true, Ordering::SeqCst);
+        t.join().unwrap();
+    }
 
     #[test]
     fn advertised_addresses_split() {
+        use super::split_host_port;
         assert_eq!(split_host_port("h:9092"), Some(("h".into(), 9092)));
         assert_eq!(split_host_port("[::1]:1"), Some(("::1".into(), 1)));
         assert_eq!(split_host_port("h"), None);
