@@ -21,6 +21,7 @@ use super::{exit, ExitError, Global};
 use crate::engine::broker::{Broker, BrokerOptions};
 use crate::engine::error::EngineError;
 use crate::engine::keys::AuthMode;
+use crate::engine::net::kafka::KafkaServer;
 use crate::engine::net::limits::{Limits, RECORDS_PER_REQUEST_HARD_MAX};
 use crate::engine::net::metrics::{self, MetricsServer, NetMetrics};
 use crate::engine::net::server::{Server, ServerOptions};
@@ -49,6 +50,15 @@ pub struct Args {
     /// holds a key.
     #[arg(long, value_enum, value_name = "MODE")]
     pub auth: Option<AuthFlag>,
+    /// Also speak the Kafka protocol on ADDR (off by default; 127.0.0.1:9092 is the
+    /// usual choice); port 0 picks a free port, printed on stderr as `seglog: kafka
+    /// listening on ADDR`.
+    #[arg(long, value_name = "ADDR")]
+    pub kafka_listen: Option<String>,
+    /// HOST:PORT given to Kafka clients in Metadata and FindCoordinator (default: the
+    /// address --kafka-listen bound).
+    #[arg(long, value_name = "HOST:PORT", requires = "kafka_listen")]
+    pub kafka_advertised: Option<String>,
     /// 1: acknowledge each produce after an fsync covering it. N > 1: fsync once N
     /// records wait (acknowledgements do not wait for it).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
@@ -422,6 +432,15 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
         })?),
         None => None,
     };
+    let kafka_listener = match &args.kafka_listen {
+        Some(addr) => Some(TcpListener::bind(addr).map_err(|e| {
+            ExitError::new(
+                exit::IO,
+                format!("cannot listen on {addr} (--kafka-listen): {e}"),
+            )
+        })?),
+        None => None,
+    };
     let max_open_files = args
         .max_open_files
         .unwrap_or_else(|| default_open_files(soft));
@@ -515,13 +534,44 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
         allow_plaintext = args.allow_plaintext,
         "listening"
     );
+    let kafka = match kafka_listener {
+        Some(l) => match KafkaServer::from_listener(
+            l,
+            Arc::clone(&broker),
+            args.kafka_advertised.as_deref(),
+            args.max_connections as usize,
+            true,
+        ) {
+            Ok(k) => {
+                let kaddr = k.local_addr();
+                tracing::info!(kafka_listen = %kaddr, "serving the Kafka protocol");
+                writeln!(
+                    std::io::stderr().lock(),
+                    "seglog: kafka listening on {kaddr}"
+                )?;
+                Some(k)
+            }
+            Err(e) => {
+                let _ = broker.shutdown();
+                return Err(ExitError::new(
+                    exit::USAGE,
+                    format!("cannot serve the Kafka protocol: {e}"),
+                ));
+            }
+        },
+        None => None,
+    };
+    tracing::info!(listen = %addr, data_dir = %args.data_dir.display(), "listening");
     // Tests and scripts wait for this line; it carries the real port.
     writeln!(
         std::io::stderr().lock(),
         "seglog: listening on {addr} (data {})",
         args.data_dir.display()
     )?;
-    let served = server.run(&STOP);
+    let served = match &kafka {
+        Some(k) => server.run_with(&STOP, k.serve(server.stop_handle(), &STOP)),
+        None => server.run(&STOP),
+    };
     if let Some(m) = metrics_server {
         m.join();
     }

@@ -10,6 +10,7 @@ mod auth;
 mod cleanup;
 mod compaction;
 mod groups;
+mod kafka;
 mod metrics;
 mod produce;
 mod recovery;

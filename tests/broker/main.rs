@@ -24,4 +24,5 @@ mod engine_cleanup;
 mod engine_damage;
 mod engine_failures;
 mod engine_spares;
+mod kafka_clients;
 mod kill9;

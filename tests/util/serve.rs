@@ -19,6 +19,8 @@ pub struct Serve {
     child: Option<Child>,
     pub addr: String,
     stderr: Arc<Mutex<String>>,
+    /// The Kafka listener's address, when started with `--kafka-listen`.
+    pub kafka_addr: Option<String>,
 }
 
 impl Serve {
@@ -48,9 +50,14 @@ impl Serve {
         let text = Arc::new(Mutex::new(String::new()));
         let (tx, rx) = mpsc::channel();
         let sink = Arc::clone(&text);
+        let kafka = Arc::new(Mutex::new(None));
+        let kafka_sink = Arc::clone(&kafka);
         thread::spawn(move || {
             for line in BufReader::new(stderr).lines() {
                 let Ok(line) = line else { break };
+                if let Some(rest) = line.strip_prefix("seglog: kafka listening on ") {
+                    *kafka_sink.lock().unwrap() = Some(rest.trim().to_string());
+                }
                 if let Some(rest) = line.strip_prefix("seglog: listening on ") {
                     let addr = rest.split_whitespace().next().unwrap_or_default();
                     let _ = tx.send(addr.to_string());
@@ -70,10 +77,12 @@ impl Serve {
             addr.starts_with("127.0.0.1:") && !addr.ends_with(":0"),
             "{addr}"
         );
+        let kafka_addr = kafka.lock().unwrap().clone();
         Serve {
             child: Some(child),
             addr,
             stderr: text,
+            kafka_addr,
         }
     }
 

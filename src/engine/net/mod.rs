@@ -7,6 +7,7 @@ pub mod client;
 pub mod dispatch;
 pub mod group_client;
 pub mod groups;
+pub mod kafka;
 pub mod key_client;
 pub mod limits;
 pub mod metrics;

@@ -190,8 +190,26 @@ impl Server {
     /// Accepts and serves connections until the stop handle or `also_stop` is set,
     /// then waits for every connection to finish its in-flight request and close.
     pub fn run(&self, also_stop: &AtomicBool) -> io::Result<()> {
+        self.run_with(also_stop, std::future::ready(Ok(())))
+    }
+
+    /// [`Server::run`], driving `beside` (another listener's serving future, which
+    /// ends once this server's stop handle is set) on the same runtime; returns once
+    /// both have ended.
+    pub fn run_with(
+        &self,
+        also_stop: &AtomicBool,
+        beside: impl std::future::Future<Output = io::Result<()>>,
+    ) -> io::Result<()> {
         let rt = runtime()?;
         rt.block_on(async {
+            let (native, beside) = tokio::join!(self.serve_native(also_stop), beside);
+            native.and(beside)
+        })
+    }
+
+    async fn serve_native(&self, also_stop: &AtomicBool) -> io::Result<()> {
+        {
             let listener = tokio::net::TcpListener::from_std(self.listener.try_clone()?)?;
             let (stop_tx, stop_rx) = watch::channel(false);
             let mut conns = JoinSet::new();
@@ -202,7 +220,7 @@ impl Server {
             stop_tx.send_replace(true);
             while conns.join_next().await.is_some() {}
             result
-        })
+        }
     }
 
     async fn accept_loop(

@@ -1,0 +1,234 @@
+//! FindCoordinator (this broker), JoinGroup, SyncGroup, Heartbeat, LeaveGroup,
+//! ListGroups and DescribeGroups through the engine's one group coordinator; a join
+//! or sync awaits the rebalance without holding the event loop.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use bytes::Bytes;
+use kafka_protocol::messages::describe_groups_response::{DescribedGroup, DescribedGroupMember};
+use kafka_protocol::messages::join_group_response::JoinGroupResponseMember;
+use kafka_protocol::messages::leave_group_response::MemberResponse;
+use kafka_protocol::messages::list_groups_response::ListedGroup;
+use kafka_protocol::messages::{
+    ApiKey, BrokerId, DescribeGroupsRequest, DescribeGroupsResponse, FindCoordinatorRequest,
+    FindCoordinatorResponse, GroupId, HeartbeatRequest, HeartbeatResponse, JoinGroupRequest,
+    JoinGroupResponse, LeaveGroupRequest, LeaveGroupResponse, ListGroupsResponse, ResponseKind,
+    SyncGroupRequest, SyncGroupResponse,
+};
+
+use super::server::{Ctx, Outcome, POLL_INTERVAL};
+use super::{code, sb, NODE_ID};
+use crate::engine::groups::{Completion, GroupError, JoinRequest};
+
+/// The Kafka code and message of a group error.
+pub(crate) fn group_code(e: &GroupError) -> (i16, String) {
+    let c = match e {
+        GroupError::InvalidName(_) => code::INVALID_GROUP_ID,
+        GroupError::UnknownGroup { .. } => code::GROUP_ID_NOT_FOUND,
+        GroupError::UnknownMember { .. } => code::UNKNOWN_MEMBER_ID,
+        GroupError::IllegalGeneration { .. } => code::ILLEGAL_GENERATION,
+        GroupError::RebalanceInProgress { .. } => code::REBALANCE_IN_PROGRESS,
+        GroupError::GroupNotEmpty { .. } => code::NON_EMPTY_GROUP,
+        GroupError::InvalidSessionTimeout { .. } => code::INVALID_SESSION_TIMEOUT,
+        GroupError::InconsistentProtocol { .. } => code::INCONSISTENT_GROUP_PROTOCOL,
+        GroupError::MetadataTooLarge { .. } => code::OFFSET_METADATA_TOO_LARGE,
+        GroupError::UnknownTopic { .. } | GroupError::UnknownPartition { .. } => {
+            code::UNKNOWN_TOPIC_OR_PARTITION
+        }
+        GroupError::TooLarge { .. } => code::INVALID_REQUEST,
+        GroupError::Storage { .. } => code::KAFKA_STORAGE_ERROR,
+        GroupError::ShuttingDown => code::COORDINATOR_NOT_AVAILABLE,
+    };
+    (c, e.to_string())
+}
+
+/// Awaits a coordinator completion, giving up when the server stops.
+pub(crate) async fn wait<T>(mut rx: Completion<T>, stop: &AtomicBool) -> Result<T, GroupError> {
+    loop {
+        match tokio::time::timeout(POLL_INTERVAL, &mut rx).await {
+            Ok(Ok(r)) => return r,
+            Ok(Err(_)) => return Err(GroupError::ShuttingDown),
+            Err(_) if stop.load(Ordering::SeqCst) => return Err(GroupError::ShuttingDown),
+            Err(_) => {}
+        }
+    }
+}
+
+pub(crate) fn find_coordinator(ctx: &Ctx, _r: FindCoordinatorRequest) -> Outcome {
+    // Transaction coordinators (key type 1) are this broker too, so a transactional
+    // producer reaches InitProducerId and is refused there with a clear error.
+    let mut resp = FindCoordinatorResponse::default();
+    resp.node_id = BrokerId(NODE_ID);
+    resp.host = sb(&ctx.opts.advertised_host);
+    resp.port = ctx.opts.advertised_port;
+    resp.error_message = None;
+    Outcome::reply(ResponseKind::FindCoordinator(resp))
+}
+
+pub(crate) async fn join(ctx: &Ctx, r: JoinGroupRequest, version: i16) -> Outcome {
+    let mut resp = JoinGroupResponse::default();
+    let session = u32::try_from(r.session_timeout_ms).unwrap_or(0);
+    let rebalance = if version >= 1 {
+        u32::try_from(r.rebalance_timeout_ms).unwrap_or(session)
+    } else {
+        session
+    };
+    let req = JoinRequest {
+        group: r.group_id.0.as_str().to_string(),
+        member_id: r.member_id.as_str().to_string(),
+        client_id: String::new(),
+        session_timeout_ms: session,
+        rebalance_timeout_ms: rebalance,
+        protocol_type: r.protocol_type.as_str().to_string(),
+        protocols: r
+            .protocols
+            .iter()
+            .map(|p| (p.name.as_str().to_string(), p.metadata.to_vec()))
+            .collect(),
+    };
+    match wait(ctx.broker.groups().join(req), &ctx.stop).await {
+        Ok(j) => {
+            resp.generation_id = j.generation;
+            resp.protocol_name = Some(sb(&j.protocol));
+            if version >= 7 {
+                resp.protocol_type = Some(r.protocol_type.clone());
+            }
+            resp.leader = sb(&j.leader);
+            resp.member_id = sb(&j.member_id);
+            resp.members = j
+                .members
+                .iter()
+                .map(|(id, m)| {
+                    let mut e = JoinGroupResponseMember::default();
+                    e.member_id = sb(id);
+                    e.metadata = Bytes::copy_from_slice(m);
+                    e
+                })
+                .collect();
+        }
+        Err(e) => {
+            let (c, msg) = group_code(&e);
+            ctx.client_error(ApiKey::JoinGroup, c, &msg);
+            resp.error_code = c;
+            resp.generation_id = -1;
+            resp.member_id = r.member_id.clone();
+            resp.protocol_name = if version >= 7 { None } else { Some(sb("")) };
+        }
+    }
+    Outcome::reply(ResponseKind::JoinGroup(resp))
+}
+
+pub(crate) async fn sync(ctx: &Ctx, r: SyncGroupRequest) -> Outcome {
+    let mut resp = SyncGroupResponse::default();
+    let given = r
+        .assignments
+        .iter()
+        .map(|a| (a.member_id.as_str().to_string(), a.assignment.to_vec()))
+        .collect();
+    let rx = ctx.broker.groups().sync(
+        r.group_id.0.as_str(),
+        r.generation_id,
+        r.member_id.as_str(),
+        given,
+    );
+    match wait(rx, &ctx.stop).await {
+        Ok(a) => resp.assignment = Bytes::from(a),
+        Err(e) => {
+            let (c, msg) = group_code(&e);
+            ctx.client_error(ApiKey::SyncGroup, c, &msg);
+            resp.error_code = c;
+        }
+    }
+    Outcome::reply(ResponseKind::SyncGroup(resp))
+}
+
+pub(crate) fn heartbeat(ctx: &Ctx, r: HeartbeatRequest) -> Outcome {
+    let mut resp = HeartbeatResponse::default();
+    if let Err(e) =
+        ctx.broker
+            .groups()
+            .heartbeat(r.group_id.0.as_str(), r.generation_id, r.member_id.as_str())
+    {
+        let (c, msg) = group_code(&e);
+        if c != code::REBALANCE_IN_PROGRESS {
+            ctx.client_error(ApiKey::Heartbeat, c, &msg);
+        }
+        resp.error_code = c;
+    }
+    Outcome::reply(ResponseKind::Heartbeat(resp))
+}
+
+pub(crate) fn leave(ctx: &Ctx, r: LeaveGroupRequest, version: i16) -> Outcome {
+    let mut resp = LeaveGroupResponse::default();
+    let group = r.group_id.0.as_str();
+    let leave_one = |member: &str| match ctx.broker.groups().leave(group, member) {
+        Ok(()) => code::NONE,
+        Err(e) => {
+            let (c, msg) = group_code(&e);
+            ctx.client_error(ApiKey::LeaveGroup, c, &msg);
+            c
+        }
+    };
+    if version >= 3 {
+        for m in &r.members {
+            let mut mr = MemberResponse::default();
+            mr.member_id = m.member_id.clone();
+            mr.error_code = leave_one(m.member_id.as_str());
+            resp.members.push(mr);
+        }
+    } else {
+        resp.error_code = leave_one(r.member_id.as_str());
+    }
+    Outcome::reply(ResponseKind::LeaveGroup(resp))
+}
+
+pub(crate) fn list(ctx: &Ctx) -> Outcome {
+    let mut resp = ListGroupsResponse::default();
+    let coordinator = ctx.broker.groups();
+    for (name, state) in coordinator.list() {
+        let mut g = ListedGroup::default();
+        g.protocol_type = coordinator
+            .describe(&name)
+            .map_or_else(|_| sb(""), |d| sb(&d.protocol_type));
+        g.group_id = GroupId(sb(&name));
+        g.group_state = sb(state.name());
+        resp.groups.push(g);
+    }
+    Outcome::reply(ResponseKind::ListGroups(resp))
+}
+
+pub(crate) fn describe(ctx: &Ctx, r: DescribeGroupsRequest) -> Outcome {
+    let mut resp = DescribeGroupsResponse::default();
+    for group in r.groups {
+        let mut g = DescribedGroup::default();
+        match ctx.broker.groups().describe(group.0.as_str()) {
+            Ok(d) => {
+                g.group_state = sb(d.state.name());
+                g.protocol_type = sb(&d.protocol_type);
+                g.protocol_data = sb(&d.protocol);
+                g.members = d
+                    .members
+                    .iter()
+                    .map(|m| {
+                        let mut e = DescribedGroupMember::default();
+                        e.member_id = sb(&m.member_id);
+                        e.client_id = sb(&m.client_id);
+                        e.client_host = sb("");
+                        e.member_assignment = Bytes::copy_from_slice(&m.assignment);
+                        e
+                    })
+                    .collect();
+            }
+            // Kafka describes a group it does not know as Dead, without an error.
+            Err(GroupError::UnknownGroup { .. }) => g.group_state = sb("Dead"),
+            Err(e) => {
+                let (c, msg) = group_code(&e);
+                ctx.client_error(ApiKey::DescribeGroups, c, &msg);
+                g.error_code = c;
+            }
+        }
+        g.group_id = group;
+        resp.groups.push(g);
+    }
+    Outcome::reply(ResponseKind::DescribeGroups(resp))
+}

@@ -1,0 +1,392 @@
+//! Produce and InitProducerId. Each Kafka record batch (decompressed by the crate)
+//! becomes one engine append; a batch with a producer id goes through the engine's
+//! idempotent-producer table. With acks 1 or -1 the response waits, without holding
+//! the event loop, until the records (and a producer's journal entry) are durable:
+//! every acknowledged record is on disk. With acks 0 nothing is answered.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use bytes::Bytes;
+use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
+use kafka_protocol::messages::{
+    ApiKey, InitProducerIdRequest, InitProducerIdResponse, ProduceRequest, ProduceResponse,
+    ProducerId, ResponseKind,
+};
+use kafka_protocol::records::{Compression, Record, RecordBatchDecoder};
+
+use super::server::{Ctx, Outcome};
+use super::{code, engine_code, sb};
+use crate::engine::broker::{Broker, NewRecord};
+use crate::engine::producers::{Decision, ProducerError};
+use crate::format::names::validate_name;
+use crate::format::wire::{PartitionBatch, WireRecord, PROTOCOL_VERSION};
+
+/// The fewest bytes one record takes in an uncompressed batch (length, attributes,
+/// timestamp delta, offset delta, key length, value length, header count).
+const RECORD_BYTES_MIN: usize = 7;
+/// Most records a compressed batch may claim (its records are decoded only then).
+const COMPRESSED_BATCH_RECORDS_MAX: i32 = 1 << 17;
+
+/// A partition's outcome: (base offset, error code, message).
+type Answer = Result<u64, (i16, String)>;
+type Wait = Pin<Box<dyn Future<Output = Result<(), (i16, String)>> + Send>>;
+
+fn producer_code(e: &ProducerError) -> i16 {
+    match e {
+        ProducerError::OutOfOrder { .. } => code::OUT_OF_ORDER_SEQUENCE_NUMBER,
+        ProducerError::Fenced { .. } => code::INVALID_PRODUCER_EPOCH,
+        ProducerError::UnknownProducer { .. } => code::UNKNOWN_PRODUCER_ID,
+        // Retriable: the client sends the batch again.
+        ProducerError::InFlight { .. } => code::NOT_ENOUGH_REPLICAS,
+        ProducerError::Storage(_) => code::KAFKA_STORAGE_ERROR,
+        ProducerError::ShuttingDown => code::COORDINATOR_NOT_AVAILABLE,
+    }
+}
+
+/// Awaits a producer-journal completion, giving up when the server stops.
+async fn journal_wait(
+    mut rx: crate::engine::producers::Durable,
+    stop: &AtomicBool,
+) -> Result<(), ProducerError> {
+    loop {
+        match tokio::time::timeout(super::server::POLL_INTERVAL, &mut rx).await {
+            Ok(Ok(r)) => return r,
+            Ok(Err(_)) => return Err(ProducerError::ShuttingDown),
+            Err(_) if stop.load(Ordering::SeqCst) => return Err(ProducerError::ShuttingDown),
+            Err(_) => {}
+        }
+    }
+}
+
+/// Decodes a partition's record batches, refusing what the engine cannot store.
+pub(crate) fn decode_batches(records: Option<Bytes>) -> Result<Vec<Vec<Record>>, (i16, String)> {
+    let Some(bytes) = records else {
+        return Err((
+            code::CORRUPT_MESSAGE,
+            "the partition carries no records".into(),
+        ));
+    };
+    let corrupt = |e: anyhow::Error| (code::CORRUPT_MESSAGE, format!("bad record batch: {e:#}"));
+    // The headers first: record counts are checked before any record is decoded.
+    let infos = RecordBatchDecoder::decode_batch_info(&mut bytes.clone()).map_err(corrupt)?;
+    for i in &infos {
+        let max = if i.compression == Compression::None {
+            i32::try_from(bytes.len() / RECORD_BYTES_MIN).unwrap_or(i32::MAX)
+        } else {
+            COMPRESSED_BATCH_RECORDS_MAX
+        };
+        if i.record_count < 0 || i.record_count > max {
+            return Err((
+                code::CORRUPT_MESSAGE,
+                format!("a batch claims {} records (at most {max})", i.record_count),
+            ));
+        }
+        if i.transactional || i.control {
+            return Err((
+                code::INVALID_RECORD,
+                "transactional and control batches are not supported".into(),
+            ));
+        }
+    }
+    let sets = RecordBatchDecoder::decode_all(&mut bytes.clone()).map_err(corrupt)?;
+    let mut batches = Vec::with_capacity(sets.len());
+    for s in sets {
+        if s.records.iter().any(|r| !r.headers.is_empty()) {
+            return Err((
+                code::INVALID_RECORD,
+                "record headers are not supported: the segment format stores none".into(),
+            ));
+        }
+        if !s.records.is_empty() {
+            batches.push(s.records);
+        }
+    }
+    if batches.is_empty() {
+        return Err((
+            code::CORRUPT_MESSAGE,
+            "the partition carries no records".into(),
+        ));
+    }
+    Ok(batches)
+}
+
+fn new_records(batch: &[Record]) -> Vec<NewRecord<'_>> {
+    batch
+        .iter()
+        .map(|r| NewRecord {
+            key: r.key.as_deref(),
+            value: r.value.as_deref().unwrap_or(&[]),
+            timestamp_ms: r.timestamp,
+        })
+        .collect()
+}
+
+/// Values are checked against the topic's schema the way the native path checks them.
+fn check_schema(
+    broker: &Broker,
+    topic: &str,
+    partition: u32,
+    batches: &[Vec<Record>],
+) -> Result<(), (i16, String)> {
+    let wire: Vec<PartitionBatch<'_>> = batches
+        .iter()
+        .map(|b| PartitionBatch {
+            partition,
+            records: b
+                .iter()
+                .map(|r| WireRecord {
+                    timestamp_ms: r.timestamp,
+                    key: r.key.as_deref(),
+                    value: r.value.as_deref().unwrap_or(&[]),
+                })
+                .collect(),
+        })
+        .collect();
+    broker
+        .schemas()
+        .check_produce(topic, &wire)
+        .map_err(|e| crate::engine::schemas::net::wire_error(e, PROTOCOL_VERSION))
+        .map_err(|(_, msg)| (code::INVALID_RECORD, msg))
+}
+
+/// Writes one batch; returns its base offset and what its acknowledgement waits for.
+fn append_one(
+    ctx: &Ctx,
+    topic: &str,
+    partition: u32,
+    batch: &[Record],
+    waits: &mut Vec<Wait>,
+) -> Answer {
+    let broker = &ctx.broker;
+    let records = new_records(batch);
+    let Some(first) = batch.first() else {
+        return Err((code::CORRUPT_MESSAGE, "an empty batch".into()));
+    };
+    if first.producer_id < 0 {
+        let (p, wait) = broker
+            .append(topic, partition, &records)
+            .map_err(|e| (engine_code(&e), e.to_string()))?;
+        if let Some(w) = wait {
+            let f = broker.durable(w);
+            waits.push(Box::pin(async move {
+                f.await.map_err(|e| (engine_code(&e), e.to_string()))
+            }));
+        }
+        return Ok(p.base_offset);
+    }
+    let producer_id = first.producer_id as u64;
+    let epoch = u16::try_from(first.producer_epoch).map_err(|_| {
+        (
+            code::INVALID_PRODUCER_EPOCH,
+            format!("epoch {}", first.producer_epoch),
+        )
+    })?;
+    let seq = first.sequence;
+    let count = u32::try_from(batch.len()).unwrap_or(u32::MAX);
+    let table = broker.producers();
+    let decision = table
+        .check(producer_id, epoch, topic, partition, seq, count)
+        .map_err(|e| (producer_code(&e), e.to_string()))?;
+    match decision {
+        Decision::Duplicate { base_offset, .. } => Ok(base_offset),
+        Decision::Append => {
+            let written = broker.append_then(topic, partition, &records, |p| {
+                table.accepted(
+                    producer_id,
+                    epoch,
+                    topic,
+                    partition,
+                    seq,
+                    count,
+                    p.base_offset,
+                    p.last_offset,
+                )
+            });
+            match written {
+                Ok((p, data, journal)) => {
+                    let data = data.map(|w| broker.durable(w));
+                    let stop = std::sync::Arc::clone(&ctx.stop);
+                    waits.push(Box::pin(async move {
+                        let journal = journal_wait(journal, &stop).await;
+                        if let Some(d) = data {
+                            d.await.map_err(|e| (engine_code(&e), e.to_string()))?;
+                        }
+                        journal.map_err(|e| (producer_code(&e), e.to_string()))
+                    }));
+                    Ok(p.base_offset)
+                }
+                Err(e) => {
+                    table.abandoned(producer_id, topic, partition);
+                    Err((engine_code(&e), e.to_string()))
+                }
+            }
+        }
+    }
+}
+
+/// One partition: decode, check, then every batch appended in order.
+fn partition(
+    ctx: &Ctx,
+    topic: &str,
+    index: i32,
+    records: Option<Bytes>,
+    waits: &mut Vec<Wait>,
+) -> Answer {
+    validate_name(topic).map_err(|e| {
+        (
+            code::INVALID_TOPIC_EXCEPTION,
+            format!("invalid topic name: {e}"),
+        )
+    })?;
+    let p = u32::try_from(index).map_err(|_| {
+        (
+            code::UNKNOWN_TOPIC_OR_PARTITION,
+            format!("partition {index}"),
+        )
+    })?;
+    let batches = decode_batches(records)?;
+    check_schema(&ctx.broker, topic, p, &batches)?;
+    let mut base = None;
+    for b in &batches {
+        let at = append_one(ctx, topic, p, b, waits)?;
+        base.get_or_insert(at);
+    }
+    base.ok_or_else(|| (code::CORRUPT_MESSAGE, "no records".into()))
+}
+
+pub(crate) async fn produce(ctx: &Ctx, r: ProduceRequest, version: i16) -> Outcome {
+    let refuse_all = if r.transactional_id.as_ref().is_some_and(|t| !t.0.is_empty()) {
+        Some((
+            code::INVALID_REQUEST,
+            "transactions are not supported".to_string(),
+        ))
+    } else if !matches!(r.acks, -1..=1) {
+        Some((
+            code::INVALID_REQUIRED_ACKS,
+            format!("acks {} (use 0, 1 or -1)", r.acks),
+        ))
+    } else {
+        None
+    };
+    // Every partition's write first, then the durability waits side by side.
+    let mut answers: Vec<(usize, i32, Answer, usize)> = Vec::new();
+    let mut waits: Vec<Wait> = Vec::new();
+    for (ti, t) in r.topic_data.iter().enumerate() {
+        for p in &t.partition_data {
+            let first_wait = waits.len();
+            let a = match &refuse_all {
+                Some(e) => Err(e.clone()),
+                None => partition(
+                    ctx,
+                    t.name.0.as_str(),
+                    p.index,
+                    p.records.clone(),
+                    &mut waits,
+                ),
+            };
+            answers.push((ti, p.index, a, first_wait));
+        }
+    }
+    if r.acks == 0 {
+        for (_, _, a, _) in &answers {
+            if let Err((c, msg)) = a {
+                ctx.client_error(ApiKey::Produce, *c, msg);
+            }
+        }
+        return Outcome::NoReply;
+    }
+    let mut waited = Vec::with_capacity(waits.len());
+    for w in waits {
+        waited.push(w.await);
+    }
+    let mut resp = ProduceResponse::default();
+    for t in &r.topic_data {
+        let mut tr = TopicProduceResponse::default();
+        tr.name = t.name.clone();
+        resp.responses.push(tr);
+    }
+    let n = answers.len();
+    for (i, (ti, index, a, first_wait)) in answers.iter().enumerate() {
+        let last_wait = answers.get(i + 1).map_or(waited.len(), |x| x.3);
+        let failed_wait = waited
+            .get(*first_wait..last_wait)
+            .unwrap_or(&[])
+            .iter()
+            .find_map(|w| w.as_ref().err().cloned());
+        let a = match (a, failed_wait) {
+            (Ok(_), Some(e)) => Err(e),
+            (a, _) => a.clone(),
+        };
+        let mut pr = PartitionProduceResponse::default();
+        pr.index = *index;
+        pr.log_append_time_ms = -1;
+        match a {
+            Ok(base) => {
+                pr.base_offset = base as i64;
+                if version >= 5 {
+                    let topic = r.topic_data.get(*ti).map_or("", |t| t.name.0.as_str());
+                    if let Ok(p) = u32::try_from(*index) {
+                        if let Ok((start, _)) = ctx.broker.offsets(topic, p) {
+                            pr.log_start_offset = start as i64;
+                        }
+                    }
+                }
+            }
+            Err((c, msg)) => {
+                ctx.client_error(ApiKey::Produce, c, &msg);
+                pr.error_code = c;
+                pr.base_offset = -1;
+                if version >= 8 {
+                    pr.error_message = Some(sb(&msg));
+                }
+            }
+        }
+        if let Some(tr) = resp.responses.get_mut(*ti) {
+            tr.partition_responses.push(pr);
+        }
+    }
+    debug_assert_eq!(n, answers.len());
+    Outcome::reply(ResponseKind::Produce(resp))
+}
+
+pub(crate) async fn init_producer_id(ctx: &Ctx, r: InitProducerIdRequest) -> Outcome {
+    let mut resp = InitProducerIdResponse::default();
+    resp.producer_id = ProducerId(-1);
+    resp.producer_epoch = -1;
+    if r.transactional_id.as_ref().is_some_and(|t| !t.0.is_empty()) {
+        let msg = "transactional ids are not supported (idempotence only): \
+                   unset transactional.id";
+        ctx.client_error(ApiKey::InitProducerId, code::INVALID_REQUEST, msg);
+        resp.error_code = code::INVALID_REQUEST;
+        return Outcome::reply(ResponseKind::InitProducerId(resp));
+    }
+    let existing = match (
+        u64::try_from(r.producer_id.0),
+        u16::try_from(r.producer_epoch),
+    ) {
+        (Ok(id), Ok(epoch)) => Some((id, epoch)),
+        _ => None,
+    };
+    let table = ctx.broker.producers();
+    let init = match table.init(existing) {
+        Ok((ids, rx)) => journal_wait(rx, &ctx.stop).await.map(|()| ids),
+        Err(e) => Err(e),
+    };
+    match init {
+        Ok((id, epoch)) => match (i64::try_from(id), i16::try_from(epoch)) {
+            (Ok(id), Ok(epoch)) => {
+                resp.producer_id = ProducerId(id);
+                resp.producer_epoch = epoch;
+            }
+            _ => resp.error_code = code::UNKNOWN_SERVER_ERROR,
+        },
+        Err(e) => {
+            let c = producer_code(&e);
+            ctx.client_error(ApiKey::InitProducerId, c, &e.to_string());
+            resp.error_code = c;
+        }
+    }
+    Outcome::reply(ResponseKind::InitProducerId(resp))
+}

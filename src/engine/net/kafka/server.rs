@@ -1,0 +1,500 @@
+//! The Kafka listener: accepts connections and runs each one's request loop on the
+//! runtime of the native listener (see [`crate::engine::net::server::Server::run_with`]).
+//!
+//! A connection reads one frame at a time, answers it, then reads the next: Kafka
+//! answers the requests of a connection in order, and one in flight at a time keeps
+//! that order without a queue. Frames are read after their length is checked against
+//! [`REQUEST_BYTES_MAX`], into a buffer grown in steps as bytes arrive. A frame that
+//! does not decode, or asks for an API or version not served, is logged and the
+//! connection closed (ApiVersions answers with its error first).
+//!
+//! Stopping: the accept loop ends, each connection finishes the request it serves
+//! and closes at the next frame boundary; [`KafkaServer::serve`] returns once every
+//! connection task has ended.
+
+use std::io;
+use std::net::{SocketAddr, TcpListener};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use kafka_protocol::messages::{ApiKey, RequestKind, ResponseKind};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tokio::task::JoinSet;
+
+use super::{
+    api_versions_body, code, decode_request, encode_response, DecodeError, LEN_FIELD,
+    REQUEST_BYTES_MAX,
+};
+use crate::engine::broker::Broker;
+
+/// How often waiting loops look at the stop flags.
+pub(crate) const POLL_INTERVAL: Duration = Duration::from_millis(100);
+/// Step by which a large frame's buffer grows while its bytes arrive.
+const READ_STEP_BYTES: usize = 1 << 20;
+/// The read buffer of a connection.
+const READ_BUFFER_BYTES: usize = 64 << 10;
+
+/// Settings of the Kafka listener.
+#[derive(Clone, Debug)]
+pub struct KafkaOptions {
+    /// Host and port given to clients in Metadata and FindCoordinator.
+    pub advertised_host: String,
+    pub advertised_port: i32,
+    /// Connections served at once; further ones are closed at once (logged).
+    pub max_connections: usize,
+    /// Longest a peer may stall in the middle of a frame or while a response is sent.
+    pub io_timeout: Duration,
+    /// Log each closed connection and each error answered.
+    pub log_errors: bool,
+}
+
+/// The bound Kafka listener of one broker.
+#[derive(Debug)]
+pub struct KafkaServer {
+    listener: TcpListener,
+    local_addr: SocketAddr,
+    broker: Arc<Broker>,
+    opts: Arc<KafkaOptions>,
+    active: Arc<AtomicUsize>,
+}
+
+impl KafkaServer {
+    /// Serves on a listener bound already; `advertised` (host:port) defaults to the
+    /// bound address.
+    pub fn from_listener(
+        listener: TcpListener,
+        broker: Arc<Broker>,
+        advertised: Option<&str>,
+        max_connections: usize,
+        log_errors: bool,
+    ) -> io::Result<KafkaServer> {
+        listener.set_nonblocking(true)?;
+        let local_addr = listener.local_addr()?;
+        let (advertised_host, advertised_port) = match advertised {
+            Some(a) => split_host_port(a).ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("advertised address {a:?} is not HOST:PORT"),
+                )
+            })?,
+            None => (local_addr.ip().to_string(), i32::from(local_addr.port())),
+        };
+        Ok(KafkaServer {
+            listener,
+            local_addr,
+            broker,
+            opts: Arc::new(KafkaOptions {
+                advertised_host,
+                advertised_port,
+                max_connections,
+                io_timeout: Duration::from_secs(30),
+                log_errors,
+            }),
+            active: Arc::new(AtomicUsize::new(0)),
+        })
+    }
+
+    /// The address actually bound.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Accepts and serves until `stop` or `also_stop` is set, then waits for every
+    /// connection to finish its request and close. Runs inside a tokio runtime.
+    pub async fn serve(&self, stop: Arc<AtomicBool>, also_stop: &AtomicBool) -> io::Result<()> {
+        let listener = tokio::net::TcpListener::from_std(self.listener.try_clone()?)?;
+        let mut conns = JoinSet::new();
+        let mut tick = tokio::time::interval(POLL_INTERVAL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let stopping =
+            |s: &AtomicBool| s.load(Ordering::SeqCst) || also_stop.load(Ordering::SeqCst);
+        while !stopping(&stop) {
+            let accepted = tokio::select! {
+                _ = tick.tick() => continue,
+                r = listener.accept() => r,
+            };
+            match accepted {
+                Ok((stream, peer)) => {
+                    while conns.try_join_next().is_some() {}
+                    if self.active.load(Ordering::SeqCst) >= self.opts.max_connections {
+                        tracing::warn!(%peer, max_connections = self.opts.max_connections,
+                            "kafka: refused a connection (too many)");
+                        continue;
+                    }
+                    let _ = stream.set_nodelay(true);
+                    self.active.fetch_add(1, Ordering::SeqCst);
+                    let conn = Connection::new(
+                        stream,
+                        peer,
+                        Arc::clone(&self.broker),
+                        Arc::clone(&self.opts),
+                        Arc::clone(&stop),
+                    );
+                    let active = Arc::clone(&self.active);
+                    conns.spawn(async move {
+                        conn.serve().await;
+                        active.fetch_sub(1, Ordering::SeqCst);
+                    });
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    tracing::warn!(listen = %self.local_addr, error = %e, "kafka: accept failed");
+                    tokio::time::sleep(POLL_INTERVAL).await;
+                }
+            }
+        }
+        stop.store(true, Ordering::SeqCst);
+        while conns.join_next().await.is_some() {}
+        Ok(())
+    }
+}
+
+/// `host:port` (IPv6 in brackets) split; the port as Kafka's i32.
+fn split_host_port(addr: &str) -> Option<(String, i32)> {
+    let (host, port) = addr.rsplit_once(':')?;
+    let port: u16 = port.parse().ok()?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if host.is_empty() {
+        return None;
+    }
+    Some((host.to_string(), i32::from(port)))
+}
+
+/// What the request path asks of the connection loop.
+pub(crate) enum Outcome {
+    /// Send this response body.
+    Reply(Box<ResponseKind>),
+    /// Send nothing (a produce with acks 0).
+    NoReply,
+    /// Log this and close the connection.
+    Close(String),
+}
+
+impl Outcome {
+    pub(crate) fn reply(body: ResponseKind) -> Outcome {
+        Outcome::Reply(Box::new(body))
+    }
+}
+
+/// What a request handler sees of its connection.
+pub(crate) struct Ctx {
+    pub broker: Arc<Broker>,
+    pub opts: Arc<KafkaOptions>,
+    pub stop: Arc<AtomicBool>,
+    pub peer: SocketAddr,
+}
+
+impl Ctx {
+    /// Logs an error answered to the client (not a closed connection).
+    pub fn client_error(&self, api: ApiKey, code: i16, msg: &str) {
+        if self.opts.log_errors {
+            tracing::info!(peer = %self.peer, request = ?api, code, "kafka: client error: {msg}");
+        }
+    }
+
+    pub fn stopping(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+}
+
+struct Connection {
+    reader: BufReader<OwnedReadHalf>,
+    writer: OwnedWriteHalf,
+    ctx: Ctx,
+    out: BytesMut,
+}
+
+impl Connection {
+    fn new(
+        stream: TcpStream,
+        peer: SocketAddr,
+        broker: Arc<Broker>,
+        opts: Arc<KafkaOptions>,
+        stop: Arc<AtomicBool>,
+    ) -> Connection {
+        let (r, w) = stream.into_split();
+        Connection {
+            reader: BufReader::with_capacity(READ_BUFFER_BYTES, r),
+            writer: w,
+            ctx: Ctx {
+                broker,
+                opts,
+                stop,
+                peer,
+            },
+            out: BytesMut::new(),
+        }
+    }
+
+    fn log_close(&self, detail: &str) {
+        if self.ctx.opts.log_errors {
+            tracing::warn!(peer = %self.ctx.peer, "kafka: closing the connection: {detail}");
+        }
+    }
+
+    async fn serve(mut self) {
+        loop {
+            let frame = match self.read_frame().await {
+                Ok(Some(f)) => f,
+                Ok(None) => return,
+                Err(detail) => {
+                    self.log_close(&detail);
+                    return;
+                }
+            };
+            let (outcome, api, version, id) = self.handle(frame).await;
+            match outcome {
+                Outcome::Reply(body) => {
+                    if let Err(e) = encode_response(&mut self.out, api, version, id, &body) {
+                        self.log_close(&e.to_string());
+                        return;
+                    }
+                    let timeout = self.ctx.opts.io_timeout;
+                    let sent =
+                        tokio::time::timeout(timeout, self.writer.write_all(&self.out)).await;
+                    if !matches!(sent, Ok(Ok(()))) {
+                        self.log_close("sending a response failed or timed out");
+                        return;
+                    }
+                    if self.out.capacity() > 4 * READ_STEP_BYTES {
+                        self.out = BytesMut::new();
+                    }
+                }
+                Outcome::NoReply => {}
+                Outcome::Close(detail) => {
+                    self.log_close(&detail);
+                    let _ = self.writer.shutdown().await;
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Waits at a frame boundary for the next frame; `Ok(None)` when the peer closed
+    /// or the server stops.
+    async fn read_frame(&mut self) -> Result<Option<Bytes>, String> {
+        loop {
+            if self.ctx.stopping() {
+                return Ok(None);
+            }
+            // `fill_buf` is cancel-safe: a tick loses no bytes.
+            let ready = tokio::select! {
+                r = self.reader.fill_buf() => Some(r.map(<[u8]>::is_empty)),
+                _ = tokio::time::sleep(POLL_INTERVAL) => None,
+            };
+            match ready {
+                None => continue,
+                Some(Ok(true)) => return Ok(None),
+                Some(Ok(false)) => break,
+                Some(Err(e)) => return Err(format!("reading a request failed: {e}")),
+            }
+        }
+        let timeout = self.ctx.opts.io_timeout;
+        let mut len = [0u8; LEN_FIELD];
+        match tokio::time::timeout(timeout, self.reader.read_exact(&mut len)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return Err(format!("reading a request failed: {e}")),
+            Err(_) => return Err("peer stalled in a frame's length".into()),
+        }
+        let len = i32::from_be_bytes(len);
+        let Some(len) = u32::try_from(len).ok().filter(|l| *l <= REQUEST_BYTES_MAX) else {
+            return Err(format!(
+                "request size {len} is outside 0..={REQUEST_BYTES_MAX} bytes"
+            ));
+        };
+        let len = len as usize;
+        let mut body = Vec::with_capacity(len.min(READ_STEP_BYTES));
+        while body.len() < len {
+            let at = body.len();
+            body.resize(len.min(at + READ_STEP_BYTES), 0);
+            let dst = body.get_mut(at..).unwrap_or(&mut []);
+            match tokio::time::timeout(timeout, self.reader.read_exact(dst)).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => return Err(format!("reading a request failed: {e}")),
+                Err(_) => return Err("peer stalled in the middle of a request".into()),
+            }
+        }
+        Ok(Some(Bytes::from(body)))
+    }
+
+    /// Decodes and answers one frame: (outcome, api, version, correlation id).
+    async fn handle(&mut self, frame: Bytes) -> (Outcome, ApiKey, i16, i32) {
+        let d = match decode_request(frame) {
+            Ok(d) => d,
+            Err(DecodeError::Unsupported {
+                api: ApiKey::ApiVersions,
+                version,
+                correlation_id,
+                ..
+            }) => {
+                // Kafka's rule: a version 0 response with UNSUPPORTED_VERSION and the
+                // versions served, so the client retries with one of them.
+                self.ctx.client_error(
+                    ApiKey::ApiVersions,
+                    code::UNSUPPORTED_VERSION,
+                    &format!("ApiVersions v{version} asked; answering v0"),
+                );
+                let body = ResponseKind::ApiVersions(api_versions_body(code::UNSUPPORTED_VERSION));
+                return (Outcome::reply(body), ApiKey::ApiVersions, 0, correlation_id);
+            }
+            Err(e) => {
+                let id = e.correlation_id();
+                return (Outcome::Close(e.to_string()), ApiKey::ApiVersions, 0, id);
+            }
+        };
+        let (api, version, id) = (d.api, d.version, d.header.correlation_id);
+        let ctx = &self.ctx;
+        let outcome = match d.request {
+            RequestKind::ApiVersions(_) => {
+                Outcome::reply(ResponseKind::ApiVersions(api_versions_body(code::NONE)))
+            }
+            RequestKind::Metadata(r) => super::metadata::metadata(ctx, r, version),
+            RequestKind::CreateTopics(r) => super::metadata::create_topics(ctx, r, version),
+            RequestKind::DeleteTopics(r) => super::metadata::delete_topics(ctx, r, version),
+            RequestKind::Produce(r) => super::produce::produce(ctx, r, version).await,
+            RequestKind::InitProducerId(r) => super::produce::init_producer_id(ctx, r).await,
+            RequestKind::Fetch(r) => super::fetch::fetch(ctx, r, version).await,
+            RequestKind::ListOffsets(r) => super::offsets::list_offsets(ctx, r, version).await,
+            RequestKind::OffsetCommit(r) => super::offsets::offset_commit(ctx, r).await,
+            RequestKind::OffsetFetch(r) => super::offsets::offset_fetch(ctx, r, version),
+            RequestKind::FindCoordinator(r) => super::groups::find_coordinator(ctx, r),
+            RequestKind::JoinGroup(r) => super::groups::join(ctx, r, version).await,
+            RequestKind::SyncGroup(r) => super::groups::sync(ctx, r).await,
+            RequestKind::Heartbeat(r) => super::groups::heartbeat(ctx, r),
+            RequestKind::LeaveGroup(r) => super::groups::leave(ctx, r, version),
+            RequestKind::ListGroups(_) => super::groups::list(ctx),
+            RequestKind::DescribeGroups(r) => super::groups::describe(ctx, r),
+            RequestKind::SaslHandshake(r) => super::sasl::handshake(ctx, r),
+            RequestKind::SaslAuthenticate(_) => super::sasl::authenticate(ctx),
+            other => Outcome::Close(format!(
+                "{:?} v{version} is not served",
+                std::mem::discriminant(&other)
+            )),
+        };
+        (outcome, api, version, id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+
+    use bytes::BufMut;
+    use kafka_protocol::messages::{
+        ApiVersionsRequest, ApiVersionsResponse, DescribeConfigsRequest, RequestHeader,
+        SaslHandshakeRequest, SaslHandshakeResponse,
+    };
+    use kafka_protocol::protocol::{Decodable, Encodable};
+
+    use super::*;
+    use crate::engine::broker::BrokerOptions;
+    use crate::engine::storage::io::RealStorage;
+
+    /// A broker with only the Kafka listener, served on a thread.
+    fn start() -> (
+        tempfile::TempDir,
+        String,
+        Arc<AtomicBool>,
+        std::thread::JoinHandle<()>,
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let broker =
+            Broker::open(dir.path(), Arc::new(RealStorage), BrokerOptions::default()).unwrap();
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let k = KafkaServer::from_listener(l, Arc::clone(&broker), None, 8, false).unwrap();
+        let addr = k.local_addr().to_string();
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = Arc::clone(&stop);
+        let t = std::thread::spawn(move || {
+            let rt = crate::engine::net::server::runtime().unwrap();
+            rt.block_on(k.serve(s, &AtomicBool::new(false))).unwrap();
+            broker.shutdown().unwrap();
+        });
+        (dir, addr, stop, t)
+    }
+
+    fn request(api: ApiKey, version: i16, body: &impl Encodable) -> Vec<u8> {
+        let mut b = BytesMut::new();
+        b.put_u32(0);
+        RequestHeader::default()
+            .with_request_api_key(api as i16)
+            .with_request_api_version(version)
+            .with_correlation_id(9)
+            .encode(&mut b, api.request_header_version(version))
+            .unwrap();
+        body.encode(&mut b, version).unwrap();
+        let len = (b.len() - 4) as u32;
+        b[..4].copy_from_slice(&len.to_be_bytes());
+        b.to_vec()
+    }
+
+    /// Sends `frame` and reads one response body (after size and correlation id);
+    /// `None` when the connection was closed instead.
+    fn exchange(addr: &str, frame: &[u8]) -> Option<Bytes> {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        s.write_all(frame).unwrap();
+        let mut len = [0u8; 4];
+        s.read_exact(&mut len).ok()?;
+        let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
+        s.read_exact(&mut body).unwrap();
+        assert_eq!(&body[..4], &9i32.to_be_bytes());
+        Some(Bytes::from(body).slice(4..))
+    }
+
+    #[test]
+    fn bad_frames_close_and_errors_are_answered() {
+        let (_dir, addr, stop, t) = start();
+        // A size over the limit closes the connection before anything is read.
+        let mut huge = (REQUEST_BYTES_MAX + 1).to_be_bytes().to_vec();
+        huge.extend_from_slice(&[0; 16]);
+        assert!(exchange(&addr, &huge).is_none());
+        // An API that is not served closes the connection (after a log line).
+        let cfg = request(
+            ApiKey::DescribeConfigs,
+            1,
+            &DescribeConfigsRequest::default(),
+        );
+        assert!(exchange(&addr, &cfg).is_none());
+        // A newer ApiVersions is answered in version 0 with UNSUPPORTED_VERSION.
+        let mut v4 = request(ApiKey::ApiVersions, 3, &ApiVersionsRequest::default());
+        v4[6..8].copy_from_slice(&4i16.to_be_bytes());
+        let mut body = exchange(&addr, &v4).unwrap();
+        let r = ApiVersionsResponse::decode(&mut body, 0).unwrap();
+        assert_eq!(r.error_code, code::UNSUPPORTED_VERSION);
+        assert_eq!(r.api_keys.len(), super::super::SERVED.len());
+        // SASL: no mechanism offered.
+        let mut sasl = SaslHandshakeRequest::default();
+        sasl.mechanism = crate::engine::net::kafka::sb("PLAIN");
+        let mut body = exchange(&addr, &request(ApiKey::SaslHandshake, 1, &sasl)).unwrap();
+        let r = SaslHandshakeResponse::decode(&mut body, 1).unwrap();
+        assert_eq!(r.error_code, code::UNSUPPORTED_SASL_MECHANISM);
+        assert!(r.mechanisms.is_empty());
+        // The listener still serves after all of it.
+        let ok = request(ApiKey::ApiVersions, 3, &ApiVersionsRequest::default());
+        let mut body = exchange(&addr, &ok).unwrap();
+        assert_eq!(
+            ApiVersionsResponse::decode(&mut body, 3)
+                .unwrap()
+                .error_code,
+            0
+        );
+        stop.store(true, Ordering::SeqCst);
+        t.join().unwrap();
+    }
+
+    #[test]
+    fn advertised_addresses_split() {
+        use super::split_host_port;
+        assert_eq!(split_host_port("h:9092"), Some(("h".into(), 9092)));
+        assert_eq!(split_host_port("[::1]:1"), Some(("::1".into(), 1)));
+        assert_eq!(split_host_port("h"), None);
+        assert_eq!(split_host_port(":9"), None);
+        assert_eq!(split_host_port("h:99999"), None);
+    }
+}

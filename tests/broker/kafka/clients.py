@@ -1,0 +1,230 @@
+"""Kafka clients against seglog's Kafka listener, run by tests/broker/kafka_clients.rs.
+
+Each mode prints one JSON object on stdout; the Rust test asserts on it. Exit code 3:
+a client library is missing (the Rust test decides whether that fails).
+"""
+import json
+import sys
+import time
+
+DEADLINE_S = 60
+
+
+def out(obj):
+    print(json.dumps(obj))
+    sys.stdout.flush()
+
+
+def confluent_idempotent(boot, topic, n):
+    from confluent_kafka import Producer
+
+    p = Producer({"bootstrap.servers": boot, "enable.idempotence": True, "acks": "all",
+                  "linger.ms": 5})
+    reports = []
+
+    def cb(err, msg):
+        reports.append((None if err is None else str(err), msg.partition(), msg.offset()))
+
+    for i in range(n):
+        while True:
+            try:
+                p.produce(topic, key=b"k%d" % i, value=b"v%d" % i, on_delivery=cb)
+                break
+            except BufferError:
+                p.poll(0.05)
+        p.poll(0)
+    p.flush(DEADLINE_S)
+    errors = [r for r in reports if r[0] is not None]
+    offsets = {}
+    for _, part, off in reports:
+        offsets.setdefault(part, []).append(off)
+    contiguous = all(sorted(v) == list(range(min(v), min(v) + len(v))) for v in offsets.values())
+    out({"reports": len(reports), "errors": errors[:5], "with_offsets": sum(1 for r in reports if r[2] >= 0),
+         "contiguous": contiguous, "partitions": sorted(offsets)})
+
+
+def confluent_group(boot, topic, group, total):
+    from confluent_kafka import Consumer
+
+    def consumer(name):
+        return Consumer({"bootstrap.servers": boot, "group.id": group, "client.id": name,
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False,
+                         "session.timeout.ms": 6000, "heartbeat.interval.ms": 500})
+
+    c1, c2 = consumer("c1"), consumer("c2")
+    c1.subscribe([topic])
+    c2.subscribe([topic])
+    seen = set()
+    split = None
+    end = time.time() + DEADLINE_S
+    while time.time() < end:
+        for c in (c1, c2):
+            m = c.poll(0.2)
+            if m is not None and m.error() is None:
+                seen.add((m.partition(), m.offset()))
+        a1 = {t.partition for t in c1.assignment()}
+        a2 = {t.partition for t in c2.assignment()}
+        if a1 and a2 and split is None:
+            split = [sorted(a1), sorted(a2)]
+        if split is not None and len(seen) >= total // 2:
+            break
+    c1.commit(asynchronous=False) if seen else None
+    c2.commit(asynchronous=False) if seen else None
+    c2.close()
+    after = None
+    while time.time() < end:
+        m = c1.poll(0.2)
+        if m is not None and m.error() is None:
+            seen.add((m.partition(), m.offset()))
+        a1 = sorted(t.partition for t in c1.assignment())
+        if split is not None and len(a1) == len(split[0]) + len(split[1]):
+            after = a1
+            if len(seen) >= total:
+                break
+    c1.commit(asynchronous=False)
+    c1.close()
+    out({"split": split, "after_close": after, "seen": len(seen)})
+
+
+def kafka_python(boot):
+    from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+    from kafka.admin import NewTopic
+
+    admin = KafkaAdminClient(bootstrap_servers=boot)
+    admin.create_topics([NewTopic("kp", num_partitions=2, replication_factor=1)])
+    created = "kp" in admin.list_topics()
+    result = {"created": created, "codecs": {}}
+    codecs = ["gzip", "lz4", "zstd", "snappy"]
+    base = 0
+    for codec in codecs:
+        try:
+            p = KafkaProducer(bootstrap_servers=boot, compression_type=codec, acks="all")
+        except Exception as e:  # the client lacks the codec's library
+            result["codecs"][codec] = "unavailable: %s" % e
+            continue
+        values = [("%s-%d-" % (codec, i)).encode() * 20 for i in range(200)]
+        for v in values:
+            p.send("kp", key=b"k", value=v, partition=0)
+        p.flush(DEADLINE_S)
+        p.close()
+        c = KafkaConsumer(bootstrap_servers=boot, consumer_timeout_ms=3000,
+                          auto_offset_reset="earliest", enable_auto_commit=False)
+        tp = TopicPartition("kp", 0)
+        c.assign([tp])
+        c.seek(tp, base)
+        got = []
+        end = time.time() + DEADLINE_S
+        while len(got) < len(values) and time.time() < end:
+            for m in c:
+                got.append((m.offset, m.value))
+                if len(got) >= len(values):
+                    break
+        c.close()
+        ok = [v for _, v in got] == values and [o for o, _ in got] == list(range(base, base + len(values)))
+        result["codecs"][codec] = "ok" if ok else "mismatch (%d records)" % len(got)
+        base += len(values)
+    admin.delete_topics(["kp"])
+    time.sleep(0.2)
+    result["deleted"] = "kp" not in admin.list_topics()
+    admin.close()
+    out(result)
+
+
+def confluent_edges(boot, topic):
+    from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition, Consumer
+
+    result = {}
+    p = Producer({"bootstrap.servers": boot, "acks": "all"})
+    errs = []
+    p.produce(topic, value=b"h", partition=0, headers=[("a", b"b")],
+              on_delivery=lambda err, msg: errs.append(err))
+    p.flush(DEADLINE_S)
+    result["headers_error"] = errs[0].code() if errs and errs[0] else None
+    result["headers_is_invalid_record"] = bool(errs and errs[0] and errs[0].code() == KafkaError.INVALID_RECORD)
+    for ts in (1000, 2000, 3000):
+        p.produce(topic, value=b"t%d" % ts, partition=0, timestamp=ts)
+    p.flush(DEADLINE_S)
+    c = Consumer({"bootstrap.servers": boot, "group.id": "edges"})
+    result["by_time"] = [c.offsets_for_times([TopicPartition(topic, 0, ts)], timeout=10)[0].offset
+                         for ts in (1500, 3000, 9000)]
+    result["watermarks"] = list(c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10))
+    c.close()
+    try:
+        t = Producer({"bootstrap.servers": boot, "transactional.id": "tx"})
+        t.init_transactions(10)
+        result["transactions"] = "accepted"
+    except KafkaException as e:
+        result["transactions"] = "refused: %s" % e
+    out(result)
+
+
+def bench_produce(boot, topic, n, size):
+    from confluent_kafka import Producer
+
+    p = Producer({"bootstrap.servers": boot, "acks": "all", "linger.ms": 5,
+                  "queue.buffering.max.messages": 1000000})
+    value = b"x" * size
+    failed = []
+
+    def cb(err, msg):
+        if err is not None:
+            failed.append(str(err))
+
+    start = time.time()
+    for _ in range(n):
+        while True:
+            try:
+                p.produce(topic, value=value, on_delivery=cb)
+                break
+            except BufferError:
+                p.poll(0.01)
+    p.flush(120)
+    took = time.time() - start
+    out({"records": n, "seconds": took, "records_per_s": n / took, "failed": len(failed)})
+
+
+def bench_fetch(boot, topic, n):
+    from confluent_kafka import Consumer
+
+    c = Consumer({"bootstrap.servers": boot, "group.id": "bench-fetch",
+                  "auto.offset.reset": "earliest", "enable.auto.commit": False,
+                  "fetch.max.bytes": 52428800, "max.partition.fetch.bytes": 8388608})
+    c.subscribe([topic])
+    got, nbytes, start = 0, 0, None
+    end = time.time() + 120
+    while got < n and time.time() < end:
+        for m in c.consume(10000, 1.0):
+            if m.error() is None:
+                if start is None:
+                    start = time.time()
+                got += 1
+                nbytes += len(m.value() or b"")
+    took = time.time() - (start or time.time())
+    c.close()
+    out({"records": got, "seconds": took, "mb_per_s": nbytes / 1e6 / max(took, 1e-9)})
+
+
+def main():
+    mode = sys.argv[1]
+    try:
+        if mode == "confluent_idempotent":
+            confluent_idempotent(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+        elif mode == "confluent_group":
+            confluent_group(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]))
+        elif mode == "confluent_edges":
+            confluent_edges(sys.argv[2], sys.argv[3])
+        elif mode == "bench_produce":
+            bench_produce(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
+        elif mode == "bench_fetch":
+            bench_fetch(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+        elif mode == "kafka_python":
+            kafka_python(sys.argv[2])
+        else:
+            sys.exit("unknown mode %s" % mode)
+    except ImportError as e:
+        print("missing client library: %s" % e, file=sys.stderr)
+        sys.exit(3)
+
+
+if __name__ == "__main__":
+    main()

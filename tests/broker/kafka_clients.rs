@@ -1,0 +1,360 @@
+//! Real Kafka clients against `seglog serve --kafka-listen`: kcat (librdkafka),
+//! confluent-kafka and kafka-python (tests/broker/kafka/clients.py). A client that is
+//! not installed skips its test, except under CI=true, where `.ci/run` installs them
+//! and a missing one fails.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+use crate::util::serve::Serve;
+
+/// True when `tool --version`-style probe `args` runs; otherwise skips (false) or,
+/// under CI=true, fails.
+fn have(tool: &str, args: &[&str]) -> bool {
+    let ok = Command::new(tool)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "{tool} is not installed (.ci/run installs it)"
+        );
+        eprintln!("skipped: {tool} {args:?} does not run here");
+    }
+    ok
+}
+
+fn have_kcat() -> bool {
+    have("kcat", &["-V"])
+}
+
+fn have_python(module: &str) -> bool {
+    have("python3", &["-c", &format!("import {module}")])
+}
+
+fn start(dir: &Path) -> (Serve, String) {
+    let s = Serve::start_with(dir, &["--kafka-listen", "127.0.0.1:0"]);
+    let k = s.kafka_addr.clone().expect("kafka listening line");
+    (s, k)
+}
+
+fn kcat(boot: &str, args: &[&str], input: Option<&str>) -> Output {
+    let mut child = Command::new("kcat")
+        .args(["-b", boot])
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run kcat");
+    let mut stdin = child.stdin.take().unwrap();
+    if let Some(text) = input {
+        stdin.write_all(text.as_bytes()).unwrap();
+    }
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "kcat {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Consumes every partition from the beginning: partition → [(offset, key, value)].
+fn kcat_all(boot: &str, topic: &str) -> BTreeMap<u32, Vec<(u64, String, String)>> {
+    let out = kcat(
+        boot,
+        &[
+            "-C",
+            "-t",
+            topic,
+            "-o",
+            "beginning",
+            "-e",
+            "-q",
+            "-f",
+            "%p\t%o\t%k\t%s\n",
+        ],
+        None,
+    );
+    let mut parts: BTreeMap<u32, Vec<(u64, String, String)>> = BTreeMap::new();
+    for line in String::from_utf8(out.stdout).unwrap().lines() {
+        let f: Vec<&str> = line.splitn(4, '\t').collect();
+        assert_eq!(f.len(), 4, "{line}");
+        parts.entry(f[0].parse().unwrap()).or_default().push((
+            f[1].parse().unwrap(),
+            f[2].to_string(),
+            f[3].to_string(),
+        ));
+    }
+    parts
+}
+
+fn python(mode: &str, args: &[&str]) -> serde_json::Value {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/broker/kafka/clients.py");
+    let out = Command::new("python3")
+        .arg(script)
+        .arg(mode)
+        .args(args)
+        .output()
+        .expect("run python3");
+    assert!(
+        out.status.success(),
+        "{mode}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{mode}: {e}: {}", String::from_utf8_lossy(&out.stdout)))
+}
+
+#[test]
+fn kcat_lists_produces_and_consumes_exactly() {
+    if !have_kcat() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (s, boot) = start(dir.path());
+    s.ok(&["topics", "create", "t", "--partitions", "3"]);
+    let meta = String::from_utf8(kcat(&boot, &["-L"], None).stdout).unwrap();
+    assert!(meta.contains("topic \"t\" with 3 partitions"), "{meta}");
+    assert!(meta.contains(&format!("broker 0 at {boot}")), "{meta}");
+    let lines: Vec<(String, String)> = (0..1000)
+        .map(|i| (format!("key{}", i % 17), format!("value {i}")))
+        .collect();
+    let input: String = lines.iter().map(|(k, v)| format!("{k}:{v}\n")).collect();
+    kcat(&boot, &["-P", "-t", "t", "-K:"], Some(&input));
+    let parts = kcat_all(&boot, "t");
+    assert_eq!(parts.values().map(Vec::len).sum::<usize>(), 1000);
+    for (p, recs) in &parts {
+        // Offsets from 0 without gaps; records of a key all in one partition, in the
+        // order they were given.
+        let offsets: Vec<u64> = recs.iter().map(|r| r.0).collect();
+        assert_eq!(
+            offsets,
+            (0..recs.len() as u64).collect::<Vec<_>>(),
+            "partition {p}"
+        );
+        let keys: std::collections::BTreeSet<&str> = recs.iter().map(|r| r.1.as_str()).collect();
+        let expected: Vec<(&str, &str)> = lines
+            .iter()
+            .filter(|(k, _)| keys.contains(k.as_str()))
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let got: Vec<(&str, &str)> = recs.iter().map(|r| (r.1.as_str(), r.2.as_str())).collect();
+        assert_eq!(got, expected, "partition {p}");
+        // The native door reads the same records.
+        let native = s.ok(&["consume", "t", "--partition", &p.to_string(), "--json"]);
+        let values: Vec<String> = native
+            .lines()
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).unwrap();
+                v["value"].as_str().unwrap().to_string()
+            })
+            .collect();
+        let kvalues: Vec<&str> = recs.iter().map(|r| r.2.as_str()).collect();
+        assert_eq!(values, kvalues, "partition {p}");
+    }
+    // And the other way: records produced natively come back through Kafka.
+    s.ok(&["topics", "create", "n", "--partitions", "1"]);
+    s.ok_with_stdin(&["produce", "n", "--key-separator", "="], "a=1\nb=2\nc=3\n");
+    let back = kcat_all(&boot, "n");
+    let got: Vec<(u64, &str, &str)> = back[&0]
+        .iter()
+        .map(|(o, k, v)| (*o, k.as_str(), v.as_str()))
+        .collect();
+    assert_eq!(got, [(0, "a", "1"), (1, "b", "2"), (2, "c", "3")]);
+    s.stop();
+}
+
+#[test]
+fn confluent_idempotent_producer_and_group() {
+    if !have_python("confluent_kafka") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (s, boot) = start(dir.path());
+    s.ok(&["topics", "create", "c", "--partitions", "4"]);
+    let r = python("confluent_idempotent", &[&boot, "c", "10000"]);
+    assert_eq!(r["reports"], 10000, "{r}");
+    assert_eq!(r["with_offsets"], 10000, "{r}");
+    assert_eq!(r["errors"].as_array().unwrap().len(), 0, "{r}");
+    assert_eq!(r["contiguous"], true, "{r}");
+    let g = python("confluent_group", &[&boot, "c", "g1", "10000"]);
+    let split = g["split"].as_array().expect("both members got partitions");
+    let (a, b) = (split[0].as_array().unwrap(), split[1].as_array().unwrap());
+    assert!(
+        !a.is_empty() && !b.is_empty() && a.len() + b.len() == 4,
+        "{g}"
+    );
+    let after = g["after_close"]
+        .as_array()
+        .expect("the rebalance after a close");
+    assert_eq!(after.len(), 4, "{g}");
+    assert_eq!(g["seen"], 10000, "{g}");
+    // The commits are the group's offsets on the native side.
+    let d = s.ok(&["groups", "describe", "g1", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&d).unwrap();
+    let total: u64 = v["offsets"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{d}"))
+        .iter()
+        .map(|o| o["committed"].as_u64().unwrap())
+        .sum();
+    assert_eq!(total, 10000, "{d}");
+    s.stop();
+}
+
+#[test]
+fn kafka_python_compression_and_admin() {
+    if !have_python("kafka") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (s, boot) = start(dir.path());
+    let r = python("kafka_python", &[&boot]);
+    assert_eq!(r["created"], true, "{r}");
+    assert_eq!(r["deleted"], true, "{r}");
+    for codec in ["gzip", "lz4", "zstd"] {
+        assert_eq!(r["codecs"][codec], "ok", "{codec}: {r}");
+    }
+    let snappy = r["codecs"]["snappy"].as_str().unwrap();
+    assert!(snappy == "ok" || snappy.starts_with("unavailable"), "{r}");
+    s.stop();
+}
+
+#[test]
+fn confluent_headers_timestamps_and_transactions() {
+    if !have_python("confluent_kafka") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (s, boot) = start(dir.path());
+    s.ok(&["topics", "create", "e", "--partitions", "1"]);
+    let r = python("confluent_edges", &[&boot, "e"]);
+    assert_eq!(r["headers_is_invalid_record"], true, "{r}");
+    // Three records at 1000, 2000, 3000 ms (offsets 0..=2; the refused one took none).
+    assert_eq!(r["by_time"], serde_json::json!([1, 2, -1]), "{r}");
+    assert_eq!(r["watermarks"], serde_json::json!([0, 3]), "{r}");
+    let tx = r["transactions"].as_str().unwrap();
+    assert!(
+        tx.starts_with("refused") && !tx.contains("TIMED_OUT"),
+        "{r}"
+    );
+    assert!(s.stderr().contains("record headers are not supported"));
+    s.stop();
+}
+
+/// Reads a child's stream into a shared string.
+fn collect(r: impl std::io::Read + Send + 'static) -> std::sync::Arc<std::sync::Mutex<String>> {
+    use std::io::BufRead;
+    let text = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let sink = std::sync::Arc::clone(&text);
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(r).lines() {
+            let Ok(line) = line else { break };
+            let mut t = sink.lock().unwrap();
+            t.push_str(&line);
+            t.push('\n');
+        }
+    });
+    text
+}
+
+/// The partitions of the last "assigned:" line kcat logged.
+fn last_assignment(stderr: &str) -> Option<Vec<String>> {
+    let line = stderr.lines().rev().find(|l| l.contains("assigned:"))?;
+    let list = line.split("assigned:").nth(1)?;
+    Some(
+        list.split(',')
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .collect(),
+    )
+}
+
+#[test]
+fn kcat_group_members_split_partitions_and_resume() {
+    if !have_kcat() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (s, boot) = start(dir.path());
+    s.ok(&["topics", "create", "g", "--partitions", "4"]);
+    let input: String = (0..400).map(|i| format!("k{i}:v{i}\n")).collect();
+    kcat(&boot, &["-P", "-t", "g", "-K:"], Some(&input));
+    let member = || {
+        let mut c = Command::new("kcat")
+            .args([
+                "-b",
+                &boot,
+                "-G",
+                "kg",
+                "g",
+                "-u",
+                "-o",
+                "beginning",
+                "-f",
+                "%p %o\n",
+            ])
+            .args(["-X", "auto.commit.interval.ms=100"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run kcat -G");
+        let out = collect(c.stdout.take().unwrap());
+        let err = collect(c.stderr.take().unwrap());
+        (c, out, err)
+    };
+    let (mut a, a_out, a_err) = member();
+    let (mut b, b_out, b_err) = member();
+    let deadline = std::time::Instant::now() + crate::util::serve::PATIENCE;
+    let split = loop {
+        let (ea, eb) = (a_err.lock().unwrap().clone(), b_err.lock().unwrap().clone());
+        let seen = a_out.lock().unwrap().lines().count() + b_out.lock().unwrap().lines().count();
+        if let (Some(x), Some(y)) = (last_assignment(&ea), last_assignment(&eb)) {
+            if !x.is_empty() && !y.is_empty() && x.len() + y.len() == 4 && seen >= 400 {
+                break (x, y);
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no split: {ea}\n{eb}\n{seen} records seen"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    // Let the auto-commit run, then stop both members (kcat commits as it closes).
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    for c in [&mut a, &mut b] {
+        rustix::process::kill_process(
+            rustix::process::Pid::from_child(c),
+            rustix::process::Signal::TERM,
+        )
+        .unwrap();
+        c.wait().unwrap();
+    }
+    let mut all: Vec<String> = a_out.lock().unwrap().lines().map(String::from).collect();
+    all.extend(b_out.lock().unwrap().lines().map(String::from));
+    all.sort();
+    all.dedup();
+    assert_eq!(all.len(), 400, "{split:?}");
+    // A new member resumes from the committed offsets: only records produced since.
+    let more: String = (400..410).map(|i| format!("k{i}:v{i}\n")).collect();
+    kcat(&boot, &["-P", "-t", "g", "-K:"], Some(&more));
+    let out = kcat(&boot, &["-G", "kg", "g", "-e", "-q", "-f", "%s\n"], None);
+    let mut got: Vec<String> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(String::from)
+        .collect();
+    got.sort();
+    let mut want: Vec<String> = (400..410).map(|i| format!("v{i}")).collect();
+    want.sort();
+    assert_eq!(got, want);
+    s.stop();
+}
