@@ -539,7 +539,7 @@ mod tests {
         assert_eq!(body[0], 0);
         let r = ProduceResponse::decode(&mut body.slice(1..), 9).unwrap();
         let p = &r.responses[0].partition_responses[0];
-        let msg = p.error_message.as_ref().map(|m| m.to_string());
+        let msg = p.error_message.as_ref().map(ToString::to_string);
         (p.error_code, msg.unwrap_or_default(), p.base_offset)
     }
 
