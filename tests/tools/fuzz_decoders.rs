@@ -456,13 +456,33 @@ fn kafka_frames_decode_whole_and_refuse_every_cut() {
     }
 }
 
+/// Requests whose first array claims far more elements than the frame has bytes (found
+/// by `kafka_frames_mutated`): kafka-protocol 0.18 reserved room for the claimed count
+/// before decoding an element, an allocation that aborts the process. The patched copy
+/// (vendor/kafka-protocol) refuses the count, so these decode to an error.
+#[test]
+fn kafka_array_count_bombs_are_refused() {
+    let frames: [&[u8]; 2] = [
+        // Metadata v1: header (api 3, version 1, correlation 7, null client id), then
+        // an Int32 topic count of 0x033c0c00 (54 268 928) and one byte of body.
+        &[
+            0, 3, 0, 1, 0, 0, 0, 7, 0xff, 0xff, 0x03, 0x3c, 0x0c, 0x00, 0xb6,
+        ],
+        // Metadata v9 (flexible): header v2, then a compact topic count of 2^32 - 2.
+        &[
+            0, 3, 0, 9, 0, 0, 0, 7, 0xff, 0xff, 0, 0xff, 0xff, 0xff, 0xff, 0x0f, 0xb6,
+        ],
+    ];
+    for frame in frames {
+        let d = seglog::engine::net::kafka::decode_request(bytes::Bytes::from_static(frame));
+        let e = d.expect_err("a count larger than the frame is an error");
+        assert!(format!("{e:?}").contains("exceeds"), "{e:?}");
+        fuzzprops::kafka_request(frame);
+    }
+}
+
 proptest! {
-    /// Ignored until the decoder bounds array lengths: kafka-protocol 0.18 reserves
-    /// `Vec::with_capacity(n)` from an array's length prefix before reading its
-    /// elements, so a mutated count asks for gigabytes (CappedAlloc aborts here; the
-    /// fuzz target `kafka_request` finds the same). Run with `-- --ignored`.
     #[test]
-    #[ignore = "kafka-protocol 0.18 preallocates arrays from their claimed length"]
     fn kafka_frames_mutated(which in 0usize..8, edits in vec(mutation(), 1..4)) {
         let frames = fuzzprops::seed_kafka_frames();
         fuzzprops::kafka_request(&apply(&frames[which % frames.len()], &edits));

@@ -21,6 +21,7 @@
 
 mod fetch;
 mod groups;
+mod inflate;
 mod metadata;
 mod offsets;
 mod produce;
@@ -31,6 +32,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::{ApiKey, RequestHeader, RequestKind, ResponseHeader, ResponseKind};
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 
+pub use inflate::{InflateError, KAFKA_BATCH_INFLATED_BYTES_MAX};
 pub use server::{KafkaOptions, KafkaServer};
 
 /// Largest request frame accepted (the bytes after the 4-byte size): the native

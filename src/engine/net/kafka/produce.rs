@@ -1,4 +1,5 @@
-//! Produce and InitProducerId. Each Kafka record batch (decompressed by the crate)
+//! Produce and InitProducerId. Each Kafka record batch (decompressed within
+//! [`KAFKA_BATCH_INFLATED_BYTES_MAX`], see `inflate`)
 //! becomes one engine append; a batch with a producer id goes through the engine's
 //! idempotent-producer table. With acks 1 or -1 the response waits, without holding
 //! the event loop, until the records (and a producer's journal entry) are durable:
@@ -8,7 +9,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use bytes::Bytes;
+use bytes::{Buf, Bytes};
 use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
 use kafka_protocol::messages::{
     ApiKey, InitProducerIdRequest, InitProducerIdResponse, ProduceRequest, ProduceResponse,
@@ -16,6 +17,7 @@ use kafka_protocol::messages::{
 };
 use kafka_protocol::records::{Compression, Record, RecordBatchDecoder};
 
+use super::inflate::{Inflater, KAFKA_BATCH_INFLATED_BYTES_MAX};
 use super::server::{Ctx, Outcome};
 use super::{code, engine_code, sb};
 use crate::engine::broker::{Broker, NewRecord};
@@ -90,7 +92,17 @@ pub(crate) fn decode_batches(records: Option<Bytes>) -> Result<Vec<Vec<Record>>,
             ));
         }
     }
-    let sets = RecordBatchDecoder::decode_all(&mut bytes.clone()).map_err(corrupt)?;
+    // Compressed records inflate within one budget for the partition's batches.
+    let inflater = Inflater::new(KAFKA_BATCH_INFLATED_BYTES_MAX);
+    let inflate = |b: &mut Bytes, c| Ok(inflater.inflate(std::mem::take(b), c)?);
+    let mut buf = bytes.clone();
+    let mut sets = Vec::with_capacity(infos.len());
+    while buf.has_remaining() {
+        sets.push(
+            RecordBatchDecoder::decode_with_custom_compression(&mut buf, Some(&inflate))
+                .map_err(corrupt)?,
+        );
+    }
     let mut batches = Vec::with_capacity(sets.len());
     for s in sets {
         if s.records.iter().any(|r| !r.headers.is_empty()) {

@@ -405,6 +405,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let broker =
             Broker::open(dir.path(), Arc::new(RealStorage), BrokerOptions::default()).unwrap();
+        broker
+            .create_topic("t", 1, crate::format::topic::TopicConfig::default())
+            .unwrap();
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let k = KafkaServer::from_listener(l, Arc::clone(&broker), None, 8, false).unwrap();
         let addr = k.local_addr().to_string();
@@ -484,6 +487,81 @@ mod tests {
                 .error_code,
             0
         );
+        stop.store(true, Ordering::SeqCst);
+        t.join().unwrap();
+    }
+
+    /// A Produce request for topic "t", partition 0, of one gzip batch holding `value`.
+    fn produce_gzip(value: Bytes) -> Vec<u8> {
+        use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+        use kafka_protocol::messages::{ProduceRequest, TopicName};
+        use kafka_protocol::records::{
+            Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
+        };
+        let record = Record {
+            transactional: false,
+            control: false,
+            delete_horizon: false,
+            partition_leader_epoch: 0,
+            producer_id: -1,
+            producer_epoch: -1,
+            timestamp_type: TimestampType::Creation,
+            offset: 0,
+            sequence: 0,
+            timestamp: 1000,
+            key: None,
+            value: Some(value),
+            headers: Default::default(),
+        };
+        let mut batch = BytesMut::new();
+        let options = RecordEncodeOptions {
+            version: 2,
+            compression: Compression::Gzip,
+        };
+        RecordBatchEncoder::encode(&mut batch, [record].iter(), &options).unwrap();
+        let mut p = ProduceRequest::default();
+        p.acks = 1;
+        p.timeout_ms = 30_000;
+        let mut part = PartitionProduceData::default();
+        part.records = Some(batch.freeze());
+        let mut t = TopicProduceData::default();
+        t.name = TopicName(crate::engine::net::kafka::sb("t"));
+        t.partition_data = vec![part];
+        p.topic_data = vec![t];
+        request(ApiKey::Produce, 9, &p)
+    }
+
+    /// (error code, error message, base offset) of the one partition answered.
+    fn produce_answer(addr: &str, frame: &[u8]) -> (i16, String, i64) {
+        use kafka_protocol::messages::ProduceResponse;
+        let body = exchange(addr, frame).expect("a produce answer");
+        // Response header v1: no tagged fields after the correlation id.
+        assert_eq!(body[0], 0);
+        let r = ProduceResponse::decode(&mut body.slice(1..), 9).unwrap();
+        let p = &r.responses[0].partition_responses[0];
+        let msg = p.error_message.as_ref().map(ToString::to_string);
+        (p.error_code, msg.unwrap_or_default(), p.base_offset)
+    }
+
+    #[test]
+    fn a_gzip_bomb_is_refused_and_the_listener_still_serves() {
+        use crate::engine::net::kafka::KAFKA_BATCH_INFLATED_BYTES_MAX;
+        let (_dir, addr, stop, t) = start();
+        // Zeros one MiB past the inflation limit compress to well under 1% of it.
+        let zeros = Bytes::from(vec![0u8; KAFKA_BATCH_INFLATED_BYTES_MAX + (1 << 20)]);
+        let bomb = produce_gzip(zeros);
+        assert!(
+            bomb.len() < KAFKA_BATCH_INFLATED_BYTES_MAX / 100,
+            "{}",
+            bomb.len()
+        );
+        let (code, msg, _) = produce_answer(&addr, &bomb);
+        assert_eq!(code, code::CORRUPT_MESSAGE, "{msg}");
+        assert!(msg.contains("KAFKA_BATCH_INFLATED_BYTES_MAX"), "{msg}");
+        // A gzip batch within the limit is stored, at the first offset: nothing of the
+        // bomb was appended.
+        let (code, msg, base) = produce_answer(&addr, &produce_gzip(Bytes::from(vec![0u8; 4096])));
+        assert_eq!((code, base), (0, 0), "{msg}");
         stop.store(true, Ordering::SeqCst);
         t.join().unwrap();
     }
