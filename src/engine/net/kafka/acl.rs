@@ -19,9 +19,9 @@
 //! broker, so nothing of them is written.
 
 use kafka_protocol::messages::{
-    ApiKey, BrokerId, FindCoordinatorResponse, GroupId, HeartbeatResponse,
-    InitProducerIdResponse, JoinGroupResponse, LeaveGroupResponse, ProducerId, RequestKind,
-    ResponseKind, SyncGroupResponse, TopicName,
+    ApiKey, BrokerId, FindCoordinatorResponse, GroupId, HeartbeatResponse, InitProducerIdResponse,
+    JoinGroupResponse, LeaveGroupResponse, ProducerId, RequestKind, ResponseKind,
+    SyncGroupResponse, TopicName,
 };
 
 use super::sasl::SaslState;
@@ -259,7 +259,10 @@ pub(crate) fn check(ctx: &Ctx, state: &mut SaslState, api: ApiKey, req: RequestK
                 }
                 ok
             });
-            Checked::Go(RequestKind::DescribeGroups(r), After::DescribeGroups(refused))
+            Checked::Go(
+                RequestKind::DescribeGroups(r),
+                After::DescribeGroups(refused),
+            )
         }
         RequestKind::ListGroups(r) => Checked::Go(RequestKind::ListGroups(r), After::ListGroups),
         RequestKind::OffsetCommit(mut r) => {
@@ -278,7 +281,10 @@ pub(crate) fn check(ctx: &Ctx, state: &mut SaslState, api: ApiKey, req: RequestK
             } else {
                 code::GROUP_AUTHORIZATION_FAILED
             };
-            Checked::Go(RequestKind::OffsetCommit(r), After::OffsetCommit(refused, err))
+            Checked::Go(
+                RequestKind::OffsetCommit(r),
+                After::OffsetCommit(refused, err),
+            )
         }
         RequestKind::OffsetFetch(mut r) => {
             if !group_ok(&r.group_id) {
@@ -313,7 +319,10 @@ pub(crate) fn check(ctx: &Ctx, state: &mut SaslState, api: ApiKey, req: RequestK
                     ok
                 });
             }
-            Checked::Go(RequestKind::OffsetFetch(r), After::OffsetFetch(refused, all))
+            Checked::Go(
+                RequestKind::OffsetFetch(r),
+                After::OffsetFetch(refused, all),
+            )
         }
         other => Checked::Go(other, After::Nothing),
     }
@@ -387,9 +396,9 @@ pub(crate) fn merge(state: &SaslState, after: After, body: &mut ResponseKind) {
         (After::Metadata(refused, all), ResponseKind::Metadata(resp)) => {
             if all {
                 resp.topics.retain(|t| {
-                    t.name.as_ref().is_some_and(|n| {
-                        allows(p, Action::Describe, Resource::Topic(n.0.as_str()))
-                    })
+                    t.name
+                        .as_ref()
+                        .is_some_and(|n| allows(p, Action::Describe, Resource::Topic(n.0.as_str())))
                 });
             }
             for name in refused {
@@ -426,7 +435,8 @@ pub(crate) fn merge(state: &SaslState, after: After, body: &mut ResponseKind) {
                 tr.partitions = idx
                     .into_iter()
                     .map(|i| {
-                        let mut pr = offset_commit_response::OffsetCommitResponsePartition::default();
+                        let mut pr =
+                            offset_commit_response::OffsetCommitResponsePartition::default();
                         pr.partition_index = i;
                         pr.error_code = err;
                         pr

@@ -12,8 +12,8 @@
 //! `--auth off` any credentials are accepted.
 
 use kafka_protocol::messages::{
-    ApiKey, ResponseKind, SaslAuthenticateRequest, SaslAuthenticateResponse,
-    SaslHandshakeRequest, SaslHandshakeResponse,
+    ApiKey, ResponseKind, SaslAuthenticateRequest, SaslAuthenticateResponse, SaslHandshakeRequest,
+    SaslHandshakeResponse,
 };
 
 use super::server::{Ctx, Outcome};

@@ -198,7 +198,9 @@ impl KafkaServer {
                                 }
                             },
                         };
-                        Connection::new(stream, peer, broker, opts, stop).serve().await;
+                        Connection::new(stream, peer, broker, opts, stop)
+                            .serve()
+                            .await;
                     });
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
