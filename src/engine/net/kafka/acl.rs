@@ -32,7 +32,7 @@ use crate::engine::keys::{Action, Principal, Resource};
 /// What the check made of a request.
 pub(crate) enum Checked {
     /// Serve this (what is left of the request), then [`merge`] `After`.
-    Go(RequestKind, After),
+    Go(Box<RequestKind>, After),
     /// Answer this instead.
     Answer(Outcome),
 }
@@ -68,7 +68,7 @@ fn allows(p: Option<&Principal>, action: Action, r: Resource<'_>) -> bool {
 pub(crate) fn check(ctx: &Ctx, state: &mut SaslState, api: ApiKey, req: RequestKind) -> Checked {
     let keys = ctx.broker.keys();
     if !keys.required() {
-        return Checked::Go(req, After::Nothing);
+        return Checked::Go(Box::new(req), After::Nothing);
     }
     if !state.authenticated {
         return Checked::Answer(Outcome::Close(format!(
@@ -136,7 +136,7 @@ pub(crate) fn check(ctx: &Ctx, state: &mut SaslState, api: ApiKey, req: RequestK
                 }
                 ok
             });
-            Checked::Go(RequestKind::Produce(r), After::Produce(refused))
+            Checked::Go(Box::new(RequestKind::Produce(r)), After::Produce(refused))
         }
         RequestKind::Fetch(mut r) => {
             let mut refused = Parts::new();
@@ -148,7 +148,7 @@ pub(crate) fn check(ctx: &Ctx, state: &mut SaslState, api: ApiKey, req: RequestK
                 }
                 ok
             });
-            Checked::Go(RequestKind::Fetch(r), After::Fetch(refused))
+            Checked::Go(Box::new(RequestKind::Fetch(r)), After::Fetch(refused))
         }
         RequestKind::ListOffsets(mut r) => {
             let mut refused = Parts::new();
@@ -160,7 +160,10 @@ pub(crate) fn check(ctx: &Ctx, state: &mut SaslState, api: ApiKey, req: RequestK
                 }
                 ok
             });
-            Checked::Go(RequestKind::ListOffsets(r), After::ListOffsets(refused))
+            Checked::Go(
+                Box::new(RequestKind::ListOffsets(r)),
+                After::ListOffsets(refused),
+            )
         }
         RequestKind::Metadata(mut r) => {
             let mut refused = Vec::new();
@@ -177,26 +180,35 @@ pub(crate) fn check(ctx: &Ctx, state: &mut SaslState, api: ApiKey, req: RequestK
             if !allows(p, Action::Admin, Resource::Cluster) {
                 r.allow_auto_topic_creation = false;
             }
-            Checked::Go(RequestKind::Metadata(r), After::Metadata(refused, all))
+            Checked::Go(
+                Box::new(RequestKind::Metadata(r)),
+                After::Metadata(refused, all),
+            )
         }
         RequestKind::CreateTopics(mut r) => {
             if admin() {
-                return Checked::Go(RequestKind::CreateTopics(r), After::Nothing);
+                return Checked::Go(Box::new(RequestKind::CreateTopics(r)), After::Nothing);
             }
             let names = r.topics.drain(..).map(|t| t.name).collect();
-            Checked::Go(RequestKind::CreateTopics(r), After::CreateTopics(names))
+            Checked::Go(
+                Box::new(RequestKind::CreateTopics(r)),
+                After::CreateTopics(names),
+            )
         }
         RequestKind::DeleteTopics(mut r) => {
             if admin() {
-                return Checked::Go(RequestKind::DeleteTopics(r), After::Nothing);
+                return Checked::Go(Box::new(RequestKind::DeleteTopics(r)), After::Nothing);
             }
             let mut names: Vec<TopicName> = r.topic_names.drain(..).collect();
             names.extend(r.topics.drain(..).filter_map(|t| t.name));
-            Checked::Go(RequestKind::DeleteTopics(r), After::DeleteTopics(names))
+            Checked::Go(
+                Box::new(RequestKind::DeleteTopics(r)),
+                After::DeleteTopics(names),
+            )
         }
         RequestKind::InitProducerId(r) => {
             if allows(p, Action::Produce, Resource::Cluster) {
-                return Checked::Go(RequestKind::InitProducerId(r), After::Nothing);
+                return Checked::Go(Box::new(RequestKind::InitProducerId(r)), After::Nothing);
             }
             refuse("");
             let mut resp = InitProducerIdResponse::default();
@@ -208,7 +220,7 @@ pub(crate) fn check(ctx: &Ctx, state: &mut SaslState, api: ApiKey, req: RequestK
         RequestKind::FindCoordinator(r) => {
             // key_type 0: a group; a transaction coordinator is refused by the handler.
             if r.key_type != 0 || group_ok(&GroupId(r.key.clone())) {
-                return Checked::Go(RequestKind::FindCoordinator(r), After::Nothing);
+                return Checked::Go(Box::new(RequestKind::FindCoordinator(r)), After::Nothing);
             }
             let mut resp = FindCoordinatorResponse::default();
             resp.error_code = code::GROUP_AUTHORIZATION_FAILED;
@@ -219,7 +231,7 @@ pub(crate) fn check(ctx: &Ctx, state: &mut SaslState, api: ApiKey, req: RequestK
         }
         RequestKind::JoinGroup(r) => {
             if group_ok(&r.group_id) {
-                return Checked::Go(RequestKind::JoinGroup(r), After::Nothing);
+                return Checked::Go(Box::new(RequestKind::JoinGroup(r)), After::Nothing);
             }
             let mut resp = JoinGroupResponse::default();
             resp.error_code = code::GROUP_AUTHORIZATION_FAILED;
@@ -228,7 +240,7 @@ pub(crate) fn check(ctx: &Ctx, state: &mut SaslState, api: ApiKey, req: RequestK
         }
         RequestKind::SyncGroup(r) => {
             if group_ok(&r.group_id) {
-                return Checked::Go(RequestKind::SyncGroup(r), After::Nothing);
+                return Checked::Go(Box::new(RequestKind::SyncGroup(r)), After::Nothing);
             }
             let mut resp = SyncGroupResponse::default();
             resp.error_code = code::GROUP_AUTHORIZATION_FAILED;
@@ -236,7 +248,7 @@ pub(crate) fn check(ctx: &Ctx, state: &mut SaslState, api: ApiKey, req: RequestK
         }
         RequestKind::Heartbeat(r) => {
             if group_ok(&r.group_id) {
-                return Checked::Go(RequestKind::Heartbeat(r), After::Nothing);
+                return Checked::Go(Box::new(RequestKind::Heartbeat(r)), After::Nothing);
             }
             let mut resp = HeartbeatResponse::default();
             resp.error_code = code::GROUP_AUTHORIZATION_FAILED;
@@ -244,7 +256,7 @@ pub(crate) fn check(ctx: &Ctx, state: &mut SaslState, api: ApiKey, req: RequestK
         }
         RequestKind::LeaveGroup(r) => {
             if group_ok(&r.group_id) {
-                return Checked::Go(RequestKind::LeaveGroup(r), After::Nothing);
+                return Checked::Go(Box::new(RequestKind::LeaveGroup(r)), After::Nothing);
             }
             let mut resp = LeaveGroupResponse::default();
             resp.error_code = code::GROUP_AUTHORIZATION_FAILED;
@@ -260,11 +272,13 @@ pub(crate) fn check(ctx: &Ctx, state: &mut SaslState, api: ApiKey, req: RequestK
                 ok
             });
             Checked::Go(
-                RequestKind::DescribeGroups(r),
+                Box::new(RequestKind::DescribeGroups(r)),
                 After::DescribeGroups(refused),
             )
         }
-        RequestKind::ListGroups(r) => Checked::Go(RequestKind::ListGroups(r), After::ListGroups),
+        RequestKind::ListGroups(r) => {
+            Checked::Go(Box::new(RequestKind::ListGroups(r)), After::ListGroups)
+        }
         RequestKind::OffsetCommit(mut r) => {
             let mut refused = Parts::new();
             let group = group_ok(&r.group_id);
@@ -282,7 +296,7 @@ pub(crate) fn check(ctx: &Ctx, state: &mut SaslState, api: ApiKey, req: RequestK
                 code::GROUP_AUTHORIZATION_FAILED
             };
             Checked::Go(
-                RequestKind::OffsetCommit(r),
+                Box::new(RequestKind::OffsetCommit(r)),
                 After::OffsetCommit(refused, err),
             )
         }
@@ -320,11 +334,11 @@ pub(crate) fn check(ctx: &Ctx, state: &mut SaslState, api: ApiKey, req: RequestK
                 });
             }
             Checked::Go(
-                RequestKind::OffsetFetch(r),
+                Box::new(RequestKind::OffsetFetch(r)),
                 After::OffsetFetch(refused, all),
             )
         }
-        other => Checked::Go(other, After::Nothing),
+        other => Checked::Go(Box::new(other), After::Nothing),
     }
 }
 

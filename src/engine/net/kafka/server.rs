@@ -480,7 +480,7 @@ impl Connection {
             super::acl::Checked::Go(request, after) => (request, after),
             super::acl::Checked::Answer(outcome) => return (outcome, api, version, id),
         };
-        let outcome = match request {
+        let outcome = match *request {
             RequestKind::Metadata(r) => super::metadata::metadata(ctx, r, version),
             RequestKind::CreateTopics(r) => super::metadata::create_topics(ctx, r, version),
             RequestKind::DeleteTopics(r) => super::metadata::delete_topics(ctx, r, version),
@@ -608,7 +608,11 @@ mod tests {
         let mut body = exchange(&addr, &request(ApiKey::SaslHandshake, 1, &sasl)).unwrap();
         let r = SaslHandshakeResponse::decode(&mut body, 1).unwrap();
         assert_eq!(r.error_code, code::UNSUPPORTED_SASL_MECHANISM);
-        let offered: Vec<&str> = r.mechanisms.iter().map(|m| m.as_str()).collect();
+        let offered: Vec<&str> = r
+            .mechanisms
+            .iter()
+            .map(kafka_protocol::protocol::StrBytes::as_str)
+            .collect();
         assert_eq!(offered, ["PLAIN"]);
         // The listener still serves after all of it.
         let ok = request(ApiKey::ApiVersions, 3, &ApiVersionsRequest::default());
