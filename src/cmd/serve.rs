@@ -480,8 +480,8 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
         log_errors: true,
         metrics: net_metrics.clone(),
         io_timeout: args.limits.io_timeout,
-        limits,
-        tls,
+        limits: limits.clone(),
+        tls: tls.clone(),
     };
     let server = match Server::from_listener(listener, Arc::clone(&broker), server_opts) {
         Ok(s) => s,
@@ -501,6 +501,7 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
              who reaches this address can read, write and delete topics"
         );
     }
+    let kafka_metrics = net_metrics.clone();
     let metrics_server = match (metrics_listener, net_metrics) {
         (Some(l), Some(net)) => {
             let registry = metrics::registry(Arc::clone(&broker), net);
@@ -541,7 +542,12 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
             args.kafka_advertised.as_deref(),
             args.max_connections as usize,
             true,
-        ) {
+        )
+        .map(|k| {
+            k.with_tls(tls)
+                .with_limits(limits, args.limits.io_timeout)
+                .with_metrics(kafka_metrics)
+        }) {
             Ok(k) => {
                 let kaddr = k.local_addr();
                 tracing::info!(kafka_listen = %kaddr, "serving the Kafka protocol");

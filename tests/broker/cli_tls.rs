@@ -60,11 +60,11 @@ fn write_ca(dir: &Path, ca: &Ca, stem: &str) -> PathBuf {
 }
 
 /// The files of one TLS set-up: the broker's certificate and key, its CA, another CA.
-struct Pki {
+pub(crate) struct Pki {
     _dir: tempfile::TempDir,
-    cert: PathBuf,
-    key: PathBuf,
-    ca: PathBuf,
+    pub(crate) cert: PathBuf,
+    pub(crate) key: PathBuf,
+    pub(crate) ca: PathBuf,
     other_ca: PathBuf,
     client_cert: PathBuf,
     client_key: PathBuf,
@@ -72,7 +72,7 @@ struct Pki {
     stranger_key: PathBuf,
 }
 
-fn pki() -> Pki {
+pub(crate) fn pki() -> Pki {
     let dir = tempfile::tempdir().unwrap();
     let root = ca("seglog test CA");
     let other = ca("another CA");

@@ -453,3 +453,202 @@ fn kcat_group_members_split_partitions_and_resume() {
     assert_eq!(got, want);
     s.stop();
 }
+
+/// A broker with TLS and API keys on both listeners, topics `orders` and `secret`,
+/// an admin key, a producer key and a consumer key for `orders*`.
+struct Secured {
+    _dir: tempfile::TempDir,
+    pki: crate::cli_tls::Pki,
+    serve: Serve,
+    boot: String,
+    admin: String,
+    producer: String,
+    consumer: String,
+}
+
+fn secured() -> Secured {
+    let dir = tempfile::tempdir().unwrap();
+    // Topics made before any key exists, then the keys offline.
+    let plain = Serve::start(dir.path());
+    plain.ok(&["topics", "create", "orders", "--partitions", "1"]);
+    plain.ok(&["topics", "create", "secret", "--partitions", "1"]);
+    plain.stop();
+    let create = |args: &[&str]| {
+        let mut all = vec!["keys", "create", "--json", "--data-dir"];
+        all.push(dir.path().to_str().unwrap());
+        all.extend_from_slice(args);
+        let (code, out, err) = crate::util::bin::run(&all, dir.path());
+        assert_eq!(code, 0, "{err}");
+        crate::util::bin::json(&out)["token"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let admin = create(&["--name", "ops", "--role", "admin"]);
+    let producer = create(&["--name", "app", "--role", "producer", "--topic", "orders*"]);
+    let consumer = create(&[
+        "--name", "reader", "--role", "consumer", "--topic", "orders*", "--group", "*",
+    ]);
+    let pki = crate::cli_tls::pki();
+    let serve = Serve::start_with(
+        dir.path(),
+        &[
+            "--kafka-listen",
+            "127.0.0.1:0",
+            "--tls-cert",
+            pki.cert.to_str().unwrap(),
+            "--tls-key",
+            pki.key.to_str().unwrap(),
+        ],
+    );
+    let boot = serve.kafka_addr.clone().expect("kafka listening line");
+    Secured {
+        _dir: dir,
+        pki,
+        serve,
+        boot,
+        admin,
+        producer,
+        consumer,
+    }
+}
+
+impl Secured {
+    /// A native client command as the admin key, over TLS.
+    fn admin(&self, args: &[&str]) -> String {
+        let out = self
+            .serve
+            .cmd()
+            .args(args)
+            .args(["--tls", "--tls-ca", self.pki.ca.to_str().unwrap()])
+            .env("SEGLOG_TOKEN", &self.admin)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// kcat over SASL_SSL with `token` as the PLAIN password.
+    fn kcat(&self, token: &str, args: &[&str], input: Option<&str>) -> Output {
+        let mut all = vec![
+            "-X",
+            "security.protocol=sasl_ssl",
+            "-X",
+            "sasl.mechanisms=PLAIN",
+            "-X",
+            "sasl.username=u",
+        ];
+        let password = format!("sasl.password={token}");
+        let ca = format!("ssl.ca.location={}", self.pki.ca.display());
+        all.extend_from_slice(&["-X", &password, "-X", &ca]);
+        all.extend_from_slice(args);
+        let mut child = Command::new("kcat")
+            .args(["-b", &self.boot])
+            .args(&all)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run kcat");
+        let mut stdin = child.stdin.take().unwrap();
+        if let Some(text) = input {
+            stdin.write_all(text.as_bytes()).unwrap();
+        }
+        drop(stdin);
+        child.wait_with_output().unwrap()
+    }
+
+    /// Values of partition 0 of `topic`, read natively.
+    fn values(&self, topic: &str) -> Vec<String> {
+        self.admin(&["consume", topic, "--partition", "0", "--json"])
+            .lines()
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).unwrap();
+                v["value"].as_str().unwrap().to_string()
+            })
+            .collect()
+    }
+}
+
+#[test]
+fn kcat_sasl_ssl_with_api_keys() {
+    if !have_kcat() {
+        return;
+    }
+    let b = secured();
+    // The producer key produces to a topic it matches, the consumer key reads it.
+    let o = b.kcat(
+        &b.producer,
+        &["-P", "-t", "orders"],
+        Some("one\ntwo\nthree\n"),
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = b.kcat(
+        &b.consumer,
+        &["-C", "-t", "orders", "-o", "beginning", "-e", "-q"],
+        None,
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(String::from_utf8(o.stdout).unwrap(), "one\ntwo\nthree\n");
+    assert_eq!(b.values("orders"), ["one", "two", "three"]);
+    // A producer key on a topic it does not match: refused, nothing written.
+    let o = b.kcat(&b.producer, &["-P", "-t", "secret"], Some("leak\n"));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("authorization failed"),
+        "{err}"
+    );
+    assert!(b.values("secret").is_empty());
+    // A consumer key does not produce.
+    let o = b.kcat(&b.consumer, &["-P", "-t", "orders"], Some("four\n"));
+    assert!(!o.status.success());
+    assert_eq!(b.values("orders").len(), 3);
+    // A wrong token fails the login.
+    let wrong = format!("{}x", b.producer);
+    let o = b.kcat(&wrong, &["-L", "-m", "3"], None);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(
+        b.serve.stderr().contains("kafka: failed login"),
+        "{}",
+        b.serve.stderr()
+    );
+    // Plaintext is closed without an answer.
+    let mut tcp = std::net::TcpStream::connect(&b.boot).unwrap();
+    tcp.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .unwrap();
+    tcp.write_all(&[0, 0, 0, 8, 0, 18, 0, 0, 0, 0, 0, 1])
+        .unwrap();
+    let mut buf = [0u8; 16];
+    let n = std::io::Read::read(&mut tcp, &mut buf).unwrap_or(0);
+    assert_eq!(n, 0);
+    b.serve.stop();
+}
+
+#[test]
+fn confluent_produces_over_sasl_ssl() {
+    if !have_python("confluent_kafka") {
+        return;
+    }
+    let b = secured();
+    let ca = b.pki.ca.to_str().unwrap().to_string();
+    let r = python(
+        "confluent_sasl",
+        &[&b.boot, "orders", &b.producer, &ca, "20"],
+    );
+    assert_eq!(r["reports"], 20, "{r}");
+    assert_eq!(r["errors"].as_array().unwrap().len(), 0, "{r}");
+    let offsets: Vec<u64> = r["offsets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    assert_eq!(offsets, (0..20).collect::<Vec<_>>());
+    assert_eq!(b.values("orders").len(), 20);
+    b.serve.stop();
+}

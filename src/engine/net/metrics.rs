@@ -128,6 +128,11 @@ impl NetMetrics {
         self.auth_failures.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Failed logins counted so far.
+    pub fn auth_failures(&self) -> u64 {
+        self.auth_failures.load(Ordering::Relaxed)
+    }
+
     /// Lets the collector report `count` as the open connections.
     pub fn set_connections(&self, count: Arc<AtomicUsize>) {
         *self

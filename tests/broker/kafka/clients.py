@@ -204,6 +204,24 @@ def bench_fetch(boot, topic, n):
     out({"records": got, "seconds": took, "mb_per_s": nbytes / 1e6 / max(took, 1e-9)})
 
 
+def confluent_sasl(boot, topic, token, ca, n):
+    from confluent_kafka import Producer
+
+    p = Producer({"bootstrap.servers": boot, "acks": "all", "security.protocol": "SASL_SSL",
+                  "sasl.mechanisms": "PLAIN", "sasl.username": "app", "sasl.password": token,
+                  "ssl.ca.location": ca})
+    reports = []
+
+    def cb(err, msg):
+        reports.append((None if err is None else str(err), msg.offset()))
+
+    for i in range(n):
+        p.produce(topic, value=b"s%d" % i, on_delivery=cb)
+    p.flush(DEADLINE_S)
+    out({"reports": len(reports), "errors": [r[0] for r in reports if r[0] is not None][:5],
+         "offsets": sorted(r[1] for r in reports)})
+
+
 def main():
     mode = sys.argv[1]
     try:
@@ -217,6 +235,8 @@ def main():
             bench_produce(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
         elif mode == "bench_fetch":
             bench_fetch(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+        elif mode == "confluent_sasl":
+            confluent_sasl(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], int(sys.argv[6]))
         elif mode == "kafka_python":
             kafka_python(sys.argv[2])
         else:

@@ -19,6 +19,7 @@
 //! - Kafka offsets are seglog offsets; one Kafka record batch is one engine append.
 //! - A produce with acks 1 or -1 is answered after its records are durable.
 
+mod acl;
 mod fetch;
 mod groups;
 mod inflate;
@@ -27,6 +28,8 @@ mod offsets;
 mod produce;
 mod sasl;
 pub mod server;
+
+pub use sasl::parse_plain;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::{ApiKey, RequestHeader, RequestKind, ResponseHeader, ResponseKind};
@@ -86,6 +89,9 @@ pub mod code {
     pub const UNKNOWN_MEMBER_ID: i16 = 25;
     pub const INVALID_SESSION_TIMEOUT: i16 = 26;
     pub const REBALANCE_IN_PROGRESS: i16 = 27;
+    pub const TOPIC_AUTHORIZATION_FAILED: i16 = 29;
+    pub const GROUP_AUTHORIZATION_FAILED: i16 = 30;
+    pub const CLUSTER_AUTHORIZATION_FAILED: i16 = 31;
     pub const UNSUPPORTED_SASL_MECHANISM: i16 = 33;
     pub const ILLEGAL_SASL_STATE: i16 = 34;
     pub const UNSUPPORTED_VERSION: i16 = 35;
@@ -97,6 +103,7 @@ pub mod code {
     pub const OUT_OF_ORDER_SEQUENCE_NUMBER: i16 = 45;
     pub const INVALID_PRODUCER_EPOCH: i16 = 47;
     pub const KAFKA_STORAGE_ERROR: i16 = 56;
+    pub const SASL_AUTHENTICATION_FAILED: i16 = 58;
     pub const UNKNOWN_PRODUCER_ID: i16 = 59;
     pub const GROUP_ID_NOT_FOUND: i16 = 69;
     pub const NON_EMPTY_GROUP: i16 = 68;

@@ -8,6 +8,15 @@
 //! does not decode, or asks for an API or version not served, is logged and the
 //! connection closed (ApiVersions answers with its error first).
 //!
+//! TLS and logins: with [`ServerTls`] set ([`KafkaServer::with_tls`]) a connection
+//! whose first byte is not a TLS ClientHello is logged and closed (Kafka clients
+//! cannot read an error frame there) unless plaintext is allowed. While the broker
+//! requires a login, a connection must authenticate with SASL PLAIN
+//! ([`super::sasl`]) before any request other than ApiVersions, SaslHandshake and
+//! SaslAuthenticate; any other request first closes the connection with a log line,
+//! as Kafka does on its SASL listeners. After a login every request is checked
+//! against the key ([`super::acl`]).
+//!
 //! Stopping: the accept loop ends, each connection finishes the request it serves
 //! and closes at the next frame boundary; [`KafkaServer::serve`] returns once every
 //! connection task has ended.
@@ -20,16 +29,18 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::{ApiKey, RequestKind, ResponseKind};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, ReadHalf, WriteHalf};
 use tokio::task::JoinSet;
 
+use super::sasl::SaslState;
 use super::{
     api_versions_body, code, decode_request, encode_response, DecodeError, LEN_FIELD,
     REQUEST_BYTES_MAX,
 };
 use crate::engine::broker::Broker;
+use crate::engine::net::limits::{ConnectionGate, Limits};
+use crate::engine::net::metrics::NetMetrics;
+use crate::engine::net::tls::{Accepted, ServerTls, Stream};
 
 /// How often waiting loops look at the stop flags.
 pub(crate) const POLL_INTERVAL: Duration = Duration::from_millis(100);
@@ -50,6 +61,13 @@ pub struct KafkaOptions {
     pub io_timeout: Duration,
     /// Log each closed connection and each error answered.
     pub log_errors: bool,
+    /// TLS of the listener (`serve --tls-cert`); `None`: plaintext.
+    pub tls: Option<ServerTls>,
+    /// The limits shared with the native listener: connections per address, frame
+    /// bytes, idle timeout.
+    pub limits: Limits,
+    /// Where failed logins are counted.
+    pub metrics: Option<Arc<NetMetrics>>,
 }
 
 /// The bound Kafka listener of one broker.
@@ -59,7 +77,7 @@ pub struct KafkaServer {
     local_addr: SocketAddr,
     broker: Arc<Broker>,
     opts: Arc<KafkaOptions>,
-    active: Arc<AtomicUsize>,
+    gate: Arc<ConnectionGate>,
 }
 
 impl KafkaServer {
@@ -93,9 +111,38 @@ impl KafkaServer {
                 max_connections,
                 io_timeout: Duration::from_secs(30),
                 log_errors,
+                tls: None,
+                limits: Limits::default(),
+                metrics: None,
             }),
-            active: Arc::new(AtomicUsize::new(0)),
+            gate: ConnectionGate::new(Arc::new(AtomicUsize::new(0)), max_connections, usize::MAX),
         })
+    }
+
+    /// Serves TLS (and plaintext only where `tls` allows it).
+    pub fn with_tls(mut self, tls: Option<ServerTls>) -> KafkaServer {
+        Arc::make_mut(&mut self.opts).tls = tls;
+        self
+    }
+
+    /// Applies the listener limits of `serve` (connections per address, frame bytes,
+    /// idle timeout) and its I/O timeout.
+    pub fn with_limits(mut self, limits: Limits, io_timeout: Duration) -> KafkaServer {
+        let opts = Arc::make_mut(&mut self.opts);
+        self.gate = ConnectionGate::new(
+            Arc::new(AtomicUsize::new(0)),
+            opts.max_connections,
+            limits.connections_per_address_max,
+        );
+        opts.limits = limits;
+        opts.io_timeout = io_timeout;
+        self
+    }
+
+    /// Counts failed logins into `metrics`.
+    pub fn with_metrics(mut self, metrics: Option<Arc<NetMetrics>>) -> KafkaServer {
+        Arc::make_mut(&mut self.opts).metrics = metrics;
+        self
     }
 
     /// The address actually bound.
@@ -120,24 +167,40 @@ impl KafkaServer {
             match accepted {
                 Ok((stream, peer)) => {
                     while conns.try_join_next().is_some() {}
-                    if self.active.load(Ordering::SeqCst) >= self.opts.max_connections {
-                        tracing::warn!(%peer, max_connections = self.opts.max_connections,
-                            "kafka: refused a connection (too many)");
-                        continue;
-                    }
+                    let admitted = match self.gate.admit(peer) {
+                        Ok(a) => a,
+                        Err(refusal) => {
+                            tracing::warn!(%peer, "kafka: refused a connection: {}",
+                                refusal.message());
+                            continue;
+                        }
+                    };
                     let _ = stream.set_nodelay(true);
-                    self.active.fetch_add(1, Ordering::SeqCst);
-                    let conn = Connection::new(
-                        stream,
-                        peer,
-                        Arc::clone(&self.broker),
-                        Arc::clone(&self.opts),
-                        Arc::clone(&stop),
-                    );
-                    let active = Arc::clone(&self.active);
+                    let broker = Arc::clone(&self.broker);
+                    let opts = Arc::clone(&self.opts);
+                    let stop = Arc::clone(&stop);
                     conns.spawn(async move {
-                        conn.serve().await;
-                        active.fetch_sub(1, Ordering::SeqCst);
+                        let _admitted = admitted;
+                        let stream = match &opts.tls {
+                            None => Stream::Plain(stream),
+                            Some(tls) => match tls.accept(stream, opts.io_timeout).await {
+                                Accepted::Stream(s) => s,
+                                Accepted::Plaintext(_) => {
+                                    tracing::warn!(%peer, "kafka: closed a plaintext connection: \
+                                        this listener requires TLS (security.protocol=ssl or \
+                                        sasl_ssl; serve --allow-plaintext serves both)");
+                                    return;
+                                }
+                                Accepted::Failed(e) => {
+                                    tracing::warn!(%peer, error = %e,
+                                        "kafka: TLS handshake failed");
+                                    return;
+                                }
+                            },
+                        };
+                        Connection::new(stream, peer, broker, opts, stop)
+                            .serve()
+                            .await;
                     });
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -172,6 +235,8 @@ pub(crate) enum Outcome {
     NoReply,
     /// Log this and close the connection.
     Close(String),
+    /// Send this response, then log the message and close (a failed login).
+    ReplyClose(Box<ResponseKind>, String),
 }
 
 impl Outcome {
@@ -202,21 +267,22 @@ impl Ctx {
 }
 
 struct Connection {
-    reader: BufReader<OwnedReadHalf>,
-    writer: OwnedWriteHalf,
+    reader: BufReader<ReadHalf<Stream>>,
+    writer: WriteHalf<Stream>,
     ctx: Ctx,
     out: BytesMut,
+    sasl: SaslState,
 }
 
 impl Connection {
     fn new(
-        stream: TcpStream,
+        stream: Stream,
         peer: SocketAddr,
         broker: Arc<Broker>,
         opts: Arc<KafkaOptions>,
         stop: Arc<AtomicBool>,
     ) -> Connection {
-        let (r, w) = stream.into_split();
+        let (r, w) = tokio::io::split(stream);
         Connection {
             reader: BufReader::with_capacity(READ_BUFFER_BYTES, r),
             writer: w,
@@ -227,7 +293,19 @@ impl Connection {
                 peer,
             },
             out: BytesMut::new(),
+            sasl: SaslState::default(),
         }
+    }
+
+    /// Writes `self.out` and flushes it (TLS holds written bytes until a flush).
+    async fn send_out(&mut self) -> bool {
+        let timeout = self.ctx.opts.io_timeout;
+        let sent = tokio::time::timeout(timeout, async {
+            self.writer.write_all(&self.out).await?;
+            self.writer.flush().await
+        })
+        .await;
+        matches!(sent, Ok(Ok(())))
     }
 
     fn log_close(&self, detail: &str) {
@@ -246,6 +324,26 @@ impl Connection {
                     return;
                 }
             };
+            if self.sasl.expects_raw_token() {
+                // After a SaslHandshake v0 the next frame is the bare PLAIN token;
+                // success is answered with an empty token, a failure closes.
+                match super::sasl::raw_token(&self.ctx, &mut self.sasl, &frame) {
+                    Ok(()) => {
+                        self.out.clear();
+                        self.out.extend_from_slice(&0u32.to_be_bytes());
+                        if !self.send_out().await {
+                            self.log_close("sending a response failed or timed out");
+                            return;
+                        }
+                        continue;
+                    }
+                    Err(detail) => {
+                        self.log_close(&detail);
+                        let _ = self.writer.shutdown().await;
+                        return;
+                    }
+                }
+            }
             let (outcome, api, version, id) = self.handle(frame).await;
             match outcome {
                 Outcome::Reply(body) => {
@@ -253,16 +351,21 @@ impl Connection {
                         self.log_close(&e.to_string());
                         return;
                     }
-                    let timeout = self.ctx.opts.io_timeout;
-                    let sent =
-                        tokio::time::timeout(timeout, self.writer.write_all(&self.out)).await;
-                    if !matches!(sent, Ok(Ok(()))) {
+                    if !self.send_out().await {
                         self.log_close("sending a response failed or timed out");
                         return;
                     }
                     if self.out.capacity() > 4 * READ_STEP_BYTES {
                         self.out = BytesMut::new();
                     }
+                }
+                Outcome::ReplyClose(body, detail) => {
+                    if encode_response(&mut self.out, api, version, id, &body).is_ok() {
+                        let _ = self.send_out().await;
+                    }
+                    self.log_close(&detail);
+                    let _ = self.writer.shutdown().await;
+                    return;
                 }
                 Outcome::NoReply => {}
                 Outcome::Close(detail) => {
@@ -277,9 +380,18 @@ impl Connection {
     /// Waits at a frame boundary for the next frame; `Ok(None)` when the peer closed
     /// or the server stops.
     async fn read_frame(&mut self) -> Result<Option<Bytes>, String> {
+        let idle_since = std::time::Instant::now();
         loop {
             if self.ctx.stopping() {
                 return Ok(None);
+            }
+            if let Some(idle) = self.ctx.opts.limits.idle_timeout {
+                if idle_since.elapsed() >= idle {
+                    return Err(format!(
+                        "no request for {}s (idle timeout)",
+                        idle.as_secs_f64()
+                    ));
+                }
             }
             // `fill_buf` is cancel-safe: a tick loses no bytes.
             let ready = tokio::select! {
@@ -301,9 +413,10 @@ impl Connection {
             Err(_) => return Err("peer stalled in a frame's length".into()),
         }
         let len = i32::from_be_bytes(len);
-        let Some(len) = u32::try_from(len).ok().filter(|l| *l <= REQUEST_BYTES_MAX) else {
+        let max = REQUEST_BYTES_MAX.min(self.ctx.opts.limits.frame_bytes_max);
+        let Some(len) = u32::try_from(len).ok().filter(|l| *l <= max) else {
             return Err(format!(
-                "request size {len} is outside 0..={REQUEST_BYTES_MAX} bytes"
+                "request size {len} is outside 0..={max} bytes (frame_bytes_max)"
             ));
         };
         let len = len as usize;
@@ -348,10 +461,26 @@ impl Connection {
         };
         let (api, version, id) = (d.api, d.version, d.header.correlation_id);
         let ctx = &self.ctx;
-        let outcome = match d.request {
-            RequestKind::ApiVersions(_) => {
-                Outcome::reply(ResponseKind::ApiVersions(api_versions_body(code::NONE)))
+        let request = match d.request {
+            RequestKind::SaslHandshake(r) => {
+                let o = super::sasl::handshake(ctx, &mut self.sasl, r, version);
+                return (o, api, version, id);
             }
+            RequestKind::SaslAuthenticate(r) => {
+                let o = super::sasl::authenticate(ctx, &mut self.sasl, r);
+                return (o, api, version, id);
+            }
+            RequestKind::ApiVersions(_) => {
+                let body = ResponseKind::ApiVersions(api_versions_body(code::NONE));
+                return (Outcome::reply(body), api, version, id);
+            }
+            other => other,
+        };
+        let (request, after) = match super::acl::check(ctx, &mut self.sasl, api, request) {
+            super::acl::Checked::Go(request, after) => (request, after),
+            super::acl::Checked::Answer(outcome) => return (outcome, api, version, id),
+        };
+        let outcome = match *request {
             RequestKind::Metadata(r) => super::metadata::metadata(ctx, r, version),
             RequestKind::CreateTopics(r) => super::metadata::create_topics(ctx, r, version),
             RequestKind::DeleteTopics(r) => super::metadata::delete_topics(ctx, r, version),
@@ -368,12 +497,17 @@ impl Connection {
             RequestKind::LeaveGroup(r) => super::groups::leave(ctx, r, version),
             RequestKind::ListGroups(_) => super::groups::list(ctx),
             RequestKind::DescribeGroups(r) => super::groups::describe(ctx, r),
-            RequestKind::SaslHandshake(r) => super::sasl::handshake(ctx, r),
-            RequestKind::SaslAuthenticate(_) => super::sasl::authenticate(ctx),
             other => Outcome::Close(format!(
                 "{:?} v{version} is not served",
                 std::mem::discriminant(&other)
             )),
+        };
+        let outcome = match outcome {
+            Outcome::Reply(mut body) => {
+                super::acl::merge(&self.sasl, after, &mut body);
+                Outcome::Reply(body)
+            }
+            other => other,
         };
         (outcome, api, version, id)
     }
@@ -471,13 +605,18 @@ mod tests {
         let r = ApiVersionsResponse::decode(&mut body, 0).unwrap();
         assert_eq!(r.error_code, code::UNSUPPORTED_VERSION);
         assert_eq!(r.api_keys.len(), super::super::SERVED.len());
-        // SASL: no mechanism offered.
+        // SASL: PLAIN is offered, nothing else.
         let mut sasl = SaslHandshakeRequest::default();
-        sasl.mechanism = crate::engine::net::kafka::sb("PLAIN");
+        sasl.mechanism = crate::engine::net::kafka::sb("SCRAM-SHA-256");
         let mut body = exchange(&addr, &request(ApiKey::SaslHandshake, 1, &sasl)).unwrap();
         let r = SaslHandshakeResponse::decode(&mut body, 1).unwrap();
         assert_eq!(r.error_code, code::UNSUPPORTED_SASL_MECHANISM);
-        assert!(r.mechanisms.is_empty());
+        let offered: Vec<&str> = r
+            .mechanisms
+            .iter()
+            .map(kafka_protocol::protocol::StrBytes::as_str)
+            .collect();
+        assert_eq!(offered, ["PLAIN"]);
         // The listener still serves after all of it.
         let ok = request(ApiKey::ApiVersions, 3, &ApiVersionsRequest::default());
         let mut body = exchange(&addr, &ok).unwrap();
@@ -562,6 +701,110 @@ mod tests {
         // bomb was appended.
         let (code, msg, base) = produce_answer(&addr, &produce_gzip(Bytes::from(vec![0u8; 4096])));
         assert_eq!((code, base), (0, 0), "{msg}");
+        stop.store(true, Ordering::SeqCst);
+        t.join().unwrap();
+    }
+
+    /// Writes `frame` on `s` and reads one whole response frame (`None`: closed).
+    fn send(s: &mut TcpStream, frame: &[u8]) -> Option<Bytes> {
+        s.write_all(frame).unwrap();
+        let mut len = [0u8; 4];
+        s.read_exact(&mut len).ok()?;
+        let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
+        s.read_exact(&mut body).ok()?;
+        Some(Bytes::from(body))
+    }
+
+    fn plain(token: &str) -> Vec<u8> {
+        format!("\0user\0{token}").into_bytes()
+    }
+
+    #[test]
+    fn sasl_plain_logs_in_with_an_api_key() {
+        use kafka_protocol::messages::{
+            MetadataRequest, MetadataResponse, SaslAuthenticateRequest, SaslAuthenticateResponse,
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let broker =
+            Broker::open(dir.path(), Arc::new(RealStorage), BrokerOptions::default()).unwrap();
+        let created = broker
+            .keys()
+            .create("app", "producer", &["orders".into()], &[])
+            .unwrap();
+        assert!(broker.keys().required());
+        let metrics = Arc::new(NetMetrics::default());
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let k = KafkaServer::from_listener(l, Arc::clone(&broker), None, 8, false)
+            .unwrap()
+            .with_metrics(Some(Arc::clone(&metrics)));
+        let addr2 = k.local_addr().to_string();
+        let stop = Arc::new(AtomicBool::new(false));
+        let s2 = Arc::clone(&stop);
+        let b2 = Arc::clone(&broker);
+        let t = std::thread::spawn(move || {
+            let rt = crate::engine::net::server::runtime().unwrap();
+            rt.block_on(k.serve(s2, &AtomicBool::new(false))).unwrap();
+            b2.shutdown().unwrap();
+        });
+        let connect = || {
+            let s = TcpStream::connect(&addr2).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+            s
+        };
+        let metadata = request(ApiKey::Metadata, 9, &MetadataRequest::default());
+        let mut hs = SaslHandshakeRequest::default();
+        hs.mechanism = crate::engine::net::kafka::sb("PLAIN");
+        let handshake_v1 = request(ApiKey::SaslHandshake, 1, &hs);
+        let auth = |token: &str| {
+            let mut a = SaslAuthenticateRequest::default();
+            a.auth_bytes = Bytes::from(plain(token));
+            request(ApiKey::SaslAuthenticate, 2, &a)
+        };
+
+        // Before a login: ApiVersions is answered, Metadata closes the connection.
+        let mut s = connect();
+        let ok = request(ApiKey::ApiVersions, 3, &ApiVersionsRequest::default());
+        assert!(send(&mut s, &ok).is_some());
+        assert!(send(&mut s, &metadata).is_none());
+
+        // A wrong token: SASL_AUTHENTICATION_FAILED with a message, then closed.
+        let mut s = connect();
+        let mut b = send(&mut s, &handshake_v1).unwrap().slice(4..);
+        let r = SaslHandshakeResponse::decode(&mut b, 1).unwrap();
+        assert_eq!(r.error_code, code::NONE);
+        let wrong = format!("{}x", created.token);
+        // Version 2 is flexible: the response header carries a tagged-field count.
+        let mut b = send(&mut s, &auth(&wrong)).unwrap().slice(5..);
+        let r = SaslAuthenticateResponse::decode(&mut b, 2).unwrap();
+        assert_eq!(r.error_code, code::SASL_AUTHENTICATION_FAILED);
+        assert!(r.error_message.unwrap().contains("authentication failed"));
+        assert!(send(&mut s, &metadata).is_none());
+        assert_eq!(metrics.auth_failures(), 1);
+
+        // The right token (SaslAuthenticate v2), then Metadata is served.
+        let mut s = connect();
+        assert!(send(&mut s, &handshake_v1).is_some());
+        let mut b = send(&mut s, &auth(&created.token)).unwrap().slice(5..);
+        let r = SaslAuthenticateResponse::decode(&mut b, 2).unwrap();
+        assert_eq!(r.error_code, code::NONE, "{:?}", r.error_message);
+        let mut b = send(&mut s, &metadata).unwrap().slice(5..);
+        assert!(MetadataResponse::decode(&mut b, 9).is_ok());
+
+        // A version 0 handshake: the bare token follows, answered by an empty frame.
+        let mut s = connect();
+        assert!(send(&mut s, &request(ApiKey::SaslHandshake, 0, &hs)).is_some());
+        let mut raw = (plain(&created.token).len() as u32).to_be_bytes().to_vec();
+        raw.extend_from_slice(&plain(&created.token));
+        assert_eq!(send(&mut s, &raw).unwrap().len(), 0);
+        assert!(send(&mut s, &metadata).is_some());
+        // A wrong bare token closes.
+        let mut s = connect();
+        assert!(send(&mut s, &request(ApiKey::SaslHandshake, 0, &hs)).is_some());
+        let mut raw = (plain("nope").len() as u32).to_be_bytes().to_vec();
+        raw.extend_from_slice(&plain("nope"));
+        assert!(send(&mut s, &raw).is_none());
+        assert_eq!(metrics.auth_failures(), 2);
+
         stop.store(true, Ordering::SeqCst);
         t.join().unwrap();
     }
