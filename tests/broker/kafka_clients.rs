@@ -292,15 +292,24 @@ fn confluent_idempotent_producer_and_group() {
         .expect("the rebalance after a close");
     assert_eq!(after.len(), 4, "{g}");
     assert_eq!(g["seen"], 10000, "{g}");
-    // The commits are the group's offsets on the native side.
-    let d = s.ok(&["groups", "describe", "g1", "--json"]);
-    let v: serde_json::Value = serde_json::from_str(&d).unwrap();
-    let total: u64 = v["offsets"]
-        .as_array()
-        .unwrap_or_else(|| panic!("{d}"))
-        .iter()
-        .map(|o| o["committed"].as_u64().unwrap())
-        .sum();
+    // The commits are the group's offsets on the native side. A member's last commit
+    // may still be on its way when its process has exited (librdkafka's close does not
+    // always wait for it): wait for the group to reach the end.
+    let began = std::time::Instant::now();
+    let (total, d) = loop {
+        let d = s.ok(&["groups", "describe", "g1", "--json"]);
+        let v: serde_json::Value = serde_json::from_str(&d).unwrap();
+        let total: u64 = v["offsets"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{d}"))
+            .iter()
+            .map(|o| o["committed"].as_u64().unwrap())
+            .sum();
+        if total == 10000 || began.elapsed() > std::time::Duration::from_secs(30) {
+            break (total, d);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
     assert_eq!(total, 10000, "{d}");
     s.stop();
 }
