@@ -39,5 +39,6 @@ pub mod maintenance;
 pub mod net;
 pub mod partition;
 pub mod producers;
+pub mod replication;
 pub mod schemas;
 pub mod storage;
