@@ -263,8 +263,15 @@ fn a_corrupt_journal_entry_is_reported_with_its_position() {
     assert_eq!(lines[2]["position"], second as u64);
     assert_eq!(lines[3]["severity"], "corrupt");
     // recover leaves a corrupt entry for the broker's recovery, which reports it.
-    let (_, _, _) = run(&["recover", dir.to_str().unwrap()], dir);
+    let (_, out, err) = run(&["recover", dir.to_str().unwrap()], dir);
     assert_eq!(fs::read(&journal).unwrap(), bytes);
+    // The summary names the state file's problem, and takes no topic offline.
+    let said = format!("{out}{err}");
+    assert!(!said.contains("topic(s) stay offline"), "{said}");
+    assert!(
+        said.contains("1 problem(s) in the files beside the topics need an operator"),
+        "{said}"
+    );
 }
 
 #[test]

@@ -441,10 +441,27 @@ impl RecoveryReport {
             .iter()
             .filter(|p| !p.is_consistent())
             .count();
-        let offline = self.topics.iter().filter(|t| !t.offline.is_empty()).count();
+        // The entry without a topic holds the state files beside the topics (group
+        // files, the producer journal): damage there takes no topic offline.
+        let offline = self
+            .topics
+            .iter()
+            .filter(|t| t.topic.is_some() && !t.offline.is_empty())
+            .count();
+        let state_files: usize = self
+            .topics
+            .iter()
+            .filter(|t| t.topic.is_none())
+            .map(|t| t.offline.len())
+            .sum();
         if offline > 0 {
             out.push(format!(
                 "{offline} topic(s) stay offline: their metadata needs an operator"
+            ));
+        }
+        if state_files > 0 {
+            out.push(format!(
+                "{state_files} problem(s) in the files beside the topics need an operator"
             ));
         }
         if self.action_count() == 0 && remaining == 0 {
