@@ -13,10 +13,11 @@
 //! only that every run worked.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Barrier};
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::load::{self, run_seconds, Load, CONNECTIONS};
 use seglog::engine::broker::{Broker, BrokerOptions};
 use seglog::engine::keys::AuthMode;
 use seglog::engine::net::auth::{self, Login};
@@ -27,55 +28,21 @@ use seglog::format::topic::TopicConfig;
 use seglog::format::wire::{PartitionBatch, Request, WireRecord};
 
 const VALUE_BYTES: usize = 256;
-const CONNECTIONS: usize = 16;
-
-fn run_seconds() -> u64 {
-    std::env::var("SEGLOG_BENCH_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(3)
-}
 
 /// Records per second of one run.
 fn load(addr: &str, topic: &str, batch: usize, token: Option<&str>, secs: u64) -> f64 {
-    let barrier = Arc::new(Barrier::new(CONNECTIONS + 1));
-    let workers: Vec<_> = (0..CONNECTIONS)
-        .map(|_| {
-            let barrier = Arc::clone(&barrier);
-            let (addr, topic) = (addr.to_string(), topic.to_string());
-            let token = token.map(str::to_string);
-            thread::spawn(move || {
-                let mut c =
-                    Client::connect_with_token(&addr, Duration::from_secs(30), token.as_deref())
-                        .unwrap();
-                let value = vec![b'v'; VALUE_BYTES];
-                barrier.wait();
-                let deadline = Instant::now() + Duration::from_secs(secs);
-                let mut sent = 0u64;
-                while Instant::now() < deadline {
-                    let records = (0..batch)
-                        .map(|_| WireRecord {
-                            timestamp_ms: -1,
-                            key: None,
-                            value: &value,
-                        })
-                        .collect();
-                    let b = PartitionBatch {
-                        partition: 0,
-                        records,
-                    };
-                    let acks = c.produce(&topic, vec![b]).unwrap();
-                    assert!(acks.iter().all(|a| a.result.is_ok()), "{acks:?}");
-                    sent += batch as u64;
-                }
-                sent
-            })
-        })
-        .collect();
-    barrier.wait();
-    let start = Instant::now();
-    let total: u64 = workers.into_iter().map(|w| w.join().unwrap()).sum();
-    total as f64 / start.elapsed().as_secs_f64()
+    let (addr, token) = (addr.to_string(), token.map(str::to_string));
+    let values = [vec![b'v'; VALUE_BYTES]];
+    let shape = Load {
+        topic,
+        partitions: 1,
+        batch,
+        values: &values,
+        secs,
+    };
+    load::produce(&shape, move || {
+        Client::connect_with_token(&addr, Duration::from_secs(30), token.as_deref()).unwrap()
+    })
 }
 
 #[test]

@@ -11,6 +11,7 @@ mod cleanup;
 mod compaction;
 mod groups;
 mod kafka;
+mod load;
 mod metrics;
 mod produce;
 mod recovery;

@@ -16,69 +16,34 @@
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Barrier};
+use std::sync::Arc;
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use crate::load::{self, run_seconds, Load, CONNECTIONS};
 use seglog::engine::broker::{Broker, BrokerOptions};
 use seglog::engine::net::client::Client;
 use seglog::engine::net::metrics::{registry, MetricsServer, NetMetrics};
 use seglog::engine::net::server::{Server, ServerOptions};
 use seglog::engine::storage::io::RealStorage;
 use seglog::format::topic::TopicConfig;
-use seglog::format::wire::{PartitionBatch, WireRecord};
 
 const VALUE_BYTES: usize = 256;
-const CONNECTIONS: usize = 16;
 const RUNS: usize = 3;
 
-fn run_seconds() -> u64 {
-    std::env::var("SEGLOG_BENCH_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(3)
-}
-
 fn load(addr: &str, topic: &str, batch: usize, secs: u64) -> f64 {
-    let barrier = Arc::new(Barrier::new(CONNECTIONS + 1));
-    let workers: Vec<_> = (0..CONNECTIONS)
-        .map(|_| {
-            let barrier = Arc::clone(&barrier);
-            let (addr, topic) = (addr.to_string(), topic.to_string());
-            thread::spawn(move || {
-                let mut c = Client::connect(&addr, Duration::from_secs(30)).unwrap();
-                let value = vec![b'x'; VALUE_BYTES];
-                barrier.wait();
-                let deadline = Instant::now() + Duration::from_secs(secs);
-                let mut sent = 0u64;
-                while Instant::now() < deadline {
-                    let records = (0..batch)
-                        .map(|_| WireRecord {
-                            timestamp_ms: -1,
-                            key: None,
-                            value: &value,
-                        })
-                        .collect();
-                    let acks = c
-                        .produce(
-                            &topic,
-                            vec![PartitionBatch {
-                                partition: 0,
-                                records,
-                            }],
-                        )
-                        .unwrap();
-                    assert!(acks.iter().all(|a| a.result.is_ok()), "{acks:?}");
-                    sent += batch as u64;
-                }
-                sent
-            })
-        })
-        .collect();
-    barrier.wait();
-    let start = Instant::now();
-    let total: u64 = workers.into_iter().map(|w| w.join().unwrap()).sum();
-    total as f64 / start.elapsed().as_secs_f64()
+    let addr = addr.to_string();
+    let values = [vec![b'x'; VALUE_BYTES]];
+    let shape = Load {
+        topic,
+        partitions: 1,
+        batch,
+        values: &values,
+        secs,
+    };
+    load::produce(&shape, move || {
+        Client::connect(&addr, Duration::from_secs(30)).unwrap()
+    })
 }
 
 /// Scrapes `addr` once a second until `stop`; counts the answers that were 200.

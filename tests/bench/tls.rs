@@ -14,10 +14,11 @@
 //! 100. This measures; it asserts only that every run worked.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Barrier};
+use std::sync::Arc;
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use crate::load::{self, run_seconds, Load, CONNECTIONS};
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
 use seglog::engine::broker::{Broker, BrokerOptions};
 use seglog::engine::net::client::Client;
@@ -25,62 +26,23 @@ use seglog::engine::net::server::{Server, ServerOptions};
 use seglog::engine::net::tls::{ClientTls, ServerTls};
 use seglog::engine::storage::io::RealStorage;
 use seglog::format::topic::TopicConfig;
-use seglog::format::wire::{PartitionBatch, WireRecord};
 
 const VALUE_BYTES: usize = 256;
-const CONNECTIONS: usize = 16;
 const RUNS: usize = 3;
 
-fn run_seconds() -> u64 {
-    std::env::var("SEGLOG_BENCH_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(3)
-}
-
 fn load(addr: &str, tls: Option<&ClientTls>, topic: &str, batch: usize, secs: u64) -> f64 {
-    let barrier = Arc::new(Barrier::new(CONNECTIONS + 1));
-    let workers: Vec<_> = (0..CONNECTIONS)
-        .map(|_| {
-            let barrier = Arc::clone(&barrier);
-            let (addr, topic) = (addr.to_string(), topic.to_string());
-            let tls = tls.cloned();
-            thread::spawn(move || {
-                let mut c =
-                    Client::connect_with(&addr, Duration::from_secs(30), tls.as_ref(), None)
-                        .unwrap();
-                let value = vec![b'x'; VALUE_BYTES];
-                barrier.wait();
-                let deadline = Instant::now() + Duration::from_secs(secs);
-                let mut sent = 0u64;
-                while Instant::now() < deadline {
-                    let records = (0..batch)
-                        .map(|_| WireRecord {
-                            timestamp_ms: -1,
-                            key: None,
-                            value: &value,
-                        })
-                        .collect();
-                    let acks = c
-                        .produce(
-                            &topic,
-                            vec![PartitionBatch {
-                                partition: 0,
-                                records,
-                            }],
-                        )
-                        .unwrap();
-                    assert!(acks.iter().all(|a| a.result.is_ok()), "{acks:?}");
-                    sent += batch as u64;
-                }
-                sent
-            })
-        })
-        .collect();
-    barrier.wait();
-    let start = Instant::now();
-    let total: u64 = workers.into_iter().map(|w| w.join().unwrap()).sum();
-    total as f64 / start.elapsed().as_secs_f64()
+    let (addr, tls) = (addr.to_string(), tls.cloned());
+    let values = [vec![b'x'; VALUE_BYTES]];
+    let shape = Load {
+        topic,
+        partitions: 1,
+        batch,
+        values: &values,
+        secs,
+    };
+    load::produce(&shape, move || {
+        Client::connect_with(&addr, Duration::from_secs(30), tls.as_ref(), None).unwrap()
+    })
 }
 
 struct Listener {
