@@ -577,3 +577,193 @@ fn a_failed_zero_fsync_fails_the_partition() {
     let b = Broker::open(dir.path(), real(), BrokerOptions::default()).unwrap();
     assert_eq!(b.offsets("t", 0).unwrap(), (0, n));
 }
+
+/// Holds every `sync_data` of a log file while armed, telling `entered` each time one
+/// starts waiting; `fail` makes them fail instead.
+#[derive(Default)]
+struct SyncGate {
+    state: Mutex<GateState>,
+    cv: Condvar,
+}
+
+#[derive(Default)]
+struct GateState {
+    armed: bool,
+    fail: bool,
+    entered: Option<std::sync::mpsc::Sender<()>>,
+}
+
+impl SyncGate {
+    fn arm(&self) -> std::sync::mpsc::Receiver<()> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mut s = self.state.lock().unwrap();
+        s.armed = true;
+        s.entered = Some(tx);
+        rx
+    }
+
+    fn release(&self, fail: bool) {
+        let mut s = self.state.lock().unwrap();
+        s.armed = false;
+        s.fail = fail;
+        self.cv.notify_all();
+    }
+}
+
+impl Hook for SyncGate {
+    fn before(&self, op: &Op<'_>) -> Option<io::Result<()>> {
+        if op.kind() != OpKind::SyncData || !is_log(op.path) {
+            return None;
+        }
+        let mut s = self.state.lock().unwrap();
+        if s.armed {
+            if let Some(tx) = &s.entered {
+                let _ = tx.send(());
+            }
+        }
+        while s.armed {
+            s = self.cv.wait(s).unwrap();
+        }
+        s.fail
+            .then(|| Err(io::Error::other("injected fsync failure")))
+    }
+}
+
+fn gated_broker(dir: &Path) -> (Arc<Broker>, Arc<SyncGate>) {
+    let gate = Arc::new(SyncGate::default());
+    let storage = HookStorage::shared(real(), gate.clone());
+    let b = Broker::open(dir, Arc::new(storage), BrokerOptions::default()).unwrap();
+    b.create_topic("t", 1, TopicConfig::default()).unwrap();
+    (b, gate)
+}
+
+fn record(v: &[u8]) -> NewRecord<'_> {
+    NewRecord {
+        key: None,
+        value: v,
+        timestamp_ms: -1,
+    }
+}
+
+fn one_thread_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Waits (off the runtime thread, so its tasks keep running) until a held fsync
+/// has started.
+async fn fsync_started(entered: std::sync::mpsc::Receiver<()>) {
+    tokio::task::spawn_blocking(move || entered.recv_timeout(Duration::from_secs(60)))
+        .await
+        .unwrap()
+        .expect("no fsync started");
+}
+
+#[test]
+fn an_off_loop_commit_lets_the_next_batch_be_written_while_it_syncs() {
+    use seglog::engine::broker::Commit;
+    let dir = tempfile::tempdir().unwrap();
+    let (b, gate) = gated_broker(dir.path());
+    let (_, w1) = b.append("t", 0, &[record(b"lead")]).unwrap();
+    let Commit::Lead(lead) = b.lead_or_follow(w1.unwrap()) else {
+        panic!("the first request leads");
+    };
+    let (_, w2) = b.append("t", 0, &[record(b"follow")]).unwrap();
+    let Commit::Follow(follow) = b.lead_or_follow(w2.unwrap()) else {
+        panic!("the commit is led");
+    };
+    let entered = gate.arm();
+    one_thread_runtime().block_on(async {
+        let first = tokio::spawn(lead.commit_off_loop());
+        fsync_started(entered).await;
+        // The first commit's fsync is held on the commit thread. This thread is free:
+        // the next batch is written and leads the next commit.
+        let (_, w3) = b.append("t", 0, &[record(b"next")]).unwrap();
+        let Commit::Lead(next) = b.lead_or_follow(w3.unwrap()) else {
+            panic!("the claim was not released when the fsync was handed off");
+        };
+        let second = tokio::spawn(next.commit_off_loop());
+        let mut follower = std::pin::pin!(b.follow(follow));
+        let early = tokio::time::timeout(Duration::from_millis(20), &mut follower).await;
+        assert!(early.is_err(), "acknowledged before its fsync ended");
+        assert_eq!(b.offsets("t", 0).unwrap(), (0, 0));
+        let f = b.fetch("t", 0, 0, 1 << 20, Duration::ZERO).unwrap();
+        assert!(f.chunks.iter().all(|c| c.bytes.is_empty()), "{f:?}");
+        gate.release(false);
+        first.await.unwrap().unwrap();
+        tokio::time::timeout(Duration::from_secs(60), follower)
+            .await
+            .expect("the follower was not woken")
+            .unwrap();
+        second.await.unwrap().unwrap();
+    });
+    assert_eq!(b.offsets("t", 0).unwrap(), (0, 3));
+    b.shutdown().unwrap();
+}
+
+#[test]
+fn a_leader_gone_during_its_off_loop_commit_leaves_no_follower_waiting() {
+    use seglog::engine::broker::Commit;
+    let dir = tempfile::tempdir().unwrap();
+    let (b, gate) = gated_broker(dir.path());
+    let (_, w1) = b.append("t", 0, &[record(b"lead")]).unwrap();
+    let Commit::Lead(lead) = b.lead_or_follow(w1.unwrap()) else {
+        panic!("the first request leads");
+    };
+    let (_, w2) = b.append("t", 0, &[record(b"follow")]).unwrap();
+    let Commit::Follow(follow) = b.lead_or_follow(w2.unwrap()) else {
+        panic!("the commit is led");
+    };
+    let entered = gate.arm();
+    one_thread_runtime().block_on(async {
+        let leader = tokio::spawn(lead.commit_off_loop());
+        fsync_started(entered).await;
+        // The leader's connection goes away while its fsync runs.
+        leader.abort();
+        assert!(leader.await.unwrap_err().is_cancelled());
+        gate.release(false);
+        tokio::time::timeout(Duration::from_secs(60), b.follow(follow))
+            .await
+            .expect("the follower was left waiting")
+            .unwrap();
+    });
+    assert_eq!(b.offsets("t", 0).unwrap(), (0, 2));
+    b.shutdown().unwrap();
+}
+
+#[test]
+fn a_failed_off_loop_commit_acknowledges_nobody() {
+    use seglog::engine::broker::Commit;
+    let dir = tempfile::tempdir().unwrap();
+    let (b, gate) = gated_broker(dir.path());
+    let (_, w1) = b.append("t", 0, &[record(b"lead")]).unwrap();
+    let Commit::Lead(lead) = b.lead_or_follow(w1.unwrap()) else {
+        panic!("the first request leads");
+    };
+    let (_, w2) = b.append("t", 0, &[record(b"follow")]).unwrap();
+    let Commit::Follow(follow) = b.lead_or_follow(w2.unwrap()) else {
+        panic!("the commit is led");
+    };
+    let entered = gate.arm();
+    one_thread_runtime().block_on(async {
+        let leader = tokio::spawn(lead.commit_off_loop());
+        fsync_started(entered).await;
+        gate.release(true);
+        let led = leader.await.unwrap();
+        assert!(
+            matches!(led, Err(EngineError::PartitionFailed { .. })),
+            "{led:?}"
+        );
+        let followed = tokio::time::timeout(Duration::from_secs(60), b.follow(follow))
+            .await
+            .expect("the follower was left waiting");
+        assert!(
+            matches!(followed, Err(EngineError::PartitionFailed { .. })),
+            "{followed:?}"
+        );
+    });
+    assert_eq!(b.offsets("t", 0).unwrap(), (0, 0));
+    assert!(b.produce("t", 0, &[record(b"after")]).is_err());
+}

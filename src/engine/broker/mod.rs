@@ -31,6 +31,7 @@ use crate::format::names::{validate_name, TOPICS_DIR, TOPIC_FILE};
 use crate::format::topic::{TopicConfig, TopicError, TopicMeta, PARTITIONS_MAX};
 
 mod cleaner;
+mod committer;
 mod flusher;
 mod open;
 mod requests;
@@ -39,6 +40,7 @@ mod topics;
 mod zeroer;
 
 use cleaner::*;
+use committer::*;
 use flusher::*;
 use open::*;
 pub use requests::{Commit, CommitLead, DurableWait};
@@ -267,6 +269,8 @@ pub struct Broker {
     shut: Mutex<bool>,
     flusher: Arc<Flusher>,
     flusher_thread: Mutex<Option<JoinHandle<()>>>,
+    /// Runs event-loop leaders' group commits off the loop.
+    committer: Arc<Committer>,
     zeroer: Arc<Zeroer>,
     zeroer_thread: Mutex<Option<JoinHandle<()>>>,
     cleaner: Arc<Cleaner>,

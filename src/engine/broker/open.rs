@@ -129,6 +129,7 @@ impl Broker {
             shut: Mutex::new(false),
             flusher,
             flusher_thread: Mutex::new(Some(thread)),
+            committer: Arc::default(),
             zeroer,
             zeroer_thread: Mutex::new(zeroer_thread),
             cleaner,

@@ -29,6 +29,7 @@ pub enum Commit {
 pub struct CommitLead {
     log: Arc<PartitionLog>,
     flusher: Arc<Flusher>,
+    committer: Arc<Committer>,
     done: bool,
 }
 
@@ -38,6 +39,31 @@ impl CommitLead {
     pub fn commit(mut self) -> Result<(), EngineError> {
         self.done = true;
         self.log.commit_claimed()
+    }
+
+    /// Releases the claim and has the node's commit thread run one fsync covering
+    /// every record written to the partition so far, while the caller's event loop
+    /// goes on serving (the next requests to the partition are written meanwhile and
+    /// claim the commit after this one). The partition's followers are woken on the
+    /// caller's thread once the fsync is published.
+    pub async fn commit_off_loop(mut self) -> Result<(), EngineError> {
+        self.done = true;
+        let target = self.log.release_claim();
+        let (done, rx) = tokio::sync::oneshot::channel();
+        let job = CommitJob {
+            log: Arc::clone(&self.log),
+            target,
+            done,
+        };
+        if let Err(job) = self.committer.submit(job) {
+            return job.log.wait_durable(job.target);
+        }
+        CommitAnswer {
+            rx,
+            log: Arc::clone(&self.log),
+        }
+        .wait()
+        .await
     }
 
     /// Whether the commit carries a roll's syncs (the outgoing segment, the new
@@ -155,6 +181,7 @@ impl Broker {
             Commit::Lead(CommitLead {
                 log: wait.log,
                 flusher: Arc::clone(&self.flusher),
+                committer: Arc::clone(&self.committer),
                 done: false,
             })
         } else {
@@ -289,6 +316,7 @@ impl Broker {
         if let Some(handle) = lock(&self.flusher_thread).take() {
             let _ = handle.join();
         }
+        self.committer.stop();
         self.zeroer.stop();
         if let Some(handle) = lock(&self.zeroer_thread).take() {
             let _ = handle.join();

@@ -357,14 +357,17 @@ impl Session {
                 Err(e) => results.push(Err(engine_error(e))),
             }
         }
-        // Group commit per pass, on this thread: the first request of a pass to
-        // reach its partition leads the commit, yields once so every connection that
-        // is ready appends first (each finds the commit led and follows it), then
-        // runs one fsync for all of them; the publish wakes the followers. No other
-        // thread is involved, so nobody waits for a CPU to be woken on; only a commit
-        // that carries a roll goes to the flusher. A request
-        // that writes to several partitions asks the flusher for one fsync per
-        // partition instead, and waits for them side by side.
+        // Group commit per pass: the first request of a pass to reach its partition
+        // leads the commit and yields once so every connection that is ready appends
+        // first (each finds the commit led and follows it). With other connections
+        // the leader then hands the fsync to the node's commit thread and the loop
+        // goes on: the next requests are written (and claim the next commit) while
+        // this one syncs, and several partitions' commits do not block the loop one
+        // after another; the leader wakes its followers on the loop. Alone, it runs
+        // the fsync on this thread (a hand-off would only add a wake-up to the
+        // request's path); a commit that carries a roll then goes to the flusher. A
+        // request that writes to several partitions asks the flusher for one fsync
+        // per partition instead, and waits for them side by side.
         let _waiting = WaitingGuard::enter(&self.waiting);
         if waits.len() == 1 {
             for (i, w) in waits {
@@ -372,8 +375,8 @@ impl Session {
                     Commit::Lead(lead) => {
                         if self.others_may_be_ready() {
                             tokio::task::yield_now().await;
-                        }
-                        if lead.carries_roll() {
+                            lead.commit_off_loop().await
+                        } else if lead.carries_roll() {
                             // A roll's syncs are several fsyncs: the flusher runs
                             // them while the loop goes on serving the new segment.
                             self.broker.follow(lead.hand_off()).await

@@ -8,10 +8,11 @@
 //! together, and two workers 52 µs and 1.15; one thread also keeps the appends of an
 //! event-loop pass back to back, so one group commit covers them (README, "The
 //! request path"). Storage stays synchronous: appends and reads are positional
-//! writes and reads of the page cache on the runtime thread, and so is the group
-//! commit of a pass: the first produce of a pass to reach a partition runs its fsync
-//! for every request of the pass, whose publish wakes only that partition's tasks
-//! (`Session::produce`).
+//! writes and reads of the page cache on the runtime thread. The group commit of a
+//! pass is led by the first produce of the pass to reach a partition: with other
+//! connections it hands the fsync to the node's commit thread (the loop writes the
+//! next requests meanwhile) and wakes that partition's tasks once it is published;
+//! alone, it runs the fsync on the runtime thread (`Session::produce`).
 //!
 //! Invariants:
 //! - The first request on a connection must be a handshake.

@@ -10,6 +10,26 @@ impl PartitionLog {
     /// finds it is not runs one fsync covering everything written so far; callers
     /// behind it wait and usually find their write covered without a system call.
     pub fn wait_durable(&self, target: u64) -> Result<(), EngineError> {
+        self.wait_durable_waking(target, true)
+    }
+
+    /// [`PartitionLog::wait_durable`] for a thread that runs commits for an event
+    /// loop: a publish of its own does not wake the log's async waiters (on another
+    /// thread, every waiting task would be a wake-up of its own); the caller then
+    /// wakes them with one [`PartitionLog::wake_waiters`], on the loop. Condition
+    /// variable waiters, failures and closes are woken as always.
+    pub fn wait_durable_quiet(&self, target: u64) -> Result<(), EngineError> {
+        self.wait_durable_waking(target, false)
+    }
+
+    /// Wakes the async waiters for the durable end as it stands (after
+    /// [`PartitionLog::wait_durable_quiet`]).
+    pub fn wake_waiters(&self) {
+        let s = lock(&self.sync);
+        self.wake_async(s.durable_end);
+    }
+
+    fn wait_durable_waking(&self, target: u64, wake: bool) -> Result<(), EngineError> {
         if planted!(ACK_BEFORE_FSYNC) {
             return Ok(());
         }
@@ -34,7 +54,7 @@ impl PartitionLog {
             s = lock(&self.sync);
             s.syncing = false;
             match result {
-                Ok(plan) => self.publish_synced(&mut s, &plan),
+                Ok(plan) => self.publish_synced_waking(&mut s, &plan, wake),
                 // The topic was deleted while the fsync ran (its directory is gone):
                 // the request ends as deleted, not as a failed partition.
                 Err(_) if s.closed == Some(Closed::Deleted) => {}
@@ -117,6 +137,11 @@ impl PartitionLog {
     /// record from a readable end finds the durable end past it at its next request
     /// (which takes the sync lock), never an offset beyond the end.
     pub(super) fn publish_synced(&self, s: &mut SyncState, plan: &SyncPlan) {
+        self.publish_synced_waking(s, plan, true);
+    }
+
+    /// [`PartitionLog::publish_synced`], waking the async waiters only when `wake`.
+    fn publish_synced_waking(&self, s: &mut SyncState, plan: &SyncPlan, wake: bool) {
         // Group commits run one at a time, each planned after the one before published.
         assert!(plan.target >= s.durable_end, "durable end would shrink");
         assert!(plan.active_end <= plan.active_seg.written_end.load(Ordering::Acquire));
@@ -133,7 +158,9 @@ impl PartitionLog {
         }
         s.durable_end = s.durable_end.max(plan.target);
         self.rolls_durable.fetch_max(plan.rolls, Ordering::AcqRel);
-        self.wake_async(s.durable_end);
+        if wake {
+            self.wake_async(s.durable_end);
+        }
     }
 
     /// The fsync ordering of a group commit:
