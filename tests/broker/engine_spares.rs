@@ -387,7 +387,7 @@ fn assert_compacted_kept(b: &Broker, acked: &[(u64, u64)], step: u64) {
         }
     }
     for key in 0..5 {
-        if let Some((offset, _)) = acked.iter().filter(|(_, n)| n % 5 == key).last() {
+        if let Some((offset, _)) = acked.iter().rfind(|(_, n)| n % 5 == key) {
             assert!(
                 all.iter().any(|(o, _)| o == offset),
                 "step {step}: key {key}'s newest record (offset {offset}) lost"

@@ -7,6 +7,9 @@
 
 use super::*;
 
+/// What [`PartitionLog::read_as`] read: the chunks or the spans, and the last offset.
+type ReadOut = (Vec<FetchChunk>, Vec<FetchSpan>, Option<u64>);
+
 /// Read window of a streamed fetch ([`PartitionLog::fetch_spans`]): its records are
 /// validated a cache-sized piece at a time, whatever the fetch's size.
 const SPAN_WINDOW_BYTES: usize = 256 << 10;
@@ -192,12 +195,7 @@ impl PartitionLog {
     /// at least one record), as chunks of bytes, or (`spans`) as validated file
     /// ranges: the same records, damage and missing ranges either way. Returns the
     /// chunks or the spans, and the last offset read.
-    fn read_as(
-        &self,
-        offset: u64,
-        budget: u32,
-        spans: bool,
-    ) -> Result<(Vec<FetchChunk>, Vec<FetchSpan>, Option<u64>), EngineError> {
+    fn read_as(&self, offset: u64, budget: u32, spans: bool) -> Result<ReadOut, EngineError> {
         let segs = self.snapshot();
         let mut i = segs
             .partition_point(|s| s.base_offset <= offset)
@@ -384,12 +382,10 @@ pub(super) fn read_segment_around(
         let mut span = None;
         let mut records = 0;
         let copied = if measure {
-            reader
-                .measure_records(offset, budget, take_one)
-                .map(|(copied, s, n)| {
-                    (span, records) = (s, n);
-                    copied
-                })
+            reader.measure_records(offset, budget, take_one).map(|m| {
+                (span, records) = (m.span, m.records);
+                m.copied
+            })
         } else {
             bytes = buffers::take();
             bytes.clear();

@@ -74,6 +74,16 @@ pub struct Copied {
     pub end: Option<RecordError>,
 }
 
+/// What [`RecordReader::measure_records`] found.
+#[derive(Debug, Default)]
+pub struct Measured {
+    pub copied: Copied,
+    /// The records' file range: (first position, bytes); `None` when none was taken.
+    pub span: Option<(u64, u64)>,
+    /// How many records.
+    pub records: u64,
+}
+
 /// Sequential reader of the records in one log file, from a start position up to a
 /// limit, using large positional reads. Every reader of records goes through it:
 /// scan, check, recovery, compaction, dump and the fetch path.
@@ -237,7 +247,7 @@ impl<'f> RecordReader<'f> {
         out: &mut Vec<u8>,
     ) -> io::Result<Copied> {
         self.take_records(min_offset, budget_bytes, take_one, |_, bytes| {
-            out.extend_from_slice(bytes)
+            out.extend_from_slice(bytes);
         })
     }
 
@@ -251,7 +261,7 @@ impl<'f> RecordReader<'f> {
         min_offset: u64,
         budget_bytes: u64,
         take_one: bool,
-    ) -> io::Result<(Copied, Option<(u64, u64)>, u64)> {
+    ) -> io::Result<Measured> {
         let mut span: Option<(u64, u64)> = None;
         let mut records = 0u64;
         let copied = self.take_records(min_offset, budget_bytes, take_one, |pos, bytes| {
@@ -260,7 +270,11 @@ impl<'f> RecordReader<'f> {
             debug_assert_eq!(*first + *len, pos, "records taken are back to back");
             *len += bytes.len() as u64;
         })?;
-        Ok((copied, span, records))
+        Ok(Measured {
+            copied,
+            span,
+            records,
+        })
     }
 
     /// The loop of [`RecordReader::copy_records`], handing each record taken (its

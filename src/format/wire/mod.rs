@@ -1764,7 +1764,7 @@ mod tests {
     #[test]
     fn fetch_head_spliced_with_its_chunks_is_the_fetch_response() {
         let a: Vec<u8> = (0..300u32).map(|i| i as u8).collect();
-        let b = vec![7u8; 5];
+        let b = [7u8; 5];
         for chunks in [vec![], vec![&a[..]], vec![&a[..], &b[..]], vec![&b[..0]]] {
             let body = ResponseBody::Fetch {
                 start_offset: 3,
