@@ -1174,6 +1174,19 @@ fn workload_compact(root: &Path, rng: &mut Rng) -> Run {
 /// compact topic, with a producer writing (keyless records, which compaction keeps)
 /// at the same time and more produces after it.
 fn workload_broker_compaction(root: &Path, rng: &mut Rng) -> Run {
+    workload_broker_compaction_with(root, rng, broker_opts())
+}
+
+/// [`workload_broker_compaction`] with the spare pool on: the swap moves the replaced
+/// segments' logs to `DATA/spares/` instead of deleting them, and they enter the
+/// pool once the swap is durable (docs/FORMAT.md, Spares). Every crash state is also
+/// checked for a spare holding a valid record of its own generation.
+fn workload_broker_compaction_spares(root: &Path, rng: &mut Rng) -> Run {
+    workload_broker_compaction_with(root, rng, spare_opts())
+}
+
+fn workload_broker_compaction_with(root: &Path, rng: &mut Rng, opts: BrokerOptions) -> Run {
+    let pooled = opts.spares_per_partition > 0;
     let config = TopicConfig {
         cleanup_policy: seglog::format::topic::CleanupPolicy::Compact,
         ..small_config()
@@ -1187,7 +1200,7 @@ fn workload_broker_compaction(root: &Path, rng: &mut Rng) -> Run {
     run.gaps_allowed = true;
     replay(&mut run, evs);
     let storage: StorageRef = Arc::new(run.sim.clone());
-    let b = Broker::open(root, storage, broker_opts()).unwrap();
+    let b = Broker::open(root, storage, opts).unwrap();
     // The range compaction may change: the keyed records of the setup. Records the
     // producer adds meanwhile lie above it and have no key, so compaction keeps them
     // even if a roll lets it reach them; setup records it does not reach are the
@@ -1233,6 +1246,12 @@ fn workload_broker_compaction(root: &Path, rng: &mut Rng) -> Run {
         b.run_compaction()
     });
     assert!(warnings.is_empty(), "compaction: {warnings:?}");
+    if pooled {
+        assert!(
+            b.stats().spares_returned > 0,
+            "the compaction hands its replaced segments to the pool"
+        );
+    }
     let mut run = run.into_inner().unwrap();
     run.mark(Ev::CompactCommitted { p: 0 });
     let new = below(read_records(&pdir).unwrap());
@@ -1563,6 +1582,11 @@ fn workloads() -> Vec<(&'static str, Workload, usize)> {
         ("retention", workload_retention, 7),
         ("spares", workload_spares, 5),
         ("broker_compaction", workload_broker_compaction, 7),
+        (
+            "broker_compaction_spares",
+            workload_broker_compaction_spares,
+            4,
+        ),
         ("torn_tail", workload_torn_tail, 6),
         ("fsync_failure", workload_fsync_failure, 7),
         ("group_commits", state_files::workload_group_commits, 1),
@@ -1765,6 +1789,11 @@ fn planted_bugs_are_caught() {
             name: "rename_before_marker (broker)",
             flag: &planted::RENAME_BEFORE_MARKER,
             workload: workload_broker_compaction,
+        },
+        Planted {
+            name: "keep_before_marker (compaction to spares)",
+            flag: &planted::KEEP_BEFORE_MARKER,
+            workload: workload_broker_compaction_spares,
         },
         Planted {
             name: "unordered_retention_removals",

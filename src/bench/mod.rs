@@ -630,6 +630,22 @@ fn seed(args: &Config, client: &mut Client, records: u64) -> Result<(), BenchErr
             have += n;
         }
     }
+    // With `--flush-every-records` above 1 the last records were acknowledged before
+    // their fsync, and a fetch serves durable records only: wait (untimed) for the
+    // flusher's next pass, or the consumers would find the durable end before the
+    // records they are to read and stop there.
+    let deadline = Instant::now() + args.timeout;
+    while Instant::now() < deadline {
+        let offsets = client.list_offsets(&args.topic)?;
+        let durable = offsets.iter().all(|o| {
+            o.end_offset.saturating_sub(o.start_offset)
+                >= share(records, o.partition, args.partitions)
+        });
+        if durable {
+            break;
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
     Ok(())
 }
 

@@ -44,3 +44,6 @@ pub static SPARE_NOT_RESTAMPED_AT_STARTUP: AtomicBool = AtomicBool::new(false);
 /// partition/roll.rs: a roll that takes a spare writes the new segment's base offset
 /// into its header at once, before the outgoing segment is durable.
 pub static SPARE_BASE_BEFORE_DATA_DURABLE: AtomicBool = AtomicBool::new(false);
+/// maintenance/compaction/swap.rs: a broker compaction moves the replaced segments'
+/// logs to the spares before its marker is durable.
+pub static KEEP_BEFORE_MARKER: AtomicBool = AtomicBool::new(false);

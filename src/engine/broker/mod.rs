@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 pub use crate::engine::error::EngineError;
 use crate::engine::partition::cleanup::{CleanupStats, CompactionDone, PartitionCleanup, Visit};
 use crate::engine::partition::{create_first_segment, now_ms, Closed, LogStats, PartitionLog};
-pub use crate::engine::partition::{FetchChunk, NewRecord};
+pub use crate::engine::partition::{FetchChunk, FetchSpan, LogFetchSpans, NewRecord};
 use crate::engine::storage::io::{write_file_atomic, Storage, StorageRef};
 use crate::engine::storage::layout;
 use crate::engine::storage::lock::{DirLock, LockError};

@@ -214,6 +214,23 @@ impl Broker {
         })
     }
 
+    /// [`Broker::fetch_async`] with the records left in their files: validated file
+    /// ranges to stream to the client (see [`PartitionLog::fetch_spans`]).
+    ///
+    /// [`PartitionLog::fetch_spans`]: crate::engine::partition::PartitionLog::fetch_spans
+    pub async fn fetch_spans_async(
+        &self,
+        topic: &str,
+        partition: u32,
+        offset: u64,
+        max_bytes: u32,
+        max_wait: Duration,
+    ) -> Result<LogFetchSpans, EngineError> {
+        self.check_running()?;
+        let (_, log) = self.partition(topic, partition)?;
+        log.fetch_spans_async(offset, max_bytes, max_wait).await
+    }
+
     /// [`Broker::produce`], calling `after_append` with the records' offsets once
     /// they are written and before waiting for their fsync, so that other durable
     /// work (an idempotent producer's journal entry) shares the wait.

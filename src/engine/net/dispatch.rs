@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::engine::broker::{Broker, Commit, NewRecord, PartitionState};
+use crate::engine::broker::{Broker, Commit, FetchSpan, NewRecord, PartitionState};
 use crate::engine::error::EngineError;
 use crate::engine::maintenance::compaction::CompactionError;
 use crate::engine::net::metrics::{stored_len, NetMetrics, TopicCache};
@@ -25,10 +25,10 @@ use crate::format::names::validate_name;
 use crate::format::topic::{TopicConfig, CONFIG_KEYS};
 use crate::format::wire::producers::ProducerRequest;
 use crate::format::wire::{
-    decode_request, encode_error, encode_response, frame_head, ApiKey, Chunk, CleanupInfo,
-    ErrorCode, PartitionAck, PartitionBatch, PartitionDescription, PartitionOffsets, Request,
-    ResponseBody, StatsBody, API_KEY_NONE, CLEANUP_INFO_VERSION, FRAME_BYTES_MAX, PROTOCOL_VERSION,
-    PROTOCOL_VERSION_MIN,
+    decode_request, encode_error, encode_fetch_response_head, encode_response, frame_head, ApiKey,
+    Chunk, CleanupInfo, ErrorCode, PartitionAck, PartitionBatch, PartitionDescription,
+    PartitionOffsets, Request, ResponseBody, StatsBody, API_KEY_NONE, CLEANUP_INFO_VERSION,
+    FETCH_BYTES_MAX, FRAME_BYTES_MAX, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
 };
 use crate::format::wire::{
     HealthState, PartitionHealth, WriteStats, LATENCY_BUCKETS_MAX, PARTITION_HEALTH_VERSION,
@@ -42,6 +42,22 @@ const _: () = assert!(crate::engine::partition::zero::FSYNC_BUCKETS as u32 <= LA
 /// the stop flag again.
 const FETCH_SLICE: Duration = Duration::from_millis(200);
 
+/// A fetch asking for more than this is streamed ([`StreamedFetch`]): its records
+/// are validated and then sent from their files a slice at a time, instead of being
+/// copied into the response. Smaller ones fit the caches and go out in one write.
+pub const STREAM_FETCH_MIN_BYTES: u32 = 1 << 20;
+
+/// A fetch response whose records are sent from their segment files: the
+/// session's response buffer holds the frame without the chunks' bytes, and
+/// chunk `i` (the records of `spans[i]`) belongs at `splits[i]` in it
+/// ([`encode_fetch_response_head`]). The bytes sent are exactly those of the
+/// response encoded whole.
+#[derive(Debug)]
+pub struct StreamedFetch {
+    pub splits: Vec<usize>,
+    pub spans: Vec<FetchSpan>,
+}
+
 /// One connection's protocol state: the handshake, the agreed version, and the
 /// response buffer (reused from request to request).
 pub struct Session {
@@ -53,6 +69,8 @@ pub struct Session {
     /// acknowledgement (see [`Session::produce`]).
     waiting: Arc<AtomicUsize>,
     out: Vec<u8>,
+    /// The last response's streamed part, when it is a streamed fetch.
+    stream: Option<StreamedFetch>,
     handshaken: bool,
     /// The protocol version agreed in the handshake.
     version: u16,
@@ -81,6 +99,7 @@ impl Session {
             log_errors,
             waiting,
             out: Vec::new(),
+            stream: None,
             handshaken: false,
             version: PROTOCOL_VERSION_MIN,
             metrics: None,
@@ -110,7 +129,14 @@ impl Session {
     /// The response buffer, for the connection layer to fill with its own errors or
     /// to shrink.
     pub fn response_mut(&mut self) -> &mut Vec<u8> {
+        self.stream = None;
         &mut self.out
+    }
+
+    /// The streamed part of the last response, when it is a streamed fetch: the
+    /// connection layer sends [`Session::response`] with the spans' bytes spliced in.
+    pub fn take_stream(&mut self) -> Option<StreamedFetch> {
+        self.stream.take()
     }
 
     fn log(&self, detail: &str) {
@@ -133,6 +159,7 @@ impl Session {
 
     async fn handle_frame_inner(&mut self, frame: &[u8]) -> bool {
         self.out.clear();
+        self.stream = None;
         let (id, api_key) = frame_head(frame).unwrap_or((0, API_KEY_NONE));
         match decode_request(frame) {
             Err(e) => {
@@ -462,6 +489,11 @@ impl Session {
         max_wait_ms: u32,
     ) -> Answer {
         name_ok(topic)?;
+        if max_bytes.min(FETCH_BYTES_MAX) > STREAM_FETCH_MIN_BYTES {
+            return self
+                .fetch_streamed(id, api, topic, partition, offset, max_bytes, max_wait_ms)
+                .await;
+        }
         // Long-poll in slices so a stopping server is never held up by a waiting
         // consumer for more than one slice.
         let deadline = Instant::now() + Duration::from_millis(u64::from(max_wait_ms));
@@ -498,6 +530,63 @@ impl Session {
         }
         for c in result.chunks {
             buffers::give(c.bytes);
+        }
+        Ok(())
+    }
+
+    /// [`Session::fetch`] of a large fetch: the same records and response bytes, the
+    /// records left in their files for the connection layer to stream
+    /// ([`StreamedFetch`]).
+    #[expect(clippy::too_many_arguments, reason = "the fields of a fetch request")]
+    async fn fetch_streamed(
+        &mut self,
+        id: u32,
+        api: u16,
+        topic: &str,
+        partition: u32,
+        offset: u64,
+        max_bytes: u32,
+        max_wait_ms: u32,
+    ) -> Answer {
+        let deadline = Instant::now() + Duration::from_millis(u64::from(max_wait_ms));
+        let result = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let slice = left.min(FETCH_SLICE);
+            let r = self
+                .broker
+                .fetch_spans_async(topic, partition, offset, max_bytes, slice)
+                .await
+                .map_err(engine_error)?;
+            if !r.spans.is_empty() || left <= slice || self.stop.load(Ordering::SeqCst) {
+                break r;
+            }
+        };
+        let heads: Vec<(u64, u64)> = result.spans.iter().map(|s| (s.generation, s.len)).collect();
+        self.out.clear();
+        match encode_fetch_response_head(
+            &mut self.out,
+            id,
+            api,
+            result.start_offset,
+            result.end_offset,
+            &heads,
+        ) {
+            Ok(splits) => {
+                if let Some(m) = &self.metrics {
+                    let records = result.spans.iter().map(|s| s.records).sum();
+                    let bytes = heads.iter().map(|h| h.1).sum();
+                    self.topic_counters
+                        .fetched_counted(m, topic, records, bytes);
+                }
+                self.stream = Some(StreamedFetch {
+                    splits,
+                    spans: result.spans,
+                });
+            }
+            Err(e) => {
+                let msg = format!("cannot encode the {} response: {e}", api_name(api));
+                encode_error(&mut self.out, id, api, ErrorCode::INTERNAL, &msg);
+            }
         }
         Ok(())
     }

@@ -171,6 +171,13 @@ impl TopicCache {
         c.produced_bytes.fetch_add(bytes, Ordering::Relaxed);
     }
 
+    /// Counts `records` fetched from `topic`, `bytes` of them in their stored encoding.
+    pub fn fetched_counted(&mut self, metrics: &NetMetrics, topic: &str, records: u64, bytes: u64) {
+        let c = self.get(metrics, topic);
+        c.fetched_records.fetch_add(records, Ordering::Relaxed);
+        c.fetched_bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+
     /// Counts the records of `chunks` (stored encoding) as fetched from `topic`.
     pub fn fetched<'a>(
         &mut self,

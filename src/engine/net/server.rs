@@ -50,8 +50,8 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use super::dispatch::Session;
 pub use super::dispatch::{config_settings, engine_error};
+use super::dispatch::{Session, StreamedFetch};
 use super::limits::{Admitted, ConnectionGate, Limits};
 use super::tls::{Accepted, ServerTls, Stream};
 use crate::engine::broker::Broker;
@@ -70,6 +70,11 @@ const STOP_GRACE: Duration = Duration::from_secs(1);
 /// one is kept only while the requests fill at least a quarter of it (so a stream of
 /// large fetches reuses one response buffer, and a single large one does not pin it).
 const BUFFER_KEEP_BYTES: usize = 4 << 20;
+/// One write of a streamed fetch ([`StreamedFetch`]): its records are read from the
+/// file into the connection's slice buffer and written out before the next slice is
+/// read, so they pass through the caches once instead of being copied into a
+/// response of the fetch's whole size.
+const STREAM_SLICE_BYTES: usize = 256 << 10;
 
 /// Server settings.
 #[derive(Clone, Debug)]
@@ -316,6 +321,7 @@ impl Server {
             start: 0,
             end: 0,
             big: Vec::new(),
+            slice: Vec::new(),
         };
         let mut handshake_stop = stop_rx.clone();
         let stopping = Arc::clone(&self.stop);
@@ -531,6 +537,9 @@ struct Connection {
     end: usize,
     /// A frame larger than `buf`, grown in steps as its bytes arrive.
     big: Vec<u8>,
+    /// Slices of streamed fetches pass through here ([`STREAM_SLICE_BYTES`], allocated
+    /// at the connection's first one).
+    slice: Vec<u8>,
 }
 
 impl Connection {
@@ -597,6 +606,14 @@ impl Connection {
     /// Writes the response: one `send` when the socket takes it whole (the usual
     /// case, and no timer is armed), else the rest within `io_timeout`.
     async fn send(&mut self) -> io::Result<()> {
+        if let Some(streamed) = self.session.take_stream() {
+            let io_timeout = self.opts.io_timeout;
+            let write = self.send_streamed(streamed);
+            return match tokio::time::timeout(io_timeout, write).await {
+                Ok(r) => r,
+                Err(_) => Err(io::ErrorKind::TimedOut.into()),
+            };
+        }
         let out = self.session.response();
         let sent = match self.stream.try_write_plain(out) {
             Some(Ok(n)) => n,
@@ -617,6 +634,45 @@ impl Connection {
             Ok(r) => r,
             Err(_) => Err(io::ErrorKind::TimedOut.into()),
         }
+    }
+
+    /// Writes a streamed fetch: the response buffer's pieces with each span's bytes
+    /// spliced in, a slice at a time (positional reads of the page cache into the
+    /// slice buffer, each slice written before the next is read; a head piece rides
+    /// in the same write as the slice after it). A span that can no longer be read
+    /// whole fails the connection: its frame length is already sent.
+    async fn send_streamed(&mut self, streamed: StreamedFetch) -> io::Result<()> {
+        if let Stream::Plain(tcp) = &mut self.stream {
+            return send_streamed_plain(tcp, self.session.response(), &streamed).await;
+        }
+        if self.slice.len() < STREAM_SLICE_BYTES {
+            self.slice = vec![0; STREAM_SLICE_BYTES];
+        }
+        let head = self.session.response();
+        let (stream, slice) = (&mut self.stream, &mut self.slice);
+        let mut at = 0;
+        for (&split, span) in streamed.splits.iter().zip(&streamed.spans) {
+            let mut piece = head.get(at..split).unwrap_or(&[]);
+            at = split;
+            let mut done = 0u64;
+            while done < span.len || !piece.is_empty() {
+                let lead = piece.len().min(STREAM_SLICE_BYTES / 2);
+                let (front, rest) = slice.split_at_mut(lead);
+                front.copy_from_slice(piece.get(..lead).unwrap_or(&[]));
+                piece = piece.get(lead..).unwrap_or(&[]);
+                let n = if piece.is_empty() {
+                    span.read_at(done, rest)?
+                } else {
+                    0
+                };
+                done += n as u64;
+                stream
+                    .write_all(slice.get(..lead + n).unwrap_or(&[]))
+                    .await?;
+            }
+        }
+        stream.write_all(head.get(at..).unwrap_or(&[])).await?;
+        stream.flush().await
     }
 
     /// Sends the response, then closes: the write side first so the peer reads the
@@ -796,6 +852,36 @@ impl Connection {
         }
         Ok(Frame::Big)
     }
+}
+
+/// [`Connection::send_streamed`] on plain TCP: each span goes from its file to the
+/// socket with `sendfile` (the page cache copied once, into the socket), the pieces
+/// of `head` between them with ordinary writes. The TLS path needs the bytes in user
+/// space to encrypt them and reads them a slice at a time instead.
+async fn send_streamed_plain(
+    tcp: &mut TcpStream,
+    head: &[u8],
+    streamed: &StreamedFetch,
+) -> io::Result<()> {
+    use std::os::fd::AsFd;
+    let mut at = 0;
+    for (&split, span) in streamed.splits.iter().zip(&streamed.spans) {
+        tcp.write_all(head.get(at..split).unwrap_or(&[])).await?;
+        at = split;
+        let mut done = 0u64;
+        while done < span.len {
+            let sent = tcp.try_io(tokio::io::Interest::WRITABLE, || {
+                span.send_at(done, tcp.as_fd(), usize::MAX)
+            });
+            match sent {
+                Ok(n) => done += n as u64,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => tcp.writable().await?,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    tcp.write_all(head.get(at..).unwrap_or(&[])).await?;
+    tcp.flush().await
 }
 
 /// Sleeps until `deadline`, or forever without one.
@@ -1003,5 +1089,102 @@ mod tests {
             "{polled:?}"
         );
         assert!(matches!(idle.list_topics(), Err(ClientError::Io { .. })));
+    }
+
+    /// Reads one response frame (`frame_len` included).
+    fn read_frame(s: &mut TcpStream) -> Vec<u8> {
+        let mut len = [0u8; 4];
+        s.read_exact(&mut len).unwrap();
+        let mut frame = len.to_vec();
+        frame.resize(4 + u32::from_be_bytes(len) as usize, 0);
+        s.read_exact(&mut frame[4..]).unwrap();
+        frame
+    }
+
+    /// A large fetch is streamed from the segment files, and the bytes on the wire
+    /// are exactly the response encoded whole from the same fetch: over several
+    /// segments, twice on one connection, then a small fetch and another request.
+    #[test]
+    fn a_streamed_fetch_sends_exactly_the_whole_response() {
+        use crate::engine::broker::NewRecord;
+        use crate::format::topic::TopicConfig;
+        use crate::format::wire::{encode_response, ApiKey, Chunk};
+
+        let r = Running::start(quiet());
+        let config = TopicConfig {
+            segment_bytes: 1 << 20,
+            ..TopicConfig::default()
+        };
+        r.broker.create_topic("t", 1, config).unwrap();
+        let value = vec![5u8; 1000];
+        let recs: Vec<NewRecord<'_>> = (0..100)
+            .map(|_| NewRecord {
+                key: None,
+                value: &value,
+                timestamp_ms: 1,
+            })
+            .collect();
+        for _ in 0..35 {
+            r.broker.produce("t", 0, &recs).unwrap();
+        }
+        let mut s = TcpStream::connect(&r.addr).unwrap();
+        let mut out = Vec::new();
+        let hello = Request::Handshake {
+            min_version: 1,
+            max_version: PROTOCOL_VERSION,
+            token: None,
+        };
+        encode_request(&mut out, 1, &hello).unwrap();
+        s.write_all(&out).unwrap();
+        read_frame(&mut s);
+        for (id, offset, max_bytes) in [
+            (9u32, 10u64, 8u32 << 20),
+            (10, 1500, 2 << 20),
+            (11, 3, 1000),
+            (12, 3499, 8 << 20),
+        ] {
+            let f = r
+                .broker
+                .fetch("t", 0, offset, max_bytes, Duration::ZERO)
+                .unwrap();
+            if max_bytes > super::super::dispatch::STREAM_FETCH_MIN_BYTES {
+                assert!(f.chunks.len() >= 2 || offset == 3499, "{}", f.chunks.len());
+            }
+            let body = ResponseBody::Fetch {
+                start_offset: f.start_offset,
+                end_offset: f.end_offset,
+                chunks: f
+                    .chunks
+                    .iter()
+                    .map(|c| Chunk {
+                        generation: c.generation,
+                        bytes: &c.bytes,
+                    })
+                    .collect(),
+            };
+            let mut want = Vec::new();
+            let api = ApiKey::Fetch as u16;
+            encode_response(&mut want, id, api, ErrorCode::NONE, "", Some(&body)).unwrap();
+            let fetch = Request::Fetch {
+                topic: "t",
+                partition: 0,
+                offset,
+                max_bytes,
+                max_wait_ms: 0,
+            };
+            out.clear();
+            encode_request(&mut out, id, &fetch).unwrap();
+            s.write_all(&out).unwrap();
+            let got = read_frame(&mut s);
+            assert_eq!(got.len(), want.len(), "fetch {id}");
+            assert!(got == want, "fetch {id}: the bytes differ");
+        }
+        out.clear();
+        encode_request(&mut out, 13, &Request::ListTopics).unwrap();
+        s.write_all(&out).unwrap();
+        let resp = read_frame(&mut s);
+        let resp = decode_response(&resp[4..]).unwrap();
+        assert_eq!((resp.request_id, resp.code), (13, ErrorCode::NONE));
+        r.stop();
     }
 }

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use crate::engine::error::{EngineError, FailureReason};
 use crate::engine::maintenance::compaction::{
-    prepare_compaction, CompactionError, CompactionOptions, CompactionReport,
+    prepare_compaction, CompactionError, CompactionOptions, CompactionReport, Kept,
 };
 use crate::engine::partition::{PartitionLog, Segment};
 use crate::engine::storage::io::Storage;
@@ -382,10 +382,35 @@ impl Visit<'_> {
             })?;
             return Err(e);
         }
+        // The replaced segments' logs may become spares (docs/FORMAT.md, Spares):
+        // those within rule 4's size, as many as the pool has room for. The swap
+        // moves them to `spares/`; they enter the pool once the swap is durable and
+        // published, if nobody holds them by then.
+        let spare_bytes_max = self
+            .config
+            .segment_bytes
+            .saturating_add(log.preallocate_window());
+        let replaced_segs: Vec<Arc<Segment>> = log
+            .snapshot()
+            .iter()
+            .filter(|s| replaced.contains(&s.base_offset))
+            .cloned()
+            .collect();
+        let fitting: Vec<u64> = replaced_segs
+            .iter()
+            .filter(|s| s.bytes() <= spare_bytes_max)
+            .map(|s| s.base_offset)
+            .collect();
+        let (spares_dir, names) = log.stats.spares.reserve(fitting.len());
+        let kept = Kept {
+            dir: spares_dir,
+            logs: fitting.into_iter().zip(names).collect(),
+        };
         let mut new = Vec::new();
-        match prepared.swap(&mut |bases| new = bases.to_vec()) {
+        match prepared.swap_keeping(&mut |bases| new = bases.to_vec(), &kept) {
             Ok(report) => {
                 log.replace_oldest(&replaced, &new)?;
+                log.admit_kept(replaced_segs, &kept);
                 tracing::info!(
                     topic = self.topic,
                     partition = self.partition,

@@ -538,5 +538,5 @@ pub use spares::SparePool;
 pub use zero::{WritePath, ZeroTarget};
 
 pub(crate) use open::create_first_segment;
-pub use read::LogFetch;
+pub use read::{FetchSpan, LogFetch, LogFetchSpans};
 pub use tally::LogHealth;

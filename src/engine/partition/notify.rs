@@ -55,6 +55,25 @@ impl PartitionLog {
         max_bytes: u32,
         max_wait: Duration,
     ) -> Result<LogFetch, EngineError> {
+        self.long_poll(offset, max_wait).await?;
+        self.fetch(offset, max_bytes, Duration::ZERO)
+    }
+
+    /// [`PartitionLog::fetch_spans`] with the long poll of
+    /// [`PartitionLog::fetch_async`].
+    pub async fn fetch_spans_async(
+        &self,
+        offset: u64,
+        max_bytes: u32,
+        max_wait: Duration,
+    ) -> Result<LogFetchSpans, EngineError> {
+        self.long_poll(offset, max_wait).await?;
+        self.fetch_spans(offset, max_bytes, Duration::ZERO)
+    }
+
+    /// Waits until a record at `offset` is durable, `max_wait` passes or the log
+    /// closes (an offset out of range is an error at once).
+    async fn long_poll(&self, offset: u64, max_wait: Duration) -> Result<(), EngineError> {
         let deadline = tokio::time::Instant::now().checked_add(max_wait);
         let mut rx = self.durable_tx.subscribe();
         loop {
@@ -65,17 +84,17 @@ impl PartitionLog {
             let (_, end) = self.wait_for_data(offset, Duration::ZERO)?;
             let closed = lock(&self.sync).closed.is_some();
             if offset < end || closed || left.is_zero() {
-                return self.fetch(offset, max_bytes, Duration::ZERO);
+                return Ok(());
             }
             match deadline {
                 Some(d) => {
                     if let Ok(Err(_)) = tokio::time::timeout_at(d, rx.changed()).await {
-                        return self.fetch(offset, max_bytes, Duration::ZERO);
+                        return Ok(());
                     }
                 }
                 None => {
                     if rx.changed().await.is_err() {
-                        return self.fetch(offset, max_bytes, Duration::ZERO);
+                        return Ok(());
                     }
                 }
             }

@@ -7,6 +7,13 @@
 
 use super::*;
 
+/// What [`PartitionLog::read_as`] read: the chunks or the spans, and the last offset.
+type ReadOut = (Vec<FetchChunk>, Vec<FetchSpan>, Option<u64>);
+
+/// Read window of a streamed fetch ([`PartitionLog::fetch_spans`]): its records are
+/// validated a cache-sized piece at a time, whatever the fetch's size.
+const SPAN_WINDOW_BYTES: usize = 256 << 10;
+
 // ----- the read path -----
 
 /// What one fetch returns from a log.
@@ -15,6 +22,83 @@ pub struct LogFetch {
     pub chunks: Vec<FetchChunk>,
     pub start_offset: u64,
     pub end_offset: u64,
+}
+
+/// What one fetch returns from a log as file ranges ([`PartitionLog::fetch_spans`]).
+#[derive(Debug)]
+pub struct LogFetchSpans {
+    pub spans: Vec<FetchSpan>,
+    pub start_offset: u64,
+    pub end_offset: u64,
+}
+
+/// Whole records of one segment, validated, as a range of its file: what a
+/// [`FetchChunk`] would hold, left on disk (page cache) until it is sent. It keeps
+/// the segment and its open file, so the bytes stay those that were validated:
+/// retention and compaction leave a segment a reader holds alone (it is never made a
+/// spare), and a removed file stays readable through the handle.
+#[derive(Debug)]
+pub struct FetchSpan {
+    segment: Arc<Segment>,
+    file: Arc<File>,
+    /// The segment's generation: decode with `format::decode_record(bytes, _, generation)`.
+    pub generation: u64,
+    /// Position of the first record in the file.
+    pub from: u64,
+    /// Bytes of the records, back to back from `from`.
+    pub len: u64,
+    /// How many records.
+    pub records: u64,
+}
+
+impl FetchSpan {
+    /// Reads the span's bytes from `at` (relative to the span's start) into `buf`,
+    /// filling it or up to the span's end; returns the bytes read. A file shorter
+    /// than the validated range is an error (`UnexpectedEof`).
+    pub fn read_at(&self, at: u64, buf: &mut [u8]) -> io::Result<usize> {
+        let want = usize::try_from(self.len.saturating_sub(at))
+            .unwrap_or(usize::MAX)
+            .min(buf.len());
+        let dst = buf.get_mut(..want).unwrap_or_default();
+        let pos = self.from.saturating_add(at);
+        std::os::unix::fs::FileExt::read_exact_at(&*self.file, dst, pos).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("reading {} at {pos}: {e}", self.segment.path.display()),
+            )
+        })?;
+        Ok(want)
+    }
+
+    /// Sends up to `max` of the span's bytes from `at` (relative to the span's start)
+    /// straight from the file to `socket` (`sendfile`: no copy through user space);
+    /// returns the bytes sent. A full non-blocking socket gives `WouldBlock`; a file
+    /// shorter than the validated range is an error (`UnexpectedEof`).
+    pub fn send_at(
+        &self,
+        at: u64,
+        socket: std::os::fd::BorrowedFd<'_>,
+        max: usize,
+    ) -> io::Result<usize> {
+        let want = usize::try_from(self.len.saturating_sub(at))
+            .unwrap_or(usize::MAX)
+            .min(max);
+        if want == 0 {
+            return Ok(0);
+        }
+        let mut pos = self.from.saturating_add(at);
+        match rustix::fs::sendfile(socket, &*self.file, Some(&mut pos), want) {
+            Ok(0) => Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!(
+                    "{} ends before its records sent at {pos}",
+                    self.segment.path.display()
+                ),
+            )),
+            Ok(n) => Ok(n),
+            Err(e) => Err(e.into()),
+        }
+    }
 }
 
 impl PartitionLog {
@@ -35,10 +119,37 @@ impl PartitionLog {
         if offset >= end {
             return Ok(fetched);
         }
-        let (chunks, last) = self.read(offset, max_bytes.min(FETCH_BYTES_MAX))?;
+        let (chunks, _, last) = self.read_as(offset, max_bytes.min(FETCH_BYTES_MAX), false)?;
         fetched.chunks = chunks;
         if let Some(last) = last {
             // The readable ends may already show a newer fsync than `end` did.
+            fetched.end_offset = fetched.end_offset.max(last.saturating_add(1));
+        }
+        Ok(fetched)
+    }
+
+    /// [`PartitionLog::fetch`] without the bytes: the same records, validated the
+    /// same way (whole, CRC, below the durable end) through a cache-sized window, as
+    /// file ranges of their segments, for the caller to stream out of the file a
+    /// slice at a time (the bytes of a large fetch then never sit in memory at once).
+    pub fn fetch_spans(
+        &self,
+        offset: u64,
+        max_bytes: u32,
+        max_wait: Duration,
+    ) -> Result<LogFetchSpans, EngineError> {
+        let (start, end) = self.wait_for_data(offset, max_wait)?;
+        let mut fetched = LogFetchSpans {
+            spans: Vec::new(),
+            start_offset: start,
+            end_offset: end,
+        };
+        if offset >= end {
+            return Ok(fetched);
+        }
+        let (_, spans, last) = self.read_as(offset, max_bytes.min(FETCH_BYTES_MAX), true)?;
+        fetched.spans = spans;
+        if let Some(last) = last {
             fetched.end_offset = fetched.end_offset.max(last.saturating_add(1));
         }
         Ok(fetched)
@@ -81,23 +192,22 @@ impl PartitionLog {
     }
 
     /// Reads whole records from `offset` across segments, within `budget` bytes (but
-    /// at least one record). Returns the chunks and the last offset read.
-    pub(super) fn read(
-        &self,
-        offset: u64,
-        budget: u32,
-    ) -> Result<(Vec<FetchChunk>, Option<u64>), EngineError> {
+    /// at least one record), as chunks of bytes, or (`spans`) as validated file
+    /// ranges: the same records, damage and missing ranges either way. Returns the
+    /// chunks or the spans, and the last offset read.
+    fn read_as(&self, offset: u64, budget: u32, spans: bool) -> Result<ReadOut, EngineError> {
         let segs = self.snapshot();
         let mut i = segs
             .partition_point(|s| s.base_offset <= offset)
             .saturating_sub(1);
         let mut left = u64::from(budget);
         let mut chunks = Vec::new();
+        let mut ranges = Vec::new();
         let mut next = offset;
         let mut last = None;
         while let Some(seg) = segs.get(i) {
             if let Some(l) = self.lost_before(seg, next) {
-                if !chunks.is_empty() {
+                if last.is_some() {
                     // The records before the lost segment are this fetch's answer.
                     break;
                 }
@@ -110,10 +220,10 @@ impl PartitionLog {
                 });
             }
             let next_base = segs.get(i + 1).map(|s| s.base_offset);
-            let out = read_segment_around(seg, next, left, chunks.is_empty(), next_base)?;
+            let out = read_segment_around(seg, next, left, last.is_none(), next_base, spans)?;
             let damaged = out.damage.is_some();
             if let Some(d) = out.damage.filter(|_| out.last_offset.is_none()) {
-                if !chunks.is_empty() {
+                if last.is_some() {
                     // The records before the damage are this fetch's answer.
                     break;
                 }
@@ -127,13 +237,23 @@ impl PartitionLog {
                 });
             }
             if let Some(l) = out.last_offset {
-                left = left.saturating_sub(out.bytes.len() as u64);
+                left = left.saturating_sub(out.len);
                 next = l + 1;
                 last = Some(l);
-                chunks.push(FetchChunk {
-                    generation: seg.generation,
-                    bytes: out.bytes,
-                });
+                match (out.span, spans) {
+                    (Some((from, len)), true) => ranges.push(FetchSpan {
+                        segment: Arc::clone(seg),
+                        file: out.file,
+                        generation: seg.generation,
+                        from,
+                        len,
+                        records: out.records,
+                    }),
+                    _ => chunks.push(FetchChunk {
+                        generation: seg.generation,
+                        bytes: out.bytes,
+                    }),
+                }
             }
             if out.budget_hit || damaged {
                 break;
@@ -144,7 +264,7 @@ impl PartitionLog {
             if let (Some(nb), Some(following)) = (next_base, segs.get(i + 1)) {
                 let reached = out.last_offset.map_or(next, |l| l + 1).max(next);
                 if reached < nb && self.lost_before(following, reached).is_none() {
-                    if !chunks.is_empty() {
+                    if last.is_some() {
                         break;
                     }
                     return Err(EngineError::RecordsMissing {
@@ -158,7 +278,7 @@ impl PartitionLog {
             }
             i += 1;
         }
-        Ok((chunks, last))
+        Ok((chunks, ranges, last))
     }
 }
 
@@ -174,7 +294,16 @@ impl PartitionLog {
 
 /// Records read from one segment.
 pub(super) struct SegmentRead {
+    /// The records' bytes (empty when only measured).
     pub(super) bytes: Vec<u8>,
+    /// The records' bytes in all, copied or measured.
+    pub(super) len: u64,
+    /// Measured only: where the records lie in the file, (first position, bytes).
+    pub(super) span: Option<(u64, u64)>,
+    /// Measured only: how many records.
+    pub(super) records: u64,
+    /// The handle the records were read through.
+    pub(super) file: Arc<File>,
     pub(super) last_offset: Option<u64>,
     /// Stopped because the next record did not fit the budget.
     pub(super) budget_hit: bool,
@@ -199,7 +328,7 @@ pub(super) fn read_segment(
     budget: u64,
     take_one: bool,
 ) -> Result<SegmentRead, EngineError> {
-    read_segment_around(seg, offset, budget, take_one, None)
+    read_segment_around(seg, offset, budget, take_one, None, false)
 }
 
 /// Reads whole records with offsets ≥ `offset` from one segment, up to its readable
@@ -211,12 +340,16 @@ pub(super) fn read_segment(
 /// resynchronises after it ([`resync`], bounded by `next_base`, the next segment's
 /// base): if `offset` lies beyond the resync point the read goes on from there,
 /// otherwise `offset` is in the damaged range and the damage is all it returns.
+///
+/// With `measure`, the records are validated the same way through a cache-sized
+/// window and not copied: the result names their file range instead.
 pub(super) fn read_segment_around(
     seg: &Segment,
     offset: u64,
     budget: u64,
     take_one: bool,
     next_base: Option<u64>,
+    measure: bool,
 ) -> Result<SegmentRead, EngineError> {
     let limit = seg.readable_end.load(Ordering::Acquire);
     let rel = offset.saturating_sub(seg.base_offset);
@@ -232,7 +365,11 @@ pub(super) fn read_segment_around(
         seg.base_offset.saturating_add(e.relative_offset)
     });
     let read_bytes = (budget + INDEX_INTERVAL_BYTES).max(FETCH_READ_MIN_BYTES);
-    let window = usize::try_from(read_bytes).unwrap_or(usize::MAX);
+    let window = if measure {
+        SPAN_WINDOW_BYTES
+    } else {
+        usize::try_from(read_bytes).unwrap_or(usize::MAX)
+    };
     let file = seg
         .file()
         .map_err(|e| EngineError::io(format!("opening {}", seg.path.display()), e))?;
@@ -241,12 +378,23 @@ pub(super) fn read_segment_around(
         let mut reader = RecordReader::with_window(&file, seg.generation, start, limit, window)
             .strict_limit()
             .with_buffer(buffers::take());
-        let mut bytes = buffers::take();
-        bytes.clear();
-        let copied = reader.copy_records(offset, budget, take_one, &mut bytes);
+        let mut bytes = Vec::new();
+        let mut span = None;
+        let mut records = 0;
+        let copied = if measure {
+            reader.measure_records(offset, budget, take_one).map(|m| {
+                (span, records) = (m.span, m.records);
+                m.copied
+            })
+        } else {
+            bytes = buffers::take();
+            bytes.clear();
+            reader.copy_records(offset, budget, take_one, &mut bytes)
+        };
         let file_short = reader.file_short();
         buffers::give(reader.into_buffer());
         let copied = copied.map_err(io_err)?;
+        let len = span.map_or(bytes.len() as u64, |(_, l)| l);
         if file_short {
             return Err(EngineError::Corrupt {
                 path: seg.path.clone(),
@@ -256,6 +404,10 @@ pub(super) fn read_segment_around(
         let Some(end) = copied.end else {
             return Ok(SegmentRead {
                 bytes,
+                len,
+                span,
+                records,
+                file,
                 last_offset: copied.last_offset,
                 budget_hit: copied.budget_hit,
                 damage: None,
@@ -267,6 +419,10 @@ pub(super) fn read_segment_around(
         if copied.last_offset.is_some() {
             return Ok(SegmentRead {
                 bytes,
+                len,
+                span,
+                records,
+                file,
                 last_offset: copied.last_offset,
                 budget_hit: copied.budget_hit,
                 damage: Some(SegmentDamage {
@@ -294,6 +450,10 @@ pub(super) fn read_segment_around(
         let next = found.map(|r| r.offset).or(next_base);
         return Ok(SegmentRead {
             bytes,
+            len,
+            span,
+            records,
+            file,
             last_offset: copied.last_offset,
             budget_hit: copied.budget_hit,
             damage: Some(SegmentDamage {

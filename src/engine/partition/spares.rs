@@ -261,25 +261,101 @@ impl SparePool {
         // 2.
         storage.sync_dir(partition_dir)?;
         storage.sync_dir(&dir)?;
+        // 3. and 4.
+        self.stamp(storage, to, next_generation, len, origin)?;
+        drop(probe);
+        Ok(true)
+    }
+
+    /// Steps 3 and 4 of [`SparePool::enter`]: rewrites the header of the file at
+    /// `to` (in `spares/`, durable there) with `base_offset = u64::MAX` and
+    /// `generation`, fsyncs it, and lists it in the pool.
+    fn stamp(
+        &self,
+        storage: &dyn Storage,
+        to: PathBuf,
+        generation: u64,
+        len: u64,
+        origin: (String, u32),
+    ) -> io::Result<()> {
         // 3.
         let f = storage.open(&to)?;
         let header = SegmentHeader {
             base_offset: crate::format::header::SPARE_BASE_OFFSET,
-            generation: next_generation,
+            generation,
             flags: 0,
         };
         f.write_at(&header.encode(), 0)?;
         // 4.
         f.sync_all()?;
-        drop(probe);
         let mut s = lock(&self.state);
         s.ready.push(Spare {
             path: to,
-            generation: next_generation,
+            generation,
             len,
             origin: Some(origin),
         });
         self.returned.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Names in `spares/` for up to `n` segments a compaction swap is to move there
+    /// itself (steps 1 and 2 of the entry, see
+    /// `PreparedCompaction::swap_keeping`): as many as the pool has room for now.
+    /// Returns the directory and the names (none when the pool is off or full).
+    pub fn reserve(&self, n: usize) -> (Option<PathBuf>, Vec<PathBuf>) {
+        let mut s = lock(&self.state);
+        let Some(dir) = s.dir.clone() else {
+            return (None, Vec::new());
+        };
+        let room = Self::cap(&s).saturating_sub(s.ready.len() as u64);
+        let k = (n as u64).min(room);
+        let names = (0..k)
+            .map(|i| dir.join(spare_file_name(s.next_seq + i)))
+            .collect();
+        s.next_seq += k;
+        (Some(dir), names)
+    }
+
+    /// Completes the entry (steps 3 and 4 of [`SparePool::enter`]) of a sealed
+    /// segment's log that a compaction swap moved to `path` in `spares/` and made
+    /// durable there (both directories fsynced), its header carrying `generation`.
+    /// Returns false, having changed nothing, when the pool is full, the generation
+    /// cannot grow, or someone holds a lock on the file: the caller removes it. A
+    /// failure leaves the file in `spares/`, outside the pool until the next start
+    /// re-stamps it (rule 2).
+    pub fn admit(
+        &self,
+        storage: &dyn Storage,
+        path: &Path,
+        generation: u64,
+        origin: (String, u32),
+    ) -> io::Result<bool> {
+        {
+            let s = lock(&self.state);
+            if s.dir.is_none() || s.ready.len() as u64 >= Self::cap(&s) {
+                return Ok(false);
+            }
+        }
+        let Some(next_generation) = generation.checked_add(1) else {
+            return Ok(false);
+        };
+        let next_generation = if planted!(SPARE_WITHOUT_GENERATION_BUMP) {
+            generation
+        } else {
+            next_generation
+        };
+        let probe = File::open(path)?;
+        if rustix::fs::flock(&probe, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err()
+        {
+            return Ok(false);
+        }
+        let len = probe.metadata()?.len();
+        if len < HEADER_LEN as u64 {
+            return Ok(false);
+        }
+        self.stamp(storage, path.to_path_buf(), next_generation, len, origin)?;
+        drop(probe);
         Ok(true)
     }
 }
@@ -319,6 +395,56 @@ fn restamp_file(storage: &dyn Storage, path: &Path) -> io::Result<Option<Spare>>
 }
 
 impl super::PartitionLog {
+    /// After a compaction swap that moved the replaced logs `kept` to `spares/` (made
+    /// durable there) and published the new segment list: each whose segment nobody
+    /// holds any more (no reader, no shared handle) enters the pool
+    /// ([`SparePool::admit`]); the others are removed, a reader keeping its open file,
+    /// and `spares/` is fsynced after removals. A failure is logged and leaves the
+    /// file in `spares/` for the next start to re-stamp (rule 2): the swap itself is
+    /// done.
+    pub(super) fn admit_kept(
+        &self,
+        replaced: Vec<std::sync::Arc<super::Segment>>,
+        kept: &crate::engine::maintenance::compaction::Kept,
+    ) {
+        let mut removed = false;
+        for seg in replaced {
+            let Some((_, path)) = kept.logs.iter().find(|(b, _)| *b == seg.base_offset) else {
+                continue;
+            };
+            let unheld = std::sync::Arc::strong_count(&seg) == 1 && seg.file.unshared();
+            let generation = seg.generation;
+            drop(seg);
+            let origin = (self.topic.clone(), self.partition);
+            let entered = match unheld {
+                true => self
+                    .stats
+                    .spares
+                    .admit(&*self.storage, path, generation, origin),
+                false => Ok(false),
+            };
+            let result = match entered {
+                Ok(true) => Ok(()),
+                Ok(false) => self.storage.remove_file(path).map(|()| removed = true),
+                Err(e) => Err(e),
+            };
+            if let Err(e) = result {
+                tracing::warn!(
+                    topic = self.topic,
+                    partition = self.partition,
+                    spare = %path.display(),
+                    error = %e,
+                    "a compacted segment did not enter the spares; the next start re-stamps it"
+                );
+            }
+        }
+        if let (true, Some(dir)) = (removed, &kept.dir) {
+            if let Err(e) = self.storage.sync_dir(dir) {
+                tracing::warn!(spares = %dir.display(), error = %e, "syncing the spares failed");
+            }
+        }
+    }
+
     /// Bytes reserved for the active segment past the end of its data: preallocated
     /// (`fallocate`), zeroed, or a reused file's old length.
     pub fn preallocated_bytes(&self) -> u64 {

@@ -394,3 +394,105 @@ fn a_reused_files_stale_tail_is_never_served() {
         10 + 28 + 4
     );
 }
+
+/// A fetch's spans hold the bytes its chunks would: the same records from the same
+/// segments, the same ends, the same errors, across rolls, around damage and for
+/// records larger than the spans' read window.
+#[test]
+fn spans_name_exactly_the_records_a_fetch_copies() {
+    fn span_bytes(s: &FetchSpan) -> Vec<u8> {
+        let mut out = vec![0u8; s.len as usize];
+        let mut done = 0;
+        // Read in small slices, as a stream does.
+        while done < out.len() {
+            let end = (done + 1000).min(out.len());
+            let n = s.read_at(done as u64, &mut out[done..end]).unwrap();
+            assert!(n > 0);
+            done += n;
+        }
+        out
+    }
+    fn same(log: &PartitionLog, offset: u64, budget: u32) {
+        let chunks = log.fetch(offset, budget, Duration::ZERO);
+        let spans = log.fetch_spans(offset, budget, Duration::ZERO);
+        match (chunks, spans) {
+            (Ok(c), Ok(s)) => {
+                let want: Vec<(u64, Vec<u8>)> = c
+                    .chunks
+                    .iter()
+                    .map(|c| (c.generation, c.bytes.clone()))
+                    .collect();
+                let got: Vec<(u64, Vec<u8>)> = s
+                    .spans
+                    .iter()
+                    .map(|s| (s.generation, span_bytes(s)))
+                    .collect();
+                assert_eq!(got, want, "offset {offset}, budget {budget}");
+                for s in &s.spans {
+                    let b = span_bytes(s);
+                    let mut n = 0;
+                    let mut pos = 0;
+                    while pos < b.len() {
+                        pos += decode_record(&b[pos..], pos as u64, s.generation)
+                            .unwrap()
+                            .encoded_len;
+                        n += 1;
+                    }
+                    assert_eq!(n, s.records, "offset {offset}, budget {budget}");
+                }
+                assert_eq!(
+                    (s.start_offset, s.end_offset),
+                    (c.start_offset, c.end_offset)
+                );
+            }
+            (Err(a), Err(b)) => assert_eq!(a.to_string(), b.to_string()),
+            (a, b) => panic!("offset {offset}, budget {budget}: {a:?} against {b:?}"),
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let log = new_log(dir.path(), Arc::new(RealStorage));
+    let small = [7u8; 100];
+    let big = vec![9u8; 300 << 10];
+    for i in 0..40u64 {
+        let value: &[u8] = if i == 25 { &big } else { &small };
+        let a = log
+            .append(
+                &[NewRecord {
+                    key: None,
+                    value,
+                    timestamp_ms: 1,
+                }],
+                &config(1024),
+            )
+            .unwrap();
+        log.wait_durable(a.last_offset + 1).unwrap();
+    }
+    let budgets = [1, 150, 1000, 5000, 400 << 10, 8 << 20];
+    for offset in [0, 1, 7, 24, 25, 26, 39, 40] {
+        for budget in budgets {
+            same(&log, offset, budget);
+        }
+    }
+    let second = log.snapshot()[1].clone();
+    drop(log);
+    // One byte flipped in the second segment's first record.
+    let mut bytes = std::fs::read(second.path()).unwrap();
+    bytes[HEADER_LEN + 40] ^= 0x10;
+    std::fs::write(second.path(), &bytes).unwrap();
+    let log = PartitionLog::open(
+        "t",
+        0,
+        dir.path(),
+        Arc::new(RealStorage),
+        Arc::new(LogStats::default()),
+    )
+    .unwrap()
+    .0;
+    let first = second.base_offset;
+    assert!(log.fetch_spans(first, 1 << 20, Duration::ZERO).is_err());
+    for offset in [0, first.saturating_sub(1), first, first + 1, 30] {
+        for budget in budgets {
+            same(&log, offset, budget);
+        }
+    }
+}

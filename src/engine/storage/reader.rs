@@ -74,6 +74,16 @@ pub struct Copied {
     pub end: Option<RecordError>,
 }
 
+/// What [`RecordReader::measure_records`] found.
+#[derive(Debug, Default)]
+pub struct Measured {
+    pub copied: Copied,
+    /// The records' file range: (first position, bytes); `None` when none was taken.
+    pub span: Option<(u64, u64)>,
+    /// How many records.
+    pub records: u64,
+}
+
 /// Sequential reader of the records in one log file, from a start position up to a
 /// limit, using large positional reads. Every reader of records goes through it:
 /// scan, check, recovery, compaction, dump and the fetch path.
@@ -236,7 +246,47 @@ impl<'f> RecordReader<'f> {
         take_one: bool,
         out: &mut Vec<u8>,
     ) -> io::Result<Copied> {
-        let start_len = out.len();
+        self.take_records(min_offset, budget_bytes, take_one, |_, bytes| {
+            out.extend_from_slice(bytes);
+        })
+    }
+
+    /// [`RecordReader::copy_records`] without the copy: validates the same records
+    /// (whole, CRC, offsets), which lie back to back in the file, and returns them as
+    /// the file range `(first position, bytes)` (`None`: no record taken) with the
+    /// number of records. The reader's window can then stay cache-sized whatever the
+    /// budget.
+    pub fn measure_records(
+        &mut self,
+        min_offset: u64,
+        budget_bytes: u64,
+        take_one: bool,
+    ) -> io::Result<Measured> {
+        let mut span: Option<(u64, u64)> = None;
+        let mut records = 0u64;
+        let copied = self.take_records(min_offset, budget_bytes, take_one, |pos, bytes| {
+            records += 1;
+            let (first, len) = span.get_or_insert((pos, 0));
+            debug_assert_eq!(*first + *len, pos, "records taken are back to back");
+            *len += bytes.len() as u64;
+        })?;
+        Ok(Measured {
+            copied,
+            span,
+            records,
+        })
+    }
+
+    /// The loop of [`RecordReader::copy_records`], handing each record taken (its
+    /// position and bytes) to `take`.
+    fn take_records(
+        &mut self,
+        min_offset: u64,
+        budget_bytes: u64,
+        take_one: bool,
+        mut take: impl FnMut(u64, &[u8]),
+    ) -> io::Result<Copied> {
+        let mut taken = 0u64;
         let mut copied = Copied::default();
         loop {
             if let Some(end) = self.buffer_next()? {
@@ -254,14 +304,14 @@ impl<'f> RecordReader<'f> {
             };
             let len = record.encoded_len;
             if record.offset >= min_offset {
-                let taken = (out.len() - start_len) as u64;
                 let fits = taken + len as u64 <= budget_bytes;
                 if !(fits || take_one && taken == 0) {
                     copied.budget_hit = true;
                     return Ok(copied);
                 }
                 copied.last_offset = Some(record.offset);
-                out.extend_from_slice(avail.get(..len).unwrap_or(&[]));
+                take(pos, avail.get(..len).unwrap_or(&[]));
+                taken += len as u64;
             }
             copied.last_seen = Some(record.offset);
             self.used += len;

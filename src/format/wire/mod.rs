@@ -1024,6 +1024,56 @@ pub fn encode_response(
     r
 }
 
+/// A successful fetch response whose chunks' bytes are sent apart from it (streamed
+/// from the segment files): appends to `out` the frame without those bytes, for
+/// chunks given as (generation, byte length), and returns where in `out` each chunk's
+/// bytes belong (chunk `i` follows `out[..splits[i]]`, and `out[splits[i]..]` up to
+/// the next split follows it). Spliced together, the bytes are exactly
+/// [`encode_response`] of the same `ResponseBody::Fetch`.
+pub fn encode_fetch_response_head(
+    out: &mut Vec<u8>,
+    request_id: u32,
+    api_key: u16,
+    start_offset: u64,
+    end_offset: u64,
+    chunks: &[(u64, u64)],
+) -> Result<Vec<usize>, ProtocolError> {
+    let start = start_frame(out, request_id, api_key);
+    out.extend_from_slice(&ErrorCode::NONE.0.to_be_bytes());
+    let mut splits = Vec::with_capacity(chunks.len());
+    let mut spliced = 0u64;
+    let r = put_str(out, "message", "", MESSAGE_BYTES_MAX).and_then(|()| {
+        out.extend_from_slice(&start_offset.to_be_bytes());
+        out.extend_from_slice(&end_offset.to_be_bytes());
+        put_count(out, "chunks", chunks.len(), FETCH_CHUNKS_MAX)?;
+        for &(generation, len) in chunks {
+            out.extend_from_slice(&generation.to_be_bytes());
+            let len_usize = usize::try_from(len).unwrap_or(usize::MAX);
+            put_count(out, "chunk bytes", len_usize, FRAME_BYTES_MAX)?;
+            splits.push(out.len());
+            spliced = spliced.saturating_add(len);
+        }
+        let head = out.len().saturating_sub(start).saturating_sub(LEN_FIELD);
+        let len = (head as u64).saturating_add(spliced);
+        if len > u64::from(FRAME_BYTES_MAX) {
+            return Err(ProtocolError::Unencodable {
+                field: "frame",
+                len,
+                max: u64::from(FRAME_BYTES_MAX),
+            });
+        }
+        if let Some(slot) = out.get_mut(start..start + LEN_FIELD) {
+            slot.copy_from_slice(&(len as u32).to_be_bytes());
+        }
+        Ok(())
+    });
+    if let Err(e) = r {
+        out.truncate(start);
+        return Err(e);
+    }
+    Ok(splits)
+}
+
 /// An error response: no body.
 pub fn encode_error(
     out: &mut Vec<u8>,
@@ -1710,6 +1760,53 @@ fn decode_response_body<'a>(
 #[expect(clippy::indexing_slicing, clippy::unwrap_used, reason = "tests")]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fetch_head_spliced_with_its_chunks_is_the_fetch_response() {
+        let a: Vec<u8> = (0..300u32).map(|i| i as u8).collect();
+        let b = [7u8; 5];
+        for chunks in [vec![], vec![&a[..]], vec![&a[..], &b[..]], vec![&b[..0]]] {
+            let body = ResponseBody::Fetch {
+                start_offset: 3,
+                end_offset: 900,
+                chunks: chunks
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| Chunk {
+                        generation: i as u64 + 4,
+                        bytes: c,
+                    })
+                    .collect(),
+            };
+            let mut whole = vec![1, 2];
+            encode_response(&mut whole, 77, 2, ErrorCode::NONE, "", Some(&body)).unwrap();
+            let mut head = vec![1, 2];
+            let heads: Vec<(u64, u64)> = chunks
+                .iter()
+                .enumerate()
+                .map(|(i, c)| (i as u64 + 4, c.len() as u64))
+                .collect();
+            let splits = encode_fetch_response_head(&mut head, 77, 2, 3, 900, &heads).unwrap();
+            let mut spliced = Vec::new();
+            let mut at = 0;
+            for (split, c) in splits.iter().zip(&chunks) {
+                spliced.extend_from_slice(&head[at..*split]);
+                spliced.extend_from_slice(c);
+                at = *split;
+            }
+            spliced.extend_from_slice(&head[at..]);
+            assert_eq!(spliced, whole, "{} chunks", chunks.len());
+        }
+        // Too large for a frame: nothing is left in `out`.
+        let mut out = vec![9];
+        let r =
+            encode_fetch_response_head(&mut out, 1, 2, 0, 1, &[(0, u64::from(FRAME_BYTES_MAX))]);
+        assert!(matches!(
+            r,
+            Err(ProtocolError::Unencodable { field: "frame", .. })
+        ));
+        assert_eq!(out, [9]);
+    }
 
     fn sample_requests() -> Vec<Request<'static>> {
         vec![

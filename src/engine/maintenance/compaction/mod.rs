@@ -329,7 +329,7 @@ pub fn sealed_segments_unchanged(dir: &Path, read: &[u64]) -> bool {
 /// Finishing a marker (swap step 4, and recovery step 1) is one function, owned by
 /// recovery: rename what is still temporary, delete what is still replaced and not
 /// new, fsync, delete the marker, fsync.
-pub use swap::{finish_compaction_marker, MarkerFinish, PreparedCompaction};
+pub use swap::{finish_compaction_marker, Kept, MarkerFinish, PreparedCompaction};
 
 #[cfg(test)]
 mod tests {

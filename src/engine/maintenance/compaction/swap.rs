@@ -71,8 +71,24 @@ impl<'a> PreparedCompaction<'a> {
     /// [`PreparedCompaction::replaced`]) and holds that lock until this returns.
     /// `publish` gets the new segments' base offsets once they are in place.
     pub fn swap(
+        self,
+        publish: &mut dyn FnMut(&[u64]),
+    ) -> Result<CompactionReport, CompactionError> {
+        self.swap_keeping(publish, &Kept::default())
+    }
+
+    /// [`PreparedCompaction::swap`] where the logs of the replaced segments named in
+    /// `kept` are moved out of the partition directory (to become spares) instead of
+    /// being deleted: in step 4, after the marker is durable and before the results
+    /// are renamed into place (a result may take a replaced segment's name), and made
+    /// durable by step 4's directory fsync, followed by one of `kept.dir`, before the
+    /// marker goes. Every record of a moved log is in the results, which are durable
+    /// since step 1, so a crash at any point loses nothing: recovery finishes the
+    /// marker as for any swap.
+    pub fn swap_keeping(
         mut self,
         publish: &mut dyn FnMut(&[u64]),
+        kept: &Kept,
     ) -> Result<CompactionReport, CompactionError> {
         assert!(self.needs_swap(), "swap of a skipped or dry compaction");
         let storage = self.storage;
@@ -87,6 +103,9 @@ impl<'a> PreparedCompaction<'a> {
         let marker_path = dir.join(COMPACTION_MARKER);
         if planted!(RENAME_BEFORE_MARKER) {
             let _ = finish_compaction_marker(storage, &dir, &marker);
+        }
+        if planted!(KEEP_BEFORE_MARKER) {
+            let _ = move_kept(storage, &dir, &marker, kept, &mut MarkerFinish::default());
         }
         if let Err(e) = write_file_atomic(storage, &dir, COMPACTION_MARKER, &marker.encode()) {
             if marker_path.exists() {
@@ -110,7 +129,7 @@ impl<'a> PreparedCompaction<'a> {
         //    The list is published after the marker is gone rather than just before:
         //    publishing is in memory, so the order cannot be seen on disk, and this
         //    way the swap and its recovery share a single finishing function.
-        finish_compaction_marker(storage, &dir, &marker)
+        finish_marker_keeping(storage, &dir, &marker, None, kept)
             .map_err(|source| CompactionError::Interrupted { dir, source })?;
         publish(&self.report.new);
         Ok(std::mem::take(&mut self.report))
@@ -131,6 +150,42 @@ pub struct MarkerFinish {
     pub removed: Vec<PathBuf>,
     /// Files copied to the backup directory first.
     pub backups: Vec<PathBuf>,
+    /// Replaced segment logs moved out instead of deleted (`from`, `to`), see
+    /// [`PreparedCompaction::swap_keeping`].
+    pub kept: Vec<(PathBuf, PathBuf)>,
+}
+
+/// Replaced segment logs a swap moves out of the partition directory instead of
+/// deleting them: (base offset, new path), all in `dir`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Kept {
+    /// The directory they go to (fsynced once they are there).
+    pub dir: Option<PathBuf>,
+    pub logs: Vec<(u64, PathBuf)>,
+}
+
+/// Step 4a of [`PreparedCompaction::swap_keeping`]: moves each kept log that is still
+/// in the partition directory, replaced and present, to its new path.
+fn move_kept(
+    storage: &dyn Storage,
+    dir: &Path,
+    marker: &CompactionMarker,
+    kept: &Kept,
+    out: &mut MarkerFinish,
+) -> io::Result<()> {
+    for (base, to) in kept
+        .logs
+        .iter()
+        .filter(|(b, _)| marker.replaced.contains(b))
+    {
+        let from = dir.join(log_file_name(*base));
+        if !exists(&from)? {
+            continue;
+        }
+        storage.rename(&from, to)?;
+        out.kept.push((from, to.clone()));
+    }
+    Ok(())
 }
 
 /// Finishes the compaction swap `marker` records in `partition_dir` (docs/FORMAT.md,
@@ -148,6 +203,18 @@ pub(crate) fn finish_marker_with(
     dir: &Path,
     marker: &CompactionMarker,
     backup: Option<Backup<'_>>,
+) -> io::Result<MarkerFinish> {
+    finish_marker_keeping(storage, dir, marker, backup, &Kept::default())
+}
+
+/// Finishing a marker, with the replaced logs in `kept` moved out rather than
+/// deleted (see [`PreparedCompaction::swap_keeping`]).
+fn finish_marker_keeping(
+    storage: &dyn Storage,
+    dir: &Path,
+    marker: &CompactionMarker,
+    backup: Option<Backup<'_>>,
+    kept: &Kept,
 ) -> io::Result<MarkerFinish> {
     let mut out = MarkerFinish::default();
     // Before anything is renamed: every new segment's log must be somewhere, or
@@ -167,6 +234,8 @@ pub(crate) fn finish_marker_with(
             ));
         }
     }
+    // 0. move the kept logs out, before a result may take a replaced one's name.
+    move_kept(storage, dir, marker, kept, &mut out)?;
     // 1. rename what is still temporary (log first, then its index).
     for &n in &marker.new {
         for name in [log_file_name(n), index_file_name(n)] {
@@ -200,8 +269,12 @@ pub(crate) fn finish_marker_with(
             out.removed.push(path);
         }
     }
-    // 3. fsync the directory: renames and deletions are durable.
+    // 3. fsync the directory: renames and deletions are durable (and the directory
+    //    the kept logs went to: both sides of their renames).
     storage.sync_dir(dir)?;
+    if let (Some(to), false) = (&kept.dir, out.kept.is_empty()) {
+        storage.sync_dir(to)?;
+    }
     // 4. delete the marker.
     let marker_path = dir.join(crate::format::names::COMPACTION_MARKER);
     if exists(&marker_path)? {
