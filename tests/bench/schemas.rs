@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use seglog::engine::broker::{Broker, BrokerOptions};
 use seglog::engine::net::client::Client;
 use seglog::engine::net::server::{Server, ServerOptions};
+use seglog::engine::schemas::in_place::{InPlace, Parsed};
 use seglog::engine::storage::io::RealStorage;
 use seglog::format::topic::TopicConfig;
 use seglog::format::wire::{PartitionBatch, WireRecord};
@@ -171,4 +172,76 @@ fn produce_with_and_without_a_schema() {
     stop.store(true, Ordering::SeqCst);
     let _ = thread.join();
     broker.shutdown().unwrap();
+}
+
+/// Nanoseconds per call of `f` over `values`, best of 5 rounds of `rounds` passes.
+fn per_value_ns(values: &[Vec<u8>], rounds: usize, mut f: impl FnMut(&[u8])) -> f64 {
+    let mut best = f64::INFINITY;
+    for _ in 0..5 {
+        let start = Instant::now();
+        for _ in 0..rounds {
+            for v in values {
+                f(v);
+            }
+        }
+        let ns = start.elapsed().as_nanos() as f64 / (rounds * values.len()) as f64;
+        best = best.min(ns);
+    }
+    best
+}
+
+/// Where the time of checking one value goes: the parse, the validation, and the whole
+/// check the broker runs. Run with
+/// `cargo test --release --test bench -- --ignored --nocapture schemas::per_record`.
+#[test]
+#[ignore = "benchmark: run with --ignored --nocapture"]
+fn per_record_parse_and_validate() {
+    let values = values(64);
+    let schema = schema();
+    let validator = jsonschema::validator_for(&schema).unwrap();
+    let compiled = seglog::engine::schemas::compile(&schema, 1).unwrap();
+    let rounds = 2000;
+    let parse_ignored = per_value_ns(&values, rounds, |v| {
+        std::hint::black_box(serde_json::from_slice::<serde::de::IgnoredAny>(v).unwrap());
+    });
+    let parse_value = per_value_ns(&values, rounds, |v| {
+        std::hint::black_box(serde_json::from_slice::<serde_json::Value>(v).unwrap());
+    });
+    let parsed: Vec<serde_json::Value> = values
+        .iter()
+        .map(|v| serde_json::from_slice(v).unwrap())
+        .collect();
+    let mut i = 0;
+    let validate = per_value_ns(&values, rounds, |_| {
+        assert!(validator.is_valid(&parsed[i % parsed.len()]));
+        i += 1;
+    });
+    // Each value is read in place into one reused arena, as the broker does.
+    let in_place = jsonschema::options_for::<InPlace>().build(&schema).unwrap();
+    let all: &[Vec<u8>] = &values;
+    let mut parsed = Parsed::default();
+    let mut i = 0;
+    let parse_in_place = per_value_ns(all, rounds, |_| {
+        parsed.parse(&all[i % all.len()]).unwrap();
+        i += 1;
+    });
+    let validate_in_place = per_value_ns(all, rounds, |_| {
+        parsed.parse(&all[i % all.len()]).unwrap();
+        assert!(in_place.is_valid(parsed.root().unwrap()));
+        i += 1;
+    }) - parse_in_place;
+    let check = per_value_ns(all, rounds, |_| {
+        assert!(compiled
+            .check_value_in(&mut parsed, &all[i % all.len()])
+            .is_ok());
+        i += 1;
+    });
+    println!();
+    println!("{VALUE_BYTES}-byte JSON values, 10-property schema, ns per value (best of 5):");
+    println!("  parse, nothing kept (serde IgnoredAny): {parse_ignored:>7.0}");
+    println!("  parse into serde_json::Value:           {parse_value:>7.0}");
+    println!("  validate a parsed Value (is_valid):     {validate:>7.0}");
+    println!("  parse in place (reused arena):          {parse_in_place:>7.0}");
+    println!("  validate in place (is_valid):           {validate_in_place:>7.0}");
+    println!("  the broker's check of one value:        {check:>7.0}");
 }
