@@ -14,6 +14,9 @@
 //!   It is filled only while `doc` is read-locked and emptied for a topic while `doc`
 //!   is write-locked, so a validator of a replaced version is never used after the
 //!   change is acknowledged.
+//! - A produced value is checked read in place ([`in_place`]), without building a
+//!   `serde_json::Value`; only a value that fails there is checked again on a `Value`,
+//!   which decides and reports it, so a refusal names the same record and pointer.
 //!
 //! Lock order: `change` → `doc` → `cache`. Changes are also serialised by the
 //! broker's admin lock (taken outside `change`), so a topic cannot be deleted while a
