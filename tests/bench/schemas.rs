@@ -9,8 +9,9 @@
 //! properties to a topic, for `SEGLOG_BENCH_SECS` seconds per run (default 3). The
 //! same load runs on a topic without a schema and on one whose schema checks all 10
 //! properties (types, an enum, bounds, required fields, a closed model); runs
-//! alternate, twice each, and the ratio of the mean records/s is printed. This
-//! measures; it asserts only that every run worked.
+//! alternate, twice each, and the ratio of the mean records/s is printed, with the
+//! process's CPU time per record in each configuration (steadier than records/s on a
+//! shared machine). This measures; it asserts only that every run worked.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
@@ -20,6 +21,7 @@ use std::time::{Duration, Instant};
 use seglog::engine::broker::{Broker, BrokerOptions};
 use seglog::engine::net::client::Client;
 use seglog::engine::net::server::{Server, ServerOptions};
+use seglog::engine::schemas::in_place::{InPlace, Parsed};
 use seglog::engine::storage::io::RealStorage;
 use seglog::format::topic::TopicConfig;
 use seglog::format::wire::{PartitionBatch, WireRecord};
@@ -76,8 +78,22 @@ fn values(n: usize) -> Vec<Vec<u8>> {
         .collect()
 }
 
-/// Records per second of one run against `topic`.
-fn load(addr: &str, topic: &str, partitions: u32, values: &[Vec<u8>], secs: u64) -> f64 {
+/// CPU seconds (user and system) this process has used, from `/proc/self/stat`.
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+    // The fields after the command name, which is in parentheses: utime and stime are
+    // the 14th and 15th fields of the line, in clock ticks.
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap();
+    let per_second = rustix::param::clock_ticks_per_second() as f64;
+    ticks / per_second
+}
+
+/// One run: records per second, and CPU microseconds per record of the whole process
+/// (broker and clients; the clients' share is the same with and without a schema).
+/// On a machine shared with other work the second is the steadier figure.
+fn load(addr: &str, topic: &str, partitions: u32, values: &[Vec<u8>], secs: u64) -> (f64, f64) {
     let barrier = Arc::new(Barrier::new(CONNECTIONS + 1));
     let workers: Vec<_> = (0..CONNECTIONS)
         .map(|w| {
@@ -112,8 +128,13 @@ fn load(addr: &str, topic: &str, partitions: u32, values: &[Vec<u8>], secs: u64)
         .collect();
     barrier.wait();
     let start = Instant::now();
+    let cpu = cpu_seconds();
     let total: u64 = workers.into_iter().map(|w| w.join().unwrap()).sum();
-    total as f64 / start.elapsed().as_secs_f64()
+    let cpu_us_per_record = (cpu_seconds() - cpu) * 1e6 / total as f64;
+    (
+        total as f64 / start.elapsed().as_secs_f64(),
+        cpu_us_per_record,
+    )
 }
 
 #[test]
@@ -154,21 +175,103 @@ fn produce_with_and_without_a_schema() {
                 .unwrap();
         }
         broker.register_schema(&checked, &schema(), None).unwrap();
-        let mut without = Vec::new();
-        let mut with = Vec::new();
+        let (mut without, mut with) = (Vec::new(), Vec::new());
+        let (mut cpu_without, mut cpu_with) = (Vec::new(), Vec::new());
         for _ in 0..2 {
-            without.push(load(&addr, &plain, partitions, &values, secs));
-            with.push(load(&addr, &checked, partitions, &values, secs));
+            let (r, c) = load(&addr, &plain, partitions, &values, secs);
+            without.push(r);
+            cpu_without.push(c);
+            let (r, c) = load(&addr, &checked, partitions, &values, secs);
+            with.push(r);
+            cpu_with.push(c);
         }
         let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
         let (a, b) = (mean(&without), mean(&with));
+        let (ca, cb) = (mean(&cpu_without), mean(&cpu_with));
         println!(
             "{partitions:>5} | {a:>14.0} {b:>14.0} | {:>6.1}%   (runs: {without:.0?} vs {with:.0?})",
             100.0 * b / a
+        );
+        println!(
+            "{:>5}   CPU us/record {ca:>6.2} {cb:>14.2} | {:>6.1}%   (CPU-bound ratio: no-schema CPU / schema CPU)",
+            "",
+            100.0 * ca / cb
         );
         assert!(a > 0.0 && b > 0.0);
     }
     stop.store(true, Ordering::SeqCst);
     let _ = thread.join();
     broker.shutdown().unwrap();
+}
+
+/// Nanoseconds per call of `f` over `values`, best of 5 rounds of `rounds` passes.
+fn per_value_ns(values: &[Vec<u8>], rounds: usize, mut f: impl FnMut(&[u8])) -> f64 {
+    let mut best = f64::INFINITY;
+    for _ in 0..5 {
+        let start = Instant::now();
+        for _ in 0..rounds {
+            for v in values {
+                f(v);
+            }
+        }
+        let ns = start.elapsed().as_nanos() as f64 / (rounds * values.len()) as f64;
+        best = best.min(ns);
+    }
+    best
+}
+
+/// Where the time of checking one value goes: the parse, the validation, and the whole
+/// check the broker runs. Run with
+/// `cargo test --release --test bench -- --ignored --nocapture schemas::per_record`.
+#[test]
+#[ignore = "benchmark: run with --ignored --nocapture"]
+fn per_record_parse_and_validate() {
+    let values = values(64);
+    let schema = schema();
+    let validator = jsonschema::validator_for(&schema).unwrap();
+    let compiled = seglog::engine::schemas::compile(&schema, 1).unwrap();
+    let rounds = 2000;
+    let parse_ignored = per_value_ns(&values, rounds, |v| {
+        std::hint::black_box(serde_json::from_slice::<serde::de::IgnoredAny>(v).unwrap());
+    });
+    let parse_value = per_value_ns(&values, rounds, |v| {
+        std::hint::black_box(serde_json::from_slice::<serde_json::Value>(v).unwrap());
+    });
+    let parsed: Vec<serde_json::Value> = values
+        .iter()
+        .map(|v| serde_json::from_slice(v).unwrap())
+        .collect();
+    let mut i = 0;
+    let validate = per_value_ns(&values, rounds, |_| {
+        assert!(validator.is_valid(&parsed[i % parsed.len()]));
+        i += 1;
+    });
+    // Each value is read in place into one reused arena, as the broker does.
+    let in_place = jsonschema::options_for::<InPlace>().build(&schema).unwrap();
+    let all: &[Vec<u8>] = &values;
+    let mut parsed = Parsed::default();
+    let mut i = 0;
+    let parse_in_place = per_value_ns(all, rounds, |_| {
+        parsed.parse(&all[i % all.len()]).unwrap();
+        i += 1;
+    });
+    let validate_in_place = per_value_ns(all, rounds, |_| {
+        parsed.parse(&all[i % all.len()]).unwrap();
+        assert!(in_place.is_valid(parsed.root().unwrap()));
+        i += 1;
+    }) - parse_in_place;
+    let check = per_value_ns(all, rounds, |_| {
+        assert!(compiled
+            .check_value_in(&mut parsed, &all[i % all.len()])
+            .is_ok());
+        i += 1;
+    });
+    println!();
+    println!("{VALUE_BYTES}-byte JSON values, 10-property schema, ns per value (best of 5):");
+    println!("  parse, nothing kept (serde IgnoredAny): {parse_ignored:>7.0}");
+    println!("  parse into serde_json::Value:           {parse_value:>7.0}");
+    println!("  validate a parsed Value (is_valid):     {validate:>7.0}");
+    println!("  parse in place (reused arena):          {parse_in_place:>7.0}");
+    println!("  validate in place (is_valid):           {validate_in_place:>7.0}");
+    println!("  the broker's check of one value:        {check:>7.0}");
 }

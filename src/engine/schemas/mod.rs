@@ -14,12 +14,16 @@
 //!   It is filled only while `doc` is read-locked and emptied for a topic while `doc`
 //!   is write-locked, so a validator of a replaced version is never used after the
 //!   change is acknowledged.
+//! - A produced value is checked read in place ([`in_place`]), without building a
+//!   `serde_json::Value`; only a value that fails there is checked again on a `Value`,
+//!   which decides and reports it, so a refusal names the same record and pointer.
 //!
 //! Lock order: `change` → `doc` → `cache`. Changes are also serialised by the
 //! broker's admin lock (taken outside `change`), so a topic cannot be deleted while a
 //! schema is registered for it.
 
 pub mod compat;
+pub mod in_place;
 pub mod net;
 
 use std::collections::HashMap;
@@ -40,6 +44,7 @@ use crate::format::schemas::{
 use crate::format::wire::PartitionBatch;
 
 pub use compat::Incompatible;
+use in_place::{InPlace, Parsed};
 
 /// Why a schema operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -99,10 +104,13 @@ fn violation_message(partition: u32, index: u64, version: u32, pointer: &str, d:
     )
 }
 
-/// A compiled validator for one version of a topic's schema.
+/// A compiled validator for one version of a topic's schema, twice: over values read
+/// in place (the check of every produced value) and over `serde_json::Value` (what
+/// builds the error of a refused value).
 pub struct Compiled {
     pub version: u32,
     validator: jsonschema::Validator,
+    in_place: jsonschema::Validator<InPlace>,
 }
 
 impl std::fmt::Debug for Compiled {
@@ -114,8 +122,28 @@ impl std::fmt::Debug for Compiled {
 }
 
 impl Compiled {
-    /// Checks one value: it must be JSON and valid under the schema.
+    /// Checks one value: it must be JSON and valid under the schema. On failure: the
+    /// JSON pointer of the first violation and what is wrong.
     pub fn check_value(&self, value: &[u8]) -> Result<(), (String, String)> {
+        self.check_value_in(&mut Parsed::default(), value)
+    }
+
+    /// [`Compiled::check_value`] reusing `parsed` (its memory) across values.
+    pub fn check_value_in<'v>(
+        &self,
+        parsed: &mut Parsed<'v>,
+        value: &'v [u8],
+    ) -> Result<(), (String, String)> {
+        // A value that parses and is valid in place is valid as a `Value` (see
+        // `in_place`); anything else is decided, and its error built, on a `Value`.
+        if parsed.parse(value).is_ok() && parsed.root().is_some_and(|v| self.in_place.is_valid(v)) {
+            return Ok(());
+        }
+        self.check_value_exact(value)
+    }
+
+    /// The check on a `serde_json::Value`, which reports the first violation.
+    fn check_value_exact(&self, value: &[u8]) -> Result<(), (String, String)> {
         let v: Value = serde_json::from_slice(value)
             .map_err(|e| (String::new(), format!("the value is not JSON: {e}")))?;
         // The boolean check is the cheaper pass; only a failure pays for the error.
@@ -133,12 +161,13 @@ impl Compiled {
         &self,
         batches: impl IntoIterator<Item = &'b PartitionBatch<'r>>,
     ) -> Result<(), SchemaError> {
+        let mut parsed = Parsed::default();
         for b in batches {
             for (index, r) in (0u64..).zip(&b.records) {
                 if r.key.is_some() && r.value.is_empty() {
                     continue;
                 }
-                if let Err((pointer, detail)) = self.check_value(r.value) {
+                if let Err((pointer, detail)) = self.check_value_in(&mut parsed, r.value) {
                     return Err(SchemaError::Violation {
                         partition: b.partition,
                         index,
@@ -172,8 +201,10 @@ impl Compiled {
         bytes: &[u8],
         spans: &[(u32, u64, std::ops::Range<usize>)],
     ) -> Result<(), SchemaError> {
+        let mut parsed = Parsed::default();
         for (partition, index, range) in spans {
-            if let Err((pointer, detail)) = self.check_value(&bytes[range.clone()]) {
+            if let Err((pointer, detail)) = self.check_value_in(&mut parsed, &bytes[range.clone()])
+            {
                 return Err(SchemaError::Violation {
                     partition: *partition,
                     index: *index,
@@ -262,7 +293,16 @@ pub fn compile(schema: &Value, version: u32) -> Result<Compiled, SchemaError> {
     let validator = jsonschema::validator_for(schema).map_err(|e| SchemaError::InvalidSchema {
         detail: e.to_string(),
     })?;
-    Ok(Compiled { version, validator })
+    let in_place = jsonschema::options_for::<InPlace>()
+        .build(schema)
+        .map_err(|e| SchemaError::InvalidSchema {
+            detail: e.to_string(),
+        })?;
+    Ok(Compiled {
+        version,
+        validator,
+        in_place,
+    })
 }
 
 /// Parses schema text as given by a client or a file.
@@ -480,7 +520,7 @@ impl SchemaRegistry {
                 topic.to_string(),
                 Arc::new(Compiled {
                     version,
-                    validator: compiled.validator,
+                    ..compiled
                 }),
             );
         }

@@ -414,3 +414,253 @@ fn off_thread_checks_report_the_first_failure_in_order() {
         }
     }
 }
+
+/// Schemas over most keywords, for the in-place check against the `Value` check.
+fn parity_schemas() -> Vec<Value> {
+    vec![
+        person(None),
+        json!({"type": "object", "properties": {"a": {"type": "integer", "minimum": 0}},
+               "required": ["a"], "additionalProperties": false}),
+        json!({"type": "object", "minProperties": 2, "maxProperties": 3,
+               "propertyNames": {"maxLength": 2}}),
+        json!({"type": "object", "patternProperties": {"^x": {"type": "string"}},
+               "additionalProperties": {"type": "number"}}),
+        json!({"type": "object", "dependentRequired": {"a": ["b"]},
+               "unevaluatedProperties": false, "properties": {"a": true, "b": true}}),
+        json!({"type": "array", "items": {"type": ["integer", "null"]}, "uniqueItems": true,
+               "minItems": 1, "maxItems": 4}),
+        json!({"type": "array", "contains": {"const": {"a": [1, 2.0]}}}),
+        json!({"type": "array", "prefixItems": [{"type": "string"}], "items": false}),
+        json!({"type": "string", "minLength": 2, "maxLength": 3, "pattern": "^[a-zé]+$"}),
+        json!({"enum": [1, "x", null, true, [1, {"b": 2}], {"a": 1, "b": [true]}]}),
+        json!({"const": 1.0}),
+        json!({"type": "number", "multipleOf": 0.5, "exclusiveMaximum": 100}),
+        json!({"type": "integer"}),
+        json!({"oneOf": [{"type": "string"}, {"type": "integer"}, {"minimum": 5}]}),
+        json!({"anyOf": [{"type": "object", "required": ["a"]}, {"type": "array"}],
+               "not": {"type": "array", "maxItems": 0}}),
+        json!({"if": {"properties": {"a": {"const": 1}}, "required": ["a"]},
+               "then": {"required": ["b"]}, "else": {"required": ["c"]}}),
+        json!({"$defs": {"node": {"type": "object",
+                "properties": {"v": {"type": "integer"}, "next": {"$ref": "#/$defs/node"}},
+                "required": ["v"]}},
+               "$ref": "#/$defs/node"}),
+        json!({"$schema": "http://json-schema.org/draft-04/schema#", "type": "integer"}),
+        json!({"$schema": "http://json-schema.org/draft-07/schema#",
+               "items": [{"type": "string"}], "additionalItems": {"type": "integer"},
+               "dependencies": {"a": {"required": ["b"]}}}),
+        json!(false),
+    ]
+}
+
+/// Instances chosen for the places a reader in place could differ from `Value`:
+/// duplicate names (the last one counts), names out of order, escapes in names and
+/// strings, numbers an integer or a float, non-ASCII lengths, nesting.
+const PARITY_VALUES: &[&str] = &[
+    r#"{"name": "x", "age": 1}"#,
+    r#"{"name": "x", "name": 5}"#,
+    r#"{"name": 5, "name": "x"}"#,
+    r#"{"age": 1, "name": "x", "age": "old"}"#,
+    r#"{"na\u006de": "x"}"#,
+    r#"{"name": "\"quoted\"\n", "kind": "a"}"#,
+    r#"{"name": "x", "address": {"zip": "1"}, "kind": "b"}"#,
+    r#"{"name": "x", "address": {"zip": 1}}"#,
+    r#"{"name": "x", "extra": null}"#,
+    r#"{"a": 1}"#,
+    r#"{"a": -1}"#,
+    r#"{"a": 1.0}"#,
+    r#"{"a": 1, "b": 2}"#,
+    r#"{"b": 2, "a": 1, "c": 3}"#,
+    r#"{"a": 1, "a": 2, "a": 3}"#,
+    r#"{"xa": "s", "y": 1.5}"#,
+    r#"{"xa": 1}"#,
+    r#"{"y": "s"}"#,
+    r#"{"abc": 1, "d": 2}"#,
+    r#"{"a": 1, "b": 2, "c": 3, "d": 4}"#,
+    r#"{"c": 1}"#,
+    r#"{"a": 1, "c": 2}"#,
+    r#"{"a": 2}"#,
+    r#"{"a": {"a": 1, "b": [true]}}"#,
+    r#"{"v": 1, "next": {"v": 2, "next": {"v": "x"}}}"#,
+    r#"{"v": 1, "next": {"v": 2, "next": {"v": 3}}}"#,
+    r#"{"b": [true], "a": 1}"#,
+    r#"{"b": [true], "a": 1.0}"#,
+    r#"{"b": [1], "a": 1}"#,
+    r#"[]"#,
+    r#"[1]"#,
+    r#"[1, 1]"#,
+    r#"[1, 1.0]"#,
+    r#"[1, null, 3]"#,
+    r#"[null, null]"#,
+    r#"[1, 2, 3, 4, 5]"#,
+    r#"["s"]"#,
+    r#"["s", 1]"#,
+    r#"["s", "t"]"#,
+    r#"[{"a": [1, 2]}]"#,
+    r#"[{"a": [1, 2.0]}, 3]"#,
+    r#"[[1, {"b": 2}]]"#,
+    r#"[1, {"b": 2}]"#,
+    r#"[1, {"b": 2.0}]"#,
+    r#""ab""#,
+    r#""abcd""#,
+    r#""ééé""#,
+    r#""éééé""#,
+    r#""\u00e9\u00e9""#,
+    r#""AB""#,
+    r#""x""#,
+    r#"1"#,
+    r#"1.0"#,
+    r#"-0"#,
+    r#"-0.0"#,
+    r#"1e2"#,
+    r#"2.5"#,
+    r#"99.5"#,
+    r#"100"#,
+    r#"0.1"#,
+    r#"5"#,
+    r#"7"#,
+    r#"18446744073709551615"#,
+    r#"-9223372036854775808"#,
+    r#"true"#,
+    r#"null"#,
+    r#"{}"#,
+    r#"  {"name" : "x" }  "#,
+];
+
+/// The in-place check agrees with the `Value` check, value for value, and reads the
+/// same value.
+#[test]
+fn in_place_checks_agree_with_value_checks() {
+    let mut parsed = Parsed::default();
+    let mut valid = 0;
+    for schema in parity_schemas() {
+        let c = compile(&schema, 1).unwrap();
+        for text in PARITY_VALUES {
+            let v: Value = serde_json::from_slice(text.as_bytes()).unwrap();
+            parsed.parse(text.as_bytes()).unwrap();
+            let root = parsed.root().unwrap();
+            assert_eq!(
+                jsonschema::json::Node::to_value(&root).as_ref(),
+                &v,
+                "{text}"
+            );
+            let exact = c.validator.is_valid(&v);
+            assert_eq!(c.in_place.is_valid(root), exact, "{schema} on {text}");
+            assert_eq!(
+                c.check_value_in(&mut parsed, text.as_bytes()).is_ok(),
+                exact
+            );
+            valid += usize::from(exact);
+        }
+    }
+    // Both outcomes are exercised.
+    let all = parity_schemas().len() * PARITY_VALUES.len();
+    assert!(valid > all / 10 && valid < all * 9 / 10, "{valid} of {all}");
+}
+
+/// A random JSON text over few names and values, members in random order and
+/// sometimes repeated, strings sometimes escaped.
+fn random_json(rng: &mut Rng, depth: u32, out: &mut String) {
+    let names = ["a", "b", "c", "x1", "n\\u0061me", "é"];
+    let strings = ["", "s", "ab", "abc", "\\u00e9\\u00e9", "x\\ny", "AB", "é"];
+    match rng.below(if depth == 0 { 6 } else { 9 }) {
+        0 => out.push_str("null"),
+        1 => out.push_str(["true", "false"][rng.below(2) as usize]),
+        2 => out.push_str(
+            ["0", "1", "-1", "2.0", "0.5", "7", "1e2", "-0", "300"][rng.below(9) as usize],
+        ),
+        3..=5 => {
+            out.push('"');
+            out.push_str(strings[rng.below(strings.len() as u64) as usize]);
+            out.push('"');
+        }
+        6 => {
+            out.push('[');
+            for i in 0..rng.below(4) {
+                if i > 0 {
+                    out.push(',');
+                }
+                random_json(rng, depth - 1, out);
+            }
+            out.push(']');
+        }
+        _ => {
+            out.push('{');
+            for i in 0..rng.below(6) {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push('"');
+                out.push_str(names[rng.below(names.len() as u64) as usize]);
+                out.push_str("\":");
+                random_json(rng, depth - 1, out);
+            }
+            out.push('}');
+        }
+    }
+}
+
+/// Random values over the same schemas: the in-place check and the `Value` check never
+/// disagree. `SEGLOG_SEED` reruns a failure.
+#[test]
+fn in_place_checks_agree_on_random_values() {
+    let seed = std::env::var("SEGLOG_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| Rng::new(std::process::id().into()).next_u64());
+    let mut rng = Rng::new(seed);
+    let compiled: Vec<(Value, Compiled)> = parity_schemas()
+        .into_iter()
+        .map(|s| {
+            let c = compile(&s, 1).unwrap();
+            (s, c)
+        })
+        .collect();
+    for _ in 0..3000 {
+        let mut text = String::new();
+        random_json(&mut rng, 3, &mut text);
+        let v: Value = serde_json::from_str(&text).unwrap();
+        let mut parsed = Parsed::default();
+        parsed.parse(text.as_bytes()).unwrap();
+        let root = parsed.root().unwrap();
+        assert_eq!(
+            jsonschema::json::Node::to_value(&root).as_ref(),
+            &v,
+            "seed {seed}: {text}"
+        );
+        for (s, c) in &compiled {
+            assert_eq!(
+                c.in_place.is_valid(root),
+                c.validator.is_valid(&v),
+                "seed {seed}: {s} on {text}"
+            );
+        }
+    }
+}
+
+/// What is not one JSON text is refused in place too (and then reported by the `Value`
+/// check with serde_json's message).
+#[test]
+fn in_place_refuses_what_is_not_json() {
+    let c = compile(&json!({}), 1).unwrap();
+    let mut parsed = Parsed::default();
+    for text in [
+        "",
+        "{",
+        "[1,]",
+        r#"{"a" 1}"#,
+        "1 2",
+        "nul",
+        "\"\\x\"",
+        "{\"a\":1}}",
+    ] {
+        assert!(parsed.parse(text.as_bytes()).is_err(), "{text:?}");
+        let (pointer, detail) = c.check_value_in(&mut parsed, text.as_bytes()).unwrap_err();
+        assert_eq!(pointer, "");
+        assert!(detail.starts_with("the value is not JSON: "), "{detail}");
+    }
+    let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
+    assert!(parsed.parse(deep.as_bytes()).is_err());
+    assert!(serde_json::from_str::<Value>(&deep).is_err());
+    assert!(c.check_value(b"[[1]]").is_ok());
+}
