@@ -31,6 +31,7 @@ use crate::format::names::NAME_LEN_MAX;
 pub mod groups;
 pub mod keys;
 pub mod producers;
+pub mod raft;
 use crate::format::record::MAX_RECORD_LEN;
 use crate::format::topic::PARTITIONS_MAX;
 
@@ -301,6 +302,9 @@ impl ErrorCode {
     pub const LIMIT_EXCEEDED: ErrorCode = ErrorCode(80);
     /// A plaintext connection to a listener that requires TLS. Closes.
     pub const TLS_REQUIRED: ErrorCode = ErrorCode(81);
+    /// The partition is replicated and this node does not lead it; the message names
+    /// the leader (see [`parse_not_leader`]). The connection stays open (version 3).
+    pub const NOT_LEADER: ErrorCode = ErrorCode(90);
 
     pub fn is_ok(self) -> bool {
         self == ErrorCode::NONE
@@ -358,6 +362,7 @@ impl ErrorCode {
             ErrorCode::UNKNOWN_KEY => "unknown_key",
             ErrorCode::LIMIT_EXCEEDED => "limit_exceeded",
             ErrorCode::TLS_REQUIRED => "tls_required",
+            ErrorCode::NOT_LEADER => "not_leader",
             _ => "unknown_error",
         }
     }
@@ -367,6 +372,29 @@ impl std::fmt::Display for ErrorCode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{} ({})", self.name(), self.0)
     }
+}
+
+/// The message of a [`ErrorCode::NOT_LEADER`] refusal.
+pub fn not_leader_message(topic: &str, partition: u32, leader: Option<(u64, &str)>) -> String {
+    match leader {
+        Some((id, addr)) => {
+            format!("not the leader of {topic}/{partition}; leader: node {id} at {addr}")
+        }
+        None => format!("not the leader of {topic}/{partition}; leader: unknown"),
+    }
+}
+
+/// The leader's node id and client address named by a [`ErrorCode::NOT_LEADER`]
+/// message, or `None` when it names none (`leader: unknown`) or is not one.
+pub fn parse_not_leader(message: &str) -> Option<(u64, String)> {
+    let (_, tail) = message.rsplit_once("; leader: node ")?;
+    let (id, addr) = tail.split_once(" at ")?;
+    let id = id.parse().ok()?;
+    let addr = addr.trim();
+    if addr.is_empty() {
+        return None;
+    }
+    Some((id, addr.to_string()))
 }
 
 /// Why bytes are not a valid frame, or a value cannot be encoded. `at` is the byte
@@ -2153,6 +2181,21 @@ mod tests {
                 "{body:?}"
             );
         }
+    }
+
+    #[test]
+    fn not_leader_messages_parse() {
+        let m = not_leader_message("t", 3, Some((2, "127.0.0.1:9001")));
+        assert_eq!(m, "not the leader of t/3; leader: node 2 at 127.0.0.1:9001");
+        assert_eq!(
+            parse_not_leader(&m),
+            Some((2, "127.0.0.1:9001".to_string()))
+        );
+        let m = not_leader_message("t", 3, None);
+        assert_eq!(m, "not the leader of t/3; leader: unknown");
+        assert_eq!(parse_not_leader(&m), None);
+        assert_eq!(parse_not_leader("leader: node x at y"), None);
+        assert_eq!(parse_not_leader("a; leader: node 1 at "), None);
     }
 
     #[test]
