@@ -54,3 +54,9 @@ pub trait Replicator: Send + Sync + 'static {
     /// How many nodes the cluster has.
     fn nodes(&self) -> usize;
 }
+
+impl std::fmt::Debug for dyn Replicator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Replicator(node {})", self.node_id())
+    }
+}

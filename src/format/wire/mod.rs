@@ -50,6 +50,10 @@ pub const CLEANUP_INFO_VERSION: u16 = 2;
 pub const PARTITION_HEALTH_VERSION: u16 = 3;
 /// The first version with consumer groups (api keys 32..=40).
 pub const GROUPS_VERSION: u16 = 3;
+/// The first version with the cluster-status request (api key 70).
+pub const CLUSTER_VERSION: u16 = 3;
+/// Largest cluster-status JSON (16 MiB).
+pub const CLUSTER_STATUS_BYTES_MAX: u32 = 16 * 1024 * 1024;
 /// The oldest protocol version this build speaks.
 pub const PROTOCOL_VERSION_MIN: u16 = 1;
 
@@ -137,10 +141,11 @@ pub enum ApiKey {
     KeyCreate = 60,
     KeyList = 61,
     KeyRevoke = 62,
+    ClusterStatus = 70,
 }
 
 impl ApiKey {
-    pub const ALL: [ApiKey; 29] = [
+    pub const ALL: [ApiKey; 30] = [
         ApiKey::Handshake,
         ApiKey::Produce,
         ApiKey::Fetch,
@@ -170,6 +175,7 @@ impl ApiKey {
         ApiKey::KeyCreate,
         ApiKey::KeyList,
         ApiKey::KeyRevoke,
+        ApiKey::ClusterStatus,
     ];
 
     pub fn from_u16(v: u16) -> Option<ApiKey> {
@@ -207,6 +213,7 @@ impl ApiKey {
             ApiKey::KeyCreate => "key_create",
             ApiKey::KeyList => "key_list",
             ApiKey::KeyRevoke => "key_revoke",
+            ApiKey::ClusterStatus => "cluster_status",
         }
     }
 
@@ -533,6 +540,8 @@ pub enum Request<'a> {
     Producer(producers::ProducerRequest<'a>),
     /// An API-key request (protocol version 3).
     Key(keys::KeyRequest<'a>),
+    /// The node's view of its cluster (protocol version 3).
+    ClusterStatus,
 }
 
 impl Request<'_> {
@@ -548,6 +557,7 @@ impl Request<'_> {
             Request::DescribeTopic { .. } => ApiKey::DescribeTopic,
             Request::AlterTopic { .. } => ApiKey::AlterTopic,
             Request::Stats => ApiKey::Stats,
+            Request::ClusterStatus => ApiKey::ClusterStatus,
             Request::SchemaRegister { .. } => ApiKey::SchemaRegister,
             Request::SchemaGet { .. } => ApiKey::SchemaGet,
             Request::SchemaList => ApiKey::SchemaList,
@@ -733,6 +743,10 @@ pub enum ResponseBody<'a> {
         settings: Vec<Setting<'a>>,
     },
     Stats(StatsBody),
+    /// This node's view of the cluster, as JSON (version 3; docs/PROTOCOL.md).
+    ClusterStatus {
+        json: &'a str,
+    },
     SchemaRegister {
         version: u32,
     },
@@ -773,6 +787,7 @@ impl ResponseBody<'_> {
             ResponseBody::DescribeTopic { .. } => ApiKey::DescribeTopic,
             ResponseBody::AlterTopic { .. } => ApiKey::AlterTopic,
             ResponseBody::Stats(_) => ApiKey::Stats,
+            ResponseBody::ClusterStatus { .. } => ApiKey::ClusterStatus,
             ResponseBody::SchemaRegister { .. } => ApiKey::SchemaRegister,
             ResponseBody::SchemaGet { .. } => ApiKey::SchemaGet,
             ResponseBody::SchemaList { .. } => ApiKey::SchemaList,
@@ -1008,7 +1023,7 @@ fn encode_request_payload(out: &mut Vec<u8>, req: &Request<'_>) -> Result<(), Pr
             put_str(out, "topic", topic, TOPIC_BYTES_MAX)?;
             put_settings(out, settings)?;
         }
-        Request::ListTopics | Request::Stats => {}
+        Request::ListTopics | Request::Stats | Request::ClusterStatus => {}
         Request::SchemaRegister { .. }
         | Request::SchemaGet { .. }
         | Request::SchemaList
@@ -1195,6 +1210,17 @@ fn encode_response_body(out: &mut Vec<u8>, body: &ResponseBody<'_>) -> Result<()
             }
         }
         ResponseBody::AlterTopic { settings } => put_settings(out, settings)?,
+        ResponseBody::ClusterStatus { json } => {
+            if json.len() > CLUSTER_STATUS_BYTES_MAX as usize {
+                return Err(ProtocolError::Unencodable {
+                    field: "cluster status",
+                    len: json.len() as u64,
+                    max: u64::from(CLUSTER_STATUS_BYTES_MAX),
+                });
+            }
+            out.extend_from_slice(&(json.len() as u32).to_be_bytes());
+            out.extend_from_slice(json.as_bytes());
+        }
         ResponseBody::Stats(s) => {
             out.extend_from_slice(&s.fsyncs.to_be_bytes());
             out.extend_from_slice(&s.produce_requests.to_be_bytes());
@@ -1498,6 +1524,7 @@ pub fn decode_request(frame: &[u8]) -> Result<(u32, Request<'_>), ProtocolError>
             }
         }
         ApiKey::Stats => Request::Stats,
+        ApiKey::ClusterStatus => Request::ClusterStatus,
         ApiKey::SchemaRegister => schemas::decode_register(&mut r)?,
         ApiKey::SchemaGet => schemas::decode_get(&mut r)?,
         ApiKey::SchemaList => Request::SchemaList,
@@ -1688,6 +1715,24 @@ fn decode_response_body<'a>(
         ApiKey::AlterTopic => ResponseBody::AlterTopic {
             settings: r.settings()?,
         },
+        ApiKey::ClusterStatus => {
+            let at = r.at;
+            let len = r.u32("cluster status")?;
+            if len > CLUSTER_STATUS_BYTES_MAX {
+                return Err(ProtocolError::TooLong {
+                    field: "cluster status",
+                    at,
+                    len: u64::from(len),
+                    max: u64::from(CLUSTER_STATUS_BYTES_MAX),
+                });
+            }
+            let bytes = r.take("cluster status", len as usize)?;
+            let json = std::str::from_utf8(bytes).map_err(|_| ProtocolError::BadUtf8 {
+                field: "cluster status",
+                at: at + 4,
+            })?;
+            ResponseBody::ClusterStatus { json }
+        }
         ApiKey::Stats => {
             let fsyncs = r.u64("fsyncs")?;
             let produce_requests = r.u64("produce_requests")?;
