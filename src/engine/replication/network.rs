@@ -747,3 +747,112 @@ impl RaftNetworkV2<TypeConfig> for GroupClient {
         )))
     }
 }
+
+#[cfg(test)]
+#[expect(clippy::unwrap_used, reason = "tests")]
+mod tests {
+    use super::*;
+    use crate::engine::storage::io::RealStorage;
+
+    fn ident(dir: &std::path::Path, id: u64, founder: bool) -> Arc<Identity> {
+        let storage: StorageRef = Arc::new(RealStorage);
+        Arc::new(
+            Identity::load(id, format!("client-{id}"), dir.to_path_buf(), storage, founder)
+                .unwrap(),
+        )
+    }
+
+    #[test]
+    fn cluster_ids_are_made_once_adopted_once_and_checked() {
+        let a = tempfile::tempdir().unwrap();
+        let b = tempfile::tempdir().unwrap();
+        let founder = ident(a.path(), 1, true);
+        let id = founder.cluster_id().unwrap();
+        assert_eq!(id.len(), 32);
+        // Read back, not made again.
+        assert_eq!(ident(a.path(), 1, true).cluster_id(), Some(id.clone()));
+        let joiner = ident(b.path(), 2, false);
+        assert_eq!(joiner.cluster_id(), None);
+        assert!(joiner.agree("").is_err());
+        joiner.agree(&id).unwrap();
+        assert_eq!(ident(b.path(), 2, false).cluster_id(), Some(id.clone()));
+        let e = joiner.agree("0123abcd").unwrap_err();
+        assert!(e.contains(CLUSTER_MISMATCH), "{e}");
+        assert!(!valid_cluster_id("bad id"));
+        std::fs::write(b.path().join(CLUSTER_FILE), b"{\"cluster_id\":\"a b\"}").unwrap();
+        let storage: StorageRef = Arc::new(RealStorage);
+        assert!(matches!(
+            Identity::load(2, String::new(), b.path().to_path_buf(), storage, false),
+            Err(ClusterIdError::Bad { .. })
+        ));
+    }
+
+    struct Echo;
+
+    impl CallHandler for Echo {
+        async fn handle(
+            self: Arc<Self>,
+            from: u64,
+            topic: String,
+            partition: u32,
+            rpc: Rpc,
+            payload: Vec<u8>,
+        ) -> Result<Vec<u8>, String> {
+            if topic == "fail" {
+                return Err(format!("refused for node {from}"));
+            }
+            let mut out = format!("{from} {topic}/{partition} {rpc:?} ").into_bytes();
+            out.extend_from_slice(&payload);
+            Ok(out)
+        }
+    }
+
+    async fn wait_reachable(peer: &Peer) {
+        for _ in 0..500 {
+            if peer.reachable() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("node {} never connected", peer.id);
+    }
+
+    #[tokio::test]
+    async fn calls_cross_one_connection_and_other_clusters_are_refused() {
+        let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let server = ident(dirs[0].path(), 1, true);
+        let all = vec![(1, addr.clone()), (2, "unused".to_string())];
+        let server_peers = Peers::new(Arc::clone(&server), &all);
+        let (_stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        tokio::spawn(serve(listener, Arc::clone(&server_peers), Arc::new(Echo), stop_rx));
+
+        let client = Peers::new(ident(dirs[1].path(), 2, false), &all);
+        client.start();
+        let peer = Arc::clone(client.peers.get(&1).unwrap());
+        wait_reachable(&peer).await;
+        assert_eq!(client.ident.cluster_id(), server.cluster_id());
+        assert_eq!(peer.client_addr().as_deref(), Some("client-1"));
+        assert_eq!(server_peers.client_addr(2).as_deref(), Some("client-2"));
+        let t = Duration::from_secs(5);
+        let r = peer.call("t", 3, Rpc::Vote, b"x".to_vec(), t).await.unwrap();
+        assert_eq!(r, b"2 t/3 Vote x");
+        let e = peer.call("fail", 0, Rpc::Vote, Vec::new(), t).await.unwrap_err();
+        assert!(matches!(e, CallError::Failed { .. }), "{e}");
+
+        // A node of another cluster never connects.
+        std::fs::write(
+            dirs[2].path().join(CLUSTER_FILE),
+            br#"{"cluster_id":"feedface"}"#,
+        )
+        .unwrap();
+        let stranger = Peers::new(ident(dirs[2].path(), 2, false), &all);
+        stranger.start();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let p = stranger.peers.get(&1).unwrap();
+        assert!(!p.reachable());
+        let e = p.call("t", 0, Rpc::Vote, Vec::new(), t).await.unwrap_err();
+        assert!(matches!(e, CallError::Unreachable(1)), "{e}");
+    }
+}

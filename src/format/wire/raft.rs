@@ -345,7 +345,7 @@ mod tests {
         };
         encode_peer_frame(&mut out, &f).unwrap();
         let want: Vec<u8> = [
-            &[0, 0, 0, 26][..],
+            &[0, 0, 0, 28][..],
             &[0; 8],
             &[0],
             &[0, 1],
