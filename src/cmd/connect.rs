@@ -18,7 +18,8 @@ use crate::format::wire::ErrorCode;
 /// `--broker` and `--timeout`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct BrokerArgs {
-    /// Broker address (host:port).
+    /// Broker address (host:port); several, comma-separated, for a cluster (the
+    /// first that answers is used, and requests follow partition leaders).
     #[arg(long, env = "SEGLOG_BROKER", default_value = DEFAULT_BROKER, global = true)]
     pub broker: String,
     /// How long to wait to connect and for each response: 500ms, 10s, 1m.
@@ -36,8 +37,72 @@ impl BrokerArgs {
     pub fn connect(&self) -> anyhow::Result<Client> {
         let token = self.token.token()?;
         let tls = self.tls.client_tls()?;
-        Client::connect_with(&self.broker, self.timeout, tls.as_ref(), token.as_deref())
+        // `--broker A,B,C`: the first broker that answers.
+        let mut last = None;
+        for addr in crate::engine::net::cluster_client::broker_list(&self.broker) {
+            match Client::connect_with(&addr, self.timeout, tls.as_ref(), token.as_deref()) {
+                Ok(c) => return Ok(c),
+                Err(e) => last = Some(e),
+            }
+        }
+        match last {
+            Some(e) => Err(client_error(e)),
+            None => Err(ExitError::usage("--broker names no address")),
+        }
+    }
+
+    /// A connection to `addr` with this command's timeout, TLS and token.
+    pub fn connect_to(&self, addr: &str) -> anyhow::Result<Client> {
+        let token = self.token.token()?;
+        let tls = self.tls.client_tls()?;
+        Client::connect_with(addr, self.timeout, tls.as_ref(), token.as_deref())
             .map_err(client_error)
+    }
+
+    /// With several `--broker` addresses (a cluster), a connection to the node that
+    /// leads `topic/partition` as the first node that answers knows it; otherwise
+    /// (one address, no cluster, no leader known) [`BrokerArgs::connect`].
+    pub fn connect_leader(&self, topic: &str, partition: u32) -> anyhow::Result<Client> {
+        let mut client = self.connect()?;
+        if crate::engine::net::cluster_client::broker_list(&self.broker).len() < 2 {
+            return Ok(client);
+        }
+        let Ok(json) = client.cluster_status() else {
+            return Ok(client);
+        };
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(&json) else {
+            return Ok(client);
+        };
+        let leader = v["partitions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|p| p["topic"] == topic && p["partition"] == partition)
+            .and_then(|p| p["leader"].as_u64());
+        let addr = v["nodes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|n| leader.is_some() && n["id"].as_u64() == leader)
+            .and_then(|n| n["client_addr"].as_str());
+        match addr {
+            Some(a) if a != client.addr() => self.connect_to(a).or(Ok(client)),
+            _ => Ok(client),
+        }
+    }
+
+    /// A client of every broker `--broker` lists, following partition leaders.
+    pub fn cluster(&self) -> anyhow::Result<crate::engine::net::cluster_client::ClusterClient> {
+        let brokers = crate::engine::net::cluster_client::broker_list(&self.broker);
+        if brokers.is_empty() {
+            return Err(ExitError::usage("--broker names no address"));
+        }
+        Ok(crate::engine::net::cluster_client::ClusterClient::new(
+            brokers,
+            self.timeout,
+            self.tls.client_tls()?,
+            self.token.token()?,
+        ))
     }
 }
 
