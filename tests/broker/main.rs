@@ -22,6 +22,7 @@ mod cli_topic_meta;
 mod cluster_check;
 mod cluster_faults;
 mod cluster_harness;
+mod cluster_nemesis;
 mod cluster_proxy;
 mod engine_broker;
 mod engine_cleanup;

@@ -11,6 +11,7 @@
 //! in time, since a paused node accepts connections but never answers.
 
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -19,10 +20,16 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use seglog::engine::net::client::{Client, ClientError};
+use seglog::format::wire::{ErrorCode, PartitionBatch, WireRecord};
+
 use super::bin::BIN;
 use super::proxy::Proxy;
 use super::replica_check::{parse_dump, Replica};
 use super::serve::{Serve, PATIENCE};
+
+/// The replicated broker's not-leader error (its message names the leader).
+pub const NOT_LEADER: ErrorCode = ErrorCode(90);
 
 /// How long one status query may take before the node counts as not answering.
 pub const QUERY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -157,10 +164,27 @@ impl Cluster {
         for node in &mut c.nodes {
             node.env = env(node.id);
         }
-        for id in 1..=n {
-            c.restart(id);
-        }
+        c.start_all();
         c
+    }
+
+    /// Starts every node at once (a node may wait for its peers before it listens).
+    fn start_all(&mut self) {
+        let cmds: Vec<Command> = self.nodes.iter().map(Node::command).collect();
+        let started: Vec<Serve> = thread::scope(|s| {
+            let handles: Vec<_> = cmds
+                .into_iter()
+                .map(|cmd| s.spawn(move || Serve::spawn(cmd)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("a node did not start"))
+                .collect()
+        });
+        for (node, serve) in self.nodes.iter_mut().zip(started) {
+            node.serve = Some(serve);
+            node.paused = false;
+        }
     }
 
     /// `n` standalone brokers (no replication flags, no proxies), each with its own
@@ -171,9 +195,7 @@ impl Cluster {
         for node in &mut c.nodes {
             node.peers.clear();
         }
-        for id in 1..=n {
-            c.restart(id);
-        }
+        c.start_all();
         c
     }
 
@@ -387,6 +409,27 @@ impl Cluster {
         serde_json::from_slice(&out.stdout).ok()
     }
 
+    /// Waits (at most [`PATIENCE`]) until node `id` answers its status with a
+    /// cluster id; returns the id.
+    pub fn wait_cluster_id(&mut self, id: u64) -> String {
+        let began = Instant::now();
+        loop {
+            if let Some(cid) = self
+                .status(id)
+                .and_then(|s| s["cluster_id"].as_str().map(str::to_string))
+                .filter(|c| !c.is_empty())
+            {
+                return cid;
+            }
+            assert!(
+                began.elapsed() < PATIENCE,
+                "node {id} has no cluster id: {}",
+                self.node(id).stderr()
+            );
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// The leader of `topic`/`partition` as a node that answers says it is itself
     /// (the highest term wins if two do, as an old leader may not know yet).
     pub fn leader(&mut self, topic: &str, partition: u32) -> Option<u64> {
@@ -481,7 +524,7 @@ impl Cluster {
             let s = self
                 .status(id)
                 .map_or_else(|| "no answer".to_string(), |s| s.to_string());
-            out.push_str(&format!("\nnode {id}: {s}"));
+            let _ = write!(out, "\nnode {id}: {s}");
         }
         out
     }
@@ -559,4 +602,179 @@ pub fn stderr_lines(child: &mut std::process::Child) -> mpsc::Receiver<String> {
         }
     });
     rx
+}
+
+/// The client address named by a not-leader message (`...; leader: node N at
+/// HOST:PORT`), if any.
+pub fn leader_named(message: &str) -> Option<String> {
+    let rest = message.split("; leader: node ").nth(1)?;
+    let (_, addr) = rest.split_once(" at ")?;
+    let addr = addr.split_whitespace().next()?;
+    Some(addr.to_string())
+}
+
+/// How one batch of a [`ClusterProducer`] ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Sent {
+    /// Acknowledged: the offset of the first record.
+    Acked(u64),
+    /// The broker no longer knows this producer's id, epoch or sequence; the batch
+    /// may or may not be stored. The producer must be initialised again.
+    ProducerLost(ErrorCode, String),
+    /// Not acknowledged before `keep_trying` said stop; may or may not be stored.
+    GaveUp,
+}
+
+/// An idempotent producer over the whole cluster: sends each batch to the node it
+/// believes leads, follows not-leader answers, moves to the next node on any other
+/// failure, and retries the same batch (same sequence) until it is acknowledged, so
+/// a retry across a leader change must be recognised as a duplicate.
+pub struct ClusterProducer {
+    addrs: Vec<String>,
+    at: usize,
+    client: Option<Client>,
+    timeout: Duration,
+    /// (producer id, epoch) once initialised.
+    pub id: Option<(u64, u16)>,
+    /// Next base sequence, per partition.
+    seqs: BTreeMap<u32, i32>,
+    /// Attempts that failed and were retried, over the producer's life.
+    pub retries: u64,
+}
+
+impl ClusterProducer {
+    pub fn new(addrs: Vec<String>, timeout: Duration) -> ClusterProducer {
+        assert!(!addrs.is_empty());
+        ClusterProducer {
+            addrs,
+            at: 0,
+            client: None,
+            timeout,
+            id: None,
+            seqs: BTreeMap::new(),
+            retries: 0,
+        }
+    }
+
+    fn next_node(&mut self) {
+        self.client = None;
+        self.at = (self.at + 1) % self.addrs.len();
+    }
+
+    fn follow(&mut self, message: &str) {
+        self.client = None;
+        match leader_named(message).and_then(|a| self.addrs.iter().position(|x| *x == a)) {
+            Some(i) => self.at = i,
+            None => self.at = (self.at + 1) % self.addrs.len(),
+        }
+    }
+
+    fn connected(&mut self) -> Option<&mut Client> {
+        if self.client.is_none() {
+            match Client::connect(&self.addrs[self.at], self.timeout) {
+                Ok(c) => self.client = Some(c),
+                Err(_) => {
+                    self.next_node();
+                    return None;
+                }
+            }
+        }
+        self.client.as_mut()
+    }
+
+    fn pause(&mut self) {
+        self.retries += 1;
+        thread::sleep(Duration::from_millis(20));
+    }
+
+    /// Gets a (new) producer id; false if `keep_trying` said stop first.
+    pub fn init(&mut self, keep_trying: &dyn Fn() -> bool) -> bool {
+        self.id = None;
+        self.seqs.clear();
+        while keep_trying() {
+            let Some(c) = self.connected() else {
+                self.pause();
+                continue;
+            };
+            match c.init_producer(None) {
+                Ok(id) => {
+                    self.id = Some(id);
+                    return true;
+                }
+                Err(ClientError::Refused { code, message, .. }) if code == NOT_LEADER => {
+                    self.follow(&message);
+                }
+                Err(_) => self.next_node(),
+            }
+            self.pause();
+        }
+        false
+    }
+
+    /// Sends `values` to `topic`/`partition` as one batch until it is acknowledged.
+    pub fn send(
+        &mut self,
+        topic: &str,
+        partition: u32,
+        values: &[Vec<u8>],
+        keep_trying: &dyn Fn() -> bool,
+    ) -> Sent {
+        let Some((pid, epoch)) = self.id else {
+            return Sent::ProducerLost(ErrorCode::UNKNOWN_PRODUCER, "not initialised".into());
+        };
+        let seq = *self.seqs.get(&partition).unwrap_or(&0);
+        while keep_trying() {
+            let Some(c) = self.connected() else {
+                self.pause();
+                continue;
+            };
+            let batch = PartitionBatch {
+                partition,
+                records: values
+                    .iter()
+                    .map(|v| WireRecord {
+                        timestamp_ms: 1,
+                        key: None,
+                        value: v,
+                    })
+                    .collect(),
+            };
+            let result = c.produce_idempotent(topic, pid, epoch, vec![(seq, batch)]);
+            match result.map(|acks| acks.into_iter().next().map(|a| a.result)) {
+                Ok(Some(Ok((base, last)))) => {
+                    assert_eq!(
+                        last + 1 - base,
+                        values.len() as u64,
+                        "{topic}/{partition}: {} records acknowledged as {base}..={last}",
+                        values.len()
+                    );
+                    let n = i32::try_from(values.len()).expect("batch size");
+                    self.seqs.insert(partition, seq + n);
+                    return Sent::Acked(base);
+                }
+                Ok(Some(Err((code, message)))) => {
+                    if [
+                        ErrorCode::OUT_OF_ORDER_SEQUENCE,
+                        ErrorCode::INVALID_PRODUCER_EPOCH,
+                        ErrorCode::UNKNOWN_PRODUCER,
+                    ]
+                    .contains(&code)
+                    {
+                        return Sent::ProducerLost(code, message);
+                    }
+                    if code == NOT_LEADER {
+                        self.follow(&message);
+                    } else if code != ErrorCode::PRODUCER_BUSY {
+                        self.next_node();
+                    }
+                }
+                Err(ClientError::Refused { code, message, .. }) if code == NOT_LEADER => {
+                    self.follow(&message);
+                }
+                Ok(None) | Err(_) => self.next_node(),
+            }
+            self.pause();
+        }
+        Sent::GaveUp
+    }
 }

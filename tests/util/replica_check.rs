@@ -118,11 +118,14 @@ fn show(v: &[u8]) -> String {
     String::from_utf8_lossy(v).into_owned()
 }
 
+/// (partition, offset) -> value.
+type Holdings = BTreeMap<(u32, u64), Vec<u8>>;
+
 /// Checks the four properties; every violation found, in a stable order.
 pub fn check(acks: &[Acked], replicas: &[Replica]) -> Vec<Violation> {
     let mut out = Vec::new();
     let acked = check_acks(acks, &mut out);
-    let maps: Vec<(u64, BTreeMap<(u32, u64), Vec<u8>>)> = replicas
+    let maps: Vec<(u64, Holdings)> = replicas
         .iter()
         .map(|r| (r.node, check_replica(r, &mut out)))
         .collect();
@@ -161,7 +164,7 @@ pub fn check(acks: &[Acked], replicas: &[Replica]) -> Vec<Violation> {
 }
 
 /// Properties 3 and 4 over the acknowledgements; the offset -> value map they give.
-fn check_acks(acks: &[Acked], out: &mut Vec<Violation>) -> BTreeMap<(u32, u64), Vec<u8>> {
+fn check_acks(acks: &[Acked], out: &mut Vec<Violation>) -> Holdings {
     let mut by_offset: BTreeMap<(u32, u64), BTreeSet<&[u8]>> = BTreeMap::new();
     let mut by_value: BTreeMap<&[u8], BTreeSet<(u32, u64)>> = BTreeMap::new();
     for a in acks {
@@ -199,7 +202,7 @@ fn check_acks(acks: &[Acked], out: &mut Vec<Violation>) -> BTreeMap<(u32, u64), 
 
 /// Properties 3 and 4 on one node; its offset -> value map (the first record seen at
 /// each offset).
-fn check_replica(r: &Replica, out: &mut Vec<Violation>) -> BTreeMap<(u32, u64), Vec<u8>> {
+fn check_replica(r: &Replica, out: &mut Vec<Violation>) -> Holdings {
     let mut by_offset: BTreeMap<(u32, u64), Vec<&[u8]>> = BTreeMap::new();
     let mut by_value: BTreeMap<&[u8], Vec<(u32, u64)>> = BTreeMap::new();
     for d in &r.records {
