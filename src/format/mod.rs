@@ -43,6 +43,7 @@ pub mod marker;
 pub mod names;
 pub mod producers;
 pub mod record;
+pub mod replication;
 pub mod schemas;
 pub mod topic;
 pub mod wire;

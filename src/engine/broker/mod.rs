@@ -33,6 +33,7 @@ use crate::format::topic::{TopicConfig, TopicError, TopicMeta, PARTITIONS_MAX};
 mod cleaner;
 mod flusher;
 mod open;
+mod replicated;
 mod requests;
 mod schemas;
 mod topics;

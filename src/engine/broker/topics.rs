@@ -58,6 +58,19 @@ impl Broker {
         partitions: u32,
         config: TopicConfig,
     ) -> Result<(), EngineError> {
+        self.create_topic_with(name, partitions, config, None)
+    }
+
+    /// [`Broker::create_topic`], with one more file (`(name, bytes)`) written in the
+    /// topic directory before it is renamed into place (a replicated topic's
+    /// placement).
+    pub fn create_topic_with(
+        &self,
+        name: &str,
+        partitions: u32,
+        config: TopicConfig,
+        extra: Option<(&str, &[u8])>,
+    ) -> Result<(), EngineError> {
         validate_name(name)?;
         if !(1..=PARTITIONS_MAX).contains(&partitions) {
             return Err(TopicError::Partitions {
@@ -76,7 +89,7 @@ impl Broker {
             });
         }
         let meta = TopicMeta { partitions, config };
-        self.build_topic_dir(name, &meta)?;
+        self.build_topic_dir(name, &meta, extra)?;
         let mut notes = Vec::new();
         let topic = load_topic(&self.storage, name, &dir, &self.stats, &mut notes)?;
         write(&self.topics).insert(name.to_string(), Arc::new(topic));
@@ -89,7 +102,12 @@ impl Broker {
     /// 2. write `topic.json` atomically (fsyncs the file and the staging directory);
     /// 3. rename `<name>~new` to `<name>`;
     /// 4. fsync the topics directory.
-    pub(super) fn build_topic_dir(&self, name: &str, meta: &TopicMeta) -> Result<(), EngineError> {
+    pub(super) fn build_topic_dir(
+        &self,
+        name: &str,
+        meta: &TopicMeta,
+        extra: Option<(&str, &[u8])>,
+    ) -> Result<(), EngineError> {
         let staging = self.topics_dir.join(creating_topic_dir_name(name));
         let dir = self.topics_dir.join(name);
         let s = &*self.storage;
@@ -107,6 +125,11 @@ impl Broker {
                 create_first_segment(s, &pdir, &self.stats)?;
             }
             // 2.
+            if let Some((file, bytes)) = extra {
+                self.count_fsyncs(2);
+                write_file_atomic(s, &staging, file, bytes)
+                    .map_err(|e| EngineError::io(ctx(&format!("writing {file}")), e))?;
+            }
             self.count_fsyncs(2);
             write_file_atomic(s, &staging, TOPIC_FILE, &meta.encode())
                 .map_err(|e| EngineError::io(ctx("writing topic.json"), e))?;

@@ -163,7 +163,7 @@ pub fn needs<'r>(req: &Request<'r>) -> [Option<(Action, Resource<'r>)>; 2] {
         | Request::DescribeTopic { topic }
         | Request::SchemaGet { topic, .. }
         | Request::SchemaCheck { topic, .. } => one(Describe, Resource::Topic(topic)),
-        Request::ListTopics => one(Describe, Resource::Cluster),
+        Request::ListTopics | Request::ClusterStatus => one(Describe, Resource::Cluster),
         Request::CreateTopic { .. }
         | Request::DeleteTopic { .. }
         | Request::AlterTopic { .. }

@@ -20,6 +20,8 @@ use crate::engine::error::EngineError;
 use crate::engine::maintenance::compaction::CompactionError;
 use crate::engine::net::metrics::{stored_len, NetMetrics, TopicCache};
 use crate::engine::partition::buffers;
+use crate::engine::replication::types::{EntryRecord, ProduceEntry};
+use crate::engine::replication::Replicator;
 use crate::engine::storage::layout::LayoutError;
 use crate::format::names::validate_name;
 use crate::format::topic::{TopicConfig, CONFIG_KEYS};
@@ -27,8 +29,8 @@ use crate::format::wire::producers::ProducerRequest;
 use crate::format::wire::{
     decode_request, encode_error, encode_response, frame_head, ApiKey, Chunk, CleanupInfo,
     ErrorCode, PartitionAck, PartitionBatch, PartitionDescription, PartitionOffsets, Request,
-    ResponseBody, StatsBody, API_KEY_NONE, CLEANUP_INFO_VERSION, FRAME_BYTES_MAX, PROTOCOL_VERSION,
-    PROTOCOL_VERSION_MIN,
+    ResponseBody, StatsBody, API_KEY_NONE, CLEANUP_INFO_VERSION, CLUSTER_VERSION, FRAME_BYTES_MAX,
+    PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
 };
 use crate::format::wire::{
     HealthState, PartitionHealth, WriteStats, LATENCY_BUCKETS_MAX, PARTITION_HEALTH_VERSION,
@@ -63,6 +65,8 @@ pub struct Session {
     login: super::auth::Login,
     /// What a client may ask (checked before each request is served).
     limits: Arc<super::limits::Limits>,
+    /// The cluster's replication, on a node started with `--peers`.
+    replication: Option<Arc<dyn Replicator>>,
 }
 
 impl Session {
@@ -87,7 +91,22 @@ impl Session {
             topic_counters: TopicCache::default(),
             login: super::auth::Login::default(),
             limits: Arc::default(),
+            replication: None,
         }
+    }
+
+    /// Routes the requests of replicated topics through `replication`.
+    pub fn with_replication(mut self, replication: Option<Arc<dyn Replicator>>) -> Self {
+        self.replication = replication;
+        self
+    }
+
+    /// The replication of `topic`, when it is a replicated topic.
+    fn replicated(&self, topic: &str) -> Option<Arc<dyn Replicator>> {
+        self.replication
+            .as_ref()
+            .filter(|r| r.is_replicated(topic))
+            .cloned()
     }
 
     /// Checks every request against `limits`.
@@ -223,7 +242,10 @@ impl Session {
                 topic,
                 partitions,
                 settings,
-            } => self.create_topic(id, api, topic, partitions, &settings),
+            } => {
+                self.create_topic(id, api, topic, partitions, &settings)
+                    .await
+            }
             Request::DeleteTopic { topic } => self.delete_topic(id, api, topic),
             Request::ListTopics => {
                 let topics = self.broker.list_topics();
@@ -257,6 +279,7 @@ impl Session {
                 self.reply(id, api, &ResponseBody::Stats(body));
                 Ok(())
             }
+            Request::ClusterStatus => self.cluster_status(id, api),
             Request::Group(g) => {
                 super::groups::serve(&self.broker, self.version, &self.stop, id, g, &mut self.out)
                     .await;
@@ -333,6 +356,11 @@ impl Session {
         name_ok(topic)?;
         crate::engine::schemas::net::check_produce(&self.broker, self.version, topic, batches)
             .await?;
+        if let Some(r) = self.replicated(topic) {
+            let results = produce_replicated(r, topic, batches).await;
+            self.finish_produce(id, api, topic, batches, &results);
+            return Ok(());
+        }
         // Every partition's write first (page-cache writes, on this thread), then the
         // durability waits side by side: one group commit per partition covers them.
         let mut results: Vec<PartitionResult> = Vec::with_capacity(batches.len());
@@ -400,9 +428,22 @@ impl Session {
                 }
             }
         }
+        self.finish_produce(id, api, topic, batches, &results);
+        Ok(())
+    }
+
+    /// Counts a produce's records and encodes its response.
+    fn finish_produce(
+        &mut self,
+        id: u32,
+        api: u16,
+        topic: &str,
+        batches: &[PartitionBatch<'_>],
+        results: &[PartitionResult],
+    ) {
         if let Some(m) = &self.metrics {
             let (mut records, mut bytes) = (0, 0);
-            for (b, _) in batches.iter().zip(&results).filter(|(_, r)| r.is_ok()) {
+            for (b, _) in batches.iter().zip(results).filter(|(_, r)| r.is_ok()) {
                 records += b.records.len() as u64;
                 bytes += b
                     .records
@@ -416,7 +457,7 @@ impl Session {
         }
         let acks = batches
             .iter()
-            .zip(&results)
+            .zip(results)
             .map(|(b, r)| match r {
                 Ok((base_offset, last_offset)) => PartitionAck {
                     partition: b.partition,
@@ -435,7 +476,6 @@ impl Session {
             })
             .collect();
         self.reply(id, api, &ResponseBody::Produce { partitions: acks });
-        Ok(())
     }
 
     /// Whether another task of this event loop may have a request to append before
@@ -459,6 +499,11 @@ impl Session {
         max_wait_ms: u32,
     ) -> Answer {
         name_ok(topic)?;
+        // A replicated partition is read on its leader, from its applied (committed)
+        // records only.
+        if let Some(r) = self.replicated(topic) {
+            r.check_leader(topic, partition)?;
+        }
         // Long-poll in slices so a stopping server is never held up by a waiting
         // consumer for more than one slice.
         let deadline = Instant::now() + Duration::from_millis(u64::from(max_wait_ms));
@@ -499,6 +544,24 @@ impl Session {
         Ok(())
     }
 
+    fn cluster_status(&mut self, id: u32, api: u16) -> Answer {
+        if self.version < CLUSTER_VERSION {
+            return Err((
+                ErrorCode::INVALID_REQUEST,
+                format!("cluster status needs protocol version {CLUSTER_VERSION}"),
+            ));
+        }
+        let Some(r) = &self.replication else {
+            return Err((
+                ErrorCode::INVALID_REQUEST,
+                "this broker is not part of a cluster (started without --peers)".into(),
+            ));
+        };
+        let json = r.status().to_string();
+        self.reply(id, api, &ResponseBody::ClusterStatus { json: &json });
+        Ok(())
+    }
+
     fn list_offsets(&mut self, id: u32, api: u16, topic: &str) -> Answer {
         name_ok(topic)?;
         let n = self.broker.partition_count(topic).map_err(engine_error)?;
@@ -518,7 +581,7 @@ impl Session {
         Ok(())
     }
 
-    fn create_topic(
+    async fn create_topic(
         &mut self,
         id: u32,
         api: u16,
@@ -527,8 +590,25 @@ impl Session {
         settings: &[(&str, &str)],
     ) -> Answer {
         name_ok(topic)?;
+        let (factor, settings) = replication_factor(settings)?;
+        if factor > 1 {
+            let Some(r) = self.replication.clone() else {
+                return Err((
+                    ErrorCode::INVALID_CONFIG,
+                    format!(
+                        "replication factor {factor} needs a cluster; this broker runs \
+                         alone (no --peers)"
+                    ),
+                ));
+            };
+            let pairs = settings.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            r.create_topic(topic.to_string(), partitions, pairs, factor)
+                .await?;
+            self.reply(id, api, &ResponseBody::CreateTopic);
+            return Ok(());
+        }
         let mut config = TopicConfig::default();
-        for (k, v) in settings {
+        for (k, v) in &settings {
             config.set(k, v).map_err(|e| {
                 (
                     ErrorCode::INVALID_CONFIG,
@@ -545,6 +625,12 @@ impl Session {
 
     fn delete_topic(&mut self, id: u32, api: u16, topic: &str) -> Answer {
         name_ok(topic)?;
+        if self.replicated(topic).is_some() {
+            return Err((
+                ErrorCode::INVALID_REQUEST,
+                format!("{topic} is replicated: deleting a replicated topic is not supported"),
+            ));
+        }
         self.broker.delete_topic(topic).map_err(engine_error)?;
         self.reply(id, api, &ResponseBody::DeleteTopic);
         Ok(())
@@ -651,6 +737,55 @@ impl Drop for WaitingGuard {
 
 /// One partition's outcome in a produce: (base, last) offsets, or the error.
 type PartitionResult = Result<(u64, u64), (ErrorCode, String)>;
+
+/// The create-topic setting that asks for a replicated topic. It is not a topic
+/// configuration key: the placement it leads to is kept in `replication.json`.
+pub const REPLICATION_FACTOR_SETTING: &str = "replication.factor";
+
+/// Takes the replication factor (default 1) out of a create's settings.
+fn replication_factor<'a>(
+    settings: &[(&'a str, &'a str)],
+) -> Result<(u32, Vec<(&'a str, &'a str)>), (ErrorCode, String)> {
+    let mut factor = 1;
+    let mut rest = Vec::with_capacity(settings.len());
+    for (k, v) in settings {
+        if *k == REPLICATION_FACTOR_SETTING {
+            factor = v.parse().ok().filter(|f| *f >= 1).ok_or_else(|| {
+                (
+                    ErrorCode::INVALID_CONFIG,
+                    format!("invalid topic configuration: {k}={v}: not a positive integer"),
+                )
+            })?;
+        } else {
+            rest.push((*k, *v));
+        }
+    }
+    Ok((factor, rest))
+}
+
+/// Each partition's batch as one Raft entry, proposed side by side.
+async fn produce_replicated(
+    r: Arc<dyn Replicator>,
+    topic: &str,
+    batches: &[PartitionBatch<'_>],
+) -> Vec<PartitionResult> {
+    let proposals = batches.iter().map(|b| {
+        let entry = ProduceEntry {
+            producer: None,
+            records: b
+                .records
+                .iter()
+                .map(|r| EntryRecord {
+                    timestamp_ms: r.timestamp_ms,
+                    key: r.key.map(<[u8]>::to_vec),
+                    value: r.value.to_vec(),
+                })
+                .collect(),
+        };
+        Arc::clone(&r).produce(topic.to_string(), b.partition, entry)
+    });
+    futures_util::future::join_all(proposals).await
+}
 
 /// Replaces a partition's result with the error its durability wait ended in.
 fn set_error(results: &mut [PartitionResult], i: usize, e: (ErrorCode, String)) {

@@ -117,6 +117,8 @@ pub struct Server {
     tls_refusals: Arc<tokio::sync::Semaphore>,
     /// Produce requests waiting for durability, across connections.
     waiting: Arc<AtomicUsize>,
+    /// The cluster's replication (a node started with `--peers`).
+    replication: Option<Arc<dyn crate::engine::replication::Replicator>>,
 }
 
 /// The runtime of the native listener (see the module documentation for why one
@@ -169,7 +171,17 @@ impl Server {
             limits,
             tls_refusals: Arc::new(tokio::sync::Semaphore::new(TLS_REFUSALS_MAX)),
             waiting: Arc::new(AtomicUsize::new(0)),
+            replication: None,
         })
+    }
+
+    /// Routes the requests of replicated topics through `replication`.
+    pub fn with_replication(
+        mut self,
+        replication: Arc<dyn crate::engine::replication::Replicator>,
+    ) -> Self {
+        self.replication = Some(replication);
+        self
     }
 
     /// The address actually bound.
@@ -306,7 +318,8 @@ impl Server {
                 Arc::clone(&self.waiting),
             )
             .with_metrics(self.opts.metrics.clone())
-            .with_limits(Arc::clone(&self.limits)),
+            .with_limits(Arc::clone(&self.limits))
+            .with_replication(self.replication.clone()),
             limits: Arc::clone(&self.limits),
             stop: Arc::clone(&self.stop),
             stop_rx: stop_rx.clone(),

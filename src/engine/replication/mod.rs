@@ -1,6 +1,62 @@
 //! Replication: one Raft group (openraft) per replicated partition.
 //!
 //! [`log_store`] keeps each group's Raft log on disk in the segment format, so the
-//! offline tools read it like any partition.
+//! offline tools read it like any partition. [`types`] fixes openraft's type
+//! configuration and the entry payload (one produce request); [`state_machine`]
+//! applies committed entries to the data partition; [`network`] carries the groups'
+//! RPCs between nodes; [`manager`] runs the groups of this node.
 
 pub mod log_store;
+pub mod manager;
+pub mod network;
+pub mod state_machine;
+pub mod types;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use crate::format::wire::ErrorCode;
+
+/// A refusal as the protocol carries it: the error code and its message.
+pub type Refusal = (ErrorCode, String);
+/// A boxed future the request path awaits.
+pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+/// What the request path asks of replication (implemented by [`manager::Manager`]);
+/// a node without `--peers` has none, and serves every topic locally as before.
+pub trait Replicator: Send + Sync + 'static {
+    /// This node's id.
+    fn node_id(&self) -> u64;
+    /// Whether the topic is replicated (its requests go through [`Replicator`]).
+    fn is_replicated(&self, topic: &str) -> bool;
+    /// One produce request's records as one Raft entry; the offsets once applied.
+    fn produce(
+        self: Arc<Self>,
+        topic: String,
+        partition: u32,
+        entry: types::ProduceEntry,
+    ) -> BoxFuture<Result<(u64, u64), Refusal>>;
+    /// `Ok` when this node leads the partition (reads are served by the leader).
+    fn check_leader(&self, topic: &str, partition: u32) -> Result<(), Refusal>;
+    /// The partition's leader as this node knows it, with its client address.
+    fn leader_of(&self, topic: &str, partition: u32) -> Option<(u64, Option<String>)>;
+    /// Creates a replicated topic across the cluster.
+    fn create_topic(
+        self: Arc<Self>,
+        name: String,
+        partitions: u32,
+        settings: Vec<String>,
+        factor: u32,
+    ) -> BoxFuture<Result<(), Refusal>>;
+    /// This node's view of the cluster (`cluster status --json`).
+    fn status(&self) -> serde_json::Value;
+    /// How many nodes the cluster has.
+    fn nodes(&self) -> usize;
+}
+
+impl std::fmt::Debug for dyn Replicator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Replicator(node {})", self.node_id())
+    }
+}

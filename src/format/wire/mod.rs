@@ -31,6 +31,7 @@ use crate::format::names::NAME_LEN_MAX;
 pub mod groups;
 pub mod keys;
 pub mod producers;
+pub mod raft;
 use crate::format::record::MAX_RECORD_LEN;
 use crate::format::topic::PARTITIONS_MAX;
 
@@ -49,6 +50,10 @@ pub const CLEANUP_INFO_VERSION: u16 = 2;
 pub const PARTITION_HEALTH_VERSION: u16 = 3;
 /// The first version with consumer groups (api keys 32..=40).
 pub const GROUPS_VERSION: u16 = 3;
+/// The first version with the cluster-status request (api key 70).
+pub const CLUSTER_VERSION: u16 = 3;
+/// Largest cluster-status JSON (16 MiB).
+pub const CLUSTER_STATUS_BYTES_MAX: u32 = 16 * 1024 * 1024;
 /// The oldest protocol version this build speaks.
 pub const PROTOCOL_VERSION_MIN: u16 = 1;
 
@@ -136,10 +141,11 @@ pub enum ApiKey {
     KeyCreate = 60,
     KeyList = 61,
     KeyRevoke = 62,
+    ClusterStatus = 70,
 }
 
 impl ApiKey {
-    pub const ALL: [ApiKey; 29] = [
+    pub const ALL: [ApiKey; 30] = [
         ApiKey::Handshake,
         ApiKey::Produce,
         ApiKey::Fetch,
@@ -169,6 +175,7 @@ impl ApiKey {
         ApiKey::KeyCreate,
         ApiKey::KeyList,
         ApiKey::KeyRevoke,
+        ApiKey::ClusterStatus,
     ];
 
     pub fn from_u16(v: u16) -> Option<ApiKey> {
@@ -206,6 +213,7 @@ impl ApiKey {
             ApiKey::KeyCreate => "key_create",
             ApiKey::KeyList => "key_list",
             ApiKey::KeyRevoke => "key_revoke",
+            ApiKey::ClusterStatus => "cluster_status",
         }
     }
 
@@ -301,6 +309,9 @@ impl ErrorCode {
     pub const LIMIT_EXCEEDED: ErrorCode = ErrorCode(80);
     /// A plaintext connection to a listener that requires TLS. Closes.
     pub const TLS_REQUIRED: ErrorCode = ErrorCode(81);
+    /// The partition is replicated and this node does not lead it; the message names
+    /// the leader (see [`parse_not_leader`]). The connection stays open (version 3).
+    pub const NOT_LEADER: ErrorCode = ErrorCode(90);
 
     pub fn is_ok(self) -> bool {
         self == ErrorCode::NONE
@@ -358,6 +369,7 @@ impl ErrorCode {
             ErrorCode::UNKNOWN_KEY => "unknown_key",
             ErrorCode::LIMIT_EXCEEDED => "limit_exceeded",
             ErrorCode::TLS_REQUIRED => "tls_required",
+            ErrorCode::NOT_LEADER => "not_leader",
             _ => "unknown_error",
         }
     }
@@ -367,6 +379,29 @@ impl std::fmt::Display for ErrorCode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{} ({})", self.name(), self.0)
     }
+}
+
+/// The message of a [`ErrorCode::NOT_LEADER`] refusal.
+pub fn not_leader_message(topic: &str, partition: u32, leader: Option<(u64, &str)>) -> String {
+    match leader {
+        Some((id, addr)) => {
+            format!("not the leader of {topic}/{partition}; leader: node {id} at {addr}")
+        }
+        None => format!("not the leader of {topic}/{partition}; leader: unknown"),
+    }
+}
+
+/// The leader's node id and client address named by a [`ErrorCode::NOT_LEADER`]
+/// message, or `None` when it names none (`leader: unknown`) or is not one.
+pub fn parse_not_leader(message: &str) -> Option<(u64, String)> {
+    let (_, tail) = message.rsplit_once("; leader: node ")?;
+    let (id, addr) = tail.split_once(" at ")?;
+    let id = id.parse().ok()?;
+    let addr = addr.trim();
+    if addr.is_empty() {
+        return None;
+    }
+    Some((id, addr.to_string()))
 }
 
 /// Why bytes are not a valid frame, or a value cannot be encoded. `at` is the byte
@@ -505,6 +540,8 @@ pub enum Request<'a> {
     Producer(producers::ProducerRequest<'a>),
     /// An API-key request (protocol version 3).
     Key(keys::KeyRequest<'a>),
+    /// The node's view of its cluster (protocol version 3).
+    ClusterStatus,
 }
 
 impl Request<'_> {
@@ -520,6 +557,7 @@ impl Request<'_> {
             Request::DescribeTopic { .. } => ApiKey::DescribeTopic,
             Request::AlterTopic { .. } => ApiKey::AlterTopic,
             Request::Stats => ApiKey::Stats,
+            Request::ClusterStatus => ApiKey::ClusterStatus,
             Request::SchemaRegister { .. } => ApiKey::SchemaRegister,
             Request::SchemaGet { .. } => ApiKey::SchemaGet,
             Request::SchemaList => ApiKey::SchemaList,
@@ -705,6 +743,10 @@ pub enum ResponseBody<'a> {
         settings: Vec<Setting<'a>>,
     },
     Stats(StatsBody),
+    /// This node's view of the cluster, as JSON (version 3; docs/PROTOCOL.md).
+    ClusterStatus {
+        json: &'a str,
+    },
     SchemaRegister {
         version: u32,
     },
@@ -745,6 +787,7 @@ impl ResponseBody<'_> {
             ResponseBody::DescribeTopic { .. } => ApiKey::DescribeTopic,
             ResponseBody::AlterTopic { .. } => ApiKey::AlterTopic,
             ResponseBody::Stats(_) => ApiKey::Stats,
+            ResponseBody::ClusterStatus { .. } => ApiKey::ClusterStatus,
             ResponseBody::SchemaRegister { .. } => ApiKey::SchemaRegister,
             ResponseBody::SchemaGet { .. } => ApiKey::SchemaGet,
             ResponseBody::SchemaList { .. } => ApiKey::SchemaList,
@@ -980,7 +1023,7 @@ fn encode_request_payload(out: &mut Vec<u8>, req: &Request<'_>) -> Result<(), Pr
             put_str(out, "topic", topic, TOPIC_BYTES_MAX)?;
             put_settings(out, settings)?;
         }
-        Request::ListTopics | Request::Stats => {}
+        Request::ListTopics | Request::Stats | Request::ClusterStatus => {}
         Request::SchemaRegister { .. }
         | Request::SchemaGet { .. }
         | Request::SchemaList
@@ -1167,6 +1210,17 @@ fn encode_response_body(out: &mut Vec<u8>, body: &ResponseBody<'_>) -> Result<()
             }
         }
         ResponseBody::AlterTopic { settings } => put_settings(out, settings)?,
+        ResponseBody::ClusterStatus { json } => {
+            if json.len() > CLUSTER_STATUS_BYTES_MAX as usize {
+                return Err(ProtocolError::Unencodable {
+                    field: "cluster status",
+                    len: json.len() as u64,
+                    max: u64::from(CLUSTER_STATUS_BYTES_MAX),
+                });
+            }
+            out.extend_from_slice(&(json.len() as u32).to_be_bytes());
+            out.extend_from_slice(json.as_bytes());
+        }
         ResponseBody::Stats(s) => {
             out.extend_from_slice(&s.fsyncs.to_be_bytes());
             out.extend_from_slice(&s.produce_requests.to_be_bytes());
@@ -1470,6 +1524,7 @@ pub fn decode_request(frame: &[u8]) -> Result<(u32, Request<'_>), ProtocolError>
             }
         }
         ApiKey::Stats => Request::Stats,
+        ApiKey::ClusterStatus => Request::ClusterStatus,
         ApiKey::SchemaRegister => schemas::decode_register(&mut r)?,
         ApiKey::SchemaGet => schemas::decode_get(&mut r)?,
         ApiKey::SchemaList => Request::SchemaList,
@@ -1660,6 +1715,24 @@ fn decode_response_body<'a>(
         ApiKey::AlterTopic => ResponseBody::AlterTopic {
             settings: r.settings()?,
         },
+        ApiKey::ClusterStatus => {
+            let at = r.at;
+            let len = r.u32("cluster status")?;
+            if len > CLUSTER_STATUS_BYTES_MAX {
+                return Err(ProtocolError::TooLong {
+                    field: "cluster status",
+                    at,
+                    len: u64::from(len),
+                    max: u64::from(CLUSTER_STATUS_BYTES_MAX),
+                });
+            }
+            let bytes = r.take("cluster status", len as usize)?;
+            let json = std::str::from_utf8(bytes).map_err(|_| ProtocolError::BadUtf8 {
+                field: "cluster status",
+                at: at + 4,
+            })?;
+            ResponseBody::ClusterStatus { json }
+        }
         ApiKey::Stats => {
             let fsyncs = r.u64("fsyncs")?;
             let produce_requests = r.u64("produce_requests")?;
@@ -2153,6 +2226,21 @@ mod tests {
                 "{body:?}"
             );
         }
+    }
+
+    #[test]
+    fn not_leader_messages_parse() {
+        let m = not_leader_message("t", 3, Some((2, "127.0.0.1:9001")));
+        assert_eq!(m, "not the leader of t/3; leader: node 2 at 127.0.0.1:9001");
+        assert_eq!(
+            parse_not_leader(&m),
+            Some((2, "127.0.0.1:9001".to_string()))
+        );
+        let m = not_leader_message("t", 3, None);
+        assert_eq!(m, "not the leader of t/3; leader: unknown");
+        assert_eq!(parse_not_leader(&m), None);
+        assert_eq!(parse_not_leader("leader: node x at y"), None);
+        assert_eq!(parse_not_leader("a; leader: node 1 at "), None);
     }
 
     #[test]

@@ -1,0 +1,29 @@
+//! What the replication layer needs of the broker: a partition's written end, an
+//! fsync of one partition, the topic directory, and a topic created with its replica
+//! placement beside `topic.json`.
+
+use super::*;
+
+impl Broker {
+    /// The next offset the partition will assign (written, maybe not yet durable).
+    pub fn written_end(&self, topic: &str, partition: u32) -> Result<u64, EngineError> {
+        let (_, log) = self.partition(topic, partition)?;
+        Ok(log.written_end())
+    }
+
+    /// Fsyncs what is written to one partition.
+    pub fn flush_partition(&self, topic: &str, partition: u32) -> Result<(), EngineError> {
+        let (_, log) = self.partition(topic, partition)?;
+        log.flush()
+    }
+
+    /// `DATA/topics/<topic>`.
+    pub fn topic_dir(&self, topic: &str) -> PathBuf {
+        self.topics_dir.join(topic)
+    }
+
+    /// The I/O seam the broker writes through.
+    pub fn storage(&self) -> &StorageRef {
+        &self.storage
+    }
+}

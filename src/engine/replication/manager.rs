@@ -1,0 +1,587 @@
+//! The replication manager: runs one openraft group per replicated partition this
+//! node holds a replica of, on the server's tokio runtime, and answers the peers'
+//! calls for them.
+//!
+//! Invariants:
+//! - A replicated topic is one whose directory holds `replication.json`
+//!   ([`crate::format::replication`]); its placement never changes after creation.
+//! - A produce to a replicated partition is one Raft entry, acknowledged once it is
+//!   committed and applied ([`Manager::produce`]); a node that does not lead the
+//!   partition refuses it with NOT_LEADER naming the leader it knows.
+//! - Snapshots are off and the Raft log is never purged, so a replica that falls
+//!   behind catches up from the log, and nothing is ever applied from a snapshot.
+//! - Membership is fixed at creation: the group is initialised once, by the first
+//!   replica, with every replica as a voter.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use openraft::async_runtime::WatchReceiver as _;
+use openraft::error::{ClientWriteError, RaftError};
+use openraft::storage::RaftLogStorage;
+use openraft::{BasicNode, Config, ServerState, SnapshotPolicy};
+use serde::{Deserialize, Serialize};
+
+use super::network::{CallHandler, GroupNetwork, Peers};
+use super::state_machine::PartitionStateMachine;
+use super::types::{ApplyResult, ProduceEntry, RaftGroup, TypeConfig};
+use super::{BoxFuture, Refusal, Replicator};
+use crate::engine::broker::Broker;
+use crate::format::replication::{Replication, REPLICATION_FILE};
+use crate::format::topic::TopicConfig;
+use crate::format::wire::raft::Rpc;
+use crate::format::wire::{not_leader_message, ErrorCode};
+
+/// How long a call between nodes may take before it counts as failed.
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a new group may take to elect its first leader before create returns.
+const FIRST_LEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Opens the Raft log of one replicated partition (the log store lives in
+/// [`super::log_store`]).
+pub trait LogStores: Send + Sync + 'static {
+    type Store: RaftLogStorage<TypeConfig>;
+    /// Opens (creating if absent) the Raft log of `topic/partition`.
+    fn open(&self, broker: &Arc<Broker>, topic: &str, partition: u32) -> io::Result<Self::Store>;
+}
+
+/// openraft's settings for every group: a heartbeat well inside the election timeout,
+/// with room for a loaded machine; no snapshots.
+pub fn raft_config() -> Result<Arc<Config>, openraft::ConfigError> {
+    let c = Config {
+        cluster_name: "seglog".into(),
+        heartbeat_interval: 100,
+        election_timeout_min: 600,
+        election_timeout_max: 1200,
+        snapshot_policy: SnapshotPolicy::Never,
+        max_in_snapshot_log_to_keep: u64::MAX,
+        ..Config::default()
+    };
+    Ok(Arc::new(c.validate()?))
+}
+
+/// What a node is asked to create for a new replicated topic.
+#[derive(Debug, Serialize, Deserialize)]
+struct CreateReplica {
+    partitions: u32,
+    /// `KEY=VALUE` topic settings.
+    settings: Vec<String>,
+    replication: Replication,
+}
+
+/// This node's groups and the peers they talk to.
+pub struct Manager<L: LogStores> {
+    broker: Arc<Broker>,
+    peers: Arc<Peers>,
+    stores: L,
+    config: Arc<Config>,
+    /// Every node of the cluster: id → Raft address.
+    nodes: BTreeMap<u64, String>,
+    /// Replicated topics' placements.
+    topics: Mutex<BTreeMap<String, Replication>>,
+    groups: Mutex<BTreeMap<(String, u32), RaftGroup>>,
+    /// Serialises creates and group opens.
+    admin: tokio::sync::Mutex<()>,
+}
+
+impl<L: LogStores> std::fmt::Debug for Manager<L> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Manager")
+            .field("node_id", &self.peers.ident.node_id)
+            .field("nodes", &self.nodes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<L: LogStores> Manager<L> {
+    /// A manager for `broker` on a cluster of `nodes` (id, Raft address), itself
+    /// included. Nothing runs until [`Manager::run`].
+    pub fn new(
+        broker: Arc<Broker>,
+        peers: Arc<Peers>,
+        stores: L,
+        nodes: &[(u64, String)],
+    ) -> Result<Arc<Self>, openraft::ConfigError> {
+        Ok(Arc::new(Manager {
+            broker,
+            peers,
+            stores,
+            config: raft_config()?,
+            nodes: nodes.iter().cloned().collect(),
+            topics: Mutex::new(BTreeMap::new()),
+            groups: Mutex::new(BTreeMap::new()),
+            admin: tokio::sync::Mutex::new(()),
+        }))
+    }
+
+    fn node_id(&self) -> u64 {
+        self.peers.ident.node_id
+    }
+
+    /// Connects to the peers, opens the groups of every replicated topic on disk, and
+    /// serves the peers' calls on `listener` until `stop` turns true. Runs on the
+    /// server's runtime.
+    pub async fn run(
+        self: Arc<Self>,
+        listener: std::net::TcpListener,
+        stop: tokio::sync::watch::Receiver<bool>,
+    ) -> io::Result<()> {
+        listener.set_nonblocking(true)?;
+        let listener = tokio::net::TcpListener::from_std(listener)?;
+        self.peers.start();
+        for topic in self.broker.list_topics() {
+            if let Err(e) = self.open_topic(&topic).await {
+                tracing::error!(topic, error = %e, "cannot open the topic's Raft groups");
+                eprintln!("seglog: topic {topic}: cannot open its Raft groups: {e}");
+            }
+        }
+        let peers = Arc::clone(&self.peers);
+        super::network::serve(listener, peers, Arc::clone(&self), stop).await;
+        let groups: Vec<RaftGroup> = lock(&self.groups).values().cloned().collect();
+        for g in groups {
+            let _ = g.shutdown().await;
+        }
+        lock(&self.groups).clear();
+        Ok(())
+    }
+
+    /// Reads a topic's placement and opens the groups this node holds.
+    async fn open_topic(&self, topic: &str) -> io::Result<()> {
+        let dir = self.broker.topic_dir(topic);
+        let path = dir.join(REPLICATION_FILE);
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        let partitions = self
+            .broker
+            .partition_count(topic)
+            .map_err(|e| io::Error::other(e.to_string()))?;
+        let r = Replication::decode(&bytes, partitions)
+            .map_err(|e| io::Error::other(format!("{}: {e}", path.display())))?;
+        lock(&self.topics).insert(topic.to_string(), r.clone());
+        for (p, replicas) in r.replicas.iter().enumerate() {
+            if replicas.contains(&self.node_id()) {
+                self.open_group(topic, p as u32).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn open_group(&self, topic: &str, partition: u32) -> io::Result<RaftGroup> {
+        let key = (topic.to_string(), partition);
+        if let Some(g) = lock(&self.groups).get(&key) {
+            return Ok(g.clone());
+        }
+        let store = self.stores.open(&self.broker, topic, partition)?;
+        let sm = PartitionStateMachine::open(Arc::clone(&self.broker), topic, partition)?;
+        let network = GroupNetwork {
+            peers: Arc::clone(&self.peers),
+            topic: topic.to_string(),
+            partition,
+        };
+        let raft = RaftGroup::new(self.node_id(), Arc::clone(&self.config), network, store, sm)
+            .await
+            .map_err(|e| io::Error::other(e.to_string()))?;
+        lock(&self.groups).insert(key, raft.clone());
+        Ok(raft)
+    }
+
+    fn group(&self, topic: &str, partition: u32) -> Option<RaftGroup> {
+        lock(&self.groups)
+            .get(&(topic.to_string(), partition))
+            .cloned()
+    }
+
+    fn not_leader(&self, topic: &str, partition: u32, leader: Option<u64>) -> Refusal {
+        let named = leader
+            .filter(|l| *l != self.node_id())
+            .and_then(|l| self.peers.client_addr(l).map(|a| (l, a)));
+        let msg = not_leader_message(
+            topic,
+            partition,
+            named.as_ref().map(|(l, a)| (*l, a.as_str())),
+        );
+        (ErrorCode::NOT_LEADER, msg)
+    }
+
+    /// Proposes one produce request's records as one entry and waits until it is
+    /// committed and applied.
+    pub async fn produce(
+        &self,
+        topic: &str,
+        partition: u32,
+        mut entry: ProduceEntry,
+    ) -> Result<(u64, u64), Refusal> {
+        let Some(raft) = self.group(topic, partition) else {
+            return Err(self.not_leader(topic, partition, None));
+        };
+        let now = crate::engine::partition::now_ms();
+        for r in &mut entry.records {
+            if r.timestamp_ms < 0 {
+                r.timestamp_ms = now;
+            }
+        }
+        match raft.client_write(entry).await {
+            Ok(resp) => match resp.data {
+                ApplyResult::Appended {
+                    base_offset,
+                    last_offset,
+                }
+                | ApplyResult::Duplicate {
+                    base_offset,
+                    last_offset,
+                } => Ok((base_offset, last_offset)),
+                ApplyResult::Refused { code, message } => Err((ErrorCode(code), message)),
+                ApplyResult::None => Err((ErrorCode::INTERNAL, "applied as no entry".into())),
+            },
+            Err(RaftError::APIError(
+                ClientWriteError::ForwardToLeader(f) | ClientWriteError::LogEntryDiscarded(f),
+            )) => Err(self.not_leader(topic, partition, f.leader_id)),
+            Err(RaftError::APIError(e)) => Err((ErrorCode::INTERNAL, e.to_string())),
+            Err(RaftError::Fatal(e)) => Err((
+                ErrorCode::PARTITION_FAILED,
+                format!("{topic}/{partition}: replication stopped: {e}"),
+            )),
+        }
+    }
+
+    /// `Ok` when this node leads the partition now (reads are served there only).
+    pub fn check_leader(&self, topic: &str, partition: u32) -> Result<(), Refusal> {
+        let Some(raft) = self.group(topic, partition) else {
+            return Err(self.not_leader(topic, partition, None));
+        };
+        let m = raft.metrics().borrow_watched().clone();
+        if m.state == ServerState::Leader && m.current_leader == Some(self.node_id()) {
+            Ok(())
+        } else {
+            Err(self.not_leader(topic, partition, m.current_leader))
+        }
+    }
+
+    /// The leader this node knows for the partition, with its client address.
+    pub fn leader_of(&self, topic: &str, partition: u32) -> Option<(u64, Option<String>)> {
+        let raft = self.group(topic, partition)?;
+        let leader = raft.metrics().borrow_watched().current_leader?;
+        Some((leader, self.peers.client_addr(leader)))
+    }
+
+    /// Creates a replicated topic on every node holding a replica, then forms each
+    /// partition's group on its first replica and waits for its first leader.
+    pub async fn create_topic(
+        &self,
+        name: &str,
+        partitions: u32,
+        settings: Vec<String>,
+        factor: u32,
+    ) -> Result<(), Refusal> {
+        let ids: Vec<u64> = self.nodes.keys().copied().collect();
+        let replication = Replication::place(&ids, partitions, factor)
+            .map_err(|e| (ErrorCode::INVALID_CONFIG, e.to_string()))?;
+        // The settings are checked here first, so that no node creates anything for
+        // a request every node would refuse.
+        settings_config(&settings)?;
+        let req = CreateReplica {
+            partitions,
+            settings,
+            replication: replication.clone(),
+        };
+        let payload = serde_json::to_vec(&req).map_err(|e| (ErrorCode::INTERNAL, e.to_string()))?;
+        let holders: BTreeSet<u64> = replication.replicas.iter().flatten().copied().collect();
+        for node in &holders {
+            if *node == self.node_id() {
+                self.create_replica(name, &payload).await?;
+            } else {
+                self.call(*node, name, 0, Rpc::CreateReplica, payload.clone())
+                    .await?;
+            }
+        }
+        for (p, replicas) in replication.replicas.iter().enumerate() {
+            let Some(first) = replicas.first().copied() else {
+                continue;
+            };
+            let members =
+                serde_json::to_vec(replicas).map_err(|e| (ErrorCode::INTERNAL, e.to_string()))?;
+            if first == self.node_id() {
+                self.initialize(name, p as u32, &members).await?;
+            } else {
+                self.call(first, name, p as u32, Rpc::Initialize, members)
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn call(
+        &self,
+        node: u64,
+        topic: &str,
+        partition: u32,
+        rpc: Rpc,
+        payload: Vec<u8>,
+    ) -> Result<Vec<u8>, Refusal> {
+        let Some(peer) = self.peers.peers.get(&node) else {
+            return Err((ErrorCode::INTERNAL, format!("node {node} is not a peer")));
+        };
+        peer.call(topic, partition, rpc, payload, CALL_TIMEOUT)
+            .await
+            .map_err(|e| {
+                (
+                    ErrorCode::PARTITION_UNAVAILABLE,
+                    format!("{topic}: asking node {node}: {e}"),
+                )
+            })
+    }
+
+    /// Creates this node's replica of a topic (the same placement again is no error)
+    /// and opens its groups.
+    async fn create_replica(&self, name: &str, payload: &[u8]) -> Result<(), Refusal> {
+        let req: CreateReplica = serde_json::from_slice(payload)
+            .map_err(|e| (ErrorCode::INVALID_REQUEST, format!("bad create: {e}")))?;
+        let _admin = self.admin.lock().await;
+        let config = settings_config(&req.settings)?;
+        let bytes = req.replication.encode();
+        let known = lock(&self.topics).get(name).cloned();
+        match known {
+            Some(r) if r == req.replication => {}
+            Some(_) => {
+                return Err((
+                    ErrorCode::TOPIC_EXISTS,
+                    format!("topic {name} exists with another placement"),
+                ))
+            }
+            None => {
+                let broker = Arc::clone(&self.broker);
+                let n = name.to_string();
+                tokio::task::spawn_blocking(move || {
+                    broker.create_topic_with(
+                        &n,
+                        req.partitions,
+                        config,
+                        Some((REPLICATION_FILE, &bytes)),
+                    )
+                })
+                .await
+                .map_err(|e| (ErrorCode::INTERNAL, e.to_string()))?
+                .map_err(|e| (ErrorCode::STORAGE, e.to_string()))?;
+            }
+        }
+        self.open_topic(name)
+            .await
+            .map_err(|e| (ErrorCode::STORAGE, e.to_string()))
+    }
+
+    async fn initialize(&self, topic: &str, partition: u32, payload: &[u8]) -> Result<(), Refusal> {
+        let ids: Vec<u64> = serde_json::from_slice(payload)
+            .map_err(|e| (ErrorCode::INVALID_REQUEST, format!("bad members: {e}")))?;
+        let Some(raft) = self.group(topic, partition) else {
+            return Err(self.not_leader(topic, partition, None));
+        };
+        let members: BTreeMap<u64, BasicNode> = ids
+            .iter()
+            .map(|id| {
+                let addr = self.nodes.get(id).cloned().unwrap_or_default();
+                (*id, BasicNode { addr })
+            })
+            .collect();
+        match raft.initialize(members).await {
+            Ok(()) => {}
+            Err(RaftError::APIError(openraft::error::InitializeError::NotAllowed(_))) => {}
+            Err(e) => return Err((ErrorCode::INTERNAL, e.to_string())),
+        }
+        raft.wait(Some(FIRST_LEADER_TIMEOUT))
+            .metrics(|m| m.current_leader.is_some(), "a first leader")
+            .await
+            .map_err(|e| {
+                (
+                    ErrorCode::PARTITION_UNAVAILABLE,
+                    format!("{topic}/{partition}: {e}"),
+                )
+            })?;
+        Ok(())
+    }
+
+    /// This node's view of the cluster, as `cluster status --json` prints it.
+    pub fn status(&self) -> serde_json::Value {
+        let mut nodes = vec![serde_json::json!({
+            "id": self.node_id(),
+            "raft_addr": self.nodes.get(&self.node_id()).cloned().unwrap_or_default(),
+            "client_addr": self.peers.ident.client_addr,
+            "reachable": true,
+        })];
+        for p in self.peers.peers.values() {
+            nodes.push(serde_json::json!({
+                "id": p.id,
+                "raft_addr": p.raft_addr,
+                "client_addr": self.peers.client_addr(p.id),
+                "reachable": p.reachable(),
+            }));
+        }
+        nodes.sort_by_key(|n| n["id"].as_u64());
+        let groups: Vec<((String, u32), RaftGroup)> = lock(&self.groups)
+            .iter()
+            .map(|(k, g)| (k.clone(), g.clone()))
+            .collect();
+        let partitions: Vec<serde_json::Value> = groups
+            .into_iter()
+            .map(|((topic, partition), raft)| {
+                let m = raft.metrics().borrow_watched().clone();
+                let last = m.last_log_index.unwrap_or(0);
+                let replicas: Vec<serde_json::Value> = m
+                    .replication
+                    .iter()
+                    .flatten()
+                    .map(|(node, matched)| {
+                        let matched = matched.as_ref().map_or(0, |l| l.index);
+                        serde_json::json!({
+                            "node": node,
+                            "match_index": matched,
+                            "lag": last.saturating_sub(matched),
+                        })
+                    })
+                    .collect();
+                serde_json::json!({
+                    "topic": topic,
+                    "partition": partition,
+                    "leader": m.current_leader,
+                    "term": m.current_term,
+                    "commit_index": m.local_committed.as_ref().map_or(0, |l| l.index),
+                    "applied_index": m.last_applied.as_ref().map_or(0, |l| l.index),
+                    "replicas": replicas,
+                })
+            })
+            .collect();
+        serde_json::json!({
+            "cluster_id": self.peers.ident.cluster_id(),
+            "node_id": self.node_id(),
+            "nodes": nodes,
+            "partitions": partitions,
+        })
+    }
+
+    async fn answer(
+        &self,
+        topic: &str,
+        partition: u32,
+        rpc: Rpc,
+        payload: &[u8],
+    ) -> Result<Vec<u8>, String> {
+        fn json<T: Serialize>(v: &T) -> Result<Vec<u8>, String> {
+            serde_json::to_vec(v).map_err(|e| e.to_string())
+        }
+        let group = || {
+            self.group(topic, partition)
+                .ok_or_else(|| format!("no Raft group {topic}/{partition} on this node"))
+        };
+        match rpc {
+            Rpc::AppendEntries => {
+                let req = serde_json::from_slice(payload).map_err(|e| e.to_string())?;
+                json(
+                    &group()?
+                        .append_entries(req)
+                        .await
+                        .map_err(|e| e.to_string())?,
+                )
+            }
+            Rpc::Vote => {
+                let req = serde_json::from_slice(payload).map_err(|e| e.to_string())?;
+                json(&group()?.vote(req).await.map_err(|e| e.to_string())?)
+            }
+            Rpc::PreVote => {
+                let req = serde_json::from_slice(payload).map_err(|e| e.to_string())?;
+                json(&group()?.pre_vote(req).await.map_err(|e| e.to_string())?)
+            }
+            Rpc::CreateReplica => {
+                self.create_replica(topic, payload)
+                    .await
+                    .map_err(|(_, m)| m)?;
+                Ok(b"null".to_vec())
+            }
+            Rpc::Initialize => {
+                self.initialize(topic, partition, payload)
+                    .await
+                    .map_err(|(_, m)| m)?;
+                Ok(b"null".to_vec())
+            }
+            Rpc::Status => json(&self.status()),
+        }
+    }
+}
+
+/// The topic configuration `KEY=VALUE` settings give.
+fn settings_config(settings: &[String]) -> Result<TopicConfig, Refusal> {
+    let mut config = TopicConfig::default();
+    for s in settings {
+        config
+            .set_pair(s)
+            .map_err(|e| (ErrorCode::INVALID_CONFIG, e.to_string()))?;
+    }
+    Ok(config)
+}
+
+impl<L: LogStores> CallHandler for Manager<L> {
+    async fn handle(
+        self: Arc<Self>,
+        _from: u64,
+        topic: String,
+        partition: u32,
+        rpc: Rpc,
+        payload: Vec<u8>,
+    ) -> Result<Vec<u8>, String> {
+        self.answer(&topic, partition, rpc, &payload).await
+    }
+}
+
+impl<L: LogStores> Replicator for Manager<L> {
+    fn node_id(&self) -> u64 {
+        Manager::node_id(self)
+    }
+
+    fn is_replicated(&self, topic: &str) -> bool {
+        lock(&self.topics).contains_key(topic)
+    }
+
+    fn produce(
+        self: Arc<Self>,
+        topic: String,
+        partition: u32,
+        entry: ProduceEntry,
+    ) -> BoxFuture<Result<(u64, u64), Refusal>> {
+        Box::pin(async move { Manager::produce(&self, &topic, partition, entry).await })
+    }
+
+    fn check_leader(&self, topic: &str, partition: u32) -> Result<(), Refusal> {
+        Manager::check_leader(self, topic, partition)
+    }
+
+    fn leader_of(&self, topic: &str, partition: u32) -> Option<(u64, Option<String>)> {
+        Manager::leader_of(self, topic, partition)
+    }
+
+    fn create_topic(
+        self: Arc<Self>,
+        name: String,
+        partitions: u32,
+        settings: Vec<String>,
+        factor: u32,
+    ) -> BoxFuture<Result<(), Refusal>> {
+        Box::pin(
+            async move { Manager::create_topic(&self, &name, partitions, settings, factor).await },
+        )
+    }
+
+    fn status(&self) -> serde_json::Value {
+        Manager::status(self)
+    }
+
+    fn nodes(&self) -> usize {
+        self.nodes.len()
+    }
+}

@@ -1,0 +1,747 @@
+//! The Raft network between nodes: a listener on `--raft-listen`, and one TCP
+//! connection to each peer that carries the calls of every partition's group (frames
+//! of [`crate::format::wire::raft`]).
+//!
+//! Invariants:
+//! - A connection serves calls only after both hellos agree on the cluster id; a node
+//!   with no cluster id yet adopts its peer's ([`Identity::adopt`]); two different
+//!   ids refuse the connection and the node says so on stderr, once per peer.
+//! - Every length read from a peer is checked ([`check_peer_frame_len`]) before the
+//!   frame is allocated.
+//! - A call to a peer that is not connected fails at once (openraft retries after its
+//!   backoff); the connection is redialled with an exponential backoff.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use openraft::error::{NetworkError, RPCError, ReplicationClosed, StreamingError, Unreachable};
+use openraft::network::RPCOption;
+use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse};
+use openraft::raft::{VoteRequest, VoteResponse};
+use openraft::{BasicNode, RaftNetworkFactory, RaftNetworkV2};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot};
+
+use super::types::{TypeConfig, Vote};
+use crate::engine::storage::io::{write_file_atomic, StorageRef};
+use crate::format::wire::raft::{
+    check_peer_frame_len, decode_peer_frame, encode_peer_frame, PeerFrame, Rpc, PEER_VERSION,
+};
+use crate::format::wire::LEN_FIELD;
+
+/// The cluster id's file in the data directory.
+pub const CLUSTER_FILE: &str = "cluster.json";
+const BACKOFF_MIN: Duration = Duration::from_millis(50);
+const BACKOFF_MAX: Duration = Duration::from_secs(2);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Longest a hello may take to arrive.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+/// Calls queued to one peer's connection at once.
+const OUTGOING_QUEUE: usize = 4096;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Who this node is: its id, its client address, and the cluster id once known.
+#[derive(Debug)]
+pub struct Identity {
+    pub node_id: u64,
+    pub client_addr: String,
+    cluster_id: Mutex<Option<String>>,
+    data_dir: PathBuf,
+    storage: StorageRef,
+}
+
+/// The cluster id as `DATA/cluster.json` holds it.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct ClusterFile {
+    cluster_id: String,
+}
+
+/// Why a node cannot take part in its cluster.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterIdError {
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+    #[error("{path}: not a cluster id file: {detail}")]
+    Bad { path: PathBuf, detail: String },
+}
+
+impl Identity {
+    /// Reads `DATA/cluster.json`; with none, the node with the lowest id of the
+    /// cluster (`founder`) creates a new id, and any other waits to adopt its peers'.
+    pub fn load(
+        node_id: u64,
+        client_addr: String,
+        data_dir: PathBuf,
+        storage: StorageRef,
+        founder: bool,
+    ) -> Result<Identity, ClusterIdError> {
+        let path = data_dir.join(CLUSTER_FILE);
+        let id = match std::fs::read(&path) {
+            Ok(bytes) if bytes.len() <= 4096 => {
+                let f: ClusterFile =
+                    serde_json::from_slice(&bytes).map_err(|e| ClusterIdError::Bad {
+                        path: path.clone(),
+                        detail: e.to_string(),
+                    })?;
+                if !valid_cluster_id(&f.cluster_id) {
+                    return Err(ClusterIdError::Bad {
+                        path,
+                        detail: format!("bad cluster id {:?}", f.cluster_id),
+                    });
+                }
+                Some(f.cluster_id)
+            }
+            Ok(_) => {
+                return Err(ClusterIdError::Bad {
+                    path,
+                    detail: "larger than 4096 bytes".into(),
+                })
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(source) => return Err(ClusterIdError::Io { path, source }),
+        };
+        let ident = Identity {
+            node_id,
+            client_addr,
+            cluster_id: Mutex::new(None),
+            data_dir,
+            storage,
+        };
+        match id {
+            Some(id) => *lock(&ident.cluster_id) = Some(id),
+            None if founder => {
+                let mut raw = [0u8; 16];
+                getrandom::fill(&mut raw).map_err(|e| ClusterIdError::Io {
+                    path: path.clone(),
+                    source: io::Error::other(e.to_string()),
+                })?;
+                let id: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+                ident
+                    .adopt(&id)
+                    .map_err(|source| ClusterIdError::Io { path, source })?;
+            }
+            None => {}
+        }
+        Ok(ident)
+    }
+
+    /// The cluster id, once known.
+    pub fn cluster_id(&self) -> Option<String> {
+        lock(&self.cluster_id).clone()
+    }
+
+    /// Takes `id` as this node's cluster id, durably, unless it has one. Returns
+    /// whether `id` is (now) the node's cluster id.
+    pub fn adopt(&self, id: &str) -> io::Result<bool> {
+        let mut held = lock(&self.cluster_id);
+        if let Some(have) = &*held {
+            return Ok(have == id);
+        }
+        if !valid_cluster_id(id) {
+            return Ok(false);
+        }
+        let bytes = serde_json::to_vec(&ClusterFile {
+            cluster_id: id.to_string(),
+        })
+        .map_err(io::Error::other)?;
+        write_file_atomic(&*self.storage, &self.data_dir, CLUSTER_FILE, &bytes)?;
+        *held = Some(id.to_string());
+        Ok(true)
+    }
+
+    /// Checks a peer's hello: `Err` names why the connection is refused.
+    fn agree(&self, theirs: &str) -> Result<(), String> {
+        if theirs.is_empty() {
+            return match self.cluster_id() {
+                Some(_) => Ok(()),
+                None => Err("neither node has a cluster id yet".into()),
+            };
+        }
+        match self.adopt(theirs) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(format!(
+                "cluster id {theirs} is not this node's ({})",
+                self.cluster_id().unwrap_or_default()
+            )),
+            Err(e) => Err(format!("cannot record the cluster id: {e}")),
+        }
+    }
+
+    fn hello(&self) -> (String, u64, String) {
+        (
+            self.cluster_id().unwrap_or_default(),
+            self.node_id,
+            self.client_addr.clone(),
+        )
+    }
+}
+
+fn valid_cluster_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= crate::format::wire::raft::CLUSTER_ID_BYTES_MAX
+        && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+}
+
+/// Why a call to a peer did not get its answer.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    #[error("node {0} is not connected")]
+    Unreachable(u64),
+    #[error("node {node}: {detail}")]
+    Failed { node: u64, detail: String },
+}
+
+struct Outgoing {
+    topic: String,
+    partition: u32,
+    rpc: Rpc,
+    payload: Vec<u8>,
+    reply: oneshot::Sender<Result<Vec<u8>, CallError>>,
+}
+
+/// One peer: its address, its connection task's queue and what its hello said.
+#[derive(Debug)]
+pub struct Peer {
+    pub id: u64,
+    pub raft_addr: String,
+    tx: mpsc::Sender<Outgoing>,
+    rx: Mutex<Option<mpsc::Receiver<Outgoing>>>,
+    client_addr: Mutex<Option<String>>,
+    connected: AtomicBool,
+}
+
+impl std::fmt::Debug for Outgoing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "call {:?} {}/{}", self.rpc, self.topic, self.partition)
+    }
+}
+
+impl Peer {
+    /// The client address its hello gave, once connected once.
+    pub fn client_addr(&self) -> Option<String> {
+        lock(&self.client_addr).clone()
+    }
+
+    /// Whether its connection is up now.
+    pub fn reachable(&self) -> bool {
+        self.connected.load(Ordering::Relaxed)
+    }
+
+    /// Sends one call and waits for its reply.
+    pub async fn call(
+        &self,
+        topic: &str,
+        partition: u32,
+        rpc: Rpc,
+        payload: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<Vec<u8>, CallError> {
+        if !self.reachable() {
+            return Err(CallError::Unreachable(self.id));
+        }
+        let (reply, rx) = oneshot::channel();
+        let out = Outgoing {
+            topic: topic.to_string(),
+            partition,
+            rpc,
+            payload,
+            reply,
+        };
+        self.tx
+            .try_send(out)
+            .map_err(|_| CallError::Unreachable(self.id))?;
+        match tokio::time::timeout(timeout, rx).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(_)) => Err(CallError::Unreachable(self.id)),
+            Err(_) => Err(CallError::Failed {
+                node: self.id,
+                detail: format!("no reply within {timeout:?}"),
+            }),
+        }
+    }
+}
+
+/// Every other node of the cluster, by id.
+#[derive(Debug)]
+pub struct Peers {
+    pub ident: Arc<Identity>,
+    pub peers: BTreeMap<u64, Arc<Peer>>,
+    /// The peers' client addresses learned from the hellos they sent us.
+    heard: Mutex<HashMap<u64, String>>,
+}
+
+impl Peers {
+    /// The peers of `ident` from `(id, raft address)` pairs (this node's own entry is
+    /// skipped). Their connection tasks start with [`Peers::start`].
+    pub fn new(ident: Arc<Identity>, all: &[(u64, String)]) -> Arc<Peers> {
+        let peers = all
+            .iter()
+            .filter(|(id, _)| *id != ident.node_id)
+            .map(|(id, addr)| {
+                let (tx, rx) = mpsc::channel(OUTGOING_QUEUE);
+                let p = Peer {
+                    id: *id,
+                    raft_addr: addr.clone(),
+                    tx,
+                    rx: Mutex::new(Some(rx)),
+                    client_addr: Mutex::new(None),
+                    connected: AtomicBool::new(false),
+                };
+                (*id, Arc::new(p))
+            })
+            .collect();
+        Arc::new(Peers {
+            ident,
+            peers,
+            heard: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Starts one connection task per peer on the current runtime.
+    pub fn start(self: &Arc<Self>) {
+        for peer in self.peers.values() {
+            if let Some(rx) = lock(&peer.rx).take() {
+                tokio::spawn(dial_loop(Arc::clone(&self.ident), Arc::clone(peer), rx));
+            }
+        }
+    }
+
+    /// A node's client address, as it told us (or this node's own).
+    pub fn client_addr(&self, node: u64) -> Option<String> {
+        if node == self.ident.node_id {
+            return Some(self.ident.client_addr.clone());
+        }
+        let peer = self.peers.get(&node).and_then(|p| p.client_addr());
+        peer.or_else(|| lock(&self.heard).get(&node).cloned())
+    }
+
+    fn heard(&self, node: u64, client_addr: &str) {
+        lock(&self.heard).insert(node, client_addr.to_string());
+    }
+}
+
+async fn read_frame(r: &mut (impl AsyncReadExt + Unpin)) -> io::Result<Vec<u8>> {
+    let mut len = [0u8; LEN_FIELD];
+    r.read_exact(&mut len).await?;
+    let n = check_peer_frame_len(u32::from_be_bytes(len))
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+    let mut buf = vec![0u8; n];
+    r.read_exact(&mut buf).await?;
+    Ok(buf)
+}
+
+fn encode(frame: &PeerFrame<'_>) -> io::Result<Vec<u8>> {
+    let mut out = Vec::new();
+    encode_peer_frame(&mut out, frame)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+    Ok(out)
+}
+
+fn hello_frame(ident: &Identity) -> io::Result<Vec<u8>> {
+    let (cluster_id, node_id, client_addr) = ident.hello();
+    encode(&PeerFrame::Hello {
+        version: PEER_VERSION,
+        cluster_id: &cluster_id,
+        node_id,
+        client_addr: &client_addr,
+    })
+}
+
+/// What the other side's first frame said: its node id and client address.
+async fn read_hello(stream: &mut TcpStream, ident: &Identity) -> Result<(u64, String), String> {
+    let frame = tokio::time::timeout(HELLO_TIMEOUT, read_frame(stream))
+        .await
+        .map_err(|_| "no hello in time".to_string())?
+        .map_err(|e| format!("reading the hello: {e}"))?;
+    match decode_peer_frame(&frame).map_err(|e| e.to_string())? {
+        PeerFrame::Hello {
+            version,
+            cluster_id,
+            node_id,
+            client_addr,
+        } => {
+            if version != PEER_VERSION {
+                return Err(format!(
+                    "peer protocol version {version}, not {PEER_VERSION}"
+                ));
+            }
+            ident.agree(cluster_id)?;
+            Ok((node_id, client_addr.to_string()))
+        }
+        PeerFrame::Refuse { reason } => Err(format!("refused: {reason}")),
+        other => Err(format!("expected a hello, got {other:?}")),
+    }
+}
+
+/// Says once on stderr why a peer cannot be joined (a different cluster), and logs
+/// every other failure.
+fn report_refusal(peer: u64, why: &str, said: &mut Option<String>) {
+    if said.as_deref() == Some(why) {
+        return;
+    }
+    if why.contains("cluster id") {
+        eprintln!("seglog: node {peer} refused: {why}; not joining it");
+    }
+    tracing::warn!(peer, "raft connection refused: {why}");
+    *said = Some(why.to_string());
+}
+
+async fn dial_loop(ident: Arc<Identity>, peer: Arc<Peer>, mut rx: mpsc::Receiver<Outgoing>) {
+    let mut backoff = BACKOFF_MIN;
+    let mut said = None;
+    loop {
+        match dial(&ident, &peer).await {
+            Ok(stream) => {
+                backoff = BACKOFF_MIN;
+                said = None;
+                peer.connected.store(true, Ordering::Relaxed);
+                tracing::info!(peer = peer.id, addr = %peer.raft_addr, "raft connection up");
+                let closed = run_dialled(stream, &peer, &mut rx).await;
+                peer.connected.store(false, Ordering::Relaxed);
+                tracing::info!(peer = peer.id, "raft connection down: {closed}");
+                if closed == "stopped" {
+                    return;
+                }
+            }
+            Err(why) => report_refusal(peer.id, &why, &mut said),
+        }
+        // Calls meanwhile fail at once; the peer is redialled after the backoff.
+        let wake = tokio::time::sleep(backoff);
+        tokio::pin!(wake);
+        loop {
+            tokio::select! {
+                () = &mut wake => break,
+                m = rx.recv() => match m {
+                    Some(o) => { let _ = o.reply.send(Err(CallError::Unreachable(peer.id))); }
+                    None => return,
+                },
+            }
+        }
+        backoff = (backoff * 2).min(BACKOFF_MAX);
+    }
+}
+
+async fn dial(ident: &Identity, peer: &Peer) -> Result<TcpStream, String> {
+    let mut stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&peer.raft_addr))
+        .await
+        .map_err(|_| format!("connecting to {} timed out", peer.raft_addr))?
+        .map_err(|e| format!("connecting to {}: {e}", peer.raft_addr))?;
+    let _ = stream.set_nodelay(true);
+    let hello = hello_frame(ident).map_err(|e| e.to_string())?;
+    stream
+        .write_all(&hello)
+        .await
+        .map_err(|e| format!("sending the hello: {e}"))?;
+    let (id, client_addr) = read_hello(&mut stream, ident).await?;
+    if id != peer.id {
+        return Err(format!(
+            "{} is node {id}, not node {} as --peers says",
+            peer.raft_addr, peer.id
+        ));
+    }
+    *lock(&peer.client_addr) = Some(client_addr);
+    Ok(stream)
+}
+
+type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Result<Vec<u8>, CallError>>>>>;
+
+/// Serves one dialled connection until it fails; returns why it ended.
+async fn run_dialled(
+    stream: TcpStream,
+    peer: &Arc<Peer>,
+    rx: &mut mpsc::Receiver<Outgoing>,
+) -> String {
+    static CALL_IDS: AtomicU64 = AtomicU64::new(1);
+    let (mut r, mut w) = stream.into_split();
+    let pending: Pending = Arc::default();
+    let (dead_tx, mut dead_rx) = oneshot::channel::<String>();
+    let reader_pending = Arc::clone(&pending);
+    let node = peer.id;
+    let reader = tokio::spawn(async move {
+        let why = loop {
+            let frame = match read_frame(&mut r).await {
+                Ok(f) => f,
+                Err(e) => break format!("reading: {e}"),
+            };
+            match decode_peer_frame(&frame) {
+                Ok(PeerFrame::Reply { call_id, result }) => {
+                    let waiter = lock(&reader_pending).remove(&call_id);
+                    if let Some(w) = waiter {
+                        let r = result.map(<[u8]>::to_vec).map_err(|m| CallError::Failed {
+                            node,
+                            detail: m.to_string(),
+                        });
+                        let _ = w.send(r);
+                    }
+                }
+                Ok(other) => break format!("unexpected frame {other:?}"),
+                Err(e) => break format!("bad frame: {e}"),
+            }
+        };
+        let _ = dead_tx.send(why);
+    });
+    let why = loop {
+        tokio::select! {
+            why = &mut dead_rx => break why.unwrap_or_else(|_| "reader ended".into()),
+            m = rx.recv() => {
+                let Some(o) = m else { break "stopped".into() };
+                let call_id = CALL_IDS.fetch_add(1, Ordering::Relaxed);
+                let frame = encode(&PeerFrame::Call {
+                    call_id,
+                    topic: &o.topic,
+                    partition: o.partition,
+                    rpc: o.rpc,
+                    payload: &o.payload,
+                });
+                let frame = match frame {
+                    Ok(f) => f,
+                    Err(e) => {
+                        let _ = o.reply.send(Err(CallError::Failed { node, detail: e.to_string() }));
+                        continue;
+                    }
+                };
+                lock(&pending).insert(call_id, o.reply);
+                if let Err(e) = w.write_all(&frame).await {
+                    break format!("writing: {e}");
+                }
+            }
+        }
+    };
+    reader.abort();
+    for (_, waiter) in lock(&pending).drain() {
+        let _ = waiter.send(Err(CallError::Unreachable(node)));
+    }
+    why
+}
+
+/// What answers the calls peers send: the manager of this node's groups.
+pub trait CallHandler: Send + Sync + 'static {
+    /// Answers one call from node `from`.
+    fn handle(
+        self: Arc<Self>,
+        from: u64,
+        topic: String,
+        partition: u32,
+        rpc: Rpc,
+        payload: Vec<u8>,
+    ) -> impl std::future::Future<Output = Result<Vec<u8>, String>> + Send;
+}
+
+/// Accepts peers' connections on `listener` and serves their calls until `stop`.
+pub async fn serve<H: CallHandler>(
+    listener: tokio::net::TcpListener,
+    peers: Arc<Peers>,
+    handler: Arc<H>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    loop {
+        let accepted = tokio::select! {
+            _ = stop.changed() => return,
+            a = listener.accept() => a,
+        };
+        let Ok((stream, addr)) = accepted else {
+            tokio::time::sleep(BACKOFF_MIN).await;
+            continue;
+        };
+        let peers = Arc::clone(&peers);
+        let handler = Arc::clone(&handler);
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            if let Err(why) = serve_peer(stream, &peers, handler, stop).await {
+                tracing::info!(%addr, "raft peer connection ended: {why}");
+            }
+        });
+    }
+}
+
+async fn serve_peer<H: CallHandler>(
+    mut stream: TcpStream,
+    peers: &Arc<Peers>,
+    handler: Arc<H>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> Result<(), String> {
+    let _ = stream.set_nodelay(true);
+    let ident = &peers.ident;
+    let from = match read_hello(&mut stream, ident).await {
+        Ok((from, client_addr)) if peers.peers.contains_key(&from) => {
+            peers.heard(from, &client_addr);
+            from
+        }
+        Ok((from, _)) => {
+            let reason = format!("node {from} is not in this node's --peers");
+            if let Ok(f) = encode(&PeerFrame::Refuse { reason: &reason }) {
+                let _ = stream.write_all(&f).await;
+            }
+            return Err(reason);
+        }
+        Err(why) => {
+            if why.contains("cluster id") {
+                eprintln!("seglog: refused a raft connection: {why}");
+            }
+            if let Ok(f) = encode(&PeerFrame::Refuse { reason: &why }) {
+                let _ = stream.write_all(&f).await;
+            }
+            return Err(why);
+        }
+    };
+    let hello = hello_frame(ident).map_err(|e| e.to_string())?;
+    stream.write_all(&hello).await.map_err(|e| e.to_string())?;
+    let (mut r, mut w) = stream.into_split();
+    let (out_tx, mut out_rx) = mpsc::channel::<Vec<u8>>(OUTGOING_QUEUE);
+    let writer = tokio::spawn(async move {
+        while let Some(frame) = out_rx.recv().await {
+            if w.write_all(&frame).await.is_err() {
+                return;
+            }
+        }
+    });
+    let result = loop {
+        let frame = tokio::select! {
+            _ = stop.changed() => break Ok(()),
+            f = read_frame(&mut r) => match f {
+                Ok(f) => f,
+                Err(e) => break Err(format!("reading: {e}")),
+            },
+        };
+        let (call_id, topic, partition, rpc, payload) = match decode_peer_frame(&frame) {
+            Ok(PeerFrame::Call {
+                call_id,
+                topic,
+                partition,
+                rpc,
+                payload,
+            }) => (call_id, topic.to_string(), partition, rpc, payload.to_vec()),
+            Ok(other) => break Err(format!("unexpected frame {other:?}")),
+            Err(e) => break Err(format!("bad frame: {e}")),
+        };
+        let handler = Arc::clone(&handler);
+        let out = out_tx.clone();
+        tokio::spawn(async move {
+            let result = handler.handle(from, topic, partition, rpc, payload).await;
+            let frame = encode(&PeerFrame::Reply {
+                call_id,
+                result: result.as_deref().map_err(String::as_str),
+            });
+            let frame = match frame {
+                Ok(f) => f,
+                Err(e) => match encode(&PeerFrame::Reply {
+                    call_id,
+                    result: Err(&e.to_string()),
+                }) {
+                    Ok(f) => f,
+                    Err(_) => return,
+                },
+            };
+            let _ = out.send(frame).await;
+        });
+    };
+    drop(out_tx);
+    writer.abort();
+    result
+}
+
+/// openraft's network for one group: a client per target node, over the shared
+/// peer connections.
+#[derive(Clone, Debug)]
+pub struct GroupNetwork {
+    pub peers: Arc<Peers>,
+    pub topic: String,
+    pub partition: u32,
+}
+
+/// One group's view of one peer.
+#[derive(Debug)]
+pub struct GroupClient {
+    peer: Option<Arc<Peer>>,
+    target: u64,
+    topic: String,
+    partition: u32,
+}
+
+impl RaftNetworkFactory<TypeConfig> for GroupNetwork {
+    type Network = GroupClient;
+
+    async fn new_client(&mut self, target: u64, _node: &BasicNode) -> GroupClient {
+        GroupClient {
+            peer: self.peers.peers.get(&target).cloned(),
+            target,
+            topic: self.topic.clone(),
+            partition: self.partition,
+        }
+    }
+}
+
+fn rpc_error(e: CallError) -> RPCError<TypeConfig> {
+    match e {
+        CallError::Unreachable(_) => RPCError::Unreachable(Unreachable::new(&e)),
+        CallError::Failed { .. } => RPCError::Network(NetworkError::new(&e)),
+    }
+}
+
+impl GroupClient {
+    async fn call<Req: serde::Serialize, Resp: serde::de::DeserializeOwned>(
+        &self,
+        rpc: Rpc,
+        req: &Req,
+        option: &RPCOption,
+    ) -> Result<Resp, RPCError<TypeConfig>> {
+        let Some(peer) = &self.peer else {
+            return Err(rpc_error(CallError::Unreachable(self.target)));
+        };
+        let payload =
+            serde_json::to_vec(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let reply = peer
+            .call(&self.topic, self.partition, rpc, payload, option.hard_ttl())
+            .await
+            .map_err(rpc_error)?;
+        serde_json::from_slice(&reply).map_err(|e| RPCError::Network(NetworkError::new(&e)))
+    }
+}
+
+impl RaftNetworkV2<TypeConfig> for GroupClient {
+    type SnapshotData = ();
+
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.call(Rpc::AppendEntries, &rpc, &option).await
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.call(Rpc::Vote, &rpc, &option).await
+    }
+
+    async fn pre_vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.call(Rpc::PreVote, &rpc, &option).await
+    }
+
+    async fn full_snapshot(
+        &mut self,
+        _vote: Vote,
+        _snapshot: openraft::type_config::alias::SnapshotOf<TypeConfig, ()>,
+        _cancel: impl std::future::Future<Output = ReplicationClosed> + Send + 'static,
+        _option: RPCOption,
+    ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
+        Err(StreamingError::Unreachable(Unreachable::from_string(
+            "snapshots are not used: the Raft log is kept whole",
+        )))
+    }
+}

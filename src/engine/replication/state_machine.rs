@@ -1,0 +1,456 @@
+//! The state machine of a replicated partition: its data partition
+//! `DATA/topics/T/P`, to which every committed normal entry's records are appended in
+//! log order, so that every replica holds the same offset → record mapping.
+//!
+//! Invariants:
+//! - Apply is deterministic: an entry's records, timestamps included, are in the entry;
+//!   the idempotent producers' state lives here and changes only at apply.
+//! - Each entry's records belong at a known offset, the data partition's end after
+//!   the entries before it (`next_offset`). Apply may meet records already on disk
+//!   (applied before a crash, after the last checkpoint): it appends only those past
+//!   the partition's end, so nothing is applied twice and nothing is skipped.
+//! - The checkpoint `DATA/topics/T/applied-P.json` (replaced atomically) names the
+//!   last applied log id, the membership, `next_offset` and the producers' state at
+//!   that point, and is written only after the data partition's fsync covering it.
+//!   openraft re-applies the entries after it on restart. The Raft log is never purged
+//!   past it (snapshots are off, see [`super::manager`]).
+//! - The data partition's appends are synchronous, behind the I/O seam: apply hands
+//!   them to a blocking thread.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt as _;
+use openraft::storage::{EntryResponder, RaftSnapshotBuilder, RaftStateMachine};
+use openraft::EntryPayload;
+use serde::{Deserialize, Serialize};
+
+use super::types::{ApplyResult, LogId, ProduceEntry, StoredMembership, TypeConfig};
+use crate::engine::broker::{Broker, NewRecord};
+use crate::engine::storage::io::write_file_atomic;
+use crate::format::wire::ErrorCode;
+
+/// Longest a checkpoint waits behind the applied entries.
+const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(1);
+/// Largest checkpoint file read back.
+const CHECKPOINT_BYTES_MAX: u64 = 16 << 20;
+
+/// The last batch an idempotent producer had applied on this partition.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProducerSeen {
+    pub epoch: u16,
+    pub first_sequence: i32,
+    pub next_sequence: i32,
+    pub base_offset: u64,
+    pub last_offset: u64,
+}
+
+/// What the checkpoint file holds.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Applied {
+    pub last_applied: Option<LogId>,
+    pub membership: StoredMembership,
+    /// The data partition's end after the last applied entry.
+    pub next_offset: u64,
+    pub producers: BTreeMap<u64, ProducerSeen>,
+}
+
+/// The checkpoint's file name in the topic directory.
+pub fn checkpoint_name(partition: u32) -> String {
+    format!("applied-{partition}.json")
+}
+
+/// One replicated partition's state machine.
+pub struct PartitionStateMachine {
+    broker: Arc<Broker>,
+    topic: String,
+    partition: u32,
+    dir: PathBuf,
+    applied: Applied,
+    checkpointed: Instant,
+}
+
+impl std::fmt::Debug for PartitionStateMachine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PartitionStateMachine")
+            .field("topic", &self.topic)
+            .field("partition", &self.partition)
+            .field("last_applied", &self.applied.last_applied)
+            .finish_non_exhaustive()
+    }
+}
+
+fn other(e: impl std::fmt::Display) -> io::Error {
+    io::Error::other(e.to_string())
+}
+
+impl PartitionStateMachine {
+    /// Opens the state machine of `topic/partition` from its checkpoint (none: nothing
+    /// applied yet).
+    pub fn open(broker: Arc<Broker>, topic: &str, partition: u32) -> io::Result<Self> {
+        let dir = broker.topic_dir(topic);
+        let path = dir.join(checkpoint_name(partition));
+        let applied = match std::fs::metadata(&path) {
+            Ok(m) if m.len() > CHECKPOINT_BYTES_MAX => {
+                return Err(other(format!(
+                    "{}: {} bytes, more than {CHECKPOINT_BYTES_MAX}",
+                    path.display(),
+                    m.len()
+                )))
+            }
+            Ok(_) => {
+                let bytes = std::fs::read(&path)?;
+                serde_json::from_slice(&bytes)
+                    .map_err(|e| other(format!("{}: {e}", path.display())))?
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Applied::default(),
+            Err(e) => return Err(e),
+        };
+        Ok(PartitionStateMachine {
+            broker,
+            topic: topic.to_string(),
+            partition,
+            dir,
+            applied,
+            checkpointed: Instant::now(),
+        })
+    }
+
+    /// What has been applied (the in-memory state, ahead of the checkpoint).
+    pub fn applied(&self) -> &Applied {
+        &self.applied
+    }
+
+    fn checkpoint(&mut self) -> io::Result<()> {
+        let bytes = serde_json::to_vec(&self.applied).map_err(other)?;
+        let storage = self.broker.storage();
+        write_file_atomic(
+            &**storage,
+            &self.dir,
+            &checkpoint_name(self.partition),
+            &bytes,
+        )?;
+        self.checkpointed = Instant::now();
+        Ok(())
+    }
+}
+
+/// Decides an idempotent entry against the producer's last batch: `Ok(())` to append,
+/// or the result every replica gives without appending.
+fn check_producer(
+    seen: Option<&ProducerSeen>,
+    stamp: &super::types::ProducerStamp,
+) -> Result<(), ApplyResult> {
+    let Some(seen) = seen else { return Ok(()) };
+    if stamp.epoch > seen.epoch {
+        return Ok(());
+    }
+    if stamp.epoch < seen.epoch {
+        return Err(ApplyResult::Refused {
+            code: ErrorCode::INVALID_PRODUCER_EPOCH.0,
+            message: format!(
+                "producer {} epoch {} is fenced by epoch {}",
+                stamp.producer_id, stamp.epoch, seen.epoch
+            ),
+        });
+    }
+    if stamp.first_sequence == seen.next_sequence {
+        return Ok(());
+    }
+    if stamp.first_sequence == seen.first_sequence {
+        return Err(ApplyResult::Duplicate {
+            base_offset: seen.base_offset,
+            last_offset: seen.last_offset,
+        });
+    }
+    Err(ApplyResult::Refused {
+        code: ErrorCode::OUT_OF_ORDER_SEQUENCE.0,
+        message: format!(
+            "producer {} sequence {} where {} was expected",
+            stamp.producer_id, stamp.first_sequence, seen.next_sequence
+        ),
+    })
+}
+
+/// Applies one normal entry on a blocking thread's behalf: appends the records that
+/// are not on disk yet. Returns the result and the durability wait still owed.
+fn apply_entry(
+    broker: &Broker,
+    topic: &str,
+    partition: u32,
+    applied: &mut Applied,
+    entry: &ProduceEntry,
+) -> io::Result<(ApplyResult, Option<crate::engine::broker::DurableWait>)> {
+    if let Some(stamp) = &entry.producer {
+        if let Err(r) = check_producer(applied.producers.get(&stamp.producer_id), stamp) {
+            return Ok((r, None));
+        }
+    }
+    let count = entry.records.len() as u64;
+    if count == 0 {
+        return Ok((
+            ApplyResult::Refused {
+                code: ErrorCode::INVALID_REQUEST.0,
+                message: "an empty batch".into(),
+            },
+            None,
+        ));
+    }
+    let base = applied.next_offset;
+    let end = broker.written_end(topic, partition).map_err(other)?;
+    // Records of this entry already on disk (applied before a restart).
+    let present = end.saturating_sub(base).min(count);
+    if end < base {
+        return Err(other(format!(
+            "{topic}/{partition}: the data partition ends at {end}, before the applied \
+             offset {base}"
+        )));
+    }
+    let mut wait = None;
+    if present < count {
+        let records: Vec<NewRecord<'_>> = entry
+            .records
+            .iter()
+            .skip(present as usize)
+            .map(|r| NewRecord {
+                key: r.key.as_deref(),
+                value: &r.value,
+                timestamp_ms: r.timestamp_ms,
+            })
+            .collect();
+        let (p, w) = broker.append(topic, partition, &records).map_err(other)?;
+        if p.base_offset != base + present {
+            return Err(other(format!(
+                "{topic}/{partition}: appended at {} where {} was due",
+                p.base_offset,
+                base + present
+            )));
+        }
+        wait = w;
+    }
+    let last = base + count - 1;
+    applied.next_offset = last + 1;
+    if let Some(stamp) = &entry.producer {
+        applied.producers.insert(
+            stamp.producer_id,
+            ProducerSeen {
+                epoch: stamp.epoch,
+                first_sequence: stamp.first_sequence,
+                next_sequence: stamp.first_sequence.wrapping_add(count as i32),
+                base_offset: base,
+                last_offset: last,
+            },
+        );
+    }
+    Ok((
+        ApplyResult::Appended {
+            base_offset: base,
+            last_offset: last,
+        },
+        wait,
+    ))
+}
+
+impl RaftStateMachine<TypeConfig> for PartitionStateMachine {
+    type SnapshotData = ();
+    type SnapshotBuilder = NoSnapshots;
+
+    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), io::Error> {
+        Ok((self.applied.last_applied, self.applied.membership.clone()))
+    }
+
+    async fn apply<Strm>(&mut self, mut entries: Strm) -> Result<(), io::Error>
+    where
+        Strm: futures_util::Stream<Item = Result<EntryResponder<TypeConfig>, io::Error>>
+            + Unpin
+            + Send,
+    {
+        let mut batch = Vec::new();
+        while let Some(item) = entries.next().await {
+            batch.push(item?);
+        }
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let broker = Arc::clone(&self.broker);
+        let topic = self.topic.clone();
+        let partition = self.partition;
+        let mut applied = std::mem::take(&mut self.applied);
+        let due = self.checkpointed.elapsed() >= CHECKPOINT_INTERVAL;
+        let dir = self.dir.clone();
+        // The data partition's writes and fsync, off the event loop.
+        let joined = tokio::task::spawn_blocking(move || {
+            let mut results = Vec::with_capacity(batch.len());
+            let mut last_wait = None;
+            let mut failed = None;
+            for (entry, responder) in batch {
+                let result = match &entry.payload {
+                    EntryPayload::Blank => ApplyResult::None,
+                    EntryPayload::Normal(p) => {
+                        match apply_entry(&broker, &topic, partition, &mut applied, p) {
+                            Ok((r, w)) => {
+                                if w.is_some() {
+                                    last_wait = w;
+                                }
+                                r
+                            }
+                            Err(e) => {
+                                failed = Some(e);
+                                break;
+                            }
+                        }
+                    }
+                    EntryPayload::Membership(m) => {
+                        applied.membership = StoredMembership::new(Some(entry.log_id), m.clone());
+                        ApplyResult::None
+                    }
+                };
+                applied.last_applied = Some(entry.log_id);
+                results.push((responder, result));
+            }
+            // Durable before anyone is answered, and before the checkpoint names it.
+            let synced = match last_wait {
+                Some(w) => broker.wait_durable_here(w).map_err(other),
+                None => broker.flush_partition(&topic, partition).map_err(other),
+            };
+            let outcome = match (failed, synced) {
+                (Some(e), _) | (None, Err(e)) => Err(e),
+                (None, Ok(())) => Ok(()),
+            };
+            let checkpoint = if outcome.is_ok() && due {
+                serde_json::to_vec(&applied)
+                    .map_err(other)
+                    .and_then(|bytes| {
+                        write_file_atomic(
+                            &**broker.storage(),
+                            &dir,
+                            &checkpoint_name(partition),
+                            &bytes,
+                        )
+                    })
+                    .map(|()| true)
+            } else {
+                Ok(false)
+            };
+            (applied, results, outcome, checkpoint)
+        })
+        .await
+        .map_err(other)?;
+        let (applied, results, outcome, checkpoint) = joined;
+        self.applied = applied;
+        outcome?;
+        if checkpoint? {
+            self.checkpointed = Instant::now();
+        }
+        for (responder, result) in results {
+            if let Some(r) = responder {
+                r.send(result);
+            }
+        }
+        Ok(())
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        NoSnapshots
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        _meta: &openraft::type_config::alias::SnapshotMetaOf<TypeConfig>,
+        _snapshot: (),
+    ) -> Result<(), io::Error> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "snapshots are not used: the Raft log of a replicated partition is kept whole",
+        ))
+    }
+
+    async fn get_current_snapshot(
+        &mut self,
+    ) -> Result<Option<openraft::type_config::alias::SnapshotOf<TypeConfig, ()>>, io::Error> {
+        Ok(None)
+    }
+}
+
+impl Drop for PartitionStateMachine {
+    fn drop(&mut self) {
+        if self.applied.last_applied.is_some() {
+            if let Err(e) = self
+                .broker
+                .flush_partition(&self.topic, self.partition)
+                .map_err(other)
+                .and_then(|()| self.checkpoint())
+            {
+                tracing::warn!(topic = %self.topic, partition = self.partition, error = %e,
+                    "writing the applied checkpoint at close failed; the entries after the \
+                     last one are applied again at the next start");
+            }
+        }
+    }
+}
+
+/// Snapshots are off (the log is kept whole); a builder is still a type openraft needs.
+#[derive(Debug)]
+pub struct NoSnapshots;
+
+impl RaftSnapshotBuilder<TypeConfig> for NoSnapshots {
+    type SnapshotData = ();
+
+    async fn build_snapshot(
+        &mut self,
+    ) -> Result<openraft::type_config::alias::SnapshotOf<TypeConfig, ()>, io::Error> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "snapshots are not used",
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::replication::types::ProducerStamp;
+
+    fn seen() -> ProducerSeen {
+        ProducerSeen {
+            epoch: 1,
+            first_sequence: 10,
+            next_sequence: 15,
+            base_offset: 100,
+            last_offset: 104,
+        }
+    }
+
+    fn stamp(epoch: u16, seq: i32) -> ProducerStamp {
+        ProducerStamp {
+            producer_id: 4,
+            epoch,
+            first_sequence: seq,
+        }
+    }
+
+    #[test]
+    fn producer_checks() {
+        assert_eq!(check_producer(None, &stamp(0, 7)), Ok(()));
+        assert_eq!(check_producer(Some(&seen()), &stamp(1, 15)), Ok(()));
+        assert_eq!(check_producer(Some(&seen()), &stamp(2, 0)), Ok(()));
+        assert_eq!(
+            check_producer(Some(&seen()), &stamp(1, 10)),
+            Err(ApplyResult::Duplicate {
+                base_offset: 100,
+                last_offset: 104
+            })
+        );
+        assert!(matches!(
+            check_producer(Some(&seen()), &stamp(1, 16)),
+            Err(ApplyResult::Refused { code, .. }) if code == ErrorCode::OUT_OF_ORDER_SEQUENCE.0
+        ));
+        assert!(matches!(
+            check_producer(Some(&seen()), &stamp(0, 15)),
+            Err(ApplyResult::Refused { code, .. }) if code == ErrorCode::INVALID_PRODUCER_EPOCH.0
+        ));
+    }
+}

@@ -1,0 +1,425 @@
+//! The Raft peer protocol: the frames nodes of a cluster exchange on their
+//! `--raft-listen` connections. One TCP connection per pair of nodes carries the
+//! calls of every partition's Raft group; each call names its group.
+//!
+//! ```text
+//! peer frame
+//! +-----------+---------+------+------+
+//! | frame_len | call_id | kind | body |
+//! | u32       | u64     | u8   |      |
+//! +-----------+---------+------+------+
+//! kind 0 hello:  version u16, cluster_id string, node_id u64, client_addr string
+//! kind 1 call:   topic string, partition u32, rpc u8, payload bytes
+//! kind 2 reply:  status u8 (0 ok: payload bytes; 1 failed: message string)
+//! kind 3 refuse: reason string (instead of a hello; the connection then closes)
+//! ```
+//!
+//! `frame_len` counts the bytes after itself, at least [`PEER_HEAD_LEN`] and at most
+//! [`FRAME_BYTES_MAX`]. A call's payload is the JSON of an openraft message (or of
+//! one of our own, see [`Rpc`]); the JSON is bounded by the frame. The first frame
+//! each side sends is its hello (or a refusal); `call_id` is 0 there. The dialer sends
+//! calls; the acceptor answers each with a reply of the same `call_id`, in any order.
+
+use super::{
+    put_str, ProtocolError, Reader, FRAME_BYTES_MAX, LEN_FIELD, MESSAGE_BYTES_MAX, TOPIC_BYTES_MAX,
+};
+
+/// The version of the peer protocol this build speaks.
+pub const PEER_VERSION: u16 = 1;
+/// `call_id` + `kind`: the smallest peer frame.
+pub const PEER_HEAD_LEN: usize = 8 + 1;
+/// Longest cluster id.
+pub const CLUSTER_ID_BYTES_MAX: usize = 64;
+/// Longest address in a hello.
+pub const ADDR_BYTES_MAX: usize = 256;
+
+const KIND_HELLO: u8 = 0;
+const KIND_CALL: u8 = 1;
+const KIND_REPLY: u8 = 2;
+const KIND_REFUSE: u8 = 3;
+
+/// What a call asks of the peer's group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Rpc {
+    AppendEntries = 1,
+    Vote = 2,
+    PreVote = 3,
+    /// Create the local replica of a replicated topic (payload: the replica's JSON).
+    CreateReplica = 4,
+    /// Form a new group (payload: the JSON of its member ids).
+    Initialize = 5,
+    /// The node's view of its groups, for `cluster status` (the topic is empty).
+    Status = 6,
+}
+
+impl Rpc {
+    pub fn from_u8(v: u8) -> Option<Rpc> {
+        [
+            Rpc::AppendEntries,
+            Rpc::Vote,
+            Rpc::PreVote,
+            Rpc::CreateReplica,
+            Rpc::Initialize,
+            Rpc::Status,
+        ]
+        .into_iter()
+        .find(|r| *r as u8 == v)
+    }
+}
+
+/// One peer frame, decoded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PeerFrame<'a> {
+    Hello {
+        version: u16,
+        cluster_id: &'a str,
+        node_id: u64,
+        client_addr: &'a str,
+    },
+    Call {
+        call_id: u64,
+        topic: &'a str,
+        partition: u32,
+        rpc: Rpc,
+        payload: &'a [u8],
+    },
+    Reply {
+        call_id: u64,
+        result: Result<&'a [u8], &'a str>,
+    },
+    Refuse {
+        reason: &'a str,
+    },
+}
+
+fn start(out: &mut Vec<u8>, call_id: u64, kind: u8) -> usize {
+    let at = out.len();
+    out.extend_from_slice(&[0; LEN_FIELD]);
+    out.extend_from_slice(&call_id.to_be_bytes());
+    out.push(kind);
+    at
+}
+
+fn finish(out: &mut Vec<u8>, at: usize) -> Result<(), ProtocolError> {
+    super::finish_frame(out, at)
+}
+
+fn put_bytes(out: &mut Vec<u8>, b: &[u8]) -> Result<(), ProtocolError> {
+    let max = FRAME_BYTES_MAX as usize - PEER_HEAD_LEN;
+    if b.len() > max {
+        return Err(ProtocolError::Unencodable {
+            field: "payload",
+            len: b.len() as u64,
+            max: max as u64,
+        });
+    }
+    out.extend_from_slice(&(b.len() as u32).to_be_bytes());
+    out.extend_from_slice(b);
+    Ok(())
+}
+
+/// Appends a whole frame (with `frame_len`) to `out`; on error `out` is as before.
+pub fn encode_peer_frame(out: &mut Vec<u8>, frame: &PeerFrame<'_>) -> Result<(), ProtocolError> {
+    let before = out.len();
+    let r = encode_inner(out, frame);
+    if r.is_err() {
+        out.truncate(before);
+    }
+    r
+}
+
+fn encode_inner(out: &mut Vec<u8>, frame: &PeerFrame<'_>) -> Result<(), ProtocolError> {
+    match frame {
+        PeerFrame::Hello {
+            version,
+            cluster_id,
+            node_id,
+            client_addr,
+        } => {
+            let at = start(out, 0, KIND_HELLO);
+            out.extend_from_slice(&version.to_be_bytes());
+            put_str(out, "cluster_id", cluster_id, CLUSTER_ID_BYTES_MAX)?;
+            out.extend_from_slice(&node_id.to_be_bytes());
+            put_str(out, "client_addr", client_addr, ADDR_BYTES_MAX)?;
+            finish(out, at)
+        }
+        PeerFrame::Call {
+            call_id,
+            topic,
+            partition,
+            rpc,
+            payload,
+        } => {
+            let at = start(out, *call_id, KIND_CALL);
+            put_str(out, "topic", topic, TOPIC_BYTES_MAX)?;
+            out.extend_from_slice(&partition.to_be_bytes());
+            out.push(*rpc as u8);
+            put_bytes(out, payload)?;
+            finish(out, at)
+        }
+        PeerFrame::Reply { call_id, result } => {
+            let at = start(out, *call_id, KIND_REPLY);
+            match result {
+                Ok(payload) => {
+                    out.push(0);
+                    put_bytes(out, payload)?;
+                }
+                Err(message) => {
+                    out.push(1);
+                    put_str(
+                        out,
+                        "message",
+                        super::clip(message, MESSAGE_BYTES_MAX),
+                        MESSAGE_BYTES_MAX,
+                    )?;
+                }
+            }
+            finish(out, at)
+        }
+        PeerFrame::Refuse { reason } => {
+            let at = start(out, 0, KIND_REFUSE);
+            put_str(
+                out,
+                "reason",
+                super::clip(reason, MESSAGE_BYTES_MAX),
+                MESSAGE_BYTES_MAX,
+            )?;
+            finish(out, at)
+        }
+    }
+}
+
+/// Checks a peer frame's `frame_len` before its bytes are read.
+pub fn check_peer_frame_len(len: u32) -> Result<usize, ProtocolError> {
+    if (len as usize) < PEER_HEAD_LEN || len > FRAME_BYTES_MAX {
+        return Err(ProtocolError::FrameLength {
+            len: u64::from(len),
+            min: PEER_HEAD_LEN,
+        });
+    }
+    Ok(len as usize)
+}
+
+fn bytes<'a>(r: &mut Reader<'a>, field: &'static str) -> Result<&'a [u8], ProtocolError> {
+    let at = r.at;
+    let len = r.u32(field)?;
+    if len as usize > r.remaining() {
+        return Err(ProtocolError::Truncated {
+            field,
+            at,
+            needed: u64::from(len),
+            available: r.remaining(),
+        });
+    }
+    r.take(field, len as usize)
+}
+
+/// Decodes one peer frame (the bytes after `frame_len`).
+pub fn decode_peer_frame(frame: &[u8]) -> Result<PeerFrame<'_>, ProtocolError> {
+    let mut r = Reader::new(frame, 0);
+    let call_id = r.u64("call_id")?;
+    let kind = r.array::<1>("kind")?[0];
+    let f = match kind {
+        KIND_HELLO => PeerFrame::Hello {
+            version: r.u16("version")?,
+            cluster_id: r.str("cluster_id", CLUSTER_ID_BYTES_MAX)?,
+            node_id: r.u64("node_id")?,
+            client_addr: r.str("client_addr", ADDR_BYTES_MAX)?,
+        },
+        KIND_CALL => {
+            let topic = r.str("topic", TOPIC_BYTES_MAX)?;
+            let partition = r.u32("partition")?;
+            let at = r.at;
+            let v = r.array::<1>("rpc")?[0];
+            let rpc = Rpc::from_u8(v).ok_or(ProtocolError::BadValue {
+                field: "rpc",
+                at,
+                value: i64::from(v),
+            })?;
+            PeerFrame::Call {
+                call_id,
+                topic,
+                partition,
+                rpc,
+                payload: bytes(&mut r, "payload")?,
+            }
+        }
+        KIND_REPLY => {
+            let at = r.at;
+            let result = match r.array::<1>("status")?[0] {
+                0 => Ok(bytes(&mut r, "payload")?),
+                1 => Err(r.str("message", MESSAGE_BYTES_MAX)?),
+                v => {
+                    return Err(ProtocolError::BadValue {
+                        field: "status",
+                        at,
+                        value: i64::from(v),
+                    })
+                }
+            };
+            PeerFrame::Reply { call_id, result }
+        }
+        KIND_REFUSE => PeerFrame::Refuse {
+            reason: r.str("reason", MESSAGE_BYTES_MAX)?,
+        },
+        v => {
+            return Err(ProtocolError::BadValue {
+                field: "kind",
+                at: 8,
+                value: i64::from(v),
+            })
+        }
+    };
+    r.finish()?;
+    Ok(f)
+}
+
+#[cfg(test)]
+#[expect(clippy::indexing_slicing, clippy::unwrap_used, reason = "tests")]
+mod tests {
+    use super::*;
+
+    fn samples() -> Vec<PeerFrame<'static>> {
+        vec![
+            PeerFrame::Hello {
+                version: PEER_VERSION,
+                cluster_id: "c0ffee",
+                node_id: 3,
+                client_addr: "127.0.0.1:9092",
+            },
+            PeerFrame::Call {
+                call_id: 9,
+                topic: "orders",
+                partition: 2,
+                rpc: Rpc::AppendEntries,
+                payload: b"{\"x\":1}",
+            },
+            PeerFrame::Reply {
+                call_id: 9,
+                result: Ok(b"{}"),
+            },
+            PeerFrame::Reply {
+                call_id: 10,
+                result: Err("no such group"),
+            },
+            PeerFrame::Refuse {
+                reason: "cluster id differs",
+            },
+        ]
+    }
+
+    #[test]
+    fn frames_round_trip_and_every_cut_is_refused() {
+        for f in samples() {
+            let mut out = Vec::new();
+            encode_peer_frame(&mut out, &f).unwrap();
+            let len = u32::from_be_bytes(out[..4].try_into().unwrap());
+            assert_eq!(len as usize, out.len() - 4);
+            check_peer_frame_len(len).unwrap();
+            let body = &out[4..];
+            assert_eq!(decode_peer_frame(body).unwrap(), f);
+            for cut in 0..body.len() {
+                assert!(
+                    decode_peer_frame(&body[..cut]).is_err(),
+                    "{f:?} cut at {cut}"
+                );
+            }
+            let mut long = body.to_vec();
+            long.push(0);
+            assert!(matches!(
+                decode_peer_frame(&long),
+                Err(ProtocolError::Trailing { .. })
+            ));
+        }
+    }
+
+    #[test]
+    fn golden_hello() {
+        let mut out = Vec::new();
+        let f = PeerFrame::Hello {
+            version: 1,
+            cluster_id: "ab",
+            node_id: 2,
+            client_addr: "h:1",
+        };
+        encode_peer_frame(&mut out, &f).unwrap();
+        let want: Vec<u8> = [
+            &[0, 0, 0, 26][..],
+            &[0; 8],
+            &[0],
+            &[0, 1],
+            &[0, 2, b'a', b'b'],
+            &[0, 0, 0, 0, 0, 0, 0, 2],
+            &[0, 3, b'h', b':', b'1'],
+        ]
+        .concat();
+        assert_eq!(out, want);
+    }
+
+    #[test]
+    fn bad_values_and_lengths_are_refused() {
+        assert!(check_peer_frame_len(3).is_err());
+        assert!(check_peer_frame_len(FRAME_BYTES_MAX + 1).is_err());
+        let mut f = vec![0; 8];
+        f.push(7);
+        assert!(matches!(
+            decode_peer_frame(&f),
+            Err(ProtocolError::BadValue { field: "kind", .. })
+        ));
+        // A call whose payload claims more bytes than the frame has.
+        let mut out = Vec::new();
+        encode_peer_frame(
+            &mut out,
+            &PeerFrame::Call {
+                call_id: 1,
+                topic: "t",
+                partition: 0,
+                rpc: Rpc::Vote,
+                payload: b"",
+            },
+        )
+        .unwrap();
+        let n = out.len();
+        out[n - 4..].copy_from_slice(&u32::MAX.to_be_bytes());
+        assert!(matches!(
+            decode_peer_frame(&out[4..]),
+            Err(ProtocolError::Truncated {
+                field: "payload",
+                ..
+            })
+        ));
+        // An unknown rpc.
+        let mut out = Vec::new();
+        encode_peer_frame(
+            &mut out,
+            &PeerFrame::Call {
+                call_id: 1,
+                topic: "t",
+                partition: 0,
+                rpc: Rpc::Vote,
+                payload: b"",
+            },
+        )
+        .unwrap();
+        let rpc_at = 4 + 9 + 3 + 4;
+        out[rpc_at] = 99;
+        assert!(matches!(
+            decode_peer_frame(&out[4..]),
+            Err(ProtocolError::BadValue { field: "rpc", .. })
+        ));
+    }
+
+    #[test]
+    fn random_bytes_never_panic() {
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        for _ in 0..20_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let len = (x % 40) as usize;
+            let bytes: Vec<u8> = (0..len).map(|i| (x >> (i % 8 * 8)) as u8).collect();
+            let _ = decode_peer_frame(&bytes);
+        }
+    }
+}
