@@ -21,15 +21,12 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use seglog::engine::net::client::{Client, ClientError};
-use seglog::format::wire::{ErrorCode, PartitionBatch, WireRecord};
+use seglog::format::wire::{parse_not_leader, ErrorCode, PartitionBatch, WireRecord};
 
 use super::bin::BIN;
 use super::proxy::Proxy;
 use super::replica_check::{parse_dump, Replica};
 use super::serve::{Serve, PATIENCE};
-
-/// The replicated broker's not-leader error (its message names the leader).
-pub const NOT_LEADER: ErrorCode = ErrorCode(90);
 
 /// How long one status query may take before the node counts as not answering.
 pub const QUERY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -604,15 +601,6 @@ pub fn stderr_lines(child: &mut std::process::Child) -> mpsc::Receiver<String> {
     rx
 }
 
-/// The client address named by a not-leader message (`...; leader: node N at
-/// HOST:PORT`), if any.
-pub fn leader_named(message: &str) -> Option<String> {
-    let rest = message.split("; leader: node ").nth(1)?;
-    let (_, addr) = rest.split_once(" at ")?;
-    let addr = addr.split_whitespace().next()?;
-    Some(addr.to_string())
-}
-
 /// How one batch of a [`ClusterProducer`] ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Sent {
@@ -663,7 +651,7 @@ impl ClusterProducer {
 
     fn follow(&mut self, message: &str) {
         self.client = None;
-        match leader_named(message).and_then(|a| self.addrs.iter().position(|x| *x == a)) {
+        match parse_not_leader(message).and_then(|(_, a)| self.addrs.iter().position(|x| *x == a)) {
             Some(i) => self.at = i,
             None => self.at = (self.at + 1) % self.addrs.len(),
         }
@@ -701,7 +689,9 @@ impl ClusterProducer {
                     self.id = Some(id);
                     return true;
                 }
-                Err(ClientError::Refused { code, message, .. }) if code == NOT_LEADER => {
+                Err(ClientError::Refused { code, message, .. })
+                    if code == ErrorCode::NOT_LEADER =>
+                {
                     self.follow(&message);
                 }
                 Err(_) => self.next_node(),
@@ -762,13 +752,15 @@ impl ClusterProducer {
                     {
                         return Sent::ProducerLost(code, message);
                     }
-                    if code == NOT_LEADER {
+                    if code == ErrorCode::NOT_LEADER {
                         self.follow(&message);
                     } else if code != ErrorCode::PRODUCER_BUSY {
                         self.next_node();
                     }
                 }
-                Err(ClientError::Refused { code, message, .. }) if code == NOT_LEADER => {
+                Err(ClientError::Refused { code, message, .. })
+                    if code == ErrorCode::NOT_LEADER =>
+                {
                     self.follow(&message);
                 }
                 Ok(None) | Err(_) => self.next_node(),
