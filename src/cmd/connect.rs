@@ -18,7 +18,8 @@ use crate::format::wire::ErrorCode;
 /// `--broker` and `--timeout`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct BrokerArgs {
-    /// Broker address (host:port).
+    /// Broker address (host:port); several, comma-separated, for a cluster (the
+    /// first that answers is used, and requests follow partition leaders).
     #[arg(long, env = "SEGLOG_BROKER", default_value = DEFAULT_BROKER, global = true)]
     pub broker: String,
     /// How long to wait to connect and for each response: 500ms, 10s, 1m.
@@ -36,8 +37,32 @@ impl BrokerArgs {
     pub fn connect(&self) -> anyhow::Result<Client> {
         let token = self.token.token()?;
         let tls = self.tls.client_tls()?;
-        Client::connect_with(&self.broker, self.timeout, tls.as_ref(), token.as_deref())
-            .map_err(client_error)
+        // `--broker A,B,C`: the first broker that answers.
+        let mut last = None;
+        for addr in crate::engine::net::cluster_client::broker_list(&self.broker) {
+            match Client::connect_with(&addr, self.timeout, tls.as_ref(), token.as_deref()) {
+                Ok(c) => return Ok(c),
+                Err(e) => last = Some(e),
+            }
+        }
+        match last {
+            Some(e) => Err(client_error(e)),
+            None => Err(ExitError::usage("--broker names no address")),
+        }
+    }
+
+    /// A client of every broker `--broker` lists, following partition leaders.
+    pub fn cluster(&self) -> anyhow::Result<crate::engine::net::cluster_client::ClusterClient> {
+        let brokers = crate::engine::net::cluster_client::broker_list(&self.broker);
+        if brokers.is_empty() {
+            return Err(ExitError::usage("--broker names no address"));
+        }
+        Ok(crate::engine::net::cluster_client::ClusterClient::new(
+            brokers,
+            self.timeout,
+            self.tls.client_tls()?,
+            self.token.token()?,
+        ))
     }
 }
 

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 pub mod bench;
+pub mod cluster;
 pub mod compact;
 pub mod completions;
 pub mod connect;
@@ -135,6 +136,8 @@ pub enum Command {
     Groups(groups::Args),
     /// Create, list and revoke the API keys clients log in with.
     Keys(keys::Args),
+    /// Show a cluster's nodes and the Raft state of its replicated partitions.
+    Cluster(cluster::Args),
 }
 
 /// Options every command sees.
@@ -166,6 +169,7 @@ pub fn main() -> ExitCode {
         Command::Damage(a) => damage::run(a, global),
         Command::Groups(a) => groups::run(a, global),
         Command::Keys(a) => keys::run(a, global),
+        Command::Cluster(a) => cluster::run(a, global),
     };
     ExitCode::from(finish(result))
 }

@@ -140,6 +140,19 @@ pub struct Args {
     pub allow_plaintext: bool,
     #[command(flatten)]
     pub limits: LimitArgs,
+    /// This node's id in its cluster (1..=32767, listed in --peers).
+    #[arg(long, value_name = "N", requires_all = ["raft_listen", "peers"],
+          value_parser = clap::value_parser!(u64).range(1..=32767), help_heading = "Cluster")]
+    pub node_id: Option<u64>,
+    /// Address the other nodes' Raft connections come to; port 0 picks a free port,
+    /// printed on stderr as `seglog: raft listening on ADDR`.
+    #[arg(long, value_name = "ADDR", requires_all = ["node_id", "peers"], help_heading = "Cluster")]
+    pub raft_listen: Option<String>,
+    /// Every node of the cluster, this one included: ID=HOST:PORT,... (Raft
+    /// addresses). This node reaches node ID at the address given here.
+    #[arg(long, value_name = "ID=ADDR,...", requires_all = ["node_id", "raft_listen"],
+          help_heading = "Cluster")]
+    pub peers: Option<String>,
 }
 
 /// The configurable limits of `serve` (the README table "Limits"); each is at most
@@ -386,6 +399,39 @@ fn check_data_dir(data_dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Largest node id (a node's producer ids start at `id << 48`).
+const NODE_ID_MAX: u64 = 32767;
+
+/// Parses `--peers` (`ID=HOST:PORT,...`), which must list `self_id`.
+fn parse_peers(list: &str, self_id: u64) -> anyhow::Result<Vec<(u64, String)>> {
+    let usage = |m: String| ExitError::new(exit::USAGE, format!("--peers: {m}"));
+    let mut nodes: Vec<(u64, String)> = Vec::new();
+    for item in list.split(',').filter(|s| !s.is_empty()) {
+        let (id, addr) = item
+            .split_once('=')
+            .ok_or_else(|| usage(format!("{item:?} is not ID=HOST:PORT")))?;
+        let id: u64 = id
+            .trim()
+            .parse()
+            .ok()
+            .filter(|id| (1..=NODE_ID_MAX).contains(id))
+            .ok_or_else(|| usage(format!("{id:?} is not a node id (1..={NODE_ID_MAX})")))?;
+        if addr.trim().is_empty() {
+            return Err(usage(format!("node {id} has no address")));
+        }
+        if nodes.iter().any(|(n, _)| *n == id) {
+            return Err(usage(format!("node {id} is listed twice")));
+        }
+        nodes.push((id, addr.trim().to_string()));
+    }
+    if !nodes.iter().any(|(n, _)| *n == self_id) {
+        return Err(usage(format!(
+            "this node's id {self_id} (--node-id) is not listed"
+        )));
+    }
+    Ok(nodes)
+}
+
 /// Logs each SIGHUP; ends when the process does.
 fn watch_hangups() {
     let _ = std::thread::Builder::new()
@@ -441,6 +487,19 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
         })?),
         None => None,
     };
+    let cluster = match (&args.node_id, &args.raft_listen, &args.peers) {
+        (Some(id), Some(raft_addr), Some(peers)) => {
+            let nodes = parse_peers(peers, *id)?;
+            let l = TcpListener::bind(raft_addr).map_err(|e| {
+                ExitError::new(
+                    exit::IO,
+                    format!("cannot listen on {raft_addr} (--raft-listen): {e}"),
+                )
+            })?;
+            Some((*id, nodes, l))
+        }
+        _ => None,
+    };
     let max_open_files = args
         .max_open_files
         .unwrap_or_else(|| default_open_files(soft));
@@ -494,6 +553,33 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
         }
     };
     let addr = server.local_addr();
+    let (server, cluster) = match cluster {
+        Some((id, nodes, l)) => {
+            let started = crate::engine::replication::start(
+                Arc::clone(&broker),
+                id,
+                &addr.to_string(),
+                &nodes,
+            );
+            match started {
+                Ok(node) => {
+                    let raddr = l.local_addr()?;
+                    writeln!(
+                        std::io::stderr().lock(),
+                        "seglog: raft listening on {raddr}"
+                    )?;
+                    tracing::info!(raft_listen = %raddr, node_id = id, "serving Raft");
+                    let r = Arc::clone(&node.replicator);
+                    (server.with_replication(r), Some((node, l)))
+                }
+                Err(e) => {
+                    let _ = broker.shutdown();
+                    return Err(ExitError::new(exit::IO, e));
+                }
+            }
+        }
+        None => (server, None),
+    };
     if !addr.ip().is_loopback() && !broker.keys().required() {
         tracing::warn!(
             listen = %addr,
@@ -574,10 +660,23 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
         "seglog: listening on {addr} (data {})",
         args.data_dir.display()
     )?;
-    let served = match &kafka {
-        Some(k) => server.run_with(&STOP, k.serve(server.stop_handle(), &STOP)),
-        None => server.run(&STOP),
+    let stop = server.stop_handle();
+    let kafka_serving = async {
+        match &kafka {
+            Some(k) => k.serve(Arc::clone(&stop), &STOP).await,
+            None => Ok(()),
+        }
     };
+    let raft_serving = async {
+        match cluster {
+            Some((node, l)) => node.run(l, Arc::clone(&stop), &STOP).await,
+            None => Ok(()),
+        }
+    };
+    let served = server.run_with(&STOP, async {
+        let (k, r) = tokio::join!(kafka_serving, raft_serving);
+        k.and(r)
+    });
     if let Some(m) = metrics_server {
         m.join();
     }

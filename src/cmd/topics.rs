@@ -55,6 +55,10 @@ pub enum TopicsCommand {
         /// A configuration setting, KEY=VALUE; repeat for several.
         #[arg(long = "config", value_name = "KEY=VALUE")]
         config: Vec<String>,
+        /// Replicas of each partition, on distinct nodes of a cluster (1..=7; more
+        /// than 1 needs brokers started with --peers, at least as many nodes).
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=7))]
+        replication_factor: u32,
     },
     /// List topic names.
     List,
@@ -83,8 +87,15 @@ pub fn run(args: Args, _global: Global) -> anyhow::Result<u8> {
             name,
             partitions,
             config,
+            replication_factor,
         } => {
-            let settings = parse_settings(&config)?;
+            let mut settings = parse_settings(&config)?;
+            if replication_factor > 1 {
+                settings.push((
+                    crate::engine::net::dispatch::REPLICATION_FACTOR_SETTING.to_string(),
+                    replication_factor.to_string(),
+                ));
+            }
             client
                 .create_topic(&name, partitions, &settings)
                 .map_err(client_error)?;

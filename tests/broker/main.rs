@@ -31,3 +31,4 @@ mod engine_failures;
 mod engine_spares;
 mod kafka_clients;
 mod kill9;
+mod replication;

@@ -27,3 +27,10 @@ impl Broker {
         &self.storage
     }
 }
+
+impl Broker {
+    /// The counters every log of this broker adds to (the Raft logs share them).
+    pub fn log_stats(&self) -> Arc<LogStats> {
+        Arc::clone(&self.stats)
+    }
+}

@@ -518,6 +518,14 @@ impl Client {
         })
     }
 
+    /// The broker's view of its cluster, as JSON (protocol version 3).
+    pub fn cluster_status(&mut self) -> Result<String, ClientError> {
+        match self.call(&Request::ClusterStatus, Duration::ZERO)? {
+            ResponseBody::ClusterStatus { json } => Ok(json.to_string()),
+            _ => Err(self.protocol("cluster status answered with another response")),
+        }
+    }
+
     /// Start and end offsets of every partition of `topic`, in partition order.
     pub fn list_offsets(&mut self, topic: &str) -> Result<Vec<PartitionOffsets>, ClientError> {
         match self.call(&Request::ListOffsets { topic }, Duration::ZERO)? {

@@ -297,6 +297,7 @@ impl Session {
                     id,
                     p,
                     &mut self.out,
+                    self.replication.clone(),
                 )
                 .await;
                 if let (Some(m), Some(topic)) = (&self.metrics, topic) {

@@ -4,6 +4,7 @@
 
 pub mod auth;
 pub mod client;
+pub mod cluster_client;
 pub mod dispatch;
 pub mod group_client;
 pub mod groups;

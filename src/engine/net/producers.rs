@@ -4,11 +4,14 @@
 //! written, so its fsync runs alongside the partition's.
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::server::engine_error;
 use crate::engine::broker::{Broker, NewRecord};
 use crate::engine::producers::{Decision, Durable, ProducerError};
+use crate::engine::replication::types::{EntryRecord, ProduceEntry, ProducerStamp};
+use crate::engine::replication::Replicator;
 use crate::format::wire::producers::ProducerRequest;
 use crate::format::wire::{
     encode_error, encode_response, ErrorCode, PartitionAck, PartitionBatch, ResponseBody,
@@ -54,6 +57,7 @@ pub async fn serve(
     id: u32,
     req: ProducerRequest<'_>,
     out: &mut Vec<u8>,
+    replication: Option<Arc<dyn Replicator>>,
 ) -> (u64, u64) {
     let api = req.api_key() as u16;
     out.clear();
@@ -102,8 +106,39 @@ pub async fn serve(
                 return (0, 0);
             }
             let mut results: Vec<BatchResult> = Vec::with_capacity(partitions.len());
-            for (seq, b) in &partitions {
-                results.push(one(broker, stop, topic, producer_id, epoch, *seq, b).await);
+            match replication.filter(|r| r.is_replicated(topic)) {
+                // A replicated topic: the de-duplication happens at apply, on every
+                // replica, so a retry on a new leader is recognised.
+                Some(r) => {
+                    for (seq, b) in &partitions {
+                        let stamp = ProducerStamp {
+                            producer_id,
+                            epoch,
+                            first_sequence: *seq,
+                        };
+                        let entry = ProduceEntry {
+                            producer: Some(stamp),
+                            records: b
+                                .records
+                                .iter()
+                                .map(|r| EntryRecord {
+                                    timestamp_ms: r.timestamp_ms,
+                                    key: r.key.map(<[u8]>::to_vec),
+                                    value: r.value.to_vec(),
+                                })
+                                .collect(),
+                        };
+                        let done = Arc::clone(&r)
+                            .produce(topic.to_string(), b.partition, entry)
+                            .await;
+                        results.push(done.map(|(base, last)| (base, last, true)));
+                    }
+                }
+                None => {
+                    for (seq, b) in &partitions {
+                        results.push(one(broker, stop, topic, producer_id, epoch, *seq, b).await);
+                    }
+                }
             }
             // Records and stored bytes newly written (a duplicate writes nothing).
             let mut written = (0u64, 0u64);

@@ -523,6 +523,7 @@ mod retention;
 mod roll;
 pub mod spares;
 mod tally;
+mod truncate;
 pub mod zero;
 
 #[cfg(test)]

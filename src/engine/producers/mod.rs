@@ -357,6 +357,13 @@ impl ProducerTable {
         let _ = self.snapshot();
     }
 
+    /// Hands out new producer ids from `base` on (unless past it already): a cluster
+    /// node takes `node_id << 48`, so ids from different nodes never meet in a
+    /// replicated partition.
+    pub fn reserve_ids_from(&self, base: u64) {
+        self.next_id.fetch_max(base, Ordering::AcqRel);
+    }
+
     /// Hands out a new producer id with epoch 0 or, given the current (id, epoch) of
     /// a known producer, bumps its epoch (fencing the old one; its sequences start
     /// again at 0). Completes once the id is durable.

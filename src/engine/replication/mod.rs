@@ -8,6 +8,9 @@
 
 pub mod log_store;
 pub mod manager;
+pub mod node;
+
+pub use node::start;
 pub mod network;
 pub mod state_machine;
 pub mod types;

@@ -34,6 +34,8 @@ use crate::format::wire::raft::{
 };
 use crate::format::wire::LEN_FIELD;
 
+/// What a refusal for a different cluster id says (the line on stderr carries it).
+const CLUSTER_MISMATCH: &str = "is not this node's cluster id";
 /// The cluster id's file in the data directory.
 pub const CLUSTER_FILE: &str = "cluster.json";
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
@@ -168,7 +170,7 @@ impl Identity {
         match self.adopt(theirs) {
             Ok(true) => Ok(()),
             Ok(false) => Err(format!(
-                "cluster id {theirs} is not this node's ({})",
+                "cluster id {theirs} {CLUSTER_MISMATCH} ({})",
                 self.cluster_id().unwrap_or_default()
             )),
             Err(e) => Err(format!("cannot record the cluster id: {e}")),
@@ -387,7 +389,7 @@ fn report_refusal(peer: u64, why: &str, said: &mut Option<String>) {
     if said.as_deref() == Some(why) {
         return;
     }
-    if why.contains("cluster id") {
+    if why.contains(CLUSTER_MISMATCH) {
         eprintln!("seglog: node {peer} refused: {why}; not joining it");
     }
     tracing::warn!(peer, "raft connection refused: {why}");
@@ -583,7 +585,7 @@ async fn serve_peer<H: CallHandler>(
             return Err(reason);
         }
         Err(why) => {
-            if why.contains("cluster id") {
+            if why.contains(CLUSTER_MISMATCH) {
                 eprintln!("seglog: refused a raft connection: {why}");
             }
             if let Ok(f) = encode(&PeerFrame::Refuse { reason: &why }) {

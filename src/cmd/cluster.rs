@@ -1,0 +1,112 @@
+//! `seglog cluster status`: a cluster node's view of its nodes and of the Raft group
+//! of each replicated partition it holds (leader, term, commit and applied index, and,
+//! on the leader, each replica's match index and lag).
+
+use std::io::{self, Write};
+
+use comfy_table::Table;
+use serde_json::Value;
+
+use super::connect::{client_error, BrokerArgs};
+use super::{exit, Global};
+
+/// Arguments of `seglog cluster`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[command(subcommand)]
+    pub command: ClusterCommand,
+    /// Print the JSON object the broker answers instead of text.
+    #[arg(long, global = true)]
+    pub json: bool,
+    #[command(flatten)]
+    pub broker: BrokerArgs,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum ClusterCommand {
+    /// Show the nodes and, per replicated partition, its leader, term, commit
+    /// index and the replicas' lag.
+    Status,
+}
+
+pub fn run(args: Args, _global: Global) -> anyhow::Result<u8> {
+    let ClusterCommand::Status = args.command;
+    let mut client = args.broker.cluster()?;
+    let json = client.cluster_status().map_err(client_error)?;
+    let mut out = io::stdout().lock();
+    if args.json {
+        writeln!(out, "{json}")?;
+        return Ok(exit::OK);
+    }
+    let v: Value = serde_json::from_str(&json)?;
+    write!(out, "{}", render(&v))?;
+    Ok(exit::OK)
+}
+
+fn text(v: &Value) -> String {
+    match v {
+        Value::Null => "-".into(),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// The text form: the cluster id and node, a table of nodes, a table of partitions.
+pub fn render(v: &Value) -> String {
+    let mut s = format!(
+        "cluster {} (node {})\n",
+        text(&v["cluster_id"]),
+        text(&v["node_id"])
+    );
+    let mut nodes = Table::new();
+    nodes.load_preset(comfy_table::presets::NOTHING);
+    nodes.set_header(["node", "raft address", "client address", "reachable"]);
+    for n in v["nodes"].as_array().into_iter().flatten() {
+        nodes.add_row([
+            text(&n["id"]),
+            text(&n["raft_addr"]),
+            text(&n["client_addr"]),
+            text(&n["reachable"]),
+        ]);
+    }
+    s.push_str(&format!("{nodes}\n"));
+    let mut parts = Table::new();
+    parts.load_preset(comfy_table::presets::NOTHING);
+    parts.set_header([
+        "partition",
+        "leader",
+        "term",
+        "commit",
+        "applied",
+        "replicas (match/lag)",
+    ]);
+    for p in v["partitions"].as_array().into_iter().flatten() {
+        let replicas: Vec<String> = p["replicas"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|r| {
+                format!(
+                    "{}:{}/{}",
+                    text(&r["node"]),
+                    text(&r["match_index"]),
+                    text(&r["lag"])
+                )
+            })
+            .collect();
+        parts.add_row([
+            format!("{}/{}", text(&p["topic"]), text(&p["partition"])),
+            text(&p["leader"]),
+            text(&p["term"]),
+            text(&p["commit_index"]),
+            text(&p["applied_index"]),
+            if replicas.is_empty() {
+                "-".into()
+            } else {
+                replicas.join(" ")
+            },
+        ]);
+    }
+    s.push_str(&format!("{parts}\n"));
+    s
+}

@@ -1,0 +1,94 @@
+//! A cluster node as `serve --peers` runs it: its identity (the cluster id in
+//! `DATA/cluster.json`), its peers, the manager of its groups, and the Raft logs
+//! under `DATA/raft/` ([`super::log_store::RaftLog`]).
+
+use std::io;
+use std::net::TcpListener;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::log_store::RaftLog;
+use super::manager::{LogStores, Manager};
+use super::network::{Identity, Peers};
+use super::types::TypeConfig;
+use super::Replicator;
+use crate::engine::broker::Broker;
+
+/// The directory of the Raft logs in the data directory.
+pub const RAFT_DIR: &str = "raft";
+/// How often the stop flags are looked at.
+const STOP_POLL: Duration = Duration::from_millis(100);
+
+/// Opens each group's Raft log at `DATA/raft/<topic>/<partition>/`.
+#[derive(Debug)]
+pub struct RaftLogs;
+
+impl LogStores for RaftLogs {
+    type Store = RaftLog<TypeConfig>;
+
+    fn open(&self, broker: &Arc<Broker>, topic: &str, partition: u32) -> io::Result<Self::Store> {
+        let dir = broker
+            .data_dir()
+            .join(RAFT_DIR)
+            .join(topic)
+            .join(partition.to_string());
+        RaftLog::open(&dir, Arc::clone(broker.storage()), broker.log_stats())
+            .map_err(|e| io::Error::other(e.to_string()))
+    }
+}
+
+/// A started cluster node.
+pub struct Node {
+    pub manager: Arc<Manager<RaftLogs>>,
+    /// The same manager, as the request path sees it.
+    pub replicator: Arc<dyn Replicator>,
+}
+
+/// Loads the node's identity and builds its manager; nothing runs until
+/// [`Node::run`]. `nodes` lists every node (id, Raft address), this one included.
+pub fn start(
+    broker: Arc<Broker>,
+    node_id: u64,
+    client_addr: &str,
+    nodes: &[(u64, String)],
+) -> Result<Node, String> {
+    let founder = nodes.iter().map(|(id, _)| *id).min() == Some(node_id);
+    let ident = Identity::load(
+        node_id,
+        client_addr.to_string(),
+        broker.data_dir().to_path_buf(),
+        Arc::clone(broker.storage()),
+        founder,
+    )
+    .map_err(|e| format!("cannot read the cluster id: {e}"))?;
+    broker.producers().reserve_ids_from(node_id << 48);
+    let peers = Peers::new(Arc::new(ident), nodes);
+    let manager = Manager::new(broker, peers, RaftLogs, nodes)
+        .map_err(|e| format!("bad Raft settings: {e}"))?;
+    let replicator: Arc<dyn Replicator> = manager.clone();
+    Ok(Node {
+        manager,
+        replicator,
+    })
+}
+
+impl Node {
+    /// Serves Raft on `listener` until `stop` or `also_stop` is set.
+    pub async fn run(
+        self,
+        listener: TcpListener,
+        stop: Arc<AtomicBool>,
+        also_stop: &AtomicBool,
+    ) -> io::Result<()> {
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        let watch = async {
+            while !stop.load(Ordering::SeqCst) && !also_stop.load(Ordering::SeqCst) {
+                tokio::time::sleep(STOP_POLL).await;
+            }
+            let _ = tx.send(true);
+        };
+        let (served, ()) = tokio::join!(self.manager.run(listener, rx), watch);
+        served
+    }
+}
