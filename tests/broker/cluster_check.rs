@@ -223,8 +223,10 @@ fn dump_lines_parse() {
             value: b"hi".to_vec(),
         }]
     );
-    let problem = r#"{"type":"problem","kind":"torn_tail"}"#;
+    let problem = r#"{"type":"problem","kind":"torn_tail","severity":"repairable"}"#;
     assert!(parse_dump(problem).unwrap_err().contains("problem"));
+    let note = r#"{"type":"problem","kind":"zero_tail","severity":"info"}"#;
+    assert_eq!(parse_dump(note).unwrap(), vec![]);
     let odd = r#"{"type":"record","partition":1,"offset":5,"value":"686"}"#;
     assert!(parse_dump(odd).is_err());
     assert!(parse_dump("not json").is_err());
