@@ -2,6 +2,7 @@
 //! of each replicated partition it holds (leader, term, commit and applied index, and,
 //! on the leader, each replica's match index and lag).
 
+use std::fmt::Write as _;
 use std::io::{self, Write};
 
 use comfy_table::Table;
@@ -69,7 +70,7 @@ pub fn render(v: &Value) -> String {
             text(&n["reachable"]),
         ]);
     }
-    s.push_str(&format!("{nodes}\n"));
+    let _ = writeln!(s, "{nodes}");
     let mut parts = Table::new();
     parts.load_preset(comfy_table::presets::NOTHING);
     parts.set_header([
@@ -107,6 +108,6 @@ pub fn render(v: &Value) -> String {
             },
         ]);
     }
-    s.push_str(&format!("{parts}\n"));
+    let _ = writeln!(s, "{parts}");
     s
 }

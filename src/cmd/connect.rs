@@ -51,6 +51,46 @@ impl BrokerArgs {
         }
     }
 
+    /// A connection to `addr` with this command's timeout, TLS and token.
+    pub fn connect_to(&self, addr: &str) -> anyhow::Result<Client> {
+        let token = self.token.token()?;
+        let tls = self.tls.client_tls()?;
+        Client::connect_with(addr, self.timeout, tls.as_ref(), token.as_deref())
+            .map_err(client_error)
+    }
+
+    /// With several `--broker` addresses (a cluster), a connection to the node that
+    /// leads `topic/partition` as the first node that answers knows it; otherwise
+    /// (one address, no cluster, no leader known) [`BrokerArgs::connect`].
+    pub fn connect_leader(&self, topic: &str, partition: u32) -> anyhow::Result<Client> {
+        let mut client = self.connect()?;
+        if crate::engine::net::cluster_client::broker_list(&self.broker).len() < 2 {
+            return Ok(client);
+        }
+        let Ok(json) = client.cluster_status() else {
+            return Ok(client);
+        };
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(&json) else {
+            return Ok(client);
+        };
+        let leader = v["partitions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|p| p["topic"] == topic && p["partition"] == partition)
+            .and_then(|p| p["leader"].as_u64());
+        let addr = v["nodes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|n| leader.is_some() && n["id"].as_u64() == leader)
+            .and_then(|n| n["client_addr"].as_str());
+        match addr {
+            Some(a) if a != client.addr() => self.connect_to(a).or(Ok(client)),
+            _ => Ok(client),
+        }
+    }
+
     /// A client of every broker `--broker` lists, following partition leaders.
     pub fn cluster(&self) -> anyhow::Result<crate::engine::net::cluster_client::ClusterClient> {
         let brokers = crate::engine::net::cluster_client::broker_list(&self.broker);

@@ -214,7 +214,9 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
     if let Some(group) = &args.group {
         return super::consume_group::run(&args, group, global);
     }
-    let mut client = args.broker.connect()?;
+    let mut client = args
+        .broker
+        .connect_leader(&args.topic, args.partition.unwrap_or(0))?;
     let offsets = client.list_offsets(&args.topic).map_err(client_error)?;
     let chosen: Vec<_> = match args.partition {
         Some(p) => match offsets.iter().find(|o| o.partition == p) {

@@ -28,7 +28,8 @@ use super::escape::{parse_bytes, Bytes};
 use super::{exit, ExitError, Global};
 use crate::engine::net::client::{partition_for_key, Ack, Client, ClientError};
 use crate::format::wire::{
-    ErrorCode, PartitionBatch, WireRecord, GROUPS_VERSION, RECORDS_PER_PARTITION_MAX,
+    parse_not_leader, ErrorCode, PartitionBatch, WireRecord, GROUPS_VERSION,
+    RECORDS_PER_PARTITION_MAX,
 };
 
 /// Arguments of `seglog produce`.
@@ -332,7 +333,9 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
             "--delimiter must not be empty (use --value-file - to send all of stdin as one record)",
         ));
     }
-    let mut client = args.broker.connect()?;
+    let mut client = args
+        .broker
+        .connect_leader(&args.topic, args.partition.unwrap_or(0))?;
     let partitions = client
         .list_offsets(&args.topic)
         .map_err(client_error)?
@@ -477,6 +480,11 @@ struct Idempotence {
     next_sequence: std::collections::HashMap<u32, i32>,
 }
 
+/// Most times one request follows a NOT_LEADER to another node (an election takes
+/// about a second; each follow waits [`LEADER_PAUSE`]).
+const LEADER_FOLLOWS_MAX: u32 = 100;
+const LEADER_PAUSE: Duration = Duration::from_millis(100);
+
 /// The connection produce requests go through: plain, or idempotent with retries
 /// (reconnecting after a lost connection; a retried batch keeps its sequence, so the
 /// broker writes it once).
@@ -528,11 +536,34 @@ impl<'a> Session<'a> {
             })
             .collect();
         let mut attempt = 0;
+        let mut follows = 0;
         let mut pause = self.backoff;
         loop {
             let result =
                 self.client
                     .produce_idempotent(topic, producer_id, epoch, with_seq.clone());
+            // A replicated partition's follower names its leader: resend there (the
+            // sequences make a batch that did commit a duplicate, written once).
+            let not_leader = result.as_ref().ok().and_then(|acks| {
+                acks.iter().find_map(|a| match &a.result {
+                    Err((c, m)) if *c == ErrorCode::NOT_LEADER => Some(parse_not_leader(m)),
+                    _ => None,
+                })
+            });
+            if let Some(leader) = not_leader {
+                if follows < LEADER_FOLLOWS_MAX {
+                    follows += 1;
+                    thread::sleep(LEADER_PAUSE);
+                    let next = match leader {
+                        Some((_, addr)) => self.broker.connect_to(&addr),
+                        None => self.broker.connect(),
+                    };
+                    if let Ok(c) = next {
+                        self.client = c;
+                    }
+                    continue;
+                }
+            }
             let retry = match &result {
                 Ok(acks) => acks
                     .iter()

@@ -215,6 +215,9 @@ struct Topic {
     /// Why the topic is offline (its metadata has a problem): it then has no
     /// partitions open and every request on it fails naming this.
     offline: Option<String>,
+    /// Replicated (`replication.json`): records are written only by the Raft
+    /// state machine's apply ([`Broker::append_applied`]).
+    replicated: bool,
 }
 
 impl Topic {

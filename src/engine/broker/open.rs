@@ -381,6 +381,7 @@ pub(super) fn load_topic(
             partitions: Vec::new(),
             cleanup: Vec::new(),
             offline: Some(problem),
+            replicated: false,
         });
     }
     let meta = read_topic_meta(dir)?;
@@ -417,6 +418,9 @@ pub(super) fn load_topic(
             .collect(),
         partitions,
         offline: None,
+        replicated: dir
+            .join(crate::format::replication::REPLICATION_FILE)
+            .exists(),
     })
 }
 

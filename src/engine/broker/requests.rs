@@ -68,6 +68,16 @@ impl Drop for CommitLead {
     }
 }
 
+/// Why a write outside the Raft state machine is refused on a replicated topic.
+fn replicated_refusal(topic: &str) -> EngineError {
+    EngineError::InvalidRequest {
+        detail: format!(
+            "topic {topic} is replicated: its records are written through its partitions' \
+             Raft groups (the native protocol's produce, on the partition's leader)"
+        ),
+    }
+}
+
 impl Broker {
     /// Appends the records to one partition as one write; returns once they are
     /// durable under the flush policy. Offsets are assigned under the partition's
@@ -94,8 +104,32 @@ impl Broker {
         partition: u32,
         records: &[NewRecord<'_>],
     ) -> Result<(ProduceResult, Option<DurableWait>), EngineError> {
+        self.append_inner(topic, partition, records, false)
+    }
+
+    /// [`Broker::append`] for the Raft state machine of a replicated partition, the
+    /// only writer of its records.
+    pub fn append_applied(
+        &self,
+        topic: &str,
+        partition: u32,
+        records: &[NewRecord<'_>],
+    ) -> Result<(ProduceResult, Option<DurableWait>), EngineError> {
+        self.append_inner(topic, partition, records, true)
+    }
+
+    fn append_inner(
+        &self,
+        topic: &str,
+        partition: u32,
+        records: &[NewRecord<'_>],
+        applied: bool,
+    ) -> Result<(ProduceResult, Option<DurableWait>), EngineError> {
         self.check_running()?;
         let (t, log) = self.partition(topic, partition)?;
+        if t.replicated && !applied {
+            return Err(replicated_refusal(topic));
+        }
         let config = read(&t.config).clone();
         let appended = log.append(records, &config)?;
         let result = ProduceResult {
@@ -199,6 +233,9 @@ impl Broker {
     ) -> Result<(ProduceResult, R), EngineError> {
         self.check_running()?;
         let (t, log) = self.partition(topic, partition)?;
+        if t.replicated {
+            return Err(replicated_refusal(topic));
+        }
         let config = read(&t.config).clone();
         let appended = log.append(records, &config)?;
         let result = ProduceResult {

@@ -743,10 +743,13 @@ type PartitionResult = Result<(u64, u64), (ErrorCode, String)>;
 /// configuration key: the placement it leads to is kept in `replication.json`.
 pub const REPLICATION_FACTOR_SETTING: &str = "replication.factor";
 
+/// A create's `KEY=VALUE` settings.
+type Settings<'a> = Vec<(&'a str, &'a str)>;
+
 /// Takes the replication factor (default 1) out of a create's settings.
 fn replication_factor<'a>(
     settings: &[(&'a str, &'a str)],
-) -> Result<(u32, Vec<(&'a str, &'a str)>), (ErrorCode, String)> {
+) -> Result<(u32, Settings<'a>), (ErrorCode, String)> {
     let mut factor = 1;
     let mut rest = Vec::with_capacity(settings.len());
     for (k, v) in settings {

@@ -221,7 +221,9 @@ fn apply_entry(
                 timestamp_ms: r.timestamp_ms,
             })
             .collect();
-        let (p, w) = broker.append(topic, partition, &records).map_err(other)?;
+        let (p, w) = broker
+            .append_applied(topic, partition, &records)
+            .map_err(other)?;
         if p.base_offset != base + present {
             return Err(other(format!(
                 "{topic}/{partition}: appended at {} where {} was due",
