@@ -2,7 +2,8 @@
 //! segment, partition and data-directory builders over `seglog::format` ([`build`]),
 //! the real binary run and compared ([`bin`]), `seglog serve` as a child process
 //! ([`serve`]), helpers over the testkit storages ([`storage`]), and file-tree
-//! helpers ([`fs`]).
+//! helpers ([`fs`]); for replication, a fault-injecting TCP proxy ([`proxy`]), a
+//! multi-process cluster ([`cluster`]) and the replica checker ([`replica_check`]).
 //!
 //! Each binary includes this module with `#[path = "../util/mod.rs"] mod util;` and
 //! uses only part of it.
@@ -10,7 +11,10 @@
 
 pub mod bin;
 pub mod build;
+pub mod cluster;
 pub mod fs;
+pub mod proxy;
+pub mod replica_check;
 pub mod rng;
 pub mod serve;
 pub mod storage;

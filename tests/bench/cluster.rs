@@ -1,0 +1,150 @@
+//! Replication, measured on this machine (three processes sharing its cores and its
+//! disk): durable produce at batch 100 over 16 connections to a partition with
+//! replication factor 3 beside the same load on one standalone broker (today's,
+//! without `--peers`) and on a factor-1 topic of the cluster; and failover, the time
+//! from SIGKILL of a partition's leader to the first acknowledged produce on the new
+//! leader, over 20 kills. `SEGLOG_BENCH_SECS` (default 10) sets each produce case's
+//! length.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::util::bin::BIN;
+use crate::util::cluster::{Cluster, ClusterProducer, Sent};
+use crate::util::serve::{Serve, PATIENCE};
+
+fn case_seconds() -> u64 {
+    std::env::var("SEGLOG_BENCH_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(10)
+}
+
+/// `seglog bench produce` against `addr` on `topic`; its JSON report.
+fn bench_produce(addr: &str, topic: &str, secs: u64) -> serde_json::Value {
+    let out = Command::new(BIN)
+        .args(["bench", "produce", "--json", "--record-size", "256"])
+        .args(["--batch", "100", "--connections", "16", "--partitions", "1"])
+        .args(["--duration", &format!("{secs}s")])
+        .args(["--topic", topic, "--broker", addr])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "bench on {topic}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(r["records"].as_u64().unwrap_or(0) > 0, "{r}");
+    r
+}
+
+fn row(name: &str, r: &serde_json::Value, base: f64) {
+    let f = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
+    println!(
+        "{name:<34} | {:>10.0} {:>8.3} {:>8.3} {:>8.3} | {:>6.2}",
+        f("records_per_sec"),
+        f("p50_ms"),
+        f("p99_ms"),
+        f("max_ms"),
+        f("records_per_sec") / base,
+    );
+}
+
+fn create(c: &Cluster, topic: &str, rf: u32) {
+    c.ok(&[
+        "topics",
+        "create",
+        topic,
+        "--partitions",
+        "1",
+        "--replication-factor",
+        &rf.to_string(),
+    ]);
+}
+
+#[test]
+#[ignore = "benchmark"]
+fn replicated_produce_beside_one_replica() {
+    let secs = case_seconds();
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let single = Serve::start(dir.path());
+    let rf1 = bench_produce(&single.addr, "rf1", secs);
+    single.stop();
+
+    let mut c = Cluster::start(3);
+    create(&c, "rf3", 3);
+    create(&c, "c1", 1);
+    let leader = c.wait_leader("rf3", 0);
+    let rf3 = bench_produce(&c.node(leader).client_addr.clone(), "rf3", secs);
+    // A factor-1 topic is no Raft group: it lives on one node, the one holding its
+    // directory.
+    let host = c
+        .nodes
+        .iter()
+        .find(|n| n.dir.join("topics").join("c1").is_dir())
+        .map(|n| n.client_addr.clone())
+        .expect("a node holds the factor-1 topic");
+    let c1 = bench_produce(&host, "c1", secs);
+    c.wait_caught_up("rf3", 1);
+    c.stop_all();
+
+    let base = rf1["records_per_sec"].as_f64().unwrap_or(f64::NAN);
+    println!();
+    println!(
+        "durable produce, batch 100, 16 connections, 256-byte records, {secs} s each, 1 partition"
+    );
+    println!(
+        "{:<34} | {:>10} {:>8} {:>8} {:>8} | {:>6}",
+        "case", "records/s", "p50 ms", "p99 ms", "max ms", "x RF1"
+    );
+    row("RF1, one standalone broker", &rf1, base);
+    row("RF1 topic on the 3-node cluster", &c1, base);
+    row("RF3 on the 3-node cluster", &rf3, base);
+}
+
+#[test]
+#[ignore = "benchmark"]
+fn failover_after_killing_the_leader() {
+    const KILLS: usize = 20;
+    let mut c = Cluster::start(3);
+    create(&c, "fo", 3);
+    let addrs: Vec<String> = c.nodes.iter().map(|n| n.client_addr.clone()).collect();
+    let mut times = Vec::new();
+    let mut value = 0u64;
+    for kill in 0..KILLS {
+        let leader = c.wait_leader("fo", 0);
+        let mut p = ClusterProducer::new(addrs.clone(), Duration::from_secs(1));
+        let began = Instant::now();
+        let in_time = || began.elapsed() < PATIENCE;
+        assert!(p.init(&in_time));
+        value += 1;
+        let v = vec![format!("v{value}").into_bytes()];
+        assert!(matches!(p.send("fo", 0, &v, &in_time), Sent::Acked(_)));
+
+        c.kill9(leader);
+        let killed = Instant::now();
+        let in_time = || killed.elapsed() < PATIENCE;
+        value += 1;
+        let v = vec![format!("v{value}").into_bytes()];
+        let sent = p.send("fo", 0, &v, &in_time);
+        let took = killed.elapsed();
+        assert!(matches!(sent, Sent::Acked(_)), "kill {kill}: {sent:?}");
+        let new_leader = c.wait_leader("fo", 0);
+        assert_ne!(new_leader, leader);
+        println!("kill {kill}: node {leader} -> node {new_leader} in {took:?}");
+        times.push(took);
+        c.restart(leader);
+        c.wait_caught_up("fo", 1);
+    }
+    c.stop_all();
+    times.sort();
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    println!();
+    println!(
+        "failover over {KILLS} SIGKILLs of the leader (to the first acknowledged produce): p50 {:.0} ms, p90 {:.0} ms, max {:.0} ms",
+        ms(times[KILLS / 2]),
+        ms(times[KILLS * 9 / 10]),
+        ms(times[KILLS - 1])
+    );
+}
