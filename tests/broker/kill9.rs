@@ -19,8 +19,8 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use seglog::engine::net::client::Client;
-use seglog::format::wire::{PartitionBatch, WireRecord};
+use seglog::engine::net::client::{Client, ClientError};
+use seglog::format::wire::{ErrorCode, PartitionBatch, WireRecord};
 
 use crate::util::rng::{seed_or, Rng};
 use crate::util::serve::Serve;
@@ -127,7 +127,7 @@ impl ReadBack {
 fn read_back(addr: &str) -> ReadBack {
     let mut c = Client::connect(addr, Duration::from_secs(5)).unwrap();
     let mut out = BTreeMap::new();
-    let starts: Vec<u64> = c
+    let mut starts: Vec<u64> = c
         .list_offsets(TOPIC)
         .unwrap()
         .iter()
@@ -136,7 +136,27 @@ fn read_back(addr: &str) -> ReadBack {
     for p in 0..PARTITIONS {
         let mut offset = starts.get(p as usize).copied().unwrap_or(0);
         loop {
-            let f = c.fetch(TOPIC, p, offset, 1 << 20, Duration::ZERO).unwrap();
+            let f = match c.fetch(TOPIC, p, offset, 1 << 20, Duration::ZERO) {
+                Ok(f) => f,
+                // Retention (every 20 ms with reuse on) removed the segment between the
+                // start offsets and this read: what it held has aged out, read on from
+                // the new start.
+                Err(ClientError::Refused { code, .. })
+                    if code == ErrorCode::OFFSET_OUT_OF_RANGE =>
+                {
+                    let start = c.list_offsets(TOPIC).unwrap()[p as usize].start_offset;
+                    assert!(
+                        start > offset,
+                        "offset {offset} out of range below start {start}"
+                    );
+                    if let Some(s) = starts.get_mut(p as usize) {
+                        *s = start;
+                    }
+                    offset = start;
+                    continue;
+                }
+                Err(e) => panic!("fetch {TOPIC}/{p} at {offset}: {e}"),
+            };
             let Some(last) = f.records.last() else { break };
             offset = last.offset + 1;
             for r in f.records {
