@@ -829,3 +829,35 @@ fn a_commit_that_carries_a_roll_is_handed_to_the_flusher() {
     assert!(!lead.carries_roll());
     lead.commit().unwrap();
 }
+
+#[test]
+fn a_commit_goes_off_the_loop_only_beside_another_partitions_or_when_large() {
+    use seglog::engine::broker::Commit;
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path());
+    b.create_topic("t", 2, TopicConfig::default()).unwrap();
+    let lead = |p: u32, value: &[u8]| {
+        let (_, w) = b.append("t", p, &[one(value)]).unwrap();
+        match b.lead_or_follow(w.unwrap()) {
+            Commit::Lead(lead) => lead,
+            Commit::Follow(_) => panic!("nobody else leads partition {p}"),
+        }
+    };
+    // Alone and small: the fsync stays on the caller's loop.
+    let l0 = lead(0, b"small");
+    assert!(!l0.better_off_loop());
+    // Another partition's commit is claimed: both go to the commit thread.
+    let l1 = lead(1, b"small");
+    assert!(l0.better_off_loop() && l1.better_off_loop());
+    l1.commit().unwrap();
+    // Ended: partition 0 is alone again.
+    assert!(!l0.better_off_loop());
+    l0.commit().unwrap();
+    // A large commit goes off the loop even alone.
+    let big = vec![b'x'; 64 * 1024];
+    let l0 = lead(0, &big);
+    assert!(l0.better_off_loop());
+    current_thread().block_on(l0.commit_off_loop()).unwrap();
+    assert_eq!(b.offsets("t", 0).unwrap(), (0, 2));
+    assert_eq!(b.offsets("t", 1).unwrap(), (0, 1));
+}

@@ -18,6 +18,7 @@
 //!   the leader commits on its own thread.
 
 use std::collections::VecDeque;
+use std::sync::atomic::AtomicUsize;
 
 use tokio::sync::oneshot;
 
@@ -46,9 +47,33 @@ struct Queue {
 pub(super) struct Committer {
     queue: Mutex<Queue>,
     wake: Condvar,
+    /// Group commits claimed on the node and not yet ended ([`LeadCount`]).
+    leads: Arc<AtomicUsize>,
+}
+
+/// One claimed group commit in [`Committer::leads`], from the claim until the commit
+/// ends (dropped with its [`super::CommitLead`]).
+#[derive(Debug)]
+pub(super) struct LeadCount(Arc<AtomicUsize>);
+
+impl Drop for LeadCount {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl Committer {
+    /// Counts a claimed commit until the returned guard is dropped.
+    pub(super) fn count_lead(&self) -> LeadCount {
+        self.leads.fetch_add(1, Ordering::AcqRel);
+        LeadCount(Arc::clone(&self.leads))
+    }
+
+    /// Group commits claimed on the node and not yet ended.
+    pub(super) fn leads(&self) -> usize {
+        self.leads.load(Ordering::Acquire)
+    }
+
     /// Queues `job`, starting the thread with the first one. Gives the job back
     /// when the committer is stopped or its thread cannot start.
     pub(super) fn submit(self: &Arc<Self>, job: CommitJob) -> Result<(), CommitJob> {

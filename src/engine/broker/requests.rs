@@ -30,8 +30,13 @@ pub struct CommitLead {
     log: Arc<PartitionLog>,
     flusher: Arc<Flusher>,
     committer: Arc<Committer>,
+    _counted: LeadCount,
     done: bool,
 }
+
+/// Bytes a pass's commit covers from which its fsync goes off the event loop even
+/// when no other partition's commit is pending ([`CommitLead::better_off_loop`]).
+const OFF_LOOP_COMMIT_BYTES: u64 = 64 * 1024;
 
 impl CommitLead {
     /// Releases the claim and runs (or waits for) one fsync covering every record
@@ -64,6 +69,16 @@ impl CommitLead {
         }
         .wait()
         .await
+    }
+
+    /// Whether this commit should run on the commit thread rather than on the
+    /// caller's event loop: when another partition's commit is claimed or running on
+    /// the node (the loop would otherwise run the pass's fsyncs one after another,
+    /// writing nothing meanwhile), or when the commit covers at least
+    /// [`OFF_LOOP_COMMIT_BYTES`] (its fsync is long enough for the loop to write the
+    /// next batch meanwhile). Otherwise the fsync on the loop costs no wake-ups.
+    pub fn better_off_loop(&self) -> bool {
+        self.committer.leads() > 1 || self.log.unsynced_bytes() >= OFF_LOOP_COMMIT_BYTES
     }
 
     /// Whether the commit carries a roll's syncs (the outgoing segment, the new
@@ -216,6 +231,7 @@ impl Broker {
                 log: wait.log,
                 flusher: Arc::clone(&self.flusher),
                 committer: Arc::clone(&self.committer),
+                _counted: self.committer.count_lead(),
                 done: false,
             })
         } else {

@@ -415,22 +415,26 @@ impl Session {
         }
         // Group commit per pass: the first request of a pass to reach its partition
         // leads the commit and yields once so every connection that is ready appends
-        // first (each finds the commit led and follows it). With other connections
-        // the leader then hands the fsync to the node's commit thread and the loop
-        // goes on: the next requests are written (and claim the next commit) while
-        // this one syncs, and several partitions' commits do not block the loop one
-        // after another; the leader wakes its followers on the loop. Alone, it runs
-        // the fsync on this thread (a hand-off would only add a wake-up to the
-        // request's path); a commit that carries a roll then goes to the flusher. A
-        // request that writes to several partitions asks the flusher for one fsync
-        // per partition instead, and waits for them side by side.
+        // first (each finds the commit led and follows it). When another
+        // partition's commit is pending too, or the commit is large, the leader then
+        // hands the fsync to the node's commit thread and the loop goes on: the next
+        // requests are written (and claim the next commit) while this one syncs, and
+        // several partitions' commits do not block the loop one after another; the
+        // leader wakes its followers on the loop. Otherwise (and always with one
+        // connection) it runs the fsync on this thread, where it costs no wake-up; a
+        // commit that carries a roll then goes to the flusher. A request that writes
+        // to several partitions asks the flusher for one fsync per partition instead,
+        // and waits for them side by side.
         let _waiting = WaitingGuard::enter(&self.waiting);
         if waits.len() == 1 {
             for (i, w) in waits {
                 let done = match self.broker.lead_or_follow(w) {
                     Commit::Lead(lead) => {
-                        if self.others_may_be_ready() {
+                        let others = self.others_may_be_ready();
+                        if others {
                             tokio::task::yield_now().await;
+                        }
+                        if others && lead.better_off_loop() {
                             lead.commit_off_loop().await
                         } else if lead.carries_roll() {
                             // A roll's syncs are several fsyncs: the flusher runs

@@ -9,10 +9,11 @@
 //! event-loop pass back to back, so one group commit covers them (README, "The
 //! request path"). Storage stays synchronous: appends and reads are positional
 //! writes and reads of the page cache on the runtime thread. The group commit of a
-//! pass is led by the first produce of the pass to reach a partition: with other
-//! connections it hands the fsync to the node's commit thread (the loop writes the
-//! next requests meanwhile) and wakes that partition's tasks once it is published;
-//! alone, it runs the fsync on the runtime thread (`Session::produce`).
+//! pass is led by the first produce of the pass to reach a partition: it runs the
+//! fsync on the runtime thread, or, when other partitions' commits are pending or the
+//! commit is large, hands it to the node's commit thread (the loop writes the next
+//! requests meanwhile) and wakes that partition's tasks once it is published
+//! (`Session::produce`).
 //!
 //! Invariants:
 //! - The first request on a connection must be a handshake.

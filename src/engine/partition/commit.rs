@@ -86,6 +86,14 @@ impl PartitionLog {
         self.wait_durable(target)
     }
 
+    /// Bytes of the active segment written but not yet covered by an fsync.
+    pub fn unsynced_bytes(&self) -> u64 {
+        let w = lock(&self.write);
+        w.active
+            .data_end
+            .saturating_sub(w.active.seg.readable_end.load(Ordering::Acquire))
+    }
+
     /// Whether a roll waits for the next group commit (its syncs make that commit
     /// several fsyncs long).
     pub fn roll_pending(&self) -> bool {
