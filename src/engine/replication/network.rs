@@ -757,8 +757,14 @@ mod tests {
     fn ident(dir: &std::path::Path, id: u64, founder: bool) -> Arc<Identity> {
         let storage: StorageRef = Arc::new(RealStorage);
         Arc::new(
-            Identity::load(id, format!("client-{id}"), dir.to_path_buf(), storage, founder)
-                .unwrap(),
+            Identity::load(
+                id,
+                format!("client-{id}"),
+                dir.to_path_buf(),
+                storage,
+                founder,
+            )
+            .unwrap(),
         )
     }
 
@@ -826,7 +832,12 @@ mod tests {
         let all = vec![(1, addr.clone()), (2, "unused".to_string())];
         let server_peers = Peers::new(Arc::clone(&server), &all);
         let (_stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        tokio::spawn(serve(listener, Arc::clone(&server_peers), Arc::new(Echo), stop_rx));
+        tokio::spawn(serve(
+            listener,
+            Arc::clone(&server_peers),
+            Arc::new(Echo),
+            stop_rx,
+        ));
 
         let client = Peers::new(ident(dirs[1].path(), 2, false), &all);
         client.start();
@@ -836,9 +847,15 @@ mod tests {
         assert_eq!(peer.client_addr().as_deref(), Some("client-1"));
         assert_eq!(server_peers.client_addr(2).as_deref(), Some("client-2"));
         let t = Duration::from_secs(5);
-        let r = peer.call("t", 3, Rpc::Vote, b"x".to_vec(), t).await.unwrap();
+        let r = peer
+            .call("t", 3, Rpc::Vote, b"x".to_vec(), t)
+            .await
+            .unwrap();
         assert_eq!(r, b"2 t/3 Vote x");
-        let e = peer.call("fail", 0, Rpc::Vote, Vec::new(), t).await.unwrap_err();
+        let e = peer
+            .call("fail", 0, Rpc::Vote, Vec::new(), t)
+            .await
+            .unwrap_err();
         assert!(matches!(e, CallError::Failed { .. }), "{e}");
 
         // A node of another cluster never connects.
