@@ -25,6 +25,7 @@ mod make_fixtures;
 mod man;
 mod recover;
 mod release_build;
+mod raft_logs;
 mod salvage;
 mod state_files;
 mod topic_meta;

@@ -147,16 +147,17 @@ impl<C: RaftLogTypes> RaftLog<C> {
         storage: StorageRef,
         stats: Arc<LogStats>,
     ) -> Result<Self, RaftLogError> {
+        let log_dir = dir.join(super::LOG_DIR);
         storage
-            .create_dir_all(dir)
+            .create_dir_all(&log_dir)
             .map_err(|source| RaftLogError::Create {
-                path: dir.to_path_buf(),
+                path: log_dir.clone(),
                 source,
             })?;
-        super::recover_dir(&*storage, dir)?;
+        super::recover_dir(&*storage, &log_dir)?;
         let state: RaftState<C::Vote> = read_state(dir)?;
         let label = dir.display().to_string();
-        let (log, notes) = PartitionLog::open(&label, 0, dir, storage.clone(), stats)?;
+        let (log, notes) = PartitionLog::open(&label, 0, &log_dir, storage.clone(), stats)?;
         for note in notes {
             tracing::info!(dir = %dir.display(), "{note}");
         }
@@ -503,7 +504,7 @@ impl<C: RaftLogTypes> RaftLogStorage<C> for RaftLog<C> {
             return Ok(());
         }
         let mut sh = lock(&self.inner.shared);
-        if cut <= log.start_offset() {
+        if cut < log.start_offset() {
             log.restart_at(cut).map_err(io_err)?;
         } else {
             log.cut_tail(cut).map_err(io_err)?;
