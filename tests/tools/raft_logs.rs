@@ -46,7 +46,13 @@ openraft::declare_raft_types!(
 const ENTRIES: u64 = 30;
 
 fn entry(i: u64) -> Entry<StoredLeaderId, EntryPayload<Payload, u64, openraft::impls::BasicNode>> {
-    let log_id = LogId::new(StoredLeaderId { term: 2, node_id: 1 }, i);
+    let log_id = LogId::new(
+        StoredLeaderId {
+            term: 2,
+            node_id: 1,
+        },
+        i,
+    );
     let payload = if i == 0 {
         EntryPayload::Blank
     } else {
@@ -87,7 +93,7 @@ fn read_all(dir: &Path) -> Vec<String> {
     runtime().block_on(async {
         let mut log = open(dir);
         let entries = log.try_get_log_entries(0..).await.unwrap();
-        entries.iter().map(|e| e.to_string()).collect()
+        entries.iter().map(ToString::to_string).collect()
     })
 }
 

@@ -38,7 +38,7 @@ pub mod meta;
 mod store;
 
 #[cfg(test)]
-#[expect(clippy::unwrap_used, clippy::indexing_slicing, reason = "tests")]
+#[expect(clippy::unwrap_used, reason = "tests")]
 mod tests;
 
 pub use entry::{StoredEntry, StoredLeaderId, StoredLogId};

@@ -310,7 +310,7 @@ impl<C: RaftLogTypes> RaftLog<C> {
     fn last_log_id(&self) -> io::Result<Option<StoredLogId>> {
         let (end, purged) = {
             let sh = lock(&self.inner.shared);
-            (self.inner.log.written_end(), sh.state.purged.clone())
+            (self.inner.log.written_end(), sh.state.purged)
         };
         let first = purged.as_ref().map_or(0, |p| p.index + 1);
         if end > first {
@@ -396,7 +396,7 @@ impl<C: RaftLogTypes> RaftLogStorage<C> for RaftLog<C> {
 
     async fn get_log_state(&mut self) -> Result<LogState<C>, io::Error> {
         let last_log_id = self.last_log_id()?;
-        let last_purged_log_id = lock(&self.inner.shared).state.purged.clone();
+        let last_purged_log_id = lock(&self.inner.shared).state.purged;
         Ok(LogState {
             last_purged_log_id,
             last_log_id,
@@ -417,7 +417,7 @@ impl<C: RaftLogTypes> RaftLogStorage<C> for RaftLog<C> {
     }
 
     async fn read_committed(&mut self) -> Result<Option<StoredLogId>, io::Error> {
-        Ok(lock(&self.inner.shared).state.committed.clone())
+        Ok(lock(&self.inner.shared).state.committed)
     }
 
     async fn append<I>(&mut self, entries: I, callback: IOFlushed<C>) -> Result<(), io::Error>
@@ -516,7 +516,7 @@ impl<C: RaftLogTypes> RaftLogStorage<C> for RaftLog<C> {
     async fn purge(&mut self, log_id: StoredLogId) -> Result<(), io::Error> {
         let next = log_id.index.saturating_add(1);
         // 1. The purge point is durable before any segment goes.
-        let keep = log_id.clone();
+        let keep = log_id;
         self.save_state(|s| {
             if s.purged.as_ref().is_none_or(|p| p.index < keep.index) {
                 s.purged = Some(keep);

@@ -74,7 +74,7 @@ impl RaftSnapshotBuilder<TestConfig> for MemMachine {
         })
         .map_err(io::Error::other)?;
         let meta = SnapshotMeta {
-            last_log_id: self.applied.clone(),
+            last_log_id: self.applied,
             last_membership: self.membership.clone(),
         };
         self.current = Some((meta.clone(), bytes.clone()));
@@ -92,7 +92,7 @@ impl RaftStateMachine<TestConfig> for MemMachine {
     async fn applied_state(
         &mut self,
     ) -> Result<(Option<LogIdOf<TestConfig>>, StoredMembershipOf<TestConfig>), io::Error> {
-        Ok((self.applied.clone(), self.membership.clone()))
+        Ok((self.applied, self.membership.clone()))
     }
 
     async fn apply<Strm>(&mut self, mut entries: Strm) -> Result<(), io::Error>
@@ -101,12 +101,12 @@ impl RaftStateMachine<TestConfig> for MemMachine {
     {
         while let Some(item) = entries.next().await {
             let (entry, responder) = item?;
-            self.applied = Some(entry.log_id.clone());
+            self.applied = Some(entry.log_id);
             match entry.payload {
                 EntryPayload::Blank => {}
                 EntryPayload::Normal(d) => self.data.push(d.0),
                 EntryPayload::Membership(m) => {
-                    self.membership = StoredMembership::new(Some(entry.log_id.clone()), m);
+                    self.membership = StoredMembership::new(Some(entry.log_id), m);
                 }
             }
             if let Some(r) = responder {
@@ -118,7 +118,7 @@ impl RaftStateMachine<TestConfig> for MemMachine {
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
         MemMachine {
-            applied: self.applied.clone(),
+            applied: self.applied,
             membership: self.membership.clone(),
             data: self.data.clone(),
             current: None,
@@ -132,7 +132,7 @@ impl RaftStateMachine<TestConfig> for MemMachine {
         })
         .ok()?;
         let meta = SnapshotMeta {
-            last_log_id: self.applied.clone(),
+            last_log_id: self.applied,
             last_membership: self.membership.clone(),
         };
         self.current = Some((meta, bytes));
@@ -147,7 +147,7 @@ impl RaftStateMachine<TestConfig> for MemMachine {
         let bytes = snapshot.into_inner();
         let snap: MemSnapshot = serde_json::from_slice(&bytes).map_err(io::Error::other)?;
         self.data = snap.data;
-        self.applied = meta.last_log_id.clone();
+        self.applied = meta.last_log_id;
         self.membership = meta.last_membership.clone();
         self.current = Some((meta.clone(), bytes));
         Ok(())
@@ -199,7 +199,8 @@ fn openraft_storage_conformance_suite() {
     });
 }
 
-type TestEntry = openraft::Entry<StoredLeaderId, EntryPayload<Bytes, u64, openraft::impls::BasicNode>>;
+type TestEntry =
+    openraft::Entry<StoredLeaderId, EntryPayload<Bytes, u64, openraft::impls::BasicNode>>;
 
 fn normal(term: u64, index: u64) -> TestEntry {
     openraft::Entry {
@@ -260,12 +261,9 @@ fn appends_share_group_commits_and_are_readable_before_the_flush() {
         let appends = 200u64;
         for i in 0..appends {
             let (tx, rx) = TestConfig::oneshot();
-            log.append(
-                vec![normal(1, i)],
-                openraft::storage::IOFlushed::signal(tx),
-            )
-            .await
-            .unwrap();
+            log.append(vec![normal(1, i)], openraft::storage::IOFlushed::signal(tx))
+                .await
+                .unwrap();
             // Readable as soon as append returns, flushed or not.
             let got = openraft::storage::RaftLogReader::try_get_log_entries(&mut log, i..=i)
                 .await
@@ -296,7 +294,11 @@ fn a_hole_or_an_overlap_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let mut log = open_log(&dir.path().join("g"));
         append_flushed(&mut log, vec![normal(1, 0), normal(1, 1)]).await;
-        for bad in [vec![normal(1, 3)], vec![normal(1, 1)], vec![normal(1, 2), normal(1, 4)]] {
+        for bad in [
+            vec![normal(1, 3)],
+            vec![normal(1, 1)],
+            vec![normal(1, 2), normal(1, 4)],
+        ] {
             let (tx, _rx) = TestConfig::oneshot();
             let r = log
                 .append(bad, openraft::storage::IOFlushed::signal(tx))
@@ -316,7 +318,9 @@ fn state_and_purge_survive_a_restart() {
     runtime().block_on(async {
         let mut log = open_log(&g);
         append_flushed(&mut log, (0..10).map(|i| normal(1, i)).collect()).await;
-        log.save_vote(&openraft::Vote::new_committed(3, 2)).await.unwrap();
+        log.save_vote(&openraft::Vote::new_committed(3, 2))
+            .await
+            .unwrap();
         log.save_committed(Some(normal(1, 6).log_id)).await.unwrap();
         log.purge(normal(1, 4).log_id).await.unwrap();
     });
@@ -328,7 +332,9 @@ fn state_and_purge_survive_a_restart() {
         assert_eq!(st.last_purged_log_id, Some(normal(1, 4).log_id));
         assert_eq!(st.last_log_id, Some(normal(1, 9).log_id));
         assert_eq!(
-            openraft::storage::RaftLogReader::read_vote(&mut log).await.unwrap(),
+            openraft::storage::RaftLogReader::read_vote(&mut log)
+                .await
+                .unwrap(),
             Some(openraft::Vote::new_committed(3, 2))
         );
         assert_eq!(
@@ -406,7 +412,12 @@ fn every_crash_state_keeps_flushed_entries_and_an_old_or_new_vote() {
     let mut states = 0;
     for k in 0..=n {
         let marks = trace.markers_before(k);
-        let flushed = marks.iter().filter(|m| **m < VOTE_MARK).max().copied().unwrap_or(4);
+        let flushed = marks
+            .iter()
+            .filter(|m| **m < VOTE_MARK)
+            .max()
+            .copied()
+            .unwrap_or(4);
         let voted = marks.contains(&VOTE_MARK);
         let pending = dur.pending(&trace, k);
         for model in [DirModel::InOrder, DirModel::AnyOrder] {
@@ -418,9 +429,13 @@ fn every_crash_state_keeps_flushed_entries_and_an_old_or_new_vote() {
                 runtime().block_on(async {
                     let mut log = open_log(&out.path().join(&rel));
                     let got = all_entries(&mut log).await;
-                    let want: Vec<TestEntry> = (0..got.len() as u64).map(|i| normal(1, i)).collect();
+                    let want: Vec<TestEntry> =
+                        (0..got.len() as u64).map(|i| normal(1, i)).collect();
                     assert_eq!(got, want, "{what}: not a prefix of what was written");
-                    assert!(got.len() as u64 >= flushed, "{what}: a flushed entry is lost");
+                    assert!(
+                        got.len() as u64 >= flushed,
+                        "{what}: a flushed entry is lost"
+                    );
                     assert!(got.len() <= 10, "{what}");
                     let vote = openraft::storage::RaftLogReader::read_vote(&mut log)
                         .await
