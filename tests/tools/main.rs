@@ -23,6 +23,7 @@ mod compact;
 mod fuzz_decoders;
 mod make_fixtures;
 mod man;
+mod raft_logs;
 mod recover;
 mod release_build;
 mod salvage;

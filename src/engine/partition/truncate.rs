@@ -76,8 +76,8 @@ impl PartitionLog {
         Ok(())
     }
 
-    /// Empties the log and makes it continue at `offset`, which must be at or past
-    /// its end (a log whose every record was purged). The fsync ordering:
+    /// Empties the log and makes it continue at `offset` (a log whose every record
+    /// was purged, or a Raft log cut below its first record). The fsync ordering:
     /// 1. make everything written durable (a group commit);
     /// 2. remove every segment, oldest first: its index, then its log, each followed
     ///    by an fsync of the directory (a crash leaves a suffix of the log, or an
@@ -88,15 +88,6 @@ impl PartitionLog {
         self.check_writable()?;
         // 1.
         let mut w = self.lock_settled()?;
-        if offset < w.next_offset {
-            return Err(EngineError::InvalidRequest {
-                detail: format!(
-                    "{}: cannot restart at offset {offset}, below the end {}",
-                    self.dir.display(),
-                    w.next_offset
-                ),
-            });
-        }
         let segments = self.snapshot();
         if segments.len() == 1 && w.next_offset == offset && w.active.seg.base_offset == offset {
             return Ok(());
@@ -340,10 +331,6 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         filled(dir.path());
         let log = open(dir.path(), Arc::new(RealStorage));
-        assert!(matches!(
-            log.restart_at(RECORDS - 1),
-            Err(EngineError::InvalidRequest { .. })
-        ));
         log.restart_at(RECORDS + 10).unwrap();
         assert_eq!(log.start_offset(), RECORDS + 10);
         assert_prefix(&log, RECORDS + 10, RECORDS + 10, "restarted");
@@ -351,6 +338,10 @@ mod tests {
         let log = open(dir.path(), Arc::new(RealStorage));
         assert_eq!(log.start_offset(), RECORDS + 10);
         assert_eq!(log.written_end(), RECORDS + 10);
+        // Backwards too: the log is emptied either way.
+        log.restart_at(3).unwrap();
+        assert_prefix(&log, 3, 3, "restarted below its old start");
+        assert_eq!(log.start_offset(), 3);
     }
 
     /// Fails each storage call of a cut in turn (the process dies there): the log
@@ -397,7 +388,11 @@ mod tests {
                 assert!(n > 3, "the cut made storage calls");
                 break;
             }
-            assert!(result.is_err(), "call {n}: the failure was not reported");
+            // A failed best-effort call (a preallocation) may leave the cut done.
+            assert!(
+                result.is_err() || end == cut,
+                "call {n}: the failure was neither reported nor harmless"
+            );
             assert!(n < 1000, "the cut never finished");
         }
     }

@@ -382,6 +382,57 @@ pub fn data_dir_topics(data_dir: &Path) -> Result<Vec<PathBuf>, LayoutError> {
     Ok(out)
 }
 
+/// Directory of a data directory holding the Raft logs of replicated partitions
+/// (docs/FORMAT.md, Raft logs).
+pub const RAFT_DIR: &str = "raft";
+/// Directory of a Raft log's segments, inside `raft/<topic>/<partition>/`.
+pub const RAFT_LOG_DIR: &str = "log";
+
+/// The Raft logs of a data directory, `raft/<topic>/<partition>/log/`, each as a
+/// partition (labelled `raft/<topic>/<partition>`) the tools check like any other.
+pub fn data_dir_raft_logs(data_dir: &Path) -> Result<Vec<PartitionRef>, LayoutError> {
+    let raft = data_dir.join(RAFT_DIR);
+    if !raft.is_dir() {
+        return Ok(Vec::new());
+    }
+    let mut out = Vec::new();
+    let mut topics: Vec<PathBuf> = Vec::new();
+    for entry in fs::read_dir(&raft).map_err(io_err(&raft))? {
+        let entry = entry.map_err(io_err(&raft))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if validate_name(&name).is_ok() && entry.path().is_dir() {
+            topics.push(entry.path());
+        }
+    }
+    topics.sort();
+    for topic in topics {
+        let name = topic
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let mut parts: Vec<(u32, PathBuf)> = Vec::new();
+        for entry in fs::read_dir(&topic).map_err(io_err(&topic))? {
+            let entry = entry.map_err(io_err(&topic))?;
+            let log = entry.path().join(RAFT_LOG_DIR);
+            let number = entry.file_name().to_string_lossy().parse::<u32>();
+            if let (Ok(p), true) = (number, log.is_dir()) {
+                parts.push((p, log));
+            }
+        }
+        parts.sort();
+        for (p, dir) in parts {
+            out.push(PartitionRef {
+                dir,
+                topic: Some(format!("{RAFT_DIR}/{name}")),
+                partition: Some(p),
+                config: TopicConfig::default(),
+                only_segment: None,
+            });
+        }
+    }
+    Ok(out)
+}
+
 /// Works out what `path` names and lists the partitions below it.
 pub fn resolve(path: &Path) -> Result<Target, LayoutError> {
     let meta = fs::metadata(path).map_err(|e| match e.kind() {
@@ -402,6 +453,7 @@ pub fn resolve(path: &Path) -> Result<Target, LayoutError> {
             partitions.extend(listing.partitions());
             topics.push(listing);
         }
+        partitions.extend(data_dir_raft_logs(path)?);
         let mut temp_files = atomic_temp_files(path)?;
         temp_files.extend(atomic_temp_files(&path.join(TOPICS_DIR))?);
         return Ok(Target {

@@ -31,7 +31,7 @@ where
     N: openraft::Node + Serialize + DeserializeOwned,
 {
     fn stored_log_id(&self) -> StoredLogId {
-        self.log_id.clone()
+        self.log_id
     }
 
     fn encode_value(&self, out: &mut Vec<u8>) -> Result<EntryKind, EntryCodecError> {

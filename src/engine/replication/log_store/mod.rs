@@ -4,7 +4,7 @@
 //! docs/FORMAT.md, Raft logs): the segments of a [`PartitionLog`] whose record at
 //! offset `i` is the entry at Raft index `i`, with a fixed 17-byte key ([`key`]: term,
 //! leader node id, kind) and the payload as value (normal entries:
-//! [`EntryCodec::encode`]; membership entries: JSON), plus `raft.json` ([`meta`]):
+//! [`EntryCodec::encode`]; membership entries: JSON), and beside `log/`, `raft.json` ([`meta`]):
 //! the vote, the committed log id and the last purged log id, replaced atomically.
 //!
 //! The API:
@@ -38,11 +38,16 @@ pub mod meta;
 mod store;
 
 #[cfg(test)]
-#[expect(clippy::unwrap_used, clippy::indexing_slicing, reason = "tests")]
+#[expect(clippy::unwrap_used, reason = "tests")]
 mod tests;
 
 pub use entry::{StoredEntry, StoredLeaderId, StoredLogId};
 pub use store::{raft_log_config, RaftLog, RaftLogError, RaftLogTypes, ENTRY_VALUE_BYTES_MAX};
+
+/// The directory of a Raft log's segments, inside the log's directory (beside
+/// [`meta::STATE_FILE`]): it holds segment files only, so the offline tools check it
+/// as any partition.
+pub const LOG_DIR: &str = crate::engine::storage::layout::RAFT_LOG_DIR;
 
 /// How a Raft entry's application payload is turned into the bytes of a record value
 /// and back. Decoding reads bytes from disk or the network: it checks every length

@@ -147,16 +147,17 @@ impl<C: RaftLogTypes> RaftLog<C> {
         storage: StorageRef,
         stats: Arc<LogStats>,
     ) -> Result<Self, RaftLogError> {
+        let log_dir = dir.join(super::LOG_DIR);
         storage
-            .create_dir_all(dir)
+            .create_dir_all(&log_dir)
             .map_err(|source| RaftLogError::Create {
-                path: dir.to_path_buf(),
+                path: log_dir.clone(),
                 source,
             })?;
-        super::recover_dir(&*storage, dir)?;
+        super::recover_dir(&*storage, &log_dir)?;
         let state: RaftState<C::Vote> = read_state(dir)?;
         let label = dir.display().to_string();
-        let (log, notes) = PartitionLog::open(&label, 0, dir, storage.clone(), stats)?;
+        let (log, notes) = PartitionLog::open(&label, 0, &log_dir, storage.clone(), stats)?;
         for note in notes {
             tracing::info!(dir = %dir.display(), "{note}");
         }
@@ -309,7 +310,7 @@ impl<C: RaftLogTypes> RaftLog<C> {
     fn last_log_id(&self) -> io::Result<Option<StoredLogId>> {
         let (end, purged) = {
             let sh = lock(&self.inner.shared);
-            (self.inner.log.written_end(), sh.state.purged.clone())
+            (self.inner.log.written_end(), sh.state.purged)
         };
         let first = purged.as_ref().map_or(0, |p| p.index + 1);
         if end > first {
@@ -395,7 +396,7 @@ impl<C: RaftLogTypes> RaftLogStorage<C> for RaftLog<C> {
 
     async fn get_log_state(&mut self) -> Result<LogState<C>, io::Error> {
         let last_log_id = self.last_log_id()?;
-        let last_purged_log_id = lock(&self.inner.shared).state.purged.clone();
+        let last_purged_log_id = lock(&self.inner.shared).state.purged;
         Ok(LogState {
             last_purged_log_id,
             last_log_id,
@@ -416,7 +417,7 @@ impl<C: RaftLogTypes> RaftLogStorage<C> for RaftLog<C> {
     }
 
     async fn read_committed(&mut self) -> Result<Option<StoredLogId>, io::Error> {
-        Ok(lock(&self.inner.shared).state.committed.clone())
+        Ok(lock(&self.inner.shared).state.committed)
     }
 
     async fn append<I>(&mut self, entries: I, callback: IOFlushed<C>) -> Result<(), io::Error>
@@ -503,7 +504,7 @@ impl<C: RaftLogTypes> RaftLogStorage<C> for RaftLog<C> {
             return Ok(());
         }
         let mut sh = lock(&self.inner.shared);
-        if cut <= log.start_offset() {
+        if cut < log.start_offset() {
             log.restart_at(cut).map_err(io_err)?;
         } else {
             log.cut_tail(cut).map_err(io_err)?;
@@ -515,7 +516,7 @@ impl<C: RaftLogTypes> RaftLogStorage<C> for RaftLog<C> {
     async fn purge(&mut self, log_id: StoredLogId) -> Result<(), io::Error> {
         let next = log_id.index.saturating_add(1);
         // 1. The purge point is durable before any segment goes.
-        let keep = log_id.clone();
+        let keep = log_id;
         self.save_state(|s| {
             if s.purged.as_ref().is_none_or(|p| p.index < keep.index) {
                 s.purged = Some(keep);
