@@ -24,7 +24,7 @@ use openraft::storage::RaftLogStorage;
 use openraft::{BasicNode, Config, ServerState, SnapshotPolicy};
 use serde::{Deserialize, Serialize};
 
-use super::network::{CallHandler, GroupNetwork, Peers};
+use super::network::{CallError, CallHandler, GroupNetwork, Peers};
 use super::state_machine::PartitionStateMachine;
 use super::types::{ApplyResult, ProduceEntry, RaftGroup, TypeConfig};
 use super::{BoxFuture, Refusal, Replicator};
@@ -36,6 +36,8 @@ use crate::format::wire::{not_leader_message, ErrorCode};
 
 /// How long a call between nodes may take before it counts as failed.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// Pause between asks of a peer that is not connected yet.
+const UNREACHABLE_RETRY: Duration = Duration::from_millis(50);
 /// How long a new group may take to elect its first leader before create returns.
 const FIRST_LEADER_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -330,14 +332,27 @@ impl<L: LogStores> Manager<L> {
         let Some(peer) = self.peers.peers.get(&node) else {
             return Err((ErrorCode::INTERNAL, format!("node {node} is not a peer")));
         };
-        peer.call(topic, partition, rpc, payload, CALL_TIMEOUT)
-            .await
-            .map_err(|e| {
-                (
-                    ErrorCode::PARTITION_UNAVAILABLE,
-                    format!("{topic}: asking node {node}: {e}"),
-                )
-            })
+        // A peer not connected yet (a cluster just started, a connection being
+        // redialled) is waited for up to CALL_TIMEOUT: these admin calls are
+        // idempotent, so asking again is safe.
+        let deadline = tokio::time::Instant::now() + CALL_TIMEOUT;
+        loop {
+            match peer
+                .call(topic, partition, rpc, payload.clone(), CALL_TIMEOUT)
+                .await
+            {
+                Ok(answer) => return Ok(answer),
+                Err(CallError::Unreachable(_)) if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(UNREACHABLE_RETRY).await;
+                }
+                Err(e) => {
+                    return Err((
+                        ErrorCode::PARTITION_UNAVAILABLE,
+                        format!("{topic}: asking node {node}: {e}"),
+                    ))
+                }
+            }
+        }
     }
 
     /// Creates this node's replica of a topic (the same placement again is no error)
