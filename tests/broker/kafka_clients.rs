@@ -292,6 +292,10 @@ fn confluent_idempotent_producer_and_group() {
         .expect("the rebalance after a close");
     assert_eq!(after.len(), 4, "{g}");
     assert_eq!(g["seen"], 10000, "{g}");
+    assert_eq!(
+        g["committed"], true,
+        "the last commit was never acknowledged: {g}"
+    );
     // The commits are the group's offsets on the native side. A member's last commit
     // may still be on its way when its process has exited (librdkafka's close does not
     // always wait for it): wait for the group to reach the end.

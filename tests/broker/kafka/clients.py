@@ -44,7 +44,7 @@ def confluent_idempotent(boot, topic, n):
 
 
 def confluent_group(boot, topic, group, total):
-    from confluent_kafka import Consumer
+    from confluent_kafka import Consumer, KafkaException
 
     def consumer(name):
         return Consumer({"bootstrap.servers": boot, "group.id": group, "client.id": name,
@@ -81,9 +81,20 @@ def confluent_group(boot, topic, group, total):
             after = a1
             if len(seen) >= total:
                 break
-    c1.commit(asynchronous=False)
+    # A commit made while the group rebalances is refused per partition (the client
+    # returns the errors, it does not raise): commit again until every partition is
+    # acknowledged, as an application would.
+    committed = False
+    while not committed and time.time() < end:
+        try:
+            res = c1.commit(asynchronous=False)
+            committed = all(tp.error is None for tp in res)
+        except KafkaException:
+            pass
+        if not committed:
+            c1.poll(0.2)
     c1.close()
-    out({"split": split, "after_close": after, "seen": len(seen)})
+    out({"split": split, "after_close": after, "seen": len(seen), "committed": committed})
 
 
 def kafka_python(boot):
