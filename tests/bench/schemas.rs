@@ -230,7 +230,10 @@ fn per_record_parse_and_validate() {
     let schema = schema();
     let validator = jsonschema::validator_for(&schema).unwrap();
     let compiled = seglog::engine::schemas::compile(&schema, 1).unwrap();
-    let rounds = 2000;
+    let rounds = std::env::var("SEGLOG_BENCH_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2000);
     let parse_ignored = per_value_ns(&values, rounds, |v| {
         std::hint::black_box(serde_json::from_slice::<serde::de::IgnoredAny>(v).unwrap());
     });

@@ -74,7 +74,14 @@ impl<'a> Parsed<'a> {
         self.members.clear();
         self.scratch_items.clear();
         self.scratch_members.clear();
-        let mut de = serde_json::Deserializer::from_slice(value);
+        // One UTF-8 check of the whole text is cheaper than serde_json's per string;
+        // a text that is not UTF-8 is parsed as bytes, for serde_json's own error.
+        let Ok(text) = std::str::from_utf8(value) else {
+            let mut de = serde_json::Deserializer::from_slice(value);
+            Seed { parsed: self }.deserialize(&mut de)?;
+            return de.end();
+        };
+        let mut de = serde_json::Deserializer::from_str(text);
         Seed { parsed: self }.deserialize(&mut de)?;
         de.end()
     }
