@@ -362,12 +362,16 @@ fn off_thread_checks_report_the_first_failure_in_order() {
         .build()
         .unwrap();
     let c = Arc::new(compile(&person(None), 3).unwrap());
+    // Two partitions of this many records make a request large enough to leave the
+    // calling thread; bad records sit near both ends of each.
+    const PER_PARTITION: usize = OFF_THREAD_RECORDS_MIN / 2 + 8;
+    let last = PER_PARTITION - 1;
     let good = br#"{"name": "x", "age": 1}"#.as_slice();
     let make = |bad: &[(u32, usize)]| -> Vec<PartitionBatch<'static>> {
         (0..2u32)
             .map(|partition| PartitionBatch {
                 partition,
-                records: (0..40usize)
+                records: (0..PER_PARTITION)
                     .map(|i| WireRecord {
                         timestamp_ms: -1,
                         key: (i == 7).then_some(b"k".as_slice()),
@@ -394,8 +398,9 @@ fn off_thread_checks_report_the_first_failure_in_order() {
     for bad in [
         vec![(0, 5), (1, 30)],
         vec![(1, 30)],
-        vec![(1, 39), (1, 2)],
-        vec![(0, 39)],
+        vec![(1, last), (1, 2)],
+        vec![(0, last)],
+        vec![(1, last)],
     ] {
         let mut first = bad.clone();
         first.sort_unstable();
