@@ -978,13 +978,13 @@ mod tests {
         let port: i32 = addr.rsplit_once(':').unwrap().1.parse().unwrap();
         let name = |s: &str| TopicName(crate::engine::net::kafka::sb(s));
 
-        // Metadata (v9: flexible, the response header has a tagged-field byte).
-        let mut body = exchange(
-            &addr,
-            &request(ApiKey::Metadata, 9, &MetadataRequest::default()),
-        )
-        .unwrap()
-        .slice(1..);
+        // Metadata of every topic (v9: flexible, the response header has a
+        // tagged-field byte).
+        let mut all = MetadataRequest::default();
+        all.topics = None;
+        let mut body = exchange(&addr, &request(ApiKey::Metadata, 9, &all))
+            .unwrap()
+            .slice(1..);
         let m = MetadataResponse::decode(&mut body, 9).unwrap();
         let brokers: Vec<(i32, String, i32)> = m
             .brokers
