@@ -5,8 +5,8 @@
 //! the event loop, until the records (and a producer's journal entry) are durable:
 //! every acknowledged record is on disk. With acks 0 nothing is answered.
 //!
-//! A replicated partition (a cluster node, a topic with a replication factor above
-//! 1) takes the native produce's path instead: each Kafka batch is one Raft entry
+//! A replicated partition (on a cluster node, of a topic replicated on several
+//! nodes) takes the native produce's path instead: each Kafka batch is one Raft entry
 //! ([`crate::engine::replication::Replicator::produce`]), proposed on the leader
 //! only (elsewhere: NOT_LEADER_OR_FOLLOWER, so the client refreshes its metadata and
 //! moves) and answered once committed and applied, whatever `acks` asked. A batch's
