@@ -553,12 +553,20 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
         }
     };
     let addr = server.local_addr();
+    // The Kafka address peers give their Kafka clients for this node: the
+    // advertised one, else the one bound.
+    let kafka_addr = match (&args.kafka_advertised, &kafka_listener) {
+        (Some(a), _) => Some(a.clone()),
+        (None, Some(l)) => Some(l.local_addr()?.to_string()),
+        (None, None) => None,
+    };
     let (server, cluster) = match cluster {
         Some((id, nodes, l)) => {
             let started = crate::engine::replication::start(
                 Arc::clone(&broker),
                 id,
                 &addr.to_string(),
+                kafka_addr.as_deref(),
                 &nodes,
             );
             match started {
@@ -633,6 +641,7 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
             k.with_tls(tls)
                 .with_limits(limits, args.limits.io_timeout)
                 .with_metrics(kafka_metrics)
+                .with_replication(cluster.as_ref().map(|(n, _)| Arc::clone(&n.replicator)))
         }) {
             Ok(k) => {
                 let kaddr = k.local_addr();

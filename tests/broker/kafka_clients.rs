@@ -12,7 +12,7 @@ use crate::util::serve::Serve;
 
 /// True when `tool --version`-style probe `args` runs; otherwise skips (false) or,
 /// under CI=true, fails.
-fn have(tool: &str, args: &[&str]) -> bool {
+pub(crate) fn have(tool: &str, args: &[&str]) -> bool {
     let ok = Command::new(tool)
         .args(args)
         .stdout(Stdio::null())
@@ -29,11 +29,11 @@ fn have(tool: &str, args: &[&str]) -> bool {
     ok
 }
 
-fn have_kcat() -> bool {
+pub(crate) fn have_kcat() -> bool {
     have("kcat", &["-V"])
 }
 
-fn have_python(module: &str) -> bool {
+pub(crate) fn have_python(module: &str) -> bool {
     have("python3", &["-c", &format!("import {module}")])
 }
 
@@ -96,7 +96,7 @@ fn kcat_all(boot: &str, topic: &str) -> BTreeMap<u32, Vec<(u64, String, String)>
     parts
 }
 
-fn python(mode: &str, args: &[&str]) -> serde_json::Value {
+pub(crate) fn python(mode: &str, args: &[&str]) -> serde_json::Value {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/broker/kafka/clients.py");
     let out = Command::new("python3")
         .arg(script)

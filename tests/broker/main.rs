@@ -30,5 +30,6 @@ mod engine_damage;
 mod engine_failures;
 mod engine_spares;
 mod kafka_clients;
+mod kafka_cluster;
 mod kill9;
 mod replication;

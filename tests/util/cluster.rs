@@ -166,7 +166,7 @@ impl Cluster {
     }
 
     /// Starts every node at once (a node may wait for its peers before it listens).
-    fn start_all(&mut self) {
+    pub fn start_all(&mut self) {
         let cmds: Vec<Command> = self.nodes.iter().map(Node::command).collect();
         let started: Vec<Serve> = thread::scope(|s| {
             let handles: Vec<_> = cmds

@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 use super::network::{CallError, CallHandler, GroupNetwork, Peers};
 use super::state_machine::PartitionStateMachine;
 use super::types::{ApplyResult, ProduceEntry, RaftGroup, TypeConfig};
-use super::{BoxFuture, Refusal, Replicator};
+use super::{BoxFuture, PartitionView, Refusal, Replicator};
 use crate::engine::broker::Broker;
 use crate::format::replication::{Replication, REPLICATION_FILE};
 use crate::format::topic::TopicConfig;
@@ -273,6 +273,51 @@ impl<L: LogStores> Manager<L> {
         let raft = self.group(topic, partition)?;
         let leader = raft.metrics().borrow_watched().current_leader?;
         Some((leader, self.peers.client_addr(leader)))
+    }
+
+    /// Every node with a Kafka listener this node knows of, itself included.
+    pub fn kafka_nodes(&self) -> Vec<(u64, String)> {
+        self.nodes
+            .keys()
+            .filter_map(|id| self.peers.kafka_addr(*id).map(|a| (*id, a)))
+            .collect()
+    }
+
+    /// The partition's leader, term, placement and in-sync replicas as this node
+    /// sees them.
+    pub fn partition_view(&self, topic: &str, partition: u32) -> Option<PartitionView> {
+        let replicas = lock(&self.topics)
+            .get(topic)?
+            .replicas
+            .get(partition as usize)?
+            .clone();
+        let raft = self.group(topic, partition)?;
+        let m = raft.metrics().borrow_watched().clone();
+        let in_sync = match &m.replication {
+            Some(matched) if m.state == ServerState::Leader => {
+                let committed = m.local_committed.as_ref().map_or(0, |l| l.index);
+                let voters: BTreeSet<u64> = m.membership_config.voter_ids().collect();
+                replicas
+                    .iter()
+                    .copied()
+                    .filter(|id| voters.contains(id))
+                    .filter(|id| {
+                        *id == self.node_id()
+                            || matched
+                                .get(id)
+                                .and_then(|l| l.as_ref())
+                                .is_some_and(|l| l.index >= committed)
+                    })
+                    .collect()
+            }
+            _ => replicas.clone(),
+        };
+        Some(PartitionView {
+            leader: m.current_leader,
+            term: m.current_term,
+            replicas,
+            in_sync,
+        })
     }
 
     /// Creates a replicated topic on every node holding a replica, then forms each
@@ -598,5 +643,13 @@ impl<L: LogStores> Replicator for Manager<L> {
 
     fn nodes(&self) -> usize {
         self.nodes.len()
+    }
+
+    fn kafka_nodes(&self) -> Vec<(u64, String)> {
+        Manager::kafka_nodes(self)
+    }
+
+    fn partition_view(&self, topic: &str, partition: u32) -> Option<PartitionView> {
+        Manager::partition_view(self, topic, partition)
     }
 }

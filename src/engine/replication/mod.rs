@@ -56,6 +56,26 @@ pub trait Replicator: Send + Sync + 'static {
     fn status(&self) -> serde_json::Value;
     /// How many nodes the cluster has.
     fn nodes(&self) -> usize;
+    /// Every node with a Kafka listener that this node knows of (itself included):
+    /// (node id, HOST:PORT), by id.
+    fn kafka_nodes(&self) -> Vec<(u64, String)>;
+    /// What the Kafka door's Metadata says of a replicated partition (`None`: not
+    /// replicated, or this node holds no replica of it).
+    fn partition_view(&self, topic: &str, partition: u32) -> Option<PartitionView>;
+}
+
+/// A replicated partition as this node sees it, for the Kafka door's Metadata.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PartitionView {
+    /// The leader this node knows, if any.
+    pub leader: Option<u64>,
+    /// The Raft term this node is in.
+    pub term: u64,
+    /// The placement: every replica, in placement order.
+    pub replicas: Vec<u64>,
+    /// The replicas that are voters and hold every committed entry, as the leader's
+    /// replication metrics tell (on a node that does not lead: the placement).
+    pub in_sync: Vec<u64>,
 }
 
 impl std::fmt::Debug for dyn Replicator {

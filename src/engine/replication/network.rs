@@ -55,6 +55,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 pub struct Identity {
     pub node_id: u64,
     pub client_addr: String,
+    /// Its Kafka listener as clients reach it; empty when it has none.
+    pub kafka_addr: String,
     cluster_id: Mutex<Option<String>>,
     data_dir: PathBuf,
     storage: StorageRef,
@@ -113,6 +115,7 @@ impl Identity {
         let ident = Identity {
             node_id,
             client_addr,
+            kafka_addr: String::new(),
             cluster_id: Mutex::new(None),
             data_dir,
             storage,
@@ -133,6 +136,12 @@ impl Identity {
             None => {}
         }
         Ok(ident)
+    }
+
+    /// The same identity, telling peers its Kafka listener `addr` (`None`: none).
+    pub fn with_kafka_addr(mut self, addr: Option<&str>) -> Identity {
+        self.kafka_addr = addr.unwrap_or_default().to_string();
+        self
     }
 
     /// The cluster id, once known.
@@ -177,11 +186,12 @@ impl Identity {
         }
     }
 
-    fn hello(&self) -> (String, u64, String) {
+    fn hello(&self) -> (String, u64, String, String) {
         (
             self.cluster_id().unwrap_or_default(),
             self.node_id,
             self.client_addr.clone(),
+            self.kafka_addr.clone(),
         )
     }
 }
@@ -218,6 +228,8 @@ pub struct Peer {
     rx: Mutex<Option<mpsc::Receiver<Outgoing>>>,
     client_addr: Mutex<Option<String>>,
     connected: AtomicBool,
+    /// The Kafka address its hello gave (`None`: not connected yet, or no listener).
+    kafka_addr: Mutex<Option<String>>,
 }
 
 impl std::fmt::Debug for Outgoing {
@@ -278,6 +290,8 @@ pub struct Peers {
     pub peers: BTreeMap<u64, Arc<Peer>>,
     /// The peers' client addresses learned from the hellos they sent us.
     heard: Mutex<HashMap<u64, String>>,
+    /// The peers' Kafka addresses learned from the hellos they sent us.
+    heard_kafka: Mutex<HashMap<u64, String>>,
 }
 
 impl Peers {
@@ -296,6 +310,7 @@ impl Peers {
                     rx: Mutex::new(Some(rx)),
                     client_addr: Mutex::new(None),
                     connected: AtomicBool::new(false),
+                    kafka_addr: Mutex::new(None),
                 };
                 (*id, Arc::new(p))
             })
@@ -304,6 +319,7 @@ impl Peers {
             ident,
             peers,
             heard: Mutex::new(HashMap::new()),
+            heard_kafka: Mutex::new(HashMap::new()),
         })
     }
 
@@ -328,6 +344,25 @@ impl Peers {
     fn heard(&self, node: u64, client_addr: &str) {
         lock(&self.heard).insert(node, client_addr.to_string());
     }
+
+    /// A node's Kafka address, as it told us (or this node's own); `None` when it has
+    /// no Kafka listener or has not been heard from.
+    pub fn kafka_addr(&self, node: u64) -> Option<String> {
+        let addr = if node == self.ident.node_id {
+            Some(self.ident.kafka_addr.clone())
+        } else {
+            let peer = self
+                .peers
+                .get(&node)
+                .and_then(|p| lock(&p.kafka_addr).clone());
+            peer.or_else(|| lock(&self.heard_kafka).get(&node).cloned())
+        };
+        addr.filter(|a| !a.is_empty())
+    }
+
+    fn heard_kafka(&self, node: u64, kafka_addr: &str) {
+        lock(&self.heard_kafka).insert(node, kafka_addr.to_string());
+    }
 }
 
 async fn read_frame(r: &mut (impl AsyncReadExt + Unpin)) -> io::Result<Vec<u8>> {
@@ -348,17 +383,22 @@ fn encode(frame: &PeerFrame<'_>) -> io::Result<Vec<u8>> {
 }
 
 fn hello_frame(ident: &Identity) -> io::Result<Vec<u8>> {
-    let (cluster_id, node_id, client_addr) = ident.hello();
+    let (cluster_id, node_id, client_addr, kafka_addr) = ident.hello();
     encode(&PeerFrame::Hello {
         version: PEER_VERSION,
         cluster_id: &cluster_id,
         node_id,
         client_addr: &client_addr,
+        kafka_addr: &kafka_addr,
     })
 }
 
-/// What the other side's first frame said: its node id and client address.
-async fn read_hello(stream: &mut TcpStream, ident: &Identity) -> Result<(u64, String), String> {
+/// What the other side's first frame said: its node id, client address and Kafka
+/// address (empty: none).
+async fn read_hello(
+    stream: &mut TcpStream,
+    ident: &Identity,
+) -> Result<(u64, String, String), String> {
     let frame = tokio::time::timeout(HELLO_TIMEOUT, read_frame(stream))
         .await
         .map_err(|_| "no hello in time".to_string())?
@@ -369,6 +409,7 @@ async fn read_hello(stream: &mut TcpStream, ident: &Identity) -> Result<(u64, St
             cluster_id,
             node_id,
             client_addr,
+            kafka_addr,
         } => {
             if version != PEER_VERSION {
                 return Err(format!(
@@ -376,7 +417,7 @@ async fn read_hello(stream: &mut TcpStream, ident: &Identity) -> Result<(u64, St
                 ));
             }
             ident.agree(cluster_id)?;
-            Ok((node_id, client_addr.to_string()))
+            Ok((node_id, client_addr.to_string(), kafka_addr.to_string()))
         }
         PeerFrame::Refuse { reason } => Err(format!("refused: {reason}")),
         other => Err(format!("expected a hello, got {other:?}")),
@@ -442,7 +483,7 @@ async fn dial(ident: &Identity, peer: &Peer) -> Result<TcpStream, String> {
         .write_all(&hello)
         .await
         .map_err(|e| format!("sending the hello: {e}"))?;
-    let (id, client_addr) = read_hello(&mut stream, ident).await?;
+    let (id, client_addr, kafka_addr) = read_hello(&mut stream, ident).await?;
     if id != peer.id {
         return Err(format!(
             "{} is node {id}, not node {} as --peers says",
@@ -450,6 +491,7 @@ async fn dial(ident: &Identity, peer: &Peer) -> Result<TcpStream, String> {
         ));
     }
     *lock(&peer.client_addr) = Some(client_addr);
+    *lock(&peer.kafka_addr) = Some(kafka_addr);
     Ok(stream)
 }
 
@@ -573,11 +615,12 @@ async fn serve_peer<H: CallHandler>(
     let _ = stream.set_nodelay(true);
     let ident = &peers.ident;
     let from = match read_hello(&mut stream, ident).await {
-        Ok((from, client_addr)) if peers.peers.contains_key(&from) => {
+        Ok((from, client_addr, kafka_addr)) if peers.peers.contains_key(&from) => {
             peers.heard(from, &client_addr);
+            peers.heard_kafka(from, &kafka_addr);
             from
         }
-        Ok((from, _)) => {
+        Ok((from, _, _)) => {
             let reason = format!("node {from} is not in this node's --peers");
             if let Ok(f) = encode(&PeerFrame::Refuse { reason: &reason }) {
                 let _ = stream.write_all(&f).await;
@@ -828,7 +871,11 @@ mod tests {
         let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
-        let server = ident(dirs[0].path(), 1, true);
+        let server = Arc::new(
+            Arc::into_inner(ident(dirs[0].path(), 1, true))
+                .unwrap()
+                .with_kafka_addr(Some("kafka-1")),
+        );
         let all = vec![(1, addr.clone()), (2, "unused".to_string())];
         let server_peers = Peers::new(Arc::clone(&server), &all);
         let (_stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -846,6 +893,11 @@ mod tests {
         assert_eq!(client.ident.cluster_id(), server.cluster_id());
         assert_eq!(peer.client_addr().as_deref(), Some("client-1"));
         assert_eq!(server_peers.client_addr(2).as_deref(), Some("client-2"));
+        // Kafka addresses travel the same way; none is none.
+        assert_eq!(client.kafka_addr(1).as_deref(), Some("kafka-1"));
+        assert_eq!(server_peers.kafka_addr(1).as_deref(), Some("kafka-1"));
+        assert_eq!(server_peers.kafka_addr(2), None);
+        assert_eq!(client.kafka_addr(2), None);
         let t = Duration::from_secs(5);
         let r = peer
             .call("t", 3, Rpc::Vote, b"x".to_vec(), t)

@@ -46,11 +46,13 @@ pub struct Node {
 }
 
 /// Loads the node's identity and builds its manager; nothing runs until
-/// [`Node::run`]. `nodes` lists every node (id, Raft address), this one included.
+/// [`Node::run`]. `nodes` lists every node (id, Raft address), this one included;
+/// `kafka_addr` is this node's Kafka listener as clients reach it, if it has one.
 pub fn start(
     broker: Arc<Broker>,
     node_id: u64,
     client_addr: &str,
+    kafka_addr: Option<&str>,
     nodes: &[(u64, String)],
 ) -> Result<Node, String> {
     let founder = nodes.iter().map(|(id, _)| *id).min() == Some(node_id);
@@ -61,7 +63,8 @@ pub fn start(
         Arc::clone(broker.storage()),
         founder,
     )
-    .map_err(|e| format!("cannot read the cluster id: {e}"))?;
+    .map_err(|e| format!("cannot read the cluster id: {e}"))?
+    .with_kafka_addr(kafka_addr);
     broker.producers().reserve_ids_from(node_id << 48);
     let peers = Peers::new(Arc::new(ident), nodes);
     let manager = Manager::new(broker, peers, RaftLogs, nodes)

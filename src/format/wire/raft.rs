@@ -8,7 +8,8 @@
 //! | frame_len | call_id | kind | body |
 //! | u32       | u64     | u8   |      |
 //! +-----------+---------+------+------+
-//! kind 0 hello:  version u16, cluster_id string, node_id u64, client_addr string
+//! kind 0 hello:  version u16, cluster_id string, node_id u64, client_addr string,
+//!                kafka_addr string (empty: the node has no Kafka listener)
 //! kind 1 call:   topic string, partition u32, rpc u8, payload bytes
 //! kind 2 reply:  status u8 (0 ok: payload bytes; 1 failed: message string)
 //! kind 3 refuse: reason string (instead of a hello; the connection then closes)
@@ -76,6 +77,8 @@ pub enum PeerFrame<'a> {
         cluster_id: &'a str,
         node_id: u64,
         client_addr: &'a str,
+        /// The node's Kafka listener as clients reach it (empty: none).
+        kafka_addr: &'a str,
     },
     Call {
         call_id: u64,
@@ -136,12 +139,14 @@ fn encode_inner(out: &mut Vec<u8>, frame: &PeerFrame<'_>) -> Result<(), Protocol
             cluster_id,
             node_id,
             client_addr,
+            kafka_addr,
         } => {
             let at = start(out, 0, KIND_HELLO);
             out.extend_from_slice(&version.to_be_bytes());
             put_str(out, "cluster_id", cluster_id, CLUSTER_ID_BYTES_MAX)?;
             out.extend_from_slice(&node_id.to_be_bytes());
             put_str(out, "client_addr", client_addr, ADDR_BYTES_MAX)?;
+            put_str(out, "kafka_addr", kafka_addr, ADDR_BYTES_MAX)?;
             finish(out, at)
         }
         PeerFrame::Call {
@@ -226,6 +231,7 @@ pub fn decode_peer_frame(frame: &[u8]) -> Result<PeerFrame<'_>, ProtocolError> {
             cluster_id: r.str("cluster_id", CLUSTER_ID_BYTES_MAX)?,
             node_id: r.u64("node_id")?,
             client_addr: r.str("client_addr", ADDR_BYTES_MAX)?,
+            kafka_addr: r.str("kafka_addr", ADDR_BYTES_MAX)?,
         },
         KIND_CALL => {
             let topic = r.str("topic", TOPIC_BYTES_MAX)?;
@@ -286,7 +292,15 @@ mod tests {
                 version: PEER_VERSION,
                 cluster_id: "c0ffee",
                 node_id: 3,
-                client_addr: "127.0.0.1:9092",
+                client_addr: "127.0.0.1:7000",
+                kafka_addr: "127.0.0.1:9092",
+            },
+            PeerFrame::Hello {
+                version: PEER_VERSION,
+                cluster_id: "",
+                node_id: 1,
+                client_addr: "127.0.0.1:7001",
+                kafka_addr: "",
             },
             PeerFrame::Call {
                 call_id: 9,
@@ -342,16 +356,18 @@ mod tests {
             cluster_id: "ab",
             node_id: 2,
             client_addr: "h:1",
+            kafka_addr: "k:2",
         };
         encode_peer_frame(&mut out, &f).unwrap();
         let want: Vec<u8> = [
-            &[0, 0, 0, 28][..],
+            &[0, 0, 0, 33][..],
             &[0; 8],
             &[0],
             &[0, 1],
             &[0, 2, b'a', b'b'],
             &[0, 0, 0, 0, 0, 0, 0, 2],
             &[0, 3, b'h', b':', b'1'],
+            &[0, 3, b'k', b':', b'2'],
         ]
         .concat();
         assert_eq!(out, want);

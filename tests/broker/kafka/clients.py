@@ -233,6 +233,77 @@ def confluent_sasl(boot, topic, token, ca, n):
          "offsets": sorted(r[1] for r in reports)})
 
 
+def confluent_metadata(boot, topic):
+    from confluent_kafka import Producer
+
+    p = Producer({"bootstrap.servers": boot})
+    md = p.list_topics(topic, timeout=10)
+    t = md.topics[topic]
+    out({"brokers": {str(b.id): "%s:%d" % (b.host, b.port) for b in md.brokers.values()},
+         "controller": md.controller_id,
+         "partitions": {str(pid): {"leader": pm.leader, "replicas": list(pm.replicas),
+                                   "isrs": list(pm.isrs), "error": None if pm.error is None else str(pm.error)}
+                        for pid, pm in t.partitions.items()}})
+
+
+def confluent_failover(boot, topic, n):
+    """Produces n records (idempotent, key k<i>, value v<i>) in two halves: after the
+    first is acknowledged it prints "ready" on stderr and waits for a line on stdin
+    (the test kills a leader then), produces the second half, then consumes every
+    partition from the start up to its high watermark."""
+    from confluent_kafka import Consumer, Producer, TopicPartition
+
+    p = Producer({"bootstrap.servers": boot, "enable.idempotence": True, "acks": "all",
+                  "linger.ms": 5, "message.timeout.ms": 60000, "retry.backoff.ms": 50,
+                  # A replica remembers a producer's last batch only (docs/PROTOCOL.md).
+                  "max.in.flight.requests.per.connection": 1,
+                  "topic.metadata.refresh.interval.ms": 1000})
+    reports = []
+
+    def cb(err, msg):
+        reports.append((None if err is None else str(err), msg.partition(), msg.offset(),
+                        msg.value().decode()))
+
+    half = n // 2
+    for i in range(n):
+        if i == half:
+            p.flush(DEADLINE_S)
+            print("ready", file=sys.stderr)
+            sys.stderr.flush()
+            sys.stdin.readline()
+        while True:
+            try:
+                p.produce(topic, key=b"k%d" % i, value=b"v%d" % i, on_delivery=cb)
+                break
+            except BufferError:
+                p.poll(0.05)
+        p.poll(0)
+    p.flush(DEADLINE_S)
+    parts = sorted(p.list_topics(topic, timeout=10).topics[topic].partitions)
+    c = Consumer({"bootstrap.servers": boot, "group.id": "failover", "enable.auto.commit": False,
+                  "topic.metadata.refresh.interval.ms": 1000})
+    ends = {}
+    for part in parts:
+        end = time.time() + DEADLINE_S
+        while time.time() < end:
+            try:
+                ends[part] = c.get_watermark_offsets(TopicPartition(topic, part), timeout=5)[1]
+                break
+            except Exception:
+                time.sleep(0.2)
+    c.assign([TopicPartition(topic, part, 0) for part in parts])
+    consumed = []
+    seen = {part: 0 for part in parts}
+    end = time.time() + DEADLINE_S
+    while any(seen[q] < ends.get(q, 0) for q in parts) and time.time() < end:
+        m = c.poll(0.2)
+        if m is not None and m.error() is None:
+            consumed.append((m.partition(), m.offset(), m.value().decode()))
+            seen[m.partition()] = m.offset() + 1
+    c.close()
+    out({"reports": reports, "consumed": consumed, "ends": {str(k): v for k, v in ends.items()}})
+
+
 def main():
     mode = sys.argv[1]
     try:
@@ -248,6 +319,10 @@ def main():
             bench_fetch(sys.argv[2], sys.argv[3], int(sys.argv[4]))
         elif mode == "confluent_sasl":
             confluent_sasl(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], int(sys.argv[6]))
+        elif mode == "confluent_metadata":
+            confluent_metadata(sys.argv[2], sys.argv[3])
+        elif mode == "confluent_failover":
+            confluent_failover(sys.argv[2], sys.argv[3], int(sys.argv[4]))
         elif mode == "kafka_python":
             kafka_python(sys.argv[2])
         else:

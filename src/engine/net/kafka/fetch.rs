@@ -5,6 +5,9 @@
 //!
 //! Long poll: a request with less than `min_bytes` ready waits up to `max_wait_ms`
 //! for any of its partitions to grow, in slices so a stopping server is not held up.
+//!
+//! A replicated partition is read on its leader only (elsewhere: NOT_LEADER_OR_FOLLOWER),
+//! and its data partition holds only committed, applied records.
 
 use std::time::{Duration, Instant};
 
@@ -137,6 +140,17 @@ pub(crate) async fn fetch(ctx: &Ctx, r: FetchRequest, version: i16) -> Outcome {
         for t in &r.topics {
             let mut ps = Vec::with_capacity(t.partitions.len());
             for p in &t.partitions {
+                let topic = t.topic.0.as_str();
+                let led = u32::try_from(p.partition).map_or(Ok(()), |i| ctx.check_leader(topic, i));
+                if let Err((c, _)) = led {
+                    ps.push(Part {
+                        code: c,
+                        start: -1,
+                        end: -1,
+                        records: None,
+                    });
+                    continue;
+                }
                 let max = u32::try_from(p.partition_max_bytes).unwrap_or(0).min(left);
                 let part = read_partition(
                     &ctx.broker,

@@ -17,7 +17,7 @@ use kafka_protocol::messages::{
 };
 
 use super::server::{Ctx, Outcome, POLL_INTERVAL};
-use super::{code, sb, NODE_ID};
+use super::{code, sb};
 use crate::engine::groups::{Completion, GroupError, JoinRequest};
 
 /// The Kafka code and message of a group error.
@@ -58,7 +58,7 @@ pub(crate) fn find_coordinator(ctx: &Ctx, _r: FindCoordinatorRequest) -> Outcome
     // Transaction coordinators (key type 1) are this broker too, so a transactional
     // producer reaches InitProducerId and is refused there with a clear error.
     let mut resp = FindCoordinatorResponse::default();
-    resp.node_id = BrokerId(NODE_ID);
+    resp.node_id = BrokerId(ctx.node_id());
     resp.host = sb(&ctx.opts.advertised_host);
     resp.port = ctx.opts.advertised_port;
     resp.error_message = None;

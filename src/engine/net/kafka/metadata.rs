@@ -1,4 +1,11 @@
-//! Metadata (one broker, every partition led by it), CreateTopics and DeleteTopics.
+//! Metadata, CreateTopics and DeleteTopics.
+//!
+//! A broker without `--peers` is broker [`NODE_ID`], the leader of every partition.
+//! On a cluster node the brokers are the cluster's nodes that have a Kafka listener
+//! (node id = broker id), and a replicated partition names its Raft leader, the Raft
+//! term as its leader epoch, its placement as replicas and the in-sync replicas as
+//! [`crate::engine::replication::PartitionView`] gives them; a partition of a topic
+//! that is not replicated is led by the node that holds it.
 
 use kafka_protocol::messages::create_topics_response::CreatableTopicResult;
 use kafka_protocol::messages::delete_topics_response::DeletableTopicResult;
@@ -10,27 +17,66 @@ use kafka_protocol::messages::{
     DeleteTopicsResponse, MetadataRequest, MetadataResponse, ResponseKind, TopicName,
 };
 
-use super::server::{Ctx, Outcome};
+use super::server::{broker_id, split_host_port, Ctx, Outcome};
 use super::{code, engine_code, sb, NODE_ID};
+use std::sync::Arc;
+
+use crate::engine::replication::Replicator;
 use crate::format::names::validate_name;
 use crate::format::topic::TopicConfig;
+use crate::format::wire::ErrorCode;
 
 /// The cluster id given to clients (one broker: fixed).
 const CLUSTER_ID: &str = "seglog";
 
-fn topic_entry(ctx: &Ctx, name: &str) -> MetadataResponseTopic {
+/// A replicated partition's entry; `listed` are the brokers of the response (a
+/// leader not among them is not named).
+fn replicated_partition(
+    r: &dyn Replicator,
+    topic: &str,
+    p: u32,
+    listed: &[i32],
+) -> MetadataResponsePartition {
+    let mut m = MetadataResponsePartition::default();
+    m.partition_index = p as i32;
+    let Some(v) = r.partition_view(topic, p) else {
+        m.error_code = code::LEADER_NOT_AVAILABLE;
+        m.leader_id = BrokerId(-1);
+        m.leader_epoch = -1;
+        return m;
+    };
+    let ids = |nodes: &[u64]| nodes.iter().map(|n| BrokerId(broker_id(*n))).collect();
+    m.replica_nodes = ids(&v.replicas);
+    m.isr_nodes = ids(&v.in_sync);
+    m.leader_epoch = i32::try_from(v.term).unwrap_or(i32::MAX);
+    match v.leader.map(broker_id).filter(|l| listed.contains(l)) {
+        Some(l) => m.leader_id = BrokerId(l),
+        None => {
+            m.error_code = code::LEADER_NOT_AVAILABLE;
+            m.leader_id = BrokerId(-1);
+        }
+    }
+    m
+}
+
+fn topic_entry(ctx: &Ctx, name: &str, listed: &[i32]) -> MetadataResponseTopic {
     let mut t = MetadataResponseTopic::default();
     t.name = Some(TopicName(sb(name)));
+    let replicated = ctx.replicated(name);
+    let me = ctx.node_id();
     match ctx.broker.partition_count(name) {
         Ok(n) => {
             t.partitions = (0..n)
                 .map(|p| {
+                    if let Some(r) = replicated {
+                        return replicated_partition(&**r, name, p, listed);
+                    }
                     let mut m = MetadataResponsePartition::default();
                     m.partition_index = p as i32;
-                    m.leader_id = BrokerId(NODE_ID);
+                    m.leader_id = BrokerId(me);
                     m.leader_epoch = 0;
-                    m.replica_nodes = vec![BrokerId(NODE_ID)];
-                    m.isr_nodes = vec![BrokerId(NODE_ID)];
+                    m.replica_nodes = vec![BrokerId(me)];
+                    m.isr_nodes = vec![BrokerId(me)];
                     m
                 })
                 .collect();
@@ -40,17 +86,54 @@ fn topic_entry(ctx: &Ctx, name: &str) -> MetadataResponseTopic {
     t
 }
 
+/// The brokers of a cluster node's Metadata: every node with a Kafka listener, this
+/// one as it advertises itself.
+fn cluster_brokers(ctx: &Ctx, r: &dyn Replicator) -> Vec<MetadataResponseBroker> {
+    let me = r.node_id();
+    let mut brokers = Vec::new();
+    for (id, addr) in r.kafka_nodes() {
+        let (host, port) = if id == me {
+            (ctx.opts.advertised_host.clone(), ctx.opts.advertised_port)
+        } else {
+            match split_host_port(&addr) {
+                Some(hp) => hp,
+                None => continue,
+            }
+        };
+        let mut b = MetadataResponseBroker::default();
+        b.node_id = BrokerId(broker_id(id));
+        b.host = sb(&host);
+        b.port = port;
+        brokers.push(b);
+    }
+    if !brokers.iter().any(|b| b.node_id.0 == broker_id(me)) {
+        let mut b = MetadataResponseBroker::default();
+        b.node_id = BrokerId(broker_id(me));
+        b.host = sb(&ctx.opts.advertised_host);
+        b.port = ctx.opts.advertised_port;
+        brokers.push(b);
+    }
+    brokers
+}
+
 pub(crate) fn metadata(ctx: &Ctx, r: MetadataRequest, version: i16) -> Outcome {
     let mut resp = MetadataResponse::default();
-    let mut broker = MetadataResponseBroker::default();
-    broker.node_id = BrokerId(NODE_ID);
-    broker.host = sb(&ctx.opts.advertised_host);
-    broker.port = ctx.opts.advertised_port;
-    resp.brokers = vec![broker];
+    match &ctx.opts.replication {
+        Some(r) => resp.brokers = cluster_brokers(ctx, &**r),
+        None => {
+            let mut broker = MetadataResponseBroker::default();
+            broker.node_id = BrokerId(NODE_ID);
+            broker.host = sb(&ctx.opts.advertised_host);
+            broker.port = ctx.opts.advertised_port;
+            resp.brokers = vec![broker];
+        }
+    }
     if version >= 2 {
         resp.cluster_id = Some(sb(CLUSTER_ID));
     }
-    resp.controller_id = BrokerId(NODE_ID);
+    // The node answering is alive: it is the controller it names.
+    resp.controller_id = BrokerId(ctx.node_id());
+    let listed: Vec<i32> = resp.brokers.iter().map(|b| b.node_id.0).collect();
     // v0: an empty list means every topic; v1+: null does.
     let wanted: Option<Vec<String>> = match r.topics {
         None => None,
@@ -62,22 +145,22 @@ pub(crate) fn metadata(ctx: &Ctx, r: MetadataRequest, version: i16) -> Outcome {
         ),
     };
     let names = wanted.unwrap_or_else(|| ctx.broker.list_topics());
-    resp.topics = names.iter().map(|n| topic_entry(ctx, n)).collect();
+    resp.topics = names.iter().map(|n| topic_entry(ctx, n, &listed)).collect();
     Outcome::reply(ResponseKind::Metadata(resp))
 }
 
-pub(crate) fn create_topics(ctx: &Ctx, r: CreateTopicsRequest, version: i16) -> Outcome {
+pub(crate) async fn create_topics(ctx: &Ctx, r: CreateTopicsRequest, version: i16) -> Outcome {
     let mut resp = CreateTopicsResponse::default();
     for t in r.topics {
         let name = t.name.0.as_str().to_string();
         let mut result = CreatableTopicResult::default();
         result.name = t.name.clone();
-        let outcome = create_one(ctx, &name, &t, r.validate_only);
+        let outcome = create_one(ctx, &name, &t, r.validate_only).await;
         match outcome {
-            Ok(partitions) => {
+            Ok((partitions, factor)) => {
                 if version >= 5 {
                     result.num_partitions = partitions as i32;
-                    result.replication_factor = 1;
+                    result.replication_factor = factor;
                 }
             }
             Err((c, msg)) => {
@@ -98,12 +181,13 @@ pub(crate) fn create_topics(ctx: &Ctx, r: CreateTopicsRequest, version: i16) -> 
 /// Partitions of a topic created when the request asks for the default (-1).
 const DEFAULT_PARTITIONS: u32 = 1;
 
-fn create_one(
+/// Creates one topic: (partitions, replication factor).
+async fn create_one(
     ctx: &Ctx,
     name: &str,
     t: &kafka_protocol::messages::create_topics_request::CreatableTopic,
     validate_only: bool,
-) -> Result<u32, (i16, String)> {
+) -> Result<(u32, i16), (i16, String)> {
     validate_name(name).map_err(|e| {
         (
             code::INVALID_TOPIC_EXCEPTION,
@@ -116,7 +200,9 @@ fn create_one(
             "replica assignments are not supported (one broker)".into(),
         ));
     }
-    if t.replication_factor != -1 && t.replication_factor != 1 {
+    let cluster = ctx.opts.replication.as_ref();
+    let replicated = t.replication_factor > 1 && cluster.is_some();
+    if t.replication_factor != -1 && t.replication_factor != 1 && !replicated {
         return Err((
             code::INVALID_REPLICATION_FACTOR,
             format!(
@@ -142,13 +228,44 @@ fn create_one(
             )
         })?;
     }
+    if let (true, Some(r)) = (replicated, cluster) {
+        // The same call `topics create --replication-factor` makes: every replica's
+        // node creates the topic, then each partition's group elects a leader.
+        let factor = t.replication_factor;
+        if validate_only {
+            return Ok((partitions, factor));
+        }
+        let settings = t
+            .configs
+            .iter()
+            .filter_map(|c| {
+                c.value
+                    .as_ref()
+                    .map(|v| format!("{}={}", c.name.as_str(), v.as_str()))
+            })
+            .collect();
+        Arc::clone(r)
+            .create_topic(name.to_string(), partitions, settings, factor as u32)
+            .await
+            .map_err(|(c, msg)| (create_code(c), msg))?;
+        return Ok((partitions, factor));
+    }
     if validate_only {
-        return Ok(partitions);
+        return Ok((partitions, 1));
     }
     ctx.broker
         .create_topic(name, partitions, config)
         .map_err(|e| (engine_code(&e), e.to_string()))?;
-    Ok(partitions)
+    Ok((partitions, 1))
+}
+
+/// The Kafka error code of a refused replicated create.
+fn create_code(c: ErrorCode) -> i16 {
+    match c {
+        // A factor larger than the cluster, or settings refused.
+        ErrorCode::INVALID_CONFIG => code::INVALID_REPLICATION_FACTOR,
+        other => super::replicated_code(other),
+    }
 }
 
 pub(crate) fn delete_topics(ctx: &Ctx, r: DeleteTopicsRequest, version: i16) -> Outcome {
@@ -167,6 +284,15 @@ pub(crate) fn delete_topics(ctx: &Ctx, r: DeleteTopicsRequest, version: i16) -> 
                 )
             })
             .and_then(|()| {
+                if ctx.replicated(name.0.as_str()).is_some() {
+                    return Err((
+                        code::INVALID_REQUEST,
+                        format!(
+                            "{} is replicated: deleting a replicated topic is not supported",
+                            name.0.as_str()
+                        ),
+                    ));
+                }
                 ctx.broker
                     .delete_topic(name.0.as_str())
                     .map_err(|e| (engine_code(&e), e.to_string()))

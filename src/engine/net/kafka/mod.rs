@@ -45,7 +45,8 @@ pub const REQUEST_BYTES_MAX: u32 = crate::format::wire::FRAME_BYTES_MAX;
 /// Size of the frame's length prefix.
 pub const LEN_FIELD: usize = 4;
 
-/// The node id of this broker in Metadata and FindCoordinator.
+/// The node id of this broker in Metadata and FindCoordinator (a broker without
+/// `--peers`; a cluster node is its `--node-id`).
 pub const NODE_ID: i32 = 0;
 
 /// Every API served, with the version range actually implemented (min, max).
@@ -77,6 +78,9 @@ pub mod code {
     pub const OFFSET_OUT_OF_RANGE: i16 = 1;
     pub const CORRUPT_MESSAGE: i16 = 2;
     pub const UNKNOWN_TOPIC_OR_PARTITION: i16 = 3;
+    pub const LEADER_NOT_AVAILABLE: i16 = 5;
+    pub const NOT_LEADER_OR_FOLLOWER: i16 = 6;
+    pub const REQUEST_TIMED_OUT: i16 = 7;
     pub const MESSAGE_TOO_LARGE: i16 = 10;
     pub const OFFSET_METADATA_TOO_LARGE: i16 = 12;
     pub const COORDINATOR_NOT_AVAILABLE: i16 = 15;
@@ -309,6 +313,28 @@ pub(crate) fn engine_code(e: &crate::engine::error::EngineError) -> i16 {
         | E::RecordsDamaged { .. }
         | E::RecordsMissing { .. }
         | E::TopicOffline { .. } => code::KAFKA_STORAGE_ERROR,
+        _ => code::UNKNOWN_SERVER_ERROR,
+    }
+}
+
+/// The Kafka error code for a refusal of the replication layer (a replicated
+/// partition's produce or read).
+pub(crate) fn replicated_code(c: crate::format::wire::ErrorCode) -> i16 {
+    use crate::format::wire::ErrorCode as E;
+    match c {
+        E::NOT_LEADER => code::NOT_LEADER_OR_FOLLOWER,
+        // No leader reachable yet (an election, a peer not connected): retriable.
+        E::PARTITION_UNAVAILABLE => code::NOT_ENOUGH_REPLICAS,
+        E::OUT_OF_ORDER_SEQUENCE => code::OUT_OF_ORDER_SEQUENCE_NUMBER,
+        E::INVALID_PRODUCER_EPOCH => code::INVALID_PRODUCER_EPOCH,
+        E::UNKNOWN_PRODUCER => code::UNKNOWN_PRODUCER_ID,
+        E::UNKNOWN_TOPIC | E::UNKNOWN_PARTITION => code::UNKNOWN_TOPIC_OR_PARTITION,
+        E::RECORD_TOO_LARGE => code::MESSAGE_TOO_LARGE,
+        E::INVALID_REQUEST => code::INVALID_REQUEST,
+        E::INVALID_CONFIG => code::INVALID_CONFIG,
+        E::TOPIC_EXISTS => code::TOPIC_ALREADY_EXISTS,
+        E::PARTITION_FAILED | E::STORAGE | E::CORRUPT_DATA => code::KAFKA_STORAGE_ERROR,
+        E::SHUTTING_DOWN => code::NOT_LEADER_OR_FOLLOWER,
         _ => code::UNKNOWN_SERVER_ERROR,
     }
 }

@@ -75,6 +75,20 @@ async fn offset_for_time(
     Ok(None)
 }
 
+/// The leader epoch answered with an offset: the Raft term of a replicated
+/// partition, 0 otherwise (as Metadata says).
+fn leader_epoch(ctx: &Ctx, topic: &str, partition: Option<u32>) -> i32 {
+    partition
+        .and_then(|p| ctx.replicated(topic)?.partition_view(topic, p))
+        .map_or(0, |v| i32::try_from(v.term).unwrap_or(i32::MAX))
+}
+
+fn partition_index(
+    p: &kafka_protocol::messages::list_offsets_request::ListOffsetsPartition,
+) -> Option<u32> {
+    u32::try_from(p.partition_index).ok()
+}
+
 pub(crate) async fn list_offsets(ctx: &Ctx, r: ListOffsetsRequest, version: i16) -> Outcome {
     let mut resp = ListOffsetsResponse::default();
     for t in &r.topics {
@@ -91,25 +105,28 @@ pub(crate) async fn list_offsets(ctx: &Ctx, r: ListOffsetsRequest, version: i16)
                     code::UNKNOWN_TOPIC_OR_PARTITION,
                     "negative partition".into(),
                 )),
-                Ok(partition) => match p.timestamp {
-                    LATEST => ctx
-                        .broker
-                        .offsets(topic, partition)
-                        .map(|(_, end)| Some((end, -1))),
-                    EARLIEST => ctx
-                        .broker
-                        .offsets(topic, partition)
-                        .map(|(start, _)| Some((start, -1))),
-                    ts => offset_for_time(&ctx.broker, topic, partition, ts).await,
-                }
-                .map_err(|e| (engine_code(&e), e.to_string())),
+                Ok(partition) => match ctx.check_leader(topic, partition) {
+                    Err(e) => Err(e),
+                    Ok(()) => match p.timestamp {
+                        LATEST => ctx
+                            .broker
+                            .offsets(topic, partition)
+                            .map(|(_, end)| Some((end, -1))),
+                        EARLIEST => ctx
+                            .broker
+                            .offsets(topic, partition)
+                            .map(|(start, _)| Some((start, -1))),
+                        ts => offset_for_time(&ctx.broker, topic, partition, ts).await,
+                    }
+                    .map_err(|e| (engine_code(&e), e.to_string())),
+                },
             };
             match answer {
                 Ok(Some((offset, ts))) => {
                     pr.offset = offset as i64;
                     pr.timestamp = ts;
                     if version >= 4 {
-                        pr.leader_epoch = 0;
+                        pr.leader_epoch = leader_epoch(ctx, topic, partition_index(p));
                     }
                 }
                 Ok(None) => {}

@@ -4,10 +4,20 @@
 //! idempotent-producer table. With acks 1 or -1 the response waits, without holding
 //! the event loop, until the records (and a producer's journal entry) are durable:
 //! every acknowledged record is on disk. With acks 0 nothing is answered.
+//!
+//! A replicated partition (on a cluster node, of a topic replicated on several
+//! nodes) takes the native produce's path instead: each Kafka batch is one Raft entry
+//! ([`crate::engine::replication::Replicator::produce`]), proposed on the leader
+//! only (elsewhere: NOT_LEADER_OR_FOLLOWER, so the client refreshes its metadata and
+//! moves) and answered once committed and applied, whatever `acks` asked. A batch's
+//! producer id, epoch and sequence travel in the entry and are checked at apply on
+//! every replica, so a retry on a new leader is recognised as a duplicate.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::{Buf, Bytes};
 use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
@@ -22,8 +32,12 @@ use super::server::{Ctx, Outcome};
 use super::{code, engine_code, sb};
 use crate::engine::broker::{Broker, NewRecord};
 use crate::engine::producers::{Decision, ProducerError};
+use crate::engine::replication::types::{EntryRecord, ProduceEntry, ProducerStamp};
+use crate::engine::replication::Replicator;
 use crate::format::names::validate_name;
-use crate::format::wire::{PartitionBatch, WireRecord, PROTOCOL_VERSION};
+use crate::format::wire::{
+    PartitionBatch, WireRecord, PROTOCOL_VERSION, RECORDS_PER_PARTITION_MAX, RECORD_FIELD_BYTES_MAX,
+};
 
 /// The fewest bytes one record takes in an uncompressed batch (length, attributes,
 /// timestamp delta, offset delta, key length, value length, header count).
@@ -34,6 +48,12 @@ const COMPRESSED_BATCH_RECORDS_MAX: i32 = 1 << 17;
 /// A partition's outcome: (base offset, error code, message).
 type Answer = Result<u64, (i16, String)>;
 type Wait = Pin<Box<dyn Future<Output = Result<(), (i16, String)>> + Send>>;
+/// A replicated partition's batches, proposed one after the other.
+type Proposal<'a> = Pin<Box<dyn Future<Output = Answer> + Send + 'a>>;
+
+/// How long a replicated produce waits for its entry when the request gives no
+/// timeout.
+const REPLICATED_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
 
 fn producer_code(e: &ProducerError) -> i16 {
     match e {
@@ -238,6 +258,107 @@ fn append_one(
     }
 }
 
+/// One Kafka batch as one Raft entry: its records (within the limits every
+/// replica's decoder holds an entry to) and its producer stamp.
+fn entry(batch: &[Record]) -> Result<ProduceEntry, (i16, String)> {
+    let Some(first) = batch.first() else {
+        return Err((code::CORRUPT_MESSAGE, "an empty batch".into()));
+    };
+    if batch.len() > RECORDS_PER_PARTITION_MAX as usize {
+        return Err((
+            code::MESSAGE_TOO_LARGE,
+            format!(
+                "a batch of {} records (at most {RECORDS_PER_PARTITION_MAX})",
+                batch.len()
+            ),
+        ));
+    }
+    let field_max = RECORD_FIELD_BYTES_MAX as usize;
+    let producer = if first.producer_id < 0 {
+        None
+    } else {
+        let epoch = u16::try_from(first.producer_epoch).map_err(|_| {
+            (
+                code::INVALID_PRODUCER_EPOCH,
+                format!("epoch {}", first.producer_epoch),
+            )
+        })?;
+        Some(ProducerStamp {
+            producer_id: first.producer_id as u64,
+            epoch,
+            first_sequence: first.sequence,
+        })
+    };
+    let mut records = Vec::with_capacity(batch.len());
+    for r in batch {
+        let key = r.key.as_deref();
+        let value = r.value.as_deref().unwrap_or(&[]);
+        let longest = key.map_or(0, <[u8]>::len).max(value.len());
+        if longest > field_max {
+            return Err((
+                code::MESSAGE_TOO_LARGE,
+                format!("a key or value of {longest} bytes (at most {field_max})"),
+            ));
+        }
+        records.push(EntryRecord {
+            timestamp_ms: r.timestamp,
+            key: key.map(<[u8]>::to_vec),
+            value: value.to_vec(),
+        });
+    }
+    Ok(ProduceEntry { producer, records })
+}
+
+/// One replicated partition: decode and check here, then each batch proposed in
+/// order, each answered once committed and applied (or after `timeout`).
+fn propose<'a>(
+    ctx: &'a Ctx,
+    r: &Arc<dyn Replicator>,
+    topic: &str,
+    index: i32,
+    records: Option<Bytes>,
+    timeout: Duration,
+) -> Result<Proposal<'a>, (i16, String)> {
+    validate_name(topic).map_err(|e| {
+        (
+            code::INVALID_TOPIC_EXCEPTION,
+            format!("invalid topic name: {e}"),
+        )
+    })?;
+    let p = u32::try_from(index).map_err(|_| {
+        (
+            code::UNKNOWN_TOPIC_OR_PARTITION,
+            format!("partition {index}"),
+        )
+    })?;
+    ctx.check_leader(topic, p)?;
+    let batches = decode_batches(records)?;
+    check_schema(&ctx.broker, topic, p, &batches)?;
+    let entries = batches
+        .iter()
+        .map(|b| entry(b))
+        .collect::<Result<Vec<_>, _>>()?;
+    let r = Arc::clone(r);
+    let topic = topic.to_string();
+    Ok(Box::pin(async move {
+        let mut base = None;
+        for e in entries {
+            let proposed = Arc::clone(&r).produce(topic.clone(), p, e);
+            let (at, _) = match tokio::time::timeout(timeout, proposed).await {
+                Ok(done) => done.map_err(|(c, msg)| (super::replicated_code(c), msg))?,
+                Err(_) => {
+                    return Err((
+                        code::REQUEST_TIMED_OUT,
+                        format!("{topic}/{p}: not committed within {timeout:?}"),
+                    ))
+                }
+            };
+            base.get_or_insert(at);
+        }
+        base.ok_or_else(|| (code::CORRUPT_MESSAGE, "no records".into()))
+    }))
+}
+
 /// One partition: decode, check, then every batch appended in order.
 fn partition(
     ctx: &Ctx,
@@ -282,23 +403,42 @@ pub(crate) async fn produce(ctx: &Ctx, r: ProduceRequest, version: i16) -> Outco
     } else {
         None
     };
+    let timeout = u64::try_from(r.timeout_ms)
+        .ok()
+        .filter(|t| *t > 0)
+        .map_or(REPLICATED_TIMEOUT_DEFAULT, Duration::from_millis);
     // Every partition's write first, then the durability waits side by side.
     let mut answers: Vec<(usize, i32, Answer, usize)> = Vec::new();
     let mut waits: Vec<Wait> = Vec::new();
+    let mut proposals: Vec<(usize, Proposal<'_>)> = Vec::new();
     for (ti, t) in r.topic_data.iter().enumerate() {
         for p in &t.partition_data {
             let first_wait = waits.len();
-            let a = match &refuse_all {
-                Some(e) => Err(e.clone()),
-                None => partition(
-                    ctx,
-                    t.name.0.as_str(),
-                    p.index,
-                    p.records.clone(),
-                    &mut waits,
-                ),
+            let topic = t.name.0.as_str();
+            let a = match (&refuse_all, ctx.replicated(topic)) {
+                (Some(e), _) => Err(e.clone()),
+                (None, Some(rep)) => {
+                    match propose(ctx, rep, topic, p.index, p.records.clone(), timeout) {
+                        Ok(f) => {
+                            proposals.push((answers.len(), f));
+                            Ok(0)
+                        }
+                        Err(e) => Err(e),
+                    }
+                }
+                (None, None) => partition(ctx, topic, p.index, p.records.clone(), &mut waits),
             };
             answers.push((ti, p.index, a, first_wait));
+        }
+    }
+    // Replicated partitions' entries, side by side (acks 0 and 1 wait as -1 does).
+    let (at, futures): (Vec<usize>, Vec<Proposal<'_>>) = proposals.into_iter().unzip();
+    for (i, a) in at
+        .into_iter()
+        .zip(futures_util::future::join_all(futures).await)
+    {
+        if let Some(slot) = answers.get_mut(i) {
+            slot.2 = a;
         }
     }
     if r.acks == 0 {
@@ -382,7 +522,15 @@ pub(crate) async fn init_producer_id(ctx: &Ctx, r: InitProducerIdRequest) -> Out
         _ => None,
     };
     let table = ctx.broker.producers();
-    let init = match table.init(existing) {
+    let mut asked = table.init(existing);
+    // In a cluster a producer may bump its epoch on another node than the one that
+    // gave it its id: as Kafka does for a producer without a transactional id, it
+    // gets a new id (a new id's sequences are checked from its first batch).
+    if ctx.opts.replication.is_some() && matches!(asked, Err(ProducerError::UnknownProducer { .. }))
+    {
+        asked = table.init(None);
+    }
+    let init = match asked {
         Ok((ids, rx)) => journal_wait(rx, &ctx.stop).await.map(|()| ids),
         Err(e) => Err(e),
     };

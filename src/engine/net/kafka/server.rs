@@ -41,6 +41,7 @@ use crate::engine::broker::Broker;
 use crate::engine::net::limits::{ConnectionGate, Limits};
 use crate::engine::net::metrics::NetMetrics;
 use crate::engine::net::tls::{Accepted, ServerTls, Stream};
+use crate::engine::replication::Replicator;
 
 /// How often waiting loops look at the stop flags.
 pub(crate) const POLL_INTERVAL: Duration = Duration::from_millis(100);
@@ -68,6 +69,8 @@ pub struct KafkaOptions {
     pub limits: Limits,
     /// Where failed logins are counted.
     pub metrics: Option<Arc<NetMetrics>>,
+    /// The cluster's replication, on a node started with `--peers`.
+    pub replication: Option<Arc<dyn Replicator>>,
 }
 
 /// The bound Kafka listener of one broker.
@@ -114,6 +117,7 @@ impl KafkaServer {
                 tls: None,
                 limits: Limits::default(),
                 metrics: None,
+                replication: None,
             }),
             gate: ConnectionGate::new(Arc::new(AtomicUsize::new(0)), max_connections, usize::MAX),
         })
@@ -142,6 +146,13 @@ impl KafkaServer {
     /// Counts failed logins into `metrics`.
     pub fn with_metrics(mut self, metrics: Option<Arc<NetMetrics>>) -> KafkaServer {
         Arc::make_mut(&mut self.opts).metrics = metrics;
+        self
+    }
+
+    /// Routes the requests of replicated topics through `replication` (a cluster
+    /// node), and names the cluster's nodes in Metadata.
+    pub fn with_replication(mut self, replication: Option<Arc<dyn Replicator>>) -> KafkaServer {
+        Arc::make_mut(&mut self.opts).replication = replication;
         self
     }
 
@@ -216,8 +227,13 @@ impl KafkaServer {
     }
 }
 
+/// A node id as a Kafka broker id (node ids are at most 32767, see `serve --peers`).
+pub(crate) fn broker_id(node: u64) -> i32 {
+    i32::try_from(node).unwrap_or(i32::MAX)
+}
+
 /// `host:port` (IPv6 in brackets) split; the port as Kafka's i32.
-fn split_host_port(addr: &str) -> Option<(String, i32)> {
+pub(crate) fn split_host_port(addr: &str) -> Option<(String, i32)> {
     let (host, port) = addr.rsplit_once(':')?;
     let port: u16 = port.parse().ok()?;
     let host = host.trim_start_matches('[').trim_end_matches(']');
@@ -263,6 +279,36 @@ impl Ctx {
 
     pub fn stopping(&self) -> bool {
         self.stop.load(Ordering::SeqCst)
+    }
+
+    /// This broker's id in Metadata and FindCoordinator: [`super::NODE_ID`] alone,
+    /// its `--node-id` in a cluster.
+    pub fn node_id(&self) -> i32 {
+        self.opts
+            .replication
+            .as_ref()
+            .map_or(super::NODE_ID, |r| broker_id(r.node_id()))
+    }
+
+    /// The replication of `topic`, when this is a cluster node and the topic is
+    /// replicated.
+    pub fn replicated(&self, topic: &str) -> Option<&Arc<dyn Replicator>> {
+        self.opts
+            .replication
+            .as_ref()
+            .filter(|r| r.is_replicated(topic))
+    }
+
+    /// `Err` (NOT_LEADER_OR_FOLLOWER) when `topic` is replicated and this node does
+    /// not lead `partition`: reads and writes of a replicated partition are served
+    /// by its leader.
+    pub fn check_leader(&self, topic: &str, partition: u32) -> Result<(), (i16, String)> {
+        match self.replicated(topic) {
+            Some(r) => r
+                .check_leader(topic, partition)
+                .map_err(|(c, msg)| (super::replicated_code(c), msg)),
+            None => Ok(()),
+        }
     }
 }
 
@@ -482,7 +528,7 @@ impl Connection {
         };
         let outcome = match *request {
             RequestKind::Metadata(r) => super::metadata::metadata(ctx, r, version),
-            RequestKind::CreateTopics(r) => super::metadata::create_topics(ctx, r, version),
+            RequestKind::CreateTopics(r) => super::metadata::create_topics(ctx, r, version).await,
             RequestKind::DeleteTopics(r) => super::metadata::delete_topics(ctx, r, version),
             RequestKind::Produce(r) => super::produce::produce(ctx, r, version).await,
             RequestKind::InitProducerId(r) => super::produce::init_producer_id(ctx, r).await,
@@ -529,21 +575,36 @@ mod tests {
     use crate::engine::broker::BrokerOptions;
     use crate::engine::storage::io::RealStorage;
 
-    /// A broker with only the Kafka listener, served on a thread.
-    fn start() -> (
+    type Started = (
         tempfile::TempDir,
         String,
         Arc<AtomicBool>,
         std::thread::JoinHandle<()>,
-    ) {
+    );
+
+    /// A broker with only the Kafka listener, served on a thread.
+    fn start() -> Started {
+        start_with(None)
+    }
+
+    /// [`start`], on a cluster node whose replication is `replication`; topic "r"
+    /// exists too.
+    fn start_with(replication: Option<Arc<dyn Replicator>>) -> Started {
         let dir = tempfile::tempdir().unwrap();
         let broker =
             Broker::open(dir.path(), Arc::new(RealStorage), BrokerOptions::default()).unwrap();
         broker
             .create_topic("t", 1, crate::format::topic::TopicConfig::default())
             .unwrap();
+        if replication.is_some() {
+            broker
+                .create_topic("r", 2, crate::format::topic::TopicConfig::default())
+                .unwrap();
+        }
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let k = KafkaServer::from_listener(l, Arc::clone(&broker), None, 8, false).unwrap();
+        let k = KafkaServer::from_listener(l, Arc::clone(&broker), None, 8, false)
+            .unwrap()
+            .with_replication(replication);
         let addr = k.local_addr().to_string();
         let stop = Arc::new(AtomicBool::new(false));
         let s = Arc::clone(&stop);
@@ -817,5 +878,216 @@ mod tests {
         assert_eq!(split_host_port("h"), None);
         assert_eq!(split_host_port(":9"), None);
         assert_eq!(split_host_port("h:99999"), None);
+    }
+
+    /// Node 1 of a three-node cluster in which node 2 leads both partitions of the
+    /// replicated topic "r" (term 7); "t" is not replicated.
+    #[derive(Debug)]
+    struct Follower;
+
+    impl Replicator for Follower {
+        fn node_id(&self) -> u64 {
+            1
+        }
+
+        fn is_replicated(&self, topic: &str) -> bool {
+            topic == "r"
+        }
+
+        fn produce(
+            self: Arc<Self>,
+            topic: String,
+            partition: u32,
+            _entry: crate::engine::replication::types::ProduceEntry,
+        ) -> crate::engine::replication::BoxFuture<
+            Result<(u64, u64), crate::engine::replication::Refusal>,
+        > {
+            let r = self.check_leader(&topic, partition).map(|()| (0, 0));
+            Box::pin(async move { r })
+        }
+
+        fn check_leader(
+            &self,
+            topic: &str,
+            partition: u32,
+        ) -> Result<(), crate::engine::replication::Refusal> {
+            Err((
+                crate::format::wire::ErrorCode::NOT_LEADER,
+                crate::format::wire::not_leader_message(topic, partition, Some((2, "127.0.0.1:2"))),
+            ))
+        }
+
+        fn leader_of(&self, _topic: &str, _partition: u32) -> Option<(u64, Option<String>)> {
+            Some((2, Some("127.0.0.1:2".into())))
+        }
+
+        fn create_topic(
+            self: Arc<Self>,
+            name: String,
+            _partitions: u32,
+            _settings: Vec<String>,
+            _factor: u32,
+        ) -> crate::engine::replication::BoxFuture<Result<(), crate::engine::replication::Refusal>>
+        {
+            Box::pin(async move {
+                Err((
+                    crate::format::wire::ErrorCode::INVALID_CONFIG,
+                    format!("{name}: replication factor 9 with 3 nodes"),
+                ))
+            })
+        }
+
+        fn status(&self) -> serde_json::Value {
+            serde_json::Value::Null
+        }
+
+        fn nodes(&self) -> usize {
+            3
+        }
+
+        fn kafka_nodes(&self) -> Vec<(u64, String)> {
+            // Node 3 has no Kafka listener.
+            vec![(1, "ignored:1".into()), (2, "127.0.0.1:9002".into())]
+        }
+
+        fn partition_view(
+            &self,
+            topic: &str,
+            _partition: u32,
+        ) -> Option<crate::engine::replication::PartitionView> {
+            (topic == "r").then(|| crate::engine::replication::PartitionView {
+                leader: Some(2),
+                term: 7,
+                replicas: vec![2, 3, 1],
+                in_sync: vec![2, 1],
+            })
+        }
+    }
+
+    #[test]
+    fn a_follower_names_the_leader_and_refuses_reads_and_writes() {
+        use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+        use kafka_protocol::messages::list_offsets_request::{
+            ListOffsetsPartition, ListOffsetsTopic,
+        };
+        use kafka_protocol::messages::{
+            CreateTopicsRequest, CreateTopicsResponse, FetchRequest, FetchResponse,
+            ListOffsetsRequest, ListOffsetsResponse, MetadataRequest, MetadataResponse, TopicName,
+        };
+        let (_dir, addr, stop, t) = start_with(Some(Arc::new(Follower)));
+        let port: i32 = addr.rsplit_once(':').unwrap().1.parse().unwrap();
+        let name = |s: &str| TopicName(crate::engine::net::kafka::sb(s));
+
+        // Metadata of every topic (v9: flexible, the response header has a
+        // tagged-field byte).
+        let mut all = MetadataRequest::default();
+        all.topics = None;
+        let mut body = exchange(&addr, &request(ApiKey::Metadata, 9, &all))
+            .unwrap()
+            .slice(1..);
+        let m = MetadataResponse::decode(&mut body, 9).unwrap();
+        let brokers: Vec<(i32, String, i32)> = m
+            .brokers
+            .iter()
+            .map(|b| (b.node_id.0, b.host.to_string(), b.port))
+            .collect();
+        assert_eq!(
+            brokers,
+            [
+                (1, "127.0.0.1".to_string(), port),
+                (2, "127.0.0.1".to_string(), 9002)
+            ]
+        );
+        assert_eq!(m.controller_id.0, 1);
+        let topic = |n: &str| {
+            m.topics
+                .iter()
+                .find(|t| t.name.as_ref().map(|x| x.0.as_str()) == Some(n))
+                .unwrap()
+        };
+        let r = topic("r");
+        assert_eq!(r.partitions.len(), 2);
+        for p in &r.partitions {
+            assert_eq!(p.error_code, code::NONE);
+            assert_eq!((p.leader_id.0, p.leader_epoch), (2, 7));
+            let ids = |v: &[kafka_protocol::messages::BrokerId]| {
+                v.iter().map(|b| b.0).collect::<Vec<_>>()
+            };
+            assert_eq!(ids(&p.replica_nodes), [2, 3, 1]);
+            assert_eq!(ids(&p.isr_nodes), [2, 1]);
+        }
+        // A topic that is not replicated is led by the node holding it.
+        let plain = &topic("t").partitions[0];
+        assert_eq!((plain.leader_id.0, plain.leader_epoch), (1, 0));
+
+        // Produce to "r" on this follower: NOT_LEADER_OR_FOLLOWER, nothing written.
+        let mut produce = produce_gzip(Bytes::from_static(b"x"));
+        let at = produce
+            .windows(2)
+            .position(|w| w == [2, b't'])
+            .expect("the topic name in the request");
+        produce[at + 1] = b'r';
+        let (c, msg, base) = produce_answer(&addr, &produce);
+        assert_eq!((c, base), (code::NOT_LEADER_OR_FOLLOWER, -1), "{msg}");
+        assert!(msg.contains("leader: node 2"), "{msg}");
+
+        // Fetch (v12) and ListOffsets (v6) of "r": the same.
+        let mut f = FetchRequest::default();
+        f.max_wait_ms = 0;
+        f.max_bytes = 1 << 20;
+        let mut ft = FetchTopic::default();
+        ft.topic = name("r");
+        let mut fp = FetchPartition::default();
+        fp.partition = 1;
+        fp.partition_max_bytes = 1 << 20;
+        ft.partitions = vec![fp];
+        f.topics = vec![ft];
+        let mut body = exchange(&addr, &request(ApiKey::Fetch, 12, &f))
+            .unwrap()
+            .slice(1..);
+        let fr = FetchResponse::decode(&mut body, 12).unwrap();
+        assert_eq!(
+            fr.responses[0].partitions[0].error_code,
+            code::NOT_LEADER_OR_FOLLOWER
+        );
+        let mut lo = ListOffsetsRequest::default();
+        let mut lt = ListOffsetsTopic::default();
+        lt.name = name("r");
+        let mut lp = ListOffsetsPartition::default();
+        lp.partition_index = 0;
+        lp.timestamp = -1;
+        lt.partitions = vec![lp];
+        lo.topics = vec![lt];
+        let mut body = exchange(&addr, &request(ApiKey::ListOffsets, 6, &lo))
+            .unwrap()
+            .slice(1..);
+        let lr = ListOffsetsResponse::decode(&mut body, 6).unwrap();
+        assert_eq!(
+            lr.topics[0].partitions[0].error_code,
+            code::NOT_LEADER_OR_FOLLOWER
+        );
+        // "t" is served here as before.
+        let (c, msg, base) = produce_answer(&addr, &produce_gzip(Bytes::from_static(b"y")));
+        assert_eq!((c, base), (code::NONE, 0), "{msg}");
+
+        // CreateTopics with a replication factor goes to the cluster; its refusal is
+        // answered as Kafka's.
+        let mut ct = CreateTopicsRequest::default();
+        let mut one = kafka_protocol::messages::create_topics_request::CreatableTopic::default();
+        one.name = name("big");
+        one.num_partitions = 1;
+        one.replication_factor = 9;
+        ct.topics = vec![one];
+        ct.timeout_ms = 1000;
+        let mut body = exchange(&addr, &request(ApiKey::CreateTopics, 5, &ct))
+            .unwrap()
+            .slice(1..);
+        let cr = CreateTopicsResponse::decode(&mut body, 5).unwrap();
+        assert_eq!(cr.topics[0].error_code, code::INVALID_REPLICATION_FACTOR);
+        let msg = cr.topics[0].error_message.as_ref().unwrap().to_string();
+        assert!(msg.contains("replication factor 9 with 3 nodes"), "{msg}");
+
+        stop.store(true, Ordering::SeqCst);
+        t.join().unwrap();
     }
 }
