@@ -24,7 +24,9 @@ use openraft::storage::RaftLogStorage;
 use openraft::{BasicNode, Config, ServerState, SnapshotPolicy};
 use serde::{Deserialize, Serialize};
 
-use super::network::{CallError, CallHandler, GroupNetwork, Peers};
+use super::network::{
+    decode_append_request, encode_append_reply, CallError, CallHandler, GroupNetwork, Peers,
+};
 use super::state_machine::PartitionStateMachine;
 use super::types::{ApplyResult, ProduceEntry, RaftGroup, TypeConfig};
 use super::{BoxFuture, Refusal, Replicator};
@@ -504,6 +506,14 @@ impl<L: LogStores> Manager<L> {
                         .await
                         .map_err(|e| e.to_string())?,
                 )
+            }
+            Rpc::AppendEntriesBinary => {
+                let req = decode_append_request(payload).map_err(|e| e.to_string())?;
+                let resp = group()?
+                    .append_entries(req)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok(encode_append_reply(&resp))
             }
             Rpc::Vote => {
                 let req = serde_json::from_slice(payload).map_err(|e| e.to_string())?;
