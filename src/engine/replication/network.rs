@@ -830,7 +830,7 @@ pub fn encode_append_request(
     )?;
     for e in &rpc.entries {
         let written = append::put_entry(&mut out, &wire_log_id(&e.log_id), |o| {
-            e.encode_value(o).map(|k| k.byte())
+            e.encode_value(o).map(EntryKind::byte)
         })?;
         written.map_err(|err| AppendCodecError::Entry {
             index: e.log_id.index,
