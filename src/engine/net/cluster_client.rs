@@ -104,6 +104,10 @@ impl ClusterClient {
         let began = Instant::now();
         let key = (topic.to_string(), partition);
         let mut attempt = 0;
+        // Brokers asked since the last pause: a broker that is down or knows no leader
+        // sends the request on to the next one at once; only a whole round of them
+        // without an answer pauses (an election is under way).
+        let mut unanswered = 0usize;
         loop {
             let addr = self.target(topic, partition, attempt);
             attempt += 1;
@@ -125,7 +129,7 @@ impl ClusterClient {
                         _ => {
                             self.leaders.remove(&key);
                             self.next = (self.next + 1) % self.brokers.len().max(1);
-                            std::thread::sleep(RETRY_PAUSE);
+                            self.pause_after_round(&mut unanswered);
                         }
                     }
                     true
@@ -140,7 +144,7 @@ impl ClusterClient {
                     self.conns.remove(&addr);
                     self.leaders.remove(&key);
                     self.next = (self.next + 1) % self.brokers.len().max(1);
-                    std::thread::sleep(RETRY_PAUSE);
+                    self.pause_after_round(&mut unanswered);
                     true
                 }
                 _ => false,
@@ -148,6 +152,15 @@ impl ClusterClient {
             if !retry || began.elapsed() >= FOLLOW_TIMEOUT {
                 return Err(err);
             }
+        }
+    }
+
+    /// Counts one broker that gave no leader; pauses once every broker has.
+    fn pause_after_round(&self, unanswered: &mut usize) {
+        *unanswered += 1;
+        if *unanswered >= self.brokers.len() {
+            *unanswered = 0;
+            std::thread::sleep(RETRY_PAUSE);
         }
     }
 

@@ -24,7 +24,9 @@ use openraft::storage::RaftLogStorage;
 use openraft::{BasicNode, Config, ServerState, SnapshotPolicy};
 use serde::{Deserialize, Serialize};
 
-use super::network::{CallError, CallHandler, GroupNetwork, Peers};
+use super::network::{
+    decode_append_request, encode_append_reply, CallError, CallHandler, GroupNetwork, Peers,
+};
 use super::state_machine::PartitionStateMachine;
 use super::types::{ApplyResult, ProduceEntry, RaftGroup, TypeConfig};
 use super::{BoxFuture, PartitionView, Refusal, Replicator};
@@ -53,14 +55,22 @@ pub trait LogStores: Send + Sync + 'static {
     fn open(&self, broker: &Arc<Broker>, topic: &str, partition: u32) -> io::Result<Self::Store>;
 }
 
+/// The election timeout's range. openraft also holds a leader's lease for
+/// `election_timeout_max` after the last heartbeat, and a follower starts its election
+/// only once the lease and then its own timeout have passed: a leader's death is
+/// noticed `max + [min, max)` after its last heartbeat (here 1.5 to 2 s, so at least
+/// 15 heartbeats missed in a row).
+const ELECTION_TIMEOUT_MIN_MS: u64 = 500;
+const ELECTION_TIMEOUT_MAX_MS: u64 = 1000;
+
 /// openraft's settings for every group: a heartbeat well inside the election timeout,
 /// with room for a loaded machine; no snapshots.
 pub fn raft_config() -> Result<Arc<Config>, openraft::ConfigError> {
     let c = Config {
         cluster_name: "seglog".into(),
         heartbeat_interval: 100,
-        election_timeout_min: 600,
-        election_timeout_max: 1200,
+        election_timeout_min: ELECTION_TIMEOUT_MIN_MS,
+        election_timeout_max: ELECTION_TIMEOUT_MAX_MS,
         snapshot_policy: SnapshotPolicy::Never,
         max_in_snapshot_log_to_keep: u64::MAX,
         ..Config::default()
@@ -549,6 +559,14 @@ impl<L: LogStores> Manager<L> {
                         .await
                         .map_err(|e| e.to_string())?,
                 )
+            }
+            Rpc::AppendEntriesBinary => {
+                let req = decode_append_request(payload).map_err(|e| e.to_string())?;
+                let resp = group()?
+                    .append_entries(req)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok(encode_append_reply(&resp))
             }
             Rpc::Vote => {
                 let req = serde_json::from_slice(payload).map_err(|e| e.to_string())?;

@@ -27,8 +27,11 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 
-use super::types::{TypeConfig, Vote};
+use super::log_store::key::{EntryKey, EntryKind};
+use super::log_store::{StoredEntry, StoredLeaderId, ENTRY_VALUE_BYTES_MAX};
+use super::types::{Entry, LogId, TypeConfig, Vote};
 use crate::engine::storage::io::{write_file_atomic, StorageRef};
+use crate::format::wire::raft::append;
 use crate::format::wire::raft::{
     check_peer_frame_len, decode_peer_frame, encode_peer_frame, PeerFrame, Rpc, PEER_VERSION,
 };
@@ -759,7 +762,18 @@ impl RaftNetworkV2<TypeConfig> for GroupClient {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
-        self.call(Rpc::AppendEntries, &rpc, &option).await
+        let Some(peer) = &self.peer else {
+            return Err(rpc_error(CallError::Unreachable(self.target)));
+        };
+        let payload =
+            encode_append_request(&rpc).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        drop(rpc);
+        let rpc = Rpc::AppendEntriesBinary;
+        let reply = peer
+            .call(&self.topic, self.partition, rpc, payload, option.hard_ttl())
+            .await
+            .map_err(rpc_error)?;
+        decode_append_reply(&reply).map_err(|e| RPCError::Network(NetworkError::new(&e)))
     }
 
     async fn vote(
@@ -789,6 +803,145 @@ impl RaftNetworkV2<TypeConfig> for GroupClient {
             "snapshots are not used: the Raft log is kept whole",
         )))
     }
+}
+
+/// Why a binary AppendEntries could not be encoded or decoded.
+#[derive(Debug, thiserror::Error)]
+pub enum AppendCodecError {
+    #[error("AppendEntries: {0}")]
+    Wire(#[from] crate::format::wire::ProtocolError),
+    #[error("AppendEntries entry {index}: {detail}")]
+    Entry { index: u64, detail: String },
+}
+
+fn wire_log_id(id: &LogId) -> append::WireLogId {
+    append::WireLogId {
+        term: id.leader_id.term,
+        leader: id.leader_id.node_id,
+        index: id.index,
+    }
+}
+
+fn log_id_of(id: &append::WireLogId) -> LogId {
+    LogId::new(
+        StoredLeaderId {
+            term: id.term,
+            node_id: id.leader,
+        },
+        id.index,
+    )
+}
+
+fn wire_vote(v: &Vote) -> append::WireVote {
+    append::WireVote {
+        term: v.leader_id.term,
+        leader: v.leader_id.node_id,
+        committed: v.committed,
+    }
+}
+
+fn vote_of(v: &append::WireVote) -> Vote {
+    Vote {
+        leader_id: StoredLeaderId {
+            term: v.term,
+            node_id: v.leader,
+        },
+        committed: v.committed,
+    }
+}
+
+/// The binary payload of an AppendEntries call ([`append`]): each entry's value is
+/// encoded in place with the Raft log's own entry encoding.
+pub fn encode_append_request(
+    rpc: &AppendEntriesRequest<TypeConfig>,
+) -> Result<Vec<u8>, AppendCodecError> {
+    let values: usize = rpc
+        .entries
+        .iter()
+        .map(|e| match &e.payload {
+            openraft::EntryPayload::Normal(p) => p.records.iter().map(|r| r.value.len() + 32).sum(),
+            _ => 64,
+        })
+        .sum();
+    let mut out = Vec::with_capacity(128 + rpc.entries.len() * append::ENTRY_MIN_LEN + values);
+    append::put_request_head(
+        &mut out,
+        &wire_vote(&rpc.vote),
+        rpc.prev_log_id.as_ref().map(wire_log_id).as_ref(),
+        rpc.leader_commit.as_ref().map(wire_log_id).as_ref(),
+        rpc.entries.len(),
+    )?;
+    for e in &rpc.entries {
+        let written = append::put_entry(&mut out, &wire_log_id(&e.log_id), |o| {
+            e.encode_value(o).map(EntryKind::byte)
+        })?;
+        written.map_err(|err| AppendCodecError::Entry {
+            index: e.log_id.index,
+            detail: err.0,
+        })?;
+    }
+    Ok(out)
+}
+
+/// Rebuilds an AppendEntries request from its binary payload.
+pub fn decode_append_request(
+    payload: &[u8],
+) -> Result<AppendEntriesRequest<TypeConfig>, AppendCodecError> {
+    let req = append::decode_request(payload)?;
+    let mut entries = Vec::with_capacity(req.entries.len());
+    for e in &req.entries {
+        let index = e.log_id.index;
+        let bad = |detail: String| AppendCodecError::Entry { index, detail };
+        if e.value.len() > ENTRY_VALUE_BYTES_MAX as usize {
+            return Err(bad(format!(
+                "value of {} bytes, more than {ENTRY_VALUE_BYTES_MAX}",
+                e.value.len()
+            )));
+        }
+        let kind = EntryKind::from_byte(e.kind).ok_or_else(|| bad(format!("kind {}", e.kind)))?;
+        let key = EntryKey {
+            term: e.log_id.term,
+            leader: e.log_id.leader,
+            kind,
+        };
+        let entry = <Entry as StoredEntry>::decode(index, &key, e.value).map_err(|x| bad(x.0))?;
+        entries.push(entry);
+    }
+    Ok(AppendEntriesRequest {
+        vote: vote_of(&req.vote),
+        prev_log_id: req.prev_log_id.as_ref().map(log_id_of),
+        leader_commit: req.leader_commit.as_ref().map(log_id_of),
+        entries,
+    })
+}
+
+/// The binary reply to an AppendEntries call.
+pub fn encode_append_reply(resp: &AppendEntriesResponse<TypeConfig>) -> Vec<u8> {
+    let reply = match resp {
+        AppendEntriesResponse::Success => append::AppendReply::Success,
+        AppendEntriesResponse::PartialSuccess(id) => {
+            append::AppendReply::PartialSuccess(id.as_ref().map(wire_log_id))
+        }
+        AppendEntriesResponse::Conflict => append::AppendReply::Conflict,
+        AppendEntriesResponse::HigherVote(v) => append::AppendReply::HigherVote(wire_vote(v)),
+    };
+    let mut out = Vec::with_capacity(1 + append::VOTE_LEN + append::LOG_ID_LEN);
+    append::encode_reply(&mut out, &reply);
+    out
+}
+
+/// Rebuilds an AppendEntries reply from its binary payload.
+pub fn decode_append_reply(
+    payload: &[u8],
+) -> Result<AppendEntriesResponse<TypeConfig>, AppendCodecError> {
+    Ok(match append::decode_reply(payload)? {
+        append::AppendReply::Success => AppendEntriesResponse::Success,
+        append::AppendReply::PartialSuccess(id) => {
+            AppendEntriesResponse::PartialSuccess(id.as_ref().map(log_id_of))
+        }
+        append::AppendReply::Conflict => AppendEntriesResponse::Conflict,
+        append::AppendReply::HigherVote(v) => AppendEntriesResponse::HigherVote(vote_of(&v)),
+    })
 }
 
 #[cfg(test)]
@@ -833,6 +986,133 @@ mod tests {
         assert!(matches!(
             Identity::load(2, String::new(), b.path().to_path_buf(), storage, false),
             Err(ClusterIdError::Bad { .. })
+        ));
+    }
+
+    fn sample_request() -> AppendEntriesRequest<TypeConfig> {
+        use crate::engine::replication::types::{EntryRecord, ProduceEntry, ProducerStamp};
+        let lid = |term, node_id, index| LogId::new(StoredLeaderId { term, node_id }, index);
+        let membership = openraft::Membership::<u64, BasicNode>::new_with_defaults(
+            vec![std::collections::BTreeSet::from([1, 2, 3])],
+            [1u64, 2, 3],
+        );
+        AppendEntriesRequest {
+            vote: Vote::new_committed(4, 2),
+            prev_log_id: Some(lid(3, 1, 9)),
+            leader_commit: Some(lid(4, 2, 8)),
+            entries: vec![
+                Entry {
+                    log_id: lid(4, 2, 10),
+                    payload: openraft::EntryPayload::Blank,
+                },
+                Entry {
+                    log_id: lid(4, 2, 11),
+                    payload: openraft::EntryPayload::Normal(ProduceEntry {
+                        producer: Some(ProducerStamp {
+                            producer_id: 5,
+                            epoch: 1,
+                            first_sequence: 7,
+                        }),
+                        records: vec![EntryRecord {
+                            timestamp_ms: 1_700_000_000_000,
+                            key: Some(b"k".to_vec()),
+                            value: vec![0, 1, 2, 255],
+                        }],
+                    }),
+                },
+                Entry {
+                    log_id: lid(4, 2, 12),
+                    payload: openraft::EntryPayload::Membership(membership),
+                },
+            ],
+        }
+    }
+
+    #[test]
+    fn append_entries_cross_in_binary_and_back() {
+        let req = sample_request();
+        let bytes = encode_append_request(&req).unwrap();
+        let back = decode_append_request(&bytes).unwrap();
+        assert_eq!(back.vote, req.vote);
+        assert_eq!(back.prev_log_id, req.prev_log_id);
+        assert_eq!(back.leader_commit, req.leader_commit);
+        assert_eq!(back.entries, req.entries);
+        // The normal entry's value is the Raft log's own encoding, not JSON.
+        let mut value = Vec::new();
+        req.entries[1].encode_value(&mut value).unwrap();
+        assert!(bytes.windows(value.len()).any(|w| w == value));
+        assert!(!bytes.windows(4).any(|w| w == b"AAEC"), "no base64");
+        let heartbeat = AppendEntriesRequest::<TypeConfig> {
+            vote: Vote::new(1, 1),
+            prev_log_id: None,
+            leader_commit: None,
+            entries: Vec::new(),
+        };
+        let back = decode_append_request(&encode_append_request(&heartbeat).unwrap()).unwrap();
+        assert_eq!(back.vote, heartbeat.vote);
+        assert!(back.entries.is_empty() && back.prev_log_id.is_none());
+
+        for resp in [
+            AppendEntriesResponse::<TypeConfig>::Success,
+            AppendEntriesResponse::PartialSuccess(None),
+            AppendEntriesResponse::PartialSuccess(req.prev_log_id),
+            AppendEntriesResponse::Conflict,
+            AppendEntriesResponse::HigherVote(Vote::new(9, 3)),
+        ] {
+            assert_eq!(
+                decode_append_reply(&encode_append_reply(&resp)).unwrap(),
+                resp
+            );
+        }
+    }
+
+    #[test]
+    fn bad_binary_entries_are_refused() {
+        // A normal entry whose payload does not decode.
+        let mut out = Vec::new();
+        let head = append::WireVote {
+            term: 1,
+            leader: 1,
+            committed: true,
+        };
+        append::put_request_head(&mut out, &head, None, None, 1).unwrap();
+        let id = append::WireLogId {
+            term: 1,
+            leader: 1,
+            index: 1,
+        };
+        append::put_entry(&mut out, &id, |o| {
+            o.extend_from_slice(b"not an entry");
+            Ok::<u8, ()>(1)
+        })
+        .unwrap()
+        .unwrap();
+        let e = decode_append_request(&out).unwrap_err();
+        assert!(matches!(e, AppendCodecError::Entry { index: 1, .. }), "{e}");
+        // A blank entry that carries bytes.
+        let mut out = Vec::new();
+        append::put_request_head(&mut out, &head, None, None, 1).unwrap();
+        append::put_entry(&mut out, &id, |o| {
+            o.push(0);
+            Ok::<u8, ()>(0)
+        })
+        .unwrap()
+        .unwrap();
+        assert!(matches!(
+            decode_append_request(&out),
+            Err(AppendCodecError::Entry { .. })
+        ));
+        // Cut frames are wire errors.
+        let bytes = encode_append_request(&sample_request()).unwrap();
+        for cut in [0, 1, 17, bytes.len() - 1] {
+            assert!(matches!(
+                decode_append_request(&bytes[..cut]),
+                Err(AppendCodecError::Wire(_))
+            ));
+        }
+        assert!(matches!(
+            decode_append_reply(&[9]),
+            Err(AppendCodecError::Wire(_))
         ));
     }
 

@@ -17,9 +17,12 @@
 //!
 //! `frame_len` counts the bytes after itself, at least [`PEER_HEAD_LEN`] and at most
 //! [`FRAME_BYTES_MAX`]. A call's payload is the JSON of an openraft message (or of
-//! one of our own, see [`Rpc`]); the JSON is bounded by the frame. The first frame
+//! one of our own, see [`Rpc`]), or for [`Rpc::AppendEntriesBinary`] the binary
+//! request of [`append`] (its reply likewise); either is bounded by the frame. The first frame
 //! each side sends is its hello (or a refusal); `call_id` is 0 there. The dialer sends
 //! calls; the acceptor answers each with a reply of the same `call_id`, in any order.
+
+pub mod append;
 
 use super::{
     put_str, ProtocolError, Reader, FRAME_BYTES_MAX, LEN_FIELD, MESSAGE_BYTES_MAX, TOPIC_BYTES_MAX,
@@ -52,6 +55,8 @@ pub enum Rpc {
     Initialize = 5,
     /// The node's view of its groups, for `cluster status` (the topic is empty).
     Status = 6,
+    /// AppendEntries in binary ([`append`]), the entries' payloads as raw bytes.
+    AppendEntriesBinary = 7,
 }
 
 impl Rpc {
@@ -63,6 +68,7 @@ impl Rpc {
             Rpc::CreateReplica,
             Rpc::Initialize,
             Rpc::Status,
+            Rpc::AppendEntriesBinary,
         ]
         .into_iter()
         .find(|r| *r as u8 == v)

@@ -7,7 +7,7 @@ use std::ops::{Bound, RangeBounds};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use openraft::storage::{IOFlushed, LogState, RaftLogReader, RaftLogStorage};
 use openraft::{OptionalSend, RaftTypeConfig};
@@ -49,6 +49,9 @@ impl<C> RaftLogTypes for C where
 {
 }
 
+/// Longest the committed id in the state file lags the one openraft last gave.
+const COMMITTED_SAVE_INTERVAL: Duration = Duration::from_secs(1);
+
 /// Largest record value (an entry's payload) the log takes and reads.
 pub const ENTRY_VALUE_BYTES_MAX: u32 = 32 * 1024 * 1024;
 const _: () = assert!(ENTRY_VALUE_BYTES_MAX as u64 + 64 <= BATCH_BYTES_MAX);
@@ -89,6 +92,8 @@ struct Shared<C: RaftLogTypes> {
     /// Entries written but not yet known durable, by index: reads serve them from
     /// here until the group commit that covers them publishes them on disk.
     unflushed: BTreeMap<u64, C::Entry>,
+    /// When the state file was last written (it carries the committed id).
+    committed_saved: Option<Instant>,
 }
 
 enum Job<C: RaftTypeConfig> {
@@ -171,6 +176,7 @@ impl<C: RaftLogTypes> RaftLog<C> {
         let shared = Arc::new(Mutex::new(Shared {
             state,
             unflushed: BTreeMap::new(),
+            committed_saved: None,
         }));
         let (tx, rx) = mpsc::channel();
         let flusher_log = log.clone();
@@ -229,6 +235,7 @@ impl<C: RaftLogTypes> RaftLog<C> {
         change(&mut next);
         write_state(&*self.inner.storage, &self.inner.dir, &next)?;
         sh.state = next;
+        sh.committed_saved = Some(Instant::now());
         Ok(())
     }
 
@@ -413,7 +420,21 @@ impl<C: RaftLogTypes> RaftLogStorage<C> for RaftLog<C> {
     }
 
     async fn save_committed(&mut self, committed: Option<StoredLogId>) -> Result<(), io::Error> {
-        self.save_state(|s| s.committed = committed)
+        // The committed id on disk is a lower bound only (openraft learns the rest from
+        // the leader; the state machine keeps its own checkpoint), so it is written at
+        // most once per COMMITTED_SAVE_INTERVAL rather than at every commit, which would
+        // cost two fsyncs on the group's core task each time. Every other state write
+        // carries the newest value too.
+        let due = {
+            let mut sh = lock(&self.inner.shared);
+            sh.state.committed = committed;
+            sh.committed_saved
+                .is_none_or(|t| t.elapsed() >= COMMITTED_SAVE_INTERVAL)
+        };
+        if due {
+            self.save_state(|_| {})?;
+        }
+        Ok(())
     }
 
     async fn read_committed(&mut self) -> Result<Option<StoredLogId>, io::Error> {
