@@ -51,6 +51,14 @@ pub enum Rpc {
     Initialize = 5,
     /// The node's view of its groups, for `cluster status` (the topic is empty).
     Status = 6,
+    /// A leader starts sending a snapshot (payload: JSON; the answer names where the
+    /// follower's data partition ends, so only the missing records are sent).
+    SnapshotBegin = 10,
+    /// One chunk of a snapshot's records, in offset order (payload: JSON).
+    SnapshotChunk = 11,
+    /// The snapshot's metadata once every chunk is sent: the follower installs it
+    /// (payload: JSON; the answer is openraft's snapshot response).
+    SnapshotInstall = 12,
 }
 
 impl Rpc {
@@ -62,6 +70,9 @@ impl Rpc {
             Rpc::CreateReplica,
             Rpc::Initialize,
             Rpc::Status,
+            Rpc::SnapshotBegin,
+            Rpc::SnapshotChunk,
+            Rpc::SnapshotInstall,
         ]
         .into_iter()
         .find(|r| *r as u8 == v)
