@@ -491,3 +491,279 @@ pub fn read_chunk(
     }
     Ok(out)
 }
+
+#[cfg(test)]
+#[expect(clippy::unwrap_used, reason = "tests")]
+mod tests {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use openraft::storage::RaftStateMachine as _;
+
+    use super::*;
+    use crate::engine::broker::BrokerOptions;
+    use crate::engine::replication::state_machine::{checkpoint_name, PartitionStateMachine};
+    use crate::engine::storage::io::{RealStorage, StorageRef};
+    use crate::format::replication::{Replication, REPLICATION_FILE};
+    use crate::format::topic::TopicConfig;
+    use crate::testkit::storage::HookStorage;
+
+    const TOPIC: &str = "t";
+    /// Records the leader holds; the snapshot covers them all.
+    const LEADER_RECORDS: u64 = 300;
+    /// Records the lagging follower holds already.
+    const FOLLOWER_RECORDS: u64 = 120;
+
+    fn open(dir: &Path, storage: StorageRef) -> Arc<Broker> {
+        let b = Broker::open(dir, storage, BrokerOptions::default()).unwrap();
+        if !b.list_topics().iter().any(|t| t == TOPIC) {
+            let r = Replication::place(&[1, 2, 3], 1, 3).unwrap().encode();
+            b.create_topic_with(
+                TOPIC,
+                1,
+                TopicConfig::default(),
+                Some((REPLICATION_FILE, &r)),
+            )
+            .unwrap();
+        }
+        b
+    }
+
+    fn record(i: u64) -> EntryRecord {
+        EntryRecord {
+            timestamp_ms: 1_700_000_000_000 + i as i64,
+            key: (i % 3 == 0).then(|| format!("k{i}").into_bytes()),
+            value: format!("value {i} {}", "x".repeat((i % 50) as usize)).into_bytes(),
+        }
+    }
+
+    /// Appends records `from..to` (as apply would).
+    fn fill(b: &Broker, from: u64, to: u64) {
+        let rs: Vec<EntryRecord> = (from..to).map(record).collect();
+        for chunk in rs.chunks(7) {
+            let nr: Vec<NewRecord<'_>> = chunk
+                .iter()
+                .map(|r| NewRecord {
+                    key: r.key.as_deref(),
+                    value: &r.value,
+                    timestamp_ms: r.timestamp_ms,
+                })
+                .collect();
+            b.append_applied(TOPIC, 0, &nr).unwrap();
+        }
+        b.flush_partition(TOPIC, 0).unwrap();
+    }
+
+    /// Every record of the partition, with its offset.
+    fn records(b: &Broker) -> Vec<(u64, EntryRecord)> {
+        let end = b.written_end(TOPIC, 0).unwrap();
+        let (start, _) = b.offsets(TOPIC, 0).unwrap();
+        let mut out = Vec::new();
+        let mut at = start;
+        while at < end {
+            let got = read_chunk(b, TOPIC, 0, at, end).unwrap();
+            at = got.last().unwrap().0 + 1;
+            out.extend(got);
+        }
+        out
+    }
+
+    fn snapshot_applied() -> Applied {
+        let id: LogId = serde_json::from_str(
+            r#"{"leader_id":{"term":2,"node_id":1},"index":77}"#,
+        )
+        .unwrap();
+        Applied {
+            last_applied: Some(id),
+            next_offset: LEADER_RECORDS,
+            ..Applied::default()
+        }
+    }
+
+    /// Stages what a leader sends a follower whose data ends at `data_end`.
+    fn stage(leader: &Broker, follower: &Broker, dir: &Path) -> (PathBuf, u64) {
+        let data_end = follower.written_end(TOPIC, 0).unwrap();
+        let (start, _) = leader.offsets(TOPIC, 0).unwrap();
+        let first = data_end.max(start).min(LEADER_RECORDS);
+        let mut s = Staging::begin(&**follower.storage(), dir, 9).unwrap();
+        let mut at = first;
+        while at < LEADER_RECORDS {
+            let chunk = read_chunk(leader, TOPIC, 0, at, LEADER_RECORDS).unwrap();
+            at = chunk.last().unwrap().0 + 1;
+            // Small chunks, so that the install reads several lines.
+            for part in chunk.chunks(25) {
+                s.push(part).unwrap();
+            }
+        }
+        (s.path().to_path_buf(), first)
+    }
+
+    fn checkpoint(dir: &Path) -> Option<Applied> {
+        let bytes = std::fs::read(dir.join("topics").join(TOPIC).join(checkpoint_name(0))).ok()?;
+        Some(serde_json::from_slice(&bytes).unwrap())
+    }
+
+    async fn install(
+        follower: &Arc<Broker>,
+        path: PathBuf,
+        first_offset: u64,
+    ) -> io::Result<PartitionStateMachine> {
+        let mut sm = PartitionStateMachine::open(Arc::clone(follower), TOPIC, 0)?;
+        let applied = snapshot_applied();
+        let meta = meta_of(&applied);
+        let data = PartitionSnapshot {
+            applied,
+            source: SnapshotSource::Staged { path, first_offset },
+        };
+        sm.install_snapshot(&meta, data).await?;
+        Ok(sm)
+    }
+
+    fn leader(root: &Path) -> Arc<Broker> {
+        let leader = open(&root.join("leader"), Arc::new(RealStorage));
+        fill(&leader, 0, LEADER_RECORDS);
+        leader
+    }
+
+    #[tokio::test]
+    async fn a_snapshot_round_trips_to_a_lagging_follower() {
+        let root = tempfile::tempdir().unwrap();
+        let leader = leader(root.path());
+        let fdir = root.path().join("follower");
+        let follower = open(&fdir, Arc::new(RealStorage));
+        fill(&follower, 0, FOLLOWER_RECORDS);
+        let (path, first) = stage(&leader, &follower, &fdir.join("raft"));
+        assert_eq!(first, FOLLOWER_RECORDS, "only the missing suffix is sent");
+        let mut sm = install(&follower, path.clone(), first).await.unwrap();
+        assert_eq!(records(&follower), records(&leader));
+        assert_eq!(sm.applied().next_offset, LEADER_RECORDS);
+        assert_eq!(
+            checkpoint(&fdir).unwrap().last_applied,
+            snapshot_applied().last_applied
+        );
+        assert!(!path.exists(), "the staging file is removed");
+        let current = sm.get_current_snapshot().await.unwrap().unwrap();
+        assert_eq!(current.meta, meta_of(&snapshot_applied()));
+        assert!(matches!(current.snapshot.source, SnapshotSource::Local { .. }));
+    }
+
+    #[tokio::test]
+    async fn a_follower_below_the_leaders_retention_starts_at_the_leaders_start() {
+        let root = tempfile::tempdir().unwrap();
+        // A leader whose retention removed every record below 200.
+        let leader_dir = root.path().join("leader");
+        let l2 = open(&leader_dir, Arc::new(RealStorage));
+        l2.restart_applied_at(TOPIC, 0, 200).unwrap();
+        fill(&l2, 200, LEADER_RECORDS);
+        let fdir = root.path().join("follower");
+        let follower = open(&fdir, Arc::new(RealStorage));
+        fill(&follower, 0, FOLLOWER_RECORDS);
+        let (path, first) = stage(&l2, &follower, &fdir.join("raft"));
+        assert_eq!(first, 200);
+        install(&follower, path, first).await.unwrap();
+        assert_eq!(follower.offsets(TOPIC, 0).unwrap(), (200, LEADER_RECORDS));
+        assert_eq!(records(&follower), records(&l2));
+    }
+
+    #[tokio::test]
+    async fn staged_records_out_of_order_or_with_a_gap_are_refused() {
+        let root = tempfile::tempdir().unwrap();
+        let fdir = root.path().join("follower");
+        let follower = open(&fdir, Arc::new(RealStorage));
+        let mut s = Staging::begin(&**follower.storage(), &fdir, 1).unwrap();
+        s.push(&[(5, record(5))]).unwrap();
+        assert!(matches!(
+            s.push(&[(4, record(4))]),
+            Err(SnapshotError::OutOfOrder { offset: 4, .. })
+        ));
+        // A gap: offset 5 where 0 is next.
+        let path = s.path().to_path_buf();
+        let e = install(&follower, path.clone(), 0).await.unwrap_err();
+        assert!(e.to_string().contains("a gap"), "{e}");
+        assert_eq!(follower.written_end(TOPIC, 0).unwrap(), 0);
+        assert_eq!(checkpoint(&fdir).map(|a| a.next_offset), None);
+        // A torn line is refused, not parsed.
+        std::fs::write(&path, b"[[0,{\"timestamp_ms\":1").unwrap();
+        let e = install(&follower, path, 0).await.unwrap_err();
+        assert!(e.to_string().contains("torn"), "{e}");
+    }
+
+    /// The install interrupted at every storage call it makes (the call fails, and
+    /// every later one: the process is as good as crashed) leaves the old state or
+    /// the new one: the checkpoint is the old or the snapshot's, and the data
+    /// partition is the old records plus a prefix of the leader's missing ones; a
+    /// second install then completes.
+    #[tokio::test]
+    async fn an_install_interrupted_at_each_step_leaves_the_old_or_the_new_state() {
+        let root = tempfile::tempdir().unwrap();
+        let leader = leader(root.path());
+        let want = records(&leader);
+        let mut fail_at = 1;
+        loop {
+            let fdir = root.path().join(format!("follower-{fail_at}"));
+            let armed = Arc::new(AtomicU64::new(u64::MAX));
+            let calls = Arc::new(AtomicU64::new(0));
+            let (a, c) = (Arc::clone(&armed), Arc::clone(&calls));
+            let storage: StorageRef = Arc::new(HookStorage::from_fn(
+                Arc::new(RealStorage),
+                move |_op| {
+                    if a.load(Ordering::SeqCst) == u64::MAX {
+                        return None;
+                    }
+                    let n = c.fetch_add(1, Ordering::SeqCst) + 1;
+                    (n >= a.load(Ordering::SeqCst))
+                        .then(|| Err(io::Error::other("injected failure")))
+                },
+            ));
+            let follower = open(&fdir, storage);
+            fill(&follower, 0, FOLLOWER_RECORDS);
+            let (path, first) = stage(&leader, &follower, &fdir.join("raft"));
+            armed.store(fail_at, Ordering::SeqCst);
+            let done = install(&follower, path, first).await;
+            let done = match done {
+                Ok(sm) => {
+                    drop(sm);
+                    true
+                }
+                Err(_) => false,
+            };
+            follower.shutdown().ok();
+            drop(follower);
+
+            // After the "crash": reopen on real storage (recovery runs) and look.
+            let follower = open(&fdir, Arc::new(RealStorage));
+            let held = records(&follower);
+            let cp = checkpoint(&fdir);
+            let next = cp.as_ref().map_or(0, |a| a.next_offset);
+            let new = cp.as_ref().and_then(|a| a.last_applied) == snapshot_applied().last_applied;
+            assert!(
+                new || cp.as_ref().is_none_or(|a| a.last_applied.is_none()),
+                "fail at {fail_at}: a checkpoint neither old nor new: {cp:?}"
+            );
+            assert!(
+                held.len() as u64 >= FOLLOWER_RECORDS,
+                "fail at {fail_at}: old records lost ({} left)",
+                held.len()
+            );
+            assert_eq!(
+                held[..],
+                want[..held.len()],
+                "fail at {fail_at}: records that are not the leader's"
+            );
+            if new {
+                assert_eq!(next, LEADER_RECORDS, "fail at {fail_at}");
+                assert_eq!(held, want, "fail at {fail_at}: new checkpoint, old records");
+            }
+            if done {
+                assert!(new);
+                break;
+            }
+            // The leader sends again; the install completes from where it stopped.
+            let (path, first) = stage(&leader, &follower, &fdir.join("raft"));
+            install(&follower, path, first).await.unwrap();
+            assert_eq!(records(&follower), want, "fail at {fail_at}: after a retry");
+            fail_at += 1;
+            assert!(fail_at < 500, "the install never completed");
+        }
+        assert!(fail_at > 3, "the install made only {fail_at} storage calls");
+    }
+}
