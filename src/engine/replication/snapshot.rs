@@ -568,10 +568,8 @@ mod tests {
     }
 
     fn snapshot_applied() -> Applied {
-        let id: LogId = serde_json::from_str(
-            r#"{"leader_id":{"term":2,"node_id":1},"index":77}"#,
-        )
-        .unwrap();
+        let id: LogId =
+            serde_json::from_str(r#"{"leader_id":{"term":2,"node_id":1},"index":77}"#).unwrap();
         Applied {
             last_applied: Some(id),
             next_offset: LEADER_RECORDS,
@@ -643,7 +641,10 @@ mod tests {
         assert!(!path.exists(), "the staging file is removed");
         let current = sm.get_current_snapshot().await.unwrap().unwrap();
         assert_eq!(current.meta, meta_of(&snapshot_applied()));
-        assert!(matches!(current.snapshot.source, SnapshotSource::Local { .. }));
+        assert!(matches!(
+            current.snapshot.source,
+            SnapshotSource::Local { .. }
+        ));
     }
 
     #[tokio::test]
@@ -703,17 +704,15 @@ mod tests {
             let armed = Arc::new(AtomicU64::new(u64::MAX));
             let calls = Arc::new(AtomicU64::new(0));
             let (a, c) = (Arc::clone(&armed), Arc::clone(&calls));
-            let storage: StorageRef = Arc::new(HookStorage::from_fn(
-                Arc::new(RealStorage),
-                move |_op| {
+            let storage: StorageRef =
+                Arc::new(HookStorage::from_fn(Arc::new(RealStorage), move |_op| {
                     if a.load(Ordering::SeqCst) == u64::MAX {
                         return None;
                     }
                     let n = c.fetch_add(1, Ordering::SeqCst) + 1;
                     (n >= a.load(Ordering::SeqCst))
                         .then(|| Err(io::Error::other("injected failure")))
-                },
-            ));
+                }));
             let follower = open(&fdir, storage);
             fill(&follower, 0, FOLLOWER_RECORDS);
             let (path, first) = stage(&leader, &follower, &fdir.join("raft"));
