@@ -153,6 +153,12 @@ pub struct Args {
     #[arg(long, value_name = "ID=ADDR,...", requires_all = ["node_id", "raft_listen"],
           help_heading = "Cluster")]
     pub peers: Option<String>,
+    /// Snapshot each replicated partition every N applied Raft entries, and purge
+    /// its Raft log below the snapshot less 1000 entries (0: never; the Raft logs
+    /// are then kept whole).
+    #[arg(long, value_name = "N", default_value_t = crate::engine::replication::manager::SNAPSHOT_ENTRIES_DEFAULT,
+          help_heading = "Cluster")]
+    pub raft_snapshot_entries: u64,
 }
 
 /// The configurable limits of `serve` (the README table "Limits"); each is at most
@@ -562,12 +568,13 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
     };
     let (server, cluster) = match cluster {
         Some((id, nodes, l)) => {
-            let started = crate::engine::replication::start(
+            let started = crate::engine::replication::node::start_with(
                 Arc::clone(&broker),
                 id,
                 &addr.to_string(),
                 kafka_addr.as_deref(),
                 &nodes,
+                args.raft_snapshot_entries,
             );
             match started {
                 Ok(node) => {

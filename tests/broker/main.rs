@@ -24,6 +24,7 @@ mod cluster_faults;
 mod cluster_harness;
 mod cluster_nemesis;
 mod cluster_proxy;
+mod cluster_snapshot;
 mod engine_broker;
 mod engine_cleanup;
 mod engine_damage;

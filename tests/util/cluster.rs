@@ -165,6 +165,16 @@ impl Cluster {
         c
     }
 
+    /// Starts `n` nodes, node `id` with the extra `seglog serve` flags `args(id)`.
+    pub fn start_with_args(n: u64, args: impl Fn(u64) -> Vec<String>) -> Cluster {
+        let mut c = Cluster::prepare(n);
+        for node in &mut c.nodes {
+            node.args = args(node.id);
+        }
+        c.start_all();
+        c
+    }
+
     /// Starts every node at once (a node may wait for its peers before it listens).
     pub fn start_all(&mut self) {
         let cmds: Vec<Command> = self.nodes.iter().map(Node::command).collect();

@@ -34,3 +34,40 @@ impl Broker {
         Arc::clone(&self.stats)
     }
 }
+
+impl Broker {
+    /// Removes a replicated partition's records at or past `offset`, durably (a
+    /// snapshot install cutting what lies beyond the snapshot). Retention and
+    /// compaction of the partition wait meanwhile.
+    pub fn cut_applied_tail(
+        &self,
+        topic: &str,
+        partition: u32,
+        offset: u64,
+    ) -> Result<(), EngineError> {
+        let (t, log) = self.partition(topic, partition)?;
+        let _busy = t.cleanup.get(partition as usize).map(|c| c.exclusive());
+        log.cut_tail(offset)
+    }
+
+    /// Empties a replicated partition and makes it continue at `offset`, durably (a
+    /// snapshot install whose leader's retention removed every record the follower
+    /// holds). Retention and compaction of the partition wait meanwhile.
+    pub fn restart_applied_at(
+        &self,
+        topic: &str,
+        partition: u32,
+        offset: u64,
+    ) -> Result<(), EngineError> {
+        let (t, log) = self.partition(topic, partition)?;
+        let _busy = t.cleanup.get(partition as usize).map(|c| c.exclusive());
+        log.restart_at(offset)
+    }
+
+    /// Whether the topic's cleanup policy compacts (its offsets may then have gaps).
+    pub fn topic_compacts(&self, topic: &str) -> Result<bool, EngineError> {
+        let t = self.topic(topic)?;
+        let policy = read(&t.config).cleanup_policy;
+        Ok(policy != crate::format::topic::CleanupPolicy::Delete)
+    }
+}

@@ -8,8 +8,12 @@
 //! - A produce to a replicated partition is one Raft entry, acknowledged once it is
 //!   committed and applied ([`Manager::produce`]); a node that does not lead the
 //!   partition refuses it with NOT_LEADER naming the leader it knows.
-//! - Snapshots are off and the Raft log is never purged, so a replica that falls
-//!   behind catches up from the log, and nothing is ever applied from a snapshot.
+//! - A group snapshots every `--raft-snapshot-entries` applied entries (a snapshot is
+//!   the applied checkpoint, [`super::snapshot`]) and purges its Raft log below the
+//!   snapshot less [`SNAPSHOT_LOG_KEPT`] entries; a replica that falls behind the
+//!   purged part catches up from a snapshot. The purge never touches the data
+//!   partition. A topic whose cleanup policy compacts (its offsets have gaps a
+//!   snapshot cannot carry) keeps its Raft log whole and never snapshots.
 //! - Membership is fixed at creation: the group is initialised once, by the first
 //!   replica, with every replica as a voter.
 
@@ -26,6 +30,10 @@ use serde::{Deserialize, Serialize};
 
 use super::network::{
     decode_append_request, encode_append_reply, CallError, CallHandler, GroupNetwork, Peers,
+};
+use super::snapshot::{
+    meta_of, BeginRequest, BeginResponse, ChunkRequest, InstallRequest, PartitionSnapshot,
+    SnapshotError, SnapshotSource, Staging,
 };
 use super::state_machine::PartitionStateMachine;
 use super::types::{ApplyResult, ProduceEntry, RaftGroup, TypeConfig};
@@ -62,17 +70,41 @@ pub trait LogStores: Send + Sync + 'static {
 /// 15 heartbeats missed in a row).
 const ELECTION_TIMEOUT_MIN_MS: u64 = 500;
 const ELECTION_TIMEOUT_MAX_MS: u64 = 1000;
+/// Applied entries between two snapshots of a group, unless `--raft-snapshot-entries`
+/// says otherwise.
+pub const SNAPSHOT_ENTRIES_DEFAULT: u64 = 10_000;
+/// Entries a snapshot covers that the Raft log still keeps (a follower a little
+/// behind catches up from the log, not from a snapshot).
+pub const SNAPSHOT_LOG_KEPT: u64 = 1_000;
+/// Longest one snapshot call (a chunk, or the install) may take.
+const SNAPSHOT_CALL_TIMEOUT_MS: u64 = 30_000;
 
 /// openraft's settings for every group: a heartbeat well inside the election timeout,
-/// with room for a loaded machine; no snapshots.
+/// with room for a loaded machine; a snapshot every [`SNAPSHOT_ENTRIES_DEFAULT`]
+/// applied entries.
 pub fn raft_config() -> Result<Arc<Config>, openraft::ConfigError> {
+    raft_config_with(SNAPSHOT_ENTRIES_DEFAULT)
+}
+
+/// [`raft_config`] with a snapshot every `snapshot_entries` applied entries (0: never,
+/// and the Raft log is kept whole), the log purged below a snapshot less
+/// [`SNAPSHOT_LOG_KEPT`] entries (fewer when the interval is small).
+pub fn raft_config_with(snapshot_entries: u64) -> Result<Arc<Config>, openraft::ConfigError> {
+    let (snapshot_policy, kept) = match snapshot_entries {
+        0 => (SnapshotPolicy::Never, u64::MAX),
+        n => (
+            SnapshotPolicy::LogsSinceLast(n),
+            SNAPSHOT_LOG_KEPT.min(n / 2),
+        ),
+    };
     let c = Config {
         cluster_name: "seglog".into(),
         heartbeat_interval: 100,
         election_timeout_min: ELECTION_TIMEOUT_MIN_MS,
         election_timeout_max: ELECTION_TIMEOUT_MAX_MS,
-        snapshot_policy: SnapshotPolicy::Never,
-        max_in_snapshot_log_to_keep: u64::MAX,
+        snapshot_policy,
+        max_in_snapshot_log_to_keep: kept,
+        install_snapshot_timeout: SNAPSHOT_CALL_TIMEOUT_MS,
         ..Config::default()
     };
     Ok(Arc::new(c.validate()?))
@@ -98,6 +130,8 @@ pub struct Manager<L: LogStores> {
     /// Replicated topics' placements.
     topics: Mutex<BTreeMap<String, Replication>>,
     groups: Mutex<BTreeMap<(String, u32), RaftGroup>>,
+    /// Snapshots being received, by group.
+    staging: Mutex<BTreeMap<(String, u32), Staging>>,
     /// Serialises creates and group opens.
     admin: tokio::sync::Mutex<()>,
 }
@@ -120,14 +154,26 @@ impl<L: LogStores> Manager<L> {
         stores: L,
         nodes: &[(u64, String)],
     ) -> Result<Arc<Self>, openraft::ConfigError> {
+        Self::new_with(broker, peers, stores, nodes, raft_config()?)
+    }
+
+    /// [`Manager::new`] with these openraft settings ([`raft_config_with`]).
+    pub fn new_with(
+        broker: Arc<Broker>,
+        peers: Arc<Peers>,
+        stores: L,
+        nodes: &[(u64, String)],
+        config: Arc<Config>,
+    ) -> Result<Arc<Self>, openraft::ConfigError> {
         Ok(Arc::new(Manager {
             broker,
             peers,
             stores,
-            config: raft_config()?,
+            config,
             nodes: nodes.iter().cloned().collect(),
             topics: Mutex::new(BTreeMap::new()),
             groups: Mutex::new(BTreeMap::new()),
+            staging: Mutex::new(BTreeMap::new()),
             admin: tokio::sync::Mutex::new(()),
         }))
     }
@@ -199,11 +245,150 @@ impl<L: LogStores> Manager<L> {
             topic: topic.to_string(),
             partition,
         };
-        let raft = RaftGroup::new(self.node_id(), Arc::clone(&self.config), network, store, sm)
+        let config = self.group_config(topic)?;
+        let raft = RaftGroup::new(self.node_id(), config, network, store, sm)
             .await
             .map_err(|e| io::Error::other(e.to_string()))?;
         lock(&self.groups).insert(key, raft.clone());
         Ok(raft)
+    }
+
+    /// The settings of a topic's groups: a compacted topic never snapshots (a
+    /// snapshot carries records at consecutive offsets), so its log is kept whole.
+    fn group_config(&self, topic: &str) -> io::Result<Arc<Config>> {
+        let compacts = self
+            .broker
+            .topic_compacts(topic)
+            .map_err(|e| io::Error::other(e.to_string()))?;
+        if !compacts || self.config.snapshot_policy == SnapshotPolicy::Never {
+            return Ok(Arc::clone(&self.config));
+        }
+        let c = Config {
+            snapshot_policy: SnapshotPolicy::Never,
+            max_in_snapshot_log_to_keep: u64::MAX,
+            ..(*self.config).clone()
+        };
+        Ok(Arc::new(
+            c.validate().map_err(|e| io::Error::other(e.to_string()))?,
+        ))
+    }
+
+    /// The Raft directory of a group (`DATA/raft/<topic>/<partition>/`).
+    fn raft_dir(&self, topic: &str, partition: u32) -> std::path::PathBuf {
+        self.broker
+            .data_dir()
+            .join(super::node::RAFT_DIR)
+            .join(topic)
+            .join(partition.to_string())
+    }
+
+    /// A leader begins sending a snapshot: a new staging file replaces any other
+    /// transfer's; the answer says where the data partition ends.
+    fn snapshot_begin(
+        &self,
+        topic: &str,
+        partition: u32,
+        payload: &[u8],
+    ) -> Result<Vec<u8>, String> {
+        let req: BeginRequest = serde_json::from_slice(payload).map_err(|e| e.to_string())?;
+        let data_end = self
+            .broker
+            .written_end(topic, partition)
+            .map_err(|e| e.to_string())?;
+        let staging = Staging::begin(
+            &**self.broker.storage(),
+            &self.raft_dir(topic, partition),
+            req.transfer,
+        )
+        .map_err(|e| e.to_string())?;
+        tracing::info!(topic, partition, transfer = req.transfer, data_end,
+            last_log_id = ?req.last_log_id, "receiving a snapshot");
+        lock(&self.staging).insert((topic.to_string(), partition), staging);
+        serde_json::to_vec(&BeginResponse { data_end }).map_err(|e| e.to_string())
+    }
+
+    /// Stages one chunk of the transfer in progress.
+    fn snapshot_chunk(
+        &self,
+        topic: &str,
+        partition: u32,
+        payload: &[u8],
+    ) -> Result<Vec<u8>, String> {
+        let req: ChunkRequest = serde_json::from_slice(payload).map_err(|e| e.to_string())?;
+        let mut staging = lock(&self.staging);
+        let s = staging.get_mut(&(topic.to_string(), partition));
+        match s {
+            Some(s) if s.transfer() == req.transfer => {
+                s.push(&req.records).map_err(|e| e.to_string())?;
+                Ok(b"null".to_vec())
+            }
+            other => Err(SnapshotError::OtherTransfer {
+                got: req.transfer,
+                expected: other.map(|s| s.transfer()),
+            }
+            .to_string()),
+        }
+    }
+
+    /// Installs the transfer in progress through openraft (which checks the vote,
+    /// calls the state machine's install, then moves its log past the snapshot).
+    async fn snapshot_install(
+        &self,
+        topic: &str,
+        partition: u32,
+        payload: &[u8],
+    ) -> Result<Vec<u8>, String> {
+        let req: InstallRequest = serde_json::from_slice(payload).map_err(|e| e.to_string())?;
+        let raft = self
+            .group(topic, partition)
+            .ok_or_else(|| format!("no Raft group {topic}/{partition} on this node"))?;
+        let path = {
+            let mut staging = lock(&self.staging);
+            let key = (topic.to_string(), partition);
+            match staging.get(&key) {
+                Some(s) if s.transfer() == req.transfer => {
+                    staging.remove(&key).map(|s| s.path().to_path_buf())
+                }
+                other => {
+                    return Err(SnapshotError::OtherTransfer {
+                        got: req.transfer,
+                        expected: other.map(Staging::transfer),
+                    }
+                    .to_string())
+                }
+            }
+        };
+        let Some(path) = path else {
+            return Err("no snapshot being received".into());
+        };
+        // openraft refuses (by panicking) a snapshot past the sender's leadership:
+        // such a message is refused here first.
+        let past_vote = req
+            .applied
+            .last_applied
+            .as_ref()
+            .is_some_and(|l| l.leader_id.term > req.vote.leader_id.term);
+        if past_vote {
+            return Err(format!(
+                "{topic}/{partition}: a snapshot at {:?} past the sender's vote {:?}",
+                req.applied.last_applied, req.vote
+            ));
+        }
+        let snapshot = super::snapshot::Snapshot {
+            meta: meta_of(&req.applied),
+            snapshot: PartitionSnapshot {
+                applied: req.applied,
+                source: SnapshotSource::Staged {
+                    path,
+                    first_offset: req.first_offset,
+                },
+            },
+        };
+        let resp = raft
+            .install_full_snapshot(req.vote, snapshot)
+            .await
+            .map_err(|e| e.to_string())?;
+        serde_json::to_vec(&resp).map_err(|e| e.to_string())
     }
 
     fn group(&self, topic: &str, partition: u32) -> Option<RaftGroup> {
@@ -589,6 +774,9 @@ impl<L: LogStores> Manager<L> {
                 Ok(b"null".to_vec())
             }
             Rpc::Status => json(&self.status()),
+            Rpc::SnapshotBegin => self.snapshot_begin(topic, partition, payload),
+            Rpc::SnapshotChunk => self.snapshot_chunk(topic, partition, payload),
+            Rpc::SnapshotInstall => self.snapshot_install(topic, partition, payload).await,
         }
     }
 }

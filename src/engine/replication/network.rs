@@ -755,7 +755,7 @@ impl GroupClient {
 }
 
 impl RaftNetworkV2<TypeConfig> for GroupClient {
-    type SnapshotData = ();
+    type SnapshotData = super::snapshot::PartitionSnapshot;
 
     async fn append_entries(
         &mut self,
@@ -794,14 +794,106 @@ impl RaftNetworkV2<TypeConfig> for GroupClient {
 
     async fn full_snapshot(
         &mut self,
-        _vote: Vote,
-        _snapshot: openraft::type_config::alias::SnapshotOf<TypeConfig, ()>,
-        _cancel: impl std::future::Future<Output = ReplicationClosed> + Send + 'static,
-        _option: RPCOption,
+        vote: Vote,
+        snapshot: super::snapshot::Snapshot,
+        cancel: impl std::future::Future<Output = ReplicationClosed> + Send + 'static,
+        option: RPCOption,
     ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
-        Err(StreamingError::Unreachable(Unreachable::from_string(
-            "snapshots are not used: the Raft log is kept whole",
-        )))
+        let cancel = Box::pin(cancel);
+        let sent = Box::pin(self.send_snapshot(vote, snapshot, &option));
+        match futures_util::future::select(cancel, sent).await {
+            futures_util::future::Either::Left((closed, _)) => Err(StreamingError::Closed(closed)),
+            futures_util::future::Either::Right((r, _)) => r,
+        }
+    }
+}
+
+fn streaming_error(e: RPCError<TypeConfig>) -> StreamingError<TypeConfig> {
+    match e {
+        RPCError::Unreachable(u) => StreamingError::Unreachable(u),
+        RPCError::Timeout(t) => StreamingError::Timeout(t),
+        RPCError::Network(n) => StreamingError::Network(n),
+        other => StreamingError::Network(NetworkError::new(&other)),
+    }
+}
+
+impl GroupClient {
+    /// Sends a snapshot ([`super::snapshot`]): asks where the follower's data
+    /// partition ends, streams the records from there (one chunk call at a time, so
+    /// they arrive in order) up to the snapshot's next offset, then asks it to install.
+    async fn send_snapshot(
+        &self,
+        vote: Vote,
+        snapshot: super::snapshot::Snapshot,
+        option: &RPCOption,
+    ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
+        use super::snapshot::{
+            read_chunk, BeginRequest, BeginResponse, ChunkRequest, InstallRequest, SnapshotSource,
+        };
+        let network = |e: &dyn std::fmt::Display| {
+            StreamingError::Network(NetworkError::from_string(e.to_string()))
+        };
+        let super::snapshot::PartitionSnapshot { applied, source } = snapshot.snapshot;
+        let SnapshotSource::Local {
+            broker,
+            topic,
+            partition,
+        } = source
+        else {
+            return Err(network(
+                &"only a snapshot of this node's own partition is sent",
+            ));
+        };
+        let mut raw = [0u8; 8];
+        getrandom::fill(&mut raw).map_err(|e| network(&e))?;
+        let transfer = u64::from_be_bytes(raw);
+        let begin: BeginResponse = self
+            .call(
+                Rpc::SnapshotBegin,
+                &BeginRequest {
+                    transfer,
+                    last_log_id: applied.last_applied,
+                },
+                option,
+            )
+            .await
+            .map_err(streaming_error)?;
+        let next = applied.next_offset;
+        let (start, _) = broker.offsets(&topic, partition).map_err(|e| network(&e))?;
+        let first = begin.data_end.max(start).min(next);
+        let mut at = first;
+        while at < next {
+            let (b, t) = (Arc::clone(&broker), topic.clone());
+            let records =
+                tokio::task::spawn_blocking(move || read_chunk(&b, &t, partition, at, next))
+                    .await
+                    .map_err(|e| network(&e))?
+                    .map_err(|e| network(&e))?;
+            let Some(last) = records.last().map(|(o, _)| *o) else {
+                break;
+            };
+            at = last + 1;
+            let _: serde_json::Value = self
+                .call(
+                    Rpc::SnapshotChunk,
+                    &ChunkRequest { transfer, records },
+                    option,
+                )
+                .await
+                .map_err(streaming_error)?;
+        }
+        self.call(
+            Rpc::SnapshotInstall,
+            &InstallRequest {
+                transfer,
+                vote,
+                applied,
+                first_offset: first,
+            },
+            option,
+        )
+        .await
+        .map_err(streaming_error)
     }
 }
 

@@ -55,6 +55,26 @@ pub fn start(
     kafka_addr: Option<&str>,
     nodes: &[(u64, String)],
 ) -> Result<Node, String> {
+    start_with(
+        broker,
+        node_id,
+        client_addr,
+        kafka_addr,
+        nodes,
+        super::manager::SNAPSHOT_ENTRIES_DEFAULT,
+    )
+}
+
+/// [`start`], with a snapshot of each group every `snapshot_entries` applied entries
+/// (`serve --raft-snapshot-entries`; 0: never, the Raft logs are kept whole).
+pub fn start_with(
+    broker: Arc<Broker>,
+    node_id: u64,
+    client_addr: &str,
+    kafka_addr: Option<&str>,
+    nodes: &[(u64, String)],
+    snapshot_entries: u64,
+) -> Result<Node, String> {
     let founder = nodes.iter().map(|(id, _)| *id).min() == Some(node_id);
     let ident = Identity::load(
         node_id,
@@ -67,7 +87,9 @@ pub fn start(
     .with_kafka_addr(kafka_addr);
     broker.producers().reserve_ids_from(node_id << 48);
     let peers = Peers::new(Arc::new(ident), nodes);
-    let manager = Manager::new(broker, peers, RaftLogs, nodes)
+    let config = super::manager::raft_config_with(snapshot_entries)
+        .map_err(|e| format!("bad Raft settings: {e}"))?;
+    let manager = Manager::new_with(broker, peers, RaftLogs, nodes, config)
         .map_err(|e| format!("bad Raft settings: {e}"))?;
     let replicator: Arc<dyn Replicator> = manager.clone();
     Ok(Node {

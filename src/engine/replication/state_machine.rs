@@ -13,7 +13,8 @@
 //!   last applied log id, the membership, `next_offset` and the producers' state at
 //!   that point, and is written only after the data partition's fsync covering it.
 //!   openraft re-applies the entries after it on restart. The Raft log is never purged
-//!   past it (snapshots are off, see [`super::manager`]).
+//!   past it: a snapshot ([`super::snapshot`]) is the checkpoint written when it is
+//!   built, and openraft purges only below a snapshot.
 //! - The data partition's appends are synchronous, behind the I/O seam: apply hands
 //!   them to a blocking thread.
 
@@ -28,6 +29,9 @@ use openraft::storage::{EntryResponder, RaftSnapshotBuilder, RaftStateMachine};
 use openraft::EntryPayload;
 use serde::{Deserialize, Serialize};
 
+use super::snapshot::{
+    install_staged, meta_of, PartitionSnapshot, Snapshot, SnapshotMeta, SnapshotSource,
+};
 use super::types::{ApplyResult, LogId, ProduceEntry, StoredMembership, TypeConfig};
 use crate::engine::broker::{Broker, NewRecord};
 use crate::engine::storage::io::write_file_atomic;
@@ -71,6 +75,9 @@ pub struct PartitionStateMachine {
     dir: PathBuf,
     applied: Applied,
     checkpointed: Instant,
+    /// The current snapshot: the checkpoint last written by a build or an install
+    /// (at open, the checkpoint on disk).
+    snapshot: Option<Applied>,
 }
 
 impl std::fmt::Debug for PartitionStateMachine {
@@ -109,6 +116,7 @@ impl PartitionStateMachine {
             Err(e) if e.kind() == io::ErrorKind::NotFound => Applied::default(),
             Err(e) => return Err(e),
         };
+        let snapshot = applied.last_applied.is_some().then(|| applied.clone());
         Ok(PartitionStateMachine {
             broker,
             topic: topic.to_string(),
@@ -116,6 +124,7 @@ impl PartitionStateMachine {
             dir,
             applied,
             checkpointed: Instant::now(),
+            snapshot,
         })
     }
 
@@ -257,8 +266,8 @@ fn apply_entry(
 }
 
 impl RaftStateMachine<TypeConfig> for PartitionStateMachine {
-    type SnapshotData = ();
-    type SnapshotBuilder = NoSnapshots;
+    type SnapshotData = PartitionSnapshot;
+    type SnapshotBuilder = SnapshotBuilder;
 
     async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), io::Error> {
         Ok((self.applied.last_applied, self.applied.membership.clone()))
@@ -355,25 +364,140 @@ impl RaftStateMachine<TypeConfig> for PartitionStateMachine {
         Ok(())
     }
 
+    async fn try_create_snapshot_builder(&mut self, force: bool) -> Option<SnapshotBuilder> {
+        match self.take_snapshot().await {
+            Ok(b) => Some(b),
+            Err(e) if force => Some(SnapshotBuilder::Failed(e.to_string())),
+            Err(e) => {
+                tracing::warn!(topic = %self.topic, partition = self.partition, error = %e,
+                    "writing the snapshot's checkpoint failed; the snapshot is deferred");
+                None
+            }
+        }
+    }
+
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
-        NoSnapshots
+        match self.take_snapshot().await {
+            Ok(b) => b,
+            Err(e) => SnapshotBuilder::Failed(e.to_string()),
+        }
     }
 
     async fn install_snapshot(
         &mut self,
-        _meta: &openraft::type_config::alias::SnapshotMetaOf<TypeConfig>,
-        _snapshot: (),
+        meta: &SnapshotMeta,
+        snapshot: PartitionSnapshot,
     ) -> Result<(), io::Error> {
-        Err(io::Error::new(
-            io::ErrorKind::Unsupported,
-            "snapshots are not used: the Raft log of a replicated partition is kept whole",
-        ))
+        self.install(meta, snapshot).await
     }
 
-    async fn get_current_snapshot(
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, io::Error> {
+        Ok(self
+            .snapshot
+            .as_ref()
+            .map(|applied| self.local_snapshot(applied.clone())))
+    }
+}
+
+impl PartitionStateMachine {
+    fn local_snapshot(&self, applied: Applied) -> Snapshot {
+        Snapshot {
+            meta: meta_of(&applied),
+            snapshot: PartitionSnapshot {
+                applied,
+                source: SnapshotSource::Local {
+                    broker: Arc::clone(&self.broker),
+                    topic: self.topic.clone(),
+                    partition: self.partition,
+                },
+            },
+        }
+    }
+
+    /// Takes a snapshot at the last applied entry: writes the checkpoint (every
+    /// applied record is durable already: apply returns after the partition's fsync),
+    /// which becomes the current snapshot. Runs in the state machine's worker, so no
+    /// apply runs meanwhile; copies no record.
+    async fn take_snapshot(&mut self) -> io::Result<SnapshotBuilder> {
+        let applied = self.applied.clone();
+        let broker = Arc::clone(&self.broker);
+        let dir = self.dir.clone();
+        let partition = self.partition;
+        let bytes = serde_json::to_vec(&applied).map_err(other)?;
+        tokio::task::spawn_blocking(move || {
+            write_file_atomic(
+                &**broker.storage(),
+                &dir,
+                &checkpoint_name(partition),
+                &bytes,
+            )
+        })
+        .await
+        .map_err(other)??;
+        self.checkpointed = Instant::now();
+        self.snapshot = Some(applied.clone());
+        Ok(SnapshotBuilder::Built(Box::new(
+            self.local_snapshot(applied),
+        )))
+    }
+
+    /// Installs a snapshot received from the leader ([`install_staged`] steps 1-4),
+    /// then 5. replaces the checkpoint atomically with the snapshot's, and 6. removes
+    /// the staging file; only then is the install reported done.
+    async fn install(
         &mut self,
-    ) -> Result<Option<openraft::type_config::alias::SnapshotOf<TypeConfig, ()>>, io::Error> {
-        Ok(None)
+        meta: &SnapshotMeta,
+        snapshot: PartitionSnapshot,
+    ) -> io::Result<()> {
+        let PartitionSnapshot { applied, source } = snapshot;
+        if applied.last_applied != meta.last_log_id {
+            return Err(other(format!(
+                "{}/{}: the snapshot's checkpoint is at {:?}, its metadata at {:?}",
+                self.topic, self.partition, applied.last_applied, meta.last_log_id
+            )));
+        }
+        let (path, first_offset) = match source {
+            SnapshotSource::Staged { path, first_offset } => (path, first_offset),
+            SnapshotSource::Local { .. } => {
+                // This node's own snapshot (openraft restoring at start): the
+                // checkpoint it was taken from is on disk, at or past it.
+                if self.applied.last_applied >= applied.last_applied {
+                    return Ok(());
+                }
+                return Err(other(format!(
+                    "{}/{}: a local snapshot at {:?} is ahead of the checkpoint at {:?}",
+                    self.topic, self.partition, applied.last_applied, self.applied.last_applied
+                )));
+            }
+        };
+        let broker = Arc::clone(&self.broker);
+        let topic = self.topic.clone();
+        let partition = self.partition;
+        let dir = self.dir.clone();
+        let installed = applied.clone();
+        tokio::task::spawn_blocking(move || -> io::Result<()> {
+            install_staged(&broker, &topic, partition, &installed, &path, first_offset)?;
+            // 5.
+            let bytes = serde_json::to_vec(&installed).map_err(other)?;
+            write_file_atomic(
+                &**broker.storage(),
+                &dir,
+                &checkpoint_name(partition),
+                &bytes,
+            )?;
+            // 6.
+            match broker.storage().remove_file(&path) {
+                Ok(()) => Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+                Err(e) => Err(e),
+            }
+        })
+        .await
+        .map_err(other)??;
+        self.checkpointed = Instant::now();
+        self.applied = applied.clone();
+        self.snapshot = Some(applied);
+        Ok(())
     }
 }
 
@@ -394,20 +518,23 @@ impl Drop for PartitionStateMachine {
     }
 }
 
-/// Snapshots are off (the log is kept whole); a builder is still a type openraft needs.
+/// What builds a snapshot: the checkpoint is written when the builder is made (in
+/// the state machine's worker), so building only hands the snapshot over.
 #[derive(Debug)]
-pub struct NoSnapshots;
+pub enum SnapshotBuilder {
+    Built(Box<Snapshot>),
+    /// Writing the checkpoint failed.
+    Failed(String),
+}
 
-impl RaftSnapshotBuilder<TypeConfig> for NoSnapshots {
-    type SnapshotData = ();
+impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
+    type SnapshotData = PartitionSnapshot;
 
-    async fn build_snapshot(
-        &mut self,
-    ) -> Result<openraft::type_config::alias::SnapshotOf<TypeConfig, ()>, io::Error> {
-        Err(io::Error::new(
-            io::ErrorKind::Unsupported,
-            "snapshots are not used",
-        ))
+    async fn build_snapshot(&mut self) -> Result<Snapshot, io::Error> {
+        match std::mem::replace(self, SnapshotBuilder::Failed("built already".into())) {
+            SnapshotBuilder::Built(s) => Ok(*s),
+            SnapshotBuilder::Failed(e) => Err(other(e)),
+        }
     }
 }
 

@@ -57,6 +57,14 @@ pub enum Rpc {
     Status = 6,
     /// AppendEntries in binary ([`append`]), the entries' payloads as raw bytes.
     AppendEntriesBinary = 7,
+    /// A leader starts sending a snapshot (payload: JSON; the answer names where the
+    /// follower's data partition ends, so only the missing records are sent).
+    SnapshotBegin = 10,
+    /// One chunk of a snapshot's records, in offset order (payload: JSON).
+    SnapshotChunk = 11,
+    /// The snapshot's metadata once every chunk is sent: the follower installs it
+    /// (payload: JSON; the answer is openraft's snapshot response).
+    SnapshotInstall = 12,
 }
 
 impl Rpc {
@@ -69,6 +77,9 @@ impl Rpc {
             Rpc::Initialize,
             Rpc::Status,
             Rpc::AppendEntriesBinary,
+            Rpc::SnapshotBegin,
+            Rpc::SnapshotChunk,
+            Rpc::SnapshotInstall,
         ]
         .into_iter()
         .find(|r| *r as u8 == v)
