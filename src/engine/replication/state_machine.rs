@@ -35,6 +35,7 @@ use super::snapshot::{
 use super::types::{ApplyResult, LogId, ProduceEntry, StoredMembership, TypeConfig};
 use crate::engine::broker::{Broker, NewRecord};
 use crate::engine::storage::io::write_file_atomic;
+use crate::format::producers::BATCHES_KEPT;
 use crate::format::wire::ErrorCode;
 
 /// Longest a checkpoint waits behind the applied entries.
@@ -42,12 +43,25 @@ const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(1);
 /// Largest checkpoint file read back.
 const CHECKPOINT_BYTES_MAX: u64 = 16 << 20;
 
-/// The last batch an idempotent producer had applied on this partition.
+/// The last batch an idempotent producer had applied on this partition, and the
+/// batches of the same epoch just before it, so that a retry of any of its last
+/// [`BATCHES_KEPT`] batches is answered as a duplicate, as on one node.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProducerSeen {
     pub epoch: u16,
     pub first_sequence: i32,
     pub next_sequence: i32,
+    pub base_offset: u64,
+    pub last_offset: u64,
+    /// Up to `BATCHES_KEPT - 1` earlier batches of this epoch, oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub earlier: Vec<EarlierBatch>,
+}
+
+/// An applied batch before a producer's last one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EarlierBatch {
+    pub first_sequence: i32,
     pub base_offset: u64,
     pub last_offset: u64,
 }
@@ -175,6 +189,16 @@ fn check_producer(
             last_offset: seen.last_offset,
         });
     }
+    if let Some(b) = seen
+        .earlier
+        .iter()
+        .find(|b| b.first_sequence == stamp.first_sequence)
+    {
+        return Err(ApplyResult::Duplicate {
+            base_offset: b.base_offset,
+            last_offset: b.last_offset,
+        });
+    }
     Err(ApplyResult::Refused {
         code: ErrorCode::OUT_OF_ORDER_SEQUENCE.0,
         message: format!(
@@ -182,6 +206,39 @@ fn check_producer(
             stamp.producer_id, stamp.first_sequence, seen.next_sequence
         ),
     })
+}
+
+/// What a producer's state becomes once its batch of `count` records at
+/// `base..=last` is applied: the batch is the last one, and the batches of the same
+/// epoch before it stay, up to [`BATCHES_KEPT`] in all.
+fn remembered(
+    prev: Option<ProducerSeen>,
+    stamp: &super::types::ProducerStamp,
+    count: u64,
+    base: u64,
+    last: u64,
+) -> ProducerSeen {
+    let earlier = match prev {
+        Some(mut prev) if prev.epoch == stamp.epoch => {
+            prev.earlier.push(EarlierBatch {
+                first_sequence: prev.first_sequence,
+                base_offset: prev.base_offset,
+                last_offset: prev.last_offset,
+            });
+            let extra = prev.earlier.len().saturating_sub(BATCHES_KEPT - 1);
+            prev.earlier.drain(..extra);
+            prev.earlier
+        }
+        _ => Vec::new(),
+    };
+    ProducerSeen {
+        epoch: stamp.epoch,
+        first_sequence: stamp.first_sequence,
+        next_sequence: stamp.first_sequence.wrapping_add(count as i32),
+        base_offset: base,
+        last_offset: last,
+        earlier,
+    }
 }
 
 /// Applies one normal entry on a blocking thread's behalf: appends the records that
@@ -245,15 +302,10 @@ fn apply_entry(
     let last = base + count - 1;
     applied.next_offset = last + 1;
     if let Some(stamp) = &entry.producer {
+        let prev = applied.producers.remove(&stamp.producer_id);
         applied.producers.insert(
             stamp.producer_id,
-            ProducerSeen {
-                epoch: stamp.epoch,
-                first_sequence: stamp.first_sequence,
-                next_sequence: stamp.first_sequence.wrapping_add(count as i32),
-                base_offset: base,
-                last_offset: last,
-            },
+            remembered(prev, stamp, count, base, last),
         );
     }
     Ok((
@@ -550,6 +602,11 @@ mod tests {
             next_sequence: 15,
             base_offset: 100,
             last_offset: 104,
+            earlier: vec![EarlierBatch {
+                first_sequence: 7,
+                base_offset: 90,
+                last_offset: 92,
+            }],
         }
     }
 
@@ -573,6 +630,18 @@ mod tests {
                 last_offset: 104
             })
         );
+        // A retry of an earlier batch of the window gets that batch's offsets.
+        assert_eq!(
+            check_producer(Some(&seen()), &stamp(1, 7)),
+            Err(ApplyResult::Duplicate {
+                base_offset: 90,
+                last_offset: 92
+            })
+        );
+        assert!(matches!(
+            check_producer(Some(&seen()), &stamp(1, 8)),
+            Err(ApplyResult::Refused { code, .. }) if code == ErrorCode::OUT_OF_ORDER_SEQUENCE.0
+        ));
         assert!(matches!(
             check_producer(Some(&seen()), &stamp(1, 16)),
             Err(ApplyResult::Refused { code, .. }) if code == ErrorCode::OUT_OF_ORDER_SEQUENCE.0
@@ -581,5 +650,41 @@ mod tests {
             check_producer(Some(&seen()), &stamp(0, 15)),
             Err(ApplyResult::Refused { code, .. }) if code == ErrorCode::INVALID_PRODUCER_EPOCH.0
         ));
+    }
+    /// The last five batches of an epoch are remembered; a new epoch starts afresh.
+    #[test]
+    fn the_window_keeps_five_batches_of_an_epoch() {
+        let mut seen: Option<ProducerSeen> = None;
+        for i in 0..8u64 {
+            let s = remembered(seen.take(), &stamp(1, (i * 2) as i32), 2, i * 2, i * 2 + 1);
+            seen = Some(s);
+        }
+        let s = seen.clone().unwrap();
+        assert_eq!(s.first_sequence, 14);
+        assert_eq!(s.next_sequence, 16);
+        assert_eq!(
+            s.earlier
+                .iter()
+                .map(|b| b.first_sequence)
+                .collect::<Vec<_>>(),
+            vec![6, 8, 10, 12]
+        );
+        for seq in [6, 8, 10, 12, 14] {
+            assert_eq!(
+                check_producer(Some(&s), &stamp(1, seq)),
+                Err(ApplyResult::Duplicate {
+                    base_offset: seq as u64,
+                    last_offset: seq as u64 + 1
+                }),
+                "{seq}"
+            );
+        }
+        assert!(matches!(
+            check_producer(Some(&s), &stamp(1, 4)),
+            Err(ApplyResult::Refused { code, .. }) if code == ErrorCode::OUT_OF_ORDER_SEQUENCE.0
+        ));
+        let bumped = remembered(seen, &stamp(2, 0), 3, 16, 18);
+        assert!(bumped.earlier.is_empty());
+        assert_eq!((bumped.epoch, bumped.next_sequence), (2, 3));
     }
 }

@@ -255,8 +255,9 @@ def confluent_failover(boot, topic, n):
 
     p = Producer({"bootstrap.servers": boot, "enable.idempotence": True, "acks": "all",
                   "linger.ms": 5, "message.timeout.ms": 60000, "retry.backoff.ms": 50,
-                  # A replica remembers a producer's last batch only (docs/PROTOCOL.md).
-                  "max.in.flight.requests.per.connection": 1,
+                  # Kafka's default, which the replicas' window of five batches
+                  # allows (docs/PROTOCOL.md).
+                  "max.in.flight.requests.per.connection": 5,
                   "topic.metadata.refresh.interval.ms": 1000})
     reports = []
 
