@@ -45,9 +45,7 @@ impl Broker {
         partition: u32,
         offset: u64,
     ) -> Result<(), EngineError> {
-        let (t, log) = self.partition(topic, partition)?;
-        let _busy = t.cleanup.get(partition as usize).map(|c| c.exclusive());
-        log.cut_tail(offset)
+        self.with_cleanup_held(topic, partition, |log| log.cut_tail(offset))
     }
 
     /// Empties a replicated partition and makes it continue at `offset`, durably (a
@@ -59,9 +57,19 @@ impl Broker {
         partition: u32,
         offset: u64,
     ) -> Result<(), EngineError> {
+        self.with_cleanup_held(topic, partition, |log| log.restart_at(offset))
+    }
+
+    /// Runs `f` on the partition's log while its retention and compaction wait.
+    fn with_cleanup_held<T>(
+        &self,
+        topic: &str,
+        partition: u32,
+        f: impl FnOnce(&PartitionLog) -> Result<T, EngineError>,
+    ) -> Result<T, EngineError> {
         let (t, log) = self.partition(topic, partition)?;
         let _busy = t.cleanup.get(partition as usize).map(|c| c.exclusive());
-        log.restart_at(offset)
+        f(&log)
     }
 
     /// Whether the topic's cleanup policy compacts (its offsets may then have gaps).

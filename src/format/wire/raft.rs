@@ -303,6 +303,23 @@ pub fn decode_peer_frame(frame: &[u8]) -> Result<PeerFrame<'_>, ProtocolError> {
 mod tests {
     use super::*;
 
+    /// The encoded frame of a Vote call with an empty payload.
+    fn empty_vote_call() -> Vec<u8> {
+        let mut out = Vec::new();
+        encode_peer_frame(
+            &mut out,
+            &PeerFrame::Call {
+                call_id: 1,
+                topic: "t",
+                partition: 0,
+                rpc: Rpc::Vote,
+                payload: b"",
+            },
+        )
+        .unwrap();
+        out
+    }
+
     fn samples() -> Vec<PeerFrame<'static>> {
         vec![
             PeerFrame::Hello {
@@ -401,18 +418,7 @@ mod tests {
             Err(ProtocolError::BadValue { field: "kind", .. })
         ));
         // A call whose payload claims more bytes than the frame has.
-        let mut out = Vec::new();
-        encode_peer_frame(
-            &mut out,
-            &PeerFrame::Call {
-                call_id: 1,
-                topic: "t",
-                partition: 0,
-                rpc: Rpc::Vote,
-                payload: b"",
-            },
-        )
-        .unwrap();
+        let mut out = empty_vote_call();
         let n = out.len();
         out[n - 4..].copy_from_slice(&u32::MAX.to_be_bytes());
         assert!(matches!(
@@ -423,18 +429,7 @@ mod tests {
             })
         ));
         // An unknown rpc.
-        let mut out = Vec::new();
-        encode_peer_frame(
-            &mut out,
-            &PeerFrame::Call {
-                call_id: 1,
-                topic: "t",
-                partition: 0,
-                rpc: Rpc::Vote,
-                payload: b"",
-            },
-        )
-        .unwrap();
+        let mut out = empty_vote_call();
         let rpc_at = 4 + 9 + 3 + 4;
         out[rpc_at] = 99;
         assert!(matches!(
