@@ -71,15 +71,30 @@ def confluent_group(boot, topic, group, total):
     c1.commit(asynchronous=False) if seen else None
     c2.commit(asynchronous=False) if seen else None
     c2.close()
+    # `seen` can be full while c1, the owner of every partition now, has not read a
+    # partition it (or c2) read before the rebalance: wait until its position, or the
+    # group's committed offset, is at each partition's end, so the commit covers all.
+    def at_end(c):
+        parts = c.assignment()
+        pos = {tp.partition: tp.offset for tp in c.position(parts)}
+        com = {tp.partition: tp.offset for tp in c.committed(parts, timeout=5)}
+        for tp in parts:
+            _, high = c.get_watermark_offsets(tp, timeout=5, cached=False)
+            if max(pos[tp.partition], com[tp.partition]) < high:
+                return False
+        return True
+
     after = None
     while time.time() < end:
-        m = c1.poll(0.2)
-        if m is not None and m.error() is None:
-            seen.add((m.partition(), m.offset()))
+        batch = c1.consume(500, 0.2)
+        for m in batch:
+            if m.error() is None:
+                seen.add((m.partition(), m.offset()))
         a1 = sorted(t.partition for t in c1.assignment())
         if split is not None and len(a1) == len(split[0]) + len(split[1]):
             after = a1
-            if len(seen) >= total:
+            # Only once caught up: at_end asks the broker.
+            if not batch and len(seen) >= total and at_end(c1):
                 break
     # A commit made while the group rebalances is refused per partition (the client
     # returns the errors, it does not raise): commit again until every partition is
