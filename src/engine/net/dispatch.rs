@@ -20,7 +20,7 @@ use crate::engine::error::EngineError;
 use crate::engine::maintenance::compaction::CompactionError;
 use crate::engine::net::metrics::{stored_len, NetMetrics, TopicCache};
 use crate::engine::partition::buffers;
-use crate::engine::replication::types::{EntryRecord, ProduceEntry};
+use crate::engine::replication::types::ProduceEntry;
 use crate::engine::replication::Replicator;
 use crate::engine::storage::layout::LayoutError;
 use crate::format::names::validate_name;
@@ -870,18 +870,15 @@ async fn produce_replicated(
     batches: &[PartitionBatch<'_>],
 ) -> Vec<PartitionResult> {
     let proposals = batches.iter().map(|b| {
-        let entry = ProduceEntry {
-            producer: None,
-            records: b
-                .records
-                .iter()
-                .map(|r| EntryRecord {
-                    timestamp_ms: r.timestamp_ms,
-                    key: r.key.map(<[u8]>::to_vec),
-                    value: r.value.to_vec(),
-                })
-                .collect(),
-        };
+        let entry = ProduceEntry::new(
+            None,
+            b.records.iter().map(|r| NewRecord {
+                key: r.key,
+                value: r.value,
+                timestamp_ms: r.timestamp_ms,
+            }),
+            crate::engine::partition::now_ms(),
+        );
         Arc::clone(&r).produce(topic.to_string(), b.partition, entry)
     });
     futures_util::future::join_all(proposals).await

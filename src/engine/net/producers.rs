@@ -10,7 +10,7 @@ use std::time::Duration;
 use super::server::engine_error;
 use crate::engine::broker::{Broker, NewRecord};
 use crate::engine::producers::{Decision, Durable, ProducerError};
-use crate::engine::replication::types::{EntryRecord, ProduceEntry, ProducerStamp};
+use crate::engine::replication::types::{ProduceEntry, ProducerStamp};
 use crate::engine::replication::Replicator;
 use crate::format::wire::producers::ProducerRequest;
 use crate::format::wire::{
@@ -116,18 +116,15 @@ pub async fn serve(
                             epoch,
                             first_sequence: *seq,
                         };
-                        let entry = ProduceEntry {
-                            producer: Some(stamp),
-                            records: b
-                                .records
-                                .iter()
-                                .map(|r| EntryRecord {
-                                    timestamp_ms: r.timestamp_ms,
-                                    key: r.key.map(<[u8]>::to_vec),
-                                    value: r.value.to_vec(),
-                                })
-                                .collect(),
-                        };
+                        let entry = ProduceEntry::new(
+                            Some(stamp),
+                            b.records.iter().map(|r| NewRecord {
+                                key: r.key,
+                                value: r.value,
+                                timestamp_ms: r.timestamp_ms,
+                            }),
+                            crate::engine::partition::now_ms(),
+                        );
                         let done = Arc::clone(&r)
                             .produce(topic.to_string(), b.partition, entry)
                             .await;

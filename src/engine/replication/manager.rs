@@ -415,17 +415,11 @@ impl<L: LogStores> Manager<L> {
         &self,
         topic: &str,
         partition: u32,
-        mut entry: ProduceEntry,
+        entry: ProduceEntry,
     ) -> Result<(u64, u64), Refusal> {
         let Some(raft) = self.group(topic, partition) else {
             return Err(self.not_leader(topic, partition, None));
         };
-        let now = crate::engine::partition::now_ms();
-        for r in &mut entry.records {
-            if r.timestamp_ms < 0 {
-                r.timestamp_ms = now;
-            }
-        }
         match raft.client_write(entry).await {
             Ok(resp) => match resp.data {
                 ApplyResult::Appended {

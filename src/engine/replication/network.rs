@@ -951,7 +951,7 @@ pub fn encode_append_request(
         .entries
         .iter()
         .map(|e| match &e.payload {
-            openraft::EntryPayload::Normal(p) => p.records.iter().map(|r| r.value.len() + 32).sum(),
+            openraft::EntryPayload::Normal(p) => p.encoded_len() + 32,
             _ => 64,
         })
         .sum();
@@ -1082,7 +1082,8 @@ mod tests {
     }
 
     fn sample_request() -> AppendEntriesRequest<TypeConfig> {
-        use crate::engine::replication::types::{EntryRecord, ProduceEntry, ProducerStamp};
+        use crate::engine::partition::NewRecord;
+        use crate::engine::replication::types::{ProduceEntry, ProducerStamp};
         let lid = |term, node_id, index| LogId::new(StoredLeaderId { term, node_id }, index);
         let membership = openraft::Membership::<u64, BasicNode>::new_with_defaults(
             vec![std::collections::BTreeSet::from([1, 2, 3])],
@@ -1099,18 +1100,19 @@ mod tests {
                 },
                 Entry {
                     log_id: lid(4, 2, 11),
-                    payload: openraft::EntryPayload::Normal(ProduceEntry {
-                        producer: Some(ProducerStamp {
+                    payload: openraft::EntryPayload::Normal(ProduceEntry::new(
+                        Some(ProducerStamp {
                             producer_id: 5,
                             epoch: 1,
                             first_sequence: 7,
                         }),
-                        records: vec![EntryRecord {
+                        [NewRecord {
+                            key: Some(b"k"),
+                            value: &[0, 1, 2, 255],
                             timestamp_ms: 1_700_000_000_000,
-                            key: Some(b"k".to_vec()),
-                            value: vec![0, 1, 2, 255],
                         }],
-                    }),
+                        0,
+                    )),
                 },
                 Entry {
                     log_id: lid(4, 2, 12),

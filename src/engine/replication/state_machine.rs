@@ -255,7 +255,7 @@ fn apply_entry(
             return Ok((r, None));
         }
     }
-    let count = entry.records.len() as u64;
+    let count = entry.len() as u64;
     if count == 0 {
         return Ok((
             ApplyResult::Refused {
@@ -277,16 +277,7 @@ fn apply_entry(
     }
     let mut wait = None;
     if present < count {
-        let records: Vec<NewRecord<'_>> = entry
-            .records
-            .iter()
-            .skip(present as usize)
-            .map(|r| NewRecord {
-                key: r.key.as_deref(),
-                value: &r.value,
-                timestamp_ms: r.timestamp_ms,
-            })
-            .collect();
+        let records: Vec<NewRecord<'_>> = entry.records().skip(present as usize).collect();
         let (p, w) = broker
             .append_applied(topic, partition, &records)
             .map_err(other)?;

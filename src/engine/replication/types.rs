@@ -12,6 +12,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use super::log_store::{EntryCodec, EntryCodecError};
+use crate::engine::partition::NewRecord;
 use crate::format::wire::{RECORDS_PER_PARTITION_MAX, RECORD_FIELD_BYTES_MAX};
 
 openraft::declare_raft_types!(
@@ -60,15 +61,192 @@ pub struct EntryRecord {
 }
 
 /// A normal entry: the records of one produce request to one partition.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// The records are kept in their entry encoding, in one shared buffer: cloning an
+/// entry (the Raft log's cache, each follower's AppendEntries) costs a reference
+/// count, writing it one copy, and reading its records borrows from the buffer.
+#[derive(Clone, PartialEq, Eq)]
 pub struct ProduceEntry {
     pub producer: Option<ProducerStamp>,
-    pub records: Vec<EntryRecord>,
+    count: u32,
+    /// Each record: timestamp, key flag, key length and bytes when flagged, value
+    /// length and bytes; checked by [`ProduceEntry::new`] or [`EntryCodec::decode`].
+    records: bytes::Bytes,
+}
+
+impl ProduceEntry {
+    /// An entry of `records`, in order; a negative timestamp becomes `now_ms` (the
+    /// node proposing fixes every timestamp, so that each replica applies the same).
+    pub fn new<'a>(
+        producer: Option<ProducerStamp>,
+        records: impl IntoIterator<Item = NewRecord<'a>>,
+        now_ms: i64,
+    ) -> ProduceEntry {
+        let mut out = Vec::new();
+        let mut count = 0u32;
+        for r in records {
+            let ts = if r.timestamp_ms < 0 {
+                now_ms
+            } else {
+                r.timestamp_ms
+            };
+            out.extend_from_slice(&ts.to_be_bytes());
+            match r.key {
+                Some(k) => {
+                    out.push(FLAG_KEY);
+                    out.extend_from_slice(&(k.len() as u32).to_be_bytes());
+                    out.extend_from_slice(k);
+                }
+                None => out.push(0),
+            }
+            out.extend_from_slice(&(r.value.len() as u32).to_be_bytes());
+            out.extend_from_slice(r.value);
+            count += 1;
+        }
+        ProduceEntry {
+            producer,
+            count,
+            records: bytes::Bytes::from(out),
+        }
+    }
+
+    /// How many records the entry holds.
+    pub fn len(&self) -> usize {
+        self.count as usize
+    }
+
+    /// Whether the entry holds no record.
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// The bytes of the records' encoding (a size estimate for buffers).
+    pub fn encoded_len(&self) -> usize {
+        self.records.len()
+    }
+
+    /// The records, borrowed from the entry.
+    pub fn records(&self) -> Records<'_> {
+        Records {
+            cursor: Cursor {
+                bytes: &self.records,
+                at: 0,
+            },
+            left: self.count,
+        }
+    }
+}
+
+/// The records of a [`ProduceEntry`], in order.
+pub struct Records<'a> {
+    cursor: Cursor<'a>,
+    left: u32,
+}
+
+impl<'a> Iterator for Records<'a> {
+    type Item = NewRecord<'a>;
+
+    fn next(&mut self) -> Option<NewRecord<'a>> {
+        if self.left == 0 {
+            return None;
+        }
+        self.left -= 1;
+        // Checked when the entry was built or decoded: a failure here cannot happen,
+        // and ends the records rather than panicking.
+        read_record(&mut self.cursor).ok()
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (0, Some(self.left as usize))
+    }
+}
+
+/// One record at the cursor.
+fn read_record<'a>(c: &mut Cursor<'a>) -> Result<NewRecord<'a>, EntryCodecError> {
+    let timestamp_ms = c.u64("timestamp")? as i64;
+    let key = match c.u8("key flag")? {
+        0 => None,
+        FLAG_KEY => Some(c.field("key")?),
+        other => return Err(EntryCodecError(format!("bad key flag {other}"))),
+    };
+    let value = c.field("value")?;
+    Ok(NewRecord {
+        key,
+        value,
+        timestamp_ms,
+    })
+}
+
+impl fmt::Debug for ProduceEntry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ProduceEntry")
+            .field("producer", &self.producer)
+            .field("records", &self.count)
+            .field("bytes", &self.records.len())
+            .finish()
+    }
+}
+
+/// The JSON form of an entry (the JSON Raft RPCs): the producer and each record with
+/// its bytes in base64.
+#[derive(Serialize, Deserialize)]
+struct EntryJson {
+    producer: Option<ProducerStamp>,
+    records: Vec<EntryRecord>,
+}
+
+impl Serialize for ProduceEntry {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        EntryJson {
+            producer: self.producer,
+            records: self
+                .records()
+                .map(|r| EntryRecord {
+                    timestamp_ms: r.timestamp_ms,
+                    key: r.key.map(<[u8]>::to_vec),
+                    value: r.value.to_vec(),
+                })
+                .collect(),
+        }
+        .serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for ProduceEntry {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let j = EntryJson::deserialize(d)?;
+        if j.records.len() > RECORDS_PER_PARTITION_MAX as usize {
+            return Err(serde::de::Error::custom(format!(
+                "record count {} exceeds {RECORDS_PER_PARTITION_MAX}",
+                j.records.len()
+            )));
+        }
+        let too_long = j.records.iter().find(|r| {
+            r.value.len() > RECORD_FIELD_BYTES_MAX as usize
+                || r.key
+                    .as_ref()
+                    .is_some_and(|k| k.len() > RECORD_FIELD_BYTES_MAX as usize)
+        });
+        if too_long.is_some() {
+            return Err(serde::de::Error::custom(format!(
+                "a key or value longer than {RECORD_FIELD_BYTES_MAX} bytes"
+            )));
+        }
+        Ok(ProduceEntry::new(
+            j.producer,
+            j.records.iter().map(|r| NewRecord {
+                key: r.key.as_deref(),
+                value: &r.value,
+                timestamp_ms: r.timestamp_ms,
+            }),
+            0,
+        ))
+    }
 }
 
 impl fmt::Display for ProduceEntry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "produce({} records)", self.records.len())
+        write!(f, "produce({} records)", self.count)
     }
 }
 
@@ -94,25 +272,13 @@ impl EntryCodec for ProduceEntry {
         } else {
             0
         });
-        out.extend_from_slice(&(self.records.len() as u32).to_be_bytes());
+        out.extend_from_slice(&self.count.to_be_bytes());
         if let Some(p) = &self.producer {
             out.extend_from_slice(&p.producer_id.to_be_bytes());
             out.extend_from_slice(&p.epoch.to_be_bytes());
             out.extend_from_slice(&p.first_sequence.to_be_bytes());
         }
-        for r in &self.records {
-            out.extend_from_slice(&r.timestamp_ms.to_be_bytes());
-            match &r.key {
-                Some(k) => {
-                    out.push(FLAG_KEY);
-                    out.extend_from_slice(&(k.len() as u32).to_be_bytes());
-                    out.extend_from_slice(k);
-                }
-                None => out.push(0),
-            }
-            out.extend_from_slice(&(r.value.len() as u32).to_be_bytes());
-            out.extend_from_slice(&r.value);
-        }
+        out.extend_from_slice(&self.records);
     }
 
     fn decode(bytes: &[u8]) -> Result<Self, EntryCodecError> {
@@ -146,20 +312,9 @@ impl EntryCodec for ProduceEntry {
                 "{count} records cannot fit in {remaining} bytes"
             )));
         }
-        let mut records = Vec::with_capacity(count as usize);
+        let first = c.at;
         for _ in 0..count {
-            let timestamp_ms = c.u64("timestamp")? as i64;
-            let key = match c.u8("key flag")? {
-                0 => None,
-                FLAG_KEY => Some(c.field("key")?.to_vec()),
-                other => return Err(EntryCodecError(format!("bad key flag {other}"))),
-            };
-            let value = c.field("value")?.to_vec();
-            records.push(EntryRecord {
-                timestamp_ms,
-                key,
-                value,
-            });
+            read_record(&mut c)?;
         }
         if c.at != bytes.len() {
             return Err(EntryCodecError(format!(
@@ -167,7 +322,11 @@ impl EntryCodec for ProduceEntry {
                 bytes.len() - c.at
             )));
         }
-        Ok(ProduceEntry { producer, records })
+        Ok(ProduceEntry {
+            producer,
+            count,
+            records: bytes::Bytes::copy_from_slice(bytes.get(first..).unwrap_or_default()),
+        })
     }
 }
 
@@ -269,26 +428,31 @@ mod opt_b64 {
 mod tests {
     use super::*;
 
-    fn sample() -> ProduceEntry {
-        ProduceEntry {
-            producer: Some(ProducerStamp {
-                producer_id: 7,
-                epoch: 2,
-                first_sequence: 41,
-            }),
-            records: vec![
-                EntryRecord {
-                    timestamp_ms: 1_700_000_000_000,
-                    key: Some(b"k".to_vec()),
-                    value: b"hello".to_vec(),
-                },
-                EntryRecord {
-                    timestamp_ms: 5,
-                    key: None,
-                    value: Vec::new(),
-                },
-            ],
+    fn rec<'a>(timestamp_ms: i64, key: Option<&'a [u8]>, value: &'a [u8]) -> NewRecord<'a> {
+        NewRecord {
+            key,
+            value,
+            timestamp_ms,
         }
+    }
+
+    fn sample_with(producer: Option<ProducerStamp>) -> ProduceEntry {
+        ProduceEntry::new(
+            producer,
+            [
+                rec(1_700_000_000_000, Some(b"k"), b"hello"),
+                rec(5, None, b""),
+            ],
+            0,
+        )
+    }
+
+    fn sample() -> ProduceEntry {
+        sample_with(Some(ProducerStamp {
+            producer_id: 7,
+            epoch: 2,
+            first_sequence: 41,
+        }))
     }
 
     #[test]
@@ -297,25 +461,30 @@ mod tests {
         let mut out = Vec::new();
         e.encode(&mut out);
         assert_eq!(ProduceEntry::decode(&out).unwrap(), e);
-        let plain = ProduceEntry {
-            producer: None,
-            ..sample()
-        };
+        let plain = sample_with(None);
         out.clear();
         plain.encode(&mut out);
-        assert_eq!(ProduceEntry::decode(&out).unwrap(), plain);
+        let back = ProduceEntry::decode(&out).unwrap();
+        assert_eq!(back, plain);
+        let recs: Vec<_> = back.records().collect();
+        assert_eq!(back.len(), 2);
+        assert_eq!(recs[0].key, Some(&b"k"[..]));
+        assert_eq!(recs[0].value, b"hello");
+        assert_eq!(recs[0].timestamp_ms, 1_700_000_000_000);
+        assert_eq!(recs[1].key, None);
+        assert_eq!(recs[1].value, b"");
+    }
+
+    #[test]
+    fn a_negative_timestamp_becomes_the_proposers_clock() {
+        let e = ProduceEntry::new(None, [rec(-1, None, b"a"), rec(9, None, b"b")], 1234);
+        let ts: Vec<i64> = e.records().map(|r| r.timestamp_ms).collect();
+        assert_eq!(ts, [1234, 9]);
     }
 
     #[test]
     fn golden_bytes() {
-        let e = ProduceEntry {
-            producer: None,
-            records: vec![EntryRecord {
-                timestamp_ms: 1,
-                key: None,
-                value: b"v".to_vec(),
-            }],
-        };
+        let e = ProduceEntry::new(None, [rec(1, None, b"v")], 0);
         let mut out = Vec::new();
         e.encode(&mut out);
         assert_eq!(

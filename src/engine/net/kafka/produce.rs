@@ -32,7 +32,7 @@ use super::server::{Ctx, Outcome};
 use super::{code, engine_code, sb};
 use crate::engine::broker::{Broker, NewRecord};
 use crate::engine::producers::{Decision, ProducerError};
-use crate::engine::replication::types::{EntryRecord, ProduceEntry, ProducerStamp};
+use crate::engine::replication::types::{ProduceEntry, ProducerStamp};
 use crate::engine::replication::Replicator;
 use crate::format::names::validate_name;
 use crate::format::wire::{
@@ -300,13 +300,17 @@ fn entry(batch: &[Record]) -> Result<ProduceEntry, (i16, String)> {
                 format!("a key or value of {longest} bytes (at most {field_max})"),
             ));
         }
-        records.push(EntryRecord {
+        records.push(NewRecord {
+            key,
+            value,
             timestamp_ms: r.timestamp,
-            key: key.map(<[u8]>::to_vec),
-            value: value.to_vec(),
         });
     }
-    Ok(ProduceEntry { producer, records })
+    Ok(ProduceEntry::new(
+        producer,
+        records,
+        crate::engine::partition::now_ms(),
+    ))
 }
 
 /// One replicated partition: decode and check here, then each batch proposed in

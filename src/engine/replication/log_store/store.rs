@@ -54,6 +54,9 @@ const COMMITTED_SAVE_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Largest record value (an entry's payload) the log takes and reads.
 pub const ENTRY_VALUE_BYTES_MAX: u32 = 32 * 1024 * 1024;
+/// Durable entries the log keeps in memory besides the unflushed ones (the newest,
+/// which replication sends next), in encoded bytes: beyond it, reads go to disk.
+const RECENT_BYTES_MAX: usize = 2 << 20;
 const _: () = assert!(ENTRY_VALUE_BYTES_MAX as u64 + 64 <= BATCH_BYTES_MAX);
 
 /// Why a Raft log cannot be opened or used.
@@ -89,11 +92,45 @@ pub fn raft_log_config() -> TopicConfig {
 /// What the store keeps in memory under one lock.
 struct Shared<C: RaftLogTypes> {
     state: RaftState<C::Vote>,
-    /// Entries written but not yet known durable, by index: reads serve them from
-    /// here until the group commit that covers them publishes them on disk.
-    unflushed: BTreeMap<u64, C::Entry>,
+    /// The newest entries by index, with their encoded sizes: every entry written but
+    /// not yet known durable (reads serve them from here until the group commit that
+    /// covers them publishes them on disk), and the durable ones before them up to
+    /// [`RECENT_BYTES_MAX`]. Always a contiguous run ending at the log's end.
+    recent: BTreeMap<u64, (C::Entry, usize)>,
+    /// The sum of the sizes in `recent`.
+    recent_bytes: usize,
     /// When the state file was last written (it carries the committed id).
     committed_saved: Option<Instant>,
+}
+
+impl<C: RaftLogTypes> Shared<C> {
+    /// Drops the oldest durable entries (below `durable`) past the memory budget.
+    fn trim_recent(&mut self, durable: u64) {
+        while self.recent_bytes > RECENT_BYTES_MAX {
+            let Some(entry) = self.recent.first_entry() else {
+                break;
+            };
+            if *entry.key() >= durable {
+                break;
+            }
+            let (_, (_, n)) = entry.remove_entry();
+            self.recent_bytes -= n;
+        }
+    }
+
+    /// Keeps the entries below `cut` (a truncation).
+    fn keep_recent_below(&mut self, cut: u64) {
+        for (_, (_, n)) in self.recent.split_off(&cut) {
+            self.recent_bytes -= n;
+        }
+    }
+
+    /// Keeps the entries from `first` on (a purge, a restart at `first`).
+    fn keep_recent_from(&mut self, first: u64) {
+        let kept = self.recent.split_off(&first);
+        self.recent = kept;
+        self.recent_bytes = self.recent.values().map(|(_, n)| *n).sum();
+    }
 }
 
 enum Job<C: RaftTypeConfig> {
@@ -175,7 +212,8 @@ impl<C: RaftLogTypes> RaftLog<C> {
         }
         let shared = Arc::new(Mutex::new(Shared {
             state,
-            unflushed: BTreeMap::new(),
+            recent: BTreeMap::new(),
+            recent_bytes: 0,
             committed_saved: None,
         }));
         let (tx, rx) = mpsc::channel();
@@ -258,8 +296,23 @@ impl<C: RaftLogTypes> RaftLog<C> {
             if lo >= hi {
                 return Ok(Vec::new());
             }
-            let cached: Vec<C::Entry> =
-                sh.unflushed.range(lo..hi).map(|(_, e)| e.clone()).collect();
+            let mut cached: Vec<C::Entry> = sh
+                .recent
+                .range(lo..hi)
+                .map(|(_, (e, _))| e.clone())
+                .collect();
+            // Only a contiguous run ending at `hi` is served from memory (always the
+            // case); anything before it is durable, and read from disk.
+            let mut from = cached.len();
+            let mut next_hi = hi;
+            while let Some(e) = from.checked_sub(1).and_then(|i| cached.get(i)) {
+                if e.stored_log_id().index.saturating_add(1) != next_hi {
+                    break;
+                }
+                next_hi -= 1;
+                from -= 1;
+            }
+            cached.drain(..from);
             (lo, hi, cached)
         };
         // Every written entry not in the cache taken under the lock is durable.
@@ -357,7 +410,7 @@ fn flusher<C: RaftLogTypes>(
         if result.is_ok() {
             let durable = log.durable_end();
             let mut sh = lock(&shared);
-            sh.unflushed = sh.unflushed.split_off(&durable);
+            sh.trim_recent(durable);
         }
         for job in jobs {
             match job {
@@ -493,6 +546,7 @@ impl<C: RaftLogTypes> RaftLogStorage<C> for RaftLog<C> {
             if first_index > end && end <= self.first_index(&sh) {
                 // A log holding no entry takes its first at any index.
                 self.inner.log.restart_at(first_index).map_err(io_err)?;
+                sh.keep_recent_from(first_index);
                 end = first_index;
             }
             if first_index != end {
@@ -506,8 +560,9 @@ impl<C: RaftLogTypes> RaftLogStorage<C> for RaftLog<C> {
                 .log
                 .append(&records, &self.inner.config)
                 .map_err(io_err)?;
-            for e in entries {
-                sh.unflushed.insert(e.stored_log_id().index, e);
+            for (e, v) in entries.into_iter().zip(&values) {
+                sh.recent_bytes += v.len();
+                sh.recent.insert(e.stored_log_id().index, (e, v.len()));
             }
             appended.last_offset + 1
         };
@@ -527,10 +582,11 @@ impl<C: RaftLogTypes> RaftLogStorage<C> for RaftLog<C> {
         let mut sh = lock(&self.inner.shared);
         if cut < log.start_offset() {
             log.restart_at(cut).map_err(io_err)?;
+            sh.keep_recent_from(cut);
         } else {
             log.cut_tail(cut).map_err(io_err)?;
         }
-        let _cut = sh.unflushed.split_off(&cut);
+        sh.keep_recent_below(cut);
         Ok(())
     }
 
@@ -546,7 +602,7 @@ impl<C: RaftLogTypes> RaftLogStorage<C> for RaftLog<C> {
         self.barrier().await?;
         let log = &self.inner.log;
         let mut sh = lock(&self.inner.shared);
-        sh.unflushed = sh.unflushed.split_off(&next);
+        sh.keep_recent_from(next);
         if log.written_end() <= next {
             // 2. Nothing above the purge point: the log continues after it.
             log.restart_at(next).map_err(io_err)?;
