@@ -82,13 +82,21 @@ impl ProduceEntry {
         records: impl IntoIterator<Item = NewRecord<'a>>,
         now_ms: i64,
     ) -> ProduceEntry {
+        Self::encoded(producer, records, Some(now_ms))
+    }
+
+    /// An entry of `records`; with `now_ms`, a negative timestamp becomes it.
+    fn encoded<'a>(
+        producer: Option<ProducerStamp>,
+        records: impl IntoIterator<Item = NewRecord<'a>>,
+        now_ms: Option<i64>,
+    ) -> ProduceEntry {
         let mut out = Vec::new();
         let mut count = 0u32;
         for r in records {
-            let ts = if r.timestamp_ms < 0 {
-                now_ms
-            } else {
-                r.timestamp_ms
+            let ts = match now_ms {
+                Some(now) if r.timestamp_ms < 0 => now,
+                _ => r.timestamp_ms,
             };
             out.extend_from_slice(&ts.to_be_bytes());
             match r.key {
@@ -232,14 +240,15 @@ impl<'de> Deserialize<'de> for ProduceEntry {
                 "a key or value longer than {RECORD_FIELD_BYTES_MAX} bytes"
             )));
         }
-        Ok(ProduceEntry::new(
+        // The timestamps were fixed by the proposer: kept as they are.
+        Ok(ProduceEntry::encoded(
             j.producer,
             j.records.iter().map(|r| NewRecord {
                 key: r.key.as_deref(),
                 value: &r.value,
                 timestamp_ms: r.timestamp_ms,
             }),
-            0,
+            None,
         ))
     }
 }
@@ -518,7 +527,15 @@ mod tests {
 
     #[test]
     fn json_carries_bytes_as_base64() {
-        let e = sample();
+        let e = ProduceEntry::new(None, [rec(-3, Some(b"k"), b"hello")], 0);
+        let e = ProduceEntry::decode(&{
+            let mut out = Vec::new();
+            e.encode(&mut out);
+            // A timestamp a proposer left negative stays as it is through JSON.
+            out[6..14].copy_from_slice(&(-3i64).to_be_bytes());
+            out
+        })
+        .unwrap();
         let j = serde_json::to_string(&e).unwrap();
         assert!(j.contains("\"aGVsbG8=\""), "{j}");
         let back: ProduceEntry = serde_json::from_str(&j).unwrap();
