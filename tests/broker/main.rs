@@ -20,6 +20,7 @@ mod cli_schemas;
 mod cli_tls;
 mod cli_topic_meta;
 mod cluster_check;
+mod cluster_delete;
 mod cluster_faults;
 mod cluster_harness;
 mod cluster_nemesis;

@@ -273,7 +273,7 @@ impl Session {
                 self.create_topic(id, api, topic, partitions, &settings)
                     .await
             }
-            Request::DeleteTopic { topic } => self.delete_topic(id, api, topic),
+            Request::DeleteTopic { topic } => self.delete_topic(id, api, topic).await,
             Request::ListTopics => {
                 let topics = self.broker.list_topics();
                 let keys = self.broker.keys();
@@ -720,13 +720,12 @@ impl Session {
         Ok(())
     }
 
-    fn delete_topic(&mut self, id: u32, api: u16, topic: &str) -> Answer {
+    async fn delete_topic(&mut self, id: u32, api: u16, topic: &str) -> Answer {
         name_ok(topic)?;
-        if self.replicated(topic).is_some() {
-            return Err((
-                ErrorCode::INVALID_REQUEST,
-                format!("{topic} is replicated: deleting a replicated topic is not supported"),
-            ));
+        if let Some(r) = self.replicated(topic) {
+            r.delete_topic(topic.to_string()).await?;
+            self.reply(id, api, &ResponseBody::DeleteTopic);
+            return Ok(());
         }
         self.broker.delete_topic(topic).map_err(engine_error)?;
         self.reply(id, api, &ResponseBody::DeleteTopic);

@@ -555,6 +555,66 @@ impl<L: LogStores> Manager<L> {
         Ok(())
     }
 
+    /// Deletes a replicated topic on every node holding a replica: the others first,
+    /// this node last, so that a delete that stops at an unreachable node can be asked
+    /// again here (a node that no longer has the topic answers success).
+    pub async fn delete_topic(&self, name: &str) -> Result<(), Refusal> {
+        let Some(replication) = lock(&self.topics).get(name).cloned() else {
+            return Err((ErrorCode::UNKNOWN_TOPIC, format!("unknown topic {name}")));
+        };
+        let holders: BTreeSet<u64> = replication.replicas.iter().flatten().copied().collect();
+        for node in holders.iter().filter(|n| **n != self.node_id()) {
+            self.call(*node, name, 0, Rpc::DeleteReplica, Vec::new())
+                .await
+                .map_err(|(code, msg)| {
+                    (
+                        code,
+                        format!(
+                            "{msg}; the topic is not deleted everywhere: ask again through \
+                             node {} once node {node} answers",
+                            self.node_id()
+                        ),
+                    )
+                })?;
+        }
+        if holders.contains(&self.node_id()) {
+            self.delete_replica(name).await?;
+        }
+        Ok(())
+    }
+
+    /// Deletes this node's replica of a topic: stops its groups, deletes the topic
+    /// (data partitions, checkpoints, placement), then its Raft logs. A topic this
+    /// node does not know is no error (deleted already).
+    async fn delete_replica(&self, name: &str) -> Result<(), Refusal> {
+        let _admin = self.admin.lock().await;
+        if lock(&self.topics).remove(name).is_none() {
+            return Ok(());
+        }
+        let groups: Vec<RaftGroup> = {
+            let mut groups = lock(&self.groups);
+            let keys: Vec<(String, u32)> =
+                groups.keys().filter(|(t, _)| t == name).cloned().collect();
+            keys.iter().filter_map(|k| groups.remove(k)).collect()
+        };
+        for g in groups {
+            let _ = g.shutdown().await;
+        }
+        let broker = Arc::clone(&self.broker);
+        let n = name.to_string();
+        tokio::task::spawn_blocking(move || {
+            // The placement goes with the topic directory first: after a crash
+            // between the two steps, what is left is a Raft directory of no topic,
+            // which a new topic of the same name removes before it starts.
+            broker
+                .delete_topic(&n)
+                .map_err(|e| (ErrorCode::STORAGE, e.to_string()))?;
+            remove_raft_dir(&broker, &n).map_err(|e| (ErrorCode::STORAGE, e.to_string()))
+        })
+        .await
+        .map_err(|e| (ErrorCode::INTERNAL, e.to_string()))?
+    }
+
     async fn call(
         &self,
         node: u64,
@@ -610,6 +670,11 @@ impl<L: LogStores> Manager<L> {
                 let broker = Arc::clone(&self.broker);
                 let n = name.to_string();
                 tokio::task::spawn_blocking(move || {
+                    // Raft logs of an earlier topic of this name whose delete was
+                    // cut short never serve the new one.
+                    if broker.partition_count(&n).is_err() {
+                        remove_raft_dir(&broker, &n)?;
+                    }
                     broker.create_topic_with(
                         &n,
                         req.partitions,
@@ -761,6 +826,10 @@ impl<L: LogStores> Manager<L> {
                     .map_err(|(_, m)| m)?;
                 Ok(b"null".to_vec())
             }
+            Rpc::DeleteReplica => {
+                self.delete_replica(topic).await.map_err(|(_, m)| m)?;
+                Ok(b"null".to_vec())
+            }
             Rpc::Initialize => {
                 self.initialize(topic, partition, payload)
                     .await
@@ -776,6 +845,22 @@ impl<L: LogStores> Manager<L> {
 }
 
 /// The topic configuration `KEY=VALUE` settings give.
+/// Removes `DATA/raft/<topic>/` and makes that durable (the directory is gone,
+/// then `DATA/raft/` is fsynced); no error when there is none.
+fn remove_raft_dir(broker: &Broker, topic: &str) -> Result<(), crate::engine::error::EngineError> {
+    use crate::engine::error::EngineError;
+    let parent = broker.data_dir().join(super::node::RAFT_DIR);
+    let dir = parent.join(topic);
+    if !dir.exists() {
+        return Ok(());
+    }
+    let s = &**broker.storage();
+    s.remove_dir_all(&dir)
+        .map_err(|e| EngineError::io(format!("removing the Raft logs {}", dir.display()), e))?;
+    s.sync_dir(&parent)
+        .map_err(|e| EngineError::io(format!("syncing {}", parent.display()), e))
+}
+
 fn settings_config(settings: &[String]) -> Result<TopicConfig, Refusal> {
     let mut config = TopicConfig::default();
     for s in settings {
@@ -835,6 +920,10 @@ impl<L: LogStores> Replicator for Manager<L> {
         Box::pin(
             async move { Manager::create_topic(&self, &name, partitions, settings, factor).await },
         )
+    }
+
+    fn delete_topic(self: Arc<Self>, name: String) -> BoxFuture<Result<(), Refusal>> {
+        Box::pin(async move { Manager::delete_topic(&self, &name).await })
     }
 
     fn status(&self) -> serde_json::Value {

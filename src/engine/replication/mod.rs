@@ -53,6 +53,8 @@ pub trait Replicator: Send + Sync + 'static {
         settings: Vec<String>,
         factor: u32,
     ) -> BoxFuture<Result<(), Refusal>>;
+    /// Deletes a replicated topic on every node holding a replica (this node last).
+    fn delete_topic(self: Arc<Self>, name: String) -> BoxFuture<Result<(), Refusal>>;
     /// This node's view of the cluster (`cluster status --json`).
     fn status(&self) -> serde_json::Value;
     /// How many nodes the cluster has.

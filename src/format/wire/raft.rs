@@ -57,6 +57,9 @@ pub enum Rpc {
     Status = 6,
     /// AppendEntries in binary ([`append`]), the entries' payloads as raw bytes.
     AppendEntriesBinary = 7,
+    /// Delete the local replica of a replicated topic: its groups stop, its data and
+    /// Raft logs go (no payload; a node without the topic answers success).
+    DeleteReplica = 8,
     /// A leader starts sending a snapshot (payload: JSON; the answer names where the
     /// follower's data partition ends, so only the missing records are sent).
     SnapshotBegin = 10,
@@ -77,6 +80,7 @@ impl Rpc {
             Rpc::Initialize,
             Rpc::Status,
             Rpc::AppendEntriesBinary,
+            Rpc::DeleteReplica,
             Rpc::SnapshotBegin,
             Rpc::SnapshotChunk,
             Rpc::SnapshotInstall,

@@ -268,7 +268,7 @@ fn create_code(c: ErrorCode) -> i16 {
     }
 }
 
-pub(crate) fn delete_topics(ctx: &Ctx, r: DeleteTopicsRequest, version: i16) -> Outcome {
+pub(crate) async fn delete_topics(ctx: &Ctx, r: DeleteTopicsRequest, version: i16) -> Outcome {
     let mut resp = DeleteTopicsResponse::default();
     let mut names: Vec<TopicName> = r.topic_names;
     if version >= 6 {
@@ -276,27 +276,23 @@ pub(crate) fn delete_topics(ctx: &Ctx, r: DeleteTopicsRequest, version: i16) -> 
     }
     for name in names {
         let mut result = DeletableTopicResult::default();
-        let outcome = validate_name(name.0.as_str())
-            .map_err(|e| {
-                (
-                    code::INVALID_TOPIC_EXCEPTION,
-                    format!("invalid topic name: {e}"),
-                )
-            })
-            .and_then(|()| {
-                if ctx.replicated(name.0.as_str()).is_some() {
-                    return Err((
-                        code::INVALID_REQUEST,
-                        format!(
-                            "{} is replicated: deleting a replicated topic is not supported",
-                            name.0.as_str()
-                        ),
-                    ));
-                }
-                ctx.broker
+        let outcome = match validate_name(name.0.as_str()) {
+            Err(e) => Err((
+                code::INVALID_TOPIC_EXCEPTION,
+                format!("invalid topic name: {e}"),
+            )),
+            // Every node holding a replica deletes it, this one last.
+            Ok(()) => match ctx.replicated(name.0.as_str()) {
+                Some(r) => Arc::clone(r)
+                    .delete_topic(name.0.as_str().to_string())
+                    .await
+                    .map_err(|(c, msg)| (super::replicated_code(c), msg)),
+                None => ctx
+                    .broker
                     .delete_topic(name.0.as_str())
-                    .map_err(|e| (engine_code(&e), e.to_string()))
-            });
+                    .map_err(|e| (engine_code(&e), e.to_string())),
+            },
+        };
         if let Err((c, msg)) = outcome {
             ctx.client_error(ApiKey::DeleteTopics, c, &msg);
             result.error_code = c;

@@ -529,7 +529,7 @@ impl Connection {
         let outcome = match *request {
             RequestKind::Metadata(r) => super::metadata::metadata(ctx, r, version),
             RequestKind::CreateTopics(r) => super::metadata::create_topics(ctx, r, version).await,
-            RequestKind::DeleteTopics(r) => super::metadata::delete_topics(ctx, r, version),
+            RequestKind::DeleteTopics(r) => super::metadata::delete_topics(ctx, r, version).await,
             RequestKind::Produce(r) => super::produce::produce(ctx, r, version).await,
             RequestKind::InitProducerId(r) => super::produce::init_producer_id(ctx, r).await,
             RequestKind::Fetch(r) => super::fetch::fetch(ctx, r, version).await,
@@ -933,6 +933,19 @@ mod tests {
                 Err((
                     crate::format::wire::ErrorCode::INVALID_CONFIG,
                     format!("{name}: replication factor 9 with 3 nodes"),
+                ))
+            })
+        }
+
+        fn delete_topic(
+            self: Arc<Self>,
+            name: String,
+        ) -> crate::engine::replication::BoxFuture<Result<(), crate::engine::replication::Refusal>>
+        {
+            Box::pin(async move {
+                Err((
+                    crate::format::wire::ErrorCode::PARTITION_UNAVAILABLE,
+                    format!("{name}: asking node 3: unreachable"),
                 ))
             })
         }
