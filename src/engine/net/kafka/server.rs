@@ -1100,6 +1100,19 @@ mod tests {
         let msg = cr.topics[0].error_message.as_ref().unwrap().to_string();
         assert!(msg.contains("replication factor 9 with 3 nodes"), "{msg}");
 
+        // DeleteTopics of "r" goes to the cluster too (here a node does not answer):
+        // Kafka's retriable code and the message naming the node.
+        let mut dt = kafka_protocol::messages::DeleteTopicsRequest::default();
+        dt.topic_names = vec![name("r")];
+        dt.timeout_ms = 1000;
+        let mut body = exchange(&addr, &request(ApiKey::DeleteTopics, 5, &dt))
+            .unwrap()
+            .slice(1..);
+        let dr = kafka_protocol::messages::DeleteTopicsResponse::decode(&mut body, 5).unwrap();
+        assert_eq!(dr.responses[0].error_code, code::NOT_ENOUGH_REPLICAS);
+        let msg = dr.responses[0].error_message.as_ref().unwrap().to_string();
+        assert!(msg.contains("node 3"), "{msg}");
+
         stop.store(true, Ordering::SeqCst);
         t.join().unwrap();
     }
