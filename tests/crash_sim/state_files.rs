@@ -6,9 +6,9 @@ use super::*;
 
 use seglog::engine::groups::offsets::{read_group_file, scan_dir, GroupEntry};
 use seglog::engine::groups::OffsetCommit;
-use seglog::engine::producers::{read_state, Decision};
+use seglog::engine::producers::{read_state, Decision, ProducerError};
 use seglog::format::group::{group_file_name, GROUPS_DIR};
-use seglog::format::producers::KIND_BATCH;
+use seglog::format::producers::{BATCHES_KEPT, KIND_BATCH};
 
 pub(super) const GROUP: &str = "g";
 
@@ -122,7 +122,18 @@ pub(super) fn check_open(dir: &Path, broker: &Broker, o: &StateOracle, v: &mut V
                 }
             }
             Err(e) => {
-                if *acked {
+                // The table keeps the last BATCHES_KEPT batches per producer and
+                // partition (Kafka's window): a batch with that many written after it
+                // may be forgotten, and its retry is then refused as out of order.
+                let newer = o
+                    .idem
+                    .iter()
+                    .filter(|(_, x)| x.pid == b.pid && x.p == b.p && x.seq > b.seq)
+                    .count();
+                let evicted = newer >= BATCHES_KEPT
+                    && matches!(e, ProducerError::OutOfOrder { expected, .. }
+                        if i64::from(expected) >= i64::from(b.seq) + i64::from(b.count));
+                if *acked && !evicted {
                     v.push(format!(
                         "producer {} seq {}: acknowledged, yet after recovery a retry is refused: {e}",
                         b.pid, b.seq
