@@ -6,7 +6,7 @@
 //! Invariants of a [`ZeroTarget`] (all under its short mutex, never held across I/O):
 //! - The writer announces the end of every write (`writer_end`) before it writes.
 //! - The worker claims a piece `[start, start + len)` only with `start` at or past
-//!   `writer_end`, `zeroed_end` and `floor`; while a claim is in flight a writer whose
+//!   `writer_end` plus [`zero_gap`], `zeroed_end` and `floor`; while a claim is in flight a writer whose
 //!   write would reach into it turns zeroing off and waits for the piece to finish, so
 //!   zeros never land on live data, whichever thread runs first.
 //! - Once off (overtaken, sealed, failed write) a target is never zeroed again.
@@ -30,6 +30,12 @@ pub const ZERO_PIECE_BYTES: u64 = 256 * 1024;
 pub const PREALLOCATE_BYTES_DEFAULT: u64 = 8 * 1024 * 1024;
 /// Default `--zero-rate` in bytes per second, shared by every segment of a node.
 pub const ZERO_RATE_DEFAULT: u64 = 64 * 1024 * 1024;
+
+/// How far ahead of the writer's end zeros start when they have no lead: a piece
+/// for the default window, a quarter of a smaller one.
+pub fn zero_gap(window: u64) -> u64 {
+    ZERO_PIECE_BYTES.min(window / 4)
+}
 
 /// Sub-buckets per power of two of the fsync latency histogram (error at most 1/8).
 const SUB_BUCKETS: u64 = 8;
@@ -245,6 +251,8 @@ struct ZeroState {
     /// End of the data the writer wrote or is writing.
     writer_end: u64,
     /// Zeros (or older data) reach this far; never below the file's length at open.
+    /// Past the writer's end it includes the [`zero_gap`] before the first piece,
+    /// which reads as zeros without having been written.
     zeroed_end: u64,
     /// Zeroing never writes below this (a reused file's old end).
     floor: u64,
@@ -310,7 +318,8 @@ impl ZeroTarget {
         self.state().off
     }
 
-    /// How far zeros reach (the file's length as far as the zeros made it).
+    /// How far zeros reach (the file's length as far as the zeros made it, or the
+    /// start of a piece being written past a gap).
     pub fn zeroed_end(&self) -> u64 {
         self.state().zeroed_end
     }
@@ -377,13 +386,21 @@ impl ZeroTarget {
                 s.writer_end & !4095
             }
         } else {
-            s.zeroed_end.max(s.writer_end).max(s.floor)
+            // Never right at the writer's end: with no lead, a piece starting there
+            // would be in the way of the next append, which would then turn zeroing
+            // off for good. The gap reads as zeros all the same (a hole, or a
+            // preallocated unwritten extent); it is only not pre-written.
+            s.zeroed_end
+                .max(s.writer_end.saturating_add(zero_gap(window)))
+                .max(s.floor)
         };
         if !s.filling || start >= target {
             s.filling = false;
             return None;
         }
         let len = (target - start).min(ZERO_PIECE_BYTES);
+        // The writer is overtaking only once it passes the zeros, not the gap.
+        s.zeroed_end = s.zeroed_end.max(start);
         s.in_flight = Some(start);
         s.started = true;
         Some(Claim { start, len })
@@ -462,7 +479,7 @@ mod tests {
         let t = ZeroTarget::new(PathBuf::from("x"), 32, 32, 0);
         assert_eq!(t.claim(W), None);
         t.before_write(ZERO_START_BYTES, W);
-        let mut end = ZERO_START_BYTES;
+        let mut end = ZERO_START_BYTES + zero_gap(W);
         let mut pieces = 0;
         while let Some(c) = t.claim(W) {
             assert_eq!(c.start, end);
@@ -471,7 +488,7 @@ mod tests {
             pieces += 1;
         }
         assert_eq!(end, ZERO_START_BYTES + W);
-        assert_eq!(pieces, W / ZERO_PIECE_BYTES);
+        assert_eq!(pieces, (W - zero_gap(W)) / ZERO_PIECE_BYTES);
         // Lead still above half a window: nothing due.
         t.before_write(ZERO_START_BYTES + W / 2 - 1, W);
         assert_eq!(t.claim(W), None);
@@ -505,6 +522,21 @@ mod tests {
         let c = t.claim(W).unwrap();
         assert_eq!(c.start, 1 << 20);
         t.finish(c, true);
+    }
+
+    #[test]
+    fn the_first_piece_starts_a_gap_ahead_so_the_next_append_is_not_in_its_way() {
+        for window in [W, 64 * 1024] {
+            let t = ZeroTarget::new(PathBuf::from("x"), 32, 32, 0);
+            t.before_write(ZERO_START_BYTES, window);
+            let c = t.claim(window).unwrap();
+            assert_eq!(c.start, ZERO_START_BYTES + zero_gap(window));
+            assert!(zero_gap(window) > 0 && c.start + c.len <= ZERO_START_BYTES + window);
+            // The writer appends while the piece is in flight, short of the gap.
+            assert!(!t.before_write(ZERO_START_BYTES + zero_gap(window) / 2, window));
+            t.finish(c, true);
+            assert!(!t.is_off(), "window {window}: zeroing stays on");
+        }
     }
 
     #[test]
