@@ -123,19 +123,36 @@ pub(super) fn check_open(dir: &Path, broker: &Broker, o: &StateOracle, v: &mut V
             }
             Err(e) => {
                 // The table keeps the last BATCHES_KEPT batches per producer and
-                // partition (Kafka's window): a batch with that many written after it
-                // may be forgotten, and its retry is then refused as out of order.
-                let newer = o
-                    .idem
-                    .iter()
-                    .filter(|(_, x)| x.pid == b.pid && x.p == b.p && x.seq > b.seq)
-                    .count();
-                let evicted = newer >= BATCHES_KEPT
-                    && matches!(e, ProducerError::OutOfOrder { expected, .. }
-                        if i64::from(expected) >= i64::from(b.seq) + i64::from(b.count));
+                // partition (Kafka's window): a batch with that many recorded after it
+                // (below the sequence the table expects next) is forgotten, and its
+                // retry is then refused as out of order. The batch being written at
+                // the crash point may be recorded without being in the oracle yet
+                // (batches are written one at a time): it counts when the expected
+                // sequence lies past every batch the oracle knows.
+                let evicted = match e {
+                    ProducerError::OutOfOrder { expected, .. } => {
+                        let expected = i64::from(expected);
+                        let end = |x: &IdemBatch| i64::from(x.seq) + i64::from(x.count);
+                        let same = |x: &IdemBatch| (x.pid, x.epoch, x.p) == (b.pid, b.epoch, b.p);
+                        let known = o.idem.iter().map(|(_, x)| x).filter(|x| same(x));
+                        let recorded_after = known
+                            .clone()
+                            .filter(|x| x.seq > b.seq && end(x) <= expected)
+                            .count();
+                        let known_end = known.map(end).max().unwrap_or(0);
+                        recorded_after + usize::from(expected > known_end) >= BATCHES_KEPT
+                    }
+                    _ => false,
+                };
                 if *acked && !evicted {
+                    let written: Vec<(i32, u32, bool)> = o
+                        .idem
+                        .iter()
+                        .filter(|(_, x)| (x.pid, x.p) == (b.pid, b.p))
+                        .map(|(a, x)| (x.seq, x.count, *a))
+                        .collect();
                     v.push(format!(
-                        "producer {} seq {}: acknowledged, yet after recovery a retry is refused: {e}",
+                        "producer {} seq {}: acknowledged, yet after recovery a retry is refused: {e} (written on the partition, as (seq, count, acknowledged): {written:?})",
                         b.pid, b.seq
                     ));
                 }
