@@ -220,6 +220,14 @@ impl Broker {
         async move { wait.log.durable(wait.target).await }
     }
 
+    /// Asks the flusher for a group commit covering an applied entry's records and
+    /// returns at once: a replicated partition's apply does not wait for its own
+    /// fsync (the entry is durable in the Raft logs of a majority already); readers
+    /// wait for it instead ([`Broker::settle`]).
+    pub fn flush_soon(&self, wait: DurableWait) {
+        self.flusher.request(&wait.log);
+    }
+
     /// The event-loop way to end a durability wait: the first request of a pass to
     /// reach its partition's commit leads it ([`CommitLead::commit`] runs one fsync
     /// on the caller's thread for every record written to the partition until then);

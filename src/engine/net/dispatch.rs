@@ -264,7 +264,7 @@ impl Session {
                 self.fetch(id, api, topic, partition, offset, max_bytes, max_wait_ms)
                     .await
             }
-            Request::ListOffsets { topic } => self.list_offsets(id, api, topic),
+            Request::ListOffsets { topic } => self.list_offsets(id, api, topic).await,
             Request::CreateTopic {
                 topic,
                 partitions,
@@ -535,9 +535,13 @@ impl Session {
     ) -> Answer {
         name_ok(topic)?;
         // A replicated partition is read on its leader, from its applied (committed)
-        // records only.
+        // records only, once they are durable there.
         if let Some(r) = self.replicated(topic) {
             r.check_leader(topic, partition)?;
+            self.broker
+                .settle(topic, partition)
+                .await
+                .map_err(engine_error)?;
         }
         if max_bytes.min(FETCH_BYTES_MAX) > STREAM_FETCH_MIN_BYTES {
             return self
@@ -659,11 +663,19 @@ impl Session {
         Ok(())
     }
 
-    fn list_offsets(&mut self, id: u32, api: u16, topic: &str) -> Answer {
+    async fn list_offsets(&mut self, id: u32, api: u16, topic: &str) -> Answer {
         name_ok(topic)?;
         let n = self.broker.partition_count(topic).map_err(engine_error)?;
+        let replicated = self.replicated(topic).is_some();
         let mut partitions = Vec::with_capacity(n as usize);
         for partition in 0..n {
+            // The end of a replicated partition counts every acknowledged record.
+            if replicated {
+                self.broker
+                    .settle(topic, partition)
+                    .await
+                    .map_err(engine_error)?;
+            }
             let (start_offset, end_offset) = self
                 .broker
                 .offsets(topic, partition)

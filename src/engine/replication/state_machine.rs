@@ -15,6 +15,12 @@
 //!   openraft re-applies the entries after it on restart. The Raft log is never purged
 //!   past it: a snapshot ([`super::snapshot`]) is the checkpoint written when it is
 //!   built, and openraft purges only below a snapshot.
+//! - An applied entry is answered once its records are written, without waiting for
+//!   the data partition's fsync: the entry is committed, so durable in the Raft logs
+//!   of a majority, and a crash before the fsync only makes this node apply it again
+//!   from its log (or a peer's). The flusher runs that fsync at once; a read on the
+//!   leader waits for it first ([`Broker::settle`]), so it sees every acknowledged
+//!   record.
 //! - The data partition's appends are synchronous, behind the I/O seam: apply hands
 //!   them to a blocking thread.
 
@@ -335,7 +341,7 @@ impl RaftStateMachine<TypeConfig> for PartitionStateMachine {
         let mut applied = std::mem::take(&mut self.applied);
         let due = self.checkpointed.elapsed() >= CHECKPOINT_INTERVAL;
         let dir = self.dir.clone();
-        // The data partition's writes and fsync, off the event loop.
+        // The data partition's writes, off the event loop.
         let joined = tokio::task::spawn_blocking(move || {
             let mut results = Vec::with_capacity(batch.len());
             let mut last_wait = None;
@@ -365,18 +371,22 @@ impl RaftStateMachine<TypeConfig> for PartitionStateMachine {
                 applied.last_applied = Some(entry.log_id);
                 results.push((responder, result));
             }
-            // Durable before anyone is answered, and before the checkpoint names it.
-            let synced = match last_wait {
-                Some(w) => broker.wait_durable_here(w).map_err(other),
-                None => broker.flush_partition(&topic, partition).map_err(other),
-            };
-            let outcome = match (failed, synced) {
-                (Some(e), _) | (None, Err(e)) => Err(e),
-                (None, Ok(())) => Ok(()),
+            // The entries are durable in a majority's Raft logs: the answer does not
+            // wait for the data partition's fsync, which the flusher runs at once
+            // (a read settles on it first). The checkpoint names only durable
+            // records: it is written after an fsync of its own.
+            if let Some(w) = last_wait {
+                broker.flush_soon(w);
+            }
+            let outcome = match failed {
+                Some(e) => Err(e),
+                None => Ok(()),
             };
             let checkpoint = if outcome.is_ok() && due {
-                serde_json::to_vec(&applied)
+                broker
+                    .flush_partition(&topic, partition)
                     .map_err(other)
+                    .and_then(|()| serde_json::to_vec(&applied).map_err(other))
                     .and_then(|bytes| {
                         write_file_atomic(
                             &**broker.storage(),
@@ -457,17 +467,18 @@ impl PartitionStateMachine {
         }
     }
 
-    /// Takes a snapshot at the last applied entry: writes the checkpoint (every
-    /// applied record is durable already: apply returns after the partition's fsync),
-    /// which becomes the current snapshot. Runs in the state machine's worker, so no
-    /// apply runs meanwhile; copies no record.
+    /// Takes a snapshot at the last applied entry: fsyncs the data partition and
+    /// writes the checkpoint, which becomes the current snapshot. Runs in the state
+    /// machine's worker, so no apply runs meanwhile; copies no record.
     async fn take_snapshot(&mut self) -> io::Result<SnapshotBuilder> {
         let applied = self.applied.clone();
         let broker = Arc::clone(&self.broker);
         let dir = self.dir.clone();
         let partition = self.partition;
         let bytes = serde_json::to_vec(&applied).map_err(other)?;
+        let topic = self.topic.clone();
         tokio::task::spawn_blocking(move || {
+            broker.flush_partition(&topic, partition).map_err(other)?;
             write_file_atomic(
                 &**broker.storage(),
                 &dir,

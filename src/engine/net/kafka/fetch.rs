@@ -141,7 +141,13 @@ pub(crate) async fn fetch(ctx: &Ctx, r: FetchRequest, version: i16) -> Outcome {
             let mut ps = Vec::with_capacity(t.partitions.len());
             for p in &t.partitions {
                 let topic = t.topic.0.as_str();
-                let led = u32::try_from(p.partition).map_or(Ok(()), |i| ctx.check_leader(topic, i));
+                let led = match u32::try_from(p.partition) {
+                    Ok(i) => match ctx.check_leader(topic, i) {
+                        Ok(()) => ctx.settle(topic, i).await,
+                        Err(e) => Err(e),
+                    },
+                    Err(_) => Ok(()),
+                };
                 if let Err((c, _)) = led {
                     ps.push(Part {
                         code: c,

@@ -107,18 +107,21 @@ pub(crate) async fn list_offsets(ctx: &Ctx, r: ListOffsetsRequest, version: i16)
                 )),
                 Ok(partition) => match ctx.check_leader(topic, partition) {
                     Err(e) => Err(e),
-                    Ok(()) => match p.timestamp {
-                        LATEST => ctx
-                            .broker
-                            .offsets(topic, partition)
-                            .map(|(_, end)| Some((end, -1))),
-                        EARLIEST => ctx
-                            .broker
-                            .offsets(topic, partition)
-                            .map(|(start, _)| Some((start, -1))),
-                        ts => offset_for_time(&ctx.broker, topic, partition, ts).await,
-                    }
-                    .map_err(|e| (engine_code(&e), e.to_string())),
+                    Ok(()) => match ctx.settle(topic, partition).await {
+                        Err(e) => Err(e),
+                        Ok(()) => match p.timestamp {
+                            LATEST => ctx
+                                .broker
+                                .offsets(topic, partition)
+                                .map(|(_, end)| Some((end, -1))),
+                            EARLIEST => ctx
+                                .broker
+                                .offsets(topic, partition)
+                                .map(|(start, _)| Some((start, -1))),
+                            ts => offset_for_time(&ctx.broker, topic, partition, ts).await,
+                        }
+                        .map_err(|e| (engine_code(&e), e.to_string())),
+                    },
                 },
             };
             match answer {

@@ -310,6 +310,19 @@ impl Ctx {
             None => Ok(()),
         }
     }
+
+    /// Waits until a replicated partition's applied records are durable here, so a
+    /// read on its leader sees every acknowledged record ([`Broker::settle`]); at
+    /// once for a topic that is not replicated.
+    pub async fn settle(&self, topic: &str, partition: u32) -> Result<(), (i16, String)> {
+        if self.replicated(topic).is_none() {
+            return Ok(());
+        }
+        self.broker
+            .settle(topic, partition)
+            .await
+            .map_err(|e| (super::engine_code(&e), e.to_string()))
+    }
 }
 
 struct Connection {
