@@ -144,6 +144,19 @@ fn rf3_survives_the_leaders_kill_with_every_acknowledged_record() {
     let mut acked = BTreeMap::new();
     for i in 0..20 {
         produce(&mut client, &format!("before-{i}"), &mut acked);
+        // Read at once: the leader's answer holds the record just acknowledged (the
+        // read waits for the data partition's fsync, which the apply does not).
+        let (&offset, value) = acked.iter().next_back().unwrap();
+        let f = client
+            .fetch(TOPIC, 0, offset, 1 << 20, Duration::ZERO)
+            .unwrap();
+        assert!(f.end_offset > offset, "end {} after {offset}", f.end_offset);
+        let got = f.records.first().map(|r| (r.offset, r.value.clone()));
+        assert_eq!(
+            got,
+            Some((offset, value.as_bytes().to_vec())),
+            "read after ack"
+        );
     }
     let leader = leader_seen_by(&addrs[0]);
     let follower = (1..=3u64).find(|n| *n != leader).unwrap();
