@@ -17,20 +17,6 @@ impl Broker {
         log.flush()
     }
 
-    /// Returns once every record written to the partition is durable, and so
-    /// readable: a read of a replicated partition on its leader settles first, so
-    /// that every record applied (acknowledged) before the read is in its answer.
-    /// Costs nothing when no fsync is owed.
-    pub async fn settle(&self, topic: &str, partition: u32) -> Result<(), EngineError> {
-        let (_, log) = self.partition(topic, partition)?;
-        let target = log.written_end();
-        if log.durable_end() >= target {
-            return Ok(());
-        }
-        self.flusher.request(&log);
-        log.durable(target).await
-    }
-
     /// `DATA/topics/<topic>`.
     pub fn topic_dir(&self, topic: &str) -> PathBuf {
         self.topics_dir.join(topic)

@@ -228,6 +228,19 @@ impl Broker {
         self.flusher.request(&wait.log);
     }
 
+    /// Returns once every record written to the partition is durable, and so
+    /// readable: a read of a replicated partition on its leader settles first, so
+    /// that every record applied (acknowledged) before the read is in its answer.
+    /// Costs nothing when no fsync is owed.
+    pub async fn settle(&self, topic: &str, partition: u32) -> Result<(), EngineError> {
+        let (_, log) = self.partition(topic, partition)?;
+        let target = log.written_end();
+        if log.durable_end() >= target {
+            return Ok(());
+        }
+        self.durable(DurableWait { log, target }).await
+    }
+
     /// The event-loop way to end a durability wait: the first request of a pass to
     /// reach its partition's commit leads it ([`CommitLead::commit`] runs one fsync
     /// on the caller's thread for every record written to the partition until then);
