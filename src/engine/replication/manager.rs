@@ -23,13 +23,16 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use openraft::async_runtime::WatchReceiver as _;
+use openraft::base::BoxStream;
 use openraft::error::{ClientWriteError, RaftError};
+use openraft::raft::AppendEntriesRequest;
 use openraft::storage::RaftLogStorage;
 use openraft::{BasicNode, Config, ServerState, SnapshotPolicy};
 use serde::{Deserialize, Serialize};
 
 use super::network::{
-    decode_append_request, encode_append_reply, CallError, CallHandler, GroupNetwork, Peers,
+    decode_append_request, encode_append_reply, AppendAnswers, CallError, CallHandler,
+    GroupNetwork, Peers,
 };
 use super::snapshot::{
     meta_of, BeginRequest, BeginResponse, ChunkRequest, InstallRequest, PartitionSnapshot,
@@ -804,7 +807,7 @@ impl<L: LogStores> Manager<L> {
                         .map_err(|e| e.to_string())?,
                 )
             }
-            Rpc::AppendEntriesBinary => {
+            Rpc::AppendEntriesBinary | Rpc::AppendStream => {
                 let req = decode_append_request(payload).map_err(|e| e.to_string())?;
                 let resp = group()?
                     .append_entries(req)
@@ -881,6 +884,20 @@ impl<L: LogStores> CallHandler for Manager<L> {
         payload: Vec<u8>,
     ) -> Result<Vec<u8>, String> {
         self.answer(&topic, partition, rpc, &payload).await
+    }
+
+    fn append_stream(
+        &self,
+        topic: &str,
+        partition: u32,
+        input: BoxStream<'static, AppendEntriesRequest<TypeConfig>>,
+    ) -> Option<AppendAnswers> {
+        use futures_util::StreamExt;
+        let answers = self
+            .group(topic, partition)?
+            .stream_append(input)
+            .map(|r| r.map_err(|stopped| stopped.to_string()));
+        Some(Box::pin(answers))
     }
 }
 

@@ -18,11 +18,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use openraft::base::{BoxFuture, BoxStream};
 use openraft::error::{NetworkError, RPCError, ReplicationClosed, StreamingError, Unreachable};
 use openraft::network::RPCOption;
 use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse};
+use openraft::raft::{StreamAppendError, StreamAppendResult};
 use openraft::raft::{VoteRequest, VoteResponse};
-use openraft::{BasicNode, RaftNetworkFactory, RaftNetworkV2};
+use openraft::{BasicNode, OptionalSend, RaftNetworkFactory, RaftNetworkV2};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
@@ -214,6 +216,9 @@ pub enum CallError {
     Failed { node: u64, detail: String },
 }
 
+/// Where the reply of a queued call comes.
+pub type Reply = oneshot::Receiver<Result<Vec<u8>, CallError>>;
+
 struct Outgoing {
     topic: String,
     partition: u32,
@@ -261,6 +266,19 @@ impl Peer {
         payload: Vec<u8>,
         timeout: Duration,
     ) -> Result<Vec<u8>, CallError> {
+        let rx = self.send(topic, partition, rpc, payload)?;
+        self.wait(rx, timeout).await
+    }
+
+    /// Queues one call on the connection and returns where its reply will come.
+    /// Calls queued one after another go out on the wire in that order.
+    pub fn send(
+        &self,
+        topic: &str,
+        partition: u32,
+        rpc: Rpc,
+        payload: Vec<u8>,
+    ) -> Result<Reply, CallError> {
         if !self.reachable() {
             return Err(CallError::Unreachable(self.id));
         }
@@ -275,6 +293,11 @@ impl Peer {
         self.tx
             .try_send(out)
             .map_err(|_| CallError::Unreachable(self.id))?;
+        Ok(rx)
+    }
+
+    /// Waits up to `timeout` for the reply of a call [`Peer::send`] queued.
+    pub async fn wait(&self, rx: Reply, timeout: Duration) -> Result<Vec<u8>, CallError> {
         match tokio::time::timeout(timeout, rx).await {
             Ok(Ok(r)) => r,
             Ok(Err(_)) => Err(CallError::Unreachable(self.id)),
@@ -580,7 +603,24 @@ pub trait CallHandler: Send + Sync + 'static {
         rpc: Rpc,
         payload: Vec<u8>,
     ) -> impl std::future::Future<Output = Result<Vec<u8>, String>> + Send;
+
+    /// Starts a stream of AppendEntries into this node's Raft group
+    /// `topic`/`partition` (`Raft::stream_append`): the answers come in the order of
+    /// `input`, the stream ending after a failed one. `None`: there is no such group
+    /// here, and peers' [`Rpc::AppendStream`] calls for it are refused.
+    fn append_stream(
+        &self,
+        _topic: &str,
+        _partition: u32,
+        _input: BoxStream<'static, AppendEntriesRequest<TypeConfig>>,
+    ) -> Option<AppendAnswers> {
+        None
+    }
 }
+
+/// The answers of a Raft group to a stream of AppendEntries (an `Err`: the group
+/// stopped, and says why).
+pub type AppendAnswers = BoxStream<'static, Result<StreamAppendResult<TypeConfig>, String>>;
 
 /// Accepts peers' connections on `listener` and serves their calls until `stop`.
 pub async fn serve<H: CallHandler>(
@@ -651,6 +691,7 @@ async fn serve_peer<H: CallHandler>(
             }
         }
     });
+    let mut streams: HashMap<(String, u32), Lane> = HashMap::new();
     let result = loop {
         let frame = tokio::select! {
             _ = stop.changed() => break Ok(()),
@@ -670,30 +711,148 @@ async fn serve_peer<H: CallHandler>(
             Ok(other) => break Err(format!("unexpected frame {other:?}")),
             Err(e) => break Err(format!("bad frame: {e}")),
         };
+        if rpc == Rpc::AppendStream {
+            // In order, into the group's stream (one per group on this connection).
+            // A lane ends when its group is not (or no longer) here.
+            let key = (topic, partition);
+            let lane = match streams.get(&key).filter(|l| !l.is_closed()) {
+                Some(lane) => lane.clone(),
+                None => {
+                    streams.retain(|_, l| !l.is_closed());
+                    let (tx, rx) = mpsc::channel(STREAM_QUEUE);
+                    tokio::spawn(append_lane(
+                        Arc::clone(&handler),
+                        key.clone(),
+                        rx,
+                        out_tx.clone(),
+                    ));
+                    streams.insert(key.clone(), tx.clone());
+                    tx
+                }
+            };
+            if lane.try_send((call_id, payload)).is_err() {
+                let why = format!(
+                    "more than {STREAM_QUEUE} appends of {}/{} wait on this connection",
+                    key.0, key.1
+                );
+                answer(&out_tx, call_id, Err(why)).await;
+            }
+            continue;
+        }
         let handler = Arc::clone(&handler);
         let out = out_tx.clone();
         tokio::spawn(async move {
             let result = handler.handle(from, topic, partition, rpc, payload).await;
-            let frame = encode(&PeerFrame::Reply {
-                call_id,
-                result: result.as_deref().map_err(String::as_str),
-            });
-            let frame = match frame {
-                Ok(f) => f,
-                Err(e) => match encode(&PeerFrame::Reply {
-                    call_id,
-                    result: Err(&e.to_string()),
-                }) {
-                    Ok(f) => f,
-                    Err(_) => return,
-                },
-            };
-            let _ = out.send(frame).await;
+            answer(&out, call_id, result).await;
         });
     };
     drop(out_tx);
     writer.abort();
     result
+}
+
+/// Where a connection queues one group's [`Rpc::AppendStream`] calls (call id,
+/// payload) for its [`append_lane`].
+type Lane = mpsc::Sender<(u64, Vec<u8>)>;
+
+/// Sends the reply of call `call_id` (a reply that cannot be encoded becomes a
+/// failure saying why).
+async fn answer(out: &mpsc::Sender<Vec<u8>>, call_id: u64, result: Result<Vec<u8>, String>) {
+    let frame = encode(&PeerFrame::Reply {
+        call_id,
+        result: result.as_deref().map_err(String::as_str),
+    });
+    let frame = match frame {
+        Ok(f) => f,
+        Err(e) => match encode(&PeerFrame::Reply {
+            call_id,
+            result: Err(&e.to_string()),
+        }) {
+            Ok(f) => f,
+            Err(_) => return,
+        },
+    };
+    let _ = out.send(frame).await;
+}
+
+/// Feeds one group's [`Rpc::AppendStream`] calls from one connection into its Raft
+/// group ([`CallHandler::append_stream`]), in the order they came, and answers each
+/// once the group answers it (in order: its entries are flushed to this node's Raft
+/// log). When the stream fails (a conflict, a higher vote) the calls fed after the
+/// failed one are refused and the next call starts a new stream; when the group is
+/// not here (never was, deleted, stopped) the lane refuses what it holds and ends.
+async fn append_lane<H: CallHandler>(
+    handler: Arc<H>,
+    (topic, partition): (String, u32),
+    mut calls: mpsc::Receiver<(u64, Vec<u8>)>,
+    out: mpsc::Sender<Vec<u8>>,
+) {
+    use futures_util::StreamExt;
+    const ENDED: &str = "the group's append stream ended";
+    loop {
+        let Some(first) = calls.recv().await else {
+            return;
+        };
+        // Unbounded: the calls it carries are bounded by `calls`; a bounded one could
+        // stall here while the group waits for its answers to be taken.
+        let (feed, fed) = mpsc::unbounded_channel();
+        let input =
+            futures_util::stream::unfold(
+                fed,
+                |mut rx| async move { rx.recv().await.map(|r| (r, rx)) },
+            );
+        let Some(mut results) = handler.append_stream(&topic, partition, Box::pin(input)) else {
+            let why = format!("no Raft group {topic}/{partition} on this node");
+            answer(&out, first.0, Err(why.clone())).await;
+            calls.close();
+            while let Ok((call_id, _)) = calls.try_recv() {
+                answer(&out, call_id, Err(why.clone())).await;
+            }
+            return;
+        };
+        let mut waiting = std::collections::VecDeque::new();
+        let mut next = Some(first);
+        loop {
+            if let Some((call_id, payload)) = next.take() {
+                match decode_append_request(&payload).map(|req| feed.send(req)) {
+                    Ok(Ok(())) => waiting.push_back(call_id),
+                    Ok(Err(_)) => answer(&out, call_id, Err(ENDED.into())).await,
+                    Err(e) => answer(&out, call_id, Err(e.to_string())).await,
+                }
+            }
+            tokio::select! {
+                m = calls.recv() => match m {
+                    Some(c) => next = Some(c),
+                    None => return,
+                },
+                r = results.next(), if !waiting.is_empty() => {
+                    let Some(call_id) = waiting.pop_front() else { continue };
+                    let (reply, go_on) = match r {
+                        Some(Ok(Ok(matching))) => {
+                            let resp = AppendEntriesResponse::PartialSuccess(matching);
+                            (Ok(encode_append_reply(&resp)), true)
+                        }
+                        Some(Ok(Err(StreamAppendError::Conflict(_)))) => {
+                            (Ok(encode_append_reply(&AppendEntriesResponse::Conflict)), false)
+                        }
+                        Some(Ok(Err(StreamAppendError::HigherVote(v)))) => {
+                            let resp = AppendEntriesResponse::HigherVote(v);
+                            (Ok(encode_append_reply(&resp)), false)
+                        }
+                        Some(Err(stopped)) => (Err(stopped), false),
+                        None => (Err(ENDED.into()), false),
+                    };
+                    answer(&out, call_id, reply).await;
+                    if !go_on {
+                        for call_id in waiting.drain(..) {
+                            answer(&out, call_id, Err(ENDED.into())).await;
+                        }
+                        break;
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// openraft's network for one group: a client per target node, over the shared
@@ -712,18 +871,33 @@ pub struct GroupClient {
     target: u64,
     topic: String,
     partition: u32,
+    /// Replication's client pipelines its AppendEntries ([`Rpc::AppendStream`]); the
+    /// heartbeats' sends one at a time on calls of their own, so that a heartbeat never
+    /// waits behind the entries in flight.
+    pipelined: bool,
+}
+
+impl GroupNetwork {
+    fn client(&self, target: u64, pipelined: bool) -> GroupClient {
+        GroupClient {
+            peer: self.peers.peers.get(&target).cloned(),
+            target,
+            topic: self.topic.clone(),
+            partition: self.partition,
+            pipelined,
+        }
+    }
 }
 
 impl RaftNetworkFactory<TypeConfig> for GroupNetwork {
     type Network = GroupClient;
 
     async fn new_client(&mut self, target: u64, _node: &BasicNode) -> GroupClient {
-        GroupClient {
-            peer: self.peers.peers.get(&target).cloned(),
-            target,
-            topic: self.topic.clone(),
-            partition: self.partition,
-        }
+        self.client(target, true)
+    }
+
+    async fn new_heartbeat_client(&mut self, target: u64, _node: &BasicNode) -> GroupClient {
+        self.client(target, false)
     }
 }
 
@@ -756,6 +930,48 @@ impl GroupClient {
 
 impl RaftNetworkV2<TypeConfig> for GroupClient {
     type SnapshotData = super::snapshot::PartitionSnapshot;
+
+    /// Replication's stream of AppendEntries, pipelined: each request is queued on the
+    /// peer connection as soon as openraft makes it (up to [`PIPELINE_DEPTH`] awaiting
+    /// their answers), and the answers are yielded in the requests' order. The
+    /// connection keeps the calls in order and the follower hands one group's calls to
+    /// its Raft group in that order ([`serve_peer`]), so the follower's log takes them
+    /// as one stream and one fsync covers many.
+    fn stream_append<'s, S>(
+        &'s mut self,
+        input: S,
+        option: RPCOption,
+    ) -> BoxFuture<'s, Result<BoxStream<'s, StreamAnswer>, RPCError<TypeConfig>>>
+    where
+        S: futures_util::Stream<Item = AppendEntriesRequest<TypeConfig>>
+            + OptionalSend
+            + Unpin
+            + 'static,
+    {
+        if !self.pipelined {
+            return openraft::network::stream_append_sequential(self, input, option);
+        }
+        let peer = self.peer.clone();
+        let target = self.target;
+        let topic = self.topic.clone();
+        let partition = self.partition;
+        Box::pin(async move {
+            let Some(peer) = peer else {
+                return Err(rpc_error(CallError::Unreachable(target)));
+            };
+            let (sent_tx, sent_rx) = mpsc::channel(PIPELINE_DEPTH);
+            tokio::spawn(feed_stream(
+                Arc::clone(&peer),
+                topic,
+                partition,
+                input,
+                sent_tx,
+            ));
+            let answers = answer_stream(peer, sent_rx, option.hard_ttl());
+            let answers: BoxStream<'s, StreamAnswer> = Box::pin(answers);
+            Ok(answers)
+        })
+    }
 
     async fn append_entries(
         &mut self,
@@ -806,6 +1022,101 @@ impl RaftNetworkV2<TypeConfig> for GroupClient {
             futures_util::future::Either::Right((r, _)) => r,
         }
     }
+}
+
+/// How many AppendEntries of one replication stream await their answers at most.
+const PIPELINE_DEPTH: usize = 64;
+/// How many [`Rpc::AppendStream`] calls of one group a connection holds before its
+/// Raft group takes them; past it a call is refused (the leader starts over).
+const STREAM_QUEUE: usize = 256;
+
+/// One item of a replication stream's answers.
+type StreamAnswer = Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>;
+
+/// A request of a pipelined stream on its way: the log ids it spans (`prev`, `last`)
+/// and its queued call (or why it could not be queued).
+struct InFlight {
+    prev: Option<LogId>,
+    last: Option<LogId>,
+    call: Result<Reply, CallError>,
+}
+
+/// Queues each request of `input` on the peer connection, in order, until the answer
+/// side goes away or a request cannot be queued.
+async fn feed_stream<S>(
+    peer: Arc<Peer>,
+    topic: String,
+    partition: u32,
+    mut input: S,
+    sent: mpsc::Sender<InFlight>,
+) where
+    S: futures_util::Stream<Item = AppendEntriesRequest<TypeConfig>> + Unpin,
+{
+    use futures_util::StreamExt;
+    loop {
+        let req = tokio::select! {
+            () = sent.closed() => return,
+            r = input.next() => match r {
+                Some(r) => r,
+                None => return,
+            },
+        };
+        let prev = req.prev_log_id;
+        let last = req.entries.last().map(|e| e.log_id).or(prev);
+        let call = encode_append_request(&req)
+            .map_err(|e| CallError::Failed {
+                node: peer.id,
+                detail: e.to_string(),
+            })
+            .and_then(|payload| peer.send(&topic, partition, Rpc::AppendStream, payload));
+        drop(req);
+        let failed = call.is_err();
+        if sent.send(InFlight { prev, last, call }).await.is_err() || failed {
+            return;
+        }
+    }
+}
+
+/// The answers of the requests [`feed_stream`] queued, in their order; it ends after
+/// an error, a refusal, or an answer that took only part of its request (as
+/// openraft's sequential stream does).
+fn answer_stream(
+    peer: Arc<Peer>,
+    sent: mpsc::Receiver<InFlight>,
+    ttl: Duration,
+) -> impl futures_util::Stream<Item = StreamAnswer> + Send {
+    futures_util::stream::unfold(Some(sent), move |state| {
+        let peer = Arc::clone(&peer);
+        async move {
+            let mut sent = state?;
+            let InFlight { prev, last, call } = sent.recv().await?;
+            let reply = match call {
+                Ok(rx) => peer.wait(rx, ttl).await,
+                Err(e) => Err(e),
+            };
+            let resp = reply.map_err(rpc_error).and_then(|b| {
+                decode_append_reply(&b).map_err(|e| RPCError::Network(NetworkError::new(&e)))
+            });
+            let resp = match resp {
+                Ok(AppendEntriesResponse::Conflict) if prev.is_none() => {
+                    let e = CallError::Failed {
+                        node: peer.id,
+                        detail: "a conflict answered to entries from the log's start".into(),
+                    };
+                    return Some((Err(rpc_error(e)), None));
+                }
+                Ok(r) => r,
+                Err(e) => return Some((Err(e), None)),
+            };
+            let whole = match &resp {
+                AppendEntriesResponse::PartialSuccess(m) => *m == last,
+                _ => true,
+            };
+            let result = resp.into_stream_result(prev, last);
+            let go_on = result.is_ok() && whole;
+            Some((Ok(result), go_on.then_some(sent)))
+        }
+    })
 }
 
 fn streaming_error(e: RPCError<TypeConfig>) -> StreamingError<TypeConfig> {
@@ -1297,5 +1608,176 @@ mod tests {
         assert!(!p.reachable());
         let e = p.call("t", 0, Rpc::Vote, Vec::new(), t).await.unwrap_err();
         assert!(matches!(e, CallError::Unreachable(1)), "{e}");
+    }
+
+    /// A follower whose group answers nothing until [`HELD`] requests have come, then
+    /// each in order (the matching id is the request's last), except that a request
+    /// whose `prev_log_id` has index [`CONFLICT_AT`] conflicts. A sender that waits
+    /// for each answer before the next request never gets one.
+    struct Holding;
+    const HELD: usize = 4;
+    const CONFLICT_AT: u64 = 105;
+
+    impl CallHandler for Holding {
+        async fn handle(
+            self: Arc<Self>,
+            _from: u64,
+            _topic: String,
+            _partition: u32,
+            _rpc: Rpc,
+            _payload: Vec<u8>,
+        ) -> Result<Vec<u8>, String> {
+            Err("only streams here".into())
+        }
+
+        fn append_stream(
+            &self,
+            topic: &str,
+            _partition: u32,
+            input: BoxStream<'static, AppendEntriesRequest<TypeConfig>>,
+        ) -> Option<AppendAnswers> {
+            use futures_util::StreamExt;
+            if topic != "t" {
+                return None;
+            }
+            let answers = futures_util::stream::unfold(
+                (input, std::collections::VecDeque::new(), false),
+                |(mut input, mut held, mut open)| async move {
+                    while !open && held.len() < HELD {
+                        held.push_back(input.next().await?);
+                    }
+                    open = true;
+                    let req = match held.pop_front() {
+                        Some(r) => r,
+                        None => input.next().await?,
+                    };
+                    let r: StreamAppendResult<TypeConfig> = match req.prev_log_id {
+                        Some(p) if p.index == CONFLICT_AT => Err(StreamAppendError::Conflict(p)),
+                        prev => Ok(req.entries.last().map(|e| e.log_id).or(prev)),
+                    };
+                    Some((Ok(r), (input, held, open)))
+                },
+            );
+            Some(Box::pin(answers))
+        }
+    }
+
+    /// Requests of one entry each, at indexes `from..to` (term 2, leader 1).
+    fn requests(from: u64, to: u64) -> Vec<AppendEntriesRequest<TypeConfig>> {
+        let lid = |index| {
+            LogId::new(
+                StoredLeaderId {
+                    term: 2,
+                    node_id: 1,
+                },
+                index,
+            )
+        };
+        (from..to)
+            .map(|i| AppendEntriesRequest {
+                vote: Vote::new_committed(2, 1),
+                prev_log_id: Some(lid(i - 1)),
+                leader_commit: None,
+                entries: vec![Entry {
+                    log_id: lid(i),
+                    payload: openraft::EntryPayload::Blank,
+                }],
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn append_streams_are_pipelined_answered_in_order_and_restart_after_a_conflict() {
+        use futures_util::StreamExt;
+        let dirs: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let all = vec![(1, addr), (2, "unused".to_string())];
+        let server_peers = Peers::new(ident(dirs[0].path(), 1, true), &all);
+        let (_stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        tokio::spawn(serve(listener, server_peers, Arc::new(Holding), stop_rx));
+        let client = Peers::new(ident(dirs[1].path(), 2, false), &all);
+        client.start();
+        wait_reachable(client.peers.get(&1).unwrap()).await;
+        let mut network = GroupNetwork {
+            peers: Arc::clone(&client),
+            topic: "t".into(),
+            partition: 0,
+        };
+        let node = BasicNode::default();
+        let option = RPCOption::new(Duration::from_secs(2));
+        let index = |r: &StreamAnswer| match r {
+            Ok(Ok(Some(id))) => Ok(id.index),
+            other => Err(format!("{other:?}")),
+        };
+
+        // Pipelined: five requests, every answer in order (with one request in flight
+        // at a time the follower would never answer, and the first would time out).
+        let mut c = network.new_client(1, &node).await;
+        let input = futures_util::stream::iter(requests(100, 105));
+        let got: Vec<_> = c
+            .stream_append(input, option.clone())
+            .await
+            .unwrap()
+            .collect()
+            .await;
+        let got: Vec<_> = got.iter().map(index).collect();
+        assert_eq!(got, (100..105).map(Ok).collect::<Vec<_>>());
+
+        // A conflict ends the stream at it; the next stream on the same connection is
+        // answered by a new stream of the group.
+        let input = futures_util::stream::iter(requests(105, 110));
+        let got: Vec<_> = c
+            .stream_append(input, option.clone())
+            .await
+            .unwrap()
+            .collect()
+            .await;
+        // (Request 105 follows 104; request 106, after 105, conflicts.)
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert_eq!(index(&got[0]), Ok(105));
+        assert!(
+            matches!(&got[1], Ok(Err(StreamAppendError::Conflict(p))) if p.index == CONFLICT_AT),
+            "{got:?}"
+        );
+        let input = futures_util::stream::iter(requests(200, 208));
+        let got: Vec<_> = c
+            .stream_append(input, option.clone())
+            .await
+            .unwrap()
+            .collect()
+            .await;
+        let got: Vec<_> = got.iter().map(index).collect();
+        assert_eq!(got, (200..208).map(Ok).collect::<Vec<_>>());
+
+        // The heartbeats' client sends one call at a time, outside the stream: this
+        // follower refuses those.
+        let mut h = network.new_heartbeat_client(1, &node).await;
+        let input = futures_util::stream::iter(requests(300, 301));
+        let got: Vec<_> = h
+            .stream_append(input, option.clone())
+            .await
+            .unwrap()
+            .collect()
+            .await;
+        assert!(
+            matches!(got.as_slice(), [Err(RPCError::Network(_))]),
+            "{got:?}"
+        );
+
+        // A group that is not on the follower: refused, the stream ends.
+        network.topic = "other".into();
+        let mut o = network.new_client(1, &node).await;
+        let input = futures_util::stream::iter(requests(100, 104));
+        let got: Vec<_> = o
+            .stream_append(input, option)
+            .await
+            .unwrap()
+            .collect()
+            .await;
+        assert!(
+            matches!(got.as_slice(), [Err(RPCError::Network(_))]),
+            "{got:?}"
+        );
     }
 }

@@ -18,9 +18,11 @@
 //! `frame_len` counts the bytes after itself, at least [`PEER_HEAD_LEN`] and at most
 //! [`FRAME_BYTES_MAX`]. A call's payload is the JSON of an openraft message (or of
 //! one of our own, see [`Rpc`]), or for [`Rpc::AppendEntriesBinary`] the binary
-//! request of [`append`] (its reply likewise); either is bounded by the frame. The first frame
+//! request of [`append`] (its reply likewise; [`Rpc::AppendStream`] too); either is
+//! bounded by the frame. The first frame
 //! each side sends is its hello (or a refusal); `call_id` is 0 there. The dialer sends
-//! calls; the acceptor answers each with a reply of the same `call_id`, in any order.
+//! calls; the acceptor answers each with a reply of the same `call_id`, in any order,
+//! and hands a group's [`Rpc::AppendStream`] calls to it in the order they came.
 
 pub mod append;
 
@@ -28,8 +30,9 @@ use super::{
     put_str, ProtocolError, Reader, FRAME_BYTES_MAX, LEN_FIELD, MESSAGE_BYTES_MAX, TOPIC_BYTES_MAX,
 };
 
-/// The version of the peer protocol this build speaks.
-pub const PEER_VERSION: u16 = 1;
+/// The version of the peer protocol this build speaks (2: [`Rpc::AppendStream`]).
+/// Nodes of different versions refuse each other's hello.
+pub const PEER_VERSION: u16 = 2;
 /// `call_id` + `kind`: the smallest peer frame.
 pub const PEER_HEAD_LEN: usize = 8 + 1;
 /// Longest cluster id.
@@ -60,6 +63,12 @@ pub enum Rpc {
     /// Delete the local replica of a replicated topic: its groups stop, its data and
     /// Raft logs go (no payload; a node without the topic answers success).
     DeleteReplica = 8,
+    /// One AppendEntries of a pipelined stream (payload and answer as for
+    /// [`Rpc::AppendEntriesBinary`]). Several may be in flight for one group on one
+    /// connection: the receiver hands them to its Raft group in the order they arrive
+    /// and answers each once its entries are flushed (its answer names the matching
+    /// log id); a call after one that failed starts a new stream.
+    AppendStream = 9,
     /// A leader starts sending a snapshot (payload: JSON; the answer names where the
     /// follower's data partition ends, so only the missing records are sent).
     SnapshotBegin = 10,
@@ -81,6 +90,7 @@ impl Rpc {
             Rpc::Status,
             Rpc::AppendEntriesBinary,
             Rpc::DeleteReplica,
+            Rpc::AppendStream,
             Rpc::SnapshotBegin,
             Rpc::SnapshotChunk,
             Rpc::SnapshotInstall,
