@@ -19,6 +19,7 @@ mod cli_producers;
 mod cli_schemas;
 mod cli_tls;
 mod cli_topic_meta;
+mod cluster_alter;
 mod cluster_check;
 mod cluster_delete;
 mod cluster_faults;

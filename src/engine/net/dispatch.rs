@@ -286,7 +286,9 @@ impl Session {
                 Ok(())
             }
             Request::DescribeTopic { topic } => self.describe_topic(id, api, topic),
-            Request::AlterTopic { topic, settings } => self.alter_topic(id, api, topic, &settings),
+            Request::AlterTopic { topic, settings } => {
+                self.alter_topic(id, api, topic, &settings).await
+            }
             Request::Stats => {
                 let s = self.broker.stats();
                 let write = (self.version >= WRITE_STATS_VERSION).then(|| WriteStats {
@@ -810,16 +812,25 @@ impl Session {
         Ok(())
     }
 
-    fn alter_topic(&mut self, id: u32, api: u16, topic: &str, settings: &[(&str, &str)]) -> Answer {
+    async fn alter_topic(
+        &mut self,
+        id: u32,
+        api: u16,
+        topic: &str,
+        settings: &[(&str, &str)],
+    ) -> Answer {
         name_ok(topic)?;
         let owned: Vec<(String, String)> = settings
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        let config = self
-            .broker
-            .alter_topic(topic, &owned)
-            .map_err(engine_error)?;
+        let config = match self.replicated(topic) {
+            Some(r) => r.alter_topic(topic.to_string(), owned).await?,
+            None => self
+                .broker
+                .alter_topic(topic, &owned)
+                .map_err(engine_error)?,
+        };
         let text = config_settings(&config);
         let settings = text.iter().map(|(k, v)| (*k, v.as_str())).collect();
         self.reply(id, api, &ResponseBody::AlterTopic { settings });

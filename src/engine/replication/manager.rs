@@ -586,6 +586,94 @@ impl<L: LogStores> Manager<L> {
         Ok(())
     }
 
+    /// Changes settings of a replicated topic on every node holding a replica: this
+    /// node first (it refuses what every node would), then the others; an alter that
+    /// stops at an unreachable node can be asked again (it changes nothing twice).
+    /// The cleanup policy stays as created: the topic's Raft groups keep or purge
+    /// their logs by it.
+    pub async fn alter_topic(
+        &self,
+        name: &str,
+        settings: &[(String, String)],
+    ) -> Result<TopicConfig, Refusal> {
+        let Some(replication) = lock(&self.topics).get(name).cloned() else {
+            return Err((ErrorCode::UNKNOWN_TOPIC, format!("unknown topic {name}")));
+        };
+        if settings.iter().any(|(k, _)| k == "cleanup_policy") {
+            return Err((
+                ErrorCode::INVALID_CONFIG,
+                format!(
+                    "cleanup_policy of replicated topic {name} stays as created (its Raft \
+                     groups keep or purge their logs by it)"
+                ),
+            ));
+        }
+        let holders: BTreeSet<u64> = replication.replicas.iter().flatten().copied().collect();
+        let mut config = None;
+        if holders.contains(&self.node_id()) {
+            config = Some(self.alter_replica(name, settings).await?);
+        }
+        let payload = serde_json::to_vec(settings)
+            .map_err(|e| (ErrorCode::INTERNAL, format!("encoding the settings: {e}")))?;
+        let mut done = Vec::new();
+        for node in holders.iter().filter(|n| **n != self.node_id()) {
+            let answer = self
+                .call(*node, name, 0, Rpc::AlterReplica, payload.clone())
+                .await
+                .map_err(|(code, msg)| {
+                    let altered = if config.is_some() {
+                        std::iter::once(self.node_id())
+                            .chain(done.iter().copied())
+                            .collect()
+                    } else {
+                        done.clone()
+                    };
+                    let altered: Vec<String> = altered.iter().map(u64::to_string).collect();
+                    (
+                        code,
+                        format!(
+                            "{msg}; the topic is altered on node(s) [{}] only: ask again once \
+                             node {node} answers",
+                            altered.join(", ")
+                        ),
+                    )
+                })?;
+            done.push(*node);
+            if config.is_none() {
+                let json: serde_json::Value = serde_json::from_slice(&answer)
+                    .map_err(|e| (ErrorCode::INTERNAL, format!("node {node}'s answer: {e}")))?;
+                let c = TopicConfig::from_json(&json)
+                    .map_err(|e| (ErrorCode::INTERNAL, format!("node {node}'s answer: {e}")))?;
+                config = Some(c);
+            }
+        }
+        config.ok_or_else(|| {
+            (
+                ErrorCode::INTERNAL,
+                format!("topic {name} has no replica to alter"),
+            )
+        })
+    }
+
+    /// Changes settings of this node's replica of a topic.
+    async fn alter_replica(
+        &self,
+        name: &str,
+        settings: &[(String, String)],
+    ) -> Result<TopicConfig, Refusal> {
+        let _admin = self.admin.lock().await;
+        if !lock(&self.topics).contains_key(name) {
+            return Err((ErrorCode::UNKNOWN_TOPIC, format!("unknown topic {name}")));
+        }
+        let broker = Arc::clone(&self.broker);
+        let n = name.to_string();
+        let settings = settings.to_vec();
+        tokio::task::spawn_blocking(move || broker.alter_topic(&n, &settings))
+            .await
+            .map_err(|e| (ErrorCode::INTERNAL, e.to_string()))?
+            .map_err(crate::engine::net::dispatch::engine_error)
+    }
+
     /// Deletes this node's replica of a topic: stops its groups, deletes the topic
     /// (data partitions, checkpoints, placement), then its Raft logs. A topic this
     /// node does not know is no error (deleted already).
@@ -829,6 +917,15 @@ impl<L: LogStores> Manager<L> {
                     .map_err(|(_, m)| m)?;
                 Ok(b"null".to_vec())
             }
+            Rpc::AlterReplica => {
+                let settings: Vec<(String, String)> =
+                    serde_json::from_slice(payload).map_err(|e| format!("bad alter: {e}"))?;
+                let config = self
+                    .alter_replica(topic, &settings)
+                    .await
+                    .map_err(|(_, m)| m)?;
+                json(&config.to_json())
+            }
             Rpc::DeleteReplica => {
                 self.delete_replica(topic).await.map_err(|(_, m)| m)?;
                 Ok(b"null".to_vec())
@@ -941,6 +1038,14 @@ impl<L: LogStores> Replicator for Manager<L> {
 
     fn delete_topic(self: Arc<Self>, name: String) -> BoxFuture<Result<(), Refusal>> {
         Box::pin(async move { Manager::delete_topic(&self, &name).await })
+    }
+
+    fn alter_topic(
+        self: Arc<Self>,
+        name: String,
+        settings: Vec<(String, String)>,
+    ) -> BoxFuture<Result<TopicConfig, Refusal>> {
+        Box::pin(async move { Manager::alter_topic(&self, &name, &settings).await })
     }
 
     fn status(&self) -> serde_json::Value {

@@ -55,6 +55,13 @@ pub trait Replicator: Send + Sync + 'static {
     ) -> BoxFuture<Result<(), Refusal>>;
     /// Deletes a replicated topic on every node holding a replica (this node last).
     fn delete_topic(self: Arc<Self>, name: String) -> BoxFuture<Result<(), Refusal>>;
+    /// Changes settings of a replicated topic on every node holding a replica (this
+    /// node first, when it holds one); the topic's configuration after.
+    fn alter_topic(
+        self: Arc<Self>,
+        name: String,
+        settings: Vec<(String, String)>,
+    ) -> BoxFuture<Result<crate::format::topic::TopicConfig, Refusal>>;
     /// This node's view of the cluster (`cluster status --json`).
     fn status(&self) -> serde_json::Value;
     /// How many nodes the cluster has.

@@ -77,6 +77,9 @@ pub enum Rpc {
     /// The snapshot's metadata once every chunk is sent: the follower installs it
     /// (payload: JSON; the answer is openraft's snapshot response).
     SnapshotInstall = 12,
+    /// Change settings of the local replica of a replicated topic (payload: the JSON
+    /// of its `[key, value]` pairs; the answer: the topic's configuration as JSON).
+    AlterReplica = 13,
 }
 
 impl Rpc {
@@ -94,6 +97,7 @@ impl Rpc {
             Rpc::SnapshotBegin,
             Rpc::SnapshotChunk,
             Rpc::SnapshotInstall,
+            Rpc::AlterReplica,
         ]
         .into_iter()
         .find(|r| *r as u8 == v)

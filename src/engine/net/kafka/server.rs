@@ -963,6 +963,21 @@ mod tests {
             })
         }
 
+        fn alter_topic(
+            self: Arc<Self>,
+            name: String,
+            _settings: Vec<(String, String)>,
+        ) -> crate::engine::replication::BoxFuture<
+            Result<crate::format::topic::TopicConfig, crate::engine::replication::Refusal>,
+        > {
+            Box::pin(async move {
+                Err((
+                    crate::format::wire::ErrorCode::PARTITION_UNAVAILABLE,
+                    format!("{name}: asking node 3: unreachable"),
+                ))
+            })
+        }
+
         fn status(&self) -> serde_json::Value {
             serde_json::Value::Null
         }

@@ -1,0 +1,99 @@
+//! Altering a replicated topic on three real `seglog serve` processes: the settings
+//! reach every node holding a replica, whichever of them is asked; with a holder down the alter stops there and says which nodes have
+//! the new settings, and asking again completes it; the cleanup policy stays as
+//! created.
+
+#![expect(clippy::unwrap_used, reason = "tests")]
+
+use std::process::{Command, Output};
+
+use crate::util::bin::BIN;
+use crate::util::cluster::Cluster;
+
+const TOPIC: &str = "altered";
+
+/// `seglog topics alter TOPIC --config SETTING --json` through node `id` alone.
+fn alter_through(c: &Cluster, id: u64, setting: &str) -> Output {
+    Command::new(BIN)
+        .args(["topics", "alter", TOPIC, "--config", setting, "--json"])
+        .args(["--broker", &c.node(id).client_addr])
+        .output()
+        .unwrap()
+}
+
+/// Node `id`'s `topic.json` config value of `key` (`None`: no replica there).
+fn config_on(c: &Cluster, id: u64, key: &str) -> Option<serde_json::Value> {
+    let file = c.node(id).dir.join("topics").join(TOPIC).join("topic.json");
+    let bytes = std::fs::read(file).ok()?;
+    let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    Some(v["config"][key].clone())
+}
+
+#[test]
+fn a_replicated_topic_is_altered_on_every_replica_and_an_alter_cut_short_completes() {
+    let mut c = Cluster::start(3);
+    c.ok(&["topics", "create", TOPIC, "--replication-factor", "2"]);
+    c.wait_leader(TOPIC, 0);
+    let holders: Vec<u64> = (1..=3)
+        .filter(|id| config_on(&c, *id, "retention_ms").is_some())
+        .collect();
+    assert_eq!(holders.len(), 2, "{holders:?}");
+    let outsider = (1..=3).find(|id| !holders.contains(id)).unwrap();
+
+    // Asked through either holder: both replicas change. (The node holding no
+    // replica does not know the topic.)
+    let out = alter_through(&c, holders[1], "retention_ms=3600000");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let answer: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(answer["config"]["retention_ms"], 3_600_000, "{answer}");
+    for id in &holders {
+        assert_eq!(
+            config_on(&c, *id, "retention_ms"),
+            Some(3_600_000.into()),
+            "node {id}"
+        );
+    }
+    assert_eq!(config_on(&c, outsider, "retention_ms"), None);
+
+    // A holder down: the alter through the other holder changes that one, names the
+    // node it could not reach, and completes when asked again.
+    let (asked, down) = (holders[0], holders[1]);
+    c.stop(down);
+    let out = alter_through(&c, asked, "max_record_bytes=4096");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "altered with node {down} down: {err}"
+    );
+    assert!(err.contains(&format!("node {down}")), "{err}");
+    assert!(err.contains(&format!("[{asked}]")), "{err}");
+    assert_eq!(config_on(&c, asked, "max_record_bytes"), Some(4096.into()));
+    c.restart(down);
+    assert_eq!(
+        config_on(&c, down, "max_record_bytes"),
+        Some(1_048_576.into())
+    );
+    let out = alter_through(&c, asked, "max_record_bytes=4096");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for id in &holders {
+        assert_eq!(config_on(&c, *id, "max_record_bytes"), Some(4096.into()));
+        assert_eq!(config_on(&c, *id, "retention_ms"), Some(3_600_000.into()));
+    }
+
+    // The cleanup policy is refused, and nothing changes.
+    let out = alter_through(&c, asked, "cleanup_policy=compact");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("cleanup_policy"), "{err}");
+    for id in &holders {
+        assert_eq!(config_on(&c, *id, "cleanup_policy"), Some("delete".into()));
+    }
+}
