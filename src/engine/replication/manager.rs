@@ -608,51 +608,28 @@ impl<L: LogStores> Manager<L> {
                 ),
             ));
         }
-        let holders: BTreeSet<u64> = replication.replicas.iter().flatten().copied().collect();
-        let mut config = None;
-        if holders.contains(&self.node_id()) {
-            config = Some(self.alter_replica(name, settings).await?);
-        }
+        // A node knows a replicated topic only when it holds a replica of it.
+        let config = self.alter_replica(name, settings).await?;
         let payload = serde_json::to_vec(settings)
             .map_err(|e| (ErrorCode::INTERNAL, format!("encoding the settings: {e}")))?;
-        let mut done = Vec::new();
+        let mut altered = vec![self.node_id().to_string()];
+        let holders: BTreeSet<u64> = replication.replicas.iter().flatten().copied().collect();
         for node in holders.iter().filter(|n| **n != self.node_id()) {
-            let answer = self
-                .call(*node, name, 0, Rpc::AlterReplica, payload.clone())
+            self.call(*node, name, 0, Rpc::AlterReplica, payload.clone())
                 .await
                 .map_err(|(code, msg)| {
-                    let altered = if config.is_some() {
-                        std::iter::once(self.node_id())
-                            .chain(done.iter().copied())
-                            .collect()
-                    } else {
-                        done.clone()
-                    };
-                    let altered: Vec<String> = altered.iter().map(u64::to_string).collect();
+                    let altered = altered.join(", ");
                     (
                         code,
                         format!(
-                            "{msg}; the topic is altered on node(s) [{}] only: ask again once \
-                             node {node} answers",
-                            altered.join(", ")
+                            "{msg}; the topic is altered on node(s) [{altered}] only: ask \
+                             again once node {node} answers"
                         ),
                     )
                 })?;
-            done.push(*node);
-            if config.is_none() {
-                let json: serde_json::Value = serde_json::from_slice(&answer)
-                    .map_err(|e| (ErrorCode::INTERNAL, format!("node {node}'s answer: {e}")))?;
-                let c = TopicConfig::from_json(&json)
-                    .map_err(|e| (ErrorCode::INTERNAL, format!("node {node}'s answer: {e}")))?;
-                config = Some(c);
-            }
+            altered.push(node.to_string());
         }
-        config.ok_or_else(|| {
-            (
-                ErrorCode::INTERNAL,
-                format!("topic {name} has no replica to alter"),
-            )
-        })
+        Ok(config)
     }
 
     /// Changes settings of this node's replica of a topic.

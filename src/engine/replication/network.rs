@@ -1686,9 +1686,22 @@ mod tests {
             .collect()
     }
 
+    /// Every answer of one `stream_append` of `input` through `client`.
+    async fn answers(
+        client: &mut GroupClient,
+        input: impl futures_util::Stream<Item = AppendEntriesRequest<TypeConfig>>
+            + Send
+            + Unpin
+            + 'static,
+        option: &RPCOption,
+    ) -> Vec<StreamAnswer> {
+        use futures_util::StreamExt;
+        let stream = client.stream_append(input, option.clone()).await.unwrap();
+        stream.collect().await
+    }
+
     #[tokio::test]
     async fn append_streams_are_pipelined_answered_in_order_and_restart_after_a_conflict() {
-        use futures_util::StreamExt;
         let dirs: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
@@ -1715,24 +1728,14 @@ mod tests {
         // at a time the follower would never answer, and the first would time out).
         let mut c = network.new_client(1, &node).await;
         let input = futures_util::stream::iter(requests(100, 105));
-        let got: Vec<_> = c
-            .stream_append(input, option.clone())
-            .await
-            .unwrap()
-            .collect()
-            .await;
+        let got = answers(&mut c, input, &option).await;
         let got: Vec<_> = got.iter().map(index).collect();
         assert_eq!(got, (100..105).map(Ok).collect::<Vec<_>>());
 
         // A conflict ends the stream at it; the next stream on the same connection is
         // answered by a new stream of the group.
         let input = futures_util::stream::iter(requests(105, 110));
-        let got: Vec<_> = c
-            .stream_append(input, option.clone())
-            .await
-            .unwrap()
-            .collect()
-            .await;
+        let got = answers(&mut c, input, &option).await;
         // (Request 105 follows 104; request 106, after 105, conflicts.)
         assert_eq!(got.len(), 2, "{got:?}");
         assert_eq!(index(&got[0]), Ok(105));
@@ -1741,12 +1744,7 @@ mod tests {
             "{got:?}"
         );
         let input = futures_util::stream::iter(requests(200, 208));
-        let got: Vec<_> = c
-            .stream_append(input, option.clone())
-            .await
-            .unwrap()
-            .collect()
-            .await;
+        let got = answers(&mut c, input, &option).await;
         let got: Vec<_> = got.iter().map(index).collect();
         assert_eq!(got, (200..208).map(Ok).collect::<Vec<_>>());
 
@@ -1754,12 +1752,7 @@ mod tests {
         // follower refuses those.
         let mut h = network.new_heartbeat_client(1, &node).await;
         let input = futures_util::stream::iter(requests(300, 301));
-        let got: Vec<_> = h
-            .stream_append(input, option.clone())
-            .await
-            .unwrap()
-            .collect()
-            .await;
+        let got = answers(&mut h, input, &option).await;
         assert!(
             matches!(got.as_slice(), [Err(RPCError::Network(_))]),
             "{got:?}"
@@ -1769,12 +1762,7 @@ mod tests {
         network.topic = "other".into();
         let mut o = network.new_client(1, &node).await;
         let input = futures_util::stream::iter(requests(100, 104));
-        let got: Vec<_> = o
-            .stream_append(input, option)
-            .await
-            .unwrap()
-            .collect()
-            .await;
+        let got = answers(&mut o, input, &option).await;
         assert!(
             matches!(got.as_slice(), [Err(RPCError::Network(_))]),
             "{got:?}"
