@@ -1,7 +1,8 @@
 //! Altering a replicated topic on three real `seglog serve` processes: the settings
 //! reach every node holding a replica, whichever of them is asked; with a holder down the alter stops there and says which nodes have
 //! the new settings, and asking again completes it; the cleanup policy stays as
-//! created.
+//! created. A node holding no replica finds the holders and alters or deletes the
+//! topic there.
 
 #![expect(clippy::unwrap_used, reason = "tests")]
 
@@ -40,8 +41,7 @@ fn a_replicated_topic_is_altered_on_every_replica_and_an_alter_cut_short_complet
     assert_eq!(holders.len(), 2, "{holders:?}");
     let outsider = (1..=3).find(|id| !holders.contains(id)).unwrap();
 
-    // Asked through either holder: both replicas change. (The node holding no
-    // replica does not know the topic.)
+    // Asked through either holder: both replicas change.
     let out = alter_through(&c, holders[1], "retention_ms=3600000");
     assert!(
         out.status.success(),
@@ -95,5 +95,55 @@ fn a_replicated_topic_is_altered_on_every_replica_and_an_alter_cut_short_complet
     assert!(err.contains("cleanup_policy"), "{err}");
     for id in &holders {
         assert_eq!(config_on(&c, *id, "cleanup_policy"), Some("delete".into()));
+    }
+
+    // Through the node holding no replica: it asks the others where the topic is,
+    // then alters both replicas and answers the first holder's configuration.
+    let out = alter_through(&c, outsider, "retention_ms=7200000");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let answer: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(answer["config"]["retention_ms"], 7_200_000, "{answer}");
+    assert_eq!(answer["config"]["max_record_bytes"], 4096, "{answer}");
+    for id in &holders {
+        assert_eq!(config_on(&c, *id, "retention_ms"), Some(7_200_000.into()));
+    }
+    assert_eq!(config_on(&c, outsider, "retention_ms"), None);
+    // A bad setting is refused by the first holder before any replica changes.
+    let out = alter_through(&c, outsider, "retention_ms=soon");
+    assert!(!out.status.success());
+    for id in &holders {
+        assert_eq!(config_on(&c, *id, "retention_ms"), Some(7_200_000.into()));
+    }
+
+    // A topic no node holds is unknown (exit 69), through the outsider too.
+    let out = Command::new(BIN)
+        .args(["topics", "alter", "nowhere", "--config", "retention_ms=1"])
+        .args(["--broker", &c.node(outsider).client_addr])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(69), "{err}");
+    assert!(err.contains("unknown topic nowhere"), "{err}");
+
+    // Deleted through the outsider: both replicas go.
+    let out = Command::new(BIN)
+        .args(["topics", "delete", TOPIC])
+        .args(["--broker", &c.node(outsider).client_addr])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for id in 1..=3 {
+        assert!(
+            !c.node(id).dir.join("topics").join(TOPIC).exists(),
+            "node {id} still has the topic"
+        );
     }
 }

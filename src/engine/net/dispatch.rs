@@ -741,7 +741,13 @@ impl Session {
             self.reply(id, api, &ResponseBody::DeleteTopic);
             return Ok(());
         }
-        self.broker.delete_topic(topic).map_err(engine_error)?;
+        match (self.broker.delete_topic(topic), &self.replication) {
+            // A replicated topic with no replica here: the nodes holding one delete it.
+            (Err(EngineError::UnknownTopic { .. }), Some(r)) => {
+                Arc::clone(r).delete_topic(topic.to_string()).await?;
+            }
+            (outcome, _) => outcome.map_err(engine_error)?,
+        }
         self.reply(id, api, &ResponseBody::DeleteTopic);
         Ok(())
     }
@@ -826,10 +832,14 @@ impl Session {
             .collect();
         let config = match self.replicated(topic) {
             Some(r) => r.alter_topic(topic.to_string(), owned).await?,
-            None => self
-                .broker
-                .alter_topic(topic, &owned)
-                .map_err(engine_error)?,
+            None => match (self.broker.alter_topic(topic, &owned), &self.replication) {
+                // A replicated topic with no replica here: the nodes holding one
+                // alter it.
+                (Err(EngineError::UnknownTopic { .. }), Some(r)) => {
+                    Arc::clone(r).alter_topic(topic.to_string(), owned).await?
+                }
+                (outcome, _) => outcome.map_err(engine_error)?,
+            },
         };
         let text = config_settings(&config);
         let settings = text.iter().map(|(k, v)| (*k, v.as_str())).collect();

@@ -50,6 +50,9 @@ use crate::format::wire::{not_leader_message, ErrorCode};
 /// How long a call between nodes may take before it counts as failed.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// Pause between asks of a peer that is not connected yet.
+/// How long a node holding no replica of a topic waits for each other node's answer
+/// to where the topic is.
+const PLACEMENT_WAIT: Duration = Duration::from_secs(2);
 const UNREACHABLE_RETRY: Duration = Duration::from_millis(50);
 /// How long a new group may take to elect its first leader before create returns.
 const FIRST_LEADER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -562,9 +565,7 @@ impl<L: LogStores> Manager<L> {
     /// this node last, so that a delete that stops at an unreachable node can be asked
     /// again here (a node that no longer has the topic answers success).
     pub async fn delete_topic(&self, name: &str) -> Result<(), Refusal> {
-        let Some(replication) = lock(&self.topics).get(name).cloned() else {
-            return Err((ErrorCode::UNKNOWN_TOPIC, format!("unknown topic {name}")));
-        };
+        let replication = self.placement(name).await?;
         let holders: BTreeSet<u64> = replication.replicas.iter().flatten().copied().collect();
         for node in holders.iter().filter(|n| **n != self.node_id()) {
             self.call(*node, name, 0, Rpc::DeleteReplica, Vec::new())
@@ -596,9 +597,7 @@ impl<L: LogStores> Manager<L> {
         name: &str,
         settings: &[(String, String)],
     ) -> Result<TopicConfig, Refusal> {
-        let Some(replication) = lock(&self.topics).get(name).cloned() else {
-            return Err((ErrorCode::UNKNOWN_TOPIC, format!("unknown topic {name}")));
-        };
+        let replication = self.placement(name).await?;
         if settings.iter().any(|(k, _)| k == "cleanup_policy") {
             return Err((
                 ErrorCode::INVALID_CONFIG,
@@ -608,14 +607,20 @@ impl<L: LogStores> Manager<L> {
                 ),
             ));
         }
-        // A node knows a replicated topic only when it holds a replica of it.
-        let config = self.alter_replica(name, settings).await?;
         let payload = serde_json::to_vec(settings)
             .map_err(|e| (ErrorCode::INTERNAL, format!("encoding the settings: {e}")))?;
-        let mut altered = vec![self.node_id().to_string()];
         let holders: BTreeSet<u64> = replication.replicas.iter().flatten().copied().collect();
+        // The first node altered refuses what every node would: this node when it
+        // holds a replica, else the first holder.
+        let mut altered = Vec::new();
+        let mut config = None;
+        if holders.contains(&self.node_id()) {
+            config = Some(self.alter_replica(name, settings).await?);
+            altered.push(self.node_id().to_string());
+        }
         for node in holders.iter().filter(|n| **n != self.node_id()) {
-            self.call(*node, name, 0, Rpc::AlterReplica, payload.clone())
+            let answer = self
+                .call(*node, name, 0, Rpc::AlterReplica, payload.clone())
                 .await
                 .map_err(|(code, msg)| {
                     let altered = altered.join(", ");
@@ -627,9 +632,55 @@ impl<L: LogStores> Manager<L> {
                         ),
                     )
                 })?;
+            if config.is_none() {
+                config = Some(config_answer(&answer).map_err(|e| {
+                    (
+                        ErrorCode::INTERNAL,
+                        format!("{name}: node {node} answered the alter with {e}"),
+                    )
+                })?);
+            }
             altered.push(node.to_string());
         }
-        Ok(config)
+        config.ok_or_else(|| (ErrorCode::INTERNAL, format!("{name}: no replica to alter")))
+    }
+
+    /// The placement of a replicated topic: this node's when it holds a replica, else
+    /// the first other node's that does (peer call `Placement`). A node that does not
+    /// answer within [`PLACEMENT_WAIT`] is named when no node that answered holds it.
+    async fn placement(&self, name: &str) -> Result<Replication, Refusal> {
+        if let Some(r) = lock(&self.topics).get(name).cloned() {
+            return Ok(r);
+        }
+        let mut silent = Vec::new();
+        for node in self.nodes.keys().filter(|n| **n != self.node_id()) {
+            let Ok(answer) = self
+                .call_within(*node, name, 0, Rpc::Placement, Vec::new(), PLACEMENT_WAIT)
+                .await
+            else {
+                silent.push(node.to_string());
+                continue;
+            };
+            match placement_answer(&answer) {
+                Ok(Some(r)) => return Ok(r),
+                Ok(None) => {}
+                Err(e) => {
+                    return Err((
+                        ErrorCode::INTERNAL,
+                        format!("{name}: node {node} answered its placement with {e}"),
+                    ))
+                }
+            }
+        }
+        let msg = if silent.is_empty() {
+            format!("unknown topic {name}")
+        } else {
+            format!(
+                "unknown topic {name} (node(s) [{}] did not answer and may hold it)",
+                silent.join(", ")
+            )
+        };
+        Err((ErrorCode::UNKNOWN_TOPIC, msg))
     }
 
     /// Changes settings of this node's replica of a topic.
@@ -691,16 +742,30 @@ impl<L: LogStores> Manager<L> {
         rpc: Rpc,
         payload: Vec<u8>,
     ) -> Result<Vec<u8>, Refusal> {
+        self.call_within(node, topic, partition, rpc, payload, CALL_TIMEOUT)
+            .await
+    }
+
+    /// [`Manager::call`], a peer not connected waited for up to `wait`.
+    async fn call_within(
+        &self,
+        node: u64,
+        topic: &str,
+        partition: u32,
+        rpc: Rpc,
+        payload: Vec<u8>,
+        wait: Duration,
+    ) -> Result<Vec<u8>, Refusal> {
         let Some(peer) = self.peers.peers.get(&node) else {
             return Err((ErrorCode::INTERNAL, format!("node {node} is not a peer")));
         };
         // A peer not connected yet (a cluster just started, a connection being
-        // redialled) is waited for up to CALL_TIMEOUT: these admin calls are
-        // idempotent, so asking again is safe.
-        let deadline = tokio::time::Instant::now() + CALL_TIMEOUT;
+        // redialled) is waited for up to `wait`: these admin calls are idempotent,
+        // so asking again is safe.
+        let deadline = tokio::time::Instant::now() + wait;
         loop {
             match peer
-                .call(topic, partition, rpc, payload.clone(), CALL_TIMEOUT)
+                .call(topic, partition, rpc, payload.clone(), wait)
                 .await
             {
                 Ok(answer) => return Ok(answer),
@@ -914,11 +979,38 @@ impl<L: LogStores> Manager<L> {
                 Ok(b"null".to_vec())
             }
             Rpc::Status => json(&self.status()),
+            Rpc::Placement => Ok(lock(&self.topics)
+                .get(topic)
+                .map_or_else(|| b"null".to_vec(), Replication::encode)),
             Rpc::SnapshotBegin => self.snapshot_begin(topic, partition, payload),
             Rpc::SnapshotChunk => self.snapshot_chunk(topic, partition, payload),
             Rpc::SnapshotInstall => self.snapshot_install(topic, partition, payload).await,
         }
     }
+}
+
+/// A peer's answer to `Placement`: its placement of the topic, or `None` (`null`).
+fn placement_answer(answer: &[u8]) -> Result<Option<Replication>, String> {
+    if answer == b"null" {
+        return Ok(None);
+    }
+    if answer.len() > crate::format::replication::REPLICATION_FILE_BYTES_MAX {
+        return Err(format!(
+            "{} bytes, more than a placement holds",
+            answer.len()
+        ));
+    }
+    let parsed: Replication = serde_json::from_slice(answer).map_err(|e| e.to_string())?;
+    let partitions = u32::try_from(parsed.replicas.len()).map_err(|e| e.to_string())?;
+    Replication::decode(answer, partitions)
+        .map(Some)
+        .map_err(|e| e.to_string())
+}
+
+/// A peer's answer to `AlterReplica`: the topic's configuration after.
+fn config_answer(answer: &[u8]) -> Result<TopicConfig, String> {
+    let v: serde_json::Value = serde_json::from_slice(answer).map_err(|e| e.to_string())?;
+    TopicConfig::from_json(&v).map_err(|e| e.to_string())
 }
 
 /// The topic configuration `KEY=VALUE` settings give.

@@ -53,10 +53,12 @@ pub trait Replicator: Send + Sync + 'static {
         settings: Vec<String>,
         factor: u32,
     ) -> BoxFuture<Result<(), Refusal>>;
-    /// Deletes a replicated topic on every node holding a replica (this node last).
+    /// Deletes a replicated topic on every node holding a replica (this node last);
+    /// a node holding none asks the others where it is.
     fn delete_topic(self: Arc<Self>, name: String) -> BoxFuture<Result<(), Refusal>>;
     /// Changes settings of a replicated topic on every node holding a replica (this
-    /// node first, when it holds one); the topic's configuration after.
+    /// node first, when it holds one; a node holding none asks the others where it
+    /// is); the topic's configuration after.
     fn alter_topic(
         self: Arc<Self>,
         name: String,

@@ -80,6 +80,10 @@ pub enum Rpc {
     /// Change settings of the local replica of a replicated topic (payload: the JSON
     /// of its `[key, value]` pairs; the answer: the topic's configuration as JSON).
     AlterReplica = 13,
+    /// Where a replicated topic's replicas are (no payload; the answer: the topic's
+    /// placement as its `replication.json` holds it, or `null` when this node holds
+    /// no replica of it). A node that holds none asks this to act on the topic.
+    Placement = 14,
 }
 
 impl Rpc {
@@ -98,6 +102,7 @@ impl Rpc {
             Rpc::SnapshotChunk,
             Rpc::SnapshotInstall,
             Rpc::AlterReplica,
+            Rpc::Placement,
         ]
         .into_iter()
         .find(|r| *r as u8 == v)

@@ -21,6 +21,7 @@ use super::server::{broker_id, split_host_port, Ctx, Outcome};
 use super::{code, engine_code, sb, NODE_ID};
 use std::sync::Arc;
 
+use crate::engine::error::EngineError;
 use crate::engine::replication::Replicator;
 use crate::format::names::validate_name;
 use crate::format::topic::TopicConfig;
@@ -287,10 +288,18 @@ pub(crate) async fn delete_topics(ctx: &Ctx, r: DeleteTopicsRequest, version: i1
                     .delete_topic(name.0.as_str().to_string())
                     .await
                     .map_err(|(c, msg)| (super::replicated_code(c), msg)),
-                None => ctx
-                    .broker
-                    .delete_topic(name.0.as_str())
-                    .map_err(|e| (engine_code(&e), e.to_string())),
+                None => match (
+                    ctx.broker.delete_topic(name.0.as_str()),
+                    &ctx.opts.replication,
+                ) {
+                    // A replicated topic with no replica here: the nodes holding one
+                    // delete it.
+                    (Err(EngineError::UnknownTopic { .. }), Some(r)) => Arc::clone(r)
+                        .delete_topic(name.0.as_str().to_string())
+                        .await
+                        .map_err(|(c, msg)| (super::replicated_code(c), msg)),
+                    (outcome, _) => outcome.map_err(|e| (engine_code(&e), e.to_string())),
+                },
             },
         };
         if let Err((c, msg)) = outcome {
