@@ -13,13 +13,22 @@ use crate::util::cluster::Cluster;
 
 const TOPIC: &str = "altered";
 
-/// `seglog topics alter TOPIC --config SETTING --json` through node `id` alone.
-fn alter_through(c: &Cluster, id: u64, setting: &str) -> Output {
+/// `seglog ARGS` through node `id` alone.
+fn through(c: &Cluster, id: u64, args: &[&str]) -> Output {
     Command::new(BIN)
-        .args(["topics", "alter", TOPIC, "--config", setting, "--json"])
+        .args(args)
         .args(["--broker", &c.node(id).client_addr])
         .output()
         .unwrap()
+}
+
+/// `seglog topics alter TOPIC --config SETTING --json` through node `id` alone.
+fn alter_through(c: &Cluster, id: u64, setting: &str) -> Output {
+    through(
+        c,
+        id,
+        &["topics", "alter", TOPIC, "--config", setting, "--json"],
+    )
 }
 
 /// Node `id`'s `topic.json` config value of `key` (`None`: no replica there).
@@ -120,21 +129,17 @@ fn a_replicated_topic_is_altered_on_every_replica_and_an_alter_cut_short_complet
     }
 
     // A topic no node holds is unknown (exit 69), through the outsider too.
-    let out = Command::new(BIN)
-        .args(["topics", "alter", "nowhere", "--config", "retention_ms=1"])
-        .args(["--broker", &c.node(outsider).client_addr])
-        .output()
-        .unwrap();
+    let out = through(
+        &c,
+        outsider,
+        &["topics", "alter", "nowhere", "--config", "retention_ms=1"],
+    );
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(69), "{err}");
     assert!(err.contains("unknown topic nowhere"), "{err}");
 
     // Deleted through the outsider: both replicas go.
-    let out = Command::new(BIN)
-        .args(["topics", "delete", TOPIC])
-        .args(["--broker", &c.node(outsider).client_addr])
-        .output()
-        .unwrap();
+    let out = through(&c, outsider, &["topics", "delete", TOPIC]);
     assert!(
         out.status.success(),
         "{}",
