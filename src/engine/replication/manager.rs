@@ -49,10 +49,10 @@ use crate::format::wire::{not_leader_message, ErrorCode};
 
 /// How long a call between nodes may take before it counts as failed.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
-/// Pause between asks of a peer that is not connected yet.
 /// How long a node holding no replica of a topic waits for each other node's answer
 /// to where the topic is.
 const PLACEMENT_WAIT: Duration = Duration::from_secs(2);
+/// Pause between asks of a peer that is not connected yet.
 const UNREACHABLE_RETRY: Duration = Duration::from_millis(50);
 /// How long a new group may take to elect its first leader before create returns.
 const FIRST_LEADER_TIMEOUT: Duration = Duration::from_secs(10);
