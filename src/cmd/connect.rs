@@ -62,9 +62,13 @@ impl BrokerArgs {
     /// With several `--broker` addresses (a cluster), a connection to the node that
     /// leads `topic/partition` as the first node that answers knows it; otherwise
     /// (one address, no cluster, no leader known) [`BrokerArgs::connect`].
+    ///
+    /// A cluster node holding no replica of the topic names one that does (NOT_LEADER
+    /// to its list-offsets); the connection moves there first, so one `--broker`
+    /// address of any node of the cluster is enough.
     pub fn connect_leader(&self, topic: &str, partition: u32) -> anyhow::Result<Client> {
-        let mut client = self.connect()?;
-        if crate::engine::net::cluster_client::broker_list(&self.broker).len() < 2 {
+        let (mut client, moved) = self.connect_holder(topic)?;
+        if crate::engine::net::cluster_client::broker_list(&self.broker).len() < 2 && !moved {
             return Ok(client);
         }
         let Ok(json) = client.cluster_status() else {
@@ -91,6 +95,22 @@ impl BrokerArgs {
         }
     }
 
+    /// [`BrokerArgs::connect`], moved to a node holding a replica of `topic` when
+    /// the node answering holds none and names one ([`HOLDER_HOPS_MAX`] moves at
+    /// most). True when the connection moved.
+    pub fn connect_holder(&self, topic: &str) -> anyhow::Result<(Client, bool)> {
+        let mut client = self.connect()?;
+        let mut moved = false;
+        for _ in 0..HOLDER_HOPS_MAX {
+            let Some(addr) = holder_named(&client.list_offsets(topic), client.addr()) else {
+                break;
+            };
+            client = self.connect_to(&addr)?;
+            moved = true;
+        }
+        Ok((client, moved))
+    }
+
     /// A client of every broker `--broker` lists, following partition leaders.
     pub fn cluster(&self) -> anyhow::Result<crate::engine::net::cluster_client::ClusterClient> {
         let brokers = crate::engine::net::cluster_client::broker_list(&self.broker);
@@ -103,6 +123,24 @@ impl BrokerArgs {
             self.tls.client_tls()?,
             self.token.token()?,
         ))
+    }
+}
+
+/// Most moves of [`BrokerArgs::connect_holder`] (a node holding no replica names one
+/// that does: one move, unless the topic moved meanwhile).
+const HOLDER_HOPS_MAX: usize = 3;
+
+/// The address a NOT_LEADER refusal names, when it is not `here`.
+pub fn holder_named<T>(result: &Result<T, ClientError>, here: &str) -> Option<String> {
+    match result {
+        Err(ClientError::Refused {
+            code: ErrorCode::NOT_LEADER,
+            message,
+            ..
+        }) => crate::format::wire::parse_not_leader(message)
+            .map(|(_, addr)| addr)
+            .filter(|a| a != here),
+        _ => None,
     }
 }
 

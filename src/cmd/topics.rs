@@ -7,7 +7,7 @@ use std::io::{self, Write};
 use comfy_table::Table;
 use serde_json::{json, Map, Value};
 
-use super::connect::{client_error, parse_settings, BrokerArgs};
+use super::connect::{client_error, holder_named, parse_settings, BrokerArgs};
 use super::{exit, Global};
 use crate::engine::net::client::TopicInfo;
 use crate::engine::partition::now_ms;
@@ -137,7 +137,13 @@ pub fn run(args: Args, _global: Global) -> anyhow::Result<u8> {
             }
         }
         TopicsCommand::Describe { name } => {
-            let info = client.describe_topic(&name).map_err(client_error)?;
+            // A cluster node holding no replica of the topic names one that does.
+            let mut info = client.describe_topic(&name);
+            if let Some(addr) = holder_named(&info, client.addr()) {
+                client = args.broker.connect_to(&addr)?;
+                info = client.describe_topic(&name);
+            }
+            let info = info.map_err(client_error)?;
             if args.json {
                 writeln!(out, "{}", describe_json(&name, &info))?;
             } else {

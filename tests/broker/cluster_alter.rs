@@ -2,11 +2,13 @@
 //! reach every node holding a replica, whichever of them is asked; with a holder down the alter stops there and says which nodes have
 //! the new settings, and asking again completes it; the cleanup policy stays as
 //! created. A node holding no replica finds the holders and alters or deletes the
-//! topic there.
+//! topic there, and sends produce, consume and describe to a holder.
 
 #![expect(clippy::unwrap_used, reason = "tests")]
 
 use std::process::{Command, Output};
+
+use serde_json::Value;
 
 use crate::util::bin::BIN;
 use crate::util::cluster::Cluster;
@@ -18,6 +20,7 @@ fn through(c: &Cluster, id: u64, args: &[&str]) -> Output {
     Command::new(BIN)
         .args(args)
         .args(["--broker", &c.node(id).client_addr])
+        .stdin(std::process::Stdio::null())
         .output()
         .unwrap()
 }
@@ -137,6 +140,66 @@ fn a_replicated_topic_is_altered_on_every_replica_and_an_alter_cut_short_complet
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(69), "{err}");
     assert!(err.contains("unknown topic nowhere"), "{err}");
+
+    // Produce, consume and describe through the outsider alone: it names a holder,
+    // and the clients move there (a follower names the leader in turn).
+    for value in ["one", "two"] {
+        let out = through(
+            &c,
+            outsider,
+            &["produce", TOPIC, "--value", value, "--json"],
+        );
+        assert!(
+            out.status.success(),
+            "produce through node {outsider}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let ack: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(ack["type"], "ack", "{ack}");
+    }
+    let out = through(&c, outsider, &["consume", TOPIC, "--json"]);
+    assert!(
+        out.status.success(),
+        "consume through node {outsider}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let values: Vec<Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap()["value"].clone())
+        .collect();
+    assert_eq!(values, ["one", "two"]);
+    let out = through(&c, outsider, &["topics", "describe", TOPIC, "--json"]);
+    assert!(
+        out.status.success(),
+        "describe through node {outsider}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let d: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(d["partitions"][0]["end_offset"], 2, "{d}");
+    // The native answer itself: NOT_LEADER naming a holder.
+    let mut raw = seglog::engine::net::client::Client::connect(
+        &c.node(outsider).client_addr,
+        std::time::Duration::from_secs(10),
+    )
+    .unwrap();
+    match raw.list_offsets(TOPIC) {
+        Err(seglog::engine::net::client::ClientError::Refused { code, message, .. }) => {
+            assert_eq!(
+                code,
+                seglog::format::wire::ErrorCode::NOT_LEADER,
+                "{message}"
+            );
+            let (named, _) = seglog::format::wire::parse_not_leader(&message).unwrap();
+            assert!(holders.contains(&named), "{message}");
+        }
+        other => panic!("list-offsets through node {outsider}: {other:?}"),
+    }
+    // A topic no node holds stays unknown for reads (exit 69).
+    let out = through(&c, outsider, &["consume", "nowhere"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(69), "{err}");
+    assert!(err.contains("unknown topic"), "{err}");
 
     // Deleted through the outsider: both replicas go.
     let out = through(&c, outsider, &["topics", "delete", TOPIC]);

@@ -20,6 +20,11 @@ impl Broker {
             })
     }
 
+    /// Whether this node has a topic of that name (open or not).
+    pub fn has_topic(&self, name: &str) -> bool {
+        read(&self.topics).contains_key(name)
+    }
+
     pub(super) fn partition(
         &self,
         topic: &str,

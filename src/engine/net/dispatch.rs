@@ -21,7 +21,7 @@ use crate::engine::maintenance::compaction::CompactionError;
 use crate::engine::net::metrics::{stored_len, NetMetrics, TopicCache};
 use crate::engine::partition::buffers;
 use crate::engine::replication::types::ProduceEntry;
-use crate::engine::replication::Replicator;
+use crate::engine::replication::{Refusal, Replicator};
 use crate::engine::storage::layout::LayoutError;
 use crate::format::names::validate_name;
 use crate::format::topic::{TopicConfig, CONFIG_KEYS};
@@ -126,6 +126,14 @@ impl Session {
             .as_ref()
             .filter(|r| r.is_replicated(topic))
             .cloned()
+    }
+
+    /// For a topic this node has no replica of, in a cluster: per partition, the
+    /// refusal that sends the client to a node holding one ([`Replicator::elsewhere`]).
+    /// `None` when this node has the topic, is not in a cluster, or no node holds it
+    /// (the request is then answered as for any unknown topic).
+    async fn held_elsewhere(&self, topic: &str, partitions: Vec<u32>) -> Option<Vec<Refusal>> {
+        held_elsewhere(&self.broker, self.replication.as_ref(), topic, partitions).await
     }
 
     /// Checks every request against `limits`.
@@ -285,7 +293,7 @@ impl Session {
                 self.reply(id, api, &ResponseBody::ListTopics { topics: names });
                 Ok(())
             }
-            Request::DescribeTopic { topic } => self.describe_topic(id, api, topic),
+            Request::DescribeTopic { topic } => self.describe_topic(id, api, topic).await,
             Request::AlterTopic { topic, settings } => {
                 self.alter_topic(id, api, topic, &settings).await
             }
@@ -386,6 +394,12 @@ impl Session {
         name_ok(topic)?;
         crate::engine::schemas::net::check_produce(&self.broker, self.version, topic, batches)
             .await?;
+        let asked = batches.iter().map(|b| b.partition).collect();
+        if let Some(refusals) = self.held_elsewhere(topic, asked).await {
+            let results: Vec<PartitionResult> = refusals.into_iter().map(Err).collect();
+            self.finish_produce(id, api, topic, batches, &results);
+            return Ok(());
+        }
         if let Some(r) = self.replicated(topic) {
             let results = produce_replicated(r, topic, batches).await;
             self.finish_produce(id, api, topic, batches, &results);
@@ -536,6 +550,11 @@ impl Session {
         max_wait_ms: u32,
     ) -> Answer {
         name_ok(topic)?;
+        if let Some(mut refusals) = self.held_elsewhere(topic, vec![partition]).await {
+            if let Some(r) = refusals.pop() {
+                return Err(r);
+            }
+        }
         // A replicated partition is read on its leader, from its applied (committed)
         // records only, once they are durable there.
         if let Some(r) = self.replicated(topic) {
@@ -667,6 +686,11 @@ impl Session {
 
     async fn list_offsets(&mut self, id: u32, api: u16, topic: &str) -> Answer {
         name_ok(topic)?;
+        if let Some(mut refusals) = self.held_elsewhere(topic, vec![0]).await {
+            if let Some(r) = refusals.pop() {
+                return Err(r);
+            }
+        }
         let n = self.broker.partition_count(topic).map_err(engine_error)?;
         let replicated = self.replicated(topic).is_some();
         let mut partitions = Vec::with_capacity(n as usize);
@@ -752,8 +776,13 @@ impl Session {
         Ok(())
     }
 
-    fn describe_topic(&mut self, id: u32, api: u16, topic: &str) -> Answer {
+    async fn describe_topic(&mut self, id: u32, api: u16, topic: &str) -> Answer {
         name_ok(topic)?;
+        if let Some(mut refusals) = self.held_elsewhere(topic, vec![0]).await {
+            if let Some(r) = refusals.pop() {
+                return Err(r);
+            }
+        }
         let d = self.broker.describe_topic(topic).map_err(engine_error)?;
         let partitions = d
             .partitions
@@ -988,4 +1017,18 @@ pub fn engine_error(e: EngineError) -> (ErrorCode, String) {
         _ => ErrorCode::INTERNAL,
     };
     (code, e.to_string())
+}
+
+/// [`Session::held_elsewhere`], for the other request paths (idempotent produce).
+pub async fn held_elsewhere(
+    broker: &Broker,
+    replication: Option<&Arc<dyn Replicator>>,
+    topic: &str,
+    partitions: Vec<u32>,
+) -> Option<Vec<Refusal>> {
+    let r = replication?;
+    if broker.has_topic(topic) || r.is_replicated(topic) {
+        return None;
+    }
+    Arc::clone(r).elsewhere(topic.to_string(), partitions).await
 }

@@ -106,7 +106,14 @@ pub async fn serve(
                 return (0, 0);
             }
             let mut results: Vec<BatchResult> = Vec::with_capacity(partitions.len());
+            let asked = partitions.iter().map(|(_, b)| b.partition).collect();
+            let elsewhere =
+                super::dispatch::held_elsewhere(broker, replication.as_ref(), topic, asked).await;
             match replication.filter(|r| r.is_replicated(topic)) {
+                // Held by other nodes only: each partition names one of them.
+                _ if elsewhere.is_some() => {
+                    results.extend(elsewhere.into_iter().flatten().map(Err));
+                }
                 // A replicated topic: the de-duplication happens at apply, on every
                 // replica, so a retry on a new leader is recognised.
                 Some(r) => {

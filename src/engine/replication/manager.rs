@@ -683,6 +683,56 @@ impl<L: LogStores> Manager<L> {
         Err((ErrorCode::UNKNOWN_TOPIC, msg))
     }
 
+    /// For a topic this node holds no replica of: per partition asked, a refusal
+    /// that sends the client to a node holding one (NOT_LEADER naming it, or
+    /// UNKNOWN_PARTITION past the topic's partitions). `None` when no node that
+    /// answered holds the topic: the request is then answered as for any unknown
+    /// topic.
+    async fn elsewhere(&self, topic: &str, partitions: &[u32]) -> Option<Vec<Refusal>> {
+        let placement = self.placement(topic).await.ok()?;
+        Some(
+            partitions
+                .iter()
+                .map(|&p| self.sent_to_holder(topic, p, &placement))
+                .collect(),
+        )
+    }
+
+    /// The refusal of [`Manager::elsewhere`] for one partition.
+    fn sent_to_holder(&self, topic: &str, partition: u32, placement: &Replication) -> Refusal {
+        let Some(replicas) = placement.replicas.get(partition as usize) else {
+            return (
+                ErrorCode::UNKNOWN_PARTITION,
+                format!(
+                    "topic {topic} has {} partitions; there is no partition {partition}",
+                    placement.replicas.len()
+                ),
+            );
+        };
+        // A holder that is not the leader names the leader in turn.
+        let holder = replicas
+            .iter()
+            .filter(|n| **n != self.node_id())
+            .find_map(|n| self.peers.client_addr(*n).map(|a| (*n, a)));
+        let held_by = replicas
+            .iter()
+            .map(u64::to_string)
+            .collect::<Vec<_>>()
+            .join(", ");
+        let msg = not_leader_message(
+            topic,
+            partition,
+            holder.as_ref().map(|(n, a)| (*n, a.as_str())),
+        );
+        (
+            ErrorCode::NOT_LEADER,
+            format!(
+                "node {} holds no replica (nodes [{held_by}] do); {msg}",
+                self.node_id()
+            ),
+        )
+    }
+
     /// Changes settings of this node's replica of a topic.
     async fn alter_replica(
         &self,
@@ -1107,6 +1157,14 @@ impl<L: LogStores> Replicator for Manager<L> {
 
     fn delete_topic(self: Arc<Self>, name: String) -> BoxFuture<Result<(), Refusal>> {
         Box::pin(async move { Manager::delete_topic(&self, &name).await })
+    }
+
+    fn elsewhere(
+        self: Arc<Self>,
+        topic: String,
+        partitions: Vec<u32>,
+    ) -> BoxFuture<Option<Vec<Refusal>>> {
+        Box::pin(async move { Manager::elsewhere(&self, &topic, &partitions).await })
     }
 
     fn alter_topic(

@@ -56,6 +56,15 @@ pub trait Replicator: Send + Sync + 'static {
     /// Deletes a replicated topic on every node holding a replica (this node last);
     /// a node holding none asks the others where it is.
     fn delete_topic(self: Arc<Self>, name: String) -> BoxFuture<Result<(), Refusal>>;
+    /// For a topic this node holds no replica of (nor any local topic of that name):
+    /// per partition asked, the refusal that sends a client to a node holding one
+    /// (NOT_LEADER naming it, which names the leader in turn when it does not lead);
+    /// `None` when no node that answered holds the topic.
+    fn elsewhere(
+        self: Arc<Self>,
+        topic: String,
+        partitions: Vec<u32>,
+    ) -> BoxFuture<Option<Vec<Refusal>>>;
     /// Changes settings of a replicated topic on every node holding a replica (this
     /// node first, when it holds one; a node holding none asks the others where it
     /// is); the topic's configuration after.

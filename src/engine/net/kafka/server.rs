@@ -950,6 +950,15 @@ mod tests {
             })
         }
 
+        fn elsewhere(
+            self: Arc<Self>,
+            _topic: String,
+            _partitions: Vec<u32>,
+        ) -> crate::engine::replication::BoxFuture<Option<Vec<crate::engine::replication::Refusal>>>
+        {
+            Box::pin(async { None })
+        }
+
         fn delete_topic(
             self: Arc<Self>,
             name: String,
