@@ -1,5 +1,5 @@
 //! The bench's own connection: the native protocol over a tokio `TcpStream`, one
-//! request in flight, so every connection of a run is a task on one event-loop
+//! request in flight or several produce requests pipelined, so every connection of a run is a task on one event-loop
 //! thread (as redis-benchmark drives Redis) instead of a thread each, and the run
 //! measures the broker rather than the load generator's thread switches. Only what
 //! the measured loops need: handshake, produce, fetch. Set-up and counters go through
@@ -117,11 +117,35 @@ impl Conn {
 
     /// Sends `req`, reads the response frame, and returns its body when it succeeded.
     async fn call(&mut self, req: &Request<'_>) -> Result<ResponseBody<'_>, ClientError> {
+        let id = self.send(req).await?;
+        self.receive(id).await
+    }
+
+    /// Sends `req` without waiting for its answer; returns its request id. Answers
+    /// come in the order of the requests ([`Conn::receive`] takes them).
+    async fn send(&mut self, req: &Request<'_>) -> Result<u32, ClientError> {
         let id = self.next_id;
         self.next_id = self.next_id.wrapping_add(1).max(1);
         self.out.clear();
         encode_request(&mut self.out, id, req).map_err(ClientError::Encode)?;
-        match tokio::time::timeout(self.timeout, self.round_trip()).await {
+        let write = async {
+            self.stream.write_all(&self.out).await?;
+            if self.tls {
+                self.stream.flush().await?;
+            }
+            Ok::<(), io::Error>(())
+        };
+        match tokio::time::timeout(self.timeout, write).await {
+            Ok(Ok(())) => Ok(id),
+            Ok(Err(e)) => Err(self.io(e)),
+            Err(_) => Err(self.io(io::ErrorKind::TimedOut.into())),
+        }
+    }
+
+    /// Reads the next response frame, which must answer request `id`, and returns
+    /// its body when it succeeded.
+    async fn receive(&mut self, id: u32) -> Result<ResponseBody<'_>, ClientError> {
+        match tokio::time::timeout(self.timeout, self.read_frame()).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => return Err(e),
             Err(_) => return Err(self.io(io::ErrorKind::TimedOut.into())),
@@ -154,15 +178,7 @@ impl Conn {
         })
     }
 
-    async fn round_trip(&mut self) -> Result<(), ClientError> {
-        if let Err(e) = self.stream.write_all(&self.out).await {
-            return Err(self.io(e));
-        }
-        if self.tls {
-            if let Err(e) = self.stream.flush().await {
-                return Err(self.io(e));
-            }
-        }
+    async fn read_frame(&mut self) -> Result<(), ClientError> {
         let mut len = [0u8; LEN_FIELD];
         if let Err(e) = self.stream.read_exact(&mut len).await {
             return Err(self.io(e));
@@ -176,17 +192,26 @@ impl Conn {
         Ok(())
     }
 
-    /// Produces one batch; `Err((code, message))` inside when the partition refused.
-    pub(super) async fn produce(
+    /// Sends one produce request without waiting for its answer; returns its id.
+    pub(super) async fn send_produce(
         &mut self,
         topic: &str,
         batch: PartitionBatch<'_>,
-    ) -> Result<Result<(), (crate::format::wire::ErrorCode, String)>, ClientError> {
+    ) -> Result<u32, ClientError> {
         let req = Request::Produce {
             topic,
             partitions: vec![batch],
         };
-        let body = self.call(&req).await?;
+        self.send(&req).await
+    }
+
+    /// The answer to produce request `id` (the oldest not yet answered);
+    /// `Err((code, message))` inside when the partition refused.
+    pub(super) async fn receive_produce(
+        &mut self,
+        id: u32,
+    ) -> Result<Result<(), (crate::format::wire::ErrorCode, String)>, ClientError> {
+        let body = self.receive(id).await?;
         let ResponseBody::Produce { partitions } = body else {
             return Err(self.protocol("produce answered with another response"));
         };
@@ -209,30 +234,22 @@ impl Conn {
         }
     }
 
-    /// Produces one batch idempotently, with its base sequence; `Err((code,
-    /// message))` inside when the partition refused.
-    pub(super) async fn produce_idempotent(
+    /// Sends one idempotent produce request, with its batch's base sequence, without
+    /// waiting for its answer ([`Conn::receive_produce`]); returns its id.
+    pub(super) async fn send_produce_idempotent(
         &mut self,
         topic: &str,
         (producer_id, epoch): (u64, u16),
         base_sequence: i32,
         batch: PartitionBatch<'_>,
-    ) -> Result<Result<(), (crate::format::wire::ErrorCode, String)>, ClientError> {
+    ) -> Result<u32, ClientError> {
         let req = Request::Producer(ProducerRequest::Produce {
             topic,
             producer_id,
             epoch,
             partitions: vec![(base_sequence, batch)],
         });
-        let body = self.call(&req).await?;
-        let ResponseBody::Produce { partitions } = body else {
-            return Err(self.protocol("produce answered with another response"));
-        };
-        match partitions.first() {
-            Some(a) if a.code.is_ok() => Ok(Ok(())),
-            Some(a) => Ok(Err((a.code, a.message.to_string()))),
-            None => Err(self.protocol("produce response without its partition")),
-        }
+        self.send(&req).await
     }
 
     /// Fetches without waiting; checks every record's CRC and counts those in

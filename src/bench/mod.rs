@@ -6,6 +6,7 @@
 //! record values make a MB), requests, fsyncs and every request's latency; the
 //! command line and the rendering of a [`Report`] live in `cmd::bench`.
 
+use std::collections::VecDeque;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -65,6 +66,9 @@ pub struct Config {
     pub batch: u32,
     /// Connections, each a task of one event-loop thread (at least 1).
     pub connections: u32,
+    /// Produce only: requests a connection sends before it waits for the oldest
+    /// one's answer (at least 1; Kafka's producers default to 5).
+    pub in_flight: u32,
     /// Partitions of the bench topic (created if missing; at least 1).
     pub partitions: u32,
     pub topic: String,
@@ -510,6 +514,7 @@ fn produce(args: &Config, addr: &str, records: u64) -> Result<Report, BenchError
         let (topic, addr) = (args.topic.clone(), addr.to_string());
         let (batch, partitions, connections) = (args.batch, args.partitions, args.connections);
         let idempotent = args.idempotent;
+        let in_flight = args.in_flight.max(1) as usize;
         let per_conn = args
             .write
             .rate
@@ -531,39 +536,51 @@ fn produce(args: &Config, addr: &str, records: u64) -> Result<Report, BenchError
                 None
             };
             let mut sequences = vec![0i32; partitions as usize];
-            while left > 0 && deadline.is_none_or(|d| Instant::now() < d) {
-                if let Some(rate) = per_conn {
-                    let due = started + Duration::from_secs_f64(sent as f64 / rate);
-                    let now = Instant::now();
-                    if due > now {
-                        tokio::time::sleep(due - now).await;
-                    }
-                }
-                let n = left.min(u64::from(batch));
-                sent += n;
-                let partition = (turn % u64::from(partitions)) as u32;
-                turn += 1;
-                let batch = PartitionBatch {
-                    partition,
-                    records: (0..n)
-                        .map(|_| WireRecord {
-                            timestamp_ms: -1,
-                            key: None,
-                            value: &value,
-                        })
-                        .collect(),
-                };
-                let t = Instant::now();
-                let ack = match producer {
-                    Some(p) => {
-                        let seq = sequences.get(partition as usize).copied().unwrap_or(0);
-                        if let Some(s) = sequences.get_mut(partition as usize) {
-                            *s = seq.saturating_add(i32::try_from(n).unwrap_or(i32::MAX));
+            // Requests sent and not yet answered, oldest first: (id, sent at, records).
+            let mut unanswered: VecDeque<(u32, Instant, u64)> = VecDeque::new();
+            loop {
+                let more = left > 0 && deadline.is_none_or(|d| Instant::now() < d);
+                if more && unanswered.len() < in_flight {
+                    if let Some(rate) = per_conn {
+                        let due = started + Duration::from_secs_f64(sent as f64 / rate);
+                        let now = Instant::now();
+                        if due > now {
+                            tokio::time::sleep(due - now).await;
                         }
-                        conn.produce_idempotent(&topic, p, seq, batch).await?
                     }
-                    None => conn.produce(&topic, batch).await?,
+                    let n = left.min(u64::from(batch));
+                    sent += n;
+                    left -= n;
+                    let partition = (turn % u64::from(partitions)) as u32;
+                    turn += 1;
+                    let batch = PartitionBatch {
+                        partition,
+                        records: (0..n)
+                            .map(|_| WireRecord {
+                                timestamp_ms: -1,
+                                key: None,
+                                value: &value,
+                            })
+                            .collect(),
+                    };
+                    let t = Instant::now();
+                    let id = match producer {
+                        Some(p) => {
+                            let seq = sequences.get(partition as usize).copied().unwrap_or(0);
+                            if let Some(s) = sequences.get_mut(partition as usize) {
+                                *s = seq.saturating_add(i32::try_from(n).unwrap_or(i32::MAX));
+                            }
+                            conn.send_produce_idempotent(&topic, p, seq, batch).await?
+                        }
+                        None => conn.send_produce(&topic, batch).await?,
+                    };
+                    unanswered.push_back((id, t, n));
+                    continue;
+                }
+                let Some((id, t, n)) = unanswered.pop_front() else {
+                    break;
                 };
+                let ack = conn.receive_produce(id).await?;
                 r.latencies.push(t.elapsed());
                 if let Err((code, message)) = ack {
                     return Err(BenchError::ProduceRefused {
@@ -574,7 +591,6 @@ fn produce(args: &Config, addr: &str, records: u64) -> Result<Report, BenchError
                 }
                 r.records += n;
                 r.requests += 1;
-                left -= n;
                 progress.records.fetch_add(n, Ordering::Relaxed);
             }
             Ok(r)

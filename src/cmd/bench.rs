@@ -54,6 +54,10 @@ pub struct Args {
     /// Partitions of the bench topic (created if missing).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub partitions: u32,
+    /// Produce only: requests each connection sends ahead of the oldest one's answer
+    /// (pipelining, as a Kafka producer's max.in.flight.requests.per.connection).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub in_flight: u32,
     /// Embedded broker only: fsync once this many records wait (1: before every ack).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     pub flush_every_records: u64,
@@ -113,6 +117,11 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
             "--zero-ahead and --preallocate-bytes apply to --embedded only (set them on seglog serve)",
         ));
     }
+    if args.mode == Mode::Consume && args.in_flight != 1 {
+        return Err(ExitError::usage(
+            "--in-flight applies to bench produce only",
+        ));
+    }
     if args.mode == Mode::Consume && args.rate.is_some() {
         return Err(ExitError::usage("--rate applies to bench produce only"));
     }
@@ -141,6 +150,7 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
         record_size: args.record_size,
         batch: args.batch,
         connections: args.connections,
+        in_flight: args.in_flight,
         partitions: args.partitions,
         topic: args.topic.clone(),
         timeout: args.timeout,
@@ -201,6 +211,7 @@ fn print_report(args: &Args, r: &Report) -> anyhow::Result<()> {
             "record_size": args.record_size,
             "batch": args.batch,
             "connections": args.connections,
+            "in_flight": args.in_flight,
             "partitions": args.partitions,
             "flush_every_records": args.embedded.as_ref().map(|_| args.flush_every_records),
             "requests": r.requests,
@@ -235,8 +246,17 @@ fn print_report(args: &Args, r: &Report) -> anyhow::Result<()> {
     };
     writeln!(
         out,
-        "bench {mode}: {} records of {} bytes, batch {}, {} connection(s), {} partition(s), {target}",
-        r.records, args.record_size, args.batch, args.connections, args.partitions
+        "bench {mode}: {} records of {} bytes, batch {}, {} connection(s){}, {} partition(s), {target}",
+        r.records,
+        args.record_size,
+        args.batch,
+        args.connections,
+        if args.in_flight > 1 {
+            format!(" with {} requests in flight each", args.in_flight)
+        } else {
+            String::new()
+        },
+        args.partitions
     )?;
     let mut t = comfy_table::Table::new();
     t.set_header(["measure", "value"]);

@@ -10,12 +10,14 @@
 //! - A frame that cannot be decoded gets one error response (request id 0 when the
 //!   id itself could not be read) and the connection is to be closed.
 
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::engine::broker::{Broker, Commit, FetchSpan, NewRecord, PartitionState};
+use crate::engine::broker::{Broker, Commit, DurableWait, FetchSpan, NewRecord, PartitionState};
 use crate::engine::error::EngineError;
 use crate::engine::maintenance::compaction::CompactionError;
 use crate::engine::net::metrics::{stored_len, NetMetrics, TopicCache};
@@ -60,6 +62,10 @@ pub struct StreamedFetch {
     pub spans: Vec<FetchSpan>,
 }
 
+/// An answer that is not ready yet: the encoded response of a pipelined produce,
+/// once its records are durable ([`Session::handle_frame_pipelined`]).
+pub type Deferred = Pin<Box<dyn Future<Output = Vec<u8>> + Send>>;
+
 /// One connection's protocol state: the handshake, the agreed version, and the
 /// response buffer (reused from request to request).
 pub struct Session {
@@ -73,6 +79,11 @@ pub struct Session {
     out: Vec<u8>,
     /// The last response's streamed part, when it is a streamed fetch.
     stream: Option<StreamedFetch>,
+    /// The frame being handled may be answered later ([`Session::handle_frame_pipelined`]).
+    may_defer: bool,
+    /// The last frame's answer, when it comes later (in a mutex only so that the
+    /// session stays `Sync`: it is only reached through `&mut self`).
+    deferred: std::sync::Mutex<Option<Deferred>>,
     handshaken: bool,
     /// The protocol version agreed in the handshake.
     version: u16,
@@ -104,6 +115,8 @@ impl Session {
             waiting,
             out: Vec::new(),
             stream: None,
+            may_defer: false,
+            deferred: std::sync::Mutex::new(None),
             handshaken: false,
             version: PROTOCOL_VERSION_MIN,
             metrics: None,
@@ -177,16 +190,55 @@ impl Session {
     pub async fn handle_frame(&mut self, frame: &[u8]) -> bool {
         let began = self.metrics.is_some().then(Instant::now);
         let close = self.handle_frame_inner(frame).await;
-        if let (Some(m), Some(t)) = (&self.metrics, began) {
+        if let (Some(m), Some(t)) = (self.metrics.clone(), began) {
             let api_key = frame_head(frame).map_or(API_KEY_NONE, |(_, k)| k);
-            m.request(api_key, t.elapsed());
+            match self.take_deferred() {
+                Some(answer) => {
+                    self.set_deferred(Box::pin(async move {
+                        let out = answer.await;
+                        m.request(api_key, t.elapsed());
+                        out
+                    }));
+                }
+                None => m.request(api_key, t.elapsed()),
+            }
         }
         close
+    }
+
+    /// [`Session::handle_frame`] for a client that sends requests ahead of their
+    /// answers (the connection layer answers them in order): a produce whose records
+    /// this node writes is appended now, and its answer, which waits for their group
+    /// commit, is left in [`Session::take_deferred`] instead of the response buffer,
+    /// so the connection can read and append the next requests meanwhile. Any other
+    /// request is answered as by `handle_frame`.
+    pub async fn handle_frame_pipelined(&mut self, frame: &[u8]) -> bool {
+        self.may_defer = true;
+        let close = self.handle_frame(frame).await;
+        self.may_defer = false;
+        close
+    }
+
+    /// The last frame's answer when it comes later ([`Session::handle_frame_pipelined`]);
+    /// `None` when it is in [`Session::response`].
+    pub fn take_deferred(&mut self) -> Option<Deferred> {
+        self.deferred
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+    }
+
+    fn set_deferred(&mut self, answer: Deferred) {
+        *self
+            .deferred
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(answer);
     }
 
     async fn handle_frame_inner(&mut self, frame: &[u8]) -> bool {
         self.out.clear();
         self.stream = None;
+        self.take_deferred();
         let (id, api_key) = frame_head(frame).unwrap_or((0, API_KEY_NONE));
         match decode_request(frame) {
             Err(e) => {
@@ -429,6 +481,10 @@ impl Session {
                 Err(e) => results.push(Err(engine_error(e))),
             }
         }
+        if self.may_defer && !waits.is_empty() {
+            self.defer_produce(id, api, topic, batches, results, waits);
+            return Ok(());
+        }
         // Group commit per pass: the first request of a pass to reach its partition
         // leads the commit and yields once so every connection that is ready appends
         // first (each finds the commit led and follows it). When another
@@ -493,40 +549,88 @@ impl Session {
         results: &[PartitionResult],
     ) {
         if let Some(m) = &self.metrics {
-            let (mut records, mut bytes) = (0, 0);
-            for (b, _) in batches.iter().zip(results).filter(|(_, r)| r.is_ok()) {
-                records += b.records.len() as u64;
-                bytes += b
-                    .records
-                    .iter()
-                    .map(|r| stored_len(r.key, r.value))
-                    .sum::<u64>();
-            }
+            let (records, bytes) = produced(batches, results);
             if records > 0 {
                 self.topic_counters.produced(m, topic, records, bytes);
             }
         }
-        let acks = batches
-            .iter()
-            .zip(results)
-            .map(|(b, r)| match r {
-                Ok((base_offset, last_offset)) => PartitionAck {
-                    partition: b.partition,
-                    code: ErrorCode::NONE,
-                    message: "",
-                    base_offset: *base_offset,
-                    last_offset: *last_offset,
-                },
-                Err((code, message)) => PartitionAck {
-                    partition: b.partition,
-                    code: *code,
-                    message,
-                    base_offset: 0,
-                    last_offset: 0,
-                },
-            })
-            .collect();
-        self.reply(id, api, &ResponseBody::Produce { partitions: acks });
+        self.out.clear();
+        let partitions = batches.iter().map(|b| b.partition);
+        encode_produce(&mut self.out, id, api, partitions, results);
+    }
+
+    /// Leaves the answer of a produce whose records are written in
+    /// [`Session::deferred`]: a future that waits for the group commits covering
+    /// `waits` (entries of `results`), then counts and encodes the response. A
+    /// single partition's commit is claimed when the future first runs, that is once
+    /// the connection has appended every request it holds: the first of them to
+    /// claim leads, yields once so that other connections append too, and hands the
+    /// fsync to the node's commit thread (the loop goes on reading and appending);
+    /// the others follow it. Several partitions ask the flusher for one commit each.
+    fn defer_produce(
+        &mut self,
+        id: u32,
+        api: u16,
+        topic: &str,
+        batches: &[PartitionBatch<'_>],
+        mut results: Vec<PartitionResult>,
+        waits: Vec<(usize, DurableWait)>,
+    ) {
+        let partitions: Vec<u32> = batches.iter().map(|b| b.partition).collect();
+        let counted = self.metrics.clone().map(|m| {
+            let sizes: Vec<(u64, u64)> = batches
+                .iter()
+                .map(|b| produced(std::slice::from_ref(b), &[Ok((0, 0))]))
+                .collect();
+            (self.topic_counters.counters(&m, topic), sizes)
+        });
+        let broker = Arc::clone(&self.broker);
+        let waiting = WaitingGuard::enter(&self.waiting);
+        let flushed: Vec<_> = if waits.len() > 1 {
+            // Asked for now, waited for side by side.
+            waits
+                .into_iter()
+                .map(|(i, w)| (i, Err(broker.durable(w))))
+                .collect()
+        } else {
+            waits.into_iter().map(|(i, w)| (i, Ok(w))).collect()
+        };
+        self.set_deferred(Box::pin(async move {
+            for (i, wait) in flushed {
+                let done = match wait {
+                    Err(flush) => flush.await,
+                    Ok(w) => match broker.lead_or_follow(w) {
+                        Commit::Lead(lead) => {
+                            tokio::task::yield_now().await;
+                            if lead.carries_roll() {
+                                broker.follow(lead.hand_off()).await
+                            } else {
+                                lead.commit_off_loop().await
+                            }
+                        }
+                        Commit::Follow(w) => broker.follow(w).await,
+                    },
+                };
+                if let Err(e) = done {
+                    set_error(&mut results, i, engine_error(e));
+                }
+            }
+            drop(waiting);
+            if let Some((counters, sizes)) = counted {
+                // Only the partitions whose records were written and made durable.
+                let (records, bytes) = sizes
+                    .iter()
+                    .zip(&results)
+                    .filter(|(_, r)| r.is_ok())
+                    .fold((0, 0), |(n, b), ((rn, rb), _)| (n + rn, b + rb));
+                if records > 0 {
+                    counters.produced(records, bytes);
+                }
+            }
+            let mut out = Vec::new();
+            encode_produce(&mut out, id, api, partitions.into_iter(), &results);
+            out
+        }));
     }
 
     /// Whether another task of this event loop may have a request to append before
@@ -895,6 +999,56 @@ impl Drop for WaitingGuard {
 
 /// One partition's outcome in a produce: (base, last) offsets, or the error.
 type PartitionResult = Result<(u64, u64), (ErrorCode, String)>;
+
+/// Records and stored bytes of the partitions of a produce that succeeded.
+fn produced(batches: &[PartitionBatch<'_>], results: &[PartitionResult]) -> (u64, u64) {
+    let (mut records, mut bytes) = (0, 0);
+    for (b, _) in batches.iter().zip(results).filter(|(_, r)| r.is_ok()) {
+        records += b.records.len() as u64;
+        bytes += b
+            .records
+            .iter()
+            .map(|r| stored_len(r.key, r.value))
+            .sum::<u64>();
+    }
+    (records, bytes)
+}
+
+/// Encodes a produce response into `out` (cleared by the caller): one
+/// acknowledgement per partition, in the request's order.
+fn encode_produce(
+    out: &mut Vec<u8>,
+    id: u32,
+    api: u16,
+    partitions: impl Iterator<Item = u32>,
+    results: &[PartitionResult],
+) {
+    let acks = partitions
+        .zip(results)
+        .map(|(partition, r)| match r {
+            Ok((base_offset, last_offset)) => PartitionAck {
+                partition,
+                code: ErrorCode::NONE,
+                message: "",
+                base_offset: *base_offset,
+                last_offset: *last_offset,
+            },
+            Err((code, message)) => PartitionAck {
+                partition,
+                code: *code,
+                message,
+                base_offset: 0,
+                last_offset: 0,
+            },
+        })
+        .collect();
+    let body = ResponseBody::Produce { partitions: acks };
+    if let Err(e) = encode_response(out, id, api, ErrorCode::NONE, "", Some(&body)) {
+        out.clear();
+        let msg = format!("cannot encode the {} response: {e}", api_name(api));
+        encode_error(out, id, api, ErrorCode::INTERNAL, &msg);
+    }
+}
 
 /// The create-topic setting that asks for a replicated topic. It is not a topic
 /// configuration key: the placement it leads to is kept in `replication.json`.

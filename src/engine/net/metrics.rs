@@ -70,6 +70,14 @@ pub struct TopicCounters {
     fetched_bytes: AtomicU64,
 }
 
+impl TopicCounters {
+    /// Counts records produced, `bytes` of them in their stored encoding.
+    pub fn produced(&self, records: u64, bytes: u64) {
+        self.produced_records.fetch_add(records, Ordering::Relaxed);
+        self.produced_bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+}
+
 /// The counters the request path keeps; shared by every session of a server and
 /// read by [`BrokerCollector`].
 #[derive(Debug)]
@@ -166,9 +174,15 @@ impl TopicCache {
 
     /// Counts records produced to `topic`, `bytes` of them in their stored encoding.
     pub fn produced(&mut self, metrics: &NetMetrics, topic: &str, records: u64, bytes: u64) {
-        let c = self.get(metrics, topic);
-        c.produced_records.fetch_add(records, Ordering::Relaxed);
-        c.produced_bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.get(metrics, topic).produced(records, bytes);
+    }
+
+    /// `topic`'s counters, to count a produce that is answered later.
+    pub fn counters(&mut self, metrics: &NetMetrics, topic: &str) -> Arc<TopicCounters> {
+        self.get(metrics, topic);
+        self.last
+            .as_ref()
+            .map_or_else(|| metrics.topic(topic), |(_, c)| Arc::clone(c))
     }
 
     /// Counts `records` fetched from `topic`, `bytes` of them in their stored encoding.

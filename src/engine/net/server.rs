@@ -46,18 +46,22 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures_util::stream::{FuturesOrdered, StreamExt};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 pub use super::dispatch::{config_settings, engine_error};
-use super::dispatch::{Session, StreamedFetch};
+use super::dispatch::{Deferred, Session, StreamedFetch};
 use super::limits::{Admitted, ConnectionGate, Limits};
 use super::tls::{Accepted, ServerTls, Stream};
 use crate::engine::broker::Broker;
-use crate::format::wire::{encode_error, ErrorCode, API_KEY_NONE, LEN_FIELD};
+use crate::format::wire::{encode_error, frame_head, ApiKey, ErrorCode, API_KEY_NONE, LEN_FIELD};
 
+/// Produce requests of one connection appended and not yet answered, at most
+/// (a client that pipelines deeper meets TCP backpressure).
+const PIPELINE_DEPTH_MAX: usize = 64;
 /// How often the accept loop looks at the stop flags.
 const POLL_INTERVAL: Duration = Duration::from_millis(100);
 /// Step by which a large frame's buffer grows while its bytes arrive.
@@ -375,6 +379,11 @@ impl Server {
     }
 }
 
+/// Whether `frame` is a produce request (pipelined: see [`Session::handle_frame_pipelined`]).
+fn is_produce(frame: &[u8]) -> bool {
+    frame_head(frame).is_some_and(|(_, key)| key == ApiKey::Produce as u16)
+}
+
 /// Refused connections of a TLS listener told why at once (each costs a handshake).
 const TLS_REFUSALS_MAX: usize = 16;
 
@@ -561,8 +570,22 @@ impl Connection {
         if self.stream.tcp().set_nodelay(true).is_err() {
             return;
         }
-        // A stopping server takes no new request, even one already sent.
-        while !self.stop.load(Ordering::SeqCst) {
+        // Answers of pipelined produce requests, in the order of the requests.
+        let mut answers: FuturesOrdered<Deferred> = FuturesOrdered::new();
+        // Set once the client sends a request before the answer to the one before
+        // (plain TCP): from then on its produce requests are pipelined.
+        let mut pipelining = false;
+        loop {
+            if !answers.is_empty() {
+                if self.pipeline_step(&mut answers).await {
+                    continue;
+                }
+                return;
+            }
+            // A stopping server takes no new request, even one already sent.
+            if self.stop.load(Ordering::SeqCst) {
+                break;
+            }
             let frame = match self.read_frame().await {
                 Ok(f) => f,
                 Err(ReadEnd::Closed) => break,
@@ -586,14 +609,23 @@ impl Connection {
                     break;
                 }
             };
+            pipelining |= self.end > self.start && matches!(self.stream, Stream::Plain(_));
             let bytes = match frame {
                 Frame::InPlace(a, b) => self.buf.get(a..b).unwrap_or(&[]),
                 Frame::Big => &self.big,
             };
-            let close = self.session.handle_frame(bytes).await;
+            let close = if pipelining && is_produce(bytes) {
+                self.session.handle_frame_pipelined(bytes).await
+            } else {
+                self.session.handle_frame(bytes).await
+            };
             if close {
                 self.send_and_close().await;
                 return;
+            }
+            if let Some(answer) = self.session.take_deferred() {
+                answers.push_back(answer);
+                continue;
             }
             if let Err(e) = self.send().await {
                 self.log(&format!("writing a response failed: {e}"));
@@ -609,6 +641,163 @@ impl Connection {
                 *out = Vec::new();
             }
         }
+    }
+
+    /// One step of a connection with answers outstanding (a client that pipelines
+    /// produce requests): a produce request already whole in the read buffer is
+    /// appended at once (its answer queued behind the others); otherwise the oldest
+    /// answer is sent once it is ready, and bytes that arrive meanwhile are read
+    /// into the buffer. Any other request, or one that does not fit the buffer,
+    /// waits until every answer before it is sent, so it is served exactly as
+    /// without pipelining. Returns false when the connection is to end.
+    async fn pipeline_step(&mut self, answers: &mut FuturesOrdered<Deferred>) -> bool {
+        let taking = answers.len() < PIPELINE_DEPTH_MAX && !self.stop.load(Ordering::SeqCst);
+        let whole = self.whole_frame();
+        if let Some((a, b)) = whole.filter(|_| taking) {
+            let bytes = self.buf.get(a..b).unwrap_or(&[]);
+            if is_produce(bytes) {
+                let close = self.session.handle_frame_pipelined(bytes).await;
+                self.start = b;
+                if close {
+                    let out = std::mem::take(self.session.response_mut());
+                    answers.push_back(Box::pin(std::future::ready(out.clone())));
+                    if self.drain(answers).await.is_ok() {
+                        *self.session.response_mut() = Vec::new();
+                        self.send_and_close().await;
+                    }
+                    return false;
+                }
+                let answer = match self.session.take_deferred() {
+                    Some(answer) => answer,
+                    None => Box::pin(std::future::ready(self.session.response().to_vec())),
+                };
+                answers.push_back(answer);
+                return true;
+            }
+        }
+        let room = if taking && whole.is_none() {
+            self.read_room()
+        } else {
+            None
+        };
+        enum Event {
+            Answer(Option<Vec<u8>>),
+            Readable(io::Result<()>),
+        }
+        let event = {
+            let readable = async {
+                match (&self.stream, &room) {
+                    (Stream::Plain(tcp), Some(_)) => tcp.readable().await,
+                    _ => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                biased;
+                out = answers.next() => Event::Answer(out),
+                r = readable => Event::Readable(r),
+            }
+        };
+        match event {
+            Event::Answer(None) => true,
+            Event::Answer(Some(out)) => match self.send_bytes(&out).await {
+                Ok(()) => true,
+                Err(e) => {
+                    self.log(&format!("writing a response failed: {e}"));
+                    false
+                }
+            },
+            Event::Readable(Err(e)) => {
+                self.log(&format!("reading a request failed: {e}"));
+                false
+            }
+            Event::Readable(Ok(())) => {
+                let (Stream::Plain(tcp), Some(room)) = (&self.stream, room) else {
+                    return true;
+                };
+                let Some(dst) = self.buf.get_mut(room) else {
+                    return true;
+                };
+                match tcp.try_read(dst) {
+                    Ok(0) => {
+                        // The peer is done sending: it still gets every answer owed.
+                        if let Err(e) = self.drain(answers).await {
+                            self.log(&format!("writing a response failed: {e}"));
+                        }
+                        false
+                    }
+                    Ok(n) => {
+                        self.end += n;
+                        true
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => true,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => true,
+                    Err(e) => {
+                        self.log(&format!("reading a request failed: {e}"));
+                        false
+                    }
+                }
+            }
+        }
+    }
+
+    /// Sends every outstanding answer, in order.
+    async fn drain(&mut self, answers: &mut FuturesOrdered<Deferred>) -> io::Result<()> {
+        while let Some(out) = answers.next().await {
+            self.send_bytes(&out).await?;
+        }
+        Ok(())
+    }
+
+    /// The next frame (the bytes after `frame_len`) when it is whole in the read
+    /// buffer and its length is allowed; `None` otherwise (it is then read, or
+    /// refused, by [`Connection::read_frame`]).
+    fn whole_frame(&self) -> Option<(usize, usize)> {
+        let len = self.next_frame_len()?;
+        let a = self.start + LEN_FIELD;
+        let b = a.checked_add(len)?;
+        (b <= self.end).then_some((a, b))
+    }
+
+    /// The length of the next frame, when its `frame_len` is buffered and allowed.
+    fn next_frame_len(&self) -> Option<usize> {
+        let head: [u8; LEN_FIELD] = self
+            .buf
+            .get(self.start..self.start + LEN_FIELD)
+            .filter(|_| self.end - self.start >= LEN_FIELD)?
+            .try_into()
+            .ok()?;
+        self.limits.check_frame_len(u32::from_be_bytes(head)).ok()
+    }
+
+    /// Where the next read may go while answers are outstanding: after the buffered
+    /// bytes, at most the in-flight window past the next frame's start (its bytes
+    /// moved to the front when the tail is short). `None` when the next frame does
+    /// not fit the buffer, or its length is not allowed: it is read (or refused)
+    /// once every answer before it is out.
+    fn read_room(&mut self) -> Option<std::ops::Range<usize>> {
+        if self.buf.is_empty() {
+            self.buf = vec![0; READ_BUFFER_BYTES];
+        }
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        }
+        let need = if self.end - self.start >= LEN_FIELD {
+            LEN_FIELD.checked_add(self.next_frame_len()?)?
+        } else {
+            LEN_FIELD
+        };
+        if need > self.buf.len() {
+            return None;
+        }
+        if self.buf.len() - self.start < need {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        let window = self.limits.read_window(self.buf.len()).max(need);
+        let until = (self.start + window).min(self.buf.len());
+        (self.end < until).then_some(self.end..until)
     }
 
     fn log(&self, detail: &str) {
@@ -629,7 +818,22 @@ impl Connection {
             };
         }
         let out = self.session.response();
-        let sent = match self.stream.try_write_plain(out) {
+        Self::write_response(&mut self.stream, out, self.opts.io_timeout).await
+    }
+
+    /// Writes one encoded answer (see [`Connection::send`]).
+    async fn send_bytes(&mut self, out: &[u8]) -> io::Result<()> {
+        Self::write_response(&mut self.stream, out, self.opts.io_timeout).await
+    }
+
+    /// One `send` when the socket takes `out` whole, else the rest within
+    /// `io_timeout`.
+    async fn write_response(
+        stream: &mut Stream,
+        out: &[u8],
+        io_timeout: Duration,
+    ) -> io::Result<()> {
+        let sent = match stream.try_write_plain(out) {
             Some(Ok(n)) => n,
             Some(Err(e)) if e.kind() == io::ErrorKind::WouldBlock => 0,
             Some(Err(e)) => return Err(e),
@@ -639,12 +843,11 @@ impl Connection {
         if rest.is_empty() {
             return Ok(());
         }
-        let stream = &mut self.stream;
         let write = async move {
             stream.write_all(rest).await?;
             stream.flush().await
         };
-        match tokio::time::timeout(self.opts.io_timeout, write).await {
+        match tokio::time::timeout(io_timeout, write).await {
             Ok(r) => r,
             Err(_) => Err(io::ErrorKind::TimedOut.into()),
         }
@@ -935,6 +1138,10 @@ mod tests {
             let dir = tempfile::tempdir().unwrap();
             let broker =
                 Broker::open(dir.path(), Arc::new(RealStorage), BrokerOptions::default()).unwrap();
+            Running::serve(dir, broker, opts)
+        }
+
+        fn serve(dir: tempfile::TempDir, broker: Arc<Broker>, opts: ServerOptions) -> Running {
             let server = Server::bind("127.0.0.1:0", Arc::clone(&broker), opts).unwrap();
             let addr = server.local_addr().to_string();
             let stop = server.stop_handle();
@@ -1103,6 +1310,204 @@ mod tests {
             "{polled:?}"
         );
         assert!(matches!(idle.list_topics(), Err(ClientError::Io { .. })));
+    }
+
+    /// A raw connection after its handshake (request id 1).
+    fn handshaken(addr: &str) -> TcpStream {
+        let mut s = TcpStream::connect(addr).unwrap();
+        let mut out = Vec::new();
+        let hello = Request::Handshake {
+            min_version: PROTOCOL_VERSION,
+            max_version: PROTOCOL_VERSION,
+            token: None,
+        };
+        encode_request(&mut out, 1, &hello).unwrap();
+        s.write_all(&out).unwrap();
+        let frame = read_frame(&mut s);
+        assert_eq!(decode_response(&frame[4..]).unwrap().code, ErrorCode::NONE);
+        s
+    }
+
+    /// Encodes a produce of `values` to one partition of `topic` as request `id`.
+    fn produce_request(out: &mut Vec<u8>, id: u32, topic: &str, partition: u32, values: &[&[u8]]) {
+        let records = values
+            .iter()
+            .map(|v| WireRecord {
+                timestamp_ms: -1,
+                key: None,
+                value: v,
+            })
+            .collect();
+        let req = Request::Produce {
+            topic,
+            partitions: vec![PartitionBatch { partition, records }],
+        };
+        encode_request(out, id, &req).unwrap();
+    }
+
+    /// One partition's answer in a produce response: Ok((base, last)) or the code.
+    type Ack = (u32, Result<(u64, u64), ErrorCode>);
+
+    /// The request id and each partition's answer of a produce response.
+    fn acks(frame: &[u8]) -> (u32, Vec<Ack>) {
+        let resp = decode_response(&frame[4..]).unwrap();
+        let Some(ResponseBody::Produce { partitions }) = resp.body else {
+            panic!("not a produce answer: {resp:?}");
+        };
+        let acks = partitions
+            .iter()
+            .map(|a| {
+                let r = if a.code.is_ok() {
+                    Ok((a.base_offset, a.last_offset))
+                } else {
+                    Err(a.code)
+                };
+                (a.partition, r)
+            })
+            .collect();
+        (resp.request_id, acks)
+    }
+
+    /// Requests sent back to back without waiting for answers: produces are appended
+    /// ahead of their answers (one group commit covers many), and everything is
+    /// answered in the order it was sent. A fetch among them is served after the
+    /// produces before it are answered, so it reads their records; a produce to
+    /// several partitions, one refused at once, and a malformed frame keep their
+    /// places; the malformed frame's error is the last answer before the close.
+    #[test]
+    fn pipelined_requests_are_answered_in_order_with_one_commit_for_many() {
+        let r = Running::start(quiet());
+        let mut c = r.client();
+        c.create_topic("t", 1, &[]).unwrap();
+        c.create_topic("u", 2, &[]).unwrap();
+        let fsyncs_before = c.stats().unwrap().fsyncs;
+        let mut s = handshaken(&r.addr);
+        let values: Vec<Vec<u8>> = (0..75).map(|i| format!("v{i}").into_bytes()).collect();
+        let three = |k: usize| -> Vec<&[u8]> {
+            values[3 * k..3 * k + 3].iter().map(Vec::as_slice).collect()
+        };
+        let mut out = Vec::new();
+        for k in 0..20 {
+            produce_request(&mut out, 10 + k as u32, "t", 0, &three(k));
+        }
+        let fetch = Request::Fetch {
+            topic: "t",
+            partition: 0,
+            offset: 0,
+            max_bytes: 1 << 20,
+            max_wait_ms: 0,
+        };
+        encode_request(&mut out, 30, &fetch).unwrap();
+        let rec = |v: &'static [u8]| WireRecord {
+            timestamp_ms: -1,
+            key: None,
+            value: v,
+        };
+        let two = Request::Produce {
+            topic: "u",
+            partitions: vec![
+                PartitionBatch {
+                    partition: 1,
+                    records: vec![rec(b"a"), rec(b"b")],
+                },
+                PartitionBatch {
+                    partition: 0,
+                    records: vec![rec(b"c")],
+                },
+            ],
+        };
+        encode_request(&mut out, 31, &two).unwrap();
+        produce_request(&mut out, 32, "nope", 0, &[b"x"]);
+        for k in 20..25 {
+            produce_request(&mut out, 13 + k as u32, "t", 0, &three(k));
+        }
+        // A frame of a known length with an unknown API key.
+        out.extend_from_slice(&[0, 0, 0, 8, 0, 0, 0, 99, 0xff, 0xee, 0, 0]);
+        s.write_all(&out).unwrap();
+
+        for k in 0..20u64 {
+            let (id, a) = acks(&read_frame(&mut s));
+            assert_eq!((id, a), (10 + k as u32, vec![(0, Ok((3 * k, 3 * k + 2)))]));
+        }
+        let fetched = read_frame(&mut s);
+        let resp = decode_response(&fetched[4..]).unwrap();
+        assert_eq!(resp.request_id, 30);
+        let Some(ResponseBody::Fetch { end_offset, .. }) = resp.body else {
+            panic!("not a fetch answer: {resp:?}");
+        };
+        assert_eq!(
+            end_offset, 60,
+            "the fetch reads every record answered before it"
+        );
+        assert_eq!(
+            acks(&read_frame(&mut s)),
+            (31, vec![(1, Ok((0, 1))), (0, Ok((0, 0)))])
+        );
+        assert_eq!(
+            acks(&read_frame(&mut s)),
+            (32, vec![(0, Err(ErrorCode::UNKNOWN_TOPIC))])
+        );
+        for k in 20..25u64 {
+            let (id, a) = acks(&read_frame(&mut s));
+            assert_eq!((id, a), (13 + k as u32, vec![(0, Ok((3 * k, 3 * k + 2)))]));
+        }
+        let last = read_frame(&mut s);
+        let resp = decode_response(&last[4..]).unwrap();
+        assert_eq!(resp.code, ErrorCode::UNKNOWN_API, "{resp:?}");
+        let mut rest = Vec::new();
+        s.read_to_end(&mut rest).unwrap();
+        assert!(rest.is_empty(), "nothing after the error: {rest:?}");
+
+        // Every record is where its answer said, and durable.
+        let f = c.fetch("t", 0, 0, 1 << 20, Duration::ZERO).unwrap();
+        let got: Vec<&[u8]> = f.records.iter().map(|r| r.value.as_slice()).collect();
+        let want: Vec<&[u8]> = values.iter().map(Vec::as_slice).collect();
+        assert_eq!(got, want);
+        // Answered one at a time, the 25 produces to t would take 25 group commits
+        // (and u's two more); appended ahead of their answers they share a few.
+        let fsyncs = c.stats().unwrap().fsyncs - fsyncs_before;
+        assert!(fsyncs <= 12, "{fsyncs} fsyncs for 26 pipelined produces");
+        r.stop();
+    }
+
+    /// A pipelined produce whose group commit fails is answered with the failure, as
+    /// is every produce after it, in order; none of their records is served.
+    #[test]
+    fn pipelined_produces_whose_commit_fails_are_each_refused_in_order() {
+        use crate::testkit::storage::{FailOn, FailingStorage};
+        let dir = tempfile::tempdir().unwrap();
+        let b = Broker::open(dir.path(), Arc::new(RealStorage), BrokerOptions::default()).unwrap();
+        b.create_topic("t", 1, crate::format::topic::TopicConfig::default())
+            .unwrap();
+        b.shutdown().unwrap();
+        // Opening syncs the partition's log and directory; the third sync fails.
+        let failing = FailingStorage::new(Arc::new(RealStorage), 3, FailOn::Sync, false);
+        let broker = Broker::open(
+            dir.path(),
+            Arc::new(failing.clone()),
+            BrokerOptions::default(),
+        )
+        .unwrap();
+        assert_eq!(failing.calls(), 2);
+        let r = Running::serve(dir, broker, quiet());
+        let mut s = handshaken(&r.addr);
+        let mut out = Vec::new();
+        for id in 10..18 {
+            produce_request(&mut out, id, "t", 0, &[b"a", b"b"]);
+        }
+        s.write_all(&out).unwrap();
+        for id in 10..18 {
+            let (got, a) = acks(&read_frame(&mut s));
+            assert_eq!(got, id);
+            assert!(
+                matches!(a.as_slice(), [(0, Err(code))] if !code.is_ok()),
+                "request {id}: {a:?}"
+            );
+        }
+        assert!(failing.has_failed());
+        let f = r.client().fetch("t", 0, 0, 1 << 20, Duration::ZERO);
+        assert!(f.map_or(true, |f| f.records.is_empty()));
+        r.stop();
     }
 
     /// Reads one response frame (`frame_len` included).
