@@ -659,6 +659,52 @@ fn embedded_bench_reports_its_fields() {
     assert_eq!(r["records"], 200);
 }
 
+/// A bench that pipelines its produce requests (`--in-flight`) against a running
+/// broker: every record is written once, at the end of the log, with fewer group
+/// commits than requests; `--in-flight` is refused for consume.
+#[test]
+fn bench_with_requests_in_flight_writes_every_record_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = Serve::start(dir.path());
+    let out = b.ok(&[
+        "bench",
+        "produce",
+        "--records",
+        "2000",
+        "--batch",
+        "10",
+        "--connections",
+        "2",
+        "--in-flight",
+        "8",
+        "--json",
+    ]);
+    let r = json(&out);
+    assert_eq!(
+        (r["records"].as_u64(), r["requests"].as_u64()),
+        (Some(2000), Some(200))
+    );
+    assert_eq!(r["in_flight"], 8);
+    let fsyncs = r["fsyncs"].as_u64().unwrap();
+    assert!(
+        (1..200).contains(&fsyncs),
+        "{fsyncs} fsyncs for 200 requests"
+    );
+    let d = json(&b.ok(&["topics", "describe", "bench", "--json"]));
+    let p = &d["partitions"][0];
+    assert_eq!(
+        (p["end_offset"].as_u64(), p["records"].as_u64()),
+        (Some(2000), Some(2000)),
+        "{d}"
+    );
+    let out = Command::new(BIN)
+        .args(["bench", "consume", "--in-flight", "2", "--broker", &b.addr])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--in-flight"));
+}
+
 /// Against a running broker (protocol version 3) the bench reports the write path's
 /// counters too: they come in the stats response.
 #[test]
