@@ -1,5 +1,6 @@
 //! A kill -9 loop against the real binary on the real file system: producers stream
-//! records into several partitions (small segments, so rolls happen), the broker is
+//! records into several partitions (small segments, so rolls happen; one producer
+//! pipelines its requests, several in flight on its connection), the broker is
 //! SIGKILLed at a random moment, restarted on the same directory, and every record
 //! acknowledged so far must be read back at its offset with its value.
 //!
@@ -19,8 +20,11 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use seglog::engine::net::client::{Client, ClientError};
-use seglog::format::wire::{ErrorCode, PartitionBatch, WireRecord};
+use seglog::engine::net::client::{read_frame, Client, ClientError};
+use seglog::format::wire::{
+    decode_response, encode_request, ErrorCode, PartitionBatch, Request, ResponseBody, WireRecord,
+    PROTOCOL_VERSION,
+};
 
 use crate::util::rng::{seed_or, Rng};
 use crate::util::serve::Serve;
@@ -99,6 +103,95 @@ fn producer(
                     );
                 }
             }
+        }
+    }
+}
+
+/// Requests the pipelining producer sends ahead of the oldest one's answer.
+const PIPELINED: usize = 4;
+
+/// Records the pipelining producers had acknowledged, over every loop of the process.
+static PIPELINED_ACKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Produces like [`producer`], one partition a request, but with [`PIPELINED`]
+/// requests sent ahead of their answers (the broker appends them at once and
+/// answers each, in order, once it is durable); records every acknowledged record.
+fn pipelined_producer(addr: String, iteration: u64, seed: u64, acks: Acks, stop: Arc<AtomicBool>) {
+    use std::collections::VecDeque;
+    use std::io::Write;
+    let Ok(mut s) = std::net::TcpStream::connect(&addr) else {
+        return;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+    let mut out = Vec::new();
+    let hello = Request::Handshake {
+        min_version: PROTOCOL_VERSION,
+        max_version: PROTOCOL_VERSION,
+        token: None,
+    };
+    encode_request(&mut out, 1, &hello).unwrap();
+    let mut frame = Vec::new();
+    if s.write_all(&out).is_err() || read_frame(&mut s, &mut frame).is_err() {
+        return;
+    }
+    let mut rng = Rng::new(seed ^ (iteration << 20) ^ 0xfeed);
+    let (mut n, mut id) = (0u64, 1u32);
+    // Sent and not yet answered: (request id, partition, values).
+    let mut sent: VecDeque<(u32, u32, Vec<Vec<u8>>)> = VecDeque::new();
+    loop {
+        let go = !stop.load(Ordering::Relaxed);
+        if go && sent.len() < PIPELINED {
+            let partition = rng.below(u64::from(PARTITIONS)) as u32;
+            let values: Vec<Vec<u8>> = (0..1 + rng.below(4))
+                .map(|_| {
+                    n += 1;
+                    let mut v = format!("i{iteration}-p-n{n}-").into_bytes();
+                    v.resize(v.len() + rng.below(200) as usize, b'y');
+                    v
+                })
+                .collect();
+            let records = values
+                .iter()
+                .map(|v| WireRecord {
+                    timestamp_ms: 1,
+                    key: None,
+                    value: v,
+                })
+                .collect();
+            let req = Request::Produce {
+                topic: TOPIC,
+                partitions: vec![PartitionBatch { partition, records }],
+            };
+            id += 1;
+            out.clear();
+            encode_request(&mut out, id, &req).unwrap();
+            if s.write_all(&out).is_err() {
+                return;
+            }
+            sent.push_back((id, partition, values));
+            continue;
+        }
+        let Some((want, p, values)) = sent.pop_front() else {
+            return;
+        };
+        if read_frame(&mut s, &mut frame).is_err() {
+            return;
+        }
+        let resp = decode_response(&frame).unwrap();
+        assert_eq!(resp.request_id, want, "answers come in request order");
+        let Some(ResponseBody::Produce { partitions }) = resp.body else {
+            continue;
+        };
+        let Some(ack) = partitions.first().filter(|a| a.code.is_ok()) else {
+            continue;
+        };
+        assert_eq!(ack.last_offset - ack.base_offset + 1, values.len() as u64);
+        PIPELINED_ACKS.fetch_add(values.len() as u64, Ordering::Relaxed);
+        let mut a = acks.lock().unwrap();
+        for (i, v) in values.into_iter().enumerate() {
+            let at = ack.base_offset + i as u64;
+            let prev = a.insert((p, at), v);
+            assert!(prev.is_none(), "offset {p}/{at} acknowledged twice");
         }
     }
 }
@@ -265,12 +358,16 @@ fn kill9_loop(reuse: Option<&Reuse>, default_iterations: u64) {
         );
         // Producers, then the kill at a random moment.
         let stop = Arc::new(AtomicBool::new(false));
-        let threads: Vec<_> = (0..2)
+        let mut threads: Vec<_> = (0..2)
             .map(|t| {
                 let (addr, acks, stop) = (server.addr.clone(), acks.clone(), stop.clone());
                 thread::spawn(move || producer(addr, it, t, seed, acks, stop))
             })
             .collect();
+        let (addr, acks_p, stop_p) = (server.addr.clone(), acks.clone(), stop.clone());
+        threads.push(thread::spawn(move || {
+            pipelined_producer(addr, it, seed, acks_p, stop_p);
+        }));
         thread::sleep(Duration::from_millis(10 + rng.below(150)));
         if reuse.is_some() {
             if let Ok(st) = c.stats() {
@@ -301,6 +398,10 @@ fn kill9_loop(reuse: Option<&Reuse>, default_iterations: u64) {
         "lost acknowledged records (seed {seed}): {lost:?}"
     );
     assert!(acked_total > 0, "no record was acknowledged at all");
+    assert!(
+        PIPELINED_ACKS.load(Ordering::Relaxed) > 0,
+        "the pipelining producer never had a record acknowledged"
+    );
     if reuse.is_some() {
         assert!(spares_seen > 0, "retention never filled the spare pool");
         assert!(spares_taken > 0, "no roll took a spare");

@@ -15,6 +15,12 @@
 //! requests meanwhile) and wakes that partition's tasks once it is published
 //! (`Session::produce`).
 //!
+//! Pipelining: a connection whose client sent a request before the answer to the one
+//! before (plain TCP) appends its produce requests as soon as they are whole in the
+//! read buffer; their answers, futures that end once a group commit covers the
+//! records, are sent in request order while the connection reads on
+//! (`Connection::pipeline_step`). Any other request waits for every answer before it.
+//!
 //! Invariants:
 //! - The first request on a connection must be a handshake.
 //! - A frame that cannot be read or decoded gets one error response (request id 0
@@ -29,9 +35,11 @@
 //!
 //! - Limits ([`Limits`]): connections in all and per source address are counted by
 //!   a [`ConnectionGate`] before anything is read; a connection reads ahead of the
-//!   request it serves at most the in-flight limit (and nothing while a request is
-//!   being answered, so a client that pipelines faster than it is served meets TCP
-//!   backpressure, not a growing buffer); a response that the peer does not read
+//!   request it serves at most the in-flight limit, and holds at most
+//!   [`PIPELINE_DEPTH_MAX`] pipelined produces unanswered (nothing is read while a
+//!   request other than such a produce is being answered), so a client that
+//!   pipelines faster than it is served meets TCP backpressure, not a growing buffer
+//!   or queue; a response that the peer does not read
 //!   within `io_timeout` drops the connection; a connection idle at a frame boundary
 //!   for longer than the idle timeout is closed.
 //! - TLS ([`ServerTls`]): the TLS handshake runs in the connection's task, bounded by
@@ -659,10 +667,11 @@ impl Connection {
                 let close = self.session.handle_frame_pipelined(bytes).await;
                 self.start = b;
                 if close {
+                    // The error goes out after every answer before it, then the
+                    // connection closes (send_and_close with nothing left to send).
                     let out = std::mem::take(self.session.response_mut());
-                    answers.push_back(Box::pin(std::future::ready(out.clone())));
+                    answers.push_back(Box::pin(std::future::ready(out)));
                     if self.drain(answers).await.is_ok() {
-                        *self.session.response_mut() = Vec::new();
                         self.send_and_close().await;
                     }
                     return false;
