@@ -190,12 +190,14 @@ fn append_one(
     partition: u32,
     batch: &[Record],
     waits: &mut Vec<Wait>,
+    idempotent: &mut bool,
 ) -> Answer {
     let broker = &ctx.broker;
     let records = new_records(batch);
     let Some(first) = batch.first() else {
         return Err((code::CORRUPT_MESSAGE, "an empty batch".into()));
     };
+    *idempotent |= first.producer_id >= 0;
     if first.producer_id < 0 {
         let (p, wait) = broker
             .append(topic, partition, &records)
@@ -370,6 +372,7 @@ fn partition(
     index: i32,
     records: Option<Bytes>,
     waits: &mut Vec<Wait>,
+    idempotent: &mut bool,
 ) -> Answer {
     validate_name(topic).map_err(|e| {
         (
@@ -387,13 +390,20 @@ fn partition(
     check_schema(&ctx.broker, topic, p, &batches)?;
     let mut base = None;
     for b in &batches {
-        let at = append_one(ctx, topic, p, b, waits)?;
+        let at = append_one(ctx, topic, p, b, waits, idempotent)?;
         base.get_or_insert(at);
     }
     base.ok_or_else(|| (code::CORRUPT_MESSAGE, "no records".into()))
 }
 
-pub(crate) async fn produce(ctx: &Ctx, r: ProduceRequest, version: i16) -> Outcome {
+/// Appends a produce request's batches and answers it once they are durable. With
+/// `defer` (a connection that pipelines), a request whose batches are all plain
+/// (no idempotent producer), written here (no replicated partition) and waiting for
+/// a commit is answered by [`Outcome::Later`] instead: the connection reads and
+/// appends its next requests while the commit runs, and sends the answers in order.
+/// Idempotent batches keep one request at a time: the producer table has one batch
+/// in flight per producer and partition.
+pub(crate) async fn produce(ctx: &Ctx, r: ProduceRequest, version: i16, defer: bool) -> Outcome {
     let refuse_all = if r.transactional_id.as_ref().is_some_and(|t| !t.0.is_empty()) {
         Some((
             code::INVALID_REQUEST,
@@ -415,6 +425,7 @@ pub(crate) async fn produce(ctx: &Ctx, r: ProduceRequest, version: i16) -> Outco
     let mut answers: Vec<(usize, i32, Answer, usize)> = Vec::new();
     let mut waits: Vec<Wait> = Vec::new();
     let mut proposals: Vec<(usize, Proposal<'_>)> = Vec::new();
+    let mut idempotent = false;
     for (ti, t) in r.topic_data.iter().enumerate() {
         for p in &t.partition_data {
             let first_wait = waits.len();
@@ -430,12 +441,20 @@ pub(crate) async fn produce(ctx: &Ctx, r: ProduceRequest, version: i16) -> Outco
                         Err(e) => Err(e),
                     }
                 }
-                (None, None) => partition(ctx, topic, p.index, p.records.clone(), &mut waits),
+                (None, None) => partition(
+                    ctx,
+                    topic,
+                    p.index,
+                    p.records.clone(),
+                    &mut waits,
+                    &mut idempotent,
+                ),
             };
             answers.push((ti, p.index, a, first_wait));
         }
     }
     // Replicated partitions' entries, side by side (acks 0 and 1 wait as -1 does).
+    let replicated = !proposals.is_empty();
     let (at, futures): (Vec<usize>, Vec<Proposal<'_>>) = proposals.into_iter().unzip();
     for (i, a) in at
         .into_iter()
@@ -453,6 +472,23 @@ pub(crate) async fn produce(ctx: &Ctx, r: ProduceRequest, version: i16) -> Outco
         }
         return Outcome::NoReply;
     }
+    if defer && !idempotent && !replicated && !waits.is_empty() {
+        let ctx = ctx.clone();
+        let later = async move { answer(&ctx, &r, version, answers, waits).await };
+        return Outcome::Later(Box::pin(later), super::acl::After::Nothing);
+    }
+    answer(ctx, &r, version, answers, waits).await
+}
+
+/// Waits for a produce's commits and builds its response: per partition the base
+/// offset, or the error of its append or of its commit.
+async fn answer(
+    ctx: &Ctx,
+    r: &ProduceRequest,
+    version: i16,
+    answers: Vec<(usize, i32, Answer, usize)>,
+    waits: Vec<Wait>,
+) -> Outcome {
     let mut waited = Vec::with_capacity(waits.len());
     for w in waits {
         waited.push(w.await);

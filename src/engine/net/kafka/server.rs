@@ -21,13 +21,16 @@
 //! and closes at the next frame boundary; [`KafkaServer::serve`] returns once every
 //! connection task has ended.
 
+use std::future::Future;
 use std::io;
 use std::net::{SocketAddr, TcpListener};
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
+use futures_util::stream::{FuturesOrdered, StreamExt};
 use kafka_protocol::messages::{ApiKey, RequestKind, ResponseKind};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, ReadHalf, WriteHalf};
 use tokio::task::JoinSet;
@@ -253,7 +256,21 @@ pub(crate) enum Outcome {
     Close(String),
     /// Send this response, then log the message and close (a failed login).
     ReplyClose(Box<ResponseKind>, String),
+    /// The answer comes later, in request order: a pipelined produce whose commit is
+    /// still running (see [`super::produce::produce`]); the `After` is merged into
+    /// it then.
+    Later(
+        Pin<Box<dyn Future<Output = Outcome> + Send>>,
+        super::acl::After,
+    ),
 }
+
+/// An answer being waited for: the outcome, what to merge into it, and the
+/// request's api, version and correlation id.
+type Pending = Pin<Box<dyn Future<Output = (Outcome, super::acl::After, ApiKey, i16, i32)> + Send>>;
+
+/// Produce requests of one connection appended and not yet answered, at most.
+const PIPELINE_DEPTH_MAX: usize = 64;
 
 impl Outcome {
     pub(crate) fn reply(body: ResponseKind) -> Outcome {
@@ -262,6 +279,7 @@ impl Outcome {
 }
 
 /// What a request handler sees of its connection.
+#[derive(Clone)]
 pub(crate) struct Ctx {
     pub broker: Arc<Broker>,
     pub opts: Arc<KafkaOptions>,
@@ -331,6 +349,9 @@ struct Connection {
     ctx: Ctx,
     out: BytesMut,
     sasl: SaslState,
+    /// The client sent a request before the answer to the one before: its plain
+    /// produce requests are pipelined from then on.
+    pipelining: bool,
 }
 
 impl Connection {
@@ -353,6 +374,7 @@ impl Connection {
             },
             out: BytesMut::new(),
             sasl: SaslState::default(),
+            pipelining: false,
         }
     }
 
@@ -374,7 +396,14 @@ impl Connection {
     }
 
     async fn serve(mut self) {
+        let mut answers: FuturesOrdered<Pending> = FuturesOrdered::new();
         loop {
+            if !answers.is_empty() {
+                if self.pipeline_step(&mut answers).await {
+                    continue;
+                }
+                return;
+            }
             let frame = match self.read_frame().await {
                 Ok(Some(f)) => f,
                 Ok(None) => return,
@@ -383,6 +412,7 @@ impl Connection {
                     return;
                 }
             };
+            self.pipelining |= !self.reader.buffer().is_empty();
             if self.sasl.expects_raw_token() {
                 // After a SaslHandshake v0 the next frame is the bare PLAIN token;
                 // success is answered with an empty token, a failure closes.
@@ -404,36 +434,148 @@ impl Connection {
                 }
             }
             let (outcome, api, version, id) = self.handle(frame).await;
-            match outcome {
-                Outcome::Reply(body) => {
-                    if let Err(e) = encode_response(&mut self.out, api, version, id, &body) {
-                        self.log_close(&e.to_string());
-                        return;
-                    }
-                    if !self.send_out().await {
-                        self.log_close("sending a response failed or timed out");
-                        return;
-                    }
-                    if self.out.capacity() > 4 * READ_STEP_BYTES {
-                        self.out = BytesMut::new();
-                    }
-                }
-                Outcome::ReplyClose(body, detail) => {
-                    if encode_response(&mut self.out, api, version, id, &body).is_ok() {
-                        let _ = self.send_out().await;
-                    }
-                    self.log_close(&detail);
-                    let _ = self.writer.shutdown().await;
-                    return;
-                }
-                Outcome::NoReply => {}
-                Outcome::Close(detail) => {
-                    self.log_close(&detail);
-                    let _ = self.writer.shutdown().await;
-                    return;
-                }
+            if let Outcome::Later(answer, after) = outcome {
+                answers.push_back(Box::pin(
+                    async move { (answer.await, after, api, version, id) },
+                ));
+                continue;
+            }
+            if !self.deliver(outcome, api, version, id).await {
+                return;
             }
         }
+    }
+
+    /// Sends an outcome; false when the connection is to end.
+    async fn deliver(&mut self, outcome: Outcome, api: ApiKey, version: i16, id: i32) -> bool {
+        match outcome {
+            Outcome::Reply(body) => {
+                if let Err(e) = encode_response(&mut self.out, api, version, id, &body) {
+                    self.log_close(&e.to_string());
+                    return false;
+                }
+                if !self.send_out().await {
+                    self.log_close("sending a response failed or timed out");
+                    return false;
+                }
+                if self.out.capacity() > 4 * READ_STEP_BYTES {
+                    self.out = BytesMut::new();
+                }
+                true
+            }
+            Outcome::ReplyClose(body, detail) => {
+                if encode_response(&mut self.out, api, version, id, &body).is_ok() {
+                    let _ = self.send_out().await;
+                }
+                self.log_close(&detail);
+                let _ = self.writer.shutdown().await;
+                false
+            }
+            Outcome::NoReply => true,
+            Outcome::Close(detail) => {
+                self.log_close(&detail);
+                let _ = self.writer.shutdown().await;
+                false
+            }
+            Outcome::Later(answer, after) => {
+                let outcome = merged(&self.sasl, answer.await, after);
+                Box::pin(self.deliver(outcome, api, version, id)).await
+            }
+        }
+    }
+
+    /// One step of a connection with answers outstanding (a client that pipelines
+    /// produce requests): a produce request already whole in the read buffer is
+    /// served at once (a plain one is appended and its answer queued behind the
+    /// others); otherwise the oldest answer is sent once it is ready, and the buffer
+    /// is refilled meanwhile when it is empty. Any other request, or one not yet
+    /// whole, waits until every answer before it is sent and is then served as
+    /// without pipelining. Returns false when the connection is to end.
+    async fn pipeline_step(&mut self, answers: &mut FuturesOrdered<Pending>) -> bool {
+        let taking = answers.len() < PIPELINE_DEPTH_MAX
+            && !self.ctx.stopping()
+            && !self.sasl.expects_raw_token();
+        if taking {
+            if let Some(frame) = self.buffered_produce() {
+                let (outcome, api, version, id) = self.handle(frame).await;
+                match outcome {
+                    Outcome::Later(answer, after) => answers.push_back(Box::pin(async move {
+                        (answer.await, after, api, version, id)
+                    })),
+                    Outcome::NoReply => {}
+                    o @ (Outcome::Close(_) | Outcome::ReplyClose(..)) => {
+                        // Every answer before it goes out first, then the close.
+                        if self.drain(answers).await {
+                            self.deliver(o, api, version, id).await;
+                        }
+                        return false;
+                    }
+                    o @ Outcome::Reply(_) => {
+                        let nothing = super::acl::After::Nothing;
+                        answers.push_back(Box::pin(std::future::ready((
+                            o, nothing, api, version, id,
+                        ))));
+                    }
+                }
+                return true;
+            }
+        }
+        let refill = taking && self.reader.buffer().is_empty();
+        enum Event {
+            Answer(Option<(Outcome, super::acl::After, ApiKey, i16, i32)>),
+            Filled(io::Result<bool>),
+        }
+        let event = tokio::select! {
+            biased;
+            a = answers.next() => Event::Answer(a),
+            // `fill_buf` is cancel-safe, and reads only into an empty buffer.
+            r = self.reader.fill_buf(), if refill => Event::Filled(r.map(<[u8]>::is_empty)),
+        };
+        match event {
+            Event::Answer(None) | Event::Filled(Ok(false)) => true,
+            Event::Answer(Some((outcome, after, api, version, id))) => {
+                let outcome = merged(&self.sasl, outcome, after);
+                self.deliver(outcome, api, version, id).await
+            }
+            Event::Filled(Ok(true)) => {
+                // The peer is done sending: it still gets every answer owed.
+                self.drain(answers).await;
+                false
+            }
+            Event::Filled(Err(e)) => {
+                self.log_close(&format!("reading a request failed: {e}"));
+                false
+            }
+        }
+    }
+
+    /// Sends every outstanding answer, in order; false when a send failed.
+    async fn drain(&mut self, answers: &mut FuturesOrdered<Pending>) -> bool {
+        while let Some((outcome, after, api, version, id)) = answers.next().await {
+            let outcome = merged(&self.sasl, outcome, after);
+            if !self.deliver(outcome, api, version, id).await {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// The next frame when it is whole in the read buffer and a produce request
+    /// (api key 0), taken out of the buffer; `None` otherwise.
+    fn buffered_produce(&mut self) -> Option<Bytes> {
+        let buf = self.reader.buffer();
+        let len: [u8; LEN_FIELD] = buf.get(..LEN_FIELD)?.try_into().ok()?;
+        let max = REQUEST_BYTES_MAX.min(self.ctx.opts.limits.frame_bytes_max);
+        let len = u32::try_from(i32::from_be_bytes(len))
+            .ok()
+            .filter(|l| *l <= max)? as usize;
+        let body = buf.get(LEN_FIELD..LEN_FIELD + len)?;
+        if body.get(..2)? != (ApiKey::Produce as i16).to_be_bytes() {
+            return None;
+        }
+        let frame = Bytes::copy_from_slice(body);
+        self.reader.consume(LEN_FIELD + len);
+        Some(frame)
     }
 
     /// Waits at a frame boundary for the next frame; `Ok(None)` when the peer closed
@@ -543,7 +685,9 @@ impl Connection {
             RequestKind::Metadata(r) => super::metadata::metadata(ctx, r, version),
             RequestKind::CreateTopics(r) => super::metadata::create_topics(ctx, r, version).await,
             RequestKind::DeleteTopics(r) => super::metadata::delete_topics(ctx, r, version).await,
-            RequestKind::Produce(r) => super::produce::produce(ctx, r, version).await,
+            RequestKind::Produce(r) => {
+                super::produce::produce(ctx, r, version, self.pipelining).await
+            }
             RequestKind::InitProducerId(r) => super::produce::init_producer_id(ctx, r).await,
             RequestKind::Fetch(r) => super::fetch::fetch(ctx, r, version).await,
             RequestKind::ListOffsets(r) => super::offsets::list_offsets(ctx, r, version).await,
@@ -562,13 +706,22 @@ impl Connection {
             )),
         };
         let outcome = match outcome {
-            Outcome::Reply(mut body) => {
-                super::acl::merge(&self.sasl, after, &mut body);
-                Outcome::Reply(body)
-            }
-            other => other,
+            // Merged once the answer is there.
+            Outcome::Later(answer, _) => Outcome::Later(answer, after),
+            other => merged(&self.sasl, other, after),
         };
         (outcome, api, version, id)
+    }
+}
+
+/// `outcome` with what the access check took out of its request merged in.
+fn merged(sasl: &SaslState, outcome: Outcome, after: super::acl::After) -> Outcome {
+    match outcome {
+        Outcome::Reply(mut body) => {
+            super::acl::merge(sasl, after, &mut body);
+            Outcome::Reply(body)
+        }
+        other => other,
     }
 }
 
@@ -777,6 +930,86 @@ mod tests {
         assert_eq!((code, base), (0, 0), "{msg}");
         stop.store(true, Ordering::SeqCst);
         t.join().unwrap();
+    }
+
+    /// Produce requests sent back to back on one connection (as librdkafka sends
+    /// them) are appended ahead of their answers and answered in order, several per
+    /// group commit; a request of another kind among them is answered in its place.
+    #[test]
+    fn pipelined_produce_requests_are_answered_in_order_with_one_commit_for_many() {
+        use kafka_protocol::messages::ProduceResponse;
+        let dir = tempfile::tempdir().unwrap();
+        let broker =
+            Broker::open(dir.path(), Arc::new(RealStorage), BrokerOptions::default()).unwrap();
+        broker
+            .create_topic("t", 1, crate::format::topic::TopicConfig::default())
+            .unwrap();
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let k = KafkaServer::from_listener(l, Arc::clone(&broker), None, 8, false).unwrap();
+        let addr = k.local_addr().to_string();
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = Arc::clone(&stop);
+        let t = std::thread::spawn(move || {
+            let rt = crate::engine::net::server::runtime().unwrap();
+            rt.block_on(k.serve(s, &AtomicBool::new(false))).unwrap();
+        });
+        let fsyncs_before = broker.stats().fsyncs;
+        let mut out = Vec::new();
+        for i in 0..12 {
+            out.extend(produce_gzip(Bytes::from(format!("v{i}"))));
+        }
+        out.extend(request(
+            ApiKey::ApiVersions,
+            3,
+            &ApiVersionsRequest::default(),
+        ));
+        for i in 12..16 {
+            out.extend(produce_gzip(Bytes::from(format!("v{i}"))));
+        }
+        let mut c = TcpStream::connect(&addr).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        c.write_all(&out).unwrap();
+        let mut read = || {
+            let mut len = [0u8; 4];
+            c.read_exact(&mut len).unwrap();
+            let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
+            c.read_exact(&mut body).unwrap();
+            Bytes::from(body).slice(4..)
+        };
+        let mut base_offsets = Vec::new();
+        for i in 0..17 {
+            let body = read();
+            if i == 12 {
+                let r = ApiVersionsResponse::decode(&mut body.clone(), 3).unwrap();
+                assert_eq!(r.error_code, code::NONE);
+                continue;
+            }
+            assert_eq!(body[0], 0);
+            let r = ProduceResponse::decode(&mut body.slice(1..), 9).unwrap();
+            let p = &r.responses[0].partition_responses[0];
+            assert_eq!(p.error_code, code::NONE, "{p:?}");
+            base_offsets.push(p.base_offset);
+        }
+        assert_eq!(base_offsets, (0..16).collect::<Vec<i64>>());
+        // Every record is where its answer said.
+        let f = broker.fetch("t", 0, 0, 1 << 20, Duration::ZERO).unwrap();
+        let mut values: Vec<Vec<u8>> = Vec::new();
+        for c in &f.chunks {
+            let mut pos = 0;
+            while let Some(rest) = c.bytes.get(pos..).filter(|r| !r.is_empty()) {
+                let r = crate::format::decode_record(rest, pos as u64, c.generation).unwrap();
+                pos += r.encoded_len;
+                values.push(r.value.to_vec());
+            }
+        }
+        let want: Vec<Vec<u8>> = (0..16).map(|i| format!("v{i}").into_bytes()).collect();
+        assert_eq!(values, want);
+        // Answered one at a time, the 16 produces would take 16 group commits.
+        let fsyncs = broker.stats().fsyncs - fsyncs_before;
+        assert!(fsyncs <= 8, "{fsyncs} fsyncs for 16 pipelined produces");
+        stop.store(true, Ordering::SeqCst);
+        t.join().unwrap();
+        broker.shutdown().unwrap();
     }
 
     /// Writes `frame` on `s` and reads one whole response frame (`None`: closed).
