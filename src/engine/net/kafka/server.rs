@@ -3,7 +3,12 @@
 //!
 //! A connection reads one frame at a time, answers it, then reads the next: Kafka
 //! answers the requests of a connection in order, and one in flight at a time keeps
-//! that order without a queue. Frames are read after their length is checked against
+//! that order without a queue. The exception is a client that sends requests ahead
+//! of their answers: its plain produce requests are appended as soon as they are
+//! whole in the read buffer, and their answers (futures that end once the records
+//! are durable) go out in request order, at most [`PIPELINE_DEPTH_MAX`] outstanding;
+//! any other request waits for them (`Connection::pipeline_step`). Frames are read
+//! after their length is checked against
 //! [`REQUEST_BYTES_MAX`], into a buffer grown in steps as bytes arrive. A frame that
 //! does not decode, or asks for an API or version not served, is logged and the
 //! connection closed (ApiVersions answers with its error first).
