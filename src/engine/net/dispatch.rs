@@ -564,9 +564,9 @@ impl Session {
     /// `waits` (entries of `results`), then counts and encodes the response. A
     /// single partition's commit is claimed when the future first runs, that is once
     /// the connection has appended every request it holds: the first of them to
-    /// claim leads, yields once so that other connections append too, and hands the
-    /// fsync to the node's commit thread (the loop goes on reading and appending);
-    /// the others follow it. Several partitions ask the flusher for one commit each.
+    /// claim leads and at once hands the fsync to the node's commit thread (the loop
+    /// goes on reading and appending; what others append meanwhile claims the next
+    /// commit, queued behind it); the others follow it. Several partitions ask the flusher for one commit each.
     fn defer_produce(
         &mut self,
         id: u32,
@@ -601,7 +601,9 @@ impl Session {
                     Err(flush) => flush.await,
                     Ok(w) => match broker.lead_or_follow(w) {
                         Commit::Lead(lead) => {
-                            tokio::task::yield_now().await;
+                            // No yield while holding the claim: the connection may
+                            // next await something else (a replicated produce)
+                            // before it polls this answer again.
                             if lead.carries_roll() {
                                 broker.follow(lead.hand_off()).await
                             } else {
