@@ -491,6 +491,20 @@ where
     })
 }
 
+/// A batch of `n` records of `value` for `partition`.
+fn batch_of(partition: u32, n: u64, value: &[u8]) -> PartitionBatch<'_> {
+    PartitionBatch {
+        partition,
+        records: (0..n)
+            .map(|_| WireRecord {
+                timestamp_ms: -1,
+                key: None,
+                value,
+            })
+            .collect(),
+    }
+}
+
 /// Worker `w` of `n` gets an even share of `total`.
 fn share(total: u64, w: u32, n: u32) -> u64 {
     total / u64::from(n) + u64::from(u64::from(w) < total % u64::from(n))
@@ -553,16 +567,7 @@ fn produce(args: &Config, addr: &str, records: u64) -> Result<Report, BenchError
                     left -= n;
                     let partition = (turn % u64::from(partitions)) as u32;
                     turn += 1;
-                    let batch = PartitionBatch {
-                        partition,
-                        records: (0..n)
-                            .map(|_| WireRecord {
-                                timestamp_ms: -1,
-                                key: None,
-                                value: &value,
-                            })
-                            .collect(),
-                    };
+                    let batch = batch_of(partition, n, &value);
                     let t = Instant::now();
                     let id = match producer {
                         Some(p) => {
@@ -626,16 +631,7 @@ fn seed(args: &Config, client: &mut Client, records: u64) -> Result<(), BenchErr
         let mut have = o.end_offset.saturating_sub(o.start_offset);
         while have < want {
             let n = (want - have).min(per_request);
-            let batch = PartitionBatch {
-                partition: o.partition,
-                records: (0..n)
-                    .map(|_| WireRecord {
-                        timestamp_ms: -1,
-                        key: None,
-                        value: &value,
-                    })
-                    .collect(),
-            };
+            let batch = batch_of(o.partition, n, &value);
             let acks = client.produce(&args.topic, vec![batch])?;
             if let Some(Err((code, message))) = acks.first().map(|a| &a.result) {
                 return Err(BenchError::SeedRefused {

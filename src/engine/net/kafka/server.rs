@@ -761,19 +761,38 @@ mod tests {
     /// [`start`], on a cluster node whose replication is `replication`; topic "r"
     /// exists too.
     fn start_with(replication: Option<Arc<dyn Replicator>>) -> Started {
+        let (dir, broker) = broker_with_t();
+        if replication.is_some() {
+            broker
+                .create_topic("r", 2, crate::format::topic::TopicConfig::default())
+                .unwrap();
+        }
+        let (addr, stop, t) = serve_kafka(Arc::clone(&broker), replication);
+        let t = std::thread::spawn(move || {
+            t.join().unwrap();
+            broker.shutdown().unwrap();
+        });
+        (dir, addr, stop, t)
+    }
+
+    /// A broker on a temp dir with topic "t" (one partition).
+    fn broker_with_t() -> (tempfile::TempDir, Arc<Broker>) {
         let dir = tempfile::tempdir().unwrap();
         let broker =
             Broker::open(dir.path(), Arc::new(RealStorage), BrokerOptions::default()).unwrap();
         broker
             .create_topic("t", 1, crate::format::topic::TopicConfig::default())
             .unwrap();
-        if replication.is_some() {
-            broker
-                .create_topic("r", 2, crate::format::topic::TopicConfig::default())
-                .unwrap();
-        }
+        (dir, broker)
+    }
+
+    /// The Kafka listener alone on `broker`, served on a thread until the flag is set.
+    fn serve_kafka(
+        broker: Arc<Broker>,
+        replication: Option<Arc<dyn Replicator>>,
+    ) -> (String, Arc<AtomicBool>, std::thread::JoinHandle<()>) {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let k = KafkaServer::from_listener(l, Arc::clone(&broker), None, 8, false)
+        let k = KafkaServer::from_listener(l, broker, None, 8, false)
             .unwrap()
             .with_replication(replication);
         let addr = k.local_addr().to_string();
@@ -782,9 +801,8 @@ mod tests {
         let t = std::thread::spawn(move || {
             let rt = crate::engine::net::server::runtime().unwrap();
             rt.block_on(k.serve(s, &AtomicBool::new(false))).unwrap();
-            broker.shutdown().unwrap();
         });
-        (dir, addr, stop, t)
+        (addr, stop, t)
     }
 
     fn request(api: ApiKey, version: i16, body: &impl Encodable) -> Vec<u8> {
@@ -943,21 +961,8 @@ mod tests {
     #[test]
     fn pipelined_produce_requests_are_answered_in_order_with_one_commit_for_many() {
         use kafka_protocol::messages::ProduceResponse;
-        let dir = tempfile::tempdir().unwrap();
-        let broker =
-            Broker::open(dir.path(), Arc::new(RealStorage), BrokerOptions::default()).unwrap();
-        broker
-            .create_topic("t", 1, crate::format::topic::TopicConfig::default())
-            .unwrap();
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let k = KafkaServer::from_listener(l, Arc::clone(&broker), None, 8, false).unwrap();
-        let addr = k.local_addr().to_string();
-        let stop = Arc::new(AtomicBool::new(false));
-        let s = Arc::clone(&stop);
-        let t = std::thread::spawn(move || {
-            let rt = crate::engine::net::server::runtime().unwrap();
-            rt.block_on(k.serve(s, &AtomicBool::new(false))).unwrap();
-        });
+        let (_dir, broker) = broker_with_t();
+        let (addr, stop, t) = serve_kafka(Arc::clone(&broker), None);
         let fsyncs_before = broker.stats().fsyncs;
         let mut out = Vec::new();
         for i in 0..12 {
