@@ -4,8 +4,13 @@
 //! without `--peers`) and on a factor-1 topic of the cluster; and failover, the time
 //! from SIGKILL of a partition's leader to the first acknowledged produce on the new
 //! leader, over 20 kills. `SEGLOG_BENCH_SECS` (default 10) sets each produce case's
-//! length.
+//! length, `SEGLOG_BENCH_ROUNDS` (default 3) the pairs of standalone and factor-3
+//! runs, whose first alternates. The produce cases also print the bytes their data directories hold per
+//! record produced: every node writes each record to its Raft log and to its data
+//! partition, so a factor-3 partition puts about six times a standalone broker's bytes
+//! on a disk that all three nodes share here.
 
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -39,6 +44,21 @@ fn bench_produce(addr: &str, topic: &str, secs: u64) -> serde_json::Value {
     r
 }
 
+/// Bytes of every file under `dir` (file lengths).
+fn dir_bytes(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => dir_bytes(&e.path()),
+            Ok(t) if t.is_file() => e.metadata().map_or(0, |m| m.len()),
+            _ => 0,
+        })
+        .sum()
+}
+
 fn row(name: &str, r: &serde_json::Value, base: f64) {
     let f = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
     println!(
@@ -67,22 +87,51 @@ fn create(c: &Cluster, topic: &str, rf: u32) {
 #[ignore = "benchmark"]
 fn replicated_produce_beside_one_replica() {
     let secs = case_seconds();
+    let rounds = std::env::var("SEGLOG_BENCH_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3usize);
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let single = Serve::start(dir.path());
-    let rf1 = bench_produce(&single.addr, "rf1", secs);
-    single.stop();
-
     // The nodes talk to each other directly: the tests' fault-injecting proxies
     // would add a copy and a hop to every Raft message.
     let mut c = Cluster::start_direct(3);
     create(&c, "rf3", 3);
     create(&c, "c1", 1);
     let leader = c.wait_leader("rf3", 0);
-    let rf3 = bench_produce(&c.node(leader).client_addr.clone(), "rf3", secs);
-    // The followers apply what is committed before the next case runs beside them.
-    c.wait_caught_up("rf3", 1);
+    let leader_addr = c.node(leader).client_addr.clone();
+
+    // Pairs of adjacent runs whose first alternates: this machine's virtual disk is
+    // fast for a burst of a few GB of fsynced writes and then much slower, so runs
+    // of one case after all runs of the other would compare two different disks.
+    let (mut rf1_runs, mut rf3_runs) = (Vec::new(), Vec::new());
+    for round in 0..rounds {
+        let standalone = || bench_produce(&single.addr, "rf1", secs);
+        let mut replicated = || {
+            let r = bench_produce(&leader_addr, "rf3", secs);
+            // The followers apply what is committed before the next run.
+            c.wait_caught_up("rf3", 1);
+            r
+        };
+        if round % 2 == 0 {
+            rf1_runs.push(standalone());
+            rf3_runs.push(replicated());
+        } else {
+            rf3_runs.push(replicated());
+            rf1_runs.push(standalone());
+        }
+    }
+    let records = |runs: &[serde_json::Value]| {
+        runs.iter()
+            .map(|r| r["records"].as_f64().unwrap_or(f64::NAN))
+            .sum::<f64>()
+    };
+    let rf1_bytes = dir_bytes(dir.path()) as f64 / records(&rf1_runs);
+    let rf3_bytes =
+        c.nodes.iter().map(|n| dir_bytes(&n.dir)).sum::<u64>() as f64 / records(&rf3_runs);
+    single.stop();
     // A factor-1 topic is no Raft group: it lives on one node, the one holding its
-    // directory.
+    // directory. It runs once, after the pairs.
     let host = c
         .nodes
         .iter()
@@ -92,7 +141,7 @@ fn replicated_produce_beside_one_replica() {
     let c1 = bench_produce(&host, "c1", secs);
     c.stop_all();
 
-    let base = rf1["records_per_sec"].as_f64().unwrap_or(f64::NAN);
+    let rate = |r: &serde_json::Value| r["records_per_sec"].as_f64().unwrap_or(f64::NAN);
     println!();
     println!(
         "durable produce, batch 100, 16 connections, 256-byte records, {secs} s each, 1 partition"
@@ -101,9 +150,30 @@ fn replicated_produce_beside_one_replica() {
         "{:<34} | {:>10} {:>8} {:>8} {:>8} | {:>6}",
         "case", "records/s", "p50 ms", "p99 ms", "max ms", "x RF1"
     );
-    row("RF1, one standalone broker", &rf1, base);
-    row("RF1 topic on the 3-node cluster", &c1, base);
-    row("RF3 on the 3-node cluster", &rf3, base);
+    for (round, (a, b)) in rf1_runs.iter().zip(&rf3_runs).enumerate() {
+        row(&format!("RF1, one standalone broker ({round})"), a, rate(a));
+        row(&format!("RF3 on the 3-node cluster ({round})"), b, rate(a));
+    }
+    let mut ratios: Vec<f64> = rf1_runs
+        .iter()
+        .zip(&rf3_runs)
+        .map(|(a, b)| rate(b) / rate(a))
+        .collect();
+    ratios.sort_by(f64::total_cmp);
+    let base = {
+        let mut v: Vec<f64> = rf1_runs.iter().map(rate).collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    row("RF1 topic on the cluster (last)", &c1, base);
+    println!(
+        "RF3 / RF1, median of the {rounds} pairs: {:.2}",
+        ratios[ratios.len() / 2]
+    );
+    println!(
+        "bytes on disk per record produced: RF1 standalone {rf1_bytes:.0}, RF3 {rf3_bytes:.0} over the three nodes ({:.1}x)",
+        rf3_bytes / rf1_bytes
+    );
 }
 
 #[test]
