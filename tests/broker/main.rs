@@ -25,6 +25,7 @@ mod cluster_delete;
 mod cluster_faults;
 mod cluster_harness;
 mod cluster_nemesis;
+mod cluster_pipeline;
 mod cluster_proxy;
 mod cluster_snapshot;
 mod engine_broker;

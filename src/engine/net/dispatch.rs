@@ -453,6 +453,10 @@ impl Session {
             return Ok(());
         }
         if let Some(r) = self.replicated(topic) {
+            if self.may_defer {
+                self.defer_replicated(id, api, topic, batches, r).await;
+                return Ok(());
+            }
             let results = produce_replicated(r, topic, batches).await;
             self.finish_produce(id, api, topic, batches, &results);
             return Ok(());
@@ -577,13 +581,7 @@ impl Session {
         waits: Vec<(usize, DurableWait)>,
     ) {
         let partitions: Vec<u32> = batches.iter().map(|b| b.partition).collect();
-        let counted = self.metrics.clone().map(|m| {
-            let sizes: Vec<(u64, u64)> = batches
-                .iter()
-                .map(|b| produced(std::slice::from_ref(b), &[Ok((0, 0))]))
-                .collect();
-            (self.topic_counters.counters(&m, topic), sizes)
-        });
+        let counted = self.count_later(topic, batches);
         let broker = Arc::clone(&self.broker);
         let waiting = WaitingGuard::enter(&self.waiting);
         let flushed: Vec<_> = if waits.len() > 1 {
@@ -618,21 +616,71 @@ impl Session {
                 }
             }
             drop(waiting);
-            if let Some((counters, sizes)) = counted {
-                // Only the partitions whose records were written and made durable.
-                let (records, bytes) = sizes
-                    .iter()
-                    .zip(&results)
-                    .filter(|(_, r)| r.is_ok())
-                    .fold((0, 0), |(n, b), ((rn, rb), _)| (n + rn, b + rb));
-                if records > 0 {
-                    counters.produced(records, bytes);
-                }
+            if let Some(c) = counted {
+                c.count(&results);
             }
             let mut out = Vec::new();
             encode_produce(&mut out, id, api, partitions.into_iter(), &results);
             out
         }));
+    }
+
+    /// Leaves the answer of a produce to a replicated topic in
+    /// [`Session::deferred`]: each partition's entry is queued to its Raft group
+    /// now, in request order, so the entries of a pipelining connection are in the
+    /// log in the order of its requests; the answer waits until every entry is
+    /// committed and applied, then counts and encodes the response.
+    async fn defer_replicated(
+        &mut self,
+        id: u32,
+        api: u16,
+        topic: &str,
+        batches: &[PartitionBatch<'_>],
+        r: Arc<dyn Replicator>,
+    ) {
+        let mut results: Vec<PartitionResult> = Vec::with_capacity(batches.len());
+        let mut applied = Vec::new();
+        for (i, b) in batches.iter().enumerate() {
+            let submitted = Arc::clone(&r)
+                .submit(topic.to_string(), b.partition, entry_of(b))
+                .await;
+            match submitted {
+                Ok(answer) => {
+                    results.push(Ok((0, 0)));
+                    applied.push((i, answer));
+                }
+                Err(refusal) => results.push(Err(refusal)),
+            }
+        }
+        let partitions: Vec<u32> = batches.iter().map(|b| b.partition).collect();
+        let counted = self.count_later(topic, batches);
+        self.set_deferred(Box::pin(async move {
+            for (i, answer) in applied {
+                if let Some(slot) = results.get_mut(i) {
+                    *slot = answer.await;
+                }
+            }
+            if let Some(c) = counted {
+                c.count(&results);
+            }
+            let mut out = Vec::new();
+            encode_produce(&mut out, id, api, partitions.into_iter(), &results);
+            out
+        }));
+    }
+
+    /// What a produce answered later counts once its results are known (`None`
+    /// without metrics).
+    fn count_later(&mut self, topic: &str, batches: &[PartitionBatch<'_>]) -> Option<CountLater> {
+        let m = self.metrics.clone()?;
+        let sizes = batches
+            .iter()
+            .map(|b| produced(std::slice::from_ref(b), &[Ok((0, 0))]))
+            .collect();
+        Some(CountLater {
+            counters: self.topic_counters.counters(&m, topic),
+            sizes,
+        })
     }
 
     /// Whether another task of this event loop may have a request to append before
@@ -1086,19 +1134,46 @@ async fn produce_replicated(
     topic: &str,
     batches: &[PartitionBatch<'_>],
 ) -> Vec<PartitionResult> {
-    let proposals = batches.iter().map(|b| {
-        let entry = ProduceEntry::new(
-            None,
-            b.records.iter().map(|r| NewRecord {
-                key: r.key,
-                value: r.value,
-                timestamp_ms: r.timestamp_ms,
-            }),
-            crate::engine::partition::now_ms(),
-        );
-        Arc::clone(&r).produce(topic.to_string(), b.partition, entry)
-    });
+    let proposals = batches
+        .iter()
+        .map(|b| Arc::clone(&r).produce(topic.to_string(), b.partition, entry_of(b)));
     futures_util::future::join_all(proposals).await
+}
+
+/// One partition's records of a produce request as one Raft entry.
+fn entry_of(b: &PartitionBatch<'_>) -> ProduceEntry {
+    ProduceEntry::new(
+        None,
+        b.records.iter().map(|r| NewRecord {
+            key: r.key,
+            value: r.value,
+            timestamp_ms: r.timestamp_ms,
+        }),
+        crate::engine::partition::now_ms(),
+    )
+}
+
+/// The metrics of a produce answered later: its topic's counters and, per
+/// partition of the request, the records and bytes it carries.
+struct CountLater {
+    counters: Arc<super::metrics::TopicCounters>,
+    sizes: Vec<(u64, u64)>,
+}
+
+impl CountLater {
+    /// Counts the partitions whose records were written (and made durable or
+    /// applied).
+    fn count(self, results: &[PartitionResult]) {
+        let (records, bytes) = self
+            .sizes
+            .iter()
+            .zip(results)
+            .filter(|(_, r)| r.is_ok())
+            .fold((0, 0), |(n, b), ((rn, rb), _)| (n + rn, b + rb));
+        if records > 0 {
+            self.counters.produced(records, bytes);
+        }
+    }
 }
 
 /// Replaces a partition's result with the error its durability wait ended in.

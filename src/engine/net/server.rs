@@ -18,7 +18,8 @@
 //! Pipelining: a connection whose client sent a request before the answer to the one
 //! before (plain TCP) appends its produce requests as soon as they are whole in the
 //! read buffer; their answers, futures that end once a group commit covers the
-//! records, are sent in request order while the connection reads on
+//! records (or, for a replicated topic, once its Raft entry, queued in request order,
+//! is applied), are sent in request order while the connection reads on
 //! (`Connection::pipeline_step`). Any other request waits for every answer before it.
 //!
 //! Invariants:

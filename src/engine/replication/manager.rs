@@ -40,7 +40,7 @@ use super::snapshot::{
 };
 use super::state_machine::PartitionStateMachine;
 use super::types::{ApplyResult, ProduceEntry, RaftGroup, TypeConfig};
-use super::{BoxFuture, PartitionView, Refusal, Replicator};
+use super::{Applied, BoxFuture, PartitionView, Refusal, Replicator};
 use crate::engine::broker::Broker;
 use crate::format::replication::{Replication, REPLICATION_FILE};
 use crate::format::topic::TopicConfig;
@@ -427,6 +427,61 @@ impl<L: LogStores> Manager<L> {
             return Err(self.not_leader(topic, partition, None));
         };
         match raft.client_write(entry).await {
+            Ok(resp) => self.written(topic, partition, Ok(resp)),
+            Err(RaftError::APIError(e)) => self.written(topic, partition, Err(e)),
+            Err(RaftError::Fatal(e)) => Err((
+                ErrorCode::PARTITION_FAILED,
+                format!("{topic}/{partition}: replication stopped: {e}"),
+            )),
+        }
+    }
+
+    /// [`Manager::produce`] in two steps, for a connection that pipelines: when the
+    /// returned future is ready the entry is queued to the partition's Raft core
+    /// behind every entry submitted before it (so entries of one connection are in
+    /// the log in request order); the future it yields ends once the entry is
+    /// committed and applied, with the offsets.
+    pub async fn submit(
+        self: Arc<Self>,
+        topic: String,
+        partition: u32,
+        entry: ProduceEntry,
+    ) -> Result<Applied, Refusal> {
+        let Some(raft) = self.group(&topic, partition) else {
+            return Err(self.not_leader(&topic, partition, None));
+        };
+        let (responder, answer) = openraft::impls::ProgressResponder::complete_only();
+        if let Err(e) = raft.client_write_ff(entry, Some(responder)).await {
+            return Err((
+                ErrorCode::PARTITION_FAILED,
+                format!("{topic}/{partition}: replication stopped: {e}"),
+            ));
+        }
+        Ok(Box::pin(async move {
+            match answer.await {
+                Ok(result) => self.written(&topic, partition, result),
+                // The core ended without answering (it stopped).
+                Err(_) => Err((
+                    ErrorCode::PARTITION_FAILED,
+                    format!(
+                        "{topic}/{partition}: replication stopped before the entry was applied"
+                    ),
+                )),
+            }
+        }))
+    }
+
+    /// The answer to a produce from what its entry's write came to.
+    fn written(
+        &self,
+        topic: &str,
+        partition: u32,
+        result: Result<
+            openraft::raft::ClientWriteResponse<TypeConfig>,
+            ClientWriteError<TypeConfig>,
+        >,
+    ) -> Result<(u64, u64), Refusal> {
+        match result {
             Ok(resp) => match resp.data {
                 ApplyResult::Appended {
                     base_offset,
@@ -439,14 +494,10 @@ impl<L: LogStores> Manager<L> {
                 ApplyResult::Refused { code, message } => Err((ErrorCode(code), message)),
                 ApplyResult::None => Err((ErrorCode::INTERNAL, "applied as no entry".into())),
             },
-            Err(RaftError::APIError(
-                ClientWriteError::ForwardToLeader(f) | ClientWriteError::LogEntryDiscarded(f),
-            )) => Err(self.not_leader(topic, partition, f.leader_id)),
-            Err(RaftError::APIError(e)) => Err((ErrorCode::INTERNAL, e.to_string())),
-            Err(RaftError::Fatal(e)) => Err((
-                ErrorCode::PARTITION_FAILED,
-                format!("{topic}/{partition}: replication stopped: {e}"),
-            )),
+            Err(ClientWriteError::ForwardToLeader(f) | ClientWriteError::LogEntryDiscarded(f)) => {
+                Err(self.not_leader(topic, partition, f.leader_id))
+            }
+            Err(e) => Err((ErrorCode::INTERNAL, e.to_string())),
         }
     }
 
@@ -1133,6 +1184,15 @@ impl<L: LogStores> Replicator for Manager<L> {
         entry: ProduceEntry,
     ) -> BoxFuture<Result<(u64, u64), Refusal>> {
         Box::pin(async move { Manager::produce(&self, &topic, partition, entry).await })
+    }
+
+    fn submit(
+        self: Arc<Self>,
+        topic: String,
+        partition: u32,
+        entry: ProduceEntry,
+    ) -> BoxFuture<Result<Applied, Refusal>> {
+        Box::pin(Manager::submit(self, topic, partition, entry))
     }
 
     fn check_leader(&self, topic: &str, partition: u32) -> Result<(), Refusal> {

@@ -26,6 +26,8 @@ use crate::format::wire::ErrorCode;
 pub type Refusal = (ErrorCode, String);
 /// A boxed future the request path awaits.
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+/// A produce's offsets once its entry is applied, or why not.
+pub type Applied = BoxFuture<Result<(u64, u64), Refusal>>;
 
 /// What the request path asks of replication (implemented by [`manager::Manager`]);
 /// a node without `--peers` has none, and serves every topic locally as before.
@@ -41,6 +43,15 @@ pub trait Replicator: Send + Sync + 'static {
         partition: u32,
         entry: types::ProduceEntry,
     ) -> BoxFuture<Result<(u64, u64), Refusal>>;
+    /// [`Replicator::produce`] in two steps, for a connection that pipelines: once
+    /// the outer future is ready the entry is queued behind every entry submitted
+    /// before it; the inner future ends with its offsets once it is applied.
+    fn submit(
+        self: Arc<Self>,
+        topic: String,
+        partition: u32,
+        entry: types::ProduceEntry,
+    ) -> BoxFuture<Result<Applied, Refusal>>;
     /// `Ok` when this node leads the partition (reads are served by the leader).
     fn check_leader(&self, topic: &str, partition: u32) -> Result<(), Refusal>;
     /// The partition's leader as this node knows it, with its client address.

@@ -1162,6 +1162,22 @@ mod tests {
             Box::pin(async move { r })
         }
 
+        fn submit(
+            self: Arc<Self>,
+            topic: String,
+            partition: u32,
+            _entry: crate::engine::replication::types::ProduceEntry,
+        ) -> crate::engine::replication::BoxFuture<
+            Result<crate::engine::replication::Applied, crate::engine::replication::Refusal>,
+        > {
+            let r = self.check_leader(&topic, partition);
+            Box::pin(async move {
+                r.map(|()| -> crate::engine::replication::BoxFuture<_> {
+                    Box::pin(async { Ok((0, 0)) })
+                })
+            })
+        }
+
         fn check_leader(
             &self,
             topic: &str,
