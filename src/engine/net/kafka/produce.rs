@@ -11,7 +11,11 @@
 //! only (elsewhere: NOT_LEADER_OR_FOLLOWER, so the client refreshes its metadata and
 //! moves) and answered once committed and applied, whatever `acks` asked. A batch's
 //! producer id, epoch and sequence travel in the entry and are checked at apply on
-//! every replica, so a retry on a new leader is recognised as a duplicate.
+//! every replica, so a retry on a new leader is recognised as a duplicate. Plain
+//! batches are queued to the partition's group as the request is read, in request
+//! order ([`crate::engine::replication::Replicator::submit`]), so a connection that
+//! pipelines has its answers deferred like a local produce's; an idempotent
+//! producer's batches are proposed one after the other.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -48,8 +52,8 @@ const COMPRESSED_BATCH_RECORDS_MAX: i32 = 1 << 17;
 /// A partition's outcome: (base offset, error code, message).
 type Answer = Result<u64, (i16, String)>;
 type Wait = Pin<Box<dyn Future<Output = Result<(), (i16, String)>> + Send>>;
-/// A replicated partition's batches, proposed one after the other.
-type Proposal<'a> = Pin<Box<dyn Future<Output = Answer> + Send + 'a>>;
+/// A replicated partition's batches: their answer once applied.
+type Proposal = Pin<Box<dyn Future<Output = Answer> + Send + 'static>>;
 
 /// How long a replicated produce waits for its entry when the request gives no
 /// timeout.
@@ -315,16 +319,21 @@ fn entry(batch: &[Record]) -> Result<ProduceEntry, (i16, String)> {
     ))
 }
 
-/// One replicated partition: decode and check here, then each batch proposed in
-/// order, each answered once committed and applied (or after `timeout`).
-fn propose<'a>(
-    ctx: &'a Ctx,
+/// One replicated partition: decode and check here, then its batches as entries,
+/// each answered once committed and applied (or after `timeout`). Batches of an
+/// idempotent producer are proposed one after the other, each once the one before
+/// is applied (a refused sequence stops the rest); plain batches are queued to the
+/// partition's Raft group now, in order, before this returns, so the entries of
+/// pipelined requests are in the log in request order. The flag says whether any
+/// batch is idempotent.
+async fn propose(
+    ctx: &Ctx,
     r: &Arc<dyn Replicator>,
     topic: &str,
     index: i32,
     records: Option<Bytes>,
     timeout: Duration,
-) -> Result<Proposal<'a>, (i16, String)> {
+) -> Result<(Proposal, bool), (i16, String)> {
     validate_name(topic).map_err(|e| {
         (
             code::INVALID_TOPIC_EXCEPTION,
@@ -344,25 +353,60 @@ fn propose<'a>(
         .iter()
         .map(|b| entry(b))
         .collect::<Result<Vec<_>, _>>()?;
+    let idempotent = batches
+        .iter()
+        .any(|b| b.first().is_some_and(|r| r.producer_id >= 0));
     let r = Arc::clone(r);
     let topic = topic.to_string();
-    Ok(Box::pin(async move {
-        let mut base = None;
+    if !idempotent {
+        let mut queued = Vec::with_capacity(entries.len());
         for e in entries {
-            let proposed = Arc::clone(&r).produce(topic.clone(), p, e);
-            let (at, _) = match tokio::time::timeout(timeout, proposed).await {
-                Ok(done) => done.map_err(|(c, msg)| (super::replicated_code(c), msg))?,
-                Err(_) => {
-                    return Err((
-                        code::REQUEST_TIMED_OUT,
-                        format!("{topic}/{p}: not committed within {timeout:?}"),
-                    ))
-                }
-            };
-            base.get_or_insert(at);
+            let applied = Arc::clone(&r)
+                .submit(topic.clone(), p, e)
+                .await
+                .map_err(|(c, msg)| (super::replicated_code(c), msg))?;
+            queued.push(applied);
         }
-        base.ok_or_else(|| (code::CORRUPT_MESSAGE, "no records".into()))
-    }))
+        return Ok((
+            Box::pin(async move {
+                let mut base = None;
+                for applied in queued {
+                    let (at, _) = match tokio::time::timeout(timeout, applied).await {
+                        Ok(done) => done.map_err(|(c, msg)| (super::replicated_code(c), msg))?,
+                        Err(_) => {
+                            return Err((
+                                code::REQUEST_TIMED_OUT,
+                                format!("{topic}/{p}: not committed within {timeout:?}"),
+                            ))
+                        }
+                    };
+                    base.get_or_insert(at);
+                }
+                base.ok_or_else(|| (code::CORRUPT_MESSAGE, "no records".into()))
+            }),
+            false,
+        ));
+    }
+    Ok((
+        Box::pin(async move {
+            let mut base = None;
+            for e in entries {
+                let proposed = Arc::clone(&r).produce(topic.clone(), p, e);
+                let (at, _) = match tokio::time::timeout(timeout, proposed).await {
+                    Ok(done) => done.map_err(|(c, msg)| (super::replicated_code(c), msg))?,
+                    Err(_) => {
+                        return Err((
+                            code::REQUEST_TIMED_OUT,
+                            format!("{topic}/{p}: not committed within {timeout:?}"),
+                        ))
+                    }
+                };
+                base.get_or_insert(at);
+            }
+            base.ok_or_else(|| (code::CORRUPT_MESSAGE, "no records".into()))
+        }),
+        true,
+    ))
 }
 
 /// One partition: decode, check, then every batch appended in order.
@@ -398,9 +442,10 @@ fn partition(
 
 /// Appends a produce request's batches and answers it once they are durable. With
 /// `defer` (a connection that pipelines), a request whose batches are all plain
-/// (no idempotent producer), written here (no replicated partition) and waiting for
-/// a commit is answered by [`Outcome::Later`] instead: the connection reads and
-/// appends its next requests while the commit runs, and sends the answers in order.
+/// (no idempotent producer) and that waits for a commit or for replicated entries
+/// (queued already, in request order) is answered by [`Outcome::Later`] instead: the
+/// connection reads and appends its next requests meanwhile, and sends the answers
+/// in order.
 /// Idempotent batches keep one request at a time: the producer table has one batch
 /// in flight per producer and partition.
 pub(crate) async fn produce(ctx: &Ctx, r: ProduceRequest, version: i16, defer: bool) -> Outcome {
@@ -424,7 +469,7 @@ pub(crate) async fn produce(ctx: &Ctx, r: ProduceRequest, version: i16, defer: b
     // Every partition's write first, then the durability waits side by side.
     let mut answers: Vec<(usize, i32, Answer, usize)> = Vec::new();
     let mut waits: Vec<Wait> = Vec::new();
-    let mut proposals: Vec<(usize, Proposal<'_>)> = Vec::new();
+    let mut proposals: Vec<(usize, Proposal)> = Vec::new();
     let mut idempotent = false;
     for (ti, t) in r.topic_data.iter().enumerate() {
         for p in &t.partition_data {
@@ -433,8 +478,9 @@ pub(crate) async fn produce(ctx: &Ctx, r: ProduceRequest, version: i16, defer: b
             let a = match (&refuse_all, ctx.replicated(topic)) {
                 (Some(e), _) => Err(e.clone()),
                 (None, Some(rep)) => {
-                    match propose(ctx, rep, topic, p.index, p.records.clone(), timeout) {
-                        Ok(f) => {
+                    match propose(ctx, rep, topic, p.index, p.records.clone(), timeout).await {
+                        Ok((f, idem)) => {
+                            idempotent |= idem;
                             proposals.push((answers.len(), f));
                             Ok(0)
                         }
@@ -453,17 +499,16 @@ pub(crate) async fn produce(ctx: &Ctx, r: ProduceRequest, version: i16, defer: b
             answers.push((ti, p.index, a, first_wait));
         }
     }
-    // Replicated partitions' entries, side by side (acks 0 and 1 wait as -1 does).
     let replicated = !proposals.is_empty();
-    let (at, futures): (Vec<usize>, Vec<Proposal<'_>>) = proposals.into_iter().unzip();
-    for (i, a) in at
-        .into_iter()
-        .zip(futures_util::future::join_all(futures).await)
-    {
-        if let Some(slot) = answers.get_mut(i) {
-            slot.2 = a;
-        }
+    if defer && r.acks != 0 && !idempotent && (replicated || !waits.is_empty()) {
+        let ctx = ctx.clone();
+        let later = async move {
+            applied(proposals, &mut answers).await;
+            answer(&ctx, &r, version, answers, waits).await
+        };
+        return Outcome::Later(Box::pin(later), super::acl::After::Nothing);
     }
+    applied(proposals, &mut answers).await;
     if r.acks == 0 {
         for (_, _, a, _) in &answers {
             if let Err((c, msg)) = a {
@@ -472,12 +517,21 @@ pub(crate) async fn produce(ctx: &Ctx, r: ProduceRequest, version: i16, defer: b
         }
         return Outcome::NoReply;
     }
-    if defer && !idempotent && !replicated && !waits.is_empty() {
-        let ctx = ctx.clone();
-        let later = async move { answer(&ctx, &r, version, answers, waits).await };
-        return Outcome::Later(Box::pin(later), super::acl::After::Nothing);
-    }
     answer(ctx, &r, version, answers, waits).await
+}
+
+/// Replicated partitions' entries, side by side (acks 0 and 1 wait as -1 does): each
+/// one's answer in its slot of `answers`.
+async fn applied(proposals: Vec<(usize, Proposal)>, answers: &mut [(usize, i32, Answer, usize)]) {
+    let (at, futures): (Vec<usize>, Vec<Proposal>) = proposals.into_iter().unzip();
+    for (i, a) in at
+        .into_iter()
+        .zip(futures_util::future::join_all(futures).await)
+    {
+        if let Some(slot) = answers.get_mut(i) {
+            slot.2 = a;
+        }
+    }
 }
 
 /// Waits for a produce's commits and builds its response: per partition the base

@@ -1273,6 +1273,173 @@ mod tests {
         }
     }
 
+    /// The leader of replicated topic "t": entries get offsets in the order they are
+    /// submitted, and none is answered before [`GatedLeader::GATE`] are in (so a
+    /// connection that waited for each answer before reading the next request would
+    /// wait forever). Everything else as [`Follower`].
+    #[derive(Debug)]
+    struct GatedLeader {
+        submitted: tokio::sync::watch::Sender<u64>,
+    }
+
+    impl GatedLeader {
+        const GATE: u64 = 6;
+    }
+
+    impl Replicator for GatedLeader {
+        fn node_id(&self) -> u64 {
+            1
+        }
+
+        fn is_replicated(&self, topic: &str) -> bool {
+            topic == "t"
+        }
+
+        fn produce(
+            self: Arc<Self>,
+            _topic: String,
+            _partition: u32,
+            _entry: crate::engine::replication::types::ProduceEntry,
+        ) -> crate::engine::replication::BoxFuture<
+            Result<(u64, u64), crate::engine::replication::Refusal>,
+        > {
+            Box::pin(std::future::pending())
+        }
+
+        fn submit(
+            self: Arc<Self>,
+            _topic: String,
+            _partition: u32,
+            _entry: crate::engine::replication::types::ProduceEntry,
+        ) -> crate::engine::replication::BoxFuture<
+            Result<crate::engine::replication::Applied, crate::engine::replication::Refusal>,
+        > {
+            let mut at = 0;
+            self.submitted.send_modify(|n| {
+                at = *n;
+                *n += 1;
+            });
+            let mut all_in = self.submitted.subscribe();
+            Box::pin(async move {
+                Ok(Box::pin(async move {
+                    let _ = all_in.wait_for(|n| *n >= Self::GATE).await;
+                    Ok((at, at))
+                }) as crate::engine::replication::Applied)
+            })
+        }
+
+        fn check_leader(
+            &self,
+            _topic: &str,
+            _partition: u32,
+        ) -> Result<(), crate::engine::replication::Refusal> {
+            Ok(())
+        }
+
+        fn leader_of(&self, _topic: &str, _partition: u32) -> Option<(u64, Option<String>)> {
+            Some((1, None))
+        }
+
+        fn create_topic(
+            self: Arc<Self>,
+            name: String,
+            partitions: u32,
+            settings: Vec<String>,
+            factor: u32,
+        ) -> crate::engine::replication::BoxFuture<Result<(), crate::engine::replication::Refusal>>
+        {
+            Arc::new(Follower).create_topic(name, partitions, settings, factor)
+        }
+
+        fn elsewhere(
+            self: Arc<Self>,
+            _topic: String,
+            _partitions: Vec<u32>,
+        ) -> crate::engine::replication::BoxFuture<Option<Vec<crate::engine::replication::Refusal>>>
+        {
+            Box::pin(async { None })
+        }
+
+        fn delete_topic(
+            self: Arc<Self>,
+            name: String,
+        ) -> crate::engine::replication::BoxFuture<Result<(), crate::engine::replication::Refusal>>
+        {
+            Arc::new(Follower).delete_topic(name)
+        }
+
+        fn alter_topic(
+            self: Arc<Self>,
+            name: String,
+            settings: Vec<(String, String)>,
+        ) -> crate::engine::replication::BoxFuture<
+            Result<crate::format::topic::TopicConfig, crate::engine::replication::Refusal>,
+        > {
+            Arc::new(Follower).alter_topic(name, settings)
+        }
+
+        fn status(&self) -> serde_json::Value {
+            serde_json::Value::Null
+        }
+
+        fn nodes(&self) -> usize {
+            3
+        }
+
+        fn kafka_nodes(&self) -> Vec<(u64, String)> {
+            Follower.kafka_nodes()
+        }
+
+        fn partition_view(
+            &self,
+            _topic: &str,
+            _partition: u32,
+        ) -> Option<crate::engine::replication::PartitionView> {
+            None
+        }
+    }
+
+    /// Plain produce requests to a replicated partition sent back to back: each
+    /// one's entry is queued as it is read, in request order, and the answers come
+    /// in order once their entries are applied. The leader here answers no entry
+    /// before six are queued, so serving one request at a time would never answer.
+    #[test]
+    fn pipelined_produces_to_a_replicated_partition_are_queued_in_order() {
+        use kafka_protocol::messages::ProduceResponse;
+        let (_dir, broker) = broker_with_t();
+        let leader = Arc::new(GatedLeader {
+            submitted: tokio::sync::watch::Sender::new(0),
+        });
+        let (addr, stop, t) = serve_kafka(Arc::clone(&broker), Some(leader.clone()));
+        let n = GatedLeader::GATE;
+        let mut out = Vec::new();
+        for i in 0..n {
+            out.extend(produce_gzip(Bytes::from(format!("v{i}"))));
+        }
+        let mut c = TcpStream::connect(&addr).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        c.write_all(&out).unwrap();
+        let mut base_offsets = Vec::new();
+        for _ in 0..n {
+            let mut len = [0u8; 4];
+            c.read_exact(&mut len).expect("an answer within 10 s");
+            let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
+            c.read_exact(&mut body).unwrap();
+            let body = Bytes::from(body).slice(4..);
+            assert_eq!(body[0], 0);
+            let r = ProduceResponse::decode(&mut body.slice(1..), 9).unwrap();
+            let p = &r.responses[0].partition_responses[0];
+            assert_eq!(p.error_code, code::NONE, "{p:?}");
+            base_offsets.push(p.base_offset);
+        }
+        // The leader numbers entries in the order they reached it.
+        assert_eq!(base_offsets, (0..6).collect::<Vec<i64>>());
+        assert_eq!(*leader.submitted.borrow(), n);
+        stop.store(true, Ordering::SeqCst);
+        t.join().unwrap();
+        broker.shutdown().unwrap();
+    }
+
     #[test]
     fn a_follower_names_the_leader_and_refuses_reads_and_writes() {
         use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
