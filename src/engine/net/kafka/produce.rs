@@ -367,46 +367,39 @@ async fn propose(
                 .map_err(|(c, msg)| (super::replicated_code(c), msg))?;
             queued.push(applied);
         }
-        return Ok((
-            Box::pin(async move {
-                let mut base = None;
-                for applied in queued {
-                    let (at, _) = match tokio::time::timeout(timeout, applied).await {
-                        Ok(done) => done.map_err(|(c, msg)| (super::replicated_code(c), msg))?,
-                        Err(_) => {
-                            return Err((
-                                code::REQUEST_TIMED_OUT,
-                                format!("{topic}/{p}: not committed within {timeout:?}"),
-                            ))
-                        }
-                    };
-                    base.get_or_insert(at);
-                }
-                base.ok_or_else(|| (code::CORRUPT_MESSAGE, "no records".into()))
-            }),
-            false,
-        ));
+        return Ok((Box::pin(first_applied(queued, topic, p, timeout)), false));
     }
-    Ok((
-        Box::pin(async move {
-            let mut base = None;
-            for e in entries {
-                let proposed = Arc::clone(&r).produce(topic.clone(), p, e);
-                let (at, _) = match tokio::time::timeout(timeout, proposed).await {
-                    Ok(done) => done.map_err(|(c, msg)| (super::replicated_code(c), msg))?,
-                    Err(_) => {
-                        return Err((
-                            code::REQUEST_TIMED_OUT,
-                            format!("{topic}/{p}: not committed within {timeout:?}"),
-                        ))
-                    }
-                };
-                base.get_or_insert(at);
+    // Each proposed only once the one before is applied: the iterator makes the
+    // next proposal when `first_applied` asks for it.
+    let t = topic.clone();
+    let proposals = entries
+        .into_iter()
+        .map(move |e| Arc::clone(&r).produce(t.clone(), p, e));
+    Ok((Box::pin(first_applied(proposals, topic, p, timeout)), true))
+}
+
+/// Awaits a partition's entries one after the other, each within `timeout`; the
+/// base offset of the first, or the first error.
+async fn first_applied(
+    entries: impl IntoIterator<Item = crate::engine::replication::Applied>,
+    topic: String,
+    p: u32,
+    timeout: Duration,
+) -> Answer {
+    let mut base = None;
+    for applied in entries {
+        let (at, _) = match tokio::time::timeout(timeout, applied).await {
+            Ok(done) => done.map_err(|(c, msg)| (super::replicated_code(c), msg))?,
+            Err(_) => {
+                return Err((
+                    code::REQUEST_TIMED_OUT,
+                    format!("{topic}/{p}: not committed within {timeout:?}"),
+                ))
             }
-            base.ok_or_else(|| (code::CORRUPT_MESSAGE, "no records".into()))
-        }),
-        true,
-    ))
+        };
+        base.get_or_insert(at);
+    }
+    base.ok_or_else(|| (code::CORRUPT_MESSAGE, "no records".into()))
 }
 
 /// One partition: decode, check, then every batch appended in order.
