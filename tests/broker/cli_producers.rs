@@ -13,6 +13,7 @@ use std::time::Duration;
 use seglog::engine::net::client::Client;
 use seglog::format::wire::{ApiKey, ErrorCode, PartitionBatch, WireRecord};
 
+use crate::util::port::free_port;
 use crate::util::serve::{Serve, PATIENCE};
 
 /// A TCP proxy to `target` that drops the connection instead of relaying the
@@ -191,15 +192,6 @@ fn a_gap_and_a_fenced_epoch_are_refused_and_write_nothing() {
     assert_eq!(server.ok(&["consume", "t"]), "a\nb\nc\n");
     thread::sleep(Duration::from_millis(1));
     server.stop();
-}
-
-/// A free loopback port (bound and released).
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn serve_on(dir: &std::path::Path, addr: &str) -> Serve {

@@ -6,7 +6,6 @@
 #![expect(clippy::unwrap_used, reason = "tests")]
 
 use std::collections::BTreeMap;
-use std::net::TcpListener;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,18 +17,17 @@ use seglog::engine::storage::io::RealStorage;
 use seglog::format::record::decode_record;
 use seglog::format::wire::{parse_not_leader, ErrorCode, PartitionBatch, WireRecord};
 
+use crate::util::port::free_port;
 use crate::util::serve::{Serve, PATIENCE};
 
 const TOPIC: &str = "rep";
 const TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Free loopback addresses (bound and released, for the nodes' `--raft-listen`).
+/// Free loopback addresses for the nodes' `--raft-listen` (outside the ephemeral
+/// range, so no connection of another test takes one before the node binds it).
 fn free_addrs(n: usize) -> Vec<String> {
-    let ls: Vec<TcpListener> = (0..n)
-        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
-    ls.iter()
-        .map(|l| l.local_addr().unwrap().to_string())
+    (0..n)
+        .map(|_| format!("127.0.0.1:{}", free_port()))
         .collect()
 }
 

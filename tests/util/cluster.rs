@@ -13,7 +13,6 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
@@ -31,14 +30,7 @@ use super::serve::{Serve, PATIENCE};
 /// How long one status query may take before the node counts as not answering.
 pub const QUERY_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// A free port on 127.0.0.1 (bound and released; the kernel does not hand it out
-/// again soon).
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
-}
+pub use super::port::free_port;
 
 /// Runs `cmd`, killing it after `limit`; `None` if it did not end in time.
 pub fn output_within(mut cmd: Command, limit: Duration) -> Option<Output> {
