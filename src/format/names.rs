@@ -65,14 +65,24 @@ pub fn tmp_file_name(name: &str) -> String {
     format!("{name}{TMP_SUFFIX}")
 }
 
-/// `.<name>.<pid>.<seq>.tmp`: the unique temporary name of an atomic replace of
-/// `name`, hidden and classified as a leftover temporary file.
+/// Marks the unique temporary name of an atomic replace: `<name>.tmp-<pid>-<seq>`.
+pub const ATOMIC_TMP_MARK: &str = ".tmp-";
+
+/// `<name>.tmp-<pid>-<seq>`: the unique temporary name of an atomic replace of
+/// `name` (FORMAT: leftovers `*.tmp-*` are reported as repairable).
 pub fn atomic_tmp_file_name(name: &str, pid: u32, seq: u64) -> String {
-    format!(".{name}.{pid}.{seq}{TMP_SUFFIX}")
+    format!("{name}{ATOMIC_TMP_MARK}{pid}-{seq}")
 }
 
-/// True for a name [`atomic_tmp_file_name`] gives: `.<name>.<pid>.<seq>.tmp`.
+/// True for a leftover of an atomic replace: any name matching `*.tmp-*` (what
+/// [`atomic_tmp_file_name`] gives), or `.<name>.<pid>.<seq>.tmp`, the name earlier
+/// versions gave, so that a directory they left one in is still repaired.
 pub fn is_atomic_tmp_file_name(name: &str) -> bool {
+    name.contains(ATOMIC_TMP_MARK) || is_legacy_atomic_tmp_file_name(name)
+}
+
+/// `.<name>.<pid>.<seq>.tmp`.
+fn is_legacy_atomic_tmp_file_name(name: &str) -> bool {
     let Some(inner) = name
         .strip_prefix('.')
         .and_then(|n| n.strip_suffix(TMP_SUFFIX))
@@ -107,7 +117,7 @@ pub enum PartitionFile {
     /// `<base>.index.tmp`: a compaction or reindex result not yet renamed into place.
     IndexTmp(u64),
     Marker,
-    /// Any other name ending in `.tmp`.
+    /// Any other name ending in `.tmp`, or an atomic replace's leftover (`*.tmp-*`).
     OtherTmp,
     Unknown,
 }
@@ -124,6 +134,9 @@ pub fn parse_stem(stem: &str) -> Option<u64> {
 pub fn classify_partition_file(name: &str) -> PartitionFile {
     if name == COMPACTION_MARKER {
         return PartitionFile::Marker;
+    }
+    if name.contains(ATOMIC_TMP_MARK) {
+        return PartitionFile::OtherTmp;
     }
     let (base, tmp) = match name.strip_suffix(TMP_SUFFIX) {
         Some(b) => (b, true),
@@ -191,14 +204,20 @@ mod tests {
     #[test]
     fn atomic_tmp_names() {
         let name = atomic_tmp_file_name("topic.json", 12, 3);
-        assert_eq!(name, ".topic.json.12.3.tmp");
+        assert_eq!(name, "topic.json.tmp-12-3");
         assert!(is_atomic_tmp_file_name(&name));
+        // FORMAT's pattern is `*.tmp-*`; the name of earlier versions is still known.
+        for leftover in ["x.tmp-", ".tmp-1", "g.json.tmp-abc", ".topic.json.12.3.tmp"] {
+            assert!(is_atomic_tmp_file_name(leftover), "{leftover}");
+        }
         for other in [
             "topic.json",
             ".topic.json.tmp",
             ".x.1.tmp",
             "x.1.2.tmp",
             ".x.a.2.tmp",
+            "x.tmp",
+            "x-tmp-1",
         ] {
             assert!(!is_atomic_tmp_file_name(other), "{other}");
         }
@@ -236,7 +255,15 @@ mod tests {
         );
         assert_eq!(
             atomic_tmp_file_name(COMPACTION_MARKER, 7, 2),
-            ".compaction.marker.7.2.tmp"
+            "compaction.marker.tmp-7-2"
+        );
+        assert_eq!(
+            classify_partition_file(".compaction.marker.7.2.tmp"),
+            PartitionFile::OtherTmp
+        );
+        assert_eq!(
+            classify_partition_file("00000000000000000147.log.tmp-1-2"),
+            PartitionFile::OtherTmp
         );
         assert_eq!(
             classify_partition_file(&atomic_tmp_file_name(COMPACTION_MARKER, 7, 2)),

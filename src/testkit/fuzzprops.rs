@@ -315,7 +315,7 @@ pub fn names(data: &[u8]) {
         PartitionFile::LogTmp(b) => assert_eq!(format!("{}.tmp", log_file_name(b)), name),
         PartitionFile::IndexTmp(b) => assert_eq!(format!("{}.tmp", index_file_name(b)), name),
         PartitionFile::Marker => assert_eq!(name, "compaction.marker"),
-        PartitionFile::OtherTmp => assert!(name.ends_with(".tmp")),
+        PartitionFile::OtherTmp => assert!(name.ends_with(".tmp") || name.contains(".tmp-")),
         PartitionFile::Unknown => {}
     }
     if let Some(b) = parse_stem(name) {

@@ -184,10 +184,17 @@ fn rebuild_topic_json_of_an_unknown_topic_is_a_usage_error() {
 #[test]
 fn leftover_atomic_replace_temp_files_are_repairable_and_removed() {
     let (_tmp, data) = copy("clean");
-    let tmp_in_topic = data.join("topics/events/.topic.json.4242.7.tmp");
-    let tmp_in_root = data.join(".groups.json.4242.8.tmp");
-    fs::write(&tmp_in_topic, b"{\"partitions\": 2").unwrap();
-    fs::write(&tmp_in_root, b"{}").unwrap();
+    // FORMAT's leftovers are `*.tmp-*` (what the broker writes now); the hidden
+    // `.<name>.<pid>.<seq>.tmp` of earlier versions is still recognised.
+    let planted = [
+        ".groups.json.4242.8.tmp",
+        "schemas.json.tmp-4242-9",
+        "topics/events/.topic.json.4242.7.tmp",
+        "topics/events/topic.json.tmp-99",
+    ];
+    for p in planted {
+        fs::write(data.join(p), b"{\"partitions\": 2").unwrap();
+    }
     let (code, v) = json(&["verify", "--json"], &data);
     assert_eq!(code, 1, "{v:#}");
     let kinds: Vec<(&str, &str)> = v["problems"]
@@ -196,17 +203,12 @@ fn leftover_atomic_replace_temp_files_are_repairable_and_removed() {
         .iter()
         .map(|p| (p["kind"].as_str().unwrap(), p["path"].as_str().unwrap()))
         .collect();
-    assert_eq!(
-        kinds,
-        [
-            ("leftover_temp_file", ".groups.json.4242.8.tmp"),
-            ("leftover_temp_file", "topics/events/.topic.json.4242.7.tmp"),
-        ]
-    );
+    let want: Vec<(&str, &str)> = planted.iter().map(|p| ("leftover_temp_file", *p)).collect();
+    assert_eq!(kinds, want);
     let (code, v) = json(&["recover", "--dry-run", "--json"], &data);
     assert_eq!(code, 1, "{v:#}");
-    assert_eq!(v["actions"].as_array().unwrap().len(), 2, "{v:#}");
-    assert!(tmp_in_topic.exists() && tmp_in_root.exists());
+    assert_eq!(v["actions"].as_array().unwrap().len(), 4, "{v:#}");
+    assert!(planted.iter().all(|p| data.join(p).exists()));
     let (code, v) = json(&["recover", "--json"], &data);
     assert_eq!(code, 0, "{v:#}");
     assert!(v["actions"]
@@ -214,7 +216,7 @@ fn leftover_atomic_replace_temp_files_are_repairable_and_removed() {
         .unwrap()
         .iter()
         .all(|a| a["kind"] == "remove_temp_file"));
-    assert!(!tmp_in_topic.exists() && !tmp_in_root.exists());
+    assert!(planted.iter().all(|p| !data.join(p).exists()));
     let (code, _) = json(&["verify", "--json"], &data);
     assert_eq!(code, 0);
 }

@@ -118,9 +118,7 @@ pub fn scan_dir(dir: &Path) -> Vec<GroupEntry> {
                     Ok((g, l)) => GroupEntry::Group(g, l),
                     Err(p) => GroupEntry::Problem(p),
                 },
-                _ if name.contains(".tmp-") || is_atomic_tmp_file_name(&name) => {
-                    GroupEntry::Leftover(name)
-                }
+                _ if is_atomic_tmp_file_name(&name) => GroupEntry::Leftover(name),
                 _ => GroupEntry::Problem(GroupFileProblem::Bad {
                     file: name.clone(),
                     source: GroupFileError::Json("not a group file name".into()),
