@@ -368,6 +368,15 @@ fn never_durable_newest_segment_is_removed() {
         log0.extend_from_slice(&[0u8; 512]);
         d.put(0, &log0, Some(&s0.index));
         d.put(20, &newest, Some(b""));
+        // A roll that did not finish is repairable, whichever header it left.
+        let verify = seglog().arg("verify").arg(&d.data).output().unwrap();
+        assert_eq!(
+            verify.status.code(),
+            Some(1),
+            "{} bytes: {}",
+            newest.len(),
+            String::from_utf8_lossy(&verify.stdout)
+        );
         let v = recover_twice(&d, 0);
         // Segment 0 is the active one again: its zeros are preallocated space, kept.
         assert_eq!(
@@ -389,7 +398,9 @@ fn never_durable_newest_segment_is_removed() {
 #[test]
 fn segment_that_becomes_the_newest_is_recovered_as_the_active_one() {
     // Once the never-durable segment is gone, the one before it is the newest: the
-    // next start would scan it in full and cut its tail, so this run does too.
+    // next start would scan it in full and cut its tail, so this run does too, and
+    // `verify` calls that tail repairable (the writer had moved on to the new file
+    // before the crash, so it was never acknowledged), not a sealed segment's damage.
     let d = Data::new();
     let s0 = seg(0, 0, 0..39);
     let whole = seg(0, 0, 0..40);
@@ -397,18 +408,96 @@ fn segment_that_becomes_the_newest_is_recovered_as_the_active_one() {
     let (_, pos, _) = whole.records[39];
     log0[pos as usize + 20] ^= 1;
     d.put(0, &log0, Some(&whole.index));
-    d.put(40, &[0u8; 32], None);
-    d.put(41, &[0u8; 3], None);
-    let v = recover_twice(&d, 0);
+    d.put(40, &[0u8; 3], None);
+    let verify = seglog().arg("verify").arg(&d.data).output().unwrap();
     assert_eq!(
-        kinds(&v),
-        ["remove_never_durable", "remove_never_durable", "cut_tail"]
+        verify.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&verify.stdout)
     );
-    assert_eq!(v["actions"][2]["from"], pos);
-    assert_eq!(v["actions"][2]["next_offset"], 39);
+    let v = recover_twice(&d, 0);
+    assert_eq!(kinds(&v), ["remove_never_durable", "cut_tail"]);
+    assert_eq!(v["actions"][1]["from"], pos);
+    assert_eq!(v["actions"][1]["next_offset"], 39);
     assert_eq!(v["partitions"][0]["next_offset"], 39);
     assert_eq!(fs::read(d.log(0)).unwrap(), s0.log);
     assert_eq!(fs::read(d.index(0)).unwrap(), s0.index);
+}
+
+#[test]
+fn only_the_newest_segment_can_have_never_become_durable() {
+    // A roll starts only once the previous one is durable, so a zero (or spare)
+    // header below the newest segment is damage: that segment and its records are
+    // kept and reported, and its offsets are not handed out again.
+    // (A zeroed header on the newest segment itself cannot be told from a roll that
+    // never became durable: FORMAT has it removed, as tested above.)
+    let mut spare = SegmentHeader {
+        base_offset: u64::MAX,
+        generation: 2,
+        flags: 0,
+    }
+    .encode()
+    .to_vec();
+    let s20 = seg(20, 1, 20..40);
+    spare.extend_from_slice(&s20.log[32..]);
+    let mut zeroed = s20.log.clone();
+    zeroed[..32].fill(0);
+    for damaged in [zeroed, spare] {
+        let d = Data::new();
+        let s0 = seg(0, 0, 0..20);
+        d.put(0, &s0.log, Some(&s0.index));
+        d.put(20, &damaged, Some(&s20.index));
+        d.put(40, &[0u8; 64], None);
+        let verify = seglog().arg("verify").arg(&d.data).output().unwrap();
+        assert_eq!(
+            verify.status.code(),
+            Some(2),
+            "{}",
+            String::from_utf8_lossy(&verify.stdout)
+        );
+        // Two headerless segments are no crash state: nothing is removed (were the
+        // newest removed, the next run would take segment 20 for an unfinished roll).
+        let v = recover_twice(&d, 2);
+        assert_eq!(kinds(&v), Vec::<String>::new(), "{v:#}");
+        assert_eq!(fs::read(d.log(40)).unwrap(), [0u8; 64]);
+        assert_eq!(fs::read(d.log(20)).unwrap(), damaged);
+        assert_eq!(fs::read(d.log(0)).unwrap(), s0.log);
+    }
+}
+
+#[test]
+fn a_flipped_crc_bit_in_a_reused_sealed_segment_is_damage_not_an_unfinished_seal() {
+    // In a generation-1 file, flipping the CRC's lowest bit makes a record pass its
+    // check as one of generation 0, like the stale records an unfinished seal leaves.
+    // Records of generation 1 behind it show it is damage: kept, reported, not cut.
+    let d = Data::new();
+    let s0 = seg(0, 1, 0..50);
+    let mut log0 = s0.log.clone();
+    let (_, pos, len) = s0.records[45];
+    let crc_lsb = pos as usize + len - 1;
+    log0[crc_lsb] ^= 1;
+    d.put(0, &log0, Some(&s0.index));
+    let s50 = seg(50, 0, 50..60);
+    d.put(50, &s50.log, Some(&s50.index));
+    let (code, v) = recover_cli(&d.data, &[]);
+    assert_eq!(code, 2, "{v:#}");
+    assert!(
+        !kinds(&v)
+            .iter()
+            .any(|k| k == "cut_tail" || k == "trim_seal"),
+        "{v:#}"
+    );
+    assert_eq!(fs::read(d.log(0)).unwrap(), log0);
+    let out = seglog()
+        .args(["verify", "--json"])
+        .arg(&d.data)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("stale_generation"), "{text}");
+    assert!(!text.contains("unfinished_seal"), "{text}");
 }
 
 #[test]
@@ -861,7 +950,7 @@ fn many_repairs() -> (Data, Vec<u64>, BTreeMap<String, Vec<u8>>) {
 }
 
 /// A compaction marker that does not parse with its temporary files, a sealed
-/// segment with an unfinished seal, and two newest segments that never became durable.
+/// segment with an unfinished seal, and a newest segment that never became durable.
 fn never_started_swap_and_removals() -> (Data, Vec<u64>, BTreeMap<String, Vec<u8>>) {
     let d = Data::new();
     let s0 = seg(0, 0, 0..30);
@@ -869,7 +958,6 @@ fn never_started_swap_and_removals() -> (Data, Vec<u64>, BTreeMap<String, Vec<u8
     log0.extend_from_slice(&[0u8; 333]);
     d.put(0, &log0, Some(&s0.index));
     d.put(30, &[0u8; 4096], Some(b""));
-    d.put(31, &[0u8; 7], None);
     fs::write(d.part.join("compaction.marker"), b"{\"version\": 1, \"ne").unwrap();
     fs::write(
         d.part.join(format!("{}.tmp", log_file_name(0))),

@@ -242,7 +242,12 @@ fn a_path_that_is_not_a_data_directory_is_64_and_nothing_is_created() {
     let other = tmp.path().join("other");
     fs::create_dir(&other).unwrap();
     fs::write(other.join("notes.txt"), b"hello").unwrap();
-    for dir in [&empty, &other] {
+    // Names that only look temporary are someone else's files too: nothing removed.
+    let temps = tmp.path().join("temps");
+    fs::create_dir(&temps).unwrap();
+    fs::write(temps.join("notes.tmp"), b"important").unwrap();
+    fs::write(temps.join("backup.tar.gz.tmp-old"), b"x").unwrap();
+    for dir in [&empty, &other, &temps] {
         let before = files(dir);
         for args in [
             &["verify"][..],

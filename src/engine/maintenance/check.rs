@@ -15,15 +15,15 @@ use std::path::{Path, PathBuf};
 
 use crate::format::index::{decode_index, IndexBuilder, IndexEntry, IndexError, INDEX_ENTRY_LEN};
 use crate::format::marker::{CompactionMarker, MarkerError, MARKER_BYTES_MAX};
-use crate::format::record::RecordError;
+use crate::format::record::{claimed_encoded_len, RecordError, LEN_FIELD};
 use crate::format::{HeaderError, SegmentHeader, HEADER_LEN};
 
 use crate::engine::storage::layout::{
     list_partition, PartitionRef, SegmentFiles, Target, TopicDamage,
 };
 use crate::engine::storage::reader::{
-    open_log, range_is_zero, read_header, scan_sealed_segment, scan_segment, Next, RecordReader,
-    ScanEnd, ScanSummary,
+    open_log, range_is_zero, read_full_at, read_header, scan_sealed_segment, scan_segment, Next,
+    RecordReader, ScanEnd, ScanSummary,
 };
 
 /// Largest index file read into memory: one entry per 4 KiB of a 4 GiB segment, with room.
@@ -656,12 +656,41 @@ pub fn check_partition_with(
             .push(problem(ProblemKind::UnknownFile, path, None, None, detail));
     }
     let newest = listing.segments.last().map(|s| s.base_offset);
+    // A newest segment that never became durable (a roll whose header was not yet
+    // written) leaves the segment before it as the one that was being written: its
+    // tail is checked as the active segment's, as recovery treats it (FORMAT,
+    // Recovery step 4).
+    let also_active = match listing.segments.iter().rev().nth(1) {
+        Some(before) if p.only_segment.is_none() => {
+            let newest_files = listing.segments.last().expect("two segments");
+            newest_header_never_durable(newest_files)?.then_some(before.base_offset)
+        }
+        _ => None,
+    };
     for files in &listing.segments {
         if p.only_segment.is_some_and(|b| b != files.base_offset) {
             continue;
         }
-        let active = Some(files.base_offset) == newest;
+        let newest_one = Some(files.base_offset) == newest;
+        let active = newest_one || Some(files.base_offset) == also_active;
         let mut seg = check_segment(files, active, mode)?;
+        if active && !newest_one {
+            // Only the newest segment can lack its header: any other header problem
+            // is damage, never a roll that did not finish.
+            header_is_damage(&mut seg);
+        }
+        if newest_one
+            && out.segments.last().is_some_and(|b| {
+                Some(b.base_offset()) == also_active
+                    && never_durable_header(b.base_offset(), &b.header)
+            })
+        {
+            // Two segments without a header are no state a crash leaves (a roll
+            // starts only once the previous one is durable): damage, both kept. Were
+            // the newest removed, the next run would take the other for an
+            // unfinished roll and remove its records too.
+            header_is_damage(&mut seg);
+        }
         on_segment(&mut seg);
         out.segments.push(seg);
     }
@@ -670,6 +699,40 @@ pub fn check_partition_with(
         excuse_swap_in_progress(&mut out);
     }
     Ok(out)
+}
+
+/// A header that shows the segment never became durable: shorter than 32 bytes, all
+/// zero, or still that of an unassigned spare (docs/FORMAT.md, Spares rule 3: the header
+/// naming the segment's base is made durable before any record in it is
+/// acknowledged). Only ever so for the newest segment. `base` is the file name's
+/// base: a segment whose base really is u64::MAX has a spare-like header of its own.
+pub fn never_durable_header(base: u64, header: &Result<SegmentHeader, HeaderError>) -> bool {
+    match header {
+        Err(HeaderError::Short { .. } | HeaderError::AllZero) => true,
+        Ok(h) => h.is_spare() && h.base_offset != base,
+        Err(_) => false,
+    }
+}
+
+/// Reports `seg`'s header problem as damage (corrupt) rather than as a segment that
+/// never became durable.
+fn header_is_damage(seg: &mut SegmentCheck) {
+    if let Err(p) = segment_header(&seg.files, false, seg.file_len, &seg.header) {
+        seg.problems
+            .retain(|q| q.kind != ProblemKind::NeverDurableSegment);
+        if !seg.problems.iter().any(|q| q.kind == p.kind) {
+            seg.problems.insert(0, p);
+        }
+    }
+}
+
+/// Whether the segment file has a header that never became durable.
+fn newest_header_never_durable(files: &SegmentFiles) -> io::Result<bool> {
+    let (file, len) = open_log(&files.log)?;
+    Ok(never_durable_header(
+        files.base_offset,
+        &read_header(&file, len)?,
+    ))
 }
 
 /// Half-way through a compaction swap (a marker that parses), new segments stand
@@ -835,6 +898,19 @@ pub fn segment_header(
 ) -> Result<SegmentHeader, Problem> {
     match header {
         Ok(h) if h.base_offset == files.base_offset => Ok(*h),
+        Ok(h) if active && h.is_spare() && files.base_offset != h.base_offset => {
+            let detail = format!(
+                "the header still marks an unassigned spare (base_offset {}, generation {}): the newest segment never became durable ({file_len} bytes, no record acknowledged); recover removes it",
+                h.base_offset, h.generation
+            );
+            Err(problem(
+                ProblemKind::NeverDurableSegment,
+                &files.log,
+                Some(0),
+                None,
+                detail,
+            ))
+        }
         Ok(h) => {
             let detail = format!(
                 "header base_offset {} does not match the file name's {}; no record in it can be trusted",
@@ -914,7 +990,20 @@ pub fn classify_scan_end(
     };
     let zero_to_end = matches!(end, ScanEnd::Record(RecordError::Zero { .. }))
         && range_is_zero(file, position, file_len)?;
-    let stale = matches!(end, ScanEnd::Record(RecordError::StaleGeneration { .. }));
+    // A record that passes its CRC under an older generation starts an unfinished
+    // seal's stale tail only when no record of the segment's own generation follows
+    // it: a reused file's old records lie past everything the writer wrote, while a
+    // flipped low bit of a CRC in the middle of the data looks the same at first.
+    let stale = match end {
+        ScanEnd::Record(RecordError::StaleGeneration {
+            position,
+            generation,
+            ..
+        }) => !active && !own_record_follows(file, *generation, *position, file_len)?,
+        _ => false,
+    };
+    let stale_in_active =
+        active && matches!(end, ScanEnd::Record(RecordError::StaleGeneration { .. }));
     let p = if active {
         match end {
             // Preallocated, zeroed space: kept, so a restart keeps it.
@@ -925,7 +1014,7 @@ pub fn classify_scan_end(
                 None,
                 format!("{tail} unwritten (zero) bytes after the data (preallocated space); recover keeps them"),
             ),
-            ScanEnd::Record(RecordError::StaleGeneration { writer_generation, .. }) => problem(
+            ScanEnd::Record(RecordError::StaleGeneration { writer_generation, .. }) if stale_in_active => problem(
                 ProblemKind::StaleTail,
                 log,
                 Some(position),
@@ -966,6 +1055,26 @@ pub fn classify_scan_end(
         )
     };
     Ok(Some(p))
+}
+
+/// Whether a valid record of `generation` follows the (whole, stale-looking) record
+/// at `position`, before `file_len`.
+fn own_record_follows(
+    file: &File,
+    generation: u64,
+    position: u64,
+    file_len: u64,
+) -> io::Result<bool> {
+    let mut len_field = [0u8; LEN_FIELD];
+    let n = read_full_at(file, &mut len_field, position)?;
+    let Some(claimed) = claimed_encoded_len(len_field.get(..n).unwrap_or(&[])) else {
+        return Ok(false);
+    };
+    let Some(next) = position.checked_add(claimed).filter(|&p| p < file_len) else {
+        return Ok(false);
+    };
+    let mut reader = RecordReader::new(file, generation, next, file_len);
+    Ok(matches!(reader.next_record()?, Next::Record { .. }))
 }
 
 /// The startup check of a sealed segment against its index: the first record and

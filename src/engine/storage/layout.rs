@@ -317,9 +317,11 @@ pub fn read_topic_meta(path: &Path) -> Result<TopicMeta, LayoutError> {
 fn looks_like_partition(dir: &Path) -> io::Result<bool> {
     for entry in fs::read_dir(dir)? {
         let name = entry?.file_name();
+        // A temporary name alone (`notes.tmp`, `x.tmp-1`) says nothing: a directory of
+        // someone else's files is no partition, and the tools must not remove them.
         if !matches!(
             classify_partition_file(&name.to_string_lossy()),
-            PartitionFile::Unknown
+            PartitionFile::Unknown | PartitionFile::OtherTmp
         ) {
             return Ok(true);
         }

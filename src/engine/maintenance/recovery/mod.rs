@@ -37,11 +37,11 @@ use std::path::{Path, PathBuf};
 use crate::format::marker::CompactionMarker;
 use crate::format::names::segment_stem;
 use crate::format::record::{claimed_encoded_len, LEN_FIELD};
-use crate::format::{HeaderError, IndexEntry, SegmentHeader, INDEX_ENTRY_LEN};
+use crate::format::{IndexEntry, INDEX_ENTRY_LEN};
 
 use crate::engine::maintenance::check::{
-    check_partition, check_segment, CheckMode, IndexState, PartitionCheck, Problem, ProblemKind,
-    SegmentCheck, Severity,
+    check_partition, check_segment, never_durable_header, CheckMode, IndexState, PartitionCheck,
+    Problem, ProblemKind, SegmentCheck, Severity,
 };
 use crate::engine::maintenance::reindex::{index_bytes, write_index};
 use crate::engine::storage::io::Storage;

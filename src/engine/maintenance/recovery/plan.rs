@@ -127,34 +127,24 @@ pub(super) fn records_behind(log: &Path, from: u64, to: u64) -> io::Result<Optio
     Ok(found)
 }
 
-/// How many of the newest segments never became durable (a header shorter than 32
-/// bytes or all zero), counted from the newest while that holds.
+/// How many of the newest segments never became durable: the newest one when its
+/// header is shorter than 32 bytes, all zero or a spare's, else none. Only the newest
+/// can be so (a roll starts only once the previous roll is durable, FORMAT, Segment
+/// states); an earlier segment with such a header is damaged, and kept.
 pub(super) fn never_durable_newest(check: &PartitionCheck) -> usize {
     if check.partition.only_segment.is_some() {
         return 0;
     }
-    let newest_is_active = check.segments.last().is_some_and(|s| s.active);
-    if !newest_is_active {
-        return 0;
-    }
-    check
-        .segments
-        .iter()
-        .rev()
-        .take_while(|s| never_durable_header(&s.header))
-        .count()
-}
-
-/// A header that shows the segment never became durable: shorter than 32 bytes, all
-/// zero, or still that of an unassigned spare (docs/FORMAT.md, Spares rule 3: the header
-/// naming the segment's base is made durable before any record in it is
-/// acknowledged).
-pub(super) fn never_durable_header(header: &Result<SegmentHeader, HeaderError>) -> bool {
-    match header {
-        Err(HeaderError::Short { .. } | HeaderError::AllZero) => true,
-        Ok(h) => h.is_spare(),
-        Err(_) => false,
-    }
+    let mut newest_first = check.segments.iter().rev();
+    let newest_never_durable = newest_first
+        .next()
+        .is_some_and(|s| s.active && never_durable_header(s.base_offset(), &s.header));
+    // Two headerless segments are damage, not a crash: both are kept (removing the
+    // newest would make the other look like an unfinished roll to the next run).
+    let before_too = newest_first
+        .next()
+        .is_some_and(|s| never_durable_header(s.base_offset(), &s.header));
+    usize::from(newest_never_durable && !before_too)
 }
 
 /// Builds the plan for one partition from its check (docs/FORMAT.md, Recovery). The
