@@ -31,7 +31,7 @@ pub struct Args {
     #[arg(value_enum)]
     pub mode: Mode,
     /// Broker address (default $SEGLOG_BROKER, else 127.0.0.1:9494).
-    #[arg(long, conflicts_with = "embedded")]
+    #[arg(long, conflicts_with = "embedded", value_parser = super::connect::parse_broker_addrs)]
     pub broker: Option<String>,
     /// Start a broker in this process on DIR, served on a loopback port.
     #[arg(long, value_name = "DIR")]
@@ -135,12 +135,16 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
             dir: dir.clone(),
             flush_every_records: args.flush_every_records,
         },
-        None => Target::Broker(
-            args.broker
+        None => {
+            let addr = args
+                .broker
                 .clone()
                 .or_else(|| std::env::var("SEGLOG_BROKER").ok())
-                .unwrap_or(DEFAULT_BROKER.into()),
-        ),
+                .unwrap_or(DEFAULT_BROKER.into());
+            super::connect::parse_broker_addrs(&addr)
+                .map_err(|e| ExitError::usage(format!("--broker (or $SEGLOG_BROKER) {e}")))?;
+            Target::Broker(addr)
+        }
     };
     let config = Config {
         mode: args.mode.into(),

@@ -20,7 +20,7 @@ use crate::format::wire::ErrorCode;
 pub struct BrokerArgs {
     /// Broker address (host:port); several, comma-separated, for a cluster (the
     /// first that answers is used, and requests follow partition leaders).
-    #[arg(long, env = "SEGLOG_BROKER", default_value = DEFAULT_BROKER, global = true)]
+    #[arg(long, env = "SEGLOG_BROKER", default_value = DEFAULT_BROKER, global = true, value_parser = parse_broker_addrs)]
     pub broker: String,
     /// How long to wait to connect and for each response: 500ms, 10s, 1m.
     #[arg(long, default_value = "30s", value_parser = parse_duration, global = true)]
@@ -231,6 +231,27 @@ impl TlsArgs {
     }
 }
 
+/// Checks a `--broker` value: one or more comma-separated `HOST:PORT` (a port of
+/// 1 to 65535). A value that is no address is a usage error (64), told apart from an
+/// address that cannot be reached (69).
+pub fn parse_broker_addrs(text: &str) -> Result<String, String> {
+    let addrs = crate::engine::net::cluster_client::broker_list(text);
+    if addrs.is_empty() {
+        return Err("names no address (HOST:PORT)".into());
+    }
+    for a in &addrs {
+        let ok = a.rsplit_once(':').is_some_and(|(host, port)| {
+            !host.is_empty()
+                && !host.contains(char::is_whitespace)
+                && port.parse::<u16>().is_ok_and(|p| p > 0)
+        });
+        if !ok {
+            return Err(format!("{a:?} is not HOST:PORT"));
+        }
+    }
+    Ok(text.to_string())
+}
+
 /// Exit 64 for a request that cannot be encoded or that the broker refuses as an
 /// invalid argument ([`refusal_exit`]), 74 for a record that fails its check, 69
 /// otherwise (unreachable or failing broker; the message names the address).
@@ -248,8 +269,9 @@ pub fn client_error(e: ClientError) -> anyhow::Error {
 /// invalid-argument family (a bad topic name, a bad partition count or partition, an
 /// unknown configuration key or a value out of range, a record over the topic's
 /// `max_record_bytes`, a request the broker cannot carry out as asked), the same
-/// code the client gives when it notices the mistake itself; 69 for the rest (no such
-/// topic, topic exists, offset out of range, and every broker-side failure).
+/// code the client gives when it notices the mistake itself; 77 for authentication
+/// and permission refusals; 69 for the rest (no such topic, topic exists, offset out
+/// of range, and every broker-side failure).
 pub fn refusal_exit(code: ErrorCode) -> u8 {
     match code {
         ErrorCode::INVALID_NAME
@@ -260,6 +282,10 @@ pub fn refusal_exit(code: ErrorCode) -> u8 {
         | ErrorCode::INVALID_SCHEMA
         | ErrorCode::LIMIT_EXCEEDED => exit::USAGE,
         ErrorCode::SCHEMA_VIOLATION => exit::SCHEMA_REFUSED,
+        ErrorCode::AUTH_REQUIRED
+        | ErrorCode::AUTH_FAILED
+        | ErrorCode::NOT_AUTHORIZED
+        | ErrorCode::AUTH_RATE_LIMITED => exit::AUTH,
         _ => exit::UNAVAILABLE,
     }
 }
@@ -348,6 +374,39 @@ mod tests {
             ErrorCode(999),
         ] {
             assert_eq!(refusal_exit(code), exit::UNAVAILABLE, "{code}");
+        }
+        for code in [
+            ErrorCode::AUTH_REQUIRED,
+            ErrorCode::AUTH_FAILED,
+            ErrorCode::NOT_AUTHORIZED,
+            ErrorCode::AUTH_RATE_LIMITED,
+        ] {
+            assert_eq!(refusal_exit(code), exit::AUTH, "{code}");
+        }
+    }
+
+    #[test]
+    fn broker_addresses() {
+        for ok in [
+            "127.0.0.1:9494",
+            "a:1,b:2",
+            "[::1]:9092",
+            "localhost:65535, h:3",
+        ] {
+            assert!(parse_broker_addrs(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            ",",
+            "not an address",
+            "host",
+            "host:",
+            ":9",
+            "h:0",
+            "h:70000",
+            "h:x",
+        ] {
+            assert!(parse_broker_addrs(bad).is_err(), "{bad}");
         }
     }
 

@@ -4,8 +4,8 @@
 //!
 //! `create` prints the token on stdout, once: it is not stored anywhere (the broker
 //! keeps a hash). JSON (`--json`): create prints `{"id", "name", "role", "topics",
-//! "groups", "created_ms", "token"}`; list prints one object per line, `{"id",
-//! "name", "role", "topics", "groups", "created_ms", "last_used_ms"}` (-1: never
+//! "groups", "created_ms", "token"}`; list prints one object, `{"keys": [{"id",
+//! "name", "role", "topics", "groups", "created_ms", "last_used_ms"}]}` (-1: never
 //! used); revoke prints `{"revoked": ID}`.
 
 use std::io::{self, Write};
@@ -203,9 +203,8 @@ fn write_created(
 
 fn write_list(out: &mut impl Write, as_json: bool, keys: &[KeyEntry]) -> anyhow::Result<()> {
     if as_json {
-        for k in keys {
-            writeln!(out, "{}", entry_json(k))?;
-        }
+        let keys: Vec<serde_json::Value> = keys.iter().map(entry_json).collect();
+        writeln!(out, "{}", json!({ "keys": keys }))?;
         return Ok(());
     }
     let mut table = Table::new();

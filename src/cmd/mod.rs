@@ -41,6 +41,8 @@ pub mod exit {
     pub const UNAVAILABLE: u8 = 69;
     /// The data directory is locked by a running broker or another tool.
     pub const LOCKED: u8 = 73;
+    /// The broker refused the request for authentication or permission.
+    pub const AUTH: u8 = 77;
     /// I/O error, or the command could not run for another reason.
     pub const IO: u8 = 74;
 }
@@ -85,7 +87,9 @@ Exit codes (the same whichever side, client or broker, finds the mistake):
       request (no such topic, topic exists, offset out of range, storage error on
       the broker, TLS required)
   73  the data directory is locked by a running broker or another tool
-  74  I/O error, or the command could not run for another reason";
+  74  I/O error, or the command could not run for another reason
+  77  authentication or permission refused (no API key, a bad or revoked one, a
+      role or topic the key may not use, too many failed logins)";
 
 #[derive(Debug, Parser)]
 #[command(

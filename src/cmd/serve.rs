@@ -167,7 +167,7 @@ pub struct Args {
 #[command(next_help_heading = "Limits")]
 pub struct LimitArgs {
     /// Connections served at once from one source IP address (default: --max-connections).
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=65536))]
+    #[arg(long, visible_alias = "max-connections-per-ip", value_parser = clap::value_parser!(u64).range(1..=65536))]
     pub max_connections_per_address: Option<u64>,
     /// Largest request frame in bytes (at most 67108864, the protocol's limit).
     #[arg(long, default_value_t = u64::from(FRAME_BYTES_MAX),

@@ -573,6 +573,27 @@ fn unreachable_broker_exits_69() {
 }
 
 #[test]
+fn a_broker_value_that_is_no_address_is_a_usage_error() {
+    // No connection is tried: 64 names the value, where 69 would blame a broker.
+    for bad in ["not an address", "host", "host:0", "h:99999", ""] {
+        for args in [
+            vec!["topics", "list", "--broker", bad],
+            vec!["bench", "produce", "--records", "1", "--broker", bad],
+        ] {
+            let out = Command::new(BIN).args(&args).output().unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(64), "{args:?}: {err}");
+        }
+        let out = Command::new(BIN)
+            .args(["consume", "t"])
+            .env("SEGLOG_BROKER", bad)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(64), "SEGLOG_BROKER={bad:?}");
+    }
+}
+
+#[test]
 fn a_second_broker_on_the_same_directory_exits_73() {
     let dir = tempfile::tempdir().unwrap();
     let b = Serve::start(dir.path());

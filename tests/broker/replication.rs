@@ -276,6 +276,8 @@ fn a_node_of_another_cluster_is_refused() {
         .cloned()
         .unwrap();
     assert_eq!(other["reachable"], false, "{s}");
+    assert_eq!(other["alive"], false, "{s}");
+    assert_eq!(other["addr"], other["raft_addr"], "{s}");
     let mine: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dirs[0].path().join("cluster.json")).unwrap())
             .unwrap();

@@ -958,18 +958,26 @@ impl<L: LogStores> Manager<L> {
 
     /// This node's view of the cluster, as `cluster status --json` prints it.
     pub fn status(&self) -> serde_json::Value {
+        // `addr` and `alive` are the contract's names (the node's `--peers` address
+        // and whether it answers); `raft_addr` and `reachable` say the same.
+        let own_raft = self.nodes.get(&self.node_id()).cloned().unwrap_or_default();
         let mut nodes = vec![serde_json::json!({
             "id": self.node_id(),
-            "raft_addr": self.nodes.get(&self.node_id()).cloned().unwrap_or_default(),
+            "addr": own_raft,
+            "alive": true,
+            "raft_addr": own_raft,
             "client_addr": self.peers.ident.client_addr,
             "reachable": true,
         })];
         for p in self.peers.peers.values() {
+            let reachable = p.reachable();
             nodes.push(serde_json::json!({
                 "id": p.id,
+                "addr": p.raft_addr,
+                "alive": reachable,
                 "raft_addr": p.raft_addr,
                 "client_addr": self.peers.client_addr(p.id),
-                "reachable": p.reachable(),
+                "reachable": reachable,
             }));
         }
         nodes.sort_by_key(|n| n["id"].as_u64());
