@@ -417,9 +417,17 @@ impl Broker {
         for log in topics.iter().flat_map(|t| t.logs()) {
             let failed_before = log.failure().is_some();
             log.close(Closed::ShuttingDown);
-            if let Err(e) = log.flush() {
-                if !failed_before {
-                    first_error.get_or_insert(e);
+            match log.flush() {
+                Err(e) => {
+                    if !failed_before {
+                        first_error.get_or_insert(e);
+                    }
+                }
+                Ok(()) => {
+                    if let Err(e) = log.trim_stale_tail() {
+                        // Only tidiness: the next start cuts those bytes as well.
+                        tracing::warn!(partition = %log.dir().display(), error = %e, "cutting a reused segment's old bytes at stop failed");
+                    }
                 }
             }
         }

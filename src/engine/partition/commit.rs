@@ -2,6 +2,7 @@
 //! see; requests behind it find their write covered and return without a system call.
 
 use super::*;
+use crate::format::record::{claimed_encoded_len, decode_record, RecordError};
 
 // ----- group commit -----
 
@@ -114,6 +115,45 @@ impl PartitionLog {
     pub fn flush(&self) -> Result<(), EngineError> {
         let target = self.written_end();
         self.wait_durable(target)
+    }
+
+    /// At a clean stop, after [`PartitionLog::flush`]: cuts a reused active segment's
+    /// file to the end of its data when the older generation's bytes past it do not
+    /// start with a whole record of that generation. The writer's data ends anywhere
+    /// inside an old record, and such a tail cannot be told from a torn write (a check
+    /// would call the stopped directory repairable); the next start would cut it
+    /// anyway. A tail that starts with a whole older record is a legal stale tail
+    /// (`verify` names it by generation) and is kept, as is a zero tail.
+    pub fn trim_stale_tail(&self) -> io::Result<()> {
+        let mut w = lock(&self.write);
+        if w.pending.roll.is_some() {
+            return Ok(());
+        }
+        let a = &mut w.active;
+        if a.zero.floor() <= a.data_end || a.file_len <= a.data_end {
+            return Ok(());
+        }
+        let mut len_field = [0u8; crate::format::record::LEN_FIELD];
+        let n = a.log.read_at(&mut len_field, a.data_end)?;
+        let whole_old_record = match claimed_encoded_len(len_field.get(..n).unwrap_or(&[])) {
+            Some(len) if len <= a.file_len - a.data_end => {
+                // At most MAX_RECORD_LEN + 4 bytes: `claimed_encoded_len` is bounded.
+                let mut buf = vec![0u8; len as usize];
+                let got = a.log.read_at(&mut buf, a.data_end)?;
+                matches!(
+                    decode_record(buf.get(..got).unwrap_or(&[]), a.data_end, a.seg.generation),
+                    Err(RecordError::StaleGeneration { .. })
+                )
+            }
+            _ => false,
+        };
+        if whole_old_record {
+            return Ok(());
+        }
+        a.log.set_len(a.data_end)?;
+        self.sync_all(&*a.log)?;
+        a.file_len = a.data_end;
+        Ok(())
     }
 
     /// Takes a plan under the write lock and runs it without the lock. Returns the

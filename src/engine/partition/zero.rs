@@ -291,6 +291,11 @@ impl ZeroTarget {
     /// The zero state of a segment whose data ends at `data_end` in a file of
     /// `file_len` bytes (the bytes past the data are zeros or, below `floor`, may be
     /// an older generation's records).
+    /// A reused file's old end: older bytes may lie below it past the data.
+    pub(super) fn floor(&self) -> u64 {
+        lock(&self.state).floor
+    }
+
     pub(super) fn new(path: PathBuf, data_end: u64, file_len: u64, floor: u64) -> Self {
         ZeroTarget {
             path,
