@@ -296,19 +296,27 @@ fn a_failure_at_every_spare_step_recovers_with_nothing_acknowledged_lost() {
     }
 }
 
-#[test]
-fn verify_and_dump_name_a_reused_files_stale_records_by_generation() {
-    let dir = tempfile::tempdir().unwrap();
-    let b = Broker::open(dir.path(), real(), opts()).unwrap();
+/// A broker on `dir` whose t/0 rolled onto a spare: 40 records, retention (which
+/// returns segments to the pool), then one record at a time until a roll takes a
+/// spare. Returns the broker, the acknowledged records and the next record number.
+fn rolled_onto_a_spare(dir: &Path) -> (Arc<Broker>, Vec<(u64, u64)>, u64) {
+    let b = Broker::open(dir, real(), opts()).unwrap();
     b.create_topic("t", 1, config()).unwrap();
     let mut acked = produce(&b, 0, 40);
     assert!(b.run_retention().is_empty());
-    // Rolls until one takes a spare, then a record in the reused file.
     let mut n = 40;
     while b.stats().spares_taken == 0 {
         acked.extend(produce(&b, n, 1));
         n += 1;
     }
+    (b, acked, n)
+}
+
+#[test]
+fn verify_and_dump_name_a_reused_files_stale_records_by_generation() {
+    let dir = tempfile::tempdir().unwrap();
+    let (b, mut acked, n) = rolled_onto_a_spare(dir.path());
+    // A record in the reused file.
     acked.extend(produce(&b, n, 1));
     b.shutdown().unwrap();
     drop(b);
@@ -346,11 +354,7 @@ fn a_clean_stop_leaves_a_reused_segment_that_verifies_clean() {
     // cuts those bytes, so the stopped directory verifies clean (exit 0), and the
     // broker opens on it with every acknowledged record.
     let dir = tempfile::tempdir().unwrap();
-    let b = Broker::open(dir.path(), real(), opts()).unwrap();
-    b.create_topic("t", 1, config()).unwrap();
-    let mut acked = produce(&b, 0, 40);
-    assert!(b.run_retention().is_empty());
-    let mut n = 40;
+    let (b, acked, _) = rolled_onto_a_spare(dir.path());
     let odd = |b: &Broker, n: u64| {
         let v = vec![b'x'; 20 + (n as usize * 37) % 61];
         let rec = NewRecord {
@@ -360,10 +364,6 @@ fn a_clean_stop_leaves_a_reused_segment_that_verifies_clean() {
         };
         b.produce("t", 0, &[rec]).unwrap().base_offset
     };
-    while b.stats().spares_taken == 0 {
-        acked.extend(produce(&b, n, 1));
-        n += 1;
-    }
     let mut odd_offsets = Vec::new();
     for k in 0..3 {
         odd_offsets.push(odd(&b, k));
