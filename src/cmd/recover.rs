@@ -702,11 +702,13 @@ fn action_json(root: &Path, a: &Action, backups: &[PathBuf]) -> Value {
         Action::RemoveNeverDurable {
             index,
             base_offset,
+            to_spares,
             reason,
             ..
         } => json!({
             "index": index.as_ref().map(|i| relative(root, i)),
             "base_offset": base_offset, "reason": reason,
+            "to_spares": to_spares.as_ref().map(|d| relative(root, d)),
         }),
         Action::TrimSeal { reason, .. }
         | Action::RemoveMarker { reason, .. }

@@ -18,7 +18,7 @@ use seglog::engine::storage::layout::resolve;
 use seglog::engine::storage::lock::DirLock;
 use seglog::engine::storage::reader::{open_log, read_header, scan_segment};
 use seglog::format::marker::CompactionMarker;
-use seglog::format::names::{index_file_name, log_file_name};
+use seglog::format::names::{index_file_name, log_file_name, spare_file_name, SPARES_DIR};
 use seglog::format::SegmentHeader;
 use seglog::testkit::storage::{FailOn, FailingStorage};
 
@@ -393,6 +393,61 @@ fn never_durable_newest_segment_is_removed() {
         );
         assert_eq!(v["partitions"][0]["next_offset"], 20);
     }
+}
+
+#[test]
+fn a_reused_file_that_never_became_durable_goes_back_to_the_spares() {
+    // A spare (generation 4) taken at a roll: its header rewrite never became
+    // durable, but records of generation 4 were appended behind it (never
+    // acknowledged). The data directory has a pool, with spare 5 in it already.
+    let d = Data::new();
+    let spares = d.data.join(SPARES_DIR);
+    fs::create_dir(&spares).unwrap();
+    let pooled = SegmentHeader {
+        base_offset: u64::MAX,
+        generation: 2,
+        flags: 0,
+    }
+    .encode();
+    fs::write(spares.join(spare_file_name(5)), pooled).unwrap();
+    let mut newest = SegmentHeader {
+        base_offset: u64::MAX,
+        generation: 4,
+        flags: 0,
+    }
+    .encode()
+    .to_vec();
+    newest.extend_from_slice(&seg(20, 4, 20..25).log[32..]);
+    let s0 = seg(0, 0, 0..20);
+    d.put(0, &s0.log, Some(&s0.index));
+    d.put(20, &newest, Some(b""));
+
+    let v = recover_twice(&d, 0);
+    assert_eq!(kinds(&v), ["remove_never_durable"], "{v:#}");
+    assert_eq!(v["actions"][0]["to_spares"], "spares", "{v:#}");
+    assert!(!d.log(20).exists() && !d.index(20).exists());
+    assert_eq!(fs::read(d.log(0)).unwrap(), s0.log);
+    assert_eq!(v["partitions"][0]["next_offset"], 20);
+    // It is the pool's next name, re-stamped (generation 5, still unassigned): the
+    // records of generation 4 behind the header are stale now.
+    let back = fs::read(spares.join(spare_file_name(6))).unwrap();
+    let h = SegmentHeader::decode(&back).unwrap();
+    assert!(h.is_spare() && h.generation == 5, "{h:?}");
+    assert_eq!(back[32..], newest[32..]);
+    assert_eq!(fs::read(spares.join(spare_file_name(5))).unwrap(), pooled);
+    // Kept in the backup too, as every removal is.
+    assert_eq!(
+        backup_file(&d, &format!("{P0}/{}", log_file_name(20))),
+        newest
+    );
+    // Without a pool in the data directory it is removed, as before.
+    let d = Data::new();
+    d.put(0, &s0.log, Some(&s0.index));
+    d.put(20, &newest, Some(b""));
+    let v = recover_twice(&d, 0);
+    assert_eq!(v["actions"][0]["to_spares"], Value::Null, "{v:#}");
+    assert!(!d.log(20).exists());
+    assert!(!d.data.join(SPARES_DIR).exists());
 }
 
 #[test]

@@ -660,9 +660,8 @@ pub fn check_partition_with(
     // written) leaves the segment before it as the one that was being written: its
     // tail is checked as the active segment's, as recovery treats it (FORMAT,
     // Recovery step 4).
-    let also_active = match listing.segments.iter().rev().nth(1) {
-        Some(before) if p.only_segment.is_none() => {
-            let newest_files = listing.segments.last().expect("two segments");
+    let also_active = match listing.segments.as_slice() {
+        [.., before, newest_files] if p.only_segment.is_none() => {
             newest_header_never_durable(newest_files)?.then_some(before.base_offset)
         }
         _ => None,

@@ -360,9 +360,10 @@ impl SparePool {
     }
 }
 
-/// Rewrites one spare's header at startup (base `u64::MAX`, generation + 1) and
-/// fsyncs it. `None` when its header does not decode or its generation cannot grow.
-fn restamp_file(storage: &dyn Storage, path: &Path) -> io::Result<Option<Spare>> {
+/// Rewrites one spare's header (base `u64::MAX`, generation + 1) and fsyncs it: at
+/// startup, and by recovery when a reused file goes back to the pool. `None` when its
+/// header does not decode or its generation cannot grow.
+pub(crate) fn restamp_file(storage: &dyn Storage, path: &Path) -> io::Result<Option<Spare>> {
     let file = File::open(path)?;
     let len = file.metadata()?.len();
     let Ok(header) = read_header(&file, len)? else {

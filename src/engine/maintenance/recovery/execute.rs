@@ -2,6 +2,7 @@
 //! made durable before the next.
 
 use super::*;
+use crate::format::names::{parse_spare_file_name, spare_file_name};
 
 /// Executes a plan. With `backup_dir`, every byte range cut and every file removed is
 /// copied there first and fsynced. Stops at the first failure (nothing after it is
@@ -89,16 +90,33 @@ pub(super) fn run_action(
             remove_files(storage, &pp.dir, &[path.as_path()], backup, &mut backups)
                 .map_err(wrap)?;
         }
-        Action::RemoveNeverDurable { log, index, .. } => {
+        Action::RemoveNeverDurable {
+            log,
+            index,
+            to_spares,
+            ..
+        } => {
             // 1. The index, and fsync the directory; 2. the log, and fsync again. A
             //    crash in between leaves the log, removed next time; never an index
             //    without its log, which above the first segment marks a lost segment
             //    (docs/FORMAT.md, Recovery step 5).
+            //    A reused file goes back to the spares instead (FORMAT, Recovery step
+            //    4): a crash before its rename is durable leaves it in either place,
+            //    and both are handled (here again, or re-stamped at startup).
             if let Some(i) = index {
                 remove_files(storage, &pp.dir, &[i.as_path()], backup, &mut backups)
                     .map_err(wrap)?;
             }
-            remove_files(storage, &pp.dir, &[log.as_path()], backup, &mut backups).map_err(wrap)?;
+            match to_spares {
+                Some(spares) if exists(log).map_err(wrap)? => {
+                    if let Some(b) = backup {
+                        backups.push(b.copy(storage, log, 0, file_len(log), true).map_err(wrap)?);
+                    }
+                    return_to_spares(storage, &pp.dir, log, spares).map_err(wrap)?;
+                }
+                _ => remove_files(storage, &pp.dir, &[log.as_path()], backup, &mut backups)
+                    .map_err(wrap)?,
+            }
         }
         Action::CutTail { log, from, to, .. } | Action::TrimSeal { log, from, to, .. } => {
             cut(storage, log, *from, *to, backup, &mut backups).map_err(wrap)?;
@@ -123,6 +141,31 @@ pub(super) fn run_action(
         action: action.clone(),
         backups,
     })
+}
+
+/// FORMAT, Spares rule 1: `log` is renamed into `spares` under the next free spare
+/// name, both directories are fsynced, then its header is re-stamped (base
+/// `u64::MAX`, generation + 1) and the file fsynced.
+fn return_to_spares(
+    storage: &dyn Storage,
+    partition_dir: &Path,
+    log: &Path,
+    spares: &Path,
+) -> io::Result<()> {
+    let mut next = 0u64;
+    for entry in std::fs::read_dir(spares)? {
+        let name = entry?.file_name();
+        if let Some(seq) = name.to_str().and_then(parse_spare_file_name) {
+            next = next.max(seq.saturating_add(1));
+        }
+    }
+    let to = spares.join(spare_file_name(next));
+    storage.rename(log, &to)?;
+    storage.sync_dir(spares)?;
+    storage.sync_dir(partition_dir)?;
+    // A header that cannot be re-stamped here (it was checked as a spare's when the
+    // plan was made) is left for the broker's startup, which removes such a file.
+    crate::engine::partition::spares::restamp_file(storage, &to).map(drop)
 }
 
 /// Removes files (each backed up first, if asked), then fsyncs the directory.

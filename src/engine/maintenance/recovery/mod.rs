@@ -176,12 +176,16 @@ pub enum Action {
         to: u64,
         reason: String,
     },
-    /// Remove a newest segment that never became durable.
+    /// Remove a newest segment that never became durable. A reused file (its header
+    /// still a spare's) goes back to the spare pool when `to_spares` names the data
+    /// directory's `spares/`: renamed there, both directories fsynced, its header
+    /// re-stamped (FORMAT, Spares rule 1).
     RemoveNeverDurable {
         log: PathBuf,
         index: Option<PathBuf>,
         base_offset: u64,
         bytes: u64,
+        to_spares: Option<PathBuf>,
         reason: String,
     },
 }
@@ -301,13 +305,18 @@ impl Action {
                 index,
                 base_offset,
                 bytes,
+                to_spares,
                 reason,
             } => format!(
-                "remove {}{} ({bytes} bytes, base offset {base_offset}): {reason}",
+                "remove {}{} ({bytes} bytes, base offset {base_offset}){}: {reason}",
                 rel(log),
                 index
                     .as_ref()
                     .map(|i| format!(" and {}", rel(i)))
+                    .unwrap_or_default(),
+                to_spares
+                    .as_ref()
+                    .map(|d| format!(", the log back to {}/", rel(d)))
                     .unwrap_or_default()
             ),
         }

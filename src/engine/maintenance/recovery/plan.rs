@@ -147,6 +147,17 @@ pub(super) fn never_durable_newest(check: &PartitionCheck) -> usize {
     usize::from(newest_never_durable && !before_too)
 }
 
+/// `DATA/spares` of a partition directory `DATA/topics/T/P`, when that directory
+/// exists (the broker creates it when its spare pool is on).
+fn spares_dir_of(partition_dir: &Path) -> Option<PathBuf> {
+    let topics = partition_dir.parent()?.parent()?;
+    if topics.file_name()? != crate::format::names::TOPICS_DIR {
+        return None;
+    }
+    let spares = topics.parent()?.join(crate::format::names::SPARES_DIR);
+    spares.is_dir().then_some(spares)
+}
+
 /// Builds the plan for one partition from its check (docs/FORMAT.md, Recovery). The
 /// segment that becomes active after step 2 must have been checked as active.
 pub(super) fn plan_from_check(check: &PartitionCheck) -> PartitionPlan {
@@ -187,11 +198,15 @@ pub(super) fn plan_from_check(check: &PartitionCheck) -> PartitionPlan {
         let reason = format!(
             "{why}: the newest segment never became durable, no record in it was acknowledged"
         );
+        // A reused file still marked as a spare goes back to the pool, when the
+        // partition is in a data directory that has one (FORMAT, Recovery step 4).
+        let reused = matches!(&seg.header, Ok(h) if h.is_spare() && h.generation < u64::MAX);
         plan.actions.push(Action::RemoveNeverDurable {
             log: seg.files.log.clone(),
             index: seg.files.index.exists().then(|| seg.files.index.clone()),
             base_offset: seg.base_offset(),
             bytes: seg.file_len,
+            to_spares: reused.then(|| spares_dir_of(&p.dir)).flatten(),
             reason,
         });
     }
