@@ -102,7 +102,8 @@ pub struct Args {
     pub zero_rate: u64,
     /// Segment files retention would delete (without --cold-storage-dir) are kept in
     /// DATA/spares/ instead, up to this many per partition of the node, and reused by
-    /// the next roll of any partition (their blocks already allocated). 0: off.
+    /// the next roll of any partition (their blocks already allocated). 0: off (a
+    /// DATA/spares/ left by an earlier start is removed).
     #[arg(long, default_value_t = crate::engine::partition::spares::SPARES_PER_PARTITION_DEFAULT,
           value_parser = clap::value_parser!(u64).range(0..=1024))]
     pub spares_per_partition: u64,

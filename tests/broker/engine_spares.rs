@@ -197,6 +197,22 @@ fn the_pool_is_capped_per_partition_and_off_at_zero() {
     assert_eq!(b.stats().spares_returned, 1);
     b.shutdown().unwrap();
     drop(b);
+    // Started again with the pool off: nothing is left in a pool nobody uses.
+    let zero = BrokerOptions {
+        spares_per_partition: 0,
+        ..opts()
+    };
+    let b = Broker::open(dir.path(), real(), zero).unwrap();
+    assert!(!dir.path().join("spares").exists());
+    assert!(
+        b.startup_report()
+            .iter()
+            .any(|l| l.contains("spare pool is off") && l.contains("1 file(s)")),
+        "{:?}",
+        b.startup_report()
+    );
+    b.shutdown().unwrap();
+    drop(b);
     let off = tempfile::tempdir().unwrap();
     let b = Broker::open(off.path(), real(), BrokerOptions::default()).unwrap();
     b.create_topic("t", 1, big_config()).unwrap();

@@ -164,7 +164,7 @@ fn open_spares(
     topics: &BTreeMap<String, Arc<Topic>>,
 ) -> Result<Vec<String>, EngineError> {
     if opts.spares_per_partition == 0 {
-        return Ok(Vec::new());
+        return remove_spares(storage, data_dir);
     }
     stats.spares.configure(data_dir, opts.spares_per_partition);
     let Some(dir) = stats.spares.dir() else {
@@ -188,6 +188,27 @@ fn open_spares(
     } else {
         Vec::new()
     })
+}
+
+/// With the pool off, `DATA/spares` left by an earlier start with it on holds no
+/// file the broker will use: it is removed (its files hold only records retention,
+/// compaction or an unfinished roll gave up), and the data directory fsynced, as
+/// the pool deletes any spare over its cap.
+fn remove_spares(storage: &dyn Storage, data_dir: &Path) -> Result<Vec<String>, EngineError> {
+    let dir = data_dir.join(crate::format::names::SPARES_DIR);
+    let files = match std::fs::read_dir(&dir) {
+        Ok(rd) => rd.count(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(EngineError::io(format!("reading {}", dir.display()), e)),
+    };
+    storage
+        .remove_dir_all(&dir)
+        .and_then(|()| storage.sync_dir(data_dir))
+        .map_err(|e| EngineError::io(format!("removing {}", dir.display()), e))?;
+    Ok(vec![format!(
+        "{}: the spare pool is off (--spares-per-partition 0): removed it and its {files} file(s)",
+        dir.display()
+    )])
 }
 
 fn keys_open_error(e: crate::engine::keys::KeyError) -> EngineError {
