@@ -1,6 +1,6 @@
 //! `seglog cluster status`: a cluster node's view of its nodes and of the Raft group
 //! of each replicated partition it holds (leader, term, commit and applied index, and,
-//! on the leader, each replica's match index and lag).
+//! on the leader, each replica's match index and lag and the in-sync replicas).
 
 use std::fmt::Write as _;
 use std::io::{self, Write};
@@ -80,6 +80,7 @@ pub fn render(v: &Value) -> String {
         "commit",
         "applied",
         "replicas (match/lag)",
+        "in sync",
     ]);
     for p in v["partitions"].as_array().into_iter().flatten() {
         let replicas: Vec<String> = p["replicas"]
@@ -105,6 +106,10 @@ pub fn render(v: &Value) -> String {
                 "-".into()
             } else {
                 replicas.join(" ")
+            },
+            match p["in_sync"].as_array() {
+                Some(ids) => ids.iter().map(text).collect::<Vec<_>>().join(","),
+                None => "-".into(),
             },
         ]);
     }

@@ -182,6 +182,37 @@ fn kafka_metadata_names_the_leader_and_idempotent_produce_survives_a_leader_kill
     let survivors: Vec<u64> = c.ids().into_iter().filter(|id| *id != killed).collect();
     let (_, seen) = metadata(&kafka[&survivors[0]]);
     assert_eq!(seen["0"], i64::try_from(new_leader).unwrap(), "{seen:?}");
+    // Every survivor, the follower too, names the survivors as each partition's ISR
+    // (the killed node falls out once entries commit without it), as Kafka's brokers
+    // all give the controller's ISR.
+    let alive: BTreeSet<i64> = survivors
+        .iter()
+        .map(|n| i64::try_from(*n).unwrap())
+        .collect();
+    for id in &survivors {
+        let began = Instant::now();
+        loop {
+            let m = python("confluent_metadata", &[&kafka[id], TOPIC]);
+            let isrs: Vec<BTreeSet<i64>> = (0..PARTITIONS)
+                .map(|p| {
+                    m["partitions"][p.to_string()]["isrs"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|n| n.as_i64().unwrap())
+                        .collect()
+                })
+                .collect();
+            if isrs.iter().all(|s| *s == alive) {
+                break;
+            }
+            assert!(
+                began.elapsed() < PATIENCE,
+                "node {id} names ISRs {isrs:?}, the survivors are {alive:?}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
     for id in survivors {
         c.stop(id);
     }

@@ -20,14 +20,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use openraft::async_runtime::WatchReceiver as _;
 use openraft::base::BoxStream;
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::raft::AppendEntriesRequest;
 use openraft::storage::RaftLogStorage;
-use openraft::{BasicNode, Config, ServerState, SnapshotPolicy};
+use openraft::{BasicNode, Config, RaftMetrics, ServerState, SnapshotPolicy};
 use serde::{Deserialize, Serialize};
 
 use super::network::{
@@ -56,6 +56,12 @@ const PLACEMENT_WAIT: Duration = Duration::from_secs(2);
 const UNREACHABLE_RETRY: Duration = Duration::from_millis(50);
 /// How long a new group may take to elect its first leader before create returns.
 const FIRST_LEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often a node asks the leaders of the groups it follows which replicas are in
+/// sync (peer call `Status`), for its Kafka Metadata.
+const IN_SYNC_REFRESH: Duration = Duration::from_secs(1);
+/// How long a leader's answer stands for a follower's Metadata; older, or from
+/// another term or leader, the follower names the leader alone.
+const IN_SYNC_FRESH: Duration = Duration::from_secs(3);
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -140,6 +146,42 @@ pub struct Manager<L: LogStores> {
     staging: Mutex<BTreeMap<(String, u32), Staging>>,
     /// Serialises creates and group opens.
     admin: tokio::sync::Mutex<()>,
+    /// The in-sync replicas of the groups this node follows, as their leaders last
+    /// said ([`Manager::refresh_in_sync`]).
+    leaders_in_sync: Mutex<BTreeMap<(String, u32), LeaderInSync>>,
+}
+
+/// A leader's answer to which replicas of one of its groups are in sync.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct LeaderInSync {
+    leader: u64,
+    term: u64,
+    in_sync: Vec<u64>,
+    at: Instant,
+}
+
+/// The in-sync replicas a node that does not lead a group names: its leader's last
+/// answer when that is fresh and from the leader and term this node knows, else the
+/// leader alone (the one replica sure to hold every committed entry), else none.
+fn follower_in_sync(
+    known: Option<&LeaderInSync>,
+    leader: Option<u64>,
+    term: u64,
+    now: Instant,
+) -> Vec<u64> {
+    let Some(leader) = leader else {
+        return Vec::new();
+    };
+    match known {
+        Some(k)
+            if k.leader == leader
+                && k.term == term
+                && now.saturating_duration_since(k.at) < IN_SYNC_FRESH =>
+        {
+            k.in_sync.clone()
+        }
+        _ => vec![leader],
+    }
 }
 
 impl<L: LogStores> std::fmt::Debug for Manager<L> {
@@ -181,6 +223,7 @@ impl<L: LogStores> Manager<L> {
             groups: Mutex::new(BTreeMap::new()),
             staging: Mutex::new(BTreeMap::new()),
             admin: tokio::sync::Mutex::new(()),
+            leaders_in_sync: Mutex::new(BTreeMap::new()),
         }))
     }
 
@@ -205,8 +248,10 @@ impl<L: LogStores> Manager<L> {
                 eprintln!("seglog: topic {topic}: cannot open its Raft groups: {e}");
             }
         }
+        let refresh = tokio::spawn(Arc::clone(&self).refresh_in_sync(stop.clone()));
         let peers = Arc::clone(&self.peers);
         super::network::serve(listener, peers, Arc::clone(&self), stop).await;
+        refresh.abort();
         let groups: Vec<RaftGroup> = lock(&self.groups).values().cloned().collect();
         for g in groups {
             let _ = g.shutdown().await;
@@ -530,7 +575,8 @@ impl<L: LogStores> Manager<L> {
     }
 
     /// The partition's leader, term, placement and in-sync replicas as this node
-    /// sees them.
+    /// sees them: a leader from its replication metrics, another node from what the
+    /// leader last said ([`follower_in_sync`]).
     pub fn partition_view(&self, topic: &str, partition: u32) -> Option<PartitionView> {
         let replicas = lock(&self.topics)
             .get(topic)?
@@ -539,24 +585,14 @@ impl<L: LogStores> Manager<L> {
             .clone();
         let raft = self.group(topic, partition)?;
         let m = raft.metrics().borrow_watched().clone();
-        let in_sync = match &m.replication {
-            Some(matched) if m.state == ServerState::Leader => {
-                let committed = m.local_committed.as_ref().map_or(0, |l| l.index);
-                let voters: BTreeSet<u64> = m.membership_config.voter_ids().collect();
-                replicas
-                    .iter()
-                    .copied()
-                    .filter(|id| voters.contains(id))
-                    .filter(|id| {
-                        *id == self.node_id()
-                            || matched
-                                .get(id)
-                                .and_then(|l| l.as_ref())
-                                .is_some_and(|l| l.index >= committed)
-                    })
-                    .collect()
-            }
-            _ => replicas.clone(),
+        let in_sync = match self.leader_in_sync(&replicas, &m) {
+            Some(in_sync) => in_sync,
+            None => follower_in_sync(
+                lock(&self.leaders_in_sync).get(&(topic.to_string(), partition)),
+                m.current_leader,
+                m.current_term,
+                Instant::now(),
+            ),
         };
         Some(PartitionView {
             leader: m.current_leader,
@@ -564,6 +600,115 @@ impl<L: LogStores> Manager<L> {
             replicas,
             in_sync,
         })
+    }
+
+    /// The replicas of a group this node leads that are voters and hold every
+    /// committed entry (by the leader's replication metrics), in placement order;
+    /// `None` when this node does not lead the group.
+    fn leader_in_sync(&self, replicas: &[u64], m: &RaftMetrics<TypeConfig>) -> Option<Vec<u64>> {
+        let matched = m.replication.as_ref()?;
+        if m.state != ServerState::Leader {
+            return None;
+        }
+        let committed = m.local_committed.as_ref().map_or(0, |l| l.index);
+        let voters: BTreeSet<u64> = m.membership_config.voter_ids().collect();
+        Some(
+            replicas
+                .iter()
+                .copied()
+                .filter(|id| voters.contains(id))
+                .filter(|id| {
+                    *id == self.node_id()
+                        || matched
+                            .get(id)
+                            .and_then(|l| l.as_ref())
+                            .is_some_and(|l| l.index >= committed)
+                })
+                .collect(),
+        )
+    }
+
+    /// Every [`IN_SYNC_REFRESH`] until `stop`, asks the leader of each group this
+    /// node follows for its in-sync replicas ([`Manager::refresh_in_sync_once`]).
+    async fn refresh_in_sync(self: Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
+        let mut tick = tokio::time::interval(IN_SYNC_REFRESH);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                changed = stop.changed() => {
+                    if changed.is_err() || *stop.borrow() {
+                        return;
+                    }
+                }
+            }
+            self.refresh_in_sync_once().await;
+        }
+    }
+
+    /// One round: one `Status` call per leader of a group this node follows; each
+    /// group that leader leads in the term this node knows gets its answer. A leader
+    /// that does not answer leaves its groups' last answers to age out.
+    async fn refresh_in_sync_once(&self) {
+        let mut followed: BTreeMap<u64, BTreeMap<(String, u32), u64>> = BTreeMap::new();
+        let groups: Vec<((String, u32), RaftGroup)> = lock(&self.groups)
+            .iter()
+            .map(|(k, g)| (k.clone(), g.clone()))
+            .collect();
+        for (key, raft) in groups {
+            let m = raft.metrics().borrow_watched().clone();
+            match m.current_leader {
+                Some(leader) if leader != self.node_id() => {
+                    followed
+                        .entry(leader)
+                        .or_default()
+                        .insert(key, m.current_term);
+                }
+                _ => {}
+            }
+        }
+        let now = Instant::now();
+        lock(&self.leaders_in_sync).retain(|_, k| now.duration_since(k.at) < IN_SYNC_FRESH);
+        for (leader, groups) in followed {
+            let Ok(answer) = self
+                .call_within(leader, "", 0, Rpc::Status, Vec::new(), IN_SYNC_REFRESH)
+                .await
+            else {
+                continue;
+            };
+            let Ok(status) = serde_json::from_slice::<serde_json::Value>(&answer) else {
+                continue;
+            };
+            let at = Instant::now();
+            let mut known = lock(&self.leaders_in_sync);
+            for p in status["partitions"].as_array().into_iter().flatten() {
+                let (Some(topic), Some(partition), Some(term), Some(in_sync)) = (
+                    p["topic"].as_str(),
+                    p["partition"].as_u64().and_then(|n| u32::try_from(n).ok()),
+                    p["term"].as_u64(),
+                    p["in_sync"].as_array(),
+                ) else {
+                    continue;
+                };
+                let key = (topic.to_string(), partition);
+                if p["leader"].as_u64() != Some(leader) || groups.get(&key) != Some(&term) {
+                    continue;
+                }
+                let in_sync = in_sync
+                    .iter()
+                    .filter_map(serde_json::Value::as_u64)
+                    .collect();
+                known.insert(
+                    key,
+                    LeaderInSync {
+                        leader,
+                        term,
+                        in_sync,
+                        at,
+                    },
+                );
+            }
+        }
     }
 
     /// Creates a replicated topic on every node holding a replica, then forms each
@@ -989,6 +1134,11 @@ impl<L: LogStores> Manager<L> {
             .into_iter()
             .map(|((topic, partition), raft)| {
                 let m = raft.metrics().borrow_watched().clone();
+                let placement = lock(&self.topics)
+                    .get(&topic)
+                    .and_then(|r| r.replicas.get(partition as usize).cloned())
+                    .unwrap_or_default();
+                let in_sync = self.leader_in_sync(&placement, &m);
                 let last = m.last_log_index.unwrap_or(0);
                 let replicas: Vec<serde_json::Value> = m
                     .replication
@@ -1011,6 +1161,7 @@ impl<L: LogStores> Manager<L> {
                     "commit_index": m.local_committed.as_ref().map_or(0, |l| l.index),
                     "applied_index": m.last_applied.as_ref().map_or(0, |l| l.index),
                     "replicas": replicas,
+                    "in_sync": in_sync,
                 })
             })
             .collect();
@@ -1257,5 +1408,40 @@ impl<L: LogStores> Replicator for Manager<L> {
 
     fn partition_view(&self, topic: &str, partition: u32) -> Option<PartitionView> {
         Manager::partition_view(self, topic, partition)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn known(leader: u64, term: u64, at: Instant) -> LeaderInSync {
+        LeaderInSync {
+            leader,
+            term,
+            in_sync: vec![2, 3],
+            at,
+        }
+    }
+
+    #[test]
+    fn a_follower_names_the_leaders_fresh_answer_else_the_leader_alone() {
+        let now = Instant::now();
+        let fresh = known(2, 7, now);
+        // The leader's answer, while fresh and for the same leader and term.
+        assert_eq!(follower_in_sync(Some(&fresh), Some(2), 7, now), vec![2, 3]);
+        let later = now + IN_SYNC_FRESH - Duration::from_millis(1);
+        assert_eq!(
+            follower_in_sync(Some(&fresh), Some(2), 7, later),
+            vec![2, 3]
+        );
+        // Too old, another term or another leader: the leader alone.
+        let stale = now + IN_SYNC_FRESH;
+        assert_eq!(follower_in_sync(Some(&fresh), Some(2), 7, stale), vec![2]);
+        assert_eq!(follower_in_sync(Some(&fresh), Some(2), 8, now), vec![2]);
+        assert_eq!(follower_in_sync(Some(&fresh), Some(3), 7, now), vec![3]);
+        // No answer yet: the leader alone; no leader known: none.
+        assert_eq!(follower_in_sync(None, Some(2), 7, now), vec![2]);
+        assert!(follower_in_sync(Some(&fresh), None, 7, now).is_empty());
     }
 }
