@@ -26,7 +26,7 @@ pub struct Args {
 #[derive(Debug, clap::Subcommand)]
 pub enum ClusterCommand {
     /// Show the nodes and, per replicated partition, its leader, term, commit
-    /// index and the replicas' lag.
+    /// index, the replicas' lag and the in-sync replicas.
     Status,
 }
 
