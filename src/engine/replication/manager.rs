@@ -27,6 +27,7 @@ use openraft::base::BoxStream;
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::raft::AppendEntriesRequest;
 use openraft::storage::RaftLogStorage;
+use openraft::Instant as _;
 use openraft::{BasicNode, Config, RaftMetrics, ServerState, SnapshotPolicy};
 use serde::{Deserialize, Serialize};
 
@@ -62,6 +63,10 @@ const IN_SYNC_REFRESH: Duration = Duration::from_secs(1);
 /// How long a leader's answer stands for a follower's Metadata; older, or from
 /// another term or leader, the follower names the leader alone.
 const IN_SYNC_FRESH: Duration = Duration::from_secs(3);
+/// A follower is in sync while it has answered the leader and held every committed
+/// entry within this long (Kafka's `replica.lag.time.max.ms`): one a batch behind at
+/// the moment asked stays in, a dead or stalled one drops out.
+const IN_SYNC_LAG: Duration = Duration::from_secs(10);
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -149,6 +154,9 @@ pub struct Manager<L: LogStores> {
     /// The in-sync replicas of the groups this node follows, as their leaders last
     /// said ([`Manager::refresh_in_sync`]).
     leaders_in_sync: Mutex<BTreeMap<(String, u32), LeaderInSync>>,
+    /// For the groups this node leads: when each follower was last seen holding every
+    /// committed entry ([`Manager::leader_in_sync`]).
+    caught_up: Mutex<BTreeMap<(String, u32, u64), Instant>>,
 }
 
 /// A leader's answer to which replicas of one of its groups are in sync.
@@ -224,6 +232,7 @@ impl<L: LogStores> Manager<L> {
             staging: Mutex::new(BTreeMap::new()),
             admin: tokio::sync::Mutex::new(()),
             leaders_in_sync: Mutex::new(BTreeMap::new()),
+            caught_up: Mutex::new(BTreeMap::new()),
         }))
     }
 
@@ -585,7 +594,7 @@ impl<L: LogStores> Manager<L> {
             .clone();
         let raft = self.group(topic, partition)?;
         let m = raft.metrics().borrow_watched().clone();
-        let in_sync = match self.leader_in_sync(&replicas, &m) {
+        let in_sync = match self.leader_in_sync(topic, partition, &replicas, &m) {
             Some(in_sync) => in_sync,
             None => follower_in_sync(
                 lock(&self.leaders_in_sync).get(&(topic.to_string(), partition)),
@@ -602,30 +611,54 @@ impl<L: LogStores> Manager<L> {
         })
     }
 
-    /// The replicas of a group this node leads that are voters and hold every
-    /// committed entry (by the leader's replication metrics), in placement order;
-    /// `None` when this node does not lead the group.
-    fn leader_in_sync(&self, replicas: &[u64], m: &RaftMetrics<TypeConfig>) -> Option<Vec<u64>> {
+    /// The replicas of a group this node leads that are in sync, in placement order:
+    /// voters that are this node, or that answered it within [`IN_SYNC_LAG`] and were
+    /// seen holding every committed entry within it (seen here, when asked, and by
+    /// [`Manager::refresh_in_sync`] every second). `None` when this node does not lead
+    /// the group.
+    fn leader_in_sync(
+        &self,
+        topic: &str,
+        partition: u32,
+        replicas: &[u64],
+        m: &RaftMetrics<TypeConfig>,
+    ) -> Option<Vec<u64>> {
         let matched = m.replication.as_ref()?;
         if m.state != ServerState::Leader {
             return None;
         }
         let committed = m.local_committed.as_ref().map_or(0, |l| l.index);
         let voters: BTreeSet<u64> = m.membership_config.voter_ids().collect();
-        Some(
-            replicas
-                .iter()
-                .copied()
-                .filter(|id| voters.contains(id))
-                .filter(|id| {
-                    *id == self.node_id()
-                        || matched
-                            .get(id)
-                            .and_then(|l| l.as_ref())
-                            .is_some_and(|l| l.index >= committed)
-                })
-                .collect(),
-        )
+        let now = Instant::now();
+        let mut caught_up = lock(&self.caught_up);
+        let mut in_sync = Vec::new();
+        for &id in replicas.iter().filter(|id| voters.contains(id)) {
+            if id == self.node_id() {
+                in_sync.push(id);
+                continue;
+            }
+            let key = (topic.to_string(), partition, id);
+            let holds_all = matched
+                .get(&id)
+                .and_then(|l| l.as_ref())
+                .is_some_and(|l| l.index >= committed);
+            if holds_all {
+                caught_up.insert(key.clone(), now);
+            }
+            let answered = m
+                .heartbeat
+                .as_ref()
+                .and_then(|h| h.get(&id))
+                .and_then(|at| at.as_ref())
+                .is_some_and(|at| at.elapsed() < IN_SYNC_LAG);
+            let recent = caught_up
+                .get(&key)
+                .is_some_and(|at| now.saturating_duration_since(*at) < IN_SYNC_LAG);
+            if answered && recent {
+                in_sync.push(id);
+            }
+        }
+        Some(in_sync)
     }
 
     /// Every [`IN_SYNC_REFRESH`] until `stop`, asks the leader of each group this
@@ -657,6 +690,14 @@ impl<L: LogStores> Manager<L> {
             .collect();
         for (key, raft) in groups {
             let m = raft.metrics().borrow_watched().clone();
+            if m.current_leader == Some(self.node_id()) {
+                // Samples which followers hold every committed entry now.
+                let placement = lock(&self.topics)
+                    .get(&key.0)
+                    .and_then(|r| r.replicas.get(key.1 as usize).cloned())
+                    .unwrap_or_default();
+                self.leader_in_sync(&key.0, key.1, &placement, &m);
+            }
             match m.current_leader {
                 Some(leader) if leader != self.node_id() => {
                     followed
@@ -669,6 +710,7 @@ impl<L: LogStores> Manager<L> {
         }
         let now = Instant::now();
         lock(&self.leaders_in_sync).retain(|_, k| now.duration_since(k.at) < IN_SYNC_FRESH);
+        lock(&self.caught_up).retain(|_, at| now.duration_since(*at) < IN_SYNC_LAG);
         for (leader, groups) in followed {
             let Ok(answer) = self
                 .call_within(leader, "", 0, Rpc::Status, Vec::new(), IN_SYNC_REFRESH)
@@ -1138,7 +1180,7 @@ impl<L: LogStores> Manager<L> {
                     .get(&topic)
                     .and_then(|r| r.replicas.get(partition as usize).cloned())
                     .unwrap_or_default();
-                let in_sync = self.leader_in_sync(&placement, &m);
+                let in_sync = self.leader_in_sync(&topic, partition, &placement, &m);
                 let last = m.last_log_index.unwrap_or(0);
                 let replicas: Vec<serde_json::Value> = m
                     .replication
