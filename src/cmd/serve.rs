@@ -606,7 +606,10 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
     let kafka_metrics = net_metrics.clone();
     let metrics_server = match (metrics_listener, net_metrics) {
         (Some(l), Some(net)) => {
-            let registry = metrics::registry(Arc::clone(&broker), net);
+            let replication = cluster
+                .as_ref()
+                .map(|(node, _)| Arc::clone(&node.replicator));
+            let registry = metrics::registry(Arc::clone(&broker), net, replication);
             let started = MetricsServer::start(l, registry, server.stop_handle());
             match started {
                 Ok(m) => {

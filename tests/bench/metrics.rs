@@ -99,7 +99,7 @@ fn produce_with_and_without_metrics() {
     let counted = listen(&broker, Some(Arc::clone(&net)));
     let endpoint = MetricsServer::start(
         TcpListener::bind("127.0.0.1:0").unwrap(),
-        registry(Arc::clone(&broker), net),
+        registry(Arc::clone(&broker), net, None),
         Arc::clone(&counted.stop),
     )
     .unwrap();

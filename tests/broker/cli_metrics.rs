@@ -17,7 +17,12 @@ use crate::util::serve::{Serve, PATIENCE};
 
 /// The address from the `seglog: metrics listening on ADDR` line.
 fn metrics_addr(s: &Serve) -> String {
-    let err = s.stderr();
+    metrics_addr_in(&s.stderr())
+}
+
+/// The address from the `seglog: metrics listening on ADDR` line of `err`, a
+/// broker's stderr.
+pub(crate) fn metrics_addr_in(err: &str) -> String {
     let line = err
         .lines()
         .find_map(|l| l.strip_prefix("seglog: metrics listening on "))
@@ -26,7 +31,7 @@ fn metrics_addr(s: &Serve) -> String {
 }
 
 /// One HTTP/1.1 GET: (status, body).
-fn get(addr: &str, path: &str) -> (u16, String) {
+pub(crate) fn get(addr: &str, path: &str) -> (u16, String) {
     let mut c = TcpStream::connect(addr).unwrap();
     c.set_read_timeout(Some(PATIENCE)).unwrap();
     write!(
@@ -45,12 +50,12 @@ fn get(addr: &str, path: &str) -> (u16, String) {
     (status, body.to_string())
 }
 
-fn parse(text: &str) -> Scrape {
+pub(crate) fn parse(text: &str) -> Scrape {
     Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).unwrap()
 }
 
 /// The value of the one sample named `name` whose labels include `labels`.
-fn value(scrape: &Scrape, name: &str, labels: &[(&str, &str)]) -> f64 {
+pub(crate) fn value(scrape: &Scrape, name: &str, labels: &[(&str, &str)]) -> f64 {
     let found: Vec<&Sample> = scrape
         .samples
         .iter()
@@ -200,6 +205,21 @@ fn a_scrape_counts_exactly_the_traffic_sent() {
         }
     }
 
+    // A broker without --peers has no replication figures.
+    let replication = [
+        "seglog_replica_leader",
+        "seglog_raft_term",
+        "seglog_replicas",
+        "seglog_in_sync_replicas",
+        "seglog_under_replicated_partitions",
+    ];
+    assert!(
+        !m.samples
+            .iter()
+            .any(|s| replication.contains(&s.metric.as_str())),
+        "{text}"
+    );
+
     // The scrape itself is not native traffic: a second one shows the same counts.
     let (_, again) = get(&maddr, "/metrics");
     let m2 = parse(&again);
@@ -219,7 +239,7 @@ fn a_scrape_counts_exactly_the_traffic_sent() {
 }
 
 /// `promtool check metrics` on the scrape, when promtool is on PATH.
-fn promtool_check(text: &str) {
+pub(crate) fn promtool_check(text: &str) {
     let child = Command::new("promtool")
         .args(["check", "metrics"])
         .stdin(Stdio::piped())

@@ -24,6 +24,7 @@ mod cluster_check;
 mod cluster_delete;
 mod cluster_faults;
 mod cluster_harness;
+mod cluster_metrics;
 mod cluster_nemesis;
 mod cluster_pipeline;
 mod cluster_proxy;

@@ -5,9 +5,9 @@
 //! scrapes natively).
 //!
 //! Invariants:
-//! - Labels are only `api`, `topic` and `partition`: the series are bounded by the
-//!   request types and the topics and partitions that exist, never by connections,
-//!   keys or clients.
+//! - Labels are only `api`, `topic`, `partition` and `group`: the series are bounded
+//!   by the request types and the topics, partitions and consumer groups that exist,
+//!   never by connections, keys or clients.
 //! - The request path pays atomics only: per-api slots are a fixed array, and a
 //!   session keeps the handle of the topic it last used, so the topic map's lock is
 //!   taken once per topic per connection, not per request.
@@ -35,6 +35,7 @@ use prometheus_client::registry::{Registry, Unit};
 
 use crate::engine::broker::{Broker, PartitionState};
 use crate::engine::partition::zero::{count_below_pow2_us, Pow2Histogram};
+use crate::engine::replication::{PartitionView, Replicator};
 use crate::format::record::{len_prefix, record_len, LenPrefix, LEN_FIELD};
 use crate::format::wire::ApiKey;
 
@@ -225,16 +226,26 @@ fn count_records(mut buf: &[u8]) -> u64 {
     n
 }
 
-/// Reads the broker's figures and the request counters when scraped.
+/// Reads the broker's figures and the request counters when scraped, and on a
+/// cluster node its replicated partitions as its Raft groups see them.
 #[derive(Debug)]
 pub struct BrokerCollector {
     broker: Arc<Broker>,
     net: Arc<NetMetrics>,
+    replication: Option<Arc<dyn Replicator>>,
 }
 
 impl BrokerCollector {
-    pub fn new(broker: Arc<Broker>, net: Arc<NetMetrics>) -> Self {
-        BrokerCollector { broker, net }
+    pub fn new(
+        broker: Arc<Broker>,
+        net: Arc<NetMetrics>,
+        replication: Option<Arc<dyn Replicator>>,
+    ) -> Self {
+        BrokerCollector {
+            broker,
+            net,
+            replication,
+        }
     }
 }
 
@@ -353,6 +364,7 @@ impl Collector for BrokerCollector {
         self.encode_topics(&mut enc)?;
         self.encode_write_path(&mut enc)?;
         self.encode_partitions(&mut enc)?;
+        self.encode_replication(&mut enc)?;
         single(
             &mut enc,
             "seglog_auth_failures",
@@ -634,6 +646,79 @@ impl BrokerCollector {
 }
 
 impl BrokerCollector {
+    /// On a cluster node, per partition of a replicated topic it holds a replica of:
+    /// whether it leads, the Raft term, the replicas and the in-sync replicas (as its
+    /// Kafka Metadata names them); and the partitions it leads with fewer replicas in
+    /// sync than placed (Kafka's UnderReplicatedPartitions). Nothing without
+    /// `--peers`.
+    fn encode_replication(&self, enc: &mut DescriptorEncoder) -> Fmt {
+        let Some(r) = &self.replication else {
+            return Ok(());
+        };
+        let mut views = Vec::new();
+        for topic in self.broker.list_topics() {
+            if !r.is_replicated(&topic) {
+                continue;
+            }
+            let Ok(n) = self.broker.partition_count(&topic) else {
+                continue;
+            };
+            for p in 0..n {
+                if let Some(v) = r.partition_view(&topic, p) {
+                    views.push((topic.clone(), p.to_string(), v));
+                }
+            }
+        }
+        let me = r.node_id();
+        let gauge = |v: usize| Value::Gauge(i64::try_from(v).unwrap_or(i64::MAX));
+        type Pick = fn(&PartitionView, u64) -> Value;
+        let specs: [(&str, &str, Pick); 4] = [
+            (
+                "seglog_replica_leader",
+                "1 when this node leads the replicated partition, else 0",
+                |v, me| Value::Gauge(i64::from(v.leader == Some(me))),
+            ),
+            (
+                "seglog_raft_term",
+                "The Raft term this node's replica of the partition is in",
+                |v, _| Value::Gauge(i64::try_from(v.term).unwrap_or(i64::MAX)),
+            ),
+            (
+                "seglog_replicas",
+                "Replicas of the partition (its replication factor)",
+                |v, _| Value::Gauge(i64::try_from(v.replicas.len()).unwrap_or(i64::MAX)),
+            ),
+            (
+                "seglog_in_sync_replicas",
+                "Replicas in sync, as this node's Kafka Metadata names them",
+                |v, _| Value::Gauge(i64::try_from(v.in_sync.len()).unwrap_or(i64::MAX)),
+            ),
+        ];
+        for (name, help, pick) in &specs {
+            let samples: Vec<_> = views
+                .iter()
+                .map(|(t, n, v)| {
+                    (
+                        [("topic", t.as_str()), ("partition", n.as_str())],
+                        pick(v, me),
+                    )
+                })
+                .collect();
+            family(enc, name, help, None, MetricType::Gauge, &samples)?;
+        }
+        let under = views
+            .iter()
+            .filter(|(_, _, v)| v.leader == Some(me) && v.in_sync.len() < v.replicas.len())
+            .count();
+        single(
+            enc,
+            "seglog_under_replicated_partitions",
+            "Replicated partitions this node leads with fewer replicas in sync than placed",
+            None,
+            &gauge(under),
+        )
+    }
+
     /// `seglog_group_lag{group, topic, partition}`: a partition's end offset minus
     /// the group's committed offset (0 when the commit is at or past the end), for
     /// every committed offset of a partition that exists.
@@ -683,10 +768,15 @@ impl BrokerCollector {
     }
 }
 
-/// The registry of a broker's metrics: the collector over `broker` and `net`.
-pub fn registry(broker: Arc<Broker>, net: Arc<NetMetrics>) -> Registry {
+/// The registry of a broker's metrics: the collector over `broker`, `net` and, on
+/// a cluster node, its replication.
+pub fn registry(
+    broker: Arc<Broker>,
+    net: Arc<NetMetrics>,
+    replication: Option<Arc<dyn Replicator>>,
+) -> Registry {
     let mut r = Registry::default();
-    r.register_collector(Box::new(BrokerCollector::new(broker, net)));
+    r.register_collector(Box::new(BrokerCollector::new(broker, net, replication)));
     r
 }
 
