@@ -56,7 +56,9 @@ pub enum Rpc {
     CreateReplica = 4,
     /// Form a new group (payload: the JSON of its member ids).
     Initialize = 5,
-    /// The node's view of its groups, for `cluster status` (the topic is empty).
+    /// The node's view of its groups, as `cluster status --json` shows it (the topic
+    /// is empty); a follower asks each of its groups' leaders every second for their
+    /// in-sync replicas.
     Status = 6,
     /// AppendEntries in binary ([`append`]), the entries' payloads as raw bytes.
     AppendEntriesBinary = 7,
