@@ -71,18 +71,6 @@ fn row(name: &str, r: &serde_json::Value, base: f64) {
     );
 }
 
-fn create(c: &Cluster, topic: &str, rf: u32) {
-    c.ok(&[
-        "topics",
-        "create",
-        topic,
-        "--partitions",
-        "1",
-        "--replication-factor",
-        &rf.to_string(),
-    ]);
-}
-
 #[test]
 #[ignore = "benchmark"]
 fn replicated_produce_beside_one_replica() {
@@ -96,8 +84,8 @@ fn replicated_produce_beside_one_replica() {
     // The nodes talk to each other directly: the tests' fault-injecting proxies
     // would add a copy and a hop to every Raft message.
     let mut c = Cluster::start_direct(3);
-    create(&c, "rf3", 3);
-    create(&c, "c1", 1);
+    c.create_topic("rf3", 1, 3);
+    c.create_topic("c1", 1, 1);
     let leader = c.wait_leader("rf3", 0);
     let leader_addr = c.node(leader).client_addr.clone();
 
@@ -181,7 +169,7 @@ fn replicated_produce_beside_one_replica() {
 fn failover_after_killing_the_leader() {
     const KILLS: usize = 20;
     let mut c = Cluster::start(3);
-    create(&c, "fo", 3);
+    c.create_topic("fo", 1, 3);
     let addrs: Vec<String> = c.nodes.iter().map(|n| n.client_addr.clone()).collect();
     let mut times = Vec::new();
     let mut value = 0u64;

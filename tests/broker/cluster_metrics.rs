@@ -60,15 +60,7 @@ fn every_node_exports_its_replicas_and_leaders_count_a_dead_node_under_replicate
         node.args = vec!["--metrics-listen".into(), "127.0.0.1:0".into()];
     }
     c.start_all();
-    c.ok(&[
-        "topics",
-        "create",
-        TOPIC,
-        "--partitions",
-        &PARTITIONS.to_string(),
-        "--replication-factor",
-        "3",
-    ]);
+    c.create_topic(TOPIC, PARTITIONS, 3);
     let leaders: Vec<u64> = (0..PARTITIONS).map(|p| c.wait_leader(TOPIC, p)).collect();
     let metrics: BTreeMap<u64, String> = c
         .nodes

@@ -29,18 +29,6 @@ fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|s| s.parse().ok())
 }
 
-fn create_topic(c: &Cluster, topic: &str, partitions: u32) {
-    c.ok(&[
-        "topics",
-        "create",
-        topic,
-        "--partitions",
-        &partitions.to_string(),
-        "--replication-factor",
-        "3",
-    ]);
-}
-
 fn client_addrs(c: &Cluster) -> Vec<String> {
     c.nodes.iter().map(|n| n.client_addr.clone()).collect()
 }
@@ -244,7 +232,7 @@ fn nemesis_keeps_every_acknowledged_record() {
     eprintln!("nemesis: seed {seed} for {secs} s (replay with SEGLOG_NEMESIS_SEED={seed})");
 
     let mut c = Cluster::start(3);
-    create_topic(&c, TOPIC, PARTITIONS);
+    c.create_topic(TOPIC, PARTITIONS, 3);
     for p in 0..PARTITIONS {
         c.wait_leader(TOPIC, p);
     }
@@ -300,7 +288,7 @@ fn nemesis_keeps_every_acknowledged_record() {
 fn a_restarted_node_catches_up() {
     const TOPIC: &str = "rs";
     let mut c = Cluster::start(3);
-    create_topic(&c, TOPIC, 1);
+    c.create_topic(TOPIC, 1, 3);
     let leader = c.wait_leader(TOPIC, 0);
     let mut acks = produce_all(&c, TOPIC, 0, "before", 50);
     let follower = c.ids().into_iter().find(|&i| i != leader).unwrap();
@@ -333,7 +321,7 @@ fn a_node_of_another_cluster_refuses_to_join() {
     let foreign = b.node(3).dir.clone();
 
     let mut a = Cluster::start(3);
-    create_topic(&a, TOPIC, 1);
+    a.create_topic(TOPIC, 1, 3);
     a.wait_leader(TOPIC, 0);
     let a_id = a.wait_cluster_id(3);
     assert_ne!(a_id, b_id, "two clusters got the same id");
@@ -377,7 +365,7 @@ fn a_node_of_another_cluster_refuses_to_join() {
 fn a_node_whose_fsyncs_fail_fail_stops_while_the_others_go_on() {
     const TOPIC: &str = "fsfail";
     let mut c = Cluster::start(3);
-    create_topic(&c, TOPIC, 1);
+    c.create_topic(TOPIC, 1, 3);
     c.wait_leader(TOPIC, 0);
     let mut acks = produce_all(&c, TOPIC, 0, "before", 20);
     c.wait_caught_up(TOPIC, 1);

@@ -80,15 +80,7 @@ fn pipeline(addr: &str, requests: u32) -> TcpStream {
 #[test]
 fn pipelined_produces_to_a_replicated_partition_are_logged_and_answered_in_order() {
     let mut c = Cluster::start_direct(3);
-    c.ok(&[
-        "topics",
-        "create",
-        TOPIC,
-        "--partitions",
-        "1",
-        "--replication-factor",
-        "3",
-    ]);
+    c.create_topic(TOPIC, 1, 3);
     let leader = c.wait_leader(TOPIC, 0);
     let addr = c.node(leader).client_addr.clone();
     let before = fsyncs(&addr);

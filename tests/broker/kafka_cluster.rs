@@ -87,15 +87,7 @@ fn kafka_metadata_names_the_leader_and_idempotent_produce_survives_a_leader_kill
         return;
     }
     let (mut c, kafka) = kafka_cluster();
-    c.ok(&[
-        "topics",
-        "create",
-        TOPIC,
-        "--partitions",
-        &PARTITIONS.to_string(),
-        "--replication-factor",
-        "3",
-    ]);
+    c.create_topic(TOPIC, PARTITIONS, 3);
     let leaders: Vec<u64> = (0..PARTITIONS).map(|p| c.wait_leader(TOPIC, p)).collect();
     wait_metadata_leaders(&kafka, &c.ids(), &leaders);
 

@@ -466,6 +466,20 @@ impl Cluster {
         best.map(|(_, id)| id)
     }
 
+    /// Creates `topic` with `partitions` partitions and replication factor `rf`
+    /// (`topics create` through every node's address).
+    pub fn create_topic(&self, topic: &str, partitions: u32, rf: u32) {
+        self.ok(&[
+            "topics",
+            "create",
+            topic,
+            "--partitions",
+            &partitions.to_string(),
+            "--replication-factor",
+            &rf.to_string(),
+        ]);
+    }
+
     /// Waits (at most [`PATIENCE`]) for a leader of `topic`/`partition`.
     pub fn wait_leader(&mut self, topic: &str, partition: u32) -> u64 {
         let began = Instant::now();
