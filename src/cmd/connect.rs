@@ -71,25 +71,8 @@ impl BrokerArgs {
         if crate::engine::net::cluster_client::broker_list(&self.broker).len() < 2 && !moved {
             return Ok(client);
         }
-        let Ok(json) = client.cluster_status() else {
-            return Ok(client);
-        };
-        let Ok(v) = serde_json::from_str::<serde_json::Value>(&json) else {
-            return Ok(client);
-        };
-        let leader = v["partitions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|p| p["topic"] == topic && p["partition"] == partition)
-            .and_then(|p| p["leader"].as_u64());
-        let addr = v["nodes"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|n| leader.is_some() && n["id"].as_u64() == leader)
-            .and_then(|n| n["client_addr"].as_str());
-        match addr {
+        let leaders = leader_addrs(&mut client, topic);
+        match leaders.get(&partition) {
             Some(a) if a != client.addr() => self.connect_to(a).or(Ok(client)),
             _ => Ok(client),
         }
@@ -124,6 +107,36 @@ impl BrokerArgs {
             self.token.token()?,
         ))
     }
+}
+
+/// Per partition of `topic`, the client address of its leader as the node behind
+/// `client` knows it (`cluster status`); empty when the node is not part of a
+/// cluster or holds no replica of the topic.
+pub fn leader_addrs(client: &mut Client, topic: &str) -> std::collections::HashMap<u32, String> {
+    let mut leaders = std::collections::HashMap::new();
+    let Ok(json) = client.cluster_status() else {
+        return leaders;
+    };
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(&json) else {
+        return leaders;
+    };
+    let nodes: std::collections::HashMap<u64, &str> = v["nodes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|n| Some((n["id"].as_u64()?, n["client_addr"].as_str()?)))
+        .collect();
+    for p in v["partitions"].as_array().into_iter().flatten() {
+        if p["topic"] != topic {
+            continue;
+        }
+        let partition = p["partition"].as_u64().and_then(|n| u32::try_from(n).ok());
+        let addr = p["leader"].as_u64().and_then(|id| nodes.get(&id));
+        if let (Some(partition), Some(addr)) = (partition, addr) {
+            leaders.insert(partition, (*addr).to_string());
+        }
+    }
+    leaders
 }
 
 /// Most moves of [`BrokerArgs::connect_holder`] (a node holding no replica names one

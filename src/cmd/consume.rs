@@ -25,10 +25,180 @@ use super::format_string::RecordFormat;
 use super::{exit, BytesAs, ExitError, Global};
 use crate::engine::error::damaged_range;
 use crate::engine::net::client::{Client, ClientError, Fetched as Fetch, Record};
-use crate::format::wire::{ErrorCode, PartitionOffsets, FETCH_BYTES_MAX};
+use crate::format::wire::{parse_not_leader, ErrorCode, PartitionOffsets, FETCH_BYTES_MAX};
 
 /// How long one long-poll fetch waits for new records under `--follow`.
 const FOLLOW_WAIT: Duration = Duration::from_secs(5);
+/// Most times one partition's reads follow a NOT_LEADER to another node (an
+/// election takes about a second; each follow waits [`LEADER_PAUSE`]).
+const LEADER_FOLLOWS_MAX: u32 = 100;
+const LEADER_PAUSE: Duration = Duration::from_millis(100);
+
+/// The connection each partition is read through. On a cluster that is its
+/// leader's (as the first node's `cluster status` names it, then wherever a
+/// NOT_LEADER refusal points, or, after a lost connection, as a node that answers
+/// names it), so a topic whose partitions have different leaders is read whole and
+/// a read goes on across a leader change; otherwise the one connection.
+struct Readers<'a> {
+    broker: &'a BrokerArgs,
+    topic: String,
+    /// Whether the first node named leaders of the topic's partitions (a cluster):
+    /// only then is a lost connection followed to the next leader.
+    cluster: bool,
+    first: Client,
+    /// Per partition, the client address of its leader, where known.
+    leaders: std::collections::HashMap<u32, String>,
+    /// Connections to nodes other than the first's, by address.
+    others: std::collections::HashMap<String, Client>,
+    /// Retries of a partition's read since its last success.
+    follows: std::collections::HashMap<u32, u32>,
+}
+
+impl<'a> Readers<'a> {
+    fn new(broker: &'a BrokerArgs, topic: &str, mut first: Client) -> Readers<'a> {
+        let leaders = super::connect::leader_addrs(&mut first, topic);
+        Readers {
+            broker,
+            topic: topic.to_string(),
+            cluster: !leaders.is_empty(),
+            first,
+            leaders,
+            others: std::collections::HashMap::new(),
+            follows: std::collections::HashMap::new(),
+        }
+    }
+
+    /// The address `partition` is read from: its leader's, else the first node's.
+    fn addr_of(&self, partition: u32) -> &str {
+        self.leaders
+            .get(&partition)
+            .map_or_else(|| self.first.addr(), String::as_str)
+    }
+
+    /// The connection `partition` is read through, made on first use.
+    fn client(&mut self, partition: u32) -> anyhow::Result<&mut Client> {
+        let first = self.first.addr();
+        let Some(addr) = self.leaders.get(&partition).filter(|a| a.as_str() != first) else {
+            return Ok(&mut self.first);
+        };
+        match self.others.entry(addr.clone()) {
+            std::collections::hash_map::Entry::Occupied(e) => Ok(e.into_mut()),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                Ok(v.insert(self.broker.connect_to(addr)?))
+            }
+        }
+    }
+
+    /// One fetch of `partition` through its connection; a connection that cannot be
+    /// made is a [`ClientError::Connect`], which [`Readers::follow`] handles.
+    fn fetch(
+        &mut self,
+        partition: u32,
+        pos: u64,
+        max_bytes: u32,
+        wait: Duration,
+    ) -> Result<Fetch, ClientError> {
+        let topic = self.topic.clone();
+        self.through(partition, |c| {
+            c.fetch(&topic, partition, pos, max_bytes, wait)
+        })
+    }
+
+    /// `call` on `partition`'s connection.
+    fn through<T>(
+        &mut self,
+        partition: u32,
+        call: impl FnOnce(&mut Client) -> Result<T, ClientError>,
+    ) -> Result<T, ClientError> {
+        match self.client(partition) {
+            Ok(c) => call(c),
+            Err(e) => Err(ClientError::Connect {
+                addr: self.addr_of(partition).to_string(),
+                source: io::Error::other(super::one_line(&e)),
+            }),
+        }
+    }
+
+    /// After `e` from `partition`'s connection: true when the read should be tried
+    /// again (at most [`LEADER_FOLLOWS_MAX`] times in a row for a partition). The
+    /// next read goes to the leader a NOT_LEADER refusal named or, on a cluster after
+    /// a lost connection (a leader killed), to the leaders as a node that answers
+    /// knows them then.
+    fn follow(&mut self, partition: u32, e: &ClientError) -> bool {
+        let named = match e {
+            ClientError::Refused {
+                code: ErrorCode::NOT_LEADER,
+                message,
+                ..
+            } => Some(parse_not_leader(message).map(|(_, addr)| addr)),
+            ClientError::Io { .. } | ClientError::Connect { .. } | ClientError::Closed { .. }
+                if self.cluster =>
+            {
+                None
+            }
+            _ => return false,
+        };
+        let follows = self.follows.entry(partition).or_insert(0);
+        if *follows >= LEADER_FOLLOWS_MAX {
+            return false;
+        }
+        *follows += 1;
+        thread::sleep(LEADER_PAUSE);
+        match named {
+            Some(Some(addr)) => {
+                self.leaders.insert(partition, addr);
+            }
+            Some(None) => {
+                self.leaders.remove(&partition);
+            }
+            None => {
+                let lost = self.addr_of(partition).to_string();
+                if lost == self.first.addr() {
+                    // A new first connection, to whichever node answers (the same
+                    // node again if it is back).
+                    if let Ok(c) = self.broker.connect() {
+                        self.first = c;
+                    }
+                } else {
+                    self.others.remove(&lost);
+                }
+                let known = super::connect::leader_addrs(&mut self.first, &self.topic);
+                if !known.is_empty() {
+                    self.leaders = known;
+                }
+            }
+        }
+        true
+    }
+
+    /// A read of `partition` succeeded: its retry count starts again (a long
+    /// `--follow` may see many elections).
+    fn served(&mut self, partition: u32) {
+        self.follows.remove(&partition);
+    }
+
+    /// `o` as the partition's own connection reads it (on a cluster, its leader's
+    /// offsets rather than the first node's), following a leader as a fetch does.
+    fn offsets(&mut self, o: PartitionOffsets) -> anyhow::Result<PartitionOffsets> {
+        if !self.leaders.contains_key(&o.partition) {
+            return Ok(o);
+        }
+        let topic = self.topic.clone();
+        loop {
+            match self.through(o.partition, |c| c.list_offsets(&topic)) {
+                Ok(all) => {
+                    self.served(o.partition);
+                    return Ok(all
+                        .into_iter()
+                        .find(|x| x.partition == o.partition)
+                        .unwrap_or(o));
+                }
+                Err(e) if self.follow(o.partition, &e) => {}
+                Err(e) => return Err(client_error(e)),
+            }
+        }
+    }
+}
 
 /// Arguments of `seglog consume`.
 #[derive(Debug, clap::Args)]
@@ -214,10 +384,14 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
     if let Some(group) = &args.group {
         return super::consume_group::run(&args, group, global);
     }
-    let mut client = args
+    let client = args
         .broker
         .connect_leader(&args.topic, args.partition.unwrap_or(0))?;
-    let offsets = client.list_offsets(&args.topic).map_err(client_error)?;
+    let mut readers = Readers::new(&args.broker, &args.topic, client);
+    let offsets = readers
+        .first
+        .list_offsets(&args.topic)
+        .map_err(client_error)?;
     let chosen: Vec<_> = match args.partition {
         Some(p) => match offsets.iter().find(|o| o.partition == p) {
             Some(o) => vec![*o],
@@ -234,13 +408,17 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
         },
         None => offsets,
     };
+    let chosen = chosen
+        .into_iter()
+        .map(|o| readers.offsets(o))
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let stdout = io::stdout();
     let mut out = io::BufWriter::new(stdout.lock());
     let limit = args.count.unwrap_or(u64::MAX);
     if limit == 0 {
         return Ok(exit::OK);
     }
-    let planned = plan_starts(&mut client, &args, &chosen, global)?;
+    let planned = plan_starts(&mut readers, &args, &chosen, global)?;
     if args.follow {
         return follow(
             &args,
@@ -258,7 +436,8 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
         let mut pos = pos;
         if pos < o.start_offset || pos > o.end_offset {
             // Outside the log: the broker's refusal names the range (exit 69).
-            client
+            readers
+                .client(o.partition)?
                 .fetch(
                     &args.topic,
                     o.partition,
@@ -269,26 +448,24 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
                 .map_err(client_error)?;
         }
         while pos < o.end_offset && printed < limit {
-            let fetched = client.fetch(
-                &args.topic,
-                o.partition,
-                pos,
-                args.max_bytes,
-                Duration::ZERO,
-            );
-            if let Err(e) = &fetched {
-                if let Some(step) = damage_step(args.on_corrupt, &args.topic, o.partition, e) {
-                    match step? {
-                        Some(next) => {
-                            pos = next;
-                            continue;
+            let fetched = readers.fetch(o.partition, pos, args.max_bytes, Duration::ZERO);
+            match &fetched {
+                Err(e) if readers.follow(o.partition, e) => continue,
+                Err(e) => {
+                    if let Some(step) = damage_step(args.on_corrupt, &args.topic, o.partition, e) {
+                        match step? {
+                            Some(next) => {
+                                pos = next;
+                                continue;
+                            }
+                            None => break,
                         }
-                        None => break,
                     }
                 }
+                Ok(_) => readers.served(o.partition),
             }
             let f = match moved_start(
-                &mut client,
+                readers.client(o.partition)?,
                 &args.topic,
                 args.from == StartAt::Earliest,
                 o.partition,
@@ -370,22 +547,27 @@ fn follow(
         let on_corrupt = args.on_corrupt;
         thread::spawn(move || {
             let mut run = || -> anyhow::Result<()> {
-                let mut client: Client = broker.connect()?;
+                let first = broker.connect_leader(&topic, partition)?;
+                let mut readers = Readers::new(&broker, &topic, first);
                 loop {
-                    let fetched = client.fetch(&topic, partition, pos, max_bytes, FOLLOW_WAIT);
-                    if let Err(e) = &fetched {
-                        if let Some(step) = damage_step(on_corrupt, &topic, partition, e) {
-                            match step? {
-                                Some(next) => {
-                                    pos = next;
-                                    continue;
+                    let fetched = readers.fetch(partition, pos, max_bytes, FOLLOW_WAIT);
+                    match &fetched {
+                        Err(e) if readers.follow(partition, e) => continue,
+                        Err(e) => {
+                            if let Some(step) = damage_step(on_corrupt, &topic, partition, e) {
+                                match step? {
+                                    Some(next) => {
+                                        pos = next;
+                                        continue;
+                                    }
+                                    None => return Ok(()),
                                 }
-                                None => return Ok(()),
                             }
                         }
+                        Ok(_) => readers.served(partition),
                     }
                     let f = match moved_start(
-                        &mut client,
+                        readers.client(partition)?,
                         &topic,
                         earliest,
                         partition,
@@ -460,7 +642,7 @@ fn write_text(out: &mut impl Write, args: &Args, partition: u32, r: &Record) -> 
 /// every partition ends before it, the offset is left as given and the broker's
 /// refusal names the range.
 fn plan_starts(
-    client: &mut Client,
+    readers: &mut Readers<'_>,
     args: &Args,
     chosen: &[PartitionOffsets],
     global: Global,
@@ -468,7 +650,7 @@ fn plan_starts(
     if let Some(t) = args.from_time {
         return chosen
             .iter()
-            .map(|o| first_at_or_after(client, &args.topic, o, t))
+            .map(|o| first_at_or_after(readers.client(o.partition)?, &args.topic, o, t))
             .collect();
     }
     let mut starts: Vec<u64> = chosen

@@ -176,7 +176,6 @@ fn send(
         let e = super::schemas::produce_refusal(e, topic, &targets, first_seq);
         acked_before(e, first_seq)
     })?;
-    let client = &session.client;
     for (ack, &n) in acks.iter().zip(&sizes) {
         if let Ok((base, last)) = ack.result {
             if last.checked_sub(base).map(|d| d + 1) != Some(n) {
@@ -184,7 +183,7 @@ fn send(
                     exit::UNAVAILABLE,
                     format!(
                         "the broker at {} acknowledged {n} records of partition {} as offsets {base}..={last}",
-                        client.addr(),
+                        session.addr_of(ack.partition),
                         ack.partition
                     ),
                 ));
@@ -219,7 +218,7 @@ fn send(
                 refusal_exit(*code),
                 format!(
                     "the broker at {} refused {lost} record{} for {topic}/{}: {message} [{code}]",
-                    client.addr(),
+                    session.addr_of(failed.partition),
                     if lost == 1 { "" } else { "s" },
                     failed.partition
                 ),
@@ -464,7 +463,7 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
         eprintln!(
             "seglog: {total} record{} acknowledged by {}",
             if total == 1 { "" } else { "s" },
-            session.client.addr()
+            session.answered_by()
         );
     }
     Ok(exit::OK)
@@ -480,16 +479,26 @@ struct Idempotence {
     next_sequence: std::collections::HashMap<u32, i32>,
 }
 
-/// Most times one request follows a NOT_LEADER to another node (an election takes
-/// about a second; each follow waits [`LEADER_PAUSE`]).
+/// Most times one partition's batch follows a NOT_LEADER to another node (an
+/// election takes about a second; each follow waits [`LEADER_PAUSE`]).
 const LEADER_FOLLOWS_MAX: u32 = 100;
 const LEADER_PAUSE: Duration = Duration::from_millis(100);
 
-/// The connection produce requests go through: plain, or idempotent with retries
+/// The connections produce requests go through, plain or idempotent with retries
 /// (reconnecting after a lost connection; a retried batch keeps its sequence, so the
-/// broker writes it once).
+/// broker writes it once). On a cluster each partition's batch goes to the node
+/// that leads it: the first connection until a NOT_LEADER names another node, then
+/// a connection to that node, so a request spanning partitions led by different
+/// nodes is split among them, and a refused batch is resent alone.
 struct Session<'a> {
+    /// The first connection (the bootstrap broker).
     client: Client,
+    /// Connections to other nodes, by address.
+    others: std::collections::HashMap<String, Client>,
+    /// Per partition, the address of its leader as a NOT_LEADER named it.
+    leaders: std::collections::HashMap<u32, String>,
+    /// Per partition, the address of the node that answered its last batch.
+    answered: std::collections::HashMap<u32, String>,
     broker: &'a BrokerArgs,
     idempotence: Option<Idempotence>,
     retries: u32,
@@ -510,6 +519,9 @@ impl<'a> Session<'a> {
         };
         Ok(Session {
             client,
+            others: std::collections::HashMap::new(),
+            leaders: std::collections::HashMap::new(),
+            answered: std::collections::HashMap::new(),
             broker: &args.broker,
             idempotence,
             retries: args.retries,
@@ -517,13 +529,111 @@ impl<'a> Session<'a> {
         })
     }
 
+    /// The address of the node that answered `partition`'s last batch.
+    fn addr_of(&self, partition: u32) -> &str {
+        self.answered
+            .get(&partition)
+            .map_or_else(|| self.client.addr(), String::as_str)
+    }
+
+    /// Every node that answered a batch, in address order.
+    fn answered_by(&self) -> String {
+        let mut addrs: Vec<&str> = self.answered.values().map(String::as_str).collect();
+        if addrs.is_empty() {
+            addrs.push(self.client.addr());
+        }
+        addrs.sort_unstable();
+        addrs.dedup();
+        addrs.join(", ")
+    }
+
+    /// Sends `batches`, each to its partition's leader, following NOT_LEADER; one ack
+    /// per batch, in their order.
     fn produce(
         &mut self,
         topic: &str,
         batches: Vec<PartitionBatch<'_>>,
     ) -> Result<Vec<Ack>, ClientError> {
+        let mut acks: Vec<Option<Ack>> = batches.iter().map(|_| None).collect();
+        let mut todo: Vec<usize> = (0..batches.len()).collect();
+        let mut follows = 0;
+        loop {
+            // The batches of this round by destination (`None`: the first connection).
+            let mut by_node: std::collections::BTreeMap<Option<String>, Vec<usize>> =
+                std::collections::BTreeMap::new();
+            for &i in &todo {
+                let to = batches
+                    .get(i)
+                    .and_then(|b| self.leaders.get(&b.partition))
+                    .filter(|a| a.as_str() != self.client.addr())
+                    .cloned();
+                by_node.entry(to).or_default().push(i);
+            }
+            let mut again = Vec::new();
+            for (to, indices) in by_node {
+                let part: Vec<PartitionBatch<'_>> = indices
+                    .iter()
+                    .filter_map(|&i| batches.get(i).cloned())
+                    .collect();
+                let (addr, got) = match self.produce_on(to.as_deref(), topic, part) {
+                    Ok(answer) => answer,
+                    // The node named is gone: its partitions go back to the first
+                    // connection, whose node names the leader it knows.
+                    Err(_) if to.is_some() && follows < LEADER_FOLLOWS_MAX => {
+                        for &i in &indices {
+                            if let Some(b) = batches.get(i) {
+                                self.leaders.remove(&b.partition);
+                            }
+                        }
+                        again.extend(indices);
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                };
+                for (&i, ack) in indices.iter().zip(got) {
+                    self.answered.insert(ack.partition, addr.clone());
+                    if let Err((ErrorCode::NOT_LEADER, message)) = &ack.result {
+                        // A replicated partition's follower names its leader: resend
+                        // there (the sequences make a batch that did commit a
+                        // duplicate, written once; a plain batch was not written).
+                        match parse_not_leader(message) {
+                            Some((_, leader)) => {
+                                self.leaders.insert(ack.partition, leader);
+                            }
+                            None => {
+                                self.leaders.remove(&ack.partition);
+                            }
+                        }
+                        again.push(i);
+                    }
+                    if let Some(slot) = acks.get_mut(i) {
+                        *slot = Some(ack);
+                    }
+                }
+            }
+            if again.is_empty() || follows >= LEADER_FOLLOWS_MAX {
+                break;
+            }
+            follows += 1;
+            thread::sleep(LEADER_PAUSE);
+            again.sort_unstable();
+            todo = again;
+        }
+        Ok(acks.into_iter().flatten().collect())
+    }
+
+    /// Sends `batches` to the node at `to` (`None`: the first connection), with the
+    /// idempotent producer's retries; the address that answered, and its acks.
+    fn produce_on(
+        &mut self,
+        to: Option<&str>,
+        topic: &str,
+        batches: Vec<PartitionBatch<'_>>,
+    ) -> Result<(String, Vec<Ack>), ClientError> {
         let Some(idem) = &self.idempotence else {
-            return self.client.produce(topic, batches);
+            let client = self.connection(to)?;
+            let addr = client.addr().to_string();
+            return client.produce(topic, batches).map(|acks| (addr, acks));
         };
         let (producer_id, epoch) = (idem.producer_id, idem.epoch);
         let with_seq: Vec<(i32, PartitionBatch<'_>)> = batches
@@ -536,34 +646,15 @@ impl<'a> Session<'a> {
             })
             .collect();
         let mut attempt = 0;
-        let mut follows = 0;
         let mut pause = self.backoff;
         loop {
-            let result =
-                self.client
-                    .produce_idempotent(topic, producer_id, epoch, with_seq.clone());
-            // A replicated partition's follower names its leader: resend there (the
-            // sequences make a batch that did commit a duplicate, written once).
-            let not_leader = result.as_ref().ok().and_then(|acks| {
-                acks.iter().find_map(|a| match &a.result {
-                    Err((c, m)) if *c == ErrorCode::NOT_LEADER => Some(parse_not_leader(m)),
-                    _ => None,
-                })
-            });
-            if let Some(leader) = not_leader {
-                if follows < LEADER_FOLLOWS_MAX {
-                    follows += 1;
-                    thread::sleep(LEADER_PAUSE);
-                    let next = match leader {
-                        Some((_, addr)) => self.broker.connect_to(&addr),
-                        None => self.broker.connect(),
-                    };
-                    if let Ok(c) = next {
-                        self.client = c;
-                    }
-                    continue;
-                }
-            }
+            let (addr, result) = match self.connection(to) {
+                Ok(client) => (
+                    client.addr().to_string(),
+                    client.produce_idempotent(topic, producer_id, epoch, with_seq.clone()),
+                ),
+                Err(e) => (to.unwrap_or_default().to_string(), Err(e)),
+            };
             let retry = match &result {
                 Ok(acks) => acks
                     .iter()
@@ -581,16 +672,44 @@ impl<'a> Session<'a> {
                         }
                     }
                 }
-                return result;
+                return result.map(|acks| (addr, acks));
             }
             attempt += 1;
             thread::sleep(pause);
             pause = pause.saturating_mul(2).min(RETRY_BACKOFF_MAX);
             if result.is_err() {
                 // The connection may be gone: a new one (the producer id stays).
-                if let Ok(c) = self.broker.connect() {
-                    self.client = c;
+                match to {
+                    Some(a) if a != self.client.addr() => {
+                        self.others.remove(a);
+                    }
+                    _ => {
+                        if let Ok(c) = self.broker.connect() {
+                            self.client = c;
+                        }
+                    }
                 }
+            }
+        }
+    }
+
+    /// The connection to `to` (`None` or the first connection's address: that one),
+    /// made on first use.
+    fn connection(&mut self, to: Option<&str>) -> Result<&mut Client, ClientError> {
+        let Some(addr) = to.filter(|a| *a != self.client.addr()) else {
+            return Ok(&mut self.client);
+        };
+        match self.others.entry(addr.to_string()) {
+            std::collections::hash_map::Entry::Occupied(e) => Ok(e.into_mut()),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                let c = self
+                    .broker
+                    .connect_to(addr)
+                    .map_err(|e| ClientError::Connect {
+                        addr: addr.to_string(),
+                        source: io::Error::other(super::one_line(&e)),
+                    })?;
+                Ok(v.insert(c))
             }
         }
     }

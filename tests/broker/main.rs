@@ -21,6 +21,7 @@ mod cli_tls;
 mod cli_topic_meta;
 mod cluster_alter;
 mod cluster_check;
+mod cluster_cli;
 mod cluster_delete;
 mod cluster_faults;
 mod cluster_harness;

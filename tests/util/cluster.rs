@@ -33,9 +33,14 @@ pub const QUERY_TIMEOUT: Duration = Duration::from_secs(5);
 pub use super::port::free_port;
 
 /// Runs `cmd`, killing it after `limit`; `None` if it did not end in time.
-pub fn output_within(mut cmd: Command, limit: Duration) -> Option<Output> {
+pub fn output_within(cmd: Command, limit: Duration) -> Option<Output> {
+    output_within_from(cmd, Stdio::null(), limit)
+}
+
+/// [`output_within`] with `stdin` as the command's standard input.
+pub fn output_within_from(mut cmd: Command, stdin: Stdio, limit: Duration) -> Option<Output> {
     let mut child = cmd
-        .stdin(Stdio::null())
+        .stdin(stdin)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -405,6 +410,23 @@ impl Cluster {
         let mut cmd = Command::new(BIN);
         cmd.args(args).args(["--broker", &self.brokers()]);
         let out = output_within(cmd, PATIENCE)
+            .unwrap_or_else(|| panic!("seglog {args:?} did not end in time"));
+        assert!(
+            out.status.success(),
+            "seglog {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).expect("utf-8 stdout")
+    }
+
+    /// [`Cluster::ok`] with `input` as the command's standard input.
+    pub fn ok_with_stdin(&self, args: &[&str], input: &str) -> String {
+        let file = tempfile::tempfile().expect("a temp file");
+        std::io::Write::write_all(&mut &file, input.as_bytes()).expect("write stdin");
+        std::io::Seek::rewind(&mut &file).expect("rewind stdin");
+        let mut cmd = Command::new(BIN);
+        cmd.args(args).args(["--broker", &self.brokers()]);
+        let out = output_within_from(cmd, Stdio::from(file), PATIENCE)
             .unwrap_or_else(|| panic!("seglog {args:?} did not end in time"));
         assert!(
             out.status.success(),

@@ -1,0 +1,133 @@
+//! The command-line clients on a three-node cluster whose partitions are led by
+//! different nodes: `produce` sends each partition's records to its leader and
+//! `consume` reads each partition from its leader, whole, through every node's
+//! address or one follower's; a `consume --follow` and a `produce` both go on
+//! across a SIGKILL of a partition's leader. Before, a request spanning partitions
+//! went to one node and its other partitions were refused with NOT_LEADER.
+
+#![expect(clippy::unwrap_used, reason = "tests")]
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+
+use crate::util::bin::BIN;
+use crate::util::cluster::{output_within, Cluster};
+use crate::util::serve::PATIENCE;
+
+const TOPIC: &str = "spread";
+const PARTITIONS: u32 = 3;
+
+fn lines(from: u32, to: u32) -> String {
+    (from..=to).map(|i| format!("{i}\n")).collect()
+}
+
+/// The lines `out` gives, as they come.
+fn stdout_lines(out: std::process::ChildStdout) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// The values of `out` (one per line), checking none is there twice.
+fn values(out: &str) -> BTreeSet<u32> {
+    let mut seen = BTreeSet::new();
+    for l in out.lines() {
+        assert!(seen.insert(l.parse::<u32>().unwrap()), "{l} twice in {out}");
+    }
+    seen
+}
+
+#[test]
+fn produce_and_consume_span_partitions_led_by_different_nodes_and_a_leader_kill() {
+    let mut c = Cluster::start_direct(3);
+    c.create_topic(TOPIC, PARTITIONS, 3);
+    let leaders: Vec<u64> = (0..PARTITIONS).map(|p| c.wait_leader(TOPIC, p)).collect();
+    let distinct: BTreeSet<u64> = leaders.iter().copied().collect();
+    assert!(
+        distinct.len() > 1,
+        "one node leads every partition: {leaders:?}"
+    );
+
+    // One produce of 30 lines, round-robin over the three partitions: every record
+    // acknowledged, by the leaders.
+    c.ok_with_stdin(&["produce", TOPIC], &lines(1, 30));
+    let all = c.ok(&["consume", TOPIC, "--from", "earliest"]);
+    assert_eq!(values(&all), (1..=30).collect(), "{all}");
+    // Round-robin from partition 0: partition p holds p+1, p+4, ... in order.
+    for p in 0..PARTITIONS {
+        let part = c.ok(&[
+            "consume",
+            TOPIC,
+            "--partition",
+            &p.to_string(),
+            "--from",
+            "earliest",
+        ]);
+        let want: Vec<String> = (p + 1..=30).step_by(3).map(|v| v.to_string()).collect();
+        assert_eq!(part.lines().collect::<Vec<_>>(), want, "partition {p}");
+    }
+    // Through one follower of partition 0 alone.
+    let follower = c.ids().into_iter().find(|id| *id != leaders[0]).unwrap();
+    let mut one = Command::new(BIN);
+    one.args(["consume", TOPIC, "--from", "earliest"])
+        .args(["--broker", &c.node(follower).client_addr]);
+    let out = output_within(one, PATIENCE).unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        values(&String::from_utf8(out.stdout).unwrap()),
+        (1..=30).collect()
+    );
+
+    // A follow consumer from the start; once it has read the first 30, partition
+    // 1's leader is killed and 30 more lines are produced: it reads all 60.
+    let mut follow = Command::new(BIN)
+        .args(["consume", TOPIC, "--from", "earliest", "--follow"])
+        .args(["--count", "60", "--broker", &c.brokers()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let read = stdout_lines(follow.stdout.take().unwrap());
+    let mut seen = Vec::new();
+    let mut take = |n: usize, what: &str| {
+        while seen.len() < n {
+            match read.recv_timeout(PATIENCE) {
+                Ok(l) => seen.push(l),
+                Err(_) => panic!(
+                    "consume --follow read {} records, not {n} {what}",
+                    seen.len()
+                ),
+            }
+        }
+    };
+    take(30, "before the kill");
+    let killed = leaders[1];
+    c.kill9(killed);
+    c.ok_with_stdin(&["produce", TOPIC], &lines(31, 60));
+    take(60, "after it");
+    let out = follow.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(values(&seen.join("\n")), (1..=60).collect());
+    let all = c.ok(&["consume", TOPIC, "--from", "earliest"]);
+    assert_eq!(values(&all), (1..=60).collect(), "{all}");
+    for id in c.ids().into_iter().filter(|id| *id != killed) {
+        c.stop(id);
+    }
+}
