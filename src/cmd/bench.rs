@@ -30,7 +30,9 @@ pub enum Mode {
 pub struct Args {
     #[arg(value_enum)]
     pub mode: Mode,
-    /// Broker address (default $SEGLOG_BROKER, else 127.0.0.1:9494).
+    /// Broker address (default $SEGLOG_BROKER, else 127.0.0.1:9494). With several
+    /// (a cluster's nodes, comma-separated) the load goes to the leader of the
+    /// topic's partition 0, as the first node that answers names it.
     #[arg(long, conflicts_with = "embedded", value_parser = super::connect::parse_broker_addrs)]
     pub broker: Option<String>,
     /// Start a broker in this process on DIR, served on a loopback port.
@@ -176,9 +178,39 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
             _ => args.tls.client_tls()?,
         },
     };
+    let mut config = config;
+    if let Target::Broker(list) = &config.target {
+        let addr = bench_addr(list, &config);
+        config.target = Target::Broker(addr);
+    }
     let report = load::run(&config).map_err(bench_error)?;
     print_report(&args, &report)?;
     Ok(exit::OK)
+}
+
+/// The one broker of `--broker A,B,...` the load goes to: with one address, that
+/// one; with several (a cluster), the leader of the topic's partition 0 as the first
+/// node that answers knows it, else that node (the load's own connection then says
+/// why it cannot connect, when none answers).
+fn bench_addr(list: &str, config: &load::Config) -> String {
+    let addrs = crate::engine::net::cluster_client::broker_list(list);
+    if addrs.len() < 2 {
+        return list.to_string();
+    }
+    for a in &addrs {
+        let Ok(mut c) = crate::engine::net::client::Client::connect_with(
+            a,
+            config.timeout,
+            config.tls.as_ref(),
+            config.token.as_deref(),
+        ) else {
+            continue;
+        };
+        return super::connect::leader_addrs(&mut c, &config.topic)
+            .remove(&0)
+            .unwrap_or_else(|| a.clone());
+    }
+    addrs.into_iter().next().unwrap_or_default()
 }
 
 /// The exit code of each failure: 73 for a locked data directory, 64 for a topic of
