@@ -2,8 +2,9 @@
 //! different nodes: `produce` sends each partition's records to its leader and
 //! `consume` reads each partition from its leader, whole, through every node's
 //! address or one follower's; a `consume --follow` and a `produce` both go on
-//! across a SIGKILL of a partition's leader. Before, a request spanning partitions
-//! went to one node and its other partitions were refused with NOT_LEADER.
+//! across a SIGKILL of a partition's leader; `bench` given every node's address
+//! drives a partition's leader. Before, a request spanning partitions went to one
+//! node and its other partitions were refused with NOT_LEADER.
 
 #![expect(clippy::unwrap_used, reason = "tests")]
 
@@ -89,6 +90,27 @@ fn produce_and_consume_span_partitions_led_by_different_nodes_and_a_leader_kill(
     assert_eq!(
         values(&String::from_utf8(out.stdout).unwrap()),
         (1..=30).collect()
+    );
+
+    // `bench --broker` with every node's address drives the leader of the topic's
+    // partition 0 (the list was taken as one host name).
+    c.create_topic("b", 1, 3);
+    let leader = c.wait_leader("b", 0);
+    let report = c.ok(&[
+        "bench",
+        "produce",
+        "--topic",
+        "b",
+        "--records",
+        "200",
+        "--json",
+    ]);
+    let report: serde_json::Value = serde_json::from_str(&report).unwrap();
+    assert_eq!(report["records"], 200, "{report}");
+    assert_eq!(
+        report["broker"],
+        c.node(leader).client_addr.as_str(),
+        "{report}"
     );
 
     // A follow consumer from the start; once it has read the first 30, partition
