@@ -407,16 +407,7 @@ impl Cluster {
     /// Runs a client command with `--broker` naming every node; must succeed within
     /// [`PATIENCE`]; returns its stdout.
     pub fn ok(&self, args: &[&str]) -> String {
-        let mut cmd = Command::new(BIN);
-        cmd.args(args).args(["--broker", &self.brokers()]);
-        let out = output_within(cmd, PATIENCE)
-            .unwrap_or_else(|| panic!("seglog {args:?} did not end in time"));
-        assert!(
-            out.status.success(),
-            "seglog {args:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).expect("utf-8 stdout")
+        self.ok_from(args, Stdio::null())
     }
 
     /// [`Cluster::ok`] with `input` as the command's standard input.
@@ -424,9 +415,13 @@ impl Cluster {
         let file = tempfile::tempfile().expect("a temp file");
         std::io::Write::write_all(&mut &file, input.as_bytes()).expect("write stdin");
         std::io::Seek::rewind(&mut &file).expect("rewind stdin");
+        self.ok_from(args, Stdio::from(file))
+    }
+
+    fn ok_from(&self, args: &[&str], stdin: Stdio) -> String {
         let mut cmd = Command::new(BIN);
         cmd.args(args).args(["--broker", &self.brokers()]);
-        let out = output_within_from(cmd, Stdio::from(file), PATIENCE)
+        let out = output_within_from(cmd, stdin, PATIENCE)
             .unwrap_or_else(|| panic!("seglog {args:?} did not end in time"));
         assert!(
             out.status.success(),
