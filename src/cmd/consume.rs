@@ -39,7 +39,7 @@ const LEADER_PAUSE: Duration = Duration::from_millis(100);
 /// NOT_LEADER refusal points, or, after a lost connection, as a node that answers
 /// names it), so a topic whose partitions have different leaders is read whole and
 /// a read goes on across a leader change; otherwise the one connection.
-struct Readers<'a> {
+pub(super) struct Readers<'a> {
     broker: &'a BrokerArgs,
     topic: String,
     /// Whether the first node named leaders of the topic's partitions (a cluster):
@@ -55,7 +55,7 @@ struct Readers<'a> {
 }
 
 impl<'a> Readers<'a> {
-    fn new(broker: &'a BrokerArgs, topic: &str, mut first: Client) -> Readers<'a> {
+    pub(super) fn new(broker: &'a BrokerArgs, topic: &str, mut first: Client) -> Readers<'a> {
         let leaders = super::connect::leader_addrs(&mut first, topic);
         Readers {
             broker,
@@ -91,7 +91,7 @@ impl<'a> Readers<'a> {
 
     /// One fetch of `partition` through its connection; a connection that cannot be
     /// made is a [`ClientError::Connect`], which [`Readers::follow`] handles.
-    fn fetch(
+    pub(super) fn fetch(
         &mut self,
         partition: u32,
         pos: u64,
@@ -124,7 +124,7 @@ impl<'a> Readers<'a> {
     /// next read goes to the leader a NOT_LEADER refusal named or, on a cluster after
     /// a lost connection (a leader killed), to the leaders as a node that answers
     /// knows them then.
-    fn follow(&mut self, partition: u32, e: &ClientError) -> bool {
+    pub(super) fn follow(&mut self, partition: u32, e: &ClientError) -> bool {
         let named = match e {
             ClientError::Refused {
                 code: ErrorCode::NOT_LEADER,
@@ -173,13 +173,13 @@ impl<'a> Readers<'a> {
 
     /// A read of `partition` succeeded: its retry count starts again (a long
     /// `--follow` may see many elections).
-    fn served(&mut self, partition: u32) {
+    pub(super) fn served(&mut self, partition: u32) {
         self.follows.remove(&partition);
     }
 
     /// `o` as the partition's own connection reads it (on a cluster, its leader's
     /// offsets rather than the first node's), following a leader as a fetch does.
-    fn offsets(&mut self, o: PartitionOffsets) -> anyhow::Result<PartitionOffsets> {
+    pub(super) fn offsets(&mut self, o: PartitionOffsets) -> anyhow::Result<PartitionOffsets> {
         if !self.leaders.contains_key(&o.partition) {
             return Ok(o);
         }

@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use super::connect::client_error;
+use super::consume::Readers;
 use super::consume::{write_record, Args, StartAt};
 use super::{exit, ExitError, Global};
 use crate::engine::net::client::{Client, ClientError};
@@ -127,6 +128,9 @@ fn is_code(e: &ClientError, codes: &[ErrorCode]) -> bool {
 pub fn run(args: &Args, group: &str, global: Global) -> anyhow::Result<u8> {
     install_signal_handlers();
     let mut client = args.broker.connect()?;
+    // Group requests go to the node first connected (groups are node-local); each
+    // partition is read from its leader.
+    let mut readers = Readers::new(&args.broker, &args.topic, args.broker.connect()?);
     let limit = args.count.unwrap_or(u64::MAX);
     let stdout = io::stdout();
     let mut out = io::BufWriter::new(stdout.lock());
@@ -154,14 +158,19 @@ pub fn run(args: &Args, group: &str, global: Global) -> anyhow::Result<u8> {
                 FETCH_WAIT
             };
             for (p, pos) in parts {
-                let f = client.fetch(&args.topic, p, pos, args.max_bytes, wait);
-                let f = match f {
-                    Ok(f) => f,
+                let f = match readers.fetch(p, pos, args.max_bytes, wait) {
+                    Ok(f) => {
+                        readers.served(p);
+                        f
+                    }
+                    // A NOT_LEADER or a lost leader: read it again next round.
+                    Err(e) if readers.follow(p, &e) => continue,
                     Err(e) if is_code(&e, &[ErrorCode::OFFSET_OUT_OF_RANGE]) => {
                         // The committed position left the log (retention): restart
                         // from --from, as Kafka's auto.offset.reset does.
                         let offsets = client.list_offsets(&args.topic).map_err(client_error)?;
                         if let Some(o) = offsets.iter().find(|o| o.partition == p) {
+                            let o = readers.offsets(*o)?;
                             m.positions
                                 .insert(p, args.from.start_at(o.start_offset, o.end_offset));
                         }

@@ -2,7 +2,8 @@
 //! different nodes: `produce` sends each partition's records to its leader and
 //! `consume` reads each partition from its leader, whole, through every node's
 //! address or one follower's; a `consume --follow` and a `produce` both go on
-//! across a SIGKILL of a partition's leader; `bench` given every node's address
+//! across a SIGKILL of a partition's leader; `consume --group` reads every
+//! partition from its leader; `bench` given every node's address
 //! drives a partition's leader. Before, a request spanning partitions went to one
 //! node and its other partitions were refused with NOT_LEADER.
 
@@ -91,6 +92,11 @@ fn produce_and_consume_span_partitions_led_by_different_nodes_and_a_leader_kill(
         values(&String::from_utf8(out.stdout).unwrap()),
         (1..=30).collect()
     );
+
+    // A consumer group reads every partition from its leader (the group itself
+    // lives on the node first asked).
+    let grouped = c.ok(&["consume", TOPIC, "--group", "g", "--count", "30"]);
+    assert_eq!(values(&grouped), (1..=30).collect(), "{grouped}");
 
     // `bench --broker` with every node's address drives the leader of the topic's
     // partition 0 (the list was taken as one host name).
