@@ -59,6 +59,11 @@ impl BrokerArgs {
             .map_err(client_error)
     }
 
+    /// Whether `--broker` names several addresses (a cluster's nodes).
+    pub fn several(&self) -> bool {
+        crate::engine::net::cluster_client::broker_list(&self.broker).len() > 1
+    }
+
     /// With several `--broker` addresses (a cluster), a connection to the node that
     /// leads `topic/partition` as the first node that answers knows it; otherwise
     /// (one address, no cluster, no leader known) [`BrokerArgs::connect`].
@@ -68,7 +73,7 @@ impl BrokerArgs {
     /// address of any node of the cluster is enough.
     pub fn connect_leader(&self, topic: &str, partition: u32) -> anyhow::Result<Client> {
         let (mut client, moved) = self.connect_holder(topic)?;
-        if crate::engine::net::cluster_client::broker_list(&self.broker).len() < 2 && !moved {
+        if !self.several() && !moved {
             return Ok(client);
         }
         let leaders = leader_addrs(&mut client, topic);

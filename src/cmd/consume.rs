@@ -42,8 +42,9 @@ const LEADER_PAUSE: Duration = Duration::from_millis(100);
 pub(super) struct Readers<'a> {
     broker: &'a BrokerArgs,
     topic: String,
-    /// Whether the first node named leaders of the topic's partitions (a cluster):
-    /// only then is a lost connection followed to the next leader.
+    /// Whether a node named leaders of the topic's partitions or refused a read
+    /// with NOT_LEADER (a cluster): only then is a lost connection followed to the
+    /// next leader.
     cluster: bool,
     first: Client,
     /// Per partition, the client address of its leader, where known.
@@ -56,7 +57,13 @@ pub(super) struct Readers<'a> {
 
 impl<'a> Readers<'a> {
     pub(super) fn new(broker: &'a BrokerArgs, topic: &str, mut first: Client) -> Readers<'a> {
-        let leaders = super::connect::leader_addrs(&mut first, topic);
+        // With one address the leaders are learnt from NOT_LEADER refusals alone (a
+        // standalone broker is not asked for a cluster status it does not have).
+        let leaders = if broker.several() {
+            super::connect::leader_addrs(&mut first, topic)
+        } else {
+            std::collections::HashMap::new()
+        };
         Readers {
             broker,
             topic: topic.to_string(),
@@ -144,6 +151,8 @@ impl<'a> Readers<'a> {
         }
         *follows += 1;
         thread::sleep(LEADER_PAUSE);
+        // A NOT_LEADER comes from a cluster node.
+        self.cluster |= named.is_some();
         match named {
             Some(Some(addr)) => {
                 self.leaders.insert(partition, addr);
