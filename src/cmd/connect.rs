@@ -144,6 +144,12 @@ pub fn leader_addrs(client: &mut Client, topic: &str) -> std::collections::HashM
     leaders
 }
 
+/// Most times in a row one partition's request follows a NOT_LEADER (or, on a
+/// cluster, a lost leader) to another node: an election takes about a second, and
+/// each follow waits [`LEADER_PAUSE`] first.
+pub const LEADER_FOLLOWS_MAX: u32 = 100;
+pub const LEADER_PAUSE: Duration = Duration::from_millis(100);
+
 /// Most moves of [`BrokerArgs::connect_holder`] (a node holding no replica names one
 /// that does: one move, unless the topic moved meanwhile).
 const HOLDER_HOPS_MAX: usize = 3;

@@ -18,7 +18,9 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::connect::{client_error, parse_positive_duration, BrokerArgs};
+use super::connect::{
+    client_error, parse_positive_duration, BrokerArgs, LEADER_FOLLOWS_MAX, LEADER_PAUSE,
+};
 use super::consume_group::Assignor;
 use super::escape::{parse_bytes, Bytes};
 use super::format_string::RecordFormat;
@@ -29,10 +31,6 @@ use crate::format::wire::{parse_not_leader, ErrorCode, PartitionOffsets, FETCH_B
 
 /// How long one long-poll fetch waits for new records under `--follow`.
 const FOLLOW_WAIT: Duration = Duration::from_secs(5);
-/// Most times one partition's reads follow a NOT_LEADER to another node (an
-/// election takes about a second; each follow waits [`LEADER_PAUSE`]).
-const LEADER_FOLLOWS_MAX: u32 = 100;
-const LEADER_PAUSE: Duration = Duration::from_millis(100);
 
 /// The connection each partition is read through. On a cluster that is its
 /// leader's (as the first node's `cluster status` names it, then wherever a

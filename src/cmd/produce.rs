@@ -23,7 +23,9 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::connect::{client_error, parse_duration, refusal_exit, BrokerArgs};
+use super::connect::{
+    client_error, parse_duration, refusal_exit, BrokerArgs, LEADER_FOLLOWS_MAX, LEADER_PAUSE,
+};
 use super::escape::{parse_bytes, Bytes};
 use super::{exit, ExitError, Global};
 use crate::engine::net::client::{partition_for_key, Ack, Client, ClientError};
@@ -479,11 +481,6 @@ struct Idempotence {
     next_sequence: std::collections::HashMap<u32, i32>,
 }
 
-/// Most times one partition's batch follows a NOT_LEADER to another node (an
-/// election takes about a second; each follow waits [`LEADER_PAUSE`]).
-const LEADER_FOLLOWS_MAX: u32 = 100;
-const LEADER_PAUSE: Duration = Duration::from_millis(100);
-
 /// The connections produce requests go through, plain or idempotent with retries
 /// (reconnecting after a lost connection; a retried batch keeps its sequence, so the
 /// broker writes it once). On a cluster each partition's batch goes to the node
@@ -619,7 +616,14 @@ impl<'a> Session<'a> {
             again.sort_unstable();
             todo = again;
         }
-        Ok(acks.into_iter().flatten().collect())
+        // Every batch was answered: a round ends each batch with an ack, or fails.
+        let answered = acks.len();
+        acks.into_iter()
+            .collect::<Option<Vec<Ack>>>()
+            .ok_or_else(|| ClientError::Protocol {
+                addr: self.client.addr().to_string(),
+                detail: format!("no answer for some of {answered} partition batches"),
+            })
     }
 
     /// Sends `batches` to the node at `to` (`None`: the first connection), with the
