@@ -6,7 +6,7 @@
 //! record values make a MB), requests, fsyncs and every request's latency; the
 //! command line and the rendering of a [`Report`] live in `cmd::bench`.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -26,7 +26,8 @@ use crate::engine::partition::zero::{quantile_us, PREALLOCATE_BYTES_DEFAULT};
 use crate::engine::storage::io::RealStorage;
 use crate::format::encoded_len;
 use crate::format::wire::{
-    ErrorCode, PartitionBatch, WireRecord, FETCH_BYTES_MAX, RECORDS_PER_PARTITION_MAX,
+    ErrorCode, PartitionBatch, PartitionOffsets, WireRecord, FETCH_BYTES_MAX,
+    RECORDS_PER_PARTITION_MAX,
 };
 
 /// What to measure.
@@ -71,6 +72,11 @@ pub struct Config {
     pub in_flight: u32,
     /// Partitions of the bench topic (created if missing; at least 1).
     pub partitions: u32,
+    /// On a cluster: the client address of each partition's leader, where its
+    /// requests go; a partition not named here is driven through the target. Each
+    /// connection then is one per leader node (as a Kafka producer holds one per
+    /// broker), and the write-path counters add up over those nodes.
+    pub leaders: BTreeMap<u32, String>,
     pub topic: String,
     /// How long to wait to connect and for each response.
     pub timeout: Duration,
@@ -168,7 +174,9 @@ impl From<ClientError> for BenchError {
 /// The measurements of one run.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Report {
-    /// The address the load went to (the loopback port of an embedded broker).
+    /// The address the load went to (the loopback port of an embedded broker); on a
+    /// cluster whose partitions have several leaders, their addresses joined by
+    /// commas, the target's first.
     pub broker: String,
     pub records: u64,
     pub requests: u64,
@@ -218,13 +226,49 @@ pub fn run(config: &Config) -> Result<Report, BenchError> {
         }
         Target::Broker(addr) => (None, addr.clone()),
     };
-    let result = bench(config, &addr, embedded.as_ref().map(|e| &e.broker));
+    let routes = Routes::new(config, &addr);
+    let result = bench(config, &routes, embedded.as_ref().map(|e| &e.broker));
     if let Some(e) = embedded {
         e.finish()?;
     }
     let mut report = result?;
-    report.broker = addr;
+    report.broker = routes.addrs.join(",");
     Ok(report)
+}
+
+/// Where each partition's requests go: the distinct addresses, the target's first,
+/// and per partition the index of its leader's address (the target's when its
+/// leader is not known).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Routes {
+    addrs: Vec<String>,
+    of: Vec<usize>,
+}
+
+impl Routes {
+    fn new(args: &Config, target: &str) -> Routes {
+        let mut addrs = vec![target.to_string()];
+        let of = (0..args.partitions)
+            .map(|p| match args.leaders.get(&p) {
+                None => 0,
+                Some(a) => addrs.iter().position(|x| x == a).unwrap_or_else(|| {
+                    addrs.push(a.clone());
+                    addrs.len() - 1
+                }),
+            })
+            .collect();
+        Routes { addrs, of }
+    }
+
+    /// The index in `addrs` of `partition`'s address.
+    fn of(&self, partition: u32) -> usize {
+        self.of.get(partition as usize).copied().unwrap_or(0)
+    }
+
+    /// The target's address.
+    fn target(&self) -> &str {
+        self.addrs.first().map_or("", String::as_str)
+    }
 }
 
 /// An embedded broker and its server thread.
@@ -302,47 +346,79 @@ fn progress_bar(total: Option<u64>, wanted: bool) -> Option<indicatif::ProgressB
     Some(bar)
 }
 
+/// Every fsync the brokers driven made: the embedded one's, else the sum over the
+/// nodes of `routes`.
 fn fsync_count(
-    addr: &str,
+    routes: &Routes,
     args: &Config,
     embedded: Option<&Arc<Broker>>,
 ) -> Result<u64, BenchError> {
-    match embedded {
-        Some(b) => Ok(b.stats().fsyncs),
-        None => {
-            Ok(
-                Client::connect_with(addr, args.timeout, args.tls.as_ref(), args.token.as_deref())
-                    .and_then(|mut c| c.stats())?
-                    .fsyncs,
-            )
-        }
+    if let Some(b) = embedded {
+        return Ok(b.stats().fsyncs);
     }
+    let mut n = 0u64;
+    for addr in &routes.addrs {
+        let s = Client::connect_with(addr, args.timeout, args.tls.as_ref(), args.token.as_deref())
+            .and_then(|mut c| c.stats())?;
+        n = n.saturating_add(s.fsyncs);
+    }
+    Ok(n)
 }
 
-/// The broker's counters: read directly from an embedded broker, else asked of the
-/// broker (`None` from one older than protocol version 3, which has no write-path
-/// counters).
+/// The brokers' counters: read directly from an embedded broker, else asked of each
+/// node of `routes` and added up (the longest roll stall is the longest of any).
+/// `None` when a broker is older than protocol version 3, which has no write-path
+/// counters.
 fn write_stats(
-    addr: &str,
+    routes: &Routes,
     args: &Config,
     embedded: Option<&Arc<Broker>>,
 ) -> Result<Option<BrokerStats>, BenchError> {
     if let Some(b) = embedded {
         return Ok(Some(b.stats()));
     }
-    let s = Client::connect_with(addr, args.timeout, args.tls.as_ref(), args.token.as_deref())
-        .and_then(|mut c| c.stats())?;
-    Ok(s.write.map(|w| BrokerStats {
-        fsyncs: s.fsyncs,
-        produce_requests: s.produce_requests,
-        records_appended: s.records_appended,
-        fsync_latency_us: w.fsync_latency_us,
-        rolls: w.rolls,
-        roll_stall_max_us: w.roll_stall_max_us,
-        zeroed_bytes: w.zeroed_bytes,
-        spares_taken: w.spares_taken,
-        spares_returned: w.spares_returned,
-    }))
+    let mut sum = BrokerStats::default();
+    for addr in &routes.addrs {
+        let s = Client::connect_with(addr, args.timeout, args.tls.as_ref(), args.token.as_deref())
+            .and_then(|mut c| c.stats())?;
+        let Some(w) = s.write else {
+            return Ok(None);
+        };
+        add_stats(
+            &mut sum,
+            &BrokerStats {
+                fsyncs: s.fsyncs,
+                produce_requests: s.produce_requests,
+                records_appended: s.records_appended,
+                fsync_latency_us: w.fsync_latency_us,
+                rolls: w.rolls,
+                roll_stall_max_us: w.roll_stall_max_us,
+                zeroed_bytes: w.zeroed_bytes,
+                spares_taken: w.spares_taken,
+                spares_returned: w.spares_returned,
+            },
+        );
+    }
+    Ok(Some(sum))
+}
+
+/// Adds one node's counters to `sum`: counts and histogram buckets add, the longest
+/// roll stall is the longer one.
+fn add_stats(sum: &mut BrokerStats, s: &BrokerStats) {
+    sum.fsyncs = sum.fsyncs.saturating_add(s.fsyncs);
+    sum.produce_requests = sum.produce_requests.saturating_add(s.produce_requests);
+    sum.records_appended = sum.records_appended.saturating_add(s.records_appended);
+    if sum.fsync_latency_us.len() < s.fsync_latency_us.len() {
+        sum.fsync_latency_us.resize(s.fsync_latency_us.len(), 0);
+    }
+    for (a, b) in sum.fsync_latency_us.iter_mut().zip(&s.fsync_latency_us) {
+        *a = a.saturating_add(*b);
+    }
+    sum.rolls = sum.rolls.saturating_add(s.rolls);
+    sum.roll_stall_max_us = sum.roll_stall_max_us.max(s.roll_stall_max_us);
+    sum.zeroed_bytes = sum.zeroed_bytes.saturating_add(s.zeroed_bytes);
+    sum.spares_taken = sum.spares_taken.saturating_add(s.spares_taken);
+    sum.spares_returned = sum.spares_returned.saturating_add(s.spares_returned);
 }
 
 /// The write-path counters between two stats of one broker.
@@ -395,43 +471,109 @@ fn ensure_topic(
     }
 }
 
-fn bench(args: &Config, addr: &str, embedded: Option<&Arc<Broker>>) -> Result<Report, BenchError> {
+fn bench(
+    args: &Config,
+    routes: &Routes,
+    embedded: Option<&Arc<Broker>>,
+) -> Result<Report, BenchError> {
     let records = args.records;
-    let mut admin =
-        Client::connect_with(addr, args.timeout, args.tls.as_ref(), args.token.as_deref())?;
+    let mut admin = Client::connect_with(
+        routes.target(),
+        args.timeout,
+        args.tls.as_ref(),
+        args.token.as_deref(),
+    )?;
     ensure_topic(&mut admin, &args.topic, args.partitions, &args.write)?;
     match args.mode {
         Mode::Produce => {
-            let fsyncs_before = fsync_count(addr, args, embedded)?;
-            let stats_before = write_stats(addr, args, embedded)?;
-            let mut report = produce(args, addr, records)?;
-            report.fsyncs = fsync_count(addr, args, embedded)?.saturating_sub(fsyncs_before);
-            let stats_after = write_stats(addr, args, embedded)?;
+            let fsyncs_before = fsync_count(routes, args, embedded)?;
+            let stats_before = write_stats(routes, args, embedded)?;
+            let mut report = produce(args, routes, records)?;
+            report.fsyncs = fsync_count(routes, args, embedded)?.saturating_sub(fsyncs_before);
+            let stats_after = write_stats(routes, args, embedded)?;
             if let (Some(before), Some(after)) = (&stats_before, &stats_after) {
                 report.write_path = Some(write_path_report(before, after));
             }
             Ok(report)
         }
         Mode::Consume => {
-            seed(args, &mut admin, records)?;
-            let fsyncs_before = fsync_count(addr, args, embedded)?;
-            let mut report = consume(args, addr, &mut admin, records)?;
-            report.fsyncs = fsync_count(addr, args, embedded)?.saturating_sub(fsyncs_before);
+            let mut clients = Clients::new(args, routes, admin);
+            seed(args, &mut clients, records)?;
+            let fsyncs_before = fsync_count(routes, args, embedded)?;
+            let mut report = consume(args, &mut clients, records)?;
+            report.fsyncs = fsync_count(routes, args, embedded)?.saturating_sub(fsyncs_before);
             Ok(report)
         }
     }
 }
 
-/// Connects every worker, then runs `work(worker index, connection)` for all of
-/// them side by side as tasks of one current-thread runtime (one event loop, like
-/// redis-benchmark); returns each worker's result and the time from start to the
-/// last finish. Connecting is not timed.
+/// Blocking clients of the nodes of [`Routes`], connected when first used, for the
+/// untimed parts of a consume run: each partition's offsets and seed records go to
+/// its leader.
+struct Clients<'a> {
+    args: &'a Config,
+    routes: &'a Routes,
+    conns: Vec<Option<Client>>,
+}
+
+impl<'a> Clients<'a> {
+    fn new(args: &'a Config, routes: &'a Routes, target: Client) -> Clients<'a> {
+        let mut conns: Vec<Option<Client>> = routes.addrs.iter().map(|_| None).collect();
+        if let Some(c) = conns.first_mut() {
+            *c = Some(target);
+        }
+        Clients {
+            args,
+            routes,
+            conns,
+        }
+    }
+
+    /// The client of `partition`'s leader.
+    fn of(&mut self, partition: u32) -> Result<&mut Client, BenchError> {
+        // `Routes` names an index of `addrs` for every partition, and `conns` has
+        // one slot per address.
+        let i = self.routes.of(partition);
+        let slot = &mut self.conns[i];
+        match slot {
+            Some(c) => Ok(c),
+            None => {
+                let args = self.args;
+                Ok(slot.insert(Client::connect_with(
+                    &self.routes.addrs[i],
+                    args.timeout,
+                    args.tls.as_ref(),
+                    args.token.as_deref(),
+                )?))
+            }
+        }
+    }
+
+    /// Every partition's offsets, each as its leader answers.
+    fn offsets(&mut self) -> Result<Vec<PartitionOffsets>, BenchError> {
+        let topic = self.args.topic.clone();
+        let mut all = Vec::with_capacity(self.args.partitions as usize);
+        for partition in 0..self.args.partitions {
+            let offsets = self.of(partition)?.list_offsets(&topic)?;
+            if let Some(o) = offsets.into_iter().find(|o| o.partition == partition) {
+                all.push(o);
+            }
+        }
+        Ok(all)
+    }
+}
+
+/// Connects every worker to every node of `routes`, then runs `work(worker index,
+/// its connections in the order of `routes.addrs`)` for all of them side by side as
+/// tasks of one current-thread runtime (one event loop, like redis-benchmark);
+/// returns each worker's result and the time from start to the last finish.
+/// Connecting is not timed.
 fn run_workers<T, Fut>(
     args: &Config,
-    addr: &str,
+    routes: &Routes,
     total: Option<u64>,
     progress: &Arc<Progress>,
-    work: impl Fn(u32, Conn) -> Fut,
+    work: impl Fn(u32, Vec<Conn>) -> Fut,
 ) -> Result<(Vec<T>, Duration), BenchError>
 where
     T: Send + 'static,
@@ -445,9 +587,14 @@ where
     rt.block_on(async {
         let mut conns = Vec::with_capacity(args.connections as usize);
         for _ in 0..args.connections {
-            conns.push(
-                Conn::connect(addr, args.timeout, args.token.as_deref(), args.tls.as_ref()).await?,
-            );
+            let mut mine = Vec::with_capacity(routes.addrs.len());
+            for addr in &routes.addrs {
+                mine.push(
+                    Conn::connect(addr, args.timeout, args.token.as_deref(), args.tls.as_ref())
+                        .await?,
+                );
+            }
+            conns.push(mine);
         }
         let start = Instant::now();
         let mut set = tokio::task::JoinSet::new();
@@ -516,16 +663,16 @@ struct WorkerResult {
     latencies: Vec<Duration>,
 }
 
-fn produce(args: &Config, addr: &str, records: u64) -> Result<Report, BenchError> {
+fn produce(args: &Config, routes: &Routes, records: u64) -> Result<Report, BenchError> {
     let value: Arc<[u8]> = vec![b'x'; args.record_size as usize].into();
     let progress = Arc::new(Progress {
         records: AtomicU64::new(0),
     });
     let total = (records != u64::MAX).then_some(records);
     let deadline = args.duration.map(|d| Instant::now() + d);
-    let (results, elapsed) = run_workers(args, addr, total, &progress, |w, mut conn| {
+    let (results, elapsed) = run_workers(args, routes, total, &progress, |w, mut conns| {
         let (value, progress) = (Arc::clone(&value), Arc::clone(&progress));
-        let (topic, addr) = (args.topic.clone(), addr.to_string());
+        let (topic, routes) = (args.topic.clone(), routes.clone());
         let (batch, partitions, connections) = (args.batch, args.partitions, args.connections);
         let idempotent = args.idempotent;
         let in_flight = args.in_flight.max(1) as usize;
@@ -544,14 +691,15 @@ fn produce(args: &Config, addr: &str, records: u64) -> Result<Report, BenchError
             // With a fixed rate each connection sends its share on a schedule.
             let started = Instant::now();
             let mut sent = 0u64;
-            let producer = if idempotent {
-                Some(conn.init_producer().await?)
-            } else {
-                None
+            // One producer id for all nodes: a cluster's nodes hand out disjoint ids.
+            let producer = match (idempotent, conns.first_mut()) {
+                (true, Some(conn)) => Some(conn.init_producer().await?),
+                _ => None,
             };
             let mut sequences = vec![0i32; partitions as usize];
-            // Requests sent and not yet answered, oldest first: (id, sent at, records).
-            let mut unanswered: VecDeque<(u32, Instant, u64)> = VecDeque::new();
+            // Requests sent and not yet answered, oldest first: (connection, id, sent
+            // at, records).
+            let mut unanswered: VecDeque<(usize, u32, Instant, u64)> = VecDeque::new();
             loop {
                 let more = left > 0 && deadline.is_none_or(|d| Instant::now() < d);
                 if more && unanswered.len() < in_flight {
@@ -568,6 +716,8 @@ fn produce(args: &Config, addr: &str, records: u64) -> Result<Report, BenchError
                     let partition = (turn % u64::from(partitions)) as u32;
                     turn += 1;
                     let batch = batch_of(partition, n, &value);
+                    let c = routes.of(partition);
+                    let conn = &mut conns[c];
                     let t = Instant::now();
                     let id = match producer {
                         Some(p) => {
@@ -579,17 +729,17 @@ fn produce(args: &Config, addr: &str, records: u64) -> Result<Report, BenchError
                         }
                         None => conn.send_produce(&topic, batch).await?,
                     };
-                    unanswered.push_back((id, t, n));
+                    unanswered.push_back((c, id, t, n));
                     continue;
                 }
-                let Some((id, t, n)) = unanswered.pop_front() else {
+                let Some((c, id, t, n)) = unanswered.pop_front() else {
                     break;
                 };
-                let ack = conn.receive_produce(id).await?;
+                let ack = conns[c].receive_produce(id).await?;
                 r.latencies.push(t.elapsed());
                 if let Err((code, message)) = ack {
                     return Err(BenchError::ProduceRefused {
-                        addr,
+                        addr: routes.addrs[c].clone(),
                         code,
                         message,
                     });
@@ -622,8 +772,8 @@ fn collect(results: Vec<WorkerResult>, elapsed: Duration, value_bytes: u64) -> R
 }
 
 /// Makes sure every partition holds its share of `records` for the consume bench.
-fn seed(args: &Config, client: &mut Client, records: u64) -> Result<(), BenchError> {
-    let offsets = client.list_offsets(&args.topic)?;
+fn seed(args: &Config, clients: &mut Clients<'_>, records: u64) -> Result<(), BenchError> {
+    let offsets = clients.offsets()?;
     let value = vec![b'x'; args.record_size as usize];
     let per_request = 1000u64.min(u64::from(RECORDS_PER_PARTITION_MAX));
     for o in &offsets {
@@ -632,7 +782,7 @@ fn seed(args: &Config, client: &mut Client, records: u64) -> Result<(), BenchErr
         while have < want {
             let n = (want - have).min(per_request);
             let batch = batch_of(o.partition, n, &value);
-            let acks = client.produce(&args.topic, vec![batch])?;
+            let acks = clients.of(o.partition)?.produce(&args.topic, vec![batch])?;
             if let Some(Err((code, message))) = acks.first().map(|a| &a.result) {
                 return Err(BenchError::SeedRefused {
                     code: *code,
@@ -648,7 +798,7 @@ fn seed(args: &Config, client: &mut Client, records: u64) -> Result<(), BenchErr
     // records they are to read and stop there.
     let deadline = Instant::now() + args.timeout;
     while Instant::now() < deadline {
-        let offsets = client.list_offsets(&args.topic)?;
+        let offsets = clients.offsets()?;
         let durable = offsets.iter().all(|o| {
             o.end_offset.saturating_sub(o.start_offset)
                 >= share(records, o.partition, args.partitions)
@@ -661,13 +811,9 @@ fn seed(args: &Config, client: &mut Client, records: u64) -> Result<(), BenchErr
     Ok(())
 }
 
-fn consume(
-    args: &Config,
-    addr: &str,
-    admin: &mut Client,
-    records: u64,
-) -> Result<Report, BenchError> {
-    let offsets = admin.list_offsets(&args.topic)?;
+fn consume(args: &Config, clients: &mut Clients<'_>, records: u64) -> Result<Report, BenchError> {
+    let offsets = clients.offsets()?;
+    let routes = clients.routes;
     // Tasks: each partition's share, split into as many ranges as connections per
     // partition; tasks go to workers round-robin.
     let pieces = (args.connections / args.partitions).max(1);
@@ -690,39 +836,42 @@ fn consume(
         records: AtomicU64::new(0),
     });
     let tasks: Arc<[(u32, u64, u64)]> = tasks.into();
-    let (results, elapsed) = run_workers(args, addr, Some(records), &progress, |w, mut conn| {
-        let (tasks, progress) = (Arc::clone(&tasks), Arc::clone(&progress));
-        let topic = args.topic.clone();
-        let connections = args.connections as usize;
-        async move {
-            let mut r = WorkerResult {
-                records: 0,
-                requests: 0,
-                latencies: Vec::new(),
-            };
-            for &(partition, from, to) in tasks.iter().skip(w as usize).step_by(connections) {
-                let mut pos = from;
-                while pos < to {
-                    let t = Instant::now();
-                    let f = conn.fetch(&topic, partition, pos, max_bytes, to).await?;
-                    r.latencies.push(t.elapsed());
-                    r.requests += 1;
-                    let Some(last) = f.last_offset else {
-                        return Err(BenchError::FetchEmpty {
-                            topic,
-                            partition,
-                            offset: pos,
-                            end: to,
-                        });
-                    };
-                    pos = last + 1;
-                    r.records += f.records;
-                    progress.records.fetch_add(f.records, Ordering::Relaxed);
+    let (results, elapsed) =
+        run_workers(args, routes, Some(records), &progress, |w, mut conns| {
+            let (tasks, progress) = (Arc::clone(&tasks), Arc::clone(&progress));
+            let routes = routes.clone();
+            let topic = args.topic.clone();
+            let connections = args.connections as usize;
+            async move {
+                let mut r = WorkerResult {
+                    records: 0,
+                    requests: 0,
+                    latencies: Vec::new(),
+                };
+                for &(partition, from, to) in tasks.iter().skip(w as usize).step_by(connections) {
+                    let mut pos = from;
+                    while pos < to {
+                        let t = Instant::now();
+                        let conn = &mut conns[routes.of(partition)];
+                        let f = conn.fetch(&topic, partition, pos, max_bytes, to).await?;
+                        r.latencies.push(t.elapsed());
+                        r.requests += 1;
+                        let Some(last) = f.last_offset else {
+                            return Err(BenchError::FetchEmpty {
+                                topic,
+                                partition,
+                                offset: pos,
+                                end: to,
+                            });
+                        };
+                        pos = last + 1;
+                        r.records += f.records;
+                        progress.records.fetch_add(f.records, Ordering::Relaxed);
+                    }
                 }
+                Ok(r)
             }
-            Ok(r)
-        }
-    })?;
+        })?;
     Ok(collect(results, elapsed, u64::from(args.record_size)))
 }
 

@@ -4,7 +4,7 @@
 //! address or one follower's; a `consume --follow` and a `produce` both go on
 //! across a SIGKILL of a partition's leader; `consume --group` reads every
 //! partition from its leader; `bench` given every node's address
-//! drives a partition's leader. Before, a request spanning partitions went to one
+//! drives each partition's leader. Before, a request spanning partitions went to one
 //! node and its other partitions were refused with NOT_LEADER.
 
 #![expect(clippy::unwrap_used, reason = "tests")]
@@ -118,6 +118,61 @@ fn produce_and_consume_span_partitions_led_by_different_nodes_and_a_leader_kill(
         c.node(leader).client_addr.as_str(),
         "{report}"
     );
+
+    // On a topic whose partitions have different leaders, `bench` sends each
+    // partition's requests to its leader (before, every one went to partition 0's
+    // leader, which refused the others with NOT_LEADER), and its report names
+    // every leader and adds up their fsyncs.
+    c.create_topic("bspread", PARTITIONS, 3);
+    let bleaders: Vec<u64> = (0..PARTITIONS)
+        .map(|p| c.wait_leader("bspread", p))
+        .collect();
+    let bleaders: BTreeSet<String> = bleaders
+        .into_iter()
+        .map(|id| c.node(id).client_addr.clone())
+        .collect();
+    for mode in ["produce", "consume"] {
+        let report = c.ok(&[
+            "bench",
+            mode,
+            "--topic",
+            "bspread",
+            "--partitions",
+            &PARTITIONS.to_string(),
+            "--connections",
+            "2",
+            "--records",
+            "600",
+            "--json",
+        ]);
+        let report: serde_json::Value = serde_json::from_str(&report).unwrap();
+        assert_eq!(report["records"], 600, "{report}");
+        let named: BTreeSet<String> = report["broker"]
+            .as_str()
+            .unwrap()
+            .split(',')
+            .map(str::to_string)
+            .collect();
+        assert_eq!(named, bleaders, "{report}");
+        if mode == "produce" {
+            // At least one group commit on each leader.
+            assert!(
+                report["fsyncs"].as_u64().unwrap() >= bleaders.len() as u64,
+                "{report}"
+            );
+        }
+    }
+    for p in 0..PARTITIONS {
+        let n = c.ok(&[
+            "consume",
+            "bspread",
+            "--partition",
+            &p.to_string(),
+            "--from",
+            "earliest",
+        ]);
+        assert_eq!(n.lines().count(), 200, "partition {p} of bspread");
+    }
 
     // A follow consumer from the start; once it has read the first 30, partition
     // 1's leader is killed and 30 more lines are produced: it reads all 60.

@@ -2,7 +2,7 @@
 //! `seglog` and one per subcommand (`seglog-verify.1`, `seglog-topics-create.1`, …).
 //! This test fails when a committed page differs from what the code generates, or
 //! when a page exists for a command that no longer does. With `SEGLOG_REGEN_MAN=1` it
-//! rewrites the pages instead: `SEGLOG_REGEN_MAN=1 cargo test --test man`.
+//! rewrites the pages instead: `SEGLOG_REGEN_MAN=1 cargo test --test tools man`.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -61,7 +61,7 @@ fn man_pages_match_the_cli() {
         return;
     }
     let old = committed(&dir);
-    let hint = "regenerate with `SEGLOG_REGEN_MAN=1 cargo test --test man` and commit man/";
+    let hint = "regenerate with `SEGLOG_REGEN_MAN=1 cargo test --test tools man` and commit man/";
     let stale: Vec<&String> = old.keys().filter(|n| !fresh.contains_key(*n)).collect();
     assert!(
         stale.is_empty(),
