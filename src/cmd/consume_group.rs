@@ -143,7 +143,7 @@ pub fn run(args: &Args, group: &str, global: Global) -> anyhow::Result<u8> {
     };
     let heartbeat_every = args.session_timeout / 3;
     'member: while !STOP.load(Ordering::SeqCst) && printed < limit {
-        join(&mut client, args, group, &mut m, global.quiet)?;
+        join(&mut client, &mut readers, args, group, &mut m, global.quiet)?;
         let mut last_heartbeat = Instant::now();
         let mut last_commit = Instant::now();
         loop {
@@ -255,9 +255,12 @@ fn classify(e: &ClientError) -> Option<Next> {
 }
 
 /// Joins (or rejoins) and syncs until the member holds an assignment of the current
-/// generation; then reads the group's committed offsets for it.
+/// generation; then reads the group's committed offsets for it. A partition the
+/// group has no offset for starts at `--from` of its offsets as its leader gives
+/// them (the group's node may only follow it, a little behind).
 fn join(
     client: &mut Client,
+    readers: &mut Readers<'_>,
     args: &Args,
     group: &str,
     m: &mut Membership,
@@ -346,10 +349,13 @@ fn join(
                     m.committed.insert(p, c.offset);
                     c.offset
                 }
-                None => offsets
-                    .iter()
-                    .find(|o| o.partition == p)
-                    .map_or(0, |o| args.from.start_at(o.start_offset, o.end_offset)),
+                None => match offsets.iter().find(|o| o.partition == p) {
+                    Some(o) => {
+                        let o = readers.offsets(*o)?;
+                        args.from.start_at(o.start_offset, o.end_offset)
+                    }
+                    None => 0,
+                },
             };
             m.positions.insert(p, at);
         }

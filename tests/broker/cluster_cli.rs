@@ -214,3 +214,110 @@ fn produce_and_consume_span_partitions_led_by_different_nodes_and_a_leader_kill(
         c.stop(id);
     }
 }
+
+/// A topic placed on fewer nodes than the cluster has: with 2 partitions at
+/// factor 2 on 3 nodes, each node holds some partitions and not others. Every node
+/// learns the leaders of the partitions it does not hold from their holders: its
+/// `cluster status` names them, a request for one is refused with NOT_LEADER naming
+/// its leader, and so `produce`, `consume` and `consume --group` work through any
+/// one node's address. Before, such a node answered "leader: unknown": a produce of
+/// 10 lines through every address had half its records refused, and a group
+/// consumer through a node failed at the first partition it did not hold.
+#[test]
+fn a_topic_on_fewer_nodes_than_the_cluster_is_reached_through_any_node() {
+    let topic = "two";
+    let mut c = Cluster::start_direct(3);
+    c.create_topic(topic, 2, 2);
+    let leaders: Vec<u64> = (0..2).map(|p| c.wait_leader(topic, p)).collect();
+    // Every node names each partition's leader, a non-holder once it has asked
+    // (about a second).
+    let began = std::time::Instant::now();
+    for id in c.ids() {
+        loop {
+            let s = c.status(id).unwrap_or_default();
+            let named: Vec<Option<u64>> = (0..2u32)
+                .map(|p| {
+                    s["partitions"].as_array().and_then(|ps| {
+                        ps.iter()
+                            .find(|x| x["topic"] == topic && x["partition"] == p)
+                            .and_then(|x| x["leader"].as_u64())
+                    })
+                })
+                .collect();
+            if named == leaders.iter().map(|l| Some(*l)).collect::<Vec<_>>() {
+                break;
+            }
+            assert!(
+                began.elapsed() < PATIENCE,
+                "node {id} names leaders {named:?}, not {leaders:?}: {s}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+    c.ok_with_stdin(&["produce", topic], &lines(1, 10));
+    // Ten lines through each node's address alone: a node refuses the partition it
+    // does not hold, naming its leader, and the records are resent there.
+    for id in c.ids() {
+        let addr = c.node(id).client_addr.clone();
+        let mut produce = Command::new(BIN);
+        produce.args(["produce", topic, "--broker", &addr]);
+        let from = 1 + 10 * id as u32;
+        let out = crate::util::cluster::output_within_from(
+            produce,
+            stdin_of(&lines(from, from + 9)),
+            PATIENCE,
+        )
+        .unwrap();
+        assert!(
+            out.status.success(),
+            "produce through node {id}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    for id in c.ids() {
+        let addr = c.node(id).client_addr.clone();
+        let mut one = Command::new(BIN);
+        one.args(["consume", topic, "--from", "earliest", "--broker", &addr]);
+        let out = output_within(one, PATIENCE).unwrap();
+        assert!(
+            out.status.success(),
+            "consume through node {id}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            values(&String::from_utf8(out.stdout).unwrap()),
+            (1..=40).collect(),
+            "through node {id}"
+        );
+        let mut group = Command::new(BIN);
+        group
+            .args([
+                "consume",
+                topic,
+                "--group",
+                &format!("g{id}"),
+                "--count",
+                "40",
+            ])
+            .args(["--broker", &addr]);
+        let out = output_within(group, PATIENCE).unwrap();
+        assert!(
+            out.status.success(),
+            "consume --group through node {id}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            values(&String::from_utf8(out.stdout).unwrap()),
+            (1..=40).collect(),
+            "group through node {id}"
+        );
+    }
+}
+
+/// `input` as a child's standard input.
+fn stdin_of(input: &str) -> Stdio {
+    let file = tempfile::tempfile().unwrap();
+    std::io::Write::write_all(&mut &file, input.as_bytes()).unwrap();
+    std::io::Seek::rewind(&mut &file).unwrap();
+    Stdio::from(file)
+}

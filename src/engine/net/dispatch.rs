@@ -846,11 +846,29 @@ impl Session {
             }
         }
         let n = self.broker.partition_count(topic).map_err(engine_error)?;
-        let replicated = self.replicated(topic).is_some();
+        let replicated = self.replicated(topic);
         let mut partitions = Vec::with_capacity(n as usize);
         for partition in 0..n {
+            if let Some(r) = &replicated {
+                // A partition placed on other nodes only: as its leader answers.
+                match Arc::clone(r)
+                    .offsets_elsewhere(topic.to_string(), partition)
+                    .await
+                {
+                    Some(Ok((start_offset, end_offset))) => {
+                        partitions.push(PartitionOffsets {
+                            partition,
+                            start_offset,
+                            end_offset,
+                        });
+                        continue;
+                    }
+                    Some(Err(refusal)) => return Err(refusal),
+                    None => {}
+                }
+            }
             // The end of a replicated partition counts every acknowledged record.
-            if replicated {
+            if replicated.is_some() {
                 self.broker
                     .settle(topic, partition)
                     .await

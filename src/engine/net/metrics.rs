@@ -664,7 +664,9 @@ impl BrokerCollector {
                 continue;
             };
             for p in 0..n {
-                if let Some(v) = r.partition_view(&topic, p) {
+                // Only this node's replicas: a partition placed elsewhere is the
+                // holders' to report.
+                if let Some(v) = r.partition_view(&topic, p).filter(|v| v.held) {
                     views.push((topic.clone(), p.to_string(), v));
                 }
             }

@@ -157,6 +157,11 @@ pub struct Manager<L: LogStores> {
     /// For the groups this node leads: when each follower was last seen holding every
     /// committed entry ([`Manager::leader_in_sync`]).
     caught_up: Mutex<BTreeMap<(String, u32, u64), Instant>>,
+    /// The partitions of replicated topics this node holds no replica of, as a
+    /// holder last told ([`Manager::refresh_in_sync`]).
+    held_elsewhere: Mutex<BTreeMap<(String, u32), HeldElsewhere>>,
+    /// Rounds of [`Manager::refresh_in_sync`], to ask the holders in turn.
+    rounds: std::sync::atomic::AtomicUsize,
 }
 
 /// A leader's answer to which replicas of one of its groups are in sync.
@@ -165,6 +170,19 @@ struct LeaderInSync {
     leader: u64,
     term: u64,
     in_sync: Vec<u64>,
+    at: Instant,
+}
+
+/// A partition this node holds no replica of, as a node holding one last told: the
+/// leader and term, and the in-sync replicas when the leader itself answered. It
+/// lets this node name the leader in a NOT_LEADER refusal, `cluster status` and
+/// Kafka Metadata, so that a topic placed on fewer nodes than the cluster has is
+/// reached through any node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct HeldElsewhere {
+    leader: u64,
+    term: u64,
+    in_sync: Option<Vec<u64>>,
     at: Instant,
 }
 
@@ -233,6 +251,8 @@ impl<L: LogStores> Manager<L> {
             admin: tokio::sync::Mutex::new(()),
             leaders_in_sync: Mutex::new(BTreeMap::new()),
             caught_up: Mutex::new(BTreeMap::new()),
+            held_elsewhere: Mutex::new(BTreeMap::new()),
+            rounds: std::sync::atomic::AtomicUsize::new(0),
         }))
     }
 
@@ -457,6 +477,32 @@ impl<L: LogStores> Manager<L> {
             .cloned()
     }
 
+    /// The refusal of a request for a partition whose group this node does not run:
+    /// on a node the placement leaves out, the leader a holder last named, else a
+    /// holder (which names the leader in turn); else the leader is unknown (the
+    /// group is not open yet, or the topic is gone).
+    fn no_group(&self, topic: &str, partition: u32) -> Refusal {
+        let known = lock(&self.held_elsewhere)
+            .get(&(topic.to_string(), partition))
+            .filter(|v| v.at.elapsed() < IN_SYNC_FRESH)
+            .map(|v| v.leader);
+        if known.is_some() {
+            return self.not_leader(topic, partition, known);
+        }
+        let placement = lock(&self.topics).get(topic).cloned();
+        match placement {
+            Some(placement)
+                if placement
+                    .replicas
+                    .get(partition as usize)
+                    .is_some_and(|r| !r.contains(&self.node_id())) =>
+            {
+                self.sent_to_holder(topic, partition, &placement)
+            }
+            _ => self.not_leader(topic, partition, None),
+        }
+    }
+
     fn not_leader(&self, topic: &str, partition: u32, leader: Option<u64>) -> Refusal {
         let named = leader
             .filter(|l| *l != self.node_id())
@@ -478,7 +524,7 @@ impl<L: LogStores> Manager<L> {
         entry: ProduceEntry,
     ) -> Result<(u64, u64), Refusal> {
         let Some(raft) = self.group(topic, partition) else {
-            return Err(self.not_leader(topic, partition, None));
+            return Err(self.no_group(topic, partition));
         };
         match raft.client_write(entry).await {
             Ok(resp) => self.written(topic, partition, Ok(resp)),
@@ -502,7 +548,7 @@ impl<L: LogStores> Manager<L> {
         entry: ProduceEntry,
     ) -> Result<Applied, Refusal> {
         let Some(raft) = self.group(&topic, partition) else {
-            return Err(self.not_leader(&topic, partition, None));
+            return Err(self.no_group(&topic, partition));
         };
         let (responder, answer) = openraft::impls::ProgressResponder::complete_only();
         if let Err(e) = raft.client_write_ff(entry, Some(responder)).await {
@@ -558,7 +604,7 @@ impl<L: LogStores> Manager<L> {
     /// `Ok` when this node leads the partition now (reads are served there only).
     pub fn check_leader(&self, topic: &str, partition: u32) -> Result<(), Refusal> {
         let Some(raft) = self.group(topic, partition) else {
-            return Err(self.not_leader(topic, partition, None));
+            return Err(self.no_group(topic, partition));
         };
         let m = raft.metrics().borrow_watched().clone();
         if m.state == ServerState::Leader && m.current_leader == Some(self.node_id()) {
@@ -592,7 +638,20 @@ impl<L: LogStores> Manager<L> {
             .replicas
             .get(partition as usize)?
             .clone();
-        let raft = self.group(topic, partition)?;
+        let Some(raft) = self.group(topic, partition) else {
+            // A partition placed on other nodes only: as a holder last told.
+            let v = lock(&self.held_elsewhere)
+                .get(&(topic.to_string(), partition))
+                .filter(|v| v.at.elapsed() < IN_SYNC_FRESH)
+                .cloned()?;
+            return Some(PartitionView {
+                leader: Some(v.leader),
+                term: v.term,
+                replicas,
+                in_sync: v.in_sync.unwrap_or_else(|| vec![v.leader]),
+                held: false,
+            });
+        };
         let m = raft.metrics().borrow_watched().clone();
         let in_sync = match self.leader_in_sync(topic, partition, &replicas, &m) {
             Some(in_sync) => in_sync,
@@ -608,6 +667,7 @@ impl<L: LogStores> Manager<L> {
             term: m.current_term,
             replicas,
             in_sync,
+            held: true,
         })
     }
 
@@ -681,7 +741,11 @@ impl<L: LogStores> Manager<L> {
 
     /// One round: one `Status` call per leader of a group this node follows; each
     /// group that leader leads in the term this node knows gets its answer. A leader
-    /// that does not answer leaves its groups' last answers to age out.
+    /// that does not answer leaves its groups' last answers to age out. The same
+    /// calls (and one per other node needed) ask, for each partition of a replicated
+    /// topic this node holds no replica of, its leader as last heard of, else one of
+    /// its holders, in turn from round to round so that a dead holder does not hide
+    /// the others ([`HeldElsewhere`]).
     async fn refresh_in_sync_once(&self) {
         let mut followed: BTreeMap<u64, BTreeMap<(String, u32), u64>> = BTreeMap::new();
         let groups: Vec<((String, u32), RaftGroup)> = lock(&self.groups)
@@ -711,9 +775,12 @@ impl<L: LogStores> Manager<L> {
         let now = Instant::now();
         lock(&self.leaders_in_sync).retain(|_, k| now.duration_since(k.at) < IN_SYNC_FRESH);
         lock(&self.caught_up).retain(|_, at| now.duration_since(*at) < IN_SYNC_LAG);
-        for (leader, groups) in followed {
+        lock(&self.held_elsewhere).retain(|_, v| now.duration_since(v.at) < IN_SYNC_FRESH);
+        let asked = self.elsewhere_to_ask();
+        let nodes: BTreeSet<u64> = followed.keys().chain(asked.keys()).copied().collect();
+        for node in nodes {
             let Ok(answer) = self
-                .call_within(leader, "", 0, Rpc::Status, Vec::new(), IN_SYNC_REFRESH)
+                .call_within(node, "", 0, Rpc::Status, Vec::new(), IN_SYNC_REFRESH)
                 .await
             else {
                 continue;
@@ -721,6 +788,13 @@ impl<L: LogStores> Manager<L> {
             let Ok(status) = serde_json::from_slice::<serde_json::Value>(&answer) else {
                 continue;
             };
+            if let Some(keys) = asked.get(&node) {
+                self.heard_of_elsewhere(node, keys, &status);
+            }
+            let Some(groups) = followed.get(&node) else {
+                continue;
+            };
+            let leader = node;
             let at = Instant::now();
             let mut known = lock(&self.leaders_in_sync);
             for p in status["partitions"].as_array().into_iter().flatten() {
@@ -733,7 +807,10 @@ impl<L: LogStores> Manager<L> {
                     continue;
                 };
                 let key = (topic.to_string(), partition);
-                if p["leader"].as_u64() != Some(leader) || groups.get(&key) != Some(&term) {
+                if p["leader"].as_u64() != Some(leader)
+                    || groups.get(&key) != Some(&term)
+                    || p["held"] == false
+                {
                     continue;
                 }
                 let in_sync = in_sync
@@ -750,6 +827,78 @@ impl<L: LogStores> Manager<L> {
                     },
                 );
             }
+        }
+    }
+
+    /// The partitions of replicated topics whose placement leaves this node out, by
+    /// the node to ask about them: the leader last heard of while that is fresh,
+    /// else one of the holders, a different one each round.
+    fn elsewhere_to_ask(&self) -> BTreeMap<u64, BTreeSet<(String, u32)>> {
+        let me = self.node_id();
+        let round = self
+            .rounds
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let leaders: BTreeMap<(String, u32), u64> = lock(&self.held_elsewhere)
+            .iter()
+            .map(|(k, v)| (k.clone(), v.leader))
+            .collect();
+        let mut asked: BTreeMap<u64, BTreeSet<(String, u32)>> = BTreeMap::new();
+        for (topic, placement) in lock(&self.topics).iter() {
+            for (partition, replicas) in (0u32..).zip(&placement.replicas) {
+                if replicas.is_empty() || replicas.contains(&me) {
+                    continue;
+                }
+                let key = (topic.clone(), partition);
+                let node = match leaders.get(&key) {
+                    Some(l) if replicas.contains(l) => *l,
+                    _ => replicas[(round + partition as usize) % replicas.len()],
+                };
+                asked.entry(node).or_default().insert(key);
+            }
+        }
+        asked
+    }
+
+    /// Keeps what `node`'s status says of the partitions of `keys` (which it holds):
+    /// their leader and term, and their in-sync replicas when `node` leads them.
+    fn heard_of_elsewhere(
+        &self,
+        node: u64,
+        keys: &BTreeSet<(String, u32)>,
+        status: &serde_json::Value,
+    ) {
+        let at = Instant::now();
+        let mut known = lock(&self.held_elsewhere);
+        for p in status["partitions"].as_array().into_iter().flatten() {
+            let (Some(topic), Some(partition), Some(leader), Some(term)) = (
+                p["topic"].as_str(),
+                p["partition"].as_u64().and_then(|n| u32::try_from(n).ok()),
+                p["leader"].as_u64(),
+                p["term"].as_u64(),
+            ) else {
+                continue;
+            };
+            let key = (topic.to_string(), partition);
+            if p["held"] == false || !keys.contains(&key) {
+                continue;
+            }
+            let in_sync = (leader == node).then(|| {
+                p["in_sync"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(serde_json::Value::as_u64)
+                    .collect()
+            });
+            known.insert(
+                key,
+                HeldElsewhere {
+                    leader,
+                    term,
+                    in_sync,
+                    at,
+                },
+            );
         }
     }
 
@@ -934,6 +1083,53 @@ impl<L: LogStores> Manager<L> {
                 .map(|&p| self.sent_to_holder(topic, p, &placement))
                 .collect(),
         )
+    }
+
+    /// See [`Replicator::offsets_elsewhere`].
+    async fn offsets_elsewhere(
+        &self,
+        topic: &str,
+        partition: u32,
+    ) -> Option<Result<(u64, u64), Refusal>> {
+        if self.group(topic, partition).is_some() {
+            return None;
+        }
+        let replicas = lock(&self.topics)
+            .get(topic)?
+            .replicas
+            .get(partition as usize)?
+            .clone();
+        if replicas.contains(&self.node_id()) {
+            return None;
+        }
+        let known = lock(&self.held_elsewhere)
+            .get(&(topic.to_string(), partition))
+            .filter(|v| v.at.elapsed() < IN_SYNC_FRESH)
+            .map(|v| v.leader);
+        let mut asked = Vec::new();
+        for node in known.into_iter().chain(replicas) {
+            if asked.contains(&node) {
+                continue;
+            }
+            asked.push(node);
+            let Ok(answer) = self
+                .call_within(
+                    node,
+                    topic,
+                    partition,
+                    Rpc::Offsets,
+                    Vec::new(),
+                    PLACEMENT_WAIT,
+                )
+                .await
+            else {
+                continue;
+            };
+            if let Ok([start, end]) = serde_json::from_slice::<[u64; 2]>(&answer) {
+                return Some(Ok((start, end)));
+            }
+        }
+        Some(Err(self.no_group(topic, partition)))
     }
 
     /// The refusal of [`Manager::elsewhere`] for one partition.
@@ -1198,6 +1394,7 @@ impl<L: LogStores> Manager<L> {
                 serde_json::json!({
                     "topic": topic,
                     "partition": partition,
+                    "held": true,
                     "leader": m.current_leader,
                     "term": m.current_term,
                     "commit_index": m.local_committed.as_ref().map_or(0, |l| l.index),
@@ -1207,6 +1404,30 @@ impl<L: LogStores> Manager<L> {
                 })
             })
             .collect();
+        // Partitions placed on other nodes only, as a holder last told.
+        let elsewhere: Vec<((String, u32), HeldElsewhere)> = lock(&self.held_elsewhere)
+            .iter()
+            .filter(|(_, v)| v.at.elapsed() < IN_SYNC_FRESH)
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let mut partitions = partitions;
+        for ((topic, partition), v) in elsewhere {
+            partitions.push(serde_json::json!({
+                "topic": topic,
+                "partition": partition,
+                "held": false,
+                "leader": v.leader,
+                "term": v.term,
+                "commit_index": null,
+                "applied_index": null,
+                "replicas": [],
+                "in_sync": null,
+            }));
+        }
+        partitions.sort_by(|a, b| {
+            (a["topic"].as_str(), a["partition"].as_u64())
+                .cmp(&(b["topic"].as_str(), b["partition"].as_u64()))
+        });
         serde_json::json!({
             "cluster_id": self.peers.ident.cluster_id(),
             "node_id": self.node_id(),
@@ -1281,6 +1502,18 @@ impl<L: LogStores> Manager<L> {
                 Ok(b"null".to_vec())
             }
             Rpc::Status => json(&self.status()),
+            Rpc::Offsets => {
+                self.check_leader(topic, partition).map_err(|(_, m)| m)?;
+                self.broker
+                    .settle(topic, partition)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let (start, end) = self
+                    .broker
+                    .offsets(topic, partition)
+                    .map_err(|e| e.to_string())?;
+                json(&[start, end])
+            }
             Rpc::Placement => Ok(lock(&self.topics)
                 .get(topic)
                 .map_or_else(|| b"null".to_vec(), Replication::encode)),
@@ -1418,6 +1651,14 @@ impl<L: LogStores> Replicator for Manager<L> {
 
     fn delete_topic(self: Arc<Self>, name: String) -> BoxFuture<Result<(), Refusal>> {
         Box::pin(async move { Manager::delete_topic(&self, &name).await })
+    }
+
+    fn offsets_elsewhere(
+        self: Arc<Self>,
+        topic: String,
+        partition: u32,
+    ) -> BoxFuture<Option<Result<(u64, u64), Refusal>>> {
+        Box::pin(async move { Manager::offsets_elsewhere(&self, &topic, partition).await })
     }
 
     fn elsewhere(

@@ -71,6 +71,16 @@ pub trait Replicator: Send + Sync + 'static {
     /// per partition asked, the refusal that sends a client to a node holding one
     /// (NOT_LEADER naming it, which names the leader in turn when it does not lead);
     /// `None` when no node that answered holds the topic.
+    /// For a partition of a replicated topic whose placement leaves this node out:
+    /// its start and end offsets as its leader answers them (the leader last heard
+    /// of, else each holder in turn), or the NOT_LEADER refusal naming where it is
+    /// when none answers. `None` when this node holds a replica (or the topic is not
+    /// replicated here): the local partition answers.
+    fn offsets_elsewhere(
+        self: Arc<Self>,
+        topic: String,
+        partition: u32,
+    ) -> BoxFuture<Option<Result<(u64, u64), Refusal>>>;
     fn elsewhere(
         self: Arc<Self>,
         topic: String,
@@ -105,9 +115,12 @@ pub struct PartitionView {
     pub term: u64,
     /// The placement: every replica, in placement order.
     pub replicas: Vec<u64>,
-    /// The replicas that are voters and hold every committed entry, as the leader's
-    /// replication metrics tell (on a node that does not lead: the placement).
+    /// The replicas in sync (Kafka's ISR): on the leader, as its replication metrics
+    /// tell; elsewhere, as the leader last answered, else the leader alone.
     pub in_sync: Vec<u64>,
+    /// Whether this node holds a replica; a node the placement leaves out knows the
+    /// partition from what a holder last told it.
+    pub held: bool,
 }
 
 impl std::fmt::Debug for dyn Replicator {

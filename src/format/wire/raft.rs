@@ -86,6 +86,11 @@ pub enum Rpc {
     /// placement as its `replication.json` holds it, or `null` when this node holds
     /// no replica of it). A node that holds none asks this to act on the topic.
     Placement = 14,
+    /// The start and end offsets of a partition the called node leads, as a
+    /// ListOffsets answers them (no payload; the answer: JSON `[start, end]`; a node
+    /// that does not lead it refuses). A node whose placement leaves the partition
+    /// out asks this to answer a client's ListOffsets.
+    Offsets = 15,
 }
 
 impl Rpc {
@@ -105,6 +110,7 @@ impl Rpc {
             Rpc::SnapshotInstall,
             Rpc::AlterReplica,
             Rpc::Placement,
+            Rpc::Offsets,
         ]
         .into_iter()
         .find(|r| *r as u8 == v)

@@ -1209,6 +1209,16 @@ mod tests {
             })
         }
 
+        fn offsets_elsewhere(
+            self: Arc<Self>,
+            _topic: String,
+            _partition: u32,
+        ) -> crate::engine::replication::BoxFuture<
+            Option<Result<(u64, u64), crate::engine::replication::Refusal>>,
+        > {
+            Box::pin(async { None })
+        }
+
         fn elsewhere(
             self: Arc<Self>,
             _topic: String,
@@ -1269,6 +1279,7 @@ mod tests {
                 term: 7,
                 replicas: vec![2, 3, 1],
                 in_sync: vec![2, 1],
+                held: true,
             })
         }
     }
@@ -1349,6 +1360,16 @@ mod tests {
         ) -> crate::engine::replication::BoxFuture<Result<(), crate::engine::replication::Refusal>>
         {
             Arc::new(Follower).create_topic(name, partitions, settings, factor)
+        }
+
+        fn offsets_elsewhere(
+            self: Arc<Self>,
+            _topic: String,
+            _partition: u32,
+        ) -> crate::engine::replication::BoxFuture<
+            Option<Result<(u64, u64), crate::engine::replication::Refusal>>,
+        > {
+            Box::pin(async { None })
         }
 
         fn elsewhere(
