@@ -289,6 +289,27 @@ fn a_topic_on_fewer_nodes_than_the_cluster_is_reached_through_any_node() {
             (1..=40).collect(),
             "through node {id}"
         );
+        // `topics describe` through this node gives each partition's offsets as its
+        // leader does, and says where a partition it does not hold is.
+        let mut describe = Command::new(BIN);
+        describe.args(["topics", "describe", topic, "--json", "--broker", &addr]);
+        let out = output_within(describe, PATIENCE).unwrap();
+        assert!(out.status.success(), "describe through node {id}");
+        let d: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        for p in d["partitions"].as_array().unwrap() {
+            assert_eq!(p["end_offset"], 20, "through node {id}: {d}");
+            assert_eq!(p["records"], 20, "through node {id}: {d}");
+            let held = c.status(id).unwrap()["partitions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|x| x["partition"] == p["partition"] && x["held"] == true);
+            assert_eq!(
+                p["detail"].as_str().is_some_and(|s| s.contains("not held")),
+                !held,
+                "through node {id}: {d}"
+            );
+        }
         let mut group = Command::new(BIN);
         group
             .args([

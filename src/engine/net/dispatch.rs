@@ -10,6 +10,7 @@
 //! - A frame that cannot be decoded gets one error response (request id 0 when the
 //!   id itself could not be read) and the connection is to be closed.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -956,15 +957,55 @@ impl Session {
             }
         }
         let d = self.broker.describe_topic(topic).map_err(engine_error)?;
+        // Partitions a replicated topic's placement leaves off this node: the local
+        // directory is an empty stand-in, so the offsets are the leader's and the
+        // detail says where the partition is.
+        let mut elsewhere: BTreeMap<u32, (Option<(u64, u64)>, String)> = BTreeMap::new();
+        if let Some(r) = self.replicated(topic) {
+            for p in &d.partitions {
+                let Some(offsets) = Arc::clone(&r)
+                    .offsets_elsewhere(topic.to_string(), p.partition)
+                    .await
+                else {
+                    continue;
+                };
+                let holders = r
+                    .partition_view(topic, p.partition)
+                    .map(|v| {
+                        let ids: Vec<String> = v.replicas.iter().map(u64::to_string).collect();
+                        format!(" (its replicas are on nodes {})", ids.join(", "))
+                    })
+                    .unwrap_or_default();
+                let detail = match &offsets {
+                    Ok(_) => {
+                        format!("not held on this node{holders}; offsets as its leader gives them")
+                    }
+                    Err((_, m)) => format!("not held on this node{holders}; offsets unknown: {m}"),
+                };
+                elsewhere.insert(p.partition, (offsets.ok(), detail));
+            }
+        }
         let partitions = d
             .partitions
             .iter()
-            .map(|p| PartitionDescription {
-                partition: p.partition,
-                start_offset: p.start_offset,
-                end_offset: p.end_offset,
-                segments: p.segments,
-                bytes: p.bytes,
+            .map(|p| match elsewhere.get(&p.partition) {
+                Some((offsets, _)) => {
+                    let (start_offset, end_offset) = offsets.unwrap_or_default();
+                    PartitionDescription {
+                        partition: p.partition,
+                        start_offset,
+                        end_offset,
+                        segments: 0,
+                        bytes: 0,
+                    }
+                }
+                None => PartitionDescription {
+                    partition: p.partition,
+                    start_offset: p.start_offset,
+                    end_offset: p.end_offset,
+                    segments: p.segments,
+                    bytes: p.bytes,
+                },
             })
             .collect();
         let cleanup = (self.version >= CLEANUP_INFO_VERSION).then(|| {
@@ -990,17 +1031,27 @@ impl Session {
         let health = (self.version >= PARTITION_HEALTH_VERSION).then(|| {
             d.partitions
                 .iter()
-                .map(|p| PartitionHealth {
-                    partition: p.partition,
-                    records: p.records,
-                    state: match p.state {
-                        PartitionState::Ok => HealthState::Ok,
-                        PartitionState::Damaged => HealthState::Damaged,
-                        PartitionState::Failed => HealthState::Failed,
+                .map(|p| match elsewhere.get(&p.partition) {
+                    Some((offsets, detail)) => PartitionHealth {
+                        partition: p.partition,
+                        records: offsets.map_or(0, |(s, e)| e.saturating_sub(s)),
+                        state: HealthState::Ok,
+                        detail: detail.clone(),
+                        spares: 0,
+                        preallocated_bytes: 0,
                     },
-                    detail: p.detail.clone().unwrap_or_default(),
-                    spares: p.spares,
-                    preallocated_bytes: p.preallocated_bytes,
+                    None => PartitionHealth {
+                        partition: p.partition,
+                        records: p.records,
+                        state: match p.state {
+                            PartitionState::Ok => HealthState::Ok,
+                            PartitionState::Damaged => HealthState::Damaged,
+                            PartitionState::Failed => HealthState::Failed,
+                        },
+                        detail: p.detail.clone().unwrap_or_default(),
+                        spares: p.spares,
+                        preallocated_bytes: p.preallocated_bytes,
+                    },
                 })
                 .collect()
         });
