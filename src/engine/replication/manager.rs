@@ -779,8 +779,17 @@ impl<L: LogStores> Manager<L> {
         let asked = self.elsewhere_to_ask();
         let nodes: BTreeSet<u64> = followed.keys().chain(asked.keys()).copied().collect();
         for node in nodes {
+            let wanted: BTreeSet<&(String, u32)> = followed
+                .get(&node)
+                .into_iter()
+                .flat_map(BTreeMap::keys)
+                .chain(asked.get(&node).into_iter().flatten())
+                .collect();
+            let Ok(filter) = serde_json::to_vec(&wanted) else {
+                continue;
+            };
             let Ok(answer) = self
-                .call_within(node, "", 0, Rpc::Status, Vec::new(), IN_SYNC_REFRESH)
+                .call_within(node, "", 0, Rpc::Status, filter, IN_SYNC_REFRESH)
                 .await
             else {
                 continue;
@@ -1341,6 +1350,14 @@ impl<L: LogStores> Manager<L> {
 
     /// This node's view of the cluster, as `cluster status --json` prints it.
     pub fn status(&self) -> serde_json::Value {
+        self.status_of(None)
+    }
+
+    /// [`Manager::status`] with only the partitions of `only` when given (the rows
+    /// of groups this node runs; no `held: false` rows), as peer call `Status` with
+    /// a payload asks: a node refreshing what it knows needs a few partitions, not
+    /// every group of the node.
+    fn status_of(&self, only: Option<&BTreeSet<(String, u32)>>) -> serde_json::Value {
         // `addr` and `alive` are the contract's names (the node's `--peers` address
         // and whether it answers); `raft_addr` and `reachable` say the same.
         let own_raft = self.nodes.get(&self.node_id()).cloned().unwrap_or_default();
@@ -1366,6 +1383,7 @@ impl<L: LogStores> Manager<L> {
         nodes.sort_by_key(|n| n["id"].as_u64());
         let groups: Vec<((String, u32), RaftGroup)> = lock(&self.groups)
             .iter()
+            .filter(|(k, _)| only.is_none_or(|o| o.contains(*k)))
             .map(|(k, g)| (k.clone(), g.clone()))
             .collect();
         let partitions: Vec<serde_json::Value> = groups
@@ -1407,7 +1425,7 @@ impl<L: LogStores> Manager<L> {
         // Partitions placed on other nodes only, as a holder last told.
         let elsewhere: Vec<((String, u32), HeldElsewhere)> = lock(&self.held_elsewhere)
             .iter()
-            .filter(|(_, v)| v.at.elapsed() < IN_SYNC_FRESH)
+            .filter(|(_, v)| only.is_none() && v.at.elapsed() < IN_SYNC_FRESH)
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
         let mut partitions = partitions;
@@ -1501,7 +1519,18 @@ impl<L: LogStores> Manager<L> {
                     .map_err(|(_, m)| m)?;
                 Ok(b"null".to_vec())
             }
-            Rpc::Status => json(&self.status()),
+            Rpc::Status => {
+                // A payload (JSON `[[topic, partition], ...]`) narrows the answer.
+                let only: Option<BTreeSet<(String, u32)>> = if payload.is_empty() {
+                    None
+                } else {
+                    Some(
+                        serde_json::from_slice(payload)
+                            .map_err(|e| format!("bad status filter: {e}"))?,
+                    )
+                };
+                json(&self.status_of(only.as_ref()))
+            }
             Rpc::Offsets => {
                 self.check_leader(topic, partition).map_err(|(_, m)| m)?;
                 self.broker

@@ -58,7 +58,9 @@ pub enum Rpc {
     Initialize = 5,
     /// The node's view of its groups, as `cluster status --json` shows it (the topic
     /// is empty); a follower asks each of its groups' leaders every second for their
-    /// in-sync replicas.
+    /// in-sync replicas, and a node that holds no replica of a partition asks a
+    /// holder who leads it. A payload, JSON `[[topic, partition], ...]`, narrows the
+    /// answer to those of the node's groups (an empty payload: everything).
     Status = 6,
     /// AppendEntries in binary ([`append`]), the entries' payloads as raw bytes.
     AppendEntriesBinary = 7,
