@@ -792,6 +792,9 @@ impl<L: LogStores> Manager<L> {
                 .call_within(node, "", 0, Rpc::Status, filter, IN_SYNC_REFRESH)
                 .await
             else {
+                // A leader that does not answer is not named any more: the next
+                // round asks the holders, and refusals name a holder meanwhile.
+                lock(&self.held_elsewhere).retain(|_, v| v.leader != node);
                 continue;
             };
             let Ok(status) = serde_json::from_slice::<serde_json::Value>(&answer) else {
