@@ -1155,10 +1155,18 @@ impl<L: LogStores> Manager<L> {
                 ),
             );
         };
-        // A holder that is not the leader names the leader in turn.
-        let holder = replicas
+        // A holder that is not the leader names the leader in turn. One this node
+        // reaches comes first: a client sent to a dead node only comes back.
+        let reachable = |n: &u64| self.peers.peers.get(n).is_some_and(|p| p.reachable());
+        let others: Vec<u64> = replicas
             .iter()
-            .filter(|n| **n != self.node_id())
+            .copied()
+            .filter(|n| *n != self.node_id())
+            .collect();
+        let holder = others
+            .iter()
+            .filter(|n| reachable(n))
+            .chain(others.iter().filter(|n| !reachable(n)))
             .find_map(|n| self.peers.client_addr(*n).map(|a| (*n, a)));
         let held_by = replicas
             .iter()
