@@ -258,44 +258,16 @@ fn a_topic_on_fewer_nodes_than_the_cluster_is_reached_through_any_node() {
     // Ten lines through each node's address alone: a node refuses the partition it
     // does not hold, naming its leader, and the records are resent there.
     for id in c.ids() {
-        let addr = c.node(id).client_addr.clone();
-        let mut produce = Command::new(BIN);
-        produce.args(["produce", topic, "--broker", &addr]);
         let from = 1 + 10 * id as u32;
-        let out = crate::util::cluster::output_within_from(
-            produce,
-            stdin_of(&lines(from, from + 9)),
-            PATIENCE,
-        )
-        .unwrap();
-        assert!(
-            out.status.success(),
-            "produce through node {id}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        through(&c, id, &["produce", topic], Some(&lines(from, from + 9)));
     }
     for id in c.ids() {
-        let addr = c.node(id).client_addr.clone();
-        let mut one = Command::new(BIN);
-        one.args(["consume", topic, "--from", "earliest", "--broker", &addr]);
-        let out = output_within(one, PATIENCE).unwrap();
-        assert!(
-            out.status.success(),
-            "consume through node {id}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert_eq!(
-            values(&String::from_utf8(out.stdout).unwrap()),
-            (1..=40).collect(),
-            "through node {id}"
-        );
+        let all = through(&c, id, &["consume", topic, "--from", "earliest"], None);
+        assert_eq!(values(&all), (1..=40).collect(), "through node {id}");
         // `topics describe` through this node gives each partition's offsets as its
         // leader does, and says where a partition it does not hold is.
-        let mut describe = Command::new(BIN);
-        describe.args(["topics", "describe", topic, "--json", "--broker", &addr]);
-        let out = output_within(describe, PATIENCE).unwrap();
-        assert!(out.status.success(), "describe through node {id}");
-        let d: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let d = through(&c, id, &["topics", "describe", topic, "--json"], None);
+        let d: serde_json::Value = serde_json::from_str(&d).unwrap();
         for p in d["partitions"].as_array().unwrap() {
             assert_eq!(p["end_offset"], 20, "through node {id}: {d}");
             assert_eq!(p["records"], 20, "through node {id}: {d}");
@@ -310,29 +282,34 @@ fn a_topic_on_fewer_nodes_than_the_cluster_is_reached_through_any_node() {
                 "through node {id}: {d}"
             );
         }
-        let mut group = Command::new(BIN);
-        group
-            .args([
-                "consume",
-                topic,
-                "--group",
-                &format!("g{id}"),
-                "--count",
-                "40",
-            ])
-            .args(["--broker", &addr]);
-        let out = output_within(group, PATIENCE).unwrap();
-        assert!(
-            out.status.success(),
-            "consume --group through node {id}: {}",
-            String::from_utf8_lossy(&out.stderr)
+        let group = format!("g{id}");
+        let grouped = through(
+            &c,
+            id,
+            &["consume", topic, "--group", &group, "--count", "40"],
+            None,
         );
         assert_eq!(
-            values(&String::from_utf8(out.stdout).unwrap()),
+            values(&grouped),
             (1..=40).collect(),
             "group through node {id}"
         );
     }
+}
+
+/// The standard output of `seglog ARGS --broker ADDR` with node `id`'s address
+/// alone (and `input` on its standard input), which must succeed.
+fn through(c: &Cluster, id: u64, args: &[&str], input: Option<&str>) -> String {
+    let mut cmd = Command::new(BIN);
+    cmd.args(args).args(["--broker", &c.node(id).client_addr]);
+    let stdin = input.map_or_else(Stdio::null, stdin_of);
+    let out = crate::util::cluster::output_within_from(cmd, stdin, PATIENCE).unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?} through node {id}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
 }
 
 /// `input` as a child's standard input.

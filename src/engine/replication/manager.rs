@@ -186,6 +186,21 @@ struct HeldElsewhere {
     at: Instant,
 }
 
+/// A row of a peer's status about a group it runs (not one it only heard of): the
+/// partition, its leader and its term; `None` without a known leader.
+fn held_row(p: &serde_json::Value) -> Option<((String, u32), u64, u64)> {
+    if p["held"] == false {
+        return None;
+    }
+    let topic = p["topic"].as_str()?;
+    let partition = u32::try_from(p["partition"].as_u64()?).ok()?;
+    Some((
+        (topic.to_string(), partition),
+        p["leader"].as_u64()?,
+        p["term"].as_u64()?,
+    ))
+}
+
 /// The in-sync replicas a node that does not lead a group names: its leader's last
 /// answer when that is fresh and from the leader and term this node knows, else the
 /// leader alone (the one replica sure to hold every committed entry), else none.
@@ -810,19 +825,13 @@ impl<L: LogStores> Manager<L> {
             let at = Instant::now();
             let mut known = lock(&self.leaders_in_sync);
             for p in status["partitions"].as_array().into_iter().flatten() {
-                let (Some(topic), Some(partition), Some(term), Some(in_sync)) = (
-                    p["topic"].as_str(),
-                    p["partition"].as_u64().and_then(|n| u32::try_from(n).ok()),
-                    p["term"].as_u64(),
-                    p["in_sync"].as_array(),
-                ) else {
+                let Some((key, row_leader, term)) = held_row(p) else {
                     continue;
                 };
-                let key = (topic.to_string(), partition);
-                if p["leader"].as_u64() != Some(leader)
-                    || groups.get(&key) != Some(&term)
-                    || p["held"] == false
-                {
+                let Some(in_sync) = p["in_sync"].as_array() else {
+                    continue;
+                };
+                if row_leader != leader || groups.get(&key) != Some(&term) {
                     continue;
                 }
                 let in_sync = in_sync
@@ -882,16 +891,10 @@ impl<L: LogStores> Manager<L> {
         let at = Instant::now();
         let mut known = lock(&self.held_elsewhere);
         for p in status["partitions"].as_array().into_iter().flatten() {
-            let (Some(topic), Some(partition), Some(leader), Some(term)) = (
-                p["topic"].as_str(),
-                p["partition"].as_u64().and_then(|n| u32::try_from(n).ok()),
-                p["leader"].as_u64(),
-                p["term"].as_u64(),
-            ) else {
+            let Some((key, leader, term)) = held_row(p) else {
                 continue;
             };
-            let key = (topic.to_string(), partition);
-            if p["held"] == false || !keys.contains(&key) {
+            if !keys.contains(&key) {
                 continue;
             }
             let in_sync = (leader == node).then(|| {

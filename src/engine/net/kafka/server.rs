@@ -1209,16 +1209,6 @@ mod tests {
             })
         }
 
-        fn offsets_elsewhere(
-            self: Arc<Self>,
-            _topic: String,
-            _partition: u32,
-        ) -> crate::engine::replication::BoxFuture<
-            Option<Result<(u64, u64), crate::engine::replication::Refusal>>,
-        > {
-            Box::pin(async { None })
-        }
-
         fn elsewhere(
             self: Arc<Self>,
             _topic: String,
@@ -1360,16 +1350,6 @@ mod tests {
         ) -> crate::engine::replication::BoxFuture<Result<(), crate::engine::replication::Refusal>>
         {
             Arc::new(Follower).create_topic(name, partitions, settings, factor)
-        }
-
-        fn offsets_elsewhere(
-            self: Arc<Self>,
-            _topic: String,
-            _partition: u32,
-        ) -> crate::engine::replication::BoxFuture<
-            Option<Result<(u64, u64), crate::engine::replication::Refusal>>,
-        > {
-            Box::pin(async { None })
         }
 
         fn elsewhere(
