@@ -35,9 +35,10 @@ fn kafka_cluster() -> (Cluster, BTreeMap<u64, String>) {
     (c, kafka)
 }
 
-/// (brokers id → HOST:PORT, partition → leader) of node `addr`'s Metadata.
-fn metadata(addr: &str) -> (BTreeMap<String, String>, BTreeMap<String, i64>) {
-    let m = python("confluent_metadata", &[addr, TOPIC]);
+/// (brokers id → HOST:PORT, partition → leader) of node `addr`'s Metadata of
+/// `topic`.
+fn metadata(addr: &str, topic: &str) -> (BTreeMap<String, String>, BTreeMap<String, i64>) {
+    let m = python("confluent_metadata", &[addr, topic]);
     let brokers = m["brokers"]
         .as_object()
         .unwrap()
@@ -53,8 +54,9 @@ fn metadata(addr: &str) -> (BTreeMap<String, String>, BTreeMap<String, i64>) {
     (brokers, leaders)
 }
 
-/// Waits until every node in `nodes` names `want` as the leaders in its Metadata.
-fn wait_metadata_leaders(kafka: &BTreeMap<u64, String>, nodes: &[u64], want: &[u64]) {
+/// Waits until every node in `nodes` names `want` as the leaders of `topic` in its
+/// Metadata.
+fn wait_metadata_leaders(kafka: &BTreeMap<u64, String>, topic: &str, nodes: &[u64], want: &[u64]) {
     let want: BTreeMap<String, i64> = want
         .iter()
         .enumerate()
@@ -67,7 +69,7 @@ fn wait_metadata_leaders(kafka: &BTreeMap<u64, String>, nodes: &[u64], want: &[u
     let began = Instant::now();
     for id in nodes {
         loop {
-            let (b, leaders) = metadata(&kafka[id]);
+            let (b, leaders) = metadata(&kafka[id], topic);
             assert_eq!(b, brokers, "node {id} names the cluster's Kafka brokers");
             if leaders == want {
                 break;
@@ -89,7 +91,7 @@ fn kafka_metadata_names_the_leader_and_idempotent_produce_survives_a_leader_kill
     let (mut c, kafka) = kafka_cluster();
     c.create_topic(TOPIC, PARTITIONS, 3);
     let leaders: Vec<u64> = (0..PARTITIONS).map(|p| c.wait_leader(TOPIC, p)).collect();
-    wait_metadata_leaders(&kafka, &c.ids(), &leaders);
+    wait_metadata_leaders(&kafka, TOPIC, &c.ids(), &leaders);
 
     // Produce half, kill partition 0's leader as the second half starts, produce on.
     let boot: Vec<&str> = kafka.values().map(String::as_str).collect();
@@ -172,7 +174,7 @@ fn kafka_metadata_names_the_leader_and_idempotent_produce_survives_a_leader_kill
     let new_leader = c.wait_leader(TOPIC, 0);
     assert_ne!(new_leader, killed);
     let survivors: Vec<u64> = c.ids().into_iter().filter(|id| *id != killed).collect();
-    let (_, seen) = metadata(&kafka[&survivors[0]]);
+    let (_, seen) = metadata(&kafka[&survivors[0]], TOPIC);
     assert_eq!(seen["0"], i64::try_from(new_leader).unwrap(), "{seen:?}");
     // Every survivor, the follower too, names the survivors as each partition's ISR
     // (the killed node falls out once entries commit without it), as Kafka's brokers
@@ -208,4 +210,101 @@ fn kafka_metadata_names_the_leader_and_idempotent_produce_survives_a_leader_kill
     for id in survivors {
         c.stop(id);
     }
+}
+
+/// A topic on fewer nodes than the cluster has (2 partitions at factor 2 on 3
+/// nodes): each node holds no replica of some partition, and its Metadata still
+/// names that partition's leader (learnt from a holder), so an idempotent producer
+/// bootstrapped from any one node writes every record. Before, such a node answered
+/// LEADER_NOT_AVAILABLE for the partitions it does not hold.
+#[test]
+fn kafka_metadata_of_a_topic_on_fewer_nodes_names_every_leader_from_every_node() {
+    if !have_python("confluent_kafka") {
+        return;
+    }
+    let topic = "k2";
+    let (mut c, kafka) = kafka_cluster();
+    c.create_topic(topic, 2, 2);
+    let leaders: Vec<u64> = (0..2).map(|p| c.wait_leader(topic, p)).collect();
+    // Each node's own answer (a Kafka client may ask any broker, so confluent-kafka
+    // alone would not show one node's): every node names both leaders, once a node
+    // without a replica has asked a holder (about a second).
+    let want: BTreeMap<i32, i32> = (0i32..)
+        .zip(&leaders)
+        .map(|(p, l)| (p, i32::try_from(*l).unwrap()))
+        .collect();
+    for id in c.ids() {
+        let began = Instant::now();
+        loop {
+            let named = direct_leaders(&kafka[&id], topic);
+            if named == want {
+                break;
+            }
+            assert!(
+                began.elapsed() < PATIENCE,
+                "node {id} names leaders {named:?}, not {want:?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    wait_metadata_leaders(&kafka, topic, &c.ids(), &leaders);
+    for id in c.ids() {
+        let r = python("confluent_idempotent", &[&kafka[&id], topic, "1000"]);
+        assert_eq!(r["with_offsets"], 1000, "through node {id}: {r}");
+        assert_eq!(
+            r["errors"].as_array().unwrap().len(),
+            0,
+            "through node {id}: {r}"
+        );
+        assert_eq!(r["partitions"], serde_json::json!([0, 1]), "{r}");
+    }
+    for id in c.ids() {
+        c.stop(id);
+    }
+}
+
+/// Partition → leader of `topic` in the Metadata (version 9) that the node at `addr`
+/// answers itself, on one connection.
+fn direct_leaders(addr: &str, topic: &str) -> BTreeMap<i32, i32> {
+    use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
+    use kafka_protocol::messages::{
+        ApiKey, MetadataRequest, MetadataResponse, RequestHeader, ResponseHeader, TopicName,
+    };
+    use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
+    use std::io::Read;
+
+    let version = 9;
+    let mut b = bytes::BytesMut::new();
+    RequestHeader::default()
+        .with_request_api_key(ApiKey::Metadata as i16)
+        .with_request_api_version(version)
+        .with_correlation_id(1)
+        .with_client_id(Some(StrBytes::from_static_str("test")))
+        .encode(&mut b, ApiKey::Metadata.request_header_version(version))
+        .unwrap();
+    MetadataRequest::default()
+        .with_topics(Some(vec![MetadataRequestTopic::default().with_name(Some(
+            TopicName(StrBytes::from_string(topic.to_string())),
+        ))]))
+        .encode(&mut b, version)
+        .unwrap();
+    let mut conn = std::net::TcpStream::connect(addr).unwrap();
+    conn.set_read_timeout(Some(PATIENCE)).unwrap();
+    conn.write_all(&u32::try_from(b.len()).unwrap().to_be_bytes())
+        .unwrap();
+    conn.write_all(&b).unwrap();
+    let mut len = [0u8; 4];
+    conn.read_exact(&mut len).unwrap();
+    let n = u32::from_be_bytes(len) as usize;
+    assert!(n <= 1 << 20, "a {n}-byte Metadata response");
+    let mut body = vec![0u8; n];
+    conn.read_exact(&mut body).unwrap();
+    let mut body = bytes::Bytes::from(body);
+    ResponseHeader::decode(&mut body, ApiKey::Metadata.response_header_version(version)).unwrap();
+    let m = MetadataResponse::decode(&mut body, version).unwrap();
+    m.topics
+        .iter()
+        .flat_map(|t| &t.partitions)
+        .map(|p| (p.partition_index, p.leader_id.0))
+        .collect()
 }
