@@ -549,16 +549,21 @@ impl<'a> Clients<'a> {
         }
     }
 
-    /// Every partition's offsets, each as its leader answers.
+    /// Every partition's offsets, each as its leader answers: one list-offsets per
+    /// node, keeping the partitions routed to it.
     fn offsets(&mut self) -> Result<Vec<PartitionOffsets>, BenchError> {
         let topic = self.args.topic.clone();
         let mut all = Vec::with_capacity(self.args.partitions as usize);
-        for partition in 0..self.args.partitions {
-            let offsets = self.of(partition)?.list_offsets(&topic)?;
-            if let Some(o) = offsets.into_iter().find(|o| o.partition == partition) {
-                all.push(o);
-            }
+        for i in 0..self.routes.addrs.len() {
+            // Any partition routed to node `i` reaches its connection.
+            let Some(first) = (0..self.args.partitions).find(|p| self.routes.of(*p) == i) else {
+                continue;
+            };
+            let routes = self.routes;
+            let offsets = self.of(first)?.list_offsets(&topic)?;
+            all.extend(offsets.into_iter().filter(|o| routes.of(o.partition) == i));
         }
+        all.sort_by_key(|o| o.partition);
         Ok(all)
     }
 }

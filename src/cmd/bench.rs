@@ -160,7 +160,7 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
         connections: args.connections,
         in_flight: args.in_flight,
         partitions: args.partitions,
-        leaders: std::collections::BTreeMap::new(),
+        leaders: BTreeMap::new(),
         topic: args.topic.clone(),
         timeout: args.timeout,
         progress_bar: !global.quiet && io::stderr().is_terminal(),
