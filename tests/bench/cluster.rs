@@ -59,6 +59,64 @@ fn dir_bytes(dir: &Path) -> u64 {
         .sum()
 }
 
+/// What a process has used so far: CPU seconds (user and system, `/proc/PID/stat`)
+/// and bytes passed to write calls (`wchar`, `/proc/PID/io`: what it asked the file
+/// system and the sockets to take, independent of when writeback happens).
+#[derive(Debug, Clone, Copy, Default)]
+struct Usage {
+    cpu_s: f64,
+    wchar: f64,
+}
+
+impl Usage {
+    fn of(pid: u32) -> Usage {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        // After the command name (in parentheses): utime and stime are the 14th and
+        // 15th fields of the line, in clock ticks.
+        let cpu_s = stat.rfind(')').map_or(0.0, |at| {
+            let f: Vec<&str> = stat[at + 2..].split_whitespace().collect();
+            let tick = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+            (tick(11) + tick(12)) / rustix::param::clock_ticks_per_second() as f64
+        });
+        let io = std::fs::read_to_string(format!("/proc/{pid}/io")).unwrap_or_default();
+        let wchar = io
+            .lines()
+            .find_map(|l| l.strip_prefix("wchar: "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0);
+        Usage { cpu_s, wchar }
+    }
+
+    fn since(self, before: Usage) -> Usage {
+        Usage {
+            cpu_s: self.cpu_s - before.cpu_s,
+            wchar: self.wchar - before.wchar,
+        }
+    }
+
+    fn add(self, o: Usage) -> Usage {
+        Usage {
+            cpu_s: self.cpu_s + o.cpu_s,
+            wchar: self.wchar + o.wchar,
+        }
+    }
+}
+
+/// Runs `bench` and returns its report with what each of `pids` used meanwhile.
+fn measured(
+    pids: &[u32],
+    bench: impl FnOnce() -> serde_json::Value,
+) -> (serde_json::Value, Vec<Usage>) {
+    let before: Vec<Usage> = pids.iter().map(|&p| Usage::of(p)).collect();
+    let r = bench();
+    let used = pids
+        .iter()
+        .zip(before)
+        .map(|(&p, b)| Usage::of(p).since(b))
+        .collect();
+    (r, used)
+}
+
 fn row(name: &str, r: &serde_json::Value, base: f64) {
     let f = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
     println!(
@@ -92,13 +150,29 @@ fn replicated_produce_beside_one_replica() {
     // Pairs of adjacent runs whose first alternates: this machine's virtual disk is
     // fast for a burst of a few GB of fsynced writes and then much slower, so runs
     // of one case after all runs of the other would compare two different disks.
+    // Each node's CPU and written bytes are taken around each run, for what three
+    // machines would do: there each node has its own cores and disk, so the busiest
+    // node's cost per record bounds the cluster (see the end of the output).
+    let node_pids: Vec<u32> = c.nodes.iter().map(|n| n.serve().pid()).collect();
+    let leader_index = c.nodes.iter().position(|n| n.id == leader).unwrap_or(0);
     let (mut rf1_runs, mut rf3_runs) = (Vec::new(), Vec::new());
+    let (mut rf1_used, mut rf3_used) = (Usage::default(), vec![Usage::default(); 3]);
     for round in 0..rounds {
-        let standalone = || bench_produce(&single.addr, "rf1", secs);
+        let mut standalone = || {
+            let (r, used) = measured(&[single.pid()], || bench_produce(&single.addr, "rf1", secs));
+            rf1_used = rf1_used.add(used[0]);
+            r
+        };
         let mut replicated = || {
-            let r = bench_produce(&leader_addr, "rf3", secs);
-            // The followers apply what is committed before the next run.
-            c.wait_caught_up("rf3", 1);
+            let (r, used) = measured(&node_pids, || {
+                let r = bench_produce(&leader_addr, "rf3", secs);
+                // The followers apply what is committed before the next run.
+                c.wait_caught_up("rf3", 1);
+                r
+            });
+            for (total, u) in rf3_used.iter_mut().zip(used) {
+                *total = total.add(u);
+            }
             r
         };
         if round % 2 == 0 {
@@ -127,6 +201,7 @@ fn replicated_produce_beside_one_replica() {
         .map(|n| n.client_addr.clone())
         .expect("a node holds the factor-1 topic");
     let c1 = bench_produce(&host, "c1", secs);
+    let c_ids: Vec<u64> = c.nodes.iter().map(|n| n.id).collect();
     c.stop_all();
 
     let rate = |r: &serde_json::Value| r["records_per_sec"].as_f64().unwrap_or(f64::NAN);
@@ -161,6 +236,31 @@ fn replicated_produce_beside_one_replica() {
     println!(
         "bytes on disk per record produced: RF1 standalone {rf1_bytes:.0}, RF3 {rf3_bytes:.0} over the three nodes ({:.1}x)",
         rf3_bytes / rf1_bytes
+    );
+    // Per record produced: CPU microseconds and bytes written (files and sockets) of
+    // each server process. The bench client's share is not counted.
+    let (n1, n3) = (records(&rf1_runs), records(&rf3_runs));
+    let per = |u: Usage, n: f64| (u.cpu_s * 1e6 / n, u.wchar / n);
+    let (cpu1, w1) = per(rf1_used, n1);
+    println!("per record produced, server processes only (CPU us, bytes written):");
+    println!("  RF1 standalone: {cpu1:.2} us, {w1:.0} B");
+    let mut busiest: f64 = 0.0;
+    for (i, u) in rf3_used.iter().enumerate() {
+        let (cpu, w) = per(*u, n3);
+        busiest = busiest.max(cpu);
+        let role = if i == leader_index {
+            "leader"
+        } else {
+            "follower"
+        };
+        println!("  RF3 node {} ({role}): {cpu:.2} us, {w:.0} B", c_ids[i]);
+    }
+    let total: f64 = rf3_used.iter().map(|u| u.cpu_s).sum::<f64>() * 1e6 / n3;
+    println!(
+        "  RF3 all nodes: {total:.2} us ({:.1}x RF1). On three machines the busiest node bounds \
+         a CPU-bound cluster at about {:.2} of RF1",
+        total / cpu1,
+        cpu1 / busiest
     );
 }
 

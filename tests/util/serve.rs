@@ -113,6 +113,11 @@ impl Serve {
         rustix::process::kill_process(rustix::process::Pid::from_child(child), signal).unwrap();
     }
 
+    /// The broker's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
     /// True while the broker process runs.
     pub fn running(&mut self) -> bool {
         self.child.as_mut().unwrap().try_wait().unwrap().is_none()
