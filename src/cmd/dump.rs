@@ -279,7 +279,9 @@ impl<W: Write> Dumper<'_, W> {
             self.records(check, seg, &file, &header, (start, last), file_len)?
         {
             let Some(mut p) =
-                classify_scan_end(&seg.files, seg.active, &file, &end, seen, file_len)?
+                classify_scan_end(
+                    &seg.files, seg.active, &file, &end, seen, file_len, next_base,
+                )?
             else {
                 break;
             };

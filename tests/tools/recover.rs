@@ -526,33 +526,72 @@ fn a_flipped_crc_bit_in_a_reused_sealed_segment_is_damage_not_an_unfinished_seal
     // In a generation-1 file, flipping the CRC's lowest bit makes a record pass its
     // check as one of generation 0, like the stale records an unfinished seal leaves.
     // Records of generation 1 behind it show it is damage: kept, reported, not cut.
+    // The last record (49) has nothing behind it, but the next segment's base (50)
+    // shows the segment's own records must reach 49: an unfinished seal only follows
+    // all of them.
+    for damaged in [45, 49] {
+        let d = Data::new();
+        let s0 = seg(0, 1, 0..50);
+        let mut log0 = s0.log.clone();
+        let (_, pos, len) = s0.records[damaged];
+        let crc_lsb = pos as usize + len - 1;
+        log0[crc_lsb] ^= 1;
+        d.put(0, &log0, Some(&s0.index));
+        let s50 = seg(50, 0, 50..60);
+        d.put(50, &s50.log, Some(&s50.index));
+        let (code, v) = recover_cli(&d.data, &[]);
+        assert_eq!(code, 2, "record {damaged}: {v:#}");
+        assert!(
+            !kinds(&v)
+                .iter()
+                .any(|k| k == "cut_tail" || k == "trim_seal"),
+            "record {damaged}: {v:#}"
+        );
+        assert_eq!(fs::read(d.log(0)).unwrap(), log0, "record {damaged}");
+        let out = seglog()
+            .args(["verify", "--json"])
+            .arg(&d.data)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "record {damaged}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("stale_generation"), "record {damaged}: {text}");
+        assert!(!text.contains("unfinished_seal"), "record {damaged}: {text}");
+        // dump names the same damage and exits with its code.
+        let out = seglog().args(["dump", "--json"]).arg(&d.data).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "record {damaged}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(!text.contains("unfinished_seal"), "record {damaged}: {text}");
+    }
+}
+
+#[test]
+fn a_flipped_crc_bit_in_a_reused_active_segment_is_not_called_clean() {
+    // The active segment of generation 1: record 5's CRC passes as generation 0's,
+    // and records 6..20 of generation 1 follow. That is no stale tail past the data
+    // (information only): verify calls it a damaged tail that recover cuts, and
+    // recover names the valid records it cuts with it.
     let d = Data::new();
-    let s0 = seg(0, 1, 0..50);
+    let s0 = seg(0, 1, 0..20);
     let mut log0 = s0.log.clone();
-    let (_, pos, len) = s0.records[45];
-    let crc_lsb = pos as usize + len - 1;
-    log0[crc_lsb] ^= 1;
+    let (_, pos, len) = s0.records[5];
+    log0[pos as usize + len - 1] ^= 1;
     d.put(0, &log0, Some(&s0.index));
-    let s50 = seg(50, 0, 50..60);
-    d.put(50, &s50.log, Some(&s50.index));
-    let (code, v) = recover_cli(&d.data, &[]);
-    assert_eq!(code, 2, "{v:#}");
-    assert!(
-        !kinds(&v)
-            .iter()
-            .any(|k| k == "cut_tail" || k == "trim_seal"),
-        "{v:#}"
-    );
-    assert_eq!(fs::read(d.log(0)).unwrap(), log0);
     let out = seglog()
         .args(["verify", "--json"])
         .arg(&d.data)
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(2));
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("stale_generation"), "{text}");
-    assert!(!text.contains("unfinished_seal"), "{text}");
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("torn_tail"), "{text}");
+    assert!(!text.contains("stale_tail"), "{text}");
+    let v = recover_twice(&d, 0);
+    // The cut, and the index rebuilt for what is left.
+    assert_eq!(kinds(&v), ["cut_tail", "rebuild_index"], "{v:#}");
+    assert_eq!(v["actions"][0]["tail"], "torn_tail", "{v:#}");
+    assert_eq!(v["actions"][0]["records_cut"]["count"], 14, "{v:#}");
+    assert_eq!(offsets(&d.part), (0..5).collect::<Vec<_>>());
 }
 
 #[test]

@@ -666,13 +666,14 @@ pub fn check_partition_with(
         }
         _ => None,
     };
-    for files in &listing.segments {
+    for (i, files) in listing.segments.iter().enumerate() {
         if p.only_segment.is_some_and(|b| b != files.base_offset) {
             continue;
         }
         let newest_one = Some(files.base_offset) == newest;
         let active = newest_one || Some(files.base_offset) == also_active;
-        let mut seg = check_segment(files, active, mode)?;
+        let next_base = listing.segments.get(i + 1).map(|f| f.base_offset);
+        let mut seg = check_segment(files, active, mode, next_base)?;
         if active && !newest_one {
             // Only the newest segment can lack its header: any other header problem
             // is damage, never a roll that did not finish.
@@ -828,6 +829,7 @@ pub fn check_segment(
     files: &SegmentFiles,
     active: bool,
     mode: CheckMode,
+    next_base: Option<u64>,
 ) -> io::Result<SegmentCheck> {
     let (file, file_len) = open_log(&files.log)?;
     let header = read_header(&file, file_len)?;
@@ -878,7 +880,7 @@ pub fn check_segment(
     seg.last_offset = scan.last_offset;
     seg.records = Some(scan.records);
     seg.data_end = scan.data_end;
-    classify_end(&mut seg, &file, &scan)?;
+    classify_end(&mut seg, &file, &scan, next_base)?;
     seg.index = compare_index(index_bytes.as_deref(), &scan, seg.is_corrupt());
     if let Some(p) = index_problem(&seg.index, files, active) {
         seg.problems.push(p);
@@ -952,7 +954,12 @@ fn header_problem(e: &HeaderError, files: &SegmentFiles, active: bool, file_len:
 }
 
 /// Sorts what ends the scan into a problem (or none).
-fn classify_end(seg: &mut SegmentCheck, file: &File, scan: &ScanSummary) -> io::Result<()> {
+fn classify_end(
+    seg: &mut SegmentCheck,
+    file: &File,
+    scan: &ScanSummary,
+    next_base: Option<u64>,
+) -> io::Result<()> {
     let p = classify_scan_end(
         &seg.files,
         seg.active,
@@ -960,6 +967,7 @@ fn classify_end(seg: &mut SegmentCheck, file: &File, scan: &ScanSummary) -> io::
         &scan.end,
         scan.last_offset,
         scan.file_len,
+        next_base,
     )?;
     seg.problems.extend(p);
     Ok(())
@@ -976,6 +984,7 @@ pub fn classify_scan_end(
     end: &ScanEnd,
     last_offset: Option<u64>,
     file_len: u64,
+    next_base: Option<u64>,
 ) -> io::Result<Option<Problem>> {
     let (Some(position), Some(damage)) = (end.position(), ProblemKind::of_sealed_end(end)) else {
         return Ok(None);
@@ -993,16 +1002,25 @@ pub fn classify_scan_end(
     // seal's stale tail only when no record of the segment's own generation follows
     // it: a reused file's old records lie past everything the writer wrote, while a
     // flipped low bit of a CRC in the middle of the data looks the same at first.
-    let stale = match end {
+    let stale_looking = match end {
         ScanEnd::Record(RecordError::StaleGeneration {
             position,
             generation,
             ..
-        }) => !active && !own_record_follows(file, *generation, *position, file_len)?,
+        }) => !own_record_follows(file, *generation, *position, file_len)?,
         _ => false,
     };
-    let stale_in_active =
-        active && matches!(end, ScanEnd::Record(RecordError::StaleGeneration { .. }));
+    // An unfinished seal only ever follows all of the segment's records: the next
+    // segment's header is written once they are durable (FORMAT, Segment states).
+    // Records still missing below the next base mean the tail is damage where the
+    // segment's own last records were, whatever it looks like.
+    let holds_all = match next_base {
+        Some(nb) => next == Some(nb),
+        None => true,
+    };
+    let stale = !active && stale_looking && holds_all;
+    let zero_seal = !active && zero_to_end && holds_all;
+    let stale_in_active = active && stale_looking;
     let p = if active {
         match end {
             // Preallocated, zeroed space: kept, so a restart keeps it.
@@ -1028,7 +1046,7 @@ pub fn classify_scan_end(
                 format!("{}; the {tail} bytes from here were never acknowledged, recover cuts them", end.detail()),
             ),
         }
-    } else if zero_to_end || stale {
+    } else if zero_seal || stale {
         let what = if stale {
             "records of an older generation"
         } else {

@@ -65,7 +65,7 @@ pub fn plan_partition(p: &PartitionRef) -> Result<PartitionPlan, RecoveryError> 
             // Step 2: the segment before the removed ones becomes the active one, and
             // is checked as such (scanned in full), exactly as the next start would.
             let files = seg.files.clone();
-            *seg = check_segment(&files, true, CheckMode::Quick).map_err(|source| {
+            *seg = check_segment(&files, true, CheckMode::Quick, None).map_err(|source| {
                 RecoveryError::Check {
                     dir: p.dir.clone(),
                     source,
