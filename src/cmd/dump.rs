@@ -21,11 +21,12 @@ use serde_json::json;
 
 mod state;
 
-use super::verify::{exit_code, problem_json, problem_line, resolve_target};
+use super::verify::{exit_code, problem_json, problem_line, resolve_target, topic_problem_line};
 use super::{BytesAs, ExitError, Global};
 use crate::engine::maintenance::check::{
-    check_partition_with, classify_scan_end, read_index_bytes, segment_header, CheckMode,
-    IndexState, PartitionCheck, Problem, ProblemKind, SegmentCheck, Severity,
+    check_partition_with, classify_scan_end, read_index_bytes, segment_header, topic_problems,
+    CheckMode, IndexState, PartitionCheck, Problem, ProblemKind, SegmentCheck, Severity,
+    TopicProblem,
 };
 use crate::engine::storage::layout::{PartitionRef, Target};
 use crate::engine::storage::map::SealedMap;
@@ -150,6 +151,11 @@ fn dump_to(args: &Args, out: impl Write, map_sealed: bool) -> anyhow::Result<u8>
         seen: HashSet::new(),
         labels: target.partitions.len() > 1,
     };
+    // A topic whose metadata is damaged has no partitions to read: its problem is
+    // all that says it is left out.
+    for t in topic_problems(&target) {
+        d.topic_problem(&t)?;
+    }
     for p in &target.partitions {
         if d.done() {
             break;
@@ -219,6 +225,30 @@ impl<W: Write> Dumper<'_, W> {
         Ok(())
     }
 
+    /// A problem of a topic's metadata or of a file outside every partition.
+    fn topic_problem(&mut self, t: &TopicProblem) -> anyhow::Result<()> {
+        let p = &t.problem;
+        if p.severity > Severity::Info {
+            self.worst = self.worst.max(Some(p.severity));
+        }
+        if self.args.json {
+            let mut v = problem_json(self.target, p);
+            v["type"] = json!("problem");
+            v["topic"] = json!(t.topic);
+            v["partition"] = serde_json::Value::Null;
+            self.canonical_detail(&mut v);
+            write_json(&mut self.out, &v)?;
+        } else if p.severity > Severity::Info {
+            self.out.flush()?;
+            writeln!(
+                io::stderr(),
+                "seglog: {}",
+                topic_problem_line(self.target, t).trim_start()
+            )?;
+        }
+        Ok(())
+    }
+
     fn problem(&mut self, check: &PartitionCheck, p: &Problem) -> anyhow::Result<()> {
         if !self.seen.insert((p.kind, p.file.clone(), p.position)) {
             return Ok(());
@@ -272,16 +302,15 @@ impl<W: Write> Dumper<'_, W> {
         if self.args.index {
             self.index_lines(check, seg, index.as_deref().unwrap_or(&[]))?;
         }
-        let mut start = self.start_position(seg, index.as_deref());
+        let mut start = self.start_position(seg, index.as_deref(), &file, &header, file_len)?;
         drop(index);
         let mut last = None;
         while let Some((end, seen)) =
             self.records(check, seg, &file, &header, (start, last), file_len)?
         {
-            let Some(mut p) =
-                classify_scan_end(
-                    &seg.files, seg.active, &file, &end, seen, file_len, next_base,
-                )?
+            let Some(mut p) = classify_scan_end(
+                &seg.files, seg.active, &file, &end, seen, file_len, next_base,
+            )?
             else {
                 break;
             };
@@ -369,16 +398,35 @@ impl<W: Write> Dumper<'_, W> {
 
     /// Where to start reading: with `--from`, the index entry at or before it when the
     /// index is known to be valid; else the first record.
-    fn start_position(&self, seg: &SegmentCheck, index: Option<&[u8]>) -> u64 {
+    ///
+    /// The quick check trusts an index by its first and last entries, so the entry
+    /// used is taken only when the record at its position is the one it names.
+    fn start_position(
+        &self,
+        seg: &SegmentCheck,
+        index: Option<&[u8]>,
+        file: &File,
+        header: &SegmentHeader,
+        file_len: u64,
+    ) -> io::Result<u64> {
         let (Some(from), Some(bytes)) = (self.args.from, index) else {
-            return HEADER_LEN as u64;
+            return Ok(HEADER_LEN as u64);
         };
         if seg.index != IndexState::Valid {
-            return HEADER_LEN as u64;
+            return Ok(HEADER_LEN as u64);
         }
-        from.checked_sub(seg.base_offset())
+        let Some(e) = from
+            .checked_sub(seg.base_offset())
             .and_then(|rel| lookup_bytes(bytes, rel))
-            .map_or(HEADER_LEN as u64, |e| e.position)
+        else {
+            return Ok(HEADER_LEN as u64);
+        };
+        let mut reader = RecordReader::new(file, header.generation, e.position, file_len);
+        let named = seg.base_offset().checked_add(e.relative_offset);
+        Ok(match reader.next_record()? {
+            Next::Record { record, .. } if Some(record.offset) == named => e.position,
+            _ => HEADER_LEN as u64,
+        })
     }
 
     /// Streams the records of one segment from `start`, `last` the offset of the

@@ -555,13 +555,26 @@ fn a_flipped_crc_bit_in_a_reused_sealed_segment_is_damage_not_an_unfinished_seal
             .unwrap();
         assert_eq!(out.status.code(), Some(2), "record {damaged}");
         let text = String::from_utf8_lossy(&out.stdout);
-        assert!(text.contains("stale_generation"), "record {damaged}: {text}");
-        assert!(!text.contains("unfinished_seal"), "record {damaged}: {text}");
+        assert!(
+            text.contains("stale_generation"),
+            "record {damaged}: {text}"
+        );
+        assert!(
+            !text.contains("unfinished_seal"),
+            "record {damaged}: {text}"
+        );
         // dump names the same damage and exits with its code.
-        let out = seglog().args(["dump", "--json"]).arg(&d.data).output().unwrap();
+        let out = seglog()
+            .args(["dump", "--json"])
+            .arg(&d.data)
+            .output()
+            .unwrap();
         assert_eq!(out.status.code(), Some(2), "record {damaged}");
         let text = String::from_utf8_lossy(&out.stdout);
-        assert!(!text.contains("unfinished_seal"), "record {damaged}: {text}");
+        assert!(
+            !text.contains("unfinished_seal"),
+            "record {damaged}: {text}"
+        );
     }
 }
 
@@ -1784,4 +1797,39 @@ fn an_empty_newest_segment_that_joins_up_is_clean() {
     let v = recover_twice(&d, 0);
     assert!(kinds(&v).is_empty(), "{v:#}");
     assert_eq!(v["partitions"][0]["next_offset"], 10);
+}
+
+#[test]
+fn a_wrong_middle_index_entry_makes_dump_from_skip_nothing() {
+    // The quick check reads an index's first and last entries only. Entry 1 names
+    // offset 1 at the position of a later record: `dump --from` must not start there.
+    let d = Data::new();
+    let s0 = seg(0, 0, 0..300);
+    assert!(s0.index.len() >= 3 * 16, "entries: {}", s0.index.len() / 16);
+    let named = u64::from_be_bytes(s0.index[16..24].try_into().unwrap());
+    let mut index = s0.index.clone();
+    index[16..24].copy_from_slice(&1u64.to_be_bytes());
+    d.put(0, &s0.log, Some(&index));
+    let s300 = seg(300, 0, 300..310);
+    d.put(300, &s300.log, Some(&s300.index));
+    for from in [1, named - 1] {
+        let out = seglog()
+            .args(["dump", "--json", "--from", &from.to_string(), "--to", "299"])
+            .arg(&d.part)
+            .output()
+            .unwrap();
+        let got: Vec<u64> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter_map(|v| v["offset"].as_u64())
+            .collect();
+        assert_eq!(got, (from..300).collect::<Vec<_>>(), "dump --from {from}");
+    }
+    let out = seglog().arg("verify").arg(&d.data).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("seglog reindex"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
 }

@@ -265,3 +265,42 @@ fn a_path_that_is_not_a_data_directory_is_64_and_nothing_is_created() {
         }
     }
 }
+
+/// `dump` of a data directory with a damaged topic names the damage (a problem line,
+/// the verify exit code, and the canonical end line's severity) instead of leaving
+/// the topic out in silence.
+#[test]
+fn dump_names_the_topic_it_cannot_read() {
+    for (name, want) in EXPECTED {
+        let (_tmp, data) = copy(name);
+        let (code, out, _) = run(
+            &["dump", "--canonical", data.to_str().unwrap()],
+            data.parent().unwrap(),
+        );
+        assert_eq!(code, 2, "{name}: {out}");
+        let lines: Vec<Value> = out
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let problems: Vec<(String, String)> = lines
+            .iter()
+            .filter(|v| v["type"] == "problem")
+            .map(|v| {
+                assert_eq!(v["topic"], "events", "{name}: {v}");
+                (
+                    v["kind"].as_str().unwrap().to_string(),
+                    v["path"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect();
+        let want: Vec<(String, String)> = want
+            .iter()
+            .map(|(k, p)| (k.to_string(), p.to_string()))
+            .collect();
+        assert_eq!(problems, want, "{name}");
+        assert_eq!(lines.last().unwrap()["severity"], "corrupt", "{name}");
+        let (code, _, err) = run(&["dump", data.to_str().unwrap()], data.parent().unwrap());
+        assert_eq!(code, 2, "{name}");
+        assert!(err.contains("topics/events"), "{name}: {err}");
+    }
+}

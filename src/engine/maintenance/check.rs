@@ -1291,7 +1291,9 @@ fn index_problem(state: &IndexState, files: &SegmentFiles, active: bool) -> Opti
             &files.index,
             Some(e.position()),
             None,
-            format!("{e} (reindex or recover rebuilds it)"),
+            // recover rebuilds it only when the startup check's reads (the first and
+            // last entries) meet the damage; reindex always does.
+            format!("{e} (`seglog reindex` rebuilds it)"),
         )),
     }
 }

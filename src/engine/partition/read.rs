@@ -360,6 +360,8 @@ pub(super) fn read_segment_around(
     let mut start = entry
         .map_or(HEADER_LEN as u64, |e| e.position)
         .max(HEADER_LEN as u64);
+    // Where the index sent the reader, until the record found there confirms it.
+    let mut from_index = (start > HEADER_LEN as u64).then_some(start);
     // The first offset the reader may meet: the entry's, else the base.
     let mut first_possible = entry.map_or(seg.base_offset, |e| {
         seg.base_offset.saturating_add(e.relative_offset)
@@ -394,6 +396,23 @@ pub(super) fn read_segment_around(
         let file_short = reader.file_short();
         buffers::give(reader.into_buffer());
         let copied = copied.map_err(io_err)?;
+        if let Some(at) = from_index.take() {
+            // The startup check trusts an index by its first and last entries; an
+            // entry in between that does not point at the record it names (damage
+            // to the index file) would skip records silently or fake damage. The
+            // first record read tells: else the segment is read from its start.
+            if copied.first_seen != Some(first_possible) {
+                tracing::warn!(
+                    segment = %seg.path.display(),
+                    position = at,
+                    "an index entry does not point at the record it names ({first_possible}); \
+                     reading the segment from its start (`seglog reindex` rebuilds the index)"
+                );
+                start = HEADER_LEN as u64;
+                first_possible = seg.base_offset;
+                continue;
+            }
+        }
         let len = span.map_or(bytes.len() as u64, |(_, l)| l);
         if file_short {
             return Err(EngineError::Corrupt {

@@ -496,3 +496,55 @@ fn spans_name_exactly_the_records_a_fetch_copies() {
         }
     }
 }
+
+/// An index entry between the first and the last that names the wrong record (the
+/// startup check reads only those two) neither skips records nor fakes damage: the
+/// reader sees the record it finds is not the one named and reads the segment from
+/// its start.
+#[test]
+fn a_wrong_middle_index_entry_skips_no_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = new_log(dir.path(), Arc::new(RealStorage));
+    let v = vec![5u8; 200];
+    for _ in 0..200 {
+        let a = log
+            .append(
+                &[NewRecord {
+                    key: None,
+                    value: &v,
+                    timestamp_ms: 1,
+                }],
+                &config(32 * 1024),
+            )
+            .unwrap();
+        log.wait_durable(a.last_offset + 1).unwrap();
+    }
+    let sealed = log.snapshot()[0].base_offset;
+    drop(log);
+    let index = dir.path().join(index_file_name(sealed));
+    let bytes = std::fs::read(&index).unwrap();
+    assert!(bytes.len() >= 3 * 16, "entries: {}", bytes.len() / 16);
+    let named = u64::from_be_bytes(bytes[16..24].try_into().unwrap());
+    assert!(named > 2);
+    for (entry, wrong_offset) in [(1usize, 1u64), (1, named + 1)] {
+        let mut damaged = bytes.clone();
+        damaged[entry * 16..entry * 16 + 8].copy_from_slice(&wrong_offset.to_be_bytes());
+        std::fs::write(&index, &damaged).unwrap();
+        let stats = Arc::new(LogStats::default());
+        let (log, _) =
+            PartitionLog::open("t", 0, dir.path(), Arc::new(RealStorage), stats).unwrap();
+        for from in [1, named - 1, named, named + 1] {
+            let got = value_of(&log, from, 1 << 20);
+            assert_eq!(
+                got.first().map(|r| r.0),
+                Some(from),
+                "entry {entry} names {wrong_offset}: a fetch from {from}"
+            );
+            let offsets: Vec<u64> = got.iter().map(|r| r.0).collect();
+            assert!(
+                offsets.windows(2).all(|w| w[1] == w[0] + 1),
+                "entry {entry} names {wrong_offset}: a fetch from {from} skips records"
+            );
+        }
+    }
+}

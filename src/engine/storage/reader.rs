@@ -64,6 +64,8 @@ pub enum Next<'a> {
 /// What [`RecordReader::copy_records`] copied.
 #[derive(Debug, Default)]
 pub struct Copied {
+    /// Offset of the first valid record read, copied or read over.
+    pub first_seen: Option<u64>,
     /// Offset of the last record copied.
     pub last_offset: Option<u64>,
     /// Offset of the last valid record read, copied or read over.
@@ -313,6 +315,7 @@ impl<'f> RecordReader<'f> {
                 take(pos, avail.get(..len).unwrap_or(&[]));
                 taken += len as u64;
             }
+            copied.first_seen.get_or_insert(record.offset);
             copied.last_seen = Some(record.offset);
             self.used += len;
         }
