@@ -349,11 +349,20 @@ fn confluent_headers_timestamps_and_transactions() {
     // Three records at 1000, 2000, 3000 ms (offsets 0..=2; the refused one took none).
     assert_eq!(r["by_time"], serde_json::json!([1, 2, -1]), "{r}");
     assert_eq!(r["watermarks"], serde_json::json!([0, 3]), "{r}");
+    // Refused at once, as final, with the reason: not retried until the timeout
+    // (librdkafka retried INVALID_REQUEST every 500 ms).
     let tx = r["transactions"].as_str().unwrap();
     assert!(
-        tx.starts_with("refused") && !tx.contains("TIMED_OUT"),
+        tx.starts_with("refused") && tx.contains("transactional ids are not supported"),
         "{r}"
     );
+    assert_eq!(
+        r["transactions_code"], "TRANSACTIONAL_ID_AUTHORIZATION_FAILED",
+        "{r}"
+    );
+    assert_eq!(r["transactions_fatal"], true, "{r}");
+    // Before init_transactions' own 10 s deadline.
+    assert!(r["transactions_s"].as_f64().unwrap() < 9.0, "{r}");
     assert!(s.stderr().contains("record headers are not supported"));
     s.stop();
 }

@@ -175,12 +175,18 @@ def confluent_edges(boot, topic):
                          for ts in (1500, 3000, 9000)]
     result["watermarks"] = list(c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10))
     c.close()
+    # A refusal must be final: librdkafka retries a retriable one until the timeout.
+    began = time.time()
     try:
         t = Producer({"bootstrap.servers": boot, "transactional.id": "tx"})
         t.init_transactions(10)
         result["transactions"] = "accepted"
     except KafkaException as e:
-        result["transactions"] = "refused: %s" % e
+        err = e.args[0]
+        result["transactions"] = "refused: %s" % err.str()
+        result["transactions_code"] = err.name()
+        result["transactions_fatal"] = err.fatal()
+    result["transactions_s"] = time.time() - began
     out(result)
 
 

@@ -54,10 +54,20 @@ pub(crate) async fn wait<T>(mut rx: Completion<T>, stop: &AtomicBool) -> Result<
     }
 }
 
-pub(crate) fn find_coordinator(ctx: &Ctx, _r: FindCoordinatorRequest) -> Outcome {
-    // Transaction coordinators (key type 1) are this broker too, so a transactional
-    // producer reaches InitProducerId and is refused there with a clear error.
+pub(crate) fn find_coordinator(ctx: &Ctx, r: FindCoordinatorRequest) -> Outcome {
     let mut resp = FindCoordinatorResponse::default();
+    if r.key_type == 1 {
+        // A transaction coordinator: refused as Kafka refuses a transactional id the
+        // client may not use, which clients treat as final, with the reason
+        // (librdkafka's init_transactions() fails at once and shows the message).
+        let c = code::TRANSACTIONAL_ID_AUTHORIZATION_FAILED;
+        ctx.client_error(ApiKey::FindCoordinator, c, super::NO_TRANSACTIONS);
+        resp.error_code = c;
+        resp.error_message = Some(sb(super::NO_TRANSACTIONS));
+        resp.node_id = BrokerId(-1);
+        resp.port = -1;
+        return Outcome::reply(ResponseKind::FindCoordinator(resp));
+    }
     resp.node_id = BrokerId(ctx.node_id());
     resp.host = sb(&ctx.opts.advertised_host);
     resp.port = ctx.opts.advertised_port;

@@ -38,6 +38,10 @@ use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 pub use inflate::{InflateError, KAFKA_BATCH_INFLATED_BYTES_MAX};
 pub use server::{KafkaOptions, KafkaServer};
 
+/// Why a transactional id is refused (FindCoordinator's error message and the log).
+pub(crate) const NO_TRANSACTIONS: &str =
+    "transactional ids are not supported (idempotence only): unset transactional.id";
+
 /// Largest request frame accepted (the bytes after the 4-byte size): the native
 /// listener's frame limit, so both doors refuse the same sizes.
 pub const REQUEST_BYTES_MAX: u32 = crate::format::wire::FRAME_BYTES_MAX;
@@ -106,6 +110,7 @@ pub mod code {
     pub const INVALID_REQUEST: i16 = 42;
     pub const OUT_OF_ORDER_SEQUENCE_NUMBER: i16 = 45;
     pub const INVALID_PRODUCER_EPOCH: i16 = 47;
+    pub const TRANSACTIONAL_ID_AUTHORIZATION_FAILED: i16 = 53;
     pub const KAFKA_STORAGE_ERROR: i16 = 56;
     pub const SASL_AUTHENTICATION_FAILED: i16 = 58;
     pub const UNKNOWN_PRODUCER_ID: i16 = 59;

@@ -595,10 +595,12 @@ pub(crate) async fn init_producer_id(ctx: &Ctx, r: InitProducerIdRequest) -> Out
     resp.producer_id = ProducerId(-1);
     resp.producer_epoch = -1;
     if r.transactional_id.as_ref().is_some_and(|t| !t.0.is_empty()) {
-        let msg = "transactional ids are not supported (idempotence only): \
-                   unset transactional.id";
-        ctx.client_error(ApiKey::InitProducerId, code::INVALID_REQUEST, msg);
-        resp.error_code = code::INVALID_REQUEST;
+        // Kafka's answer to a transactional id the producer may not use: clients
+        // treat it as final (librdkafka retries INVALID_REQUEST every 500 ms for
+        // ever). The response has no message; FindCoordinator carries one.
+        let c = code::TRANSACTIONAL_ID_AUTHORIZATION_FAILED;
+        ctx.client_error(ApiKey::InitProducerId, c, super::NO_TRANSACTIONS);
+        resp.error_code = c;
         return Outcome::reply(ResponseKind::InitProducerId(resp));
     }
     let existing = match (
