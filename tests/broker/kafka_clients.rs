@@ -367,6 +367,25 @@ fn confluent_headers_timestamps_and_transactions() {
     s.stop();
 }
 
+#[test]
+fn confluent_describe_group_names_client_id_and_host() {
+    if !have_python("confluent_kafka") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (s, boot) = start(dir.path());
+    s.ok(&["topics", "create", "d", "--partitions", "2"]);
+    let r = python("confluent_describe_group", &[&boot, "d", "dg"]);
+    // As Kafka: the request header's client id, and the peer's address as
+    // InetAddress prints it.
+    assert_eq!(
+        r["members"],
+        serde_json::json!([{"client_id": "describe-me", "host": "/127.0.0.1", "partitions": [0, 1]}]),
+        "{r}"
+    );
+    s.stop();
+}
+
 /// Reads a child's stream into a shared string.
 fn collect(r: impl std::io::Read + Send + 'static) -> std::sync::Arc<std::sync::Mutex<String>> {
     use std::io::BufRead;

@@ -190,6 +190,25 @@ def confluent_edges(boot, topic):
     out(result)
 
 
+def confluent_describe_group(boot, topic, group):
+    """A member with client.id "describe-me", described by the admin client."""
+    from confluent_kafka import Consumer
+    from confluent_kafka.admin import AdminClient
+
+    c = Consumer({"bootstrap.servers": boot, "group.id": group, "client.id": "describe-me"})
+    c.subscribe([topic])
+    end = time.time() + DEADLINE_S
+    while not c.assignment() and time.time() < end:
+        c.poll(0.1)
+    a = AdminClient({"bootstrap.servers": boot})
+    g = a.describe_consumer_groups([group])[group].result(DEADLINE_S)
+    members = [{"client_id": m.client_id, "host": m.host,
+                "partitions": sorted(tp.partition for tp in m.assignment.topic_partitions)}
+               for m in g.members]
+    c.close()
+    out({"members": members})
+
+
 def bench_produce(boot, topic, n, size):
     from confluent_kafka import Producer
 
@@ -345,6 +364,8 @@ def main():
             confluent_metadata(sys.argv[2], sys.argv[3])
         elif mode == "confluent_failover":
             confluent_failover(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+        elif mode == "confluent_describe_group":
+            confluent_describe_group(sys.argv[2], sys.argv[3], sys.argv[4])
         elif mode == "kafka_python":
             kafka_python(sys.argv[2])
         else:

@@ -75,7 +75,13 @@ pub(crate) fn find_coordinator(ctx: &Ctx, r: FindCoordinatorRequest) -> Outcome 
     Outcome::reply(ResponseKind::FindCoordinator(resp))
 }
 
-pub(crate) async fn join(ctx: &Ctx, r: JoinGroupRequest, version: i16) -> Outcome {
+/// A JoinGroup; `client_id` is the request header's.
+pub(crate) async fn join(
+    ctx: &Ctx,
+    r: JoinGroupRequest,
+    version: i16,
+    client_id: Option<&str>,
+) -> Outcome {
     let mut resp = JoinGroupResponse::default();
     let session = u32::try_from(r.session_timeout_ms).unwrap_or(0);
     let rebalance = if version >= 1 {
@@ -86,7 +92,8 @@ pub(crate) async fn join(ctx: &Ctx, r: JoinGroupRequest, version: i16) -> Outcom
     let req = JoinRequest {
         group: r.group_id.0.as_str().to_string(),
         member_id: r.member_id.as_str().to_string(),
-        client_id: String::new(),
+        client_id: client_id.unwrap_or_default().to_string(),
+        client_host: crate::engine::groups::client_host(ctx.peer),
         session_timeout_ms: session,
         rebalance_timeout_ms: rebalance,
         protocol_type: r.protocol_type.as_str().to_string(),
@@ -223,7 +230,7 @@ pub(crate) fn describe(ctx: &Ctx, r: DescribeGroupsRequest) -> Outcome {
                         let mut e = DescribedGroupMember::default();
                         e.member_id = sb(&m.member_id);
                         e.client_id = sb(&m.client_id);
-                        e.client_host = sb("");
+                        e.client_host = sb(&m.client_host);
                         e.member_assignment = Bytes::copy_from_slice(&m.assignment);
                         e
                     })

@@ -666,6 +666,7 @@ impl Connection {
             }
         };
         let (api, version, id) = (d.api, d.version, d.header.correlation_id);
+        let client_id = d.header.client_id;
         let ctx = &self.ctx;
         let request = match d.request {
             RequestKind::SaslHandshake(r) => {
@@ -699,7 +700,12 @@ impl Connection {
             RequestKind::OffsetCommit(r) => super::offsets::offset_commit(ctx, r).await,
             RequestKind::OffsetFetch(r) => super::offsets::offset_fetch(ctx, r, version),
             RequestKind::FindCoordinator(r) => super::groups::find_coordinator(ctx, r),
-            RequestKind::JoinGroup(r) => super::groups::join(ctx, r, version).await,
+            RequestKind::JoinGroup(r) => {
+                let client_id = client_id
+                    .as_ref()
+                    .map(kafka_protocol::protocol::StrBytes::as_str);
+                super::groups::join(ctx, r, version, client_id).await
+            }
             RequestKind::SyncGroup(r) => super::groups::sync(ctx, r).await,
             RequestKind::Heartbeat(r) => super::groups::heartbeat(ctx, r),
             RequestKind::LeaveGroup(r) => super::groups::leave(ctx, r, version),
