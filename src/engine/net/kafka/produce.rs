@@ -503,14 +503,31 @@ pub(crate) async fn produce(ctx: &Ctx, r: ProduceRequest, version: i16, defer: b
     }
     applied(proposals, &mut answers).await;
     if r.acks == 0 {
-        for (_, _, a, _) in &answers {
-            if let Err((c, msg)) = a {
-                ctx.client_error(ApiKey::Produce, *c, msg);
-            }
+        // No answer to carry an error: as Kafka does, a failure closes the
+        // connection, which is how the client learns of it (librdkafka then
+        // refreshes its metadata).
+        let failed: Vec<String> = answers
+            .iter()
+            .filter_map(|(ti, index, a, _)| {
+                let (c, msg) = a.as_ref().err()?;
+                let topic = r.topic_data.get(*ti).map_or("", |t| t.name.0.as_str());
+                Some(format!("{topic}/{index}: code {c}: {msg}"))
+            })
+            .collect();
+        if !failed.is_empty() {
+            return Outcome::Close(acks_0_failed(&failed.join("; ")));
         }
         return Outcome::NoReply;
     }
     answer(ctx, &r, version, answers, waits).await
+}
+
+/// The log line of a connection closed for a failed produce with acks 0.
+pub(crate) fn acks_0_failed(what: &str) -> String {
+    format!(
+        "a produce with acks 0 failed ({what}); closing the connection so the client \
+         notices, as Kafka does"
+    )
 }
 
 /// Replicated partitions' entries, side by side (acks 0 and 1 wait as -1 does): each

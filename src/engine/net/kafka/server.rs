@@ -725,14 +725,21 @@ impl Connection {
     }
 }
 
-/// `outcome` with what the access check took out of its request merged in.
+/// `outcome` with what the access check took out of its request merged in; a
+/// produce with acks 0 that was refused closes the connection instead (it has no
+/// answer to carry the refusal).
 fn merged(sasl: &SaslState, outcome: Outcome, after: super::acl::After) -> Outcome {
-    match outcome {
-        Outcome::Reply(mut body) => {
+    match (outcome, after) {
+        (Outcome::Reply(mut body), after) => {
             super::acl::merge(sasl, after, &mut body);
             Outcome::Reply(body)
         }
-        other => other,
+        (Outcome::NoReply, super::acl::After::Produce(parts)) if !parts.is_empty() => {
+            let topics: Vec<&str> = parts.iter().map(|(t, _)| t.0.as_str()).collect();
+            let what = format!("not authorized for topics {topics:?}");
+            Outcome::Close(super::produce::acks_0_failed(&what))
+        }
+        (other, _) => other,
     }
 }
 
@@ -888,6 +895,11 @@ mod tests {
 
     /// A Produce request for topic "t", partition 0, of one gzip batch holding `value`.
     fn produce_gzip(value: Bytes) -> Vec<u8> {
+        produce_gzip_to(value, 1, 0)
+    }
+
+    /// [`produce_gzip`] with `acks`, to `partition`.
+    fn produce_gzip_to(value: Bytes, acks: i16, partition: i32) -> Vec<u8> {
         use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
         use kafka_protocol::messages::{ProduceRequest, TopicName};
         use kafka_protocol::records::{
@@ -915,9 +927,10 @@ mod tests {
         };
         RecordBatchEncoder::encode(&mut batch, [record].iter(), &options).unwrap();
         let mut p = ProduceRequest::default();
-        p.acks = 1;
+        p.acks = acks;
         p.timeout_ms = 30_000;
         let mut part = PartitionProduceData::default();
+        part.index = partition;
         part.records = Some(batch.freeze());
         let mut t = TopicProduceData::default();
         t.name = TopicName(crate::engine::net::kafka::sb("t"));
@@ -936,6 +949,26 @@ mod tests {
         let p = &r.responses[0].partition_responses[0];
         let msg = p.error_message.as_ref().map(ToString::to_string);
         (p.error_code, msg.unwrap_or_default(), p.base_offset)
+    }
+
+    /// A failed produce with acks 0 closes the connection, as Kafka does: that is the
+    /// only way its client learns of it. A stored one leaves it open.
+    #[test]
+    fn a_failed_acks_0_produce_closes_the_connection() {
+        let (_dir, addr, stop, t) = start();
+        let acks_0 = |partition| produce_gzip_to(Bytes::from_static(b"v"), 0, partition);
+        let versions = request(ApiKey::ApiVersions, 3, &ApiVersionsRequest::default());
+        for (partition, open) in [(0, true), (99, false)] {
+            let mut s = TcpStream::connect(&addr).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+            s.write_all(&acks_0(partition)).unwrap();
+            s.write_all(&versions).unwrap();
+            let mut len = [0u8; 4];
+            let answered = s.read_exact(&mut len).is_ok();
+            assert_eq!(answered, open, "partition {partition}");
+        }
+        stop.store(true, Ordering::SeqCst);
+        t.join().unwrap();
     }
 
     #[test]
