@@ -386,6 +386,23 @@ fn confluent_describe_group_names_client_id_and_host() {
     s.stop();
 }
 
+#[test]
+fn confluent_close_during_a_long_poll_is_not_a_warning() {
+    if !have_python("confluent_kafka") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (s, boot) = start(dir.path());
+    s.ok(&["topics", "create", "w", "--partitions", "1"]);
+    python("confluent_close_during_fetch", &[&boot, "w"]);
+    // The fetch pending at the close is answered within its 3 s wait; the answer
+    // finds the connection closed by the peer.
+    std::thread::sleep(std::time::Duration::from_secs(5));
+    let log = s.stderr();
+    assert!(!log.contains("kafka: closing the connection"), "{log}");
+    s.stop();
+}
+
 /// Reads a child's stream into a shared string.
 fn collect(r: impl std::io::Read + Send + 'static) -> std::sync::Arc<std::sync::Mutex<String>> {
     use std::io::BufRead;
@@ -691,5 +708,34 @@ fn confluent_produces_over_sasl_ssl() {
         .collect();
     assert_eq!(offsets, (0..20).collect::<Vec<_>>());
     assert_eq!(b.values("orders").len(), 20);
+    b.serve.stop();
+}
+
+/// A refusal is logged with the code the client was answered.
+#[test]
+fn confluent_refusals_log_the_code_answered() {
+    if !have_python("confluent_kafka") {
+        return;
+    }
+    let b = secured();
+    let ca = b.pki.ca.to_str().unwrap().to_string();
+    let r = python(
+        "confluent_sasl_refusals",
+        &[&b.boot, "orders", &b.producer, &b.consumer, &ca],
+    );
+    assert_eq!(r["group"], "GROUP_AUTHORIZATION_FAILED", "{r}");
+    assert!(
+        b.serve.stderr_gets("request=FindCoordinator code=30"),
+        "{}",
+        b.serve.stderr()
+    );
+    assert!(
+        b.serve.stderr_gets("request=InitProducerId code=31"),
+        "{r}: {}",
+        b.serve.stderr()
+    );
+    let log = b.serve.stderr();
+    assert!(!log.contains("request=FindCoordinator code=29"), "{log}");
+    assert!(!log.contains("request=InitProducerId code=29"), "{log}");
     b.serve.stop();
 }

@@ -209,6 +209,50 @@ def confluent_describe_group(boot, topic, group):
     out({"members": members})
 
 
+def confluent_close_during_fetch(boot, topic):
+    """A consumer at the end of partition 0 closes while its long-poll fetch waits."""
+    from confluent_kafka import OFFSET_END, Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": boot, "group.id": "closer", "fetch.wait.max.ms": 3000,
+                  "enable.auto.commit": False})
+    c.assign([TopicPartition(topic, 0, OFFSET_END)])
+    end = time.time() + 2
+    while time.time() < end:
+        c.poll(0.2)
+    c.close()
+    out({"closed": True})
+
+
+def confluent_sasl_refusals(boot, topic, producer_token, consumer_token, ca):
+    """A group refused to a producer key, InitProducerId refused to a consumer key."""
+    from confluent_kafka import Consumer, KafkaException, Producer
+
+    sasl = {"bootstrap.servers": boot, "security.protocol": "SASL_SSL",
+            "sasl.mechanisms": "PLAIN", "sasl.username": "u", "ssl.ca.location": ca}
+    result = {}
+    c = Consumer(dict(sasl, **{"sasl.password": producer_token, "group.id": "refused"}))
+    c.subscribe([topic])
+    end = time.time() + DEADLINE_S
+    while "group" not in result and time.time() < end:
+        m = c.poll(0.2)
+        if m is not None and m.error() is not None:
+            result["group"] = m.error().name()
+    c.close()
+    errors = []
+    p = Producer(dict(sasl, **{"sasl.password": consumer_token, "enable.idempotence": True,
+                               "error_cb": lambda e: errors.append(e)}))
+    p.produce(topic, value=b"x")
+    end = time.time() + DEADLINE_S
+    while not errors and time.time() < end:
+        try:
+            p.poll(0.2)
+        except KafkaException as e:  # the fatal error, raised by poll
+            errors.append(e.args[0])
+    result["producer"] = [str(e) for e in errors]
+    p.purge()
+    out(result)
+
+
 def bench_produce(boot, topic, n, size):
     from confluent_kafka import Producer
 
@@ -366,6 +410,10 @@ def main():
             confluent_failover(sys.argv[2], sys.argv[3], int(sys.argv[4]))
         elif mode == "confluent_describe_group":
             confluent_describe_group(sys.argv[2], sys.argv[3], sys.argv[4])
+        elif mode == "confluent_close_during_fetch":
+            confluent_close_during_fetch(sys.argv[2], sys.argv[3])
+        elif mode == "confluent_sasl_refusals":
+            confluent_sasl_refusals(*sys.argv[2:7])
         elif mode == "kafka_python":
             kafka_python(sys.argv[2])
         else:

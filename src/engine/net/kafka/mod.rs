@@ -11,11 +11,12 @@
 //!   UNSUPPORTED_VERSION response listing [`SERVED`], as Kafka does).
 //! - A frame's length is checked against [`REQUEST_BYTES_MAX`] before anything is
 //!   allocated for it; a batch's record count is checked before its records are
-//!   decoded. Known gap: inside a frame, kafka-protocol 0.18 reserves an array's
-//!   claimed length before reading its elements, so a hostile count can ask the
-//!   allocator for far more than the frame holds (the fuzz target `kafka_request`
-//!   finds it); bounding that needs the decoder itself to cap reservations by the
-//!   bytes left.
+//!   decoded. Inside a frame, the vendored kafka-protocol (vendor/kafka-protocol,
+//!   PATCHES.md) refuses an array, record or header count larger than the bytes
+//!   left and reserves at most 1024 elements ahead, so a hostile count is a decode
+//!   error (a log line and a close), not an allocation; strings and bytes are
+//!   sliced from the frame after their length is checked (fuzz target
+//!   `kafka_request`).
 //! - Kafka offsets are seglog offsets; one Kafka record batch is one engine append.
 //! - A produce with acks 1 or -1 is answered after its records are durable.
 

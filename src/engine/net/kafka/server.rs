@@ -348,6 +348,24 @@ impl Ctx {
     }
 }
 
+/// Why a response was not sent.
+enum SendFailure {
+    /// The peer closed its end first (reset, broken pipe).
+    PeerClosed,
+    Failed(io::Error),
+    TimedOut,
+}
+
+/// True when `e` says the peer closed the connection.
+fn peer_closed(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::BrokenPipe
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionAborted
+    )
+}
+
 struct Connection {
     reader: BufReader<ReadHalf<Stream>>,
     writer: WriteHalf<Stream>,
@@ -384,14 +402,39 @@ impl Connection {
     }
 
     /// Writes `self.out` and flushes it (TLS holds written bytes until a flush).
-    async fn send_out(&mut self) -> bool {
+    async fn send_out(&mut self) -> Result<(), SendFailure> {
         let timeout = self.ctx.opts.io_timeout;
         let sent = tokio::time::timeout(timeout, async {
             self.writer.write_all(&self.out).await?;
             self.writer.flush().await
         })
         .await;
-        matches!(sent, Ok(Ok(())))
+        match sent {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) if peer_closed(&e) => Err(SendFailure::PeerClosed),
+            Ok(Err(e)) => Err(SendFailure::Failed(e)),
+            Err(_) => Err(SendFailure::TimedOut),
+        }
+    }
+
+    /// Logs why a response was not sent: a peer that closed its end (a consumer
+    /// closed while its long-poll fetch waited) is not a fault, only a debug line.
+    fn log_send_failure(&self, failure: SendFailure) {
+        match failure {
+            SendFailure::PeerClosed => {
+                if self.ctx.opts.log_errors {
+                    tracing::debug!(
+                        peer = %self.ctx.peer,
+                        "kafka: the peer closed the connection before its response was sent"
+                    );
+                }
+            }
+            SendFailure::Failed(e) => self.log_close(&format!("sending a response failed: {e}")),
+            SendFailure::TimedOut => self.log_close(&format!(
+                "sending a response timed out (after {}s)",
+                self.ctx.opts.io_timeout.as_secs_f64()
+            )),
+        }
     }
 
     fn log_close(&self, detail: &str) {
@@ -425,8 +468,8 @@ impl Connection {
                     Ok(()) => {
                         self.out.clear();
                         self.out.extend_from_slice(&0u32.to_be_bytes());
-                        if !self.send_out().await {
-                            self.log_close("sending a response failed or timed out");
+                        if let Err(f) = self.send_out().await {
+                            self.log_send_failure(f);
                             return;
                         }
                         continue;
@@ -459,8 +502,8 @@ impl Connection {
                     self.log_close(&e.to_string());
                     return false;
                 }
-                if !self.send_out().await {
-                    self.log_close("sending a response failed or timed out");
+                if let Err(f) = self.send_out().await {
+                    self.log_send_failure(f);
                     return false;
                 }
                 if self.out.capacity() > 4 * READ_STEP_BYTES {
@@ -608,6 +651,9 @@ impl Connection {
                 None => continue,
                 Some(Ok(true)) => return Ok(None),
                 Some(Ok(false)) => break,
+                // A reset between requests is a close too (a client that closed with
+                // a response unread).
+                Some(Err(e)) if peer_closed(&e) => return Ok(None),
                 Some(Err(e)) => return Err(format!("reading a request failed: {e}")),
             }
         }
