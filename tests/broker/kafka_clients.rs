@@ -403,6 +403,27 @@ fn confluent_close_during_a_long_poll_is_not_a_warning() {
     s.stop();
 }
 
+#[test]
+fn confluent_creates_a_topic_with_kafka_config_names() {
+    if !have_python("confluent_kafka") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (s, boot) = start(dir.path());
+    let r = python("confluent_create_kafka_configs", &[&boot, "kc"]);
+    assert_eq!(r["created"], true, "{r}");
+    let d: serde_json::Value =
+        serde_json::from_str(&s.ok(&["topics", "describe", "kc", "--json"])).unwrap();
+    let c = &d["config"];
+    assert_eq!(c["retention_ms"], 3_600_000, "{d}");
+    assert_eq!(c["retention_bytes"], 1_048_576, "{d}");
+    assert_eq!(c["segment_bytes"], 1_048_576, "{d}");
+    assert_eq!(c["segment_ms"], 60_000, "{d}");
+    assert_eq!(c["cleanup_policy"], "compact", "{d}");
+    assert_eq!(c["tombstone_retention_ms"], 5_000, "{d}");
+    s.stop();
+}
+
 /// Reads a child's stream into a shared string.
 fn collect(r: impl std::io::Read + Send + 'static) -> std::sync::Arc<std::sync::Mutex<String>> {
     use std::io::BufRead;

@@ -253,6 +253,21 @@ def confluent_sasl_refusals(boot, topic, producer_token, consumer_token, ca):
     out(result)
 
 
+def confluent_create_kafka_configs(boot, topic):
+    """CreateTopics with Kafka's config names."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    a = AdminClient({"bootstrap.servers": boot})
+    configs = {"retention.ms": "3600000", "retention.bytes": "1048576",
+               "segment.bytes": "1048576", "segment.ms": "60000",
+               "cleanup.policy": "compact", "delete.retention.ms": "5000"}
+    try:
+        a.create_topics([NewTopic(topic, 1, 1, config=configs)])[topic].result(DEADLINE_S)
+        out({"created": True})
+    except Exception as e:
+        out({"created": False, "error": str(e)})
+
+
 def bench_produce(boot, topic, n, size):
     from confluent_kafka import Producer
 
@@ -414,6 +429,8 @@ def main():
             confluent_close_during_fetch(sys.argv[2], sys.argv[3])
         elif mode == "confluent_sasl_refusals":
             confluent_sasl_refusals(*sys.argv[2:7])
+        elif mode == "confluent_create_kafka_configs":
+            confluent_create_kafka_configs(sys.argv[2], sys.argv[3])
         elif mode == "kafka_python":
             kafka_python(sys.argv[2])
         else:
