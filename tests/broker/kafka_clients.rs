@@ -349,12 +349,78 @@ fn confluent_headers_timestamps_and_transactions() {
     // Three records at 1000, 2000, 3000 ms (offsets 0..=2; the refused one took none).
     assert_eq!(r["by_time"], serde_json::json!([1, 2, -1]), "{r}");
     assert_eq!(r["watermarks"], serde_json::json!([0, 3]), "{r}");
+    // Refused at once, as final, with the reason: not retried until the timeout
+    // (librdkafka retried INVALID_REQUEST every 500 ms).
     let tx = r["transactions"].as_str().unwrap();
     assert!(
-        tx.starts_with("refused") && !tx.contains("TIMED_OUT"),
+        tx.starts_with("refused") && tx.contains("transactional ids are not supported"),
         "{r}"
     );
+    assert_eq!(
+        r["transactions_code"], "TRANSACTIONAL_ID_AUTHORIZATION_FAILED",
+        "{r}"
+    );
+    assert_eq!(r["transactions_fatal"], true, "{r}");
+    // Before init_transactions' own 10 s deadline.
+    assert!(r["transactions_s"].as_f64().unwrap() < 9.0, "{r}");
     assert!(s.stderr().contains("record headers are not supported"));
+    s.stop();
+}
+
+#[test]
+fn confluent_describe_group_names_client_id_and_host() {
+    if !have_python("confluent_kafka") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (s, boot) = start(dir.path());
+    s.ok(&["topics", "create", "d", "--partitions", "2"]);
+    let r = python("confluent_describe_group", &[&boot, "d", "dg"]);
+    // As Kafka: the request header's client id, and the peer's address as
+    // InetAddress prints it.
+    assert_eq!(
+        r["members"],
+        serde_json::json!([{"client_id": "describe-me", "host": "/127.0.0.1", "partitions": [0, 1]}]),
+        "{r}"
+    );
+    s.stop();
+}
+
+#[test]
+fn confluent_close_during_a_long_poll_is_not_a_warning() {
+    if !have_python("confluent_kafka") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (s, boot) = start(dir.path());
+    s.ok(&["topics", "create", "w", "--partitions", "1"]);
+    python("confluent_close_during_fetch", &[&boot, "w"]);
+    // The fetch pending at the close is answered within its 3 s wait; the answer
+    // finds the connection closed by the peer.
+    std::thread::sleep(std::time::Duration::from_secs(5));
+    let log = s.stderr();
+    assert!(!log.contains("kafka: closing the connection"), "{log}");
+    s.stop();
+}
+
+#[test]
+fn confluent_creates_a_topic_with_kafka_config_names() {
+    if !have_python("confluent_kafka") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (s, boot) = start(dir.path());
+    let r = python("confluent_create_kafka_configs", &[&boot, "kc"]);
+    assert_eq!(r["created"], true, "{r}");
+    let d: serde_json::Value =
+        serde_json::from_str(&s.ok(&["topics", "describe", "kc", "--json"])).unwrap();
+    let c = &d["config"];
+    assert_eq!(c["retention_ms"], 3_600_000, "{d}");
+    assert_eq!(c["retention_bytes"], 1_048_576, "{d}");
+    assert_eq!(c["segment_bytes"], 1_048_576, "{d}");
+    assert_eq!(c["segment_ms"], 60_000, "{d}");
+    assert_eq!(c["cleanup_policy"], "compact", "{d}");
+    assert_eq!(c["tombstone_retention_ms"], 5_000, "{d}");
     s.stop();
 }
 
@@ -663,5 +729,34 @@ fn confluent_produces_over_sasl_ssl() {
         .collect();
     assert_eq!(offsets, (0..20).collect::<Vec<_>>());
     assert_eq!(b.values("orders").len(), 20);
+    b.serve.stop();
+}
+
+/// A refusal is logged with the code the client was answered.
+#[test]
+fn confluent_refusals_log_the_code_answered() {
+    if !have_python("confluent_kafka") {
+        return;
+    }
+    let b = secured();
+    let ca = b.pki.ca.to_str().unwrap().to_string();
+    let r = python(
+        "confluent_sasl_refusals",
+        &[&b.boot, "orders", &b.producer, &b.consumer, &ca],
+    );
+    assert_eq!(r["group"], "GROUP_AUTHORIZATION_FAILED", "{r}");
+    assert!(
+        b.serve.stderr_gets("request=FindCoordinator code=30"),
+        "{}",
+        b.serve.stderr()
+    );
+    assert!(
+        b.serve.stderr_gets("request=InitProducerId code=31"),
+        "{r}: {}",
+        b.serve.stderr()
+    );
+    let log = b.serve.stderr();
+    assert!(!log.contains("request=FindCoordinator code=29"), "{log}");
+    assert!(!log.contains("request=InitProducerId code=29"), "{log}");
     b.serve.stop();
 }

@@ -53,6 +53,7 @@ impl GroupState {
 #[derive(Debug)]
 pub(super) struct Member {
     client_id: String,
+    client_host: String,
     session_timeout: Duration,
     rebalance_timeout: Duration,
     protocols: Vec<(String, Vec<u8>)>,
@@ -368,6 +369,7 @@ impl GroupCoordinator {
         check_group_name(&req.group)?;
         check_len("member id", &req.member_id)?;
         check_len("client id", &req.client_id)?;
+        check_len("client host", &req.client_host)?;
         check_len("protocol type", &req.protocol_type)?;
         let ms = u64::from(req.session_timeout_ms);
         let (min, max) = (
@@ -477,6 +479,7 @@ impl GroupCoordinator {
                 id.clone(),
                 Member {
                     client_id: req.client_id.clone(),
+                    client_host: req.client_host.clone(),
                     session_timeout: Duration::from_millis(u64::from(req.session_timeout_ms)),
                     rebalance_timeout: Duration::from_millis(u64::from(req.rebalance_timeout_ms)),
                     protocols: req.protocols.clone(),
@@ -504,6 +507,7 @@ impl GroupCoordinator {
         let same_protocols = m.protocols == req.protocols;
         m.protocols = req.protocols;
         m.client_id = req.client_id;
+        m.client_host = req.client_host;
         m.session_timeout = Duration::from_millis(u64::from(req.session_timeout_ms));
         m.rebalance_timeout = Duration::from_millis(u64::from(req.rebalance_timeout_ms));
         m.last_heartbeat = now;
@@ -822,6 +826,7 @@ impl GroupCoordinator {
                 .map(|(id, m)| MemberDescription {
                     member_id: id.clone(),
                     client_id: m.client_id.clone(),
+                    client_host: m.client_host.clone(),
                     assignment: m.assignment.clone(),
                 })
                 .collect(),

@@ -155,11 +155,19 @@ pub struct JoinRequest {
     /// Empty for a new member; the broker assigns one.
     pub member_id: String,
     pub client_id: String,
+    /// The member's address as Kafka shows it (`/127.0.0.1`): only described.
+    pub client_host: String,
     pub session_timeout_ms: u32,
     pub rebalance_timeout_ms: u32,
     pub protocol_type: String,
     /// (name, metadata) in the member's order of preference.
     pub protocols: Vec<(String, Vec<u8>)>,
+}
+
+/// A member's host as Kafka's DescribeGroups shows it: its connection's peer address
+/// as Java prints an `InetAddress` (`/127.0.0.1`).
+pub fn client_host(peer: std::net::SocketAddr) -> String {
+    format!("/{}", peer.ip())
 }
 
 /// The answer to a join, once the rebalance completes.
@@ -186,6 +194,7 @@ pub struct OffsetCommit {
 pub struct MemberDescription {
     pub member_id: String,
     pub client_id: String,
+    pub client_host: String,
     /// The member's assignment as the leader gave it (empty before the first sync).
     pub assignment: Vec<u8>,
 }

@@ -28,6 +28,7 @@ fn join_req(member: &str, session_ms: u32) -> JoinRequest {
         group: "g".into(),
         member_id: member.into(),
         client_id: "c".into(),
+        client_host: "/127.0.0.1".into(),
         session_timeout_ms: session_ms,
         rebalance_timeout_ms: 60_000,
         protocol_type: "consumer".into(),

@@ -371,7 +371,8 @@ impl Session {
             }
             Request::ClusterStatus => self.cluster_status(id, api),
             Request::Group(g) => {
-                super::groups::serve(&self.broker, self.version, &self.stop, id, g, &mut self.out)
+                let (broker, peer) = (&self.broker, self.peer);
+                super::groups::serve(broker, peer, self.version, &self.stop, id, g, &mut self.out)
                     .await;
                 Ok(())
             }

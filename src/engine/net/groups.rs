@@ -2,6 +2,7 @@
 //! coordinator. [`serve`] answers one request into `out`, awaiting the coordinator's
 //! completions (a join or sync waits for the rebalance) without holding the event loop.
 
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -60,9 +61,11 @@ fn offset_entries(offsets: &[CommittedOffset]) -> Vec<OffsetEntry<'_>> {
         .collect()
 }
 
-/// Answers one group request into `out` (a response frame, success or error).
+/// Answers one group request from `peer` into `out` (a response frame, success or
+/// error).
 pub async fn serve(
     broker: &Broker,
+    peer: SocketAddr,
     version: u16,
     stop: &AtomicBool,
     id: u32,
@@ -109,6 +112,7 @@ pub async fn serve(
                         group: group.to_string(),
                         member_id: member_id.to_string(),
                         client_id: client_id.to_string(),
+                        client_host: crate::engine::groups::client_host(peer),
                         session_timeout_ms,
                         rebalance_timeout_ms,
                         protocol_type: protocol_type.to_string(),

@@ -175,13 +175,97 @@ def confluent_edges(boot, topic):
                          for ts in (1500, 3000, 9000)]
     result["watermarks"] = list(c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10))
     c.close()
+    # A refusal must be final: librdkafka retries a retriable one until the timeout.
+    began = time.time()
     try:
         t = Producer({"bootstrap.servers": boot, "transactional.id": "tx"})
         t.init_transactions(10)
         result["transactions"] = "accepted"
     except KafkaException as e:
-        result["transactions"] = "refused: %s" % e
+        err = e.args[0]
+        result["transactions"] = "refused: %s" % err.str()
+        result["transactions_code"] = err.name()
+        result["transactions_fatal"] = err.fatal()
+    result["transactions_s"] = time.time() - began
     out(result)
+
+
+def confluent_describe_group(boot, topic, group):
+    """A member with client.id "describe-me", described by the admin client."""
+    from confluent_kafka import Consumer
+    from confluent_kafka.admin import AdminClient
+
+    c = Consumer({"bootstrap.servers": boot, "group.id": group, "client.id": "describe-me"})
+    c.subscribe([topic])
+    end = time.time() + DEADLINE_S
+    while not c.assignment() and time.time() < end:
+        c.poll(0.1)
+    a = AdminClient({"bootstrap.servers": boot})
+    g = a.describe_consumer_groups([group])[group].result(DEADLINE_S)
+    members = [{"client_id": m.client_id, "host": m.host,
+                "partitions": sorted(tp.partition for tp in m.assignment.topic_partitions)}
+               for m in g.members]
+    c.close()
+    out({"members": members})
+
+
+def confluent_close_during_fetch(boot, topic):
+    """A consumer at the end of partition 0 closes while its long-poll fetch waits."""
+    from confluent_kafka import OFFSET_END, Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": boot, "group.id": "closer", "fetch.wait.max.ms": 3000,
+                  "enable.auto.commit": False})
+    c.assign([TopicPartition(topic, 0, OFFSET_END)])
+    end = time.time() + 2
+    while time.time() < end:
+        c.poll(0.2)
+    c.close()
+    out({"closed": True})
+
+
+def confluent_sasl_refusals(boot, topic, producer_token, consumer_token, ca):
+    """A group refused to a producer key, InitProducerId refused to a consumer key."""
+    from confluent_kafka import Consumer, KafkaException, Producer
+
+    sasl = {"bootstrap.servers": boot, "security.protocol": "SASL_SSL",
+            "sasl.mechanisms": "PLAIN", "sasl.username": "u", "ssl.ca.location": ca}
+    result = {}
+    c = Consumer(dict(sasl, **{"sasl.password": producer_token, "group.id": "refused"}))
+    c.subscribe([topic])
+    end = time.time() + DEADLINE_S
+    while "group" not in result and time.time() < end:
+        m = c.poll(0.2)
+        if m is not None and m.error() is not None:
+            result["group"] = m.error().name()
+    c.close()
+    errors = []
+    p = Producer(dict(sasl, **{"sasl.password": consumer_token, "enable.idempotence": True,
+                               "error_cb": lambda e: errors.append(e)}))
+    p.produce(topic, value=b"x")
+    end = time.time() + DEADLINE_S
+    while not errors and time.time() < end:
+        try:
+            p.poll(0.2)
+        except KafkaException as e:  # the fatal error, raised by poll
+            errors.append(e.args[0])
+    result["producer"] = [str(e) for e in errors]
+    p.purge()
+    out(result)
+
+
+def confluent_create_kafka_configs(boot, topic):
+    """CreateTopics with Kafka's config names."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    a = AdminClient({"bootstrap.servers": boot})
+    configs = {"retention.ms": "3600000", "retention.bytes": "1048576",
+               "segment.bytes": "1048576", "segment.ms": "60000",
+               "cleanup.policy": "compact", "delete.retention.ms": "5000"}
+    try:
+        a.create_topics([NewTopic(topic, 1, 1, config=configs)])[topic].result(DEADLINE_S)
+        out({"created": True})
+    except Exception as e:
+        out({"created": False, "error": str(e)})
 
 
 def bench_produce(boot, topic, n, size):
@@ -339,6 +423,14 @@ def main():
             confluent_metadata(sys.argv[2], sys.argv[3])
         elif mode == "confluent_failover":
             confluent_failover(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+        elif mode == "confluent_describe_group":
+            confluent_describe_group(sys.argv[2], sys.argv[3], sys.argv[4])
+        elif mode == "confluent_close_during_fetch":
+            confluent_close_during_fetch(sys.argv[2], sys.argv[3])
+        elif mode == "confluent_sasl_refusals":
+            confluent_sasl_refusals(*sys.argv[2:7])
+        elif mode == "confluent_create_kafka_configs":
+            confluent_create_kafka_configs(sys.argv[2], sys.argv[3])
         elif mode == "kafka_python":
             kafka_python(sys.argv[2])
         else:

@@ -91,7 +91,8 @@ pub(crate) fn check(ctx: &Ctx, state: &mut SaslState, api: ApiKey, req: RequestK
         }
     }
     let p = state.principal.as_ref();
-    let refuse = |what: &str| {
+    // Logs a refusal with the code the client is answered.
+    let refuse = |c: i16, what: &str| {
         let msg = match p {
             Some(p) => format!(
                 "API key {} ({} {:?}) may not {api:?}{what}",
@@ -101,26 +102,33 @@ pub(crate) fn check(ctx: &Ctx, state: &mut SaslState, api: ApiKey, req: RequestK
             ),
             None => format!("{api:?}{what} refused"),
         };
-        ctx.client_error(api, code::TOPIC_AUTHORIZATION_FAILED, &msg);
+        ctx.client_error(api, c, &msg);
     };
     let topic_ok = |a: Action, t: &TopicName| {
         let ok = allows(p, a, Resource::Topic(t.0.as_str()));
         if !ok {
-            refuse(&format!(" on topic {:?}", t.0.as_str()));
+            refuse(
+                code::TOPIC_AUTHORIZATION_FAILED,
+                &format!(" on topic {:?}", t.0.as_str()),
+            );
         }
         ok
     };
     let group_ok = |g: &GroupId| {
         let ok = allows(p, Action::Group, Resource::Group(g.0.as_str()));
         if !ok {
-            refuse(&format!(" on group {:?}", g.0.as_str()));
+            refuse(
+                code::GROUP_AUTHORIZATION_FAILED,
+                &format!(" on group {:?}", g.0.as_str()),
+            );
         }
         ok
     };
+    // CreateTopics and DeleteTopics: each topic is answered TOPIC_AUTHORIZATION_FAILED.
     let admin = || {
         let ok = allows(p, Action::Admin, Resource::Cluster);
         if !ok {
-            refuse("");
+            refuse(code::TOPIC_AUTHORIZATION_FAILED, "");
         }
         ok
     };
@@ -210,7 +218,7 @@ pub(crate) fn check(ctx: &Ctx, state: &mut SaslState, api: ApiKey, req: RequestK
             if allows(p, Action::Produce, Resource::Cluster) {
                 return Checked::Go(Box::new(RequestKind::InitProducerId(r)), After::Nothing);
             }
-            refuse("");
+            refuse(code::CLUSTER_AUTHORIZATION_FAILED, "");
             let mut resp = InitProducerIdResponse::default();
             resp.error_code = code::CLUSTER_AUTHORIZATION_FAILED;
             resp.producer_id = ProducerId(-1);

@@ -54,10 +54,20 @@ pub(crate) async fn wait<T>(mut rx: Completion<T>, stop: &AtomicBool) -> Result<
     }
 }
 
-pub(crate) fn find_coordinator(ctx: &Ctx, _r: FindCoordinatorRequest) -> Outcome {
-    // Transaction coordinators (key type 1) are this broker too, so a transactional
-    // producer reaches InitProducerId and is refused there with a clear error.
+pub(crate) fn find_coordinator(ctx: &Ctx, r: FindCoordinatorRequest) -> Outcome {
     let mut resp = FindCoordinatorResponse::default();
+    if r.key_type == 1 {
+        // A transaction coordinator: refused as Kafka refuses a transactional id the
+        // client may not use, which clients treat as final, with the reason
+        // (librdkafka's init_transactions() fails at once and shows the message).
+        let c = code::TRANSACTIONAL_ID_AUTHORIZATION_FAILED;
+        ctx.client_error(ApiKey::FindCoordinator, c, super::NO_TRANSACTIONS);
+        resp.error_code = c;
+        resp.error_message = Some(sb(super::NO_TRANSACTIONS));
+        resp.node_id = BrokerId(-1);
+        resp.port = -1;
+        return Outcome::reply(ResponseKind::FindCoordinator(resp));
+    }
     resp.node_id = BrokerId(ctx.node_id());
     resp.host = sb(&ctx.opts.advertised_host);
     resp.port = ctx.opts.advertised_port;
@@ -65,7 +75,13 @@ pub(crate) fn find_coordinator(ctx: &Ctx, _r: FindCoordinatorRequest) -> Outcome
     Outcome::reply(ResponseKind::FindCoordinator(resp))
 }
 
-pub(crate) async fn join(ctx: &Ctx, r: JoinGroupRequest, version: i16) -> Outcome {
+/// A JoinGroup; `client_id` is the request header's.
+pub(crate) async fn join(
+    ctx: &Ctx,
+    r: JoinGroupRequest,
+    version: i16,
+    client_id: Option<&str>,
+) -> Outcome {
     let mut resp = JoinGroupResponse::default();
     let session = u32::try_from(r.session_timeout_ms).unwrap_or(0);
     let rebalance = if version >= 1 {
@@ -76,7 +92,8 @@ pub(crate) async fn join(ctx: &Ctx, r: JoinGroupRequest, version: i16) -> Outcom
     let req = JoinRequest {
         group: r.group_id.0.as_str().to_string(),
         member_id: r.member_id.as_str().to_string(),
-        client_id: String::new(),
+        client_id: client_id.unwrap_or_default().to_string(),
+        client_host: crate::engine::groups::client_host(ctx.peer),
         session_timeout_ms: session,
         rebalance_timeout_ms: rebalance,
         protocol_type: r.protocol_type.as_str().to_string(),
@@ -213,7 +230,7 @@ pub(crate) fn describe(ctx: &Ctx, r: DescribeGroupsRequest) -> Outcome {
                         let mut e = DescribedGroupMember::default();
                         e.member_id = sb(&m.member_id);
                         e.client_id = sb(&m.client_id);
-                        e.client_host = sb("");
+                        e.client_host = sb(&m.client_host);
                         e.member_assignment = Bytes::copy_from_slice(&m.assignment);
                         e
                     })

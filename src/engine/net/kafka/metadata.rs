@@ -222,12 +222,14 @@ async fn create_one(
     let mut config = TopicConfig::default();
     for c in &t.configs {
         let Some(value) = &c.value else { continue };
-        config.set(c.name.as_str(), value.as_str()).map_err(|e| {
-            (
-                code::INVALID_CONFIG,
-                format!("invalid topic configuration: {e}"),
-            )
-        })?;
+        config
+            .set(config_name(c.name.as_str()), value.as_str())
+            .map_err(|e| {
+                (
+                    code::INVALID_CONFIG,
+                    format!("invalid topic configuration: {e}"),
+                )
+            })?;
     }
     if let (true, Some(r)) = (replicated, cluster) {
         // The same call `topics create --replication-factor` makes: every replica's
@@ -242,7 +244,7 @@ async fn create_one(
             .filter_map(|c| {
                 c.value
                     .as_ref()
-                    .map(|v| format!("{}={}", c.name.as_str(), v.as_str()))
+                    .map(|v| format!("{}={}", config_name(c.name.as_str()), v.as_str()))
             })
             .collect();
         Arc::clone(r)
@@ -258,6 +260,22 @@ async fn create_one(
         .create_topic(name, partitions, config)
         .map_err(|e| (engine_code(&e), e.to_string()))?;
     Ok((partitions, 1))
+}
+
+/// Kafka's name of a topic setting as seglog's (`retention.ms` is `retention_ms`);
+/// seglog's own names and any other name pass unchanged (an unknown one is refused
+/// by [`TopicConfig::set`]). `delete.retention.ms` is how long Kafka keeps a
+/// tombstone, seglog's `tombstone_retention_ms`.
+fn config_name(name: &str) -> &str {
+    match name {
+        "retention.ms" => "retention_ms",
+        "retention.bytes" => "retention_bytes",
+        "segment.bytes" => "segment_bytes",
+        "segment.ms" => "segment_ms",
+        "cleanup.policy" => "cleanup_policy",
+        "delete.retention.ms" => "tombstone_retention_ms",
+        other => other,
+    }
 }
 
 /// The Kafka error code of a refused replicated create.

@@ -11,11 +11,12 @@
 //!   UNSUPPORTED_VERSION response listing [`SERVED`], as Kafka does).
 //! - A frame's length is checked against [`REQUEST_BYTES_MAX`] before anything is
 //!   allocated for it; a batch's record count is checked before its records are
-//!   decoded. Known gap: inside a frame, kafka-protocol 0.18 reserves an array's
-//!   claimed length before reading its elements, so a hostile count can ask the
-//!   allocator for far more than the frame holds (the fuzz target `kafka_request`
-//!   finds it); bounding that needs the decoder itself to cap reservations by the
-//!   bytes left.
+//!   decoded. Inside a frame, the vendored kafka-protocol (vendor/kafka-protocol,
+//!   PATCHES.md) refuses an array, record or header count larger than the bytes
+//!   left and reserves at most 1024 elements ahead, so a hostile count is a decode
+//!   error (a log line and a close), not an allocation; strings and bytes are
+//!   sliced from the frame after their length is checked (fuzz target
+//!   `kafka_request`).
 //! - Kafka offsets are seglog offsets; one Kafka record batch is one engine append.
 //! - A produce with acks 1 or -1 is answered after its records are durable.
 
@@ -37,6 +38,10 @@ use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 
 pub use inflate::{InflateError, KAFKA_BATCH_INFLATED_BYTES_MAX};
 pub use server::{KafkaOptions, KafkaServer};
+
+/// Why a transactional id is refused (FindCoordinator's error message and the log).
+pub(crate) const NO_TRANSACTIONS: &str =
+    "transactional ids are not supported (idempotence only): unset transactional.id";
 
 /// Largest request frame accepted (the bytes after the 4-byte size): the native
 /// listener's frame limit, so both doors refuse the same sizes.
@@ -106,6 +111,7 @@ pub mod code {
     pub const INVALID_REQUEST: i16 = 42;
     pub const OUT_OF_ORDER_SEQUENCE_NUMBER: i16 = 45;
     pub const INVALID_PRODUCER_EPOCH: i16 = 47;
+    pub const TRANSACTIONAL_ID_AUTHORIZATION_FAILED: i16 = 53;
     pub const KAFKA_STORAGE_ERROR: i16 = 56;
     pub const SASL_AUTHENTICATION_FAILED: i16 = 58;
     pub const UNKNOWN_PRODUCER_ID: i16 = 59;

@@ -503,14 +503,31 @@ pub(crate) async fn produce(ctx: &Ctx, r: ProduceRequest, version: i16, defer: b
     }
     applied(proposals, &mut answers).await;
     if r.acks == 0 {
-        for (_, _, a, _) in &answers {
-            if let Err((c, msg)) = a {
-                ctx.client_error(ApiKey::Produce, *c, msg);
-            }
+        // No answer to carry an error: as Kafka does, a failure closes the
+        // connection, which is how the client learns of it (librdkafka then
+        // refreshes its metadata).
+        let failed: Vec<String> = answers
+            .iter()
+            .filter_map(|(ti, index, a, _)| {
+                let (c, msg) = a.as_ref().err()?;
+                let topic = r.topic_data.get(*ti).map_or("", |t| t.name.0.as_str());
+                Some(format!("{topic}/{index}: code {c}: {msg}"))
+            })
+            .collect();
+        if !failed.is_empty() {
+            return Outcome::Close(acks_0_failed(&failed.join("; ")));
         }
         return Outcome::NoReply;
     }
     answer(ctx, &r, version, answers, waits).await
+}
+
+/// The log line of a connection closed for a failed produce with acks 0.
+pub(crate) fn acks_0_failed(what: &str) -> String {
+    format!(
+        "a produce with acks 0 failed ({what}); closing the connection so the client \
+         notices, as Kafka does"
+    )
 }
 
 /// Replicated partitions' entries, side by side (acks 0 and 1 wait as -1 does): each
@@ -595,10 +612,12 @@ pub(crate) async fn init_producer_id(ctx: &Ctx, r: InitProducerIdRequest) -> Out
     resp.producer_id = ProducerId(-1);
     resp.producer_epoch = -1;
     if r.transactional_id.as_ref().is_some_and(|t| !t.0.is_empty()) {
-        let msg = "transactional ids are not supported (idempotence only): \
-                   unset transactional.id";
-        ctx.client_error(ApiKey::InitProducerId, code::INVALID_REQUEST, msg);
-        resp.error_code = code::INVALID_REQUEST;
+        // Kafka's answer to a transactional id the producer may not use: clients
+        // treat it as final (librdkafka retries INVALID_REQUEST every 500 ms for
+        // ever). The response has no message; FindCoordinator carries one.
+        let c = code::TRANSACTIONAL_ID_AUTHORIZATION_FAILED;
+        ctx.client_error(ApiKey::InitProducerId, c, super::NO_TRANSACTIONS);
+        resp.error_code = c;
         return Outcome::reply(ResponseKind::InitProducerId(resp));
     }
     let existing = match (

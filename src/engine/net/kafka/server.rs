@@ -348,6 +348,24 @@ impl Ctx {
     }
 }
 
+/// Why a response was not sent.
+enum SendFailure {
+    /// The peer closed its end first (reset, broken pipe).
+    PeerClosed,
+    Failed(io::Error),
+    TimedOut,
+}
+
+/// True when `e` says the peer closed the connection.
+fn peer_closed(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::BrokenPipe
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionAborted
+    )
+}
+
 struct Connection {
     reader: BufReader<ReadHalf<Stream>>,
     writer: WriteHalf<Stream>,
@@ -384,14 +402,39 @@ impl Connection {
     }
 
     /// Writes `self.out` and flushes it (TLS holds written bytes until a flush).
-    async fn send_out(&mut self) -> bool {
+    async fn send_out(&mut self) -> Result<(), SendFailure> {
         let timeout = self.ctx.opts.io_timeout;
         let sent = tokio::time::timeout(timeout, async {
             self.writer.write_all(&self.out).await?;
             self.writer.flush().await
         })
         .await;
-        matches!(sent, Ok(Ok(())))
+        match sent {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) if peer_closed(&e) => Err(SendFailure::PeerClosed),
+            Ok(Err(e)) => Err(SendFailure::Failed(e)),
+            Err(_) => Err(SendFailure::TimedOut),
+        }
+    }
+
+    /// Logs why a response was not sent: a peer that closed its end (a consumer
+    /// closed while its long-poll fetch waited) is not a fault, only a debug line.
+    fn log_send_failure(&self, failure: SendFailure) {
+        match failure {
+            SendFailure::PeerClosed => {
+                if self.ctx.opts.log_errors {
+                    tracing::debug!(
+                        peer = %self.ctx.peer,
+                        "kafka: the peer closed the connection before its response was sent"
+                    );
+                }
+            }
+            SendFailure::Failed(e) => self.log_close(&format!("sending a response failed: {e}")),
+            SendFailure::TimedOut => self.log_close(&format!(
+                "sending a response timed out (after {}s)",
+                self.ctx.opts.io_timeout.as_secs_f64()
+            )),
+        }
     }
 
     fn log_close(&self, detail: &str) {
@@ -425,8 +468,8 @@ impl Connection {
                     Ok(()) => {
                         self.out.clear();
                         self.out.extend_from_slice(&0u32.to_be_bytes());
-                        if !self.send_out().await {
-                            self.log_close("sending a response failed or timed out");
+                        if let Err(f) = self.send_out().await {
+                            self.log_send_failure(f);
                             return;
                         }
                         continue;
@@ -459,8 +502,8 @@ impl Connection {
                     self.log_close(&e.to_string());
                     return false;
                 }
-                if !self.send_out().await {
-                    self.log_close("sending a response failed or timed out");
+                if let Err(f) = self.send_out().await {
+                    self.log_send_failure(f);
                     return false;
                 }
                 if self.out.capacity() > 4 * READ_STEP_BYTES {
@@ -608,6 +651,9 @@ impl Connection {
                 None => continue,
                 Some(Ok(true)) => return Ok(None),
                 Some(Ok(false)) => break,
+                // A reset between requests is a close too (a client that closed with
+                // a response unread).
+                Some(Err(e)) if peer_closed(&e) => return Ok(None),
                 Some(Err(e)) => return Err(format!("reading a request failed: {e}")),
             }
         }
@@ -666,6 +712,7 @@ impl Connection {
             }
         };
         let (api, version, id) = (d.api, d.version, d.header.correlation_id);
+        let client_id = d.header.client_id;
         let ctx = &self.ctx;
         let request = match d.request {
             RequestKind::SaslHandshake(r) => {
@@ -699,7 +746,12 @@ impl Connection {
             RequestKind::OffsetCommit(r) => super::offsets::offset_commit(ctx, r).await,
             RequestKind::OffsetFetch(r) => super::offsets::offset_fetch(ctx, r, version),
             RequestKind::FindCoordinator(r) => super::groups::find_coordinator(ctx, r),
-            RequestKind::JoinGroup(r) => super::groups::join(ctx, r, version).await,
+            RequestKind::JoinGroup(r) => {
+                let client_id = client_id
+                    .as_ref()
+                    .map(kafka_protocol::protocol::StrBytes::as_str);
+                super::groups::join(ctx, r, version, client_id).await
+            }
             RequestKind::SyncGroup(r) => super::groups::sync(ctx, r).await,
             RequestKind::Heartbeat(r) => super::groups::heartbeat(ctx, r),
             RequestKind::LeaveGroup(r) => super::groups::leave(ctx, r, version),
@@ -719,14 +771,21 @@ impl Connection {
     }
 }
 
-/// `outcome` with what the access check took out of its request merged in.
+/// `outcome` with what the access check took out of its request merged in; a
+/// produce with acks 0 that was refused closes the connection instead (it has no
+/// answer to carry the refusal).
 fn merged(sasl: &SaslState, outcome: Outcome, after: super::acl::After) -> Outcome {
-    match outcome {
-        Outcome::Reply(mut body) => {
+    match (outcome, after) {
+        (Outcome::Reply(mut body), after) => {
             super::acl::merge(sasl, after, &mut body);
             Outcome::Reply(body)
         }
-        other => other,
+        (Outcome::NoReply, super::acl::After::Produce(parts)) if !parts.is_empty() => {
+            let topics: Vec<&str> = parts.iter().map(|(t, _)| t.0.as_str()).collect();
+            let what = format!("not authorized for topics {topics:?}");
+            Outcome::Close(super::produce::acks_0_failed(&what))
+        }
+        (other, _) => other,
     }
 }
 
@@ -882,6 +941,11 @@ mod tests {
 
     /// A Produce request for topic "t", partition 0, of one gzip batch holding `value`.
     fn produce_gzip(value: Bytes) -> Vec<u8> {
+        produce_gzip_to(value, 1, 0)
+    }
+
+    /// [`produce_gzip`] with `acks`, to `partition`.
+    fn produce_gzip_to(value: Bytes, acks: i16, partition: i32) -> Vec<u8> {
         use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
         use kafka_protocol::messages::{ProduceRequest, TopicName};
         use kafka_protocol::records::{
@@ -909,9 +973,10 @@ mod tests {
         };
         RecordBatchEncoder::encode(&mut batch, [record].iter(), &options).unwrap();
         let mut p = ProduceRequest::default();
-        p.acks = 1;
+        p.acks = acks;
         p.timeout_ms = 30_000;
         let mut part = PartitionProduceData::default();
+        part.index = partition;
         part.records = Some(batch.freeze());
         let mut t = TopicProduceData::default();
         t.name = TopicName(crate::engine::net::kafka::sb("t"));
@@ -930,6 +995,26 @@ mod tests {
         let p = &r.responses[0].partition_responses[0];
         let msg = p.error_message.as_ref().map(ToString::to_string);
         (p.error_code, msg.unwrap_or_default(), p.base_offset)
+    }
+
+    /// A failed produce with acks 0 closes the connection, as Kafka does: that is the
+    /// only way its client learns of it. A stored one leaves it open.
+    #[test]
+    fn a_failed_acks_0_produce_closes_the_connection() {
+        let (_dir, addr, stop, t) = start();
+        let acks_0 = |partition| produce_gzip_to(Bytes::from_static(b"v"), 0, partition);
+        let versions = request(ApiKey::ApiVersions, 3, &ApiVersionsRequest::default());
+        for (partition, open) in [(0, true), (99, false)] {
+            let mut s = TcpStream::connect(&addr).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+            s.write_all(&acks_0(partition)).unwrap();
+            s.write_all(&versions).unwrap();
+            let mut len = [0u8; 4];
+            let answered = s.read_exact(&mut len).is_ok();
+            assert_eq!(answered, open, "partition {partition}");
+        }
+        stop.store(true, Ordering::SeqCst);
+        t.join().unwrap();
     }
 
     #[test]
