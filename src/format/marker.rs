@@ -34,6 +34,10 @@ pub enum MarkerError {
     Field { field: &'static str },
     #[error("compaction marker names {name:?}, not a 20-digit segment base")]
     BadName { name: String },
+    /// Parses, but its new segments cannot be a swap's output for the segments on
+    /// disk (checked by the data-directory check, not by the decoder).
+    #[error("compaction marker does not fit the segments on disk: {detail}")]
+    DoesNotFit { detail: String },
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]

@@ -1833,3 +1833,32 @@ fn a_wrong_middle_index_entry_makes_dump_from_skip_nothing() {
         String::from_utf8_lossy(&out.stdout)
     );
 }
+
+#[test]
+fn a_marker_whose_new_segment_is_no_swap_output_deletes_nothing() {
+    // A marker naming segment 0 as the output that replaces 0 and 31, with no
+    // temporary files: segment 0 is the original (it ends at 30, not where the
+    // replaced range ends, 60). Finishing it would delete segment 31, the only copy
+    // of offsets 31..=60: it is treated as a marker no swap wrote.
+    let d = Data::new();
+    for (base, range) in [(0, 0..31), (31, 31..61), (61, 61..70)] {
+        let s = seg(base, 0, range);
+        d.put(base, &s.log, Some(&s.index));
+    }
+    let marker = format!(
+        r#"{{"version": 1, "new": ["{:020}"], "replaced": ["{:020}", "{:020}"]}}"#,
+        0, 0, 31
+    );
+    fs::write(d.part.join("compaction.marker"), marker).unwrap();
+    let out = seglog()
+        .args(["verify", "--json"])
+        .arg(&d.data)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("does not fit"), "{text}");
+    let v = recover_twice(&d, 0);
+    assert_eq!(kinds(&v), ["remove_marker"], "{v:#}");
+    assert_eq!(offsets(&d.part), (0..70).collect::<Vec<_>>());
+}

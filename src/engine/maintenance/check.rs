@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 
 use crate::format::index::{decode_index, IndexBuilder, IndexEntry, IndexError, INDEX_ENTRY_LEN};
 use crate::format::marker::{CompactionMarker, MarkerError, MARKER_BYTES_MAX};
+use crate::format::names::{log_file_name, tmp_file_name};
 use crate::format::record::{claimed_encoded_len, RecordError, LEN_FIELD};
 use crate::format::{HeaderError, SegmentHeader, HEADER_LEN};
 
@@ -594,12 +595,22 @@ pub fn check_partition_with(
         problems: Vec::new(),
     };
     if let Some(path) = &listing.marker {
-        let marker = read_marker(path);
+        let bases: Vec<u64> = listing.segments.iter().map(|f| f.base_offset).collect();
+        let marker = match read_marker(path) {
+            Ok(m) => match marker_fits(&p.dir, &m, &bases)? {
+                Ok(()) => Ok(m),
+                Err(detail) => Err(MarkerError::DoesNotFit { detail }),
+            },
+            Err(e) => Err(e),
+        };
         let detail = match &marker {
             Ok(m) => format!(
                 "compaction swap not finished: {} new segment(s) replace {} (recover finishes it)",
                 m.new.len(),
                 m.replaced.len()
+            ),
+            Err(e @ MarkerError::DoesNotFit { .. }) => format!(
+                "{e}; no swap wrote it (recover removes it and its temporary files and keeps every segment)"
             ),
             Err(e) => {
                 format!("{e}; the swap never started (recover removes it and its temporary files)")
@@ -798,6 +809,66 @@ fn read_marker(path: &Path) -> Result<CompactionMarker, MarkerError> {
         detail: e.to_string(),
     })?;
     CompactionMarker::decode(&bytes)
+}
+
+/// Whether a marker that parses can be the swap of the segments listed (`bases`):
+/// its new segments' logs (or their `.tmp`) exist, the first new segment takes the
+/// first replaced one's base, and the last new segment ends where the replaced range
+/// ended, just below the next segment on disk (FORMAT, Compaction). A marker that
+/// fails is no swap's: finishing it could delete the only copy of a replaced
+/// segment, so it is treated as one that never started (its segments are kept).
+fn marker_fits(dir: &Path, m: &CompactionMarker, bases: &[u64]) -> io::Result<Result<(), String>> {
+    let (Some(&first_new), Some(&last_new)) = (m.new.iter().min(), m.new.iter().max()) else {
+        return Ok(Ok(()));
+    };
+    let stem = |b: u64| format!("{b:020}");
+    for &n in &m.new {
+        let log = dir.join(log_file_name(n));
+        if !log.exists() && !dir.join(tmp_file_name(&log_file_name(n))).exists() {
+            return Ok(Err(format!(
+                "new segment {} has neither its .log nor its .log.tmp",
+                stem(n)
+            )));
+        }
+    }
+    if let Some(&first_replaced) = m.replaced.iter().min() {
+        if first_new != first_replaced {
+            return Ok(Err(format!(
+                "the first new segment {} does not take the first replaced segment's base {}",
+                stem(first_new),
+                stem(first_replaced)
+            )));
+        }
+    }
+    let top = m.replaced.iter().copied().max().unwrap_or(0).max(last_new);
+    let Some(next) = bases.iter().copied().filter(|&b| b > top).min() else {
+        return Ok(Ok(()));
+    };
+    let tmp = dir.join(tmp_file_name(&log_file_name(last_new)));
+    let path = if tmp.exists() {
+        tmp
+    } else {
+        dir.join(log_file_name(last_new))
+    };
+    let (file, file_len) = open_log(&path)?;
+    let last = match read_header(&file, file_len)? {
+        Ok(h) if h.base_offset == last_new => {
+            scan_sealed_segment(&file, &h, file_len, |_, _| {})?.last_offset
+        }
+        _ => None,
+    };
+    if last.and_then(|l| l.checked_add(1)) != Some(next) {
+        let ends = last.map_or_else(
+            || "no readable record".to_string(),
+            |l| format!("offset {l}"),
+        );
+        return Ok(Err(format!(
+            "new segment {} ends at {ends}, but the replaced segments end below the next segment {}",
+            stem(last_new),
+            stem(next)
+        )));
+    }
+    Ok(Ok(()))
 }
 
 /// Reads an index file, bounded by [`INDEX_BYTES_MAX`]. `Ok(None)` when missing.
