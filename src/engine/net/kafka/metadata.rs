@@ -231,6 +231,13 @@ async fn create_one(
                 )
             })?;
     }
+    if validate_only && ctx.broker.partition_count(name).is_ok() {
+        // What the create would answer (Kafka checks it too).
+        return Err((
+            code::TOPIC_ALREADY_EXISTS,
+            format!("topic {name} already exists"),
+        ));
+    }
     if let (true, Some(r)) = (replicated, cluster) {
         // The same call `topics create --replication-factor` makes: every replica's
         // node creates the topic, then each partition's group elects a leader.

@@ -893,6 +893,40 @@ mod tests {
         Some(Bytes::from(body).slice(4..))
     }
 
+    /// CreateTopics with `validate_only` answers what the create would: an existing
+    /// topic is refused, a new one passes and is not created.
+    #[test]
+    fn validate_only_create_refuses_an_existing_topic_and_creates_nothing() {
+        use kafka_protocol::messages::create_topics_request::CreatableTopic;
+        use kafka_protocol::messages::{CreateTopicsRequest, CreateTopicsResponse, TopicName};
+        let (_dir, addr, stop, t) = start();
+        let create = |topic: &str, validate_only: bool| {
+            let mut ct = CreateTopicsRequest::default();
+            let mut one = CreatableTopic::default();
+            one.name = TopicName(crate::engine::net::kafka::sb(topic));
+            one.num_partitions = 1;
+            one.replication_factor = 1;
+            ct.topics = vec![one];
+            ct.timeout_ms = 1000;
+            ct.validate_only = validate_only;
+            let mut body = exchange(&addr, &request(ApiKey::CreateTopics, 5, &ct))
+                .unwrap()
+                .slice(1..);
+            CreateTopicsResponse::decode(&mut body, 5).unwrap().topics[0].error_code
+        };
+        assert_eq!(create("t", true), code::TOPIC_ALREADY_EXISTS);
+        assert_eq!(create("fresh", true), code::NONE);
+        assert_eq!(
+            create("fresh", true),
+            code::NONE,
+            "validate_only created it"
+        );
+        assert_eq!(create("fresh", false), code::NONE);
+        assert_eq!(create("fresh", true), code::TOPIC_ALREADY_EXISTS);
+        stop.store(true, Ordering::SeqCst);
+        t.join().unwrap();
+    }
+
     #[test]
     fn bad_frames_close_and_errors_are_answered() {
         let (_dir, addr, stop, t) = start();
