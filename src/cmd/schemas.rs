@@ -46,7 +46,8 @@ pub enum SchemasCommand {
     /// Print a version of a topic's schema (default: the latest).
     Get {
         topic: String,
-        #[arg(long)]
+        /// The version (from 1).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
         version: Option<u32>,
     },
     /// List the topics with schemas, their rule and versions.
@@ -62,7 +63,8 @@ pub enum SchemasCommand {
     /// Delete one version (--version) or every version of a topic's schema.
     Delete {
         topic: String,
-        #[arg(long)]
+        /// The version to delete (from 1); without it, every version.
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
         version: Option<u32>,
     },
 }

@@ -407,3 +407,40 @@ fn schema_requests_need_version_3() {
     ));
     b.stop();
 }
+
+/// Versions count from 1. On the wire 0 means "every version" (delete) and "the
+/// latest" (get), so `--version 0` is a usage error for every subcommand taking it,
+/// online and offline, and deletes nothing.
+#[test]
+fn version_zero_is_refused_and_deletes_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let d = data.to_string_lossy().into_owned();
+    let b = Serve::start(&data);
+    b.ok(&["topics", "create", "people"]);
+    let f = write_schema(tmp.path(), "s.json", &person());
+    b.ok(&["schemas", "register", "people", "--file", &f]);
+    for args in [
+        &["schemas", "delete", "people", "--version", "0"][..],
+        &["schemas", "get", "people", "--version", "0"],
+        &[
+            "schemas",
+            "get",
+            "people",
+            "--version",
+            "0",
+            "--data-dir",
+            &d,
+        ],
+    ] {
+        let o = b.run(args);
+        assert_eq!(o.status.code(), Some(64), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains("--version"), "{args:?}: {}", stderr(&o));
+        assert_eq!(stdout(&o), "", "{args:?}");
+    }
+    assert_eq!(
+        parse_json(&b.ok(&["schemas", "list", "--json"]))["topics"][0]["versions"],
+        json!([1])
+    );
+    b.stop();
+}
