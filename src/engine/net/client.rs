@@ -162,7 +162,10 @@ impl Write for Stream {
 /// Why a TLS handshake failed, in a few words an operator can act on.
 pub fn tls_hint(e: &io::Error) -> &'static str {
     let text = e.to_string();
-    if text.contains("UnknownIssuer") || text.contains("invalid peer certificate") {
+    if text.contains("NotValidForName") || text.contains("not valid for name") {
+        " (the broker's certificate does not name the host of --broker: connect by a name \
+         or address the certificate lists)"
+    } else if text.contains("UnknownIssuer") || text.contains("invalid peer certificate") {
         " (is --tls-ca the CA that signed the broker's certificate?)"
     } else if text.contains("CertificateRequired") || text.contains("certificate required") {
         " (the broker requires a client certificate: --tls-cert and --tls-key)"
@@ -185,6 +188,22 @@ pub struct Client {
     broken: bool,
     out: Vec<u8>,
     frame: Vec<u8>,
+}
+
+impl Drop for Client {
+    /// Ends a TLS session with close_notify, so the broker sees a clean close rather
+    /// than a truncated stream. Best effort, within the write timeout; nothing is
+    /// read back.
+    fn drop(&mut self) {
+        if let Stream::Tls(s) = &mut self.stream {
+            s.conn.send_close_notify();
+            while s.conn.wants_write() {
+                if s.conn.write_tls(&mut s.sock).is_err() {
+                    break;
+                }
+            }
+        }
+    }
 }
 
 impl Client {
@@ -840,6 +859,20 @@ mod tests {
         let mut ok = &[0u8, 0, 0, 6, 1, 2, 3, 4, 5, 6, 9][..];
         assert!(read_frame(&mut ok, &mut buf).is_ok());
         assert_eq!(buf, [1, 2, 3, 4, 5, 6]);
+    }
+
+    #[test]
+    fn tls_hints_name_what_to_check() {
+        let refused = |e: rustls::Error| tls_hint(&io::Error::new(io::ErrorKind::InvalidData, e));
+        let name = refused(rustls::Error::InvalidCertificate(
+            rustls::CertificateError::NotValidForName,
+        ));
+        assert!(name.contains("does not name the host"), "{name}");
+        assert!(!name.contains("--tls-ca"), "{name}");
+        let issuer = refused(rustls::Error::InvalidCertificate(
+            rustls::CertificateError::UnknownIssuer,
+        ));
+        assert!(issuer.contains("--tls-ca"), "{issuer}");
     }
 
     #[test]
