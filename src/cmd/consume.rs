@@ -136,7 +136,10 @@ impl<'a> Readers<'a> {
                 message,
                 ..
             } => Some(parse_not_leader(message).map(|(_, addr)| addr)),
-            ClientError::Io { .. } | ClientError::Connect { .. } | ClientError::Closed { .. }
+            ClientError::Io { .. }
+            | ClientError::Timeout { .. }
+            | ClientError::Connect { .. }
+            | ClientError::Closed { .. }
                 if self.cluster =>
             {
                 None

@@ -359,3 +359,23 @@ fn a_short_partition_is_read_from_its_start_and_never_stops_the_others() {
     assert!(!b.stderr().contains("cluster_status"), "{}", b.stderr());
     b.stop();
 }
+
+/// A broker that takes the connection but never answers: the client says that no
+/// answer came within --timeout (exit 69), not the socket's EAGAIN.
+#[test]
+fn a_broker_that_does_not_answer_is_a_timeout() {
+    // The kernel completes the connection from the backlog; nothing ever reads it.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = silent.local_addr().unwrap().to_string();
+    let out = std::process::Command::new(crate::util::bin::BIN)
+        .args(["topics", "list", "--broker", &addr, "--timeout", "1s"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(69), "{err}");
+    assert_eq!(
+        err,
+        format!("seglog: no answer from the broker at {addr} within 1s (--timeout)\n")
+    );
+    drop(silent);
+}
