@@ -35,20 +35,25 @@ impl BrokerArgs {
     /// Connects (over TLS with `--tls`) and performs the handshake, logging in with
     /// the API key if one is given.
     pub fn connect(&self) -> anyhow::Result<Client> {
+        self.try_connect()?.map_err(client_error)
+    }
+
+    /// [`BrokerArgs::connect`] that keeps why the last address failed as a
+    /// [`ClientError`] (a reconnect reports it as the cause); the outer error is one
+    /// of the flags (token file, TLS files, no address).
+    pub fn try_connect(&self) -> anyhow::Result<Result<Client, ClientError>> {
         let token = self.token.token()?;
         let tls = self.tls.client_tls()?;
         // `--broker A,B,C`: the first broker that answers.
         let mut last = None;
         for addr in crate::engine::net::cluster_client::broker_list(&self.broker) {
             match Client::connect_with(&addr, self.timeout, tls.as_ref(), token.as_deref()) {
-                Ok(c) => return Ok(c),
+                Ok(c) => return Ok(Ok(c)),
                 Err(e) => last = Some(e),
             }
         }
-        match last {
-            Some(e) => Err(client_error(e)),
-            None => Err(ExitError::usage("--broker names no address")),
-        }
+        last.map(Err)
+            .ok_or_else(|| ExitError::usage("--broker names no address"))
     }
 
     /// A connection to `addr` with this command's timeout, TLS and token.

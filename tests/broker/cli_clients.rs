@@ -379,3 +379,54 @@ fn a_broker_that_does_not_answer_is_a_timeout() {
     );
     drop(silent);
 }
+
+/// A broker killed under a producer and left down: the final error is why the
+/// reconnects failed (connection refused), not "closed after an earlier error"; the
+/// exit code (69) and the count of acknowledged records are kept.
+#[test]
+fn produce_names_why_the_reconnects_failed() {
+    use std::io::{BufRead, BufReader, Read};
+    let data = tempfile::tempdir().unwrap();
+    let b = Serve::start(data.path());
+    b.ok(&["topics", "create", "t"]);
+    let addr = b.addr.clone();
+    let mut child = b
+        .cmd()
+        .args([
+            "produce",
+            "t",
+            "--json",
+            "--retries",
+            "2",
+            "--retry-backoff",
+            "10ms",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut acks = BufReader::new(child.stdout.take().unwrap());
+    stdin.write_all(b"one\n").unwrap();
+    stdin.flush().unwrap();
+    let mut ack = String::new();
+    acks.read_line(&mut ack).unwrap();
+    assert!(ack.contains("\"ack\""), "{ack}");
+    b.kill9();
+    stdin.write_all(b"two\n").unwrap();
+    drop(stdin);
+    let mut rest = String::new();
+    acks.read_to_string(&mut rest).unwrap();
+    assert_eq!(rest, "");
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(69), "{err}");
+    assert!(
+        err.contains(&format!("cannot connect to the broker at {addr}")),
+        "{err}"
+    );
+    assert!(!err.contains("closed after an earlier error"), "{err}");
+    assert!(err.contains("1 record was acknowledged before it"), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+}
