@@ -297,7 +297,8 @@ pub fn client_error(e: ClientError) -> anyhow::Error {
 /// The exit code of a request the broker refused with `code`: 64 for the
 /// invalid-argument family (a bad topic name, a bad partition count or partition, an
 /// unknown configuration key or a value out of range, a record over the topic's
-/// `max_record_bytes`, a request the broker cannot carry out as asked), the same
+/// `max_record_bytes`, a session timeout outside the broker's range, a request the
+/// broker cannot carry out as asked), the same
 /// code the client gives when it notices the mistake itself; 77 for authentication
 /// and permission refusals; 69 for the rest (no such topic, topic exists, offset out
 /// of range, and every broker-side failure).
@@ -309,6 +310,7 @@ pub fn refusal_exit(code: ErrorCode) -> u8 {
         | ErrorCode::RECORD_TOO_LARGE
         | ErrorCode::INVALID_REQUEST
         | ErrorCode::INVALID_SCHEMA
+        | ErrorCode::INVALID_SESSION_TIMEOUT
         | ErrorCode::LIMIT_EXCEEDED => exit::USAGE,
         ErrorCode::SCHEMA_VIOLATION => exit::SCHEMA_REFUSED,
         ErrorCode::AUTH_REQUIRED
@@ -390,6 +392,7 @@ mod tests {
             ErrorCode::UNKNOWN_PARTITION,
             ErrorCode::RECORD_TOO_LARGE,
             ErrorCode::INVALID_REQUEST,
+            ErrorCode::INVALID_SESSION_TIMEOUT,
         ] {
             assert_eq!(refusal_exit(code), exit::USAGE, "{code}");
         }

@@ -284,10 +284,23 @@ pub struct Args {
     /// With --group: how long the broker waits for this member's heartbeat before
     /// giving its partitions to others (within the broker's
     /// --group-min-session-timeout and --group-max-session-timeout).
-    #[arg(long, default_value = "45s", value_parser = parse_positive_duration)]
+    #[arg(long, default_value = "45s", value_parser = parse_session_timeout)]
     pub session_timeout: Duration,
     #[command(flatten)]
     pub broker: BrokerArgs,
+}
+
+/// `--session-timeout`: longer than zero, and at most what a join request carries
+/// (milliseconds in 32 bits, about 49 days); a longer one is refused, not cut down.
+fn parse_session_timeout(text: &str) -> Result<Duration, String> {
+    let d = parse_positive_duration(text)?;
+    if d.as_millis() > u128::from(u32::MAX) {
+        return Err(format!(
+            "{text:?} is over the limit of {} ms (about 49 days) for a session timeout",
+            u32::MAX
+        ));
+    }
+    Ok(d)
 }
 
 /// `--on-corrupt`.
