@@ -406,6 +406,22 @@ fn check_data_dir(data_dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Exit 64 when no session timeout fits between the group limits: a broker that
+/// would refuse every `consume --group`.
+fn check_session_timeouts(args: &Args) -> anyhow::Result<()> {
+    let (min, max) = (
+        args.group_min_session_timeout,
+        args.group_max_session_timeout,
+    );
+    if min > max {
+        return Err(ExitError::usage(format!(
+            "--group-min-session-timeout {min:?} is longer than --group-max-session-timeout \
+             {max:?}: no consumer group member could join"
+        )));
+    }
+    Ok(())
+}
+
 /// Largest node id (a node's producer ids start at `id << 48`).
 const NODE_ID_MAX: u64 = 32767;
 
@@ -466,6 +482,7 @@ fn open_error(e: EngineError, data_dir: &std::path::Path) -> anyhow::Error {
 }
 
 pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
+    check_session_timeouts(&args)?;
     install_log(&args, global)?;
     install_signal_handlers()?;
     watch_hangups();

@@ -476,3 +476,30 @@ fn a_session_timeout_out_of_range_is_a_usage_error() {
     assert!(err.contains("over the limit of 4294967295 ms"), "{err}");
     b.stop();
 }
+
+/// `serve` refuses group session limits that no timeout fits between.
+#[test]
+fn serve_refuses_a_min_session_timeout_over_the_max() {
+    let data = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(data.path().join("d"))
+        .args([
+            "--group-min-session-timeout",
+            "10s",
+            "--group-max-session-timeout",
+            "5s",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{err}");
+    assert!(
+        err.contains(
+            "--group-min-session-timeout 10s is longer than --group-max-session-timeout 5s"
+        ),
+        "{err}"
+    );
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(!data.path().join("d").exists());
+}
