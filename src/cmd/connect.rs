@@ -13,7 +13,7 @@ use std::time::Duration;
 use super::{exit, ExitError};
 use crate::engine::net::client::{Client, ClientError, DEFAULT_BROKER};
 use crate::engine::net::tls::ClientTls;
-use crate::format::wire::ErrorCode;
+use crate::format::wire::{ErrorCode, PartitionOffsets};
 
 /// `--broker` and `--timeout`.
 #[derive(Debug, Clone, clap::Args)]
@@ -76,32 +76,45 @@ impl BrokerArgs {
     /// A cluster node holding no replica of the topic names one that does (NOT_LEADER
     /// to its list-offsets); the connection moves there first, so one `--broker`
     /// address of any node of the cluster is enough.
-    pub fn connect_leader(&self, topic: &str, partition: u32) -> anyhow::Result<Client> {
-        let (mut client, moved) = self.connect_holder(topic)?;
+    ///
+    /// Also returns the topic's list-offsets as the node connected to answered it
+    /// (asked once: a refusal, such as an unknown topic, is one request and one log
+    /// line on the broker).
+    pub fn connect_leader(&self, topic: &str, partition: u32) -> anyhow::Result<(Client, Offsets)> {
+        let (mut client, moved, offsets) = self.connect_holder(topic)?;
         if !self.several() && !moved {
-            return Ok(client);
+            return Ok((client, offsets));
         }
         let leaders = leader_addrs(&mut client, topic);
         match leaders.get(&partition) {
-            Some(a) if a != client.addr() => self.connect_to(a).or(Ok(client)),
-            _ => Ok(client),
+            Some(a) if a != client.addr() => match self.connect_to(a) {
+                Ok(mut leader) => {
+                    let offsets = leader.list_offsets(topic);
+                    Ok((leader, offsets))
+                }
+                Err(_) => Ok((client, offsets)),
+            },
+            _ => Ok((client, offsets)),
         }
     }
 
     /// [`BrokerArgs::connect`], moved to a node holding a replica of `topic` when
     /// the node answering holds none and names one ([`HOLDER_HOPS_MAX`] moves at
-    /// most). True when the connection moved.
-    pub fn connect_holder(&self, topic: &str) -> anyhow::Result<(Client, bool)> {
+    /// most). True when the connection moved; the last node's answer to the
+    /// list-offsets that asked.
+    pub fn connect_holder(&self, topic: &str) -> anyhow::Result<(Client, bool, Offsets)> {
         let mut client = self.connect()?;
         let mut moved = false;
+        let mut offsets = client.list_offsets(topic);
         for _ in 0..HOLDER_HOPS_MAX {
-            let Some(addr) = holder_named(&client.list_offsets(topic), client.addr()) else {
+            let Some(addr) = holder_named(&offsets, client.addr()) else {
                 break;
             };
             client = self.connect_to(&addr)?;
             moved = true;
+            offsets = client.list_offsets(topic);
         }
-        Ok((client, moved))
+        Ok((client, moved, offsets))
     }
 
     /// A client of every broker `--broker` lists, following partition leaders.
@@ -118,6 +131,9 @@ impl BrokerArgs {
         ))
     }
 }
+
+/// A topic's list-offsets answer.
+pub type Offsets = Result<Vec<PartitionOffsets>, ClientError>;
 
 /// Per partition of `topic`, the client address of its leader as the node behind
 /// `client` knows it (`cluster status`); empty when the node is not part of a

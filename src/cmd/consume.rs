@@ -407,14 +407,11 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
     if let Some(group) = &args.group {
         return super::consume_group::run(&args, group, global);
     }
-    let client = args
+    let (client, offsets) = args
         .broker
         .connect_leader(&args.topic, args.partition.unwrap_or(0))?;
     let mut readers = Readers::new(&args.broker, &args.topic, client);
-    let offsets = readers
-        .first
-        .list_offsets(&args.topic)
-        .map_err(client_error)?;
+    let offsets = offsets.map_err(client_error)?;
     let chosen: Vec<_> = match args.partition {
         Some(p) => match offsets.iter().find(|o| o.partition == p) {
             Some(o) => vec![*o],
@@ -570,7 +567,7 @@ fn follow(
         let on_corrupt = args.on_corrupt;
         thread::spawn(move || {
             let mut run = || -> anyhow::Result<()> {
-                let first = broker.connect_leader(&topic, partition)?;
+                let (first, _) = broker.connect_leader(&topic, partition)?;
                 let mut readers = Readers::new(&broker, &topic, first);
                 loop {
                     let fetched = readers.fetch(partition, pos, max_bytes, FOLLOW_WAIT);

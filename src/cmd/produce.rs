@@ -334,13 +334,10 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
             "--delimiter must not be empty (use --value-file - to send all of stdin as one record)",
         ));
     }
-    let mut client = args
+    let (client, offsets) = args
         .broker
         .connect_leader(&args.topic, args.partition.unwrap_or(0))?;
-    let partitions = client
-        .list_offsets(&args.topic)
-        .map_err(client_error)?
-        .len() as u32;
+    let partitions = offsets.map_err(client_error)?.len() as u32;
     if let Some(p) = args.partition.filter(|&p| p >= partitions) {
         return Err(ExitError::new(
             exit::USAGE,

@@ -649,14 +649,6 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
         }
         _ => None,
     };
-    tracing::info!(
-        listen = %addr,
-        data_dir = %args.data_dir.display(),
-        tls = args.tls_cert.is_some(),
-        client_certs = args.tls_client_ca.is_some(),
-        allow_plaintext = args.allow_plaintext,
-        "listening"
-    );
     let kafka = match kafka_listener {
         Some(l) => match KafkaServer::from_listener(
             l,
@@ -690,7 +682,14 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
         },
         None => None,
     };
-    tracing::info!(listen = %addr, data_dir = %args.data_dir.display(), "listening");
+    tracing::info!(
+        listen = %addr,
+        data_dir = %args.data_dir.display(),
+        tls = args.tls_cert.is_some(),
+        client_certs = args.tls_client_ca.is_some(),
+        allow_plaintext = args.allow_plaintext,
+        "listening"
+    );
     // Tests and scripts wait for this line; it carries the real port.
     writeln!(
         std::io::stderr().lock(),

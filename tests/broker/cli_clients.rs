@@ -430,3 +430,27 @@ fn produce_names_why_the_reconnects_failed() {
     assert!(err.contains("1 record was acknowledged before it"), "{err}");
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
 }
+
+/// One client request, one broker log line: produce and consume ask a missing
+/// topic's offsets once (the refusal is logged once), and `serve` logs
+/// "listening" once.
+#[test]
+fn a_refused_request_is_logged_once() {
+    let data = tempfile::tempdir().unwrap();
+    let b = Serve::start(data.path());
+    for args in [
+        &["produce", "nosuch", "--value", "v"][..],
+        &["consume", "nosuch"],
+    ] {
+        let o = b.run(args);
+        assert_eq!(o.status.code(), Some(69), "{args:?}");
+    }
+    let refused = "client error: unknown topic \"nosuch\"";
+    assert!(b.stderr_gets(refused));
+    // Any second line would follow the first at once.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let log = b.stderr();
+    assert_eq!(log.matches(refused).count(), 2, "{log}");
+    assert_eq!(log.matches(" listening listen=").count(), 1, "{log}");
+    b.stop();
+}
