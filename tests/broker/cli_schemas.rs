@@ -444,3 +444,29 @@ fn version_zero_is_refused_and_deletes_nothing() {
     );
     b.stop();
 }
+
+/// `check` refuses a topic that does not exist as `register` does (69, unknown
+/// topic): a CI gate that checks before it registers cannot pass on a misspelt name.
+#[test]
+fn check_refuses_an_unknown_topic_as_register_does() {
+    let tmp = tempfile::tempdir().unwrap();
+    let b = Serve::start(&tmp.path().join("data"));
+    let f = write_schema(tmp.path(), "s.json", &person());
+    for cmd in ["check", "register"] {
+        let o = b.run(&["schemas", cmd, "no-such-topic", "--file", &f]);
+        assert_eq!(o.status.code(), Some(69), "{cmd}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains("unknown topic"),
+            "{cmd}: {}",
+            stderr(&o)
+        );
+        assert_eq!(stdout(&o), "", "{cmd}");
+    }
+    // A topic without a schema is still compatible with anything.
+    b.ok(&["topics", "create", "people"]);
+    assert_eq!(
+        b.ok(&["schemas", "check", "people", "--file", &f]),
+        "compatible with the latest schema of people\n"
+    );
+    b.stop();
+}
