@@ -214,7 +214,10 @@ impl TokenArgs {
         std::fs::File::open(path)
             .and_then(|f| f.take(TOKEN_FILE_BYTES_MAX).read_to_string(&mut text))
             .map_err(|e| {
-                ExitError::usage(format!("cannot read --token-file {}: {e}", path.display()))
+                ExitError::new(
+                    exit::IO,
+                    format!("cannot read --token-file {}: {e}", path.display()),
+                )
             })?;
         let token = text.lines().next().unwrap_or("").trim();
         if token.is_empty() {
@@ -259,7 +262,8 @@ pub struct TlsArgs {
 
 impl TlsArgs {
     /// The TLS settings to connect with (`None` without `--tls`). Exit 64 when
-    /// `--tls` has no CA or a PEM file cannot be used.
+    /// `--tls` has no CA or a PEM file holds no usable certificate or key, 74 when a
+    /// file cannot be read.
     pub fn client_tls(&self) -> anyhow::Result<Option<ClientTls>> {
         if !self.tls {
             return Ok(None);
@@ -272,7 +276,14 @@ impl TlsArgs {
         let client = self.tls_cert.as_deref().zip(self.tls_key.as_deref());
         ClientTls::from_pem_files(ca, client)
             .map(Some)
-            .map_err(|e| ExitError::usage(e.to_string()))
+            .map_err(|e| {
+                let code = if e.is_unreadable_file() {
+                    exit::IO
+                } else {
+                    exit::USAGE
+                };
+                ExitError::new(code, e.to_string())
+            })
     }
 }
 

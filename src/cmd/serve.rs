@@ -234,7 +234,7 @@ impl LimitArgs {
 }
 
 /// The listener's TLS settings, loaded before the broker opens (exit 64 for a file
-/// that cannot be used).
+/// that cannot be used, 74 for one that cannot be read).
 fn server_tls(args: &Args) -> anyhow::Result<Option<ServerTls>> {
     let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) else {
         return Ok(None);
@@ -246,7 +246,14 @@ fn server_tls(args: &Args) -> anyhow::Result<Option<ServerTls>> {
         args.allow_plaintext,
     )
     .map(Some)
-    .map_err(|e| ExitError::usage(format!("cannot set up TLS: {e}")))
+    .map_err(|e| {
+        let code = if e.is_unreadable_file() {
+            exit::IO
+        } else {
+            exit::USAGE
+        };
+        ExitError::new(code, format!("cannot set up TLS: {e}"))
+    })
 }
 
 /// `--auth`.

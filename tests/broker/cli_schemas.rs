@@ -470,3 +470,34 @@ fn check_refuses_an_unknown_topic_as_register_does() {
     );
     b.stop();
 }
+
+/// A schema file that cannot be read is an I/O error (74), as for every input file;
+/// one that is not JSON is a usage error (64).
+#[test]
+fn an_unreadable_schema_file_exits_74() {
+    let tmp = tempfile::tempdir().unwrap();
+    let b = Serve::start(&tmp.path().join("data"));
+    b.ok(&["topics", "create", "people"]);
+    let missing = tmp.path().join("missing.json");
+    let missing = missing.to_str().unwrap();
+    for cmd in ["register", "check"] {
+        let o = b.run(&["schemas", cmd, "people", "--file", missing]);
+        assert_eq!(o.status.code(), Some(74), "{cmd}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains(&format!("cannot read {missing}")),
+            "{cmd}: {}",
+            stderr(&o)
+        );
+    }
+    let bad = tmp.path().join("bad.json");
+    std::fs::write(&bad, "not json").unwrap();
+    let o = b.run(&[
+        "schemas",
+        "register",
+        "people",
+        "--file",
+        bad.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(64), "{}", stderr(&o));
+    b.stop();
+}

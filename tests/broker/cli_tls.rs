@@ -424,3 +424,26 @@ fn a_host_the_certificate_does_not_name_is_told() {
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
     b.stop();
 }
+
+/// An input file that cannot be read exits 74 (I/O error) whichever flag names it:
+/// --tls-ca, --token-file, produce --value-file.
+#[test]
+fn unreadable_input_files_exit_74() {
+    let data = tempfile::tempdir().unwrap();
+    let b = Serve::start(data.path());
+    b.ok(&["topics", "create", "t"]);
+    let missing = data.path().join("missing.pem");
+    let m = s(&missing);
+    for args in [
+        &["topics", "list", "--tls", "--tls-ca", m][..],
+        &["topics", "list", "--token-file", m],
+        &["produce", "t", "--value-file", m],
+    ] {
+        let out = b.run(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(74), "{args:?}: {err}");
+        assert!(err.contains(m), "{args:?}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
+    }
+    b.stop();
+}
