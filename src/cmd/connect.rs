@@ -13,7 +13,7 @@ use std::time::Duration;
 use super::{exit, ExitError};
 use crate::engine::net::client::{Client, ClientError, DEFAULT_BROKER};
 use crate::engine::net::tls::ClientTls;
-use crate::format::wire::ErrorCode;
+use crate::format::wire::{ErrorCode, PartitionOffsets};
 
 /// `--broker` and `--timeout`.
 #[derive(Debug, Clone, clap::Args)]
@@ -35,20 +35,25 @@ impl BrokerArgs {
     /// Connects (over TLS with `--tls`) and performs the handshake, logging in with
     /// the API key if one is given.
     pub fn connect(&self) -> anyhow::Result<Client> {
+        self.try_connect()?.map_err(client_error)
+    }
+
+    /// [`BrokerArgs::connect`] that keeps why the last address failed as a
+    /// [`ClientError`] (a reconnect reports it as the cause); the outer error is one
+    /// of the flags (token file, TLS files, no address).
+    pub fn try_connect(&self) -> anyhow::Result<Result<Client, ClientError>> {
         let token = self.token.token()?;
         let tls = self.tls.client_tls()?;
         // `--broker A,B,C`: the first broker that answers.
         let mut last = None;
         for addr in crate::engine::net::cluster_client::broker_list(&self.broker) {
             match Client::connect_with(&addr, self.timeout, tls.as_ref(), token.as_deref()) {
-                Ok(c) => return Ok(c),
+                Ok(c) => return Ok(Ok(c)),
                 Err(e) => last = Some(e),
             }
         }
-        match last {
-            Some(e) => Err(client_error(e)),
-            None => Err(ExitError::usage("--broker names no address")),
-        }
+        last.map(Err)
+            .ok_or_else(|| ExitError::usage("--broker names no address"))
     }
 
     /// A connection to `addr` with this command's timeout, TLS and token.
@@ -71,32 +76,45 @@ impl BrokerArgs {
     /// A cluster node holding no replica of the topic names one that does (NOT_LEADER
     /// to its list-offsets); the connection moves there first, so one `--broker`
     /// address of any node of the cluster is enough.
-    pub fn connect_leader(&self, topic: &str, partition: u32) -> anyhow::Result<Client> {
-        let (mut client, moved) = self.connect_holder(topic)?;
+    ///
+    /// Also returns the topic's list-offsets as the node connected to answered it
+    /// (asked once: a refusal, such as an unknown topic, is one request and one log
+    /// line on the broker).
+    pub fn connect_leader(&self, topic: &str, partition: u32) -> anyhow::Result<(Client, Offsets)> {
+        let (mut client, moved, offsets) = self.connect_holder(topic)?;
         if !self.several() && !moved {
-            return Ok(client);
+            return Ok((client, offsets));
         }
         let leaders = leader_addrs(&mut client, topic);
         match leaders.get(&partition) {
-            Some(a) if a != client.addr() => self.connect_to(a).or(Ok(client)),
-            _ => Ok(client),
+            Some(a) if a != client.addr() => match self.connect_to(a) {
+                Ok(mut leader) => {
+                    let offsets = leader.list_offsets(topic);
+                    Ok((leader, offsets))
+                }
+                Err(_) => Ok((client, offsets)),
+            },
+            _ => Ok((client, offsets)),
         }
     }
 
     /// [`BrokerArgs::connect`], moved to a node holding a replica of `topic` when
     /// the node answering holds none and names one ([`HOLDER_HOPS_MAX`] moves at
-    /// most). True when the connection moved.
-    pub fn connect_holder(&self, topic: &str) -> anyhow::Result<(Client, bool)> {
+    /// most). True when the connection moved; the last node's answer to the
+    /// list-offsets that asked.
+    pub fn connect_holder(&self, topic: &str) -> anyhow::Result<(Client, bool, Offsets)> {
         let mut client = self.connect()?;
         let mut moved = false;
+        let mut offsets = client.list_offsets(topic);
         for _ in 0..HOLDER_HOPS_MAX {
-            let Some(addr) = holder_named(&client.list_offsets(topic), client.addr()) else {
+            let Some(addr) = holder_named(&offsets, client.addr()) else {
                 break;
             };
             client = self.connect_to(&addr)?;
             moved = true;
+            offsets = client.list_offsets(topic);
         }
-        Ok((client, moved))
+        Ok((client, moved, offsets))
     }
 
     /// A client of every broker `--broker` lists, following partition leaders.
@@ -113,6 +131,9 @@ impl BrokerArgs {
         ))
     }
 }
+
+/// A topic's list-offsets answer.
+pub type Offsets = Result<Vec<PartitionOffsets>, ClientError>;
 
 /// Per partition of `topic`, the client address of its leader as the node behind
 /// `client` knows it (`cluster status`); empty when the node is not part of a
@@ -193,7 +214,10 @@ impl TokenArgs {
         std::fs::File::open(path)
             .and_then(|f| f.take(TOKEN_FILE_BYTES_MAX).read_to_string(&mut text))
             .map_err(|e| {
-                ExitError::usage(format!("cannot read --token-file {}: {e}", path.display()))
+                ExitError::new(
+                    exit::IO,
+                    format!("cannot read --token-file {}: {e}", path.display()),
+                )
             })?;
         let token = text.lines().next().unwrap_or("").trim();
         if token.is_empty() {
@@ -238,7 +262,8 @@ pub struct TlsArgs {
 
 impl TlsArgs {
     /// The TLS settings to connect with (`None` without `--tls`). Exit 64 when
-    /// `--tls` has no CA or a PEM file cannot be used.
+    /// `--tls` has no CA or a PEM file holds no usable certificate or key, 74 when a
+    /// file cannot be read.
     pub fn client_tls(&self) -> anyhow::Result<Option<ClientTls>> {
         if !self.tls {
             return Ok(None);
@@ -251,7 +276,14 @@ impl TlsArgs {
         let client = self.tls_cert.as_deref().zip(self.tls_key.as_deref());
         ClientTls::from_pem_files(ca, client)
             .map(Some)
-            .map_err(|e| ExitError::usage(e.to_string()))
+            .map_err(|e| {
+                let code = if e.is_unreadable_file() {
+                    exit::IO
+                } else {
+                    exit::USAGE
+                };
+                ExitError::new(code, e.to_string())
+            })
     }
 }
 
@@ -292,7 +324,8 @@ pub fn client_error(e: ClientError) -> anyhow::Error {
 /// The exit code of a request the broker refused with `code`: 64 for the
 /// invalid-argument family (a bad topic name, a bad partition count or partition, an
 /// unknown configuration key or a value out of range, a record over the topic's
-/// `max_record_bytes`, a request the broker cannot carry out as asked), the same
+/// `max_record_bytes`, a session timeout outside the broker's range, a request the
+/// broker cannot carry out as asked), the same
 /// code the client gives when it notices the mistake itself; 77 for authentication
 /// and permission refusals; 69 for the rest (no such topic, topic exists, offset out
 /// of range, and every broker-side failure).
@@ -304,6 +337,7 @@ pub fn refusal_exit(code: ErrorCode) -> u8 {
         | ErrorCode::RECORD_TOO_LARGE
         | ErrorCode::INVALID_REQUEST
         | ErrorCode::INVALID_SCHEMA
+        | ErrorCode::INVALID_SESSION_TIMEOUT
         | ErrorCode::LIMIT_EXCEEDED => exit::USAGE,
         ErrorCode::SCHEMA_VIOLATION => exit::SCHEMA_REFUSED,
         ErrorCode::AUTH_REQUIRED
@@ -385,6 +419,7 @@ mod tests {
             ErrorCode::UNKNOWN_PARTITION,
             ErrorCode::RECORD_TOO_LARGE,
             ErrorCode::INVALID_REQUEST,
+            ErrorCode::INVALID_SESSION_TIMEOUT,
         ] {
             assert_eq!(refusal_exit(code), exit::USAGE, "{code}");
         }

@@ -136,7 +136,10 @@ impl<'a> Readers<'a> {
                 message,
                 ..
             } => Some(parse_not_leader(message).map(|(_, addr)| addr)),
-            ClientError::Io { .. } | ClientError::Connect { .. } | ClientError::Closed { .. }
+            ClientError::Io { .. }
+            | ClientError::Timeout { .. }
+            | ClientError::Connect { .. }
+            | ClientError::Closed { .. }
                 if self.cluster =>
             {
                 None
@@ -281,10 +284,23 @@ pub struct Args {
     /// With --group: how long the broker waits for this member's heartbeat before
     /// giving its partitions to others (within the broker's
     /// --group-min-session-timeout and --group-max-session-timeout).
-    #[arg(long, default_value = "45s", value_parser = parse_positive_duration)]
+    #[arg(long, default_value = "45s", value_parser = parse_session_timeout)]
     pub session_timeout: Duration,
     #[command(flatten)]
     pub broker: BrokerArgs,
+}
+
+/// `--session-timeout`: longer than zero, and at most what a join request carries
+/// (milliseconds in 32 bits, about 49 days); a longer one is refused, not cut down.
+fn parse_session_timeout(text: &str) -> Result<Duration, String> {
+    let d = parse_positive_duration(text)?;
+    if d.as_millis() > u128::from(u32::MAX) {
+        return Err(format!(
+            "{text:?} is over the limit of {} ms (about 49 days) for a session timeout",
+            u32::MAX
+        ));
+    }
+    Ok(d)
 }
 
 /// `--on-corrupt`.
@@ -391,14 +407,11 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
     if let Some(group) = &args.group {
         return super::consume_group::run(&args, group, global);
     }
-    let client = args
+    let (client, offsets) = args
         .broker
         .connect_leader(&args.topic, args.partition.unwrap_or(0))?;
     let mut readers = Readers::new(&args.broker, &args.topic, client);
-    let offsets = readers
-        .first
-        .list_offsets(&args.topic)
-        .map_err(client_error)?;
+    let offsets = offsets.map_err(client_error)?;
     let chosen: Vec<_> = match args.partition {
         Some(p) => match offsets.iter().find(|o| o.partition == p) {
             Some(o) => vec![*o],
@@ -554,7 +567,7 @@ fn follow(
         let on_corrupt = args.on_corrupt;
         thread::spawn(move || {
             let mut run = || -> anyhow::Result<()> {
-                let first = broker.connect_leader(&topic, partition)?;
+                let (first, _) = broker.connect_leader(&topic, partition)?;
                 let mut readers = Readers::new(&broker, &topic, first);
                 loop {
                     let fetched = readers.fetch(partition, pos, max_bytes, FOLLOW_WAIT);

@@ -17,7 +17,7 @@ use serde_json::json;
 
 use super::connect::{client_error, BrokerArgs};
 use super::{exit, ExitError, Global};
-use crate::engine::keys::{KeyError, KeyStore};
+use crate::engine::keys::{check_role_patterns, KeyError, KeyStore};
 use crate::engine::storage::io::RealStorage;
 use crate::engine::storage::lock::{DirLock, LockError};
 use crate::format::keys::{KeyEntry, Role};
@@ -52,10 +52,11 @@ pub enum KeysCommand {
         #[arg(long, value_parser = ["producer", "consumer", "admin"])]
         role: String,
         /// Topics the key may use: a glob (`orders.*`); repeat for more. Producer and
-        /// consumer keys need at least one ('*': every topic).
+        /// consumer keys need at least one ('*': every topic); admin keys take none.
         #[arg(long = "topic", value_name = "GLOB")]
         topics: Vec<String>,
-        /// Consumer groups the key may use: a glob; repeat for more.
+        /// Consumer groups the key may use: a glob; repeat for more (consumer keys
+        /// only).
         #[arg(long = "group", value_name = "GLOB")]
         groups: Vec<String>,
     },
@@ -66,11 +67,20 @@ pub enum KeysCommand {
 }
 
 pub fn run(args: Args, _global: Global) -> anyhow::Result<u8> {
-    if let KeysCommand::Create { role, topics, .. } = &args.command {
+    if let KeysCommand::Create {
+        role,
+        topics,
+        groups,
+        ..
+    } = &args.command
+    {
         if role != Role::Admin.as_str() && topics.is_empty() {
             return Err(ExitError::usage(format!(
                 "a {role} key needs at least one --topic GLOB ('*' for every topic)"
             )));
+        }
+        if let Some(role) = Role::parse(role) {
+            check_role_patterns(role, topics, groups).map_err(ExitError::usage)?;
         }
     }
     let stdout = io::stdout();

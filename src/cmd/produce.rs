@@ -334,13 +334,10 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
             "--delimiter must not be empty (use --value-file - to send all of stdin as one record)",
         ));
     }
-    let mut client = args
+    let (client, offsets) = args
         .broker
         .connect_leader(&args.topic, args.partition.unwrap_or(0))?;
-    let partitions = client
-        .list_offsets(&args.topic)
-        .map_err(client_error)?
-        .len() as u32;
+    let partitions = offsets.map_err(client_error)?.len() as u32;
     if let Some(p) = args.partition.filter(|&p| p >= partitions) {
         return Err(ExitError::new(
             exit::USAGE,
@@ -651,13 +648,19 @@ impl<'a> Session<'a> {
             .collect();
         let mut attempt = 0;
         let mut pause = self.backoff;
+        // Why the last reconnect of the first connection failed: the next attempt's
+        // error (the old connection is broken and would only say so).
+        let mut reconnect_failed: Option<ClientError> = None;
         loop {
-            let (addr, result) = match self.connection(to) {
-                Ok(client) => (
-                    client.addr().to_string(),
-                    client.produce_idempotent(topic, producer_id, epoch, with_seq.clone()),
-                ),
-                Err(e) => (to.unwrap_or_default().to_string(), Err(e)),
+            let (addr, result) = match reconnect_failed.take() {
+                Some(e) => (self.client.addr().to_string(), Err(e)),
+                None => match self.connection(to) {
+                    Ok(client) => (
+                        client.addr().to_string(),
+                        client.produce_idempotent(topic, producer_id, epoch, with_seq.clone()),
+                    ),
+                    Err(e) => (to.unwrap_or_default().to_string(), Err(e)),
+                },
             };
             let retry = match &result {
                 Ok(acks) => acks
@@ -687,11 +690,16 @@ impl<'a> Session<'a> {
                     Some(a) if a != self.client.addr() => {
                         self.others.remove(a);
                     }
-                    _ => {
-                        if let Ok(c) = self.broker.connect() {
-                            self.client = c;
+                    _ => match self.broker.try_connect() {
+                        Ok(Ok(c)) => self.client = c,
+                        Ok(Err(e)) => reconnect_failed = Some(e),
+                        Err(e) => {
+                            reconnect_failed = Some(ClientError::Connect {
+                                addr: self.client.addr().to_string(),
+                                source: io::Error::other(super::one_line(&e)),
+                            });
                         }
-                    }
+                    },
                 }
             }
         }

@@ -46,7 +46,8 @@ pub enum SchemasCommand {
     /// Print a version of a topic's schema (default: the latest).
     Get {
         topic: String,
-        #[arg(long)]
+        /// The version (from 1).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
         version: Option<u32>,
     },
     /// List the topics with schemas, their rule and versions.
@@ -62,7 +63,8 @@ pub enum SchemasCommand {
     /// Delete one version (--version) or every version of a topic's schema.
     Delete {
         topic: String,
-        #[arg(long)]
+        /// The version to delete (from 1); without it, every version.
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
         version: Option<u32>,
     },
 }
@@ -81,18 +83,19 @@ pub fn run(args: Args, _global: Global) -> anyhow::Result<u8> {
     Ok(code)
 }
 
+/// The schema in `path` as compact JSON text: exit 74 for a file that cannot be read
+/// (as any input file), 64 for one that is too long or not JSON.
 fn read_schema(path: &Path) -> anyhow::Result<String> {
-    let len = std::fs::metadata(path)
-        .map_err(|e| ExitError::usage(format!("cannot read {}: {e}", path.display())))?
-        .len();
+    let unreadable =
+        |e: io::Error| ExitError::new(exit::IO, format!("cannot read {}: {e}", path.display()));
+    let len = std::fs::metadata(path).map_err(unreadable)?.len();
     if len > SCHEMA_BYTES_MAX as u64 {
         return Err(ExitError::usage(format!(
             "{} is {len} bytes; a schema is at most {SCHEMA_BYTES_MAX}",
             path.display()
         )));
     }
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| ExitError::usage(format!("cannot read {}: {e}", path.display())))?;
+    let text = std::fs::read_to_string(path).map_err(unreadable)?;
     // Sent as compact text; a file that is not JSON is refused here already.
     let v: Value = serde_json::from_str(&text)
         .map_err(|e| ExitError::usage(format!("{} is not JSON: {e}", path.display())))?;

@@ -234,7 +234,7 @@ impl LimitArgs {
 }
 
 /// The listener's TLS settings, loaded before the broker opens (exit 64 for a file
-/// that cannot be used).
+/// that cannot be used, 74 for one that cannot be read).
 fn server_tls(args: &Args) -> anyhow::Result<Option<ServerTls>> {
     let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) else {
         return Ok(None);
@@ -246,7 +246,14 @@ fn server_tls(args: &Args) -> anyhow::Result<Option<ServerTls>> {
         args.allow_plaintext,
     )
     .map(Some)
-    .map_err(|e| ExitError::usage(format!("cannot set up TLS: {e}")))
+    .map_err(|e| {
+        let code = if e.is_unreadable_file() {
+            exit::IO
+        } else {
+            exit::USAGE
+        };
+        ExitError::new(code, format!("cannot set up TLS: {e}"))
+    })
 }
 
 /// `--auth`.
@@ -406,6 +413,22 @@ fn check_data_dir(data_dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Exit 64 when no session timeout fits between the group limits: a broker that
+/// would refuse every `consume --group`.
+fn check_session_timeouts(args: &Args) -> anyhow::Result<()> {
+    let (min, max) = (
+        args.group_min_session_timeout,
+        args.group_max_session_timeout,
+    );
+    if min > max {
+        return Err(ExitError::usage(format!(
+            "--group-min-session-timeout {min:?} is longer than --group-max-session-timeout \
+             {max:?}: no consumer group member could join"
+        )));
+    }
+    Ok(())
+}
+
 /// Largest node id (a node's producer ids start at `id << 48`).
 const NODE_ID_MAX: u64 = 32767;
 
@@ -466,6 +489,7 @@ fn open_error(e: EngineError, data_dir: &std::path::Path) -> anyhow::Error {
 }
 
 pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
+    check_session_timeouts(&args)?;
     install_log(&args, global)?;
     install_signal_handlers()?;
     watch_hangups();
@@ -632,14 +656,6 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
         }
         _ => None,
     };
-    tracing::info!(
-        listen = %addr,
-        data_dir = %args.data_dir.display(),
-        tls = args.tls_cert.is_some(),
-        client_certs = args.tls_client_ca.is_some(),
-        allow_plaintext = args.allow_plaintext,
-        "listening"
-    );
     let kafka = match kafka_listener {
         Some(l) => match KafkaServer::from_listener(
             l,
@@ -673,7 +689,14 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
         },
         None => None,
     };
-    tracing::info!(listen = %addr, data_dir = %args.data_dir.display(), "listening");
+    tracing::info!(
+        listen = %addr,
+        data_dir = %args.data_dir.display(),
+        tls = args.tls_cert.is_some(),
+        client_certs = args.tls_client_ca.is_some(),
+        allow_plaintext = args.allow_plaintext,
+        "listening"
+    );
     // Tests and scripts wait for this line; it carries the real port.
     writeln!(
         std::io::stderr().lock(),

@@ -363,3 +363,63 @@ fn failed_logins_are_limited_per_source_address() {
     assert_eq!(other.list_offsets("t").unwrap()[0].end_offset, 1);
     b.stop();
 }
+
+/// Patterns a role never checks are refused (64, saying why), online and offline:
+/// an admin key may do everything whatever its `--topic`/`--group`, a producer key
+/// uses no group. Nothing is created; the allowed combinations still work.
+#[test]
+fn patterns_a_role_does_not_enforce_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let d = data.to_str().unwrap();
+    let b = Serve::start(&data);
+    let refused: [(&[&str], &str); 4] = [
+        (&["--role", "admin", "--topic", "a*"], "admin key"),
+        (&["--role", "admin", "--group", "g"], "admin key"),
+        (
+            &["--role", "producer", "--topic", "a*", "--group", "g"],
+            "producer key",
+        ),
+        (
+            &["--role", "producer", "--topic", "*", "--group", "*"],
+            "producer key",
+        ),
+    ];
+    for (extra, why) in refused {
+        let mut args = vec!["keys", "create", "--name", "x"];
+        args.extend_from_slice(extra);
+        let o = b.run(&args);
+        assert_eq!(o.status.code(), Some(64), "{args:?}: {}", stderr(&o));
+        let err = stderr(&o);
+        assert!(err.contains(why), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+    }
+    // The broker refuses them too when a client skips the check.
+    let mut c = connect(&b.addr, None).unwrap();
+    assert_eq!(
+        refused_code(c.key_create("x", "admin", &["a*".to_string()], &[])),
+        ErrorCode::INVALID_REQUEST
+    );
+    assert_eq!(
+        refused_code(c.key_create("x", "producer", &["*".to_string()], &["g".to_string()])),
+        ErrorCode::INVALID_REQUEST
+    );
+    b.ok(&[
+        "keys", "create", "--name", "c", "--role", "consumer", "--topic", "*", "--group", "g",
+    ]);
+    b.stop();
+
+    for (extra, why) in refused {
+        let mut args = vec!["keys", "create", "--name", "x", "--data-dir", d];
+        args.extend_from_slice(extra);
+        let (code, _, err) = run(&args, tmp.path());
+        assert_eq!(code, 64, "{args:?}: {err}");
+        assert!(err.contains(why), "{args:?}: {err}");
+    }
+    create_offline(&data, &["--name", "ops", "--role", "admin"]);
+    let (code, out, err) = run(&["keys", "list", "--json", "--data-dir", d], tmp.path());
+    assert_eq!(code, 0, "{err}");
+    let keys = parse_json(&out)["keys"].as_array().unwrap().clone();
+    let roles: Vec<&str> = keys.iter().map(|k| k["role"].as_str().unwrap()).collect();
+    assert_eq!(roles, ["consumer", "admin"], "{out}");
+}

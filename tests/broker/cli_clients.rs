@@ -359,3 +359,98 @@ fn a_short_partition_is_read_from_its_start_and_never_stops_the_others() {
     assert!(!b.stderr().contains("cluster_status"), "{}", b.stderr());
     b.stop();
 }
+
+/// A broker that takes the connection but never answers: the client says that no
+/// answer came within --timeout (exit 69), not the socket's EAGAIN.
+#[test]
+fn a_broker_that_does_not_answer_is_a_timeout() {
+    // The kernel completes the connection from the backlog; nothing ever reads it.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = silent.local_addr().unwrap().to_string();
+    let out = std::process::Command::new(crate::util::bin::BIN)
+        .args(["topics", "list", "--broker", &addr, "--timeout", "1s"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(69), "{err}");
+    assert_eq!(
+        err,
+        format!("seglog: no answer from the broker at {addr} within 1s (--timeout)\n")
+    );
+    drop(silent);
+}
+
+/// A broker killed under a producer and left down: the final error is why the
+/// reconnects failed (connection refused), not "closed after an earlier error"; the
+/// exit code (69) and the count of acknowledged records are kept.
+#[test]
+fn produce_names_why_the_reconnects_failed() {
+    use std::io::{BufRead, BufReader, Read};
+    let data = tempfile::tempdir().unwrap();
+    let b = Serve::start(data.path());
+    b.ok(&["topics", "create", "t"]);
+    let addr = b.addr.clone();
+    let mut child = b
+        .cmd()
+        .args([
+            "produce",
+            "t",
+            "--json",
+            "--retries",
+            "2",
+            "--retry-backoff",
+            "10ms",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut acks = BufReader::new(child.stdout.take().unwrap());
+    stdin.write_all(b"one\n").unwrap();
+    stdin.flush().unwrap();
+    let mut ack = String::new();
+    acks.read_line(&mut ack).unwrap();
+    assert!(ack.contains("\"ack\""), "{ack}");
+    b.kill9();
+    stdin.write_all(b"two\n").unwrap();
+    drop(stdin);
+    let mut rest = String::new();
+    acks.read_to_string(&mut rest).unwrap();
+    assert_eq!(rest, "");
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(69), "{err}");
+    assert!(
+        err.contains(&format!("cannot connect to the broker at {addr}")),
+        "{err}"
+    );
+    assert!(!err.contains("closed after an earlier error"), "{err}");
+    assert!(err.contains("1 record was acknowledged before it"), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+}
+
+/// One client request, one broker log line: produce and consume ask a missing
+/// topic's offsets once (the refusal is logged once), and `serve` logs
+/// "listening" once.
+#[test]
+fn a_refused_request_is_logged_once() {
+    let data = tempfile::tempdir().unwrap();
+    let b = Serve::start(data.path());
+    for args in [
+        &["produce", "nosuch", "--value", "v"][..],
+        &["consume", "nosuch"],
+    ] {
+        let o = b.run(args);
+        assert_eq!(o.status.code(), Some(69), "{args:?}");
+    }
+    let refused = "client error: unknown topic \"nosuch\"";
+    assert!(b.stderr_gets(refused));
+    // Any second line would follow the first at once.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let log = b.stderr();
+    assert_eq!(log.matches(refused).count(), 2, "{log}");
+    assert_eq!(log.matches(" listening listen=").count(), 1, "{log}");
+    b.stop();
+}

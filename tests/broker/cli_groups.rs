@@ -449,3 +449,57 @@ fn bad_group_requests_are_refused_and_the_broker_serves_on() {
     assert_eq!(c.list_topics().unwrap(), vec!["t".to_string()]);
     server.stop();
 }
+
+/// A `--session-timeout` outside the broker's range is an invalid argument (64) as
+/// when the client finds it; one too long for the join request is refused naming
+/// the limit, not cut down to it.
+#[test]
+fn a_session_timeout_out_of_range_is_a_usage_error() {
+    let data = tempfile::tempdir().unwrap();
+    let b = Serve::start(data.path());
+    b.ok(&["topics", "create", "t"]);
+    let o = b.run(&["consume", "t", "--group", "g", "--session-timeout", "1s"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(64), "{err}");
+    assert!(err.contains("invalid_session_timeout"), "{err}");
+    let o = b.run(&[
+        "consume",
+        "t",
+        "--group",
+        "g",
+        "--session-timeout",
+        "99999h",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(64), "{err}");
+    assert!(err.contains("99999h"), "{err}");
+    assert!(err.contains("over the limit of 4294967295 ms"), "{err}");
+    b.stop();
+}
+
+/// `serve` refuses group session limits that no timeout fits between.
+#[test]
+fn serve_refuses_a_min_session_timeout_over_the_max() {
+    let data = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(data.path().join("d"))
+        .args([
+            "--group-min-session-timeout",
+            "10s",
+            "--group-max-session-timeout",
+            "5s",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{err}");
+    assert!(
+        err.contains(
+            "--group-min-session-timeout 10s is longer than --group-max-session-timeout 5s"
+        ),
+        "{err}"
+    );
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(!data.path().join("d").exists());
+}

@@ -407,3 +407,97 @@ fn schema_requests_need_version_3() {
     ));
     b.stop();
 }
+
+/// Versions count from 1. On the wire 0 means "every version" (delete) and "the
+/// latest" (get), so `--version 0` is a usage error for every subcommand taking it,
+/// online and offline, and deletes nothing.
+#[test]
+fn version_zero_is_refused_and_deletes_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let d = data.to_string_lossy().into_owned();
+    let b = Serve::start(&data);
+    b.ok(&["topics", "create", "people"]);
+    let f = write_schema(tmp.path(), "s.json", &person());
+    b.ok(&["schemas", "register", "people", "--file", &f]);
+    for args in [
+        &["schemas", "delete", "people", "--version", "0"][..],
+        &["schemas", "get", "people", "--version", "0"],
+        &[
+            "schemas",
+            "get",
+            "people",
+            "--version",
+            "0",
+            "--data-dir",
+            &d,
+        ],
+    ] {
+        let o = b.run(args);
+        assert_eq!(o.status.code(), Some(64), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains("--version"), "{args:?}: {}", stderr(&o));
+        assert_eq!(stdout(&o), "", "{args:?}");
+    }
+    assert_eq!(
+        parse_json(&b.ok(&["schemas", "list", "--json"]))["topics"][0]["versions"],
+        json!([1])
+    );
+    b.stop();
+}
+
+/// `check` refuses a topic that does not exist as `register` does (69, unknown
+/// topic): a CI gate that checks before it registers cannot pass on a misspelt name.
+#[test]
+fn check_refuses_an_unknown_topic_as_register_does() {
+    let tmp = tempfile::tempdir().unwrap();
+    let b = Serve::start(&tmp.path().join("data"));
+    let f = write_schema(tmp.path(), "s.json", &person());
+    for cmd in ["check", "register"] {
+        let o = b.run(&["schemas", cmd, "no-such-topic", "--file", &f]);
+        assert_eq!(o.status.code(), Some(69), "{cmd}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains("unknown topic"),
+            "{cmd}: {}",
+            stderr(&o)
+        );
+        assert_eq!(stdout(&o), "", "{cmd}");
+    }
+    // A topic without a schema is still compatible with anything.
+    b.ok(&["topics", "create", "people"]);
+    assert_eq!(
+        b.ok(&["schemas", "check", "people", "--file", &f]),
+        "compatible with the latest schema of people\n"
+    );
+    b.stop();
+}
+
+/// A schema file that cannot be read is an I/O error (74), as for every input file;
+/// one that is not JSON is a usage error (64).
+#[test]
+fn an_unreadable_schema_file_exits_74() {
+    let tmp = tempfile::tempdir().unwrap();
+    let b = Serve::start(&tmp.path().join("data"));
+    b.ok(&["topics", "create", "people"]);
+    let missing = tmp.path().join("missing.json");
+    let missing = missing.to_str().unwrap();
+    for cmd in ["register", "check"] {
+        let o = b.run(&["schemas", cmd, "people", "--file", missing]);
+        assert_eq!(o.status.code(), Some(74), "{cmd}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains(&format!("cannot read {missing}")),
+            "{cmd}: {}",
+            stderr(&o)
+        );
+    }
+    let bad = tmp.path().join("bad.json");
+    std::fs::write(&bad, "not json").unwrap();
+    let o = b.run(&[
+        "schemas",
+        "register",
+        "people",
+        "--file",
+        bad.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(64), "{}", stderr(&o));
+    b.stop();
+}

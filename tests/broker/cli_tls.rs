@@ -371,3 +371,79 @@ fn a_refusal_at_the_connection_limit_is_told_over_tls() {
     drop(held);
     b.stop();
 }
+
+/// A client that ends its TLS connection after its requests is a normal close: the
+/// broker logs no WARN for it (it used to log "peer closed connection without
+/// sending TLS close_notify" for every command).
+#[test]
+fn a_normal_tls_close_logs_no_warning() {
+    let pki = pki();
+    let data = tempfile::tempdir().unwrap();
+    let b = serve_tls(data.path(), &pki, &[]);
+    let tls = ["--tls", "--tls-ca", s(&pki.ca)];
+    let with = |args: &[&str]| -> Vec<String> {
+        args.iter()
+            .chain(tls.iter())
+            .map(|a| (*a).to_string())
+            .collect()
+    };
+    let run = |args: &[&str]| b.ok(&with(args).iter().map(String::as_str).collect::<Vec<_>>());
+    run(&["topics", "create", "t"]);
+    run(&["produce", "t", "--value", "v"]);
+    assert_eq!(run(&["consume", "t"]), "v\n");
+    // The broker logs a closed connection as soon as it reads the end of the stream.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let log = b.stderr();
+    assert!(!log.contains("close_notify"), "{log}");
+    assert!(!log.contains("closing the connection"), "{log}");
+    b.stop();
+}
+
+/// A certificate that does not list the host of `--broker` is told as that, not as
+/// a wrong `--tls-ca`.
+#[test]
+fn a_host_the_certificate_does_not_name_is_told() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = ca("seglog test CA");
+    let (cert, key) = issue(
+        dir.path(),
+        &root,
+        "broker",
+        &["broker.example"],
+        ExtendedKeyUsagePurpose::ServerAuth,
+    );
+    let ca_path = write_ca(dir.path(), &root, "ca");
+    let data = tempfile::tempdir().unwrap();
+    let b = Serve::start_with(data.path(), &["--tls-cert", s(&cert), "--tls-key", s(&key)]);
+    let out = b.run(&["topics", "list", "--tls", "--tls-ca", s(&ca_path)]);
+    assert_eq!(out.status.code(), Some(69));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("TLS handshake"), "{err}");
+    assert!(err.contains("does not name the host of --broker"), "{err}");
+    assert!(!err.contains("is --tls-ca"), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    b.stop();
+}
+
+/// An input file that cannot be read exits 74 (I/O error) whichever flag names it:
+/// --tls-ca, --token-file, produce --value-file.
+#[test]
+fn unreadable_input_files_exit_74() {
+    let data = tempfile::tempdir().unwrap();
+    let b = Serve::start(data.path());
+    b.ok(&["topics", "create", "t"]);
+    let missing = data.path().join("missing.pem");
+    let m = s(&missing);
+    for args in [
+        &["topics", "list", "--tls", "--tls-ca", m][..],
+        &["topics", "list", "--token-file", m],
+        &["produce", "t", "--value-file", m],
+    ] {
+        let out = b.run(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(74), "{args:?}: {err}");
+        assert!(err.contains(m), "{args:?}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
+    }
+    b.stop();
+}

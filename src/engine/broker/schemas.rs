@@ -45,6 +45,14 @@ impl Broker {
         self.schemas.register(topic, schema, compatibility)
     }
 
+    /// Whether `schema` is compatible with the latest version of an existing topic's
+    /// schema (see [`SchemaRegistry::check`]): refused for an unknown topic as a
+    /// registration is, so a check cannot pass for a misspelt name.
+    pub fn check_schema(&self, topic: &str, schema: &Value) -> Result<Option<String>, SchemaError> {
+        self.schema_topic(topic)?;
+        self.schemas.check(topic, schema)
+    }
+
     /// Deletes one or every schema version of a topic; durable when it returns.
     pub fn delete_schema(
         &self,

@@ -151,6 +151,24 @@ impl Principal {
     }
 }
 
+/// Refuses patterns that `role` does not use (as [`Principal::allows`] decides): an
+/// admin key may do everything, so `--topic`/`--group` would not limit it; a producer
+/// key uses no consumer group. A key listed with patterns that are never checked would
+/// look more limited than it is.
+pub fn check_role_patterns(role: Role, topics: &[String], groups: &[String]) -> Result<(), String> {
+    match role {
+        Role::Admin if !topics.is_empty() || !groups.is_empty() => Err(
+            "an admin key may use every topic and group; --topic and --group would not limit it \
+             (create a producer or consumer key instead)"
+                .to_string(),
+        ),
+        Role::Producer if !groups.is_empty() => {
+            Err("a producer key uses no consumer group; --group is for consumer keys".to_string())
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Why a login failed. The messages say nothing about which part of a token is wrong.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -487,6 +505,7 @@ impl KeyStore {
         let role = Role::parse(role).ok_or_else(|| KeyError::BadRole(role.to_string()))?;
         check_patterns("topic", topics).map_err(KeyError::Invalid)?;
         check_patterns("group", groups).map_err(KeyError::Invalid)?;
+        check_role_patterns(role, topics, groups).map_err(KeyError::Invalid)?;
         let _change = lock(&self.change);
         let mut keys = self.entries();
         if keys.len() >= KEYS_MAX {

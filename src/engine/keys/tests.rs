@@ -161,3 +161,30 @@ fn flush_writes_last_used() {
     let doc = read_file(dir.path()).unwrap();
     assert!(doc.keys[0].last_used_ms > 0);
 }
+
+#[test]
+fn patterns_a_role_does_not_check_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    for (role, topics, groups) in [
+        ("admin", &["a*"][..], &[][..]),
+        ("admin", &[], &["g"]),
+        ("producer", &["*"], &["g"]),
+    ] {
+        assert!(
+            matches!(
+                store.create("app", role, &strings(topics), &strings(groups)),
+                Err(KeyError::Invalid(_))
+            ),
+            "{role} {topics:?} {groups:?}"
+        );
+    }
+    assert!(!dir.path().join(KEYS_FILE).exists());
+    store.create("app", "admin", &[], &[]).unwrap();
+    store
+        .create("app", "producer", &strings(&["*"]), &[])
+        .unwrap();
+    store
+        .create("app", "consumer", &strings(&["*"]), &strings(&["g"]))
+        .unwrap();
+}

@@ -58,6 +58,10 @@ pub enum ClientError {
     Encode(ProtocolError),
     #[error("the connection to the broker at {addr} is closed after an earlier error")]
     Closed { addr: String },
+    /// The socket's read (or write) timeout ran out: the broker took the connection
+    /// but did not answer in time.
+    #[error("no answer from the broker at {addr} within {waited:?} (--timeout)")]
+    Timeout { addr: String, waited: Duration },
     #[error("TLS handshake with the broker at {addr} failed: {source}{hint}")]
     Tls {
         addr: String,
@@ -162,7 +166,10 @@ impl Write for Stream {
 /// Why a TLS handshake failed, in a few words an operator can act on.
 pub fn tls_hint(e: &io::Error) -> &'static str {
     let text = e.to_string();
-    if text.contains("UnknownIssuer") || text.contains("invalid peer certificate") {
+    if text.contains("NotValidForName") || text.contains("not valid for name") {
+        " (the broker's certificate does not name the host of --broker: connect by a name \
+         or address the certificate lists)"
+    } else if text.contains("UnknownIssuer") || text.contains("invalid peer certificate") {
         " (is --tls-ca the CA that signed the broker's certificate?)"
     } else if text.contains("CertificateRequired") || text.contains("certificate required") {
         " (the broker requires a client certificate: --tls-cert and --tls-key)"
@@ -185,6 +192,22 @@ pub struct Client {
     broken: bool,
     out: Vec<u8>,
     frame: Vec<u8>,
+}
+
+impl Drop for Client {
+    /// Ends a TLS session with close_notify, so the broker sees a clean close rather
+    /// than a truncated stream. Best effort, within the write timeout; nothing is
+    /// read back.
+    fn drop(&mut self) {
+        if let Stream::Tls(s) = &mut self.stream {
+            s.conn.send_close_notify();
+            while s.conn.wants_write() {
+                if s.conn.write_tls(&mut s.sock).is_err() {
+                    break;
+                }
+            }
+        }
+    }
 }
 
 impl Client {
@@ -317,8 +340,20 @@ impl Client {
         }
     }
 
-    fn io(&mut self, source: io::Error) -> ClientError {
+    /// A failed read or write; the connection is not used again. With a timeout on
+    /// the socket, `WouldBlock` (EAGAIN) and `TimedOut` mean the broker did not answer
+    /// within `waited`.
+    fn io(&mut self, source: io::Error, waited: Duration) -> ClientError {
         self.broken = true;
+        if matches!(
+            source.kind(),
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+        ) {
+            return ClientError::Timeout {
+                addr: self.addr.clone(),
+                waited,
+            };
+        }
         ClientError::Io {
             addr: self.addr.clone(),
             source,
@@ -337,23 +372,20 @@ impl Client {
         self.next_id = self.next_id.wrapping_add(1).max(1);
         self.out.clear();
         encode_request(&mut self.out, id, req).map_err(ClientError::Encode)?;
-        if let Err(e) = self
-            .stream
-            .tcp()
-            .set_read_timeout(Some(self.timeout + extra_wait))
-        {
-            return Err(self.io(e));
+        let wait = self.timeout + extra_wait;
+        if let Err(e) = self.stream.tcp().set_read_timeout(Some(wait)) {
+            return Err(self.io(e, wait));
         }
         if let Err(e) = self
             .stream
             .write_all(&self.out)
             .and_then(|()| self.stream.flush())
         {
-            return Err(self.io(e));
+            return Err(self.io(e, self.timeout));
         }
         if let Err(e) = read_frame(&mut self.stream, &mut self.frame) {
             return Err(match e {
-                ReadError::Io(e) => self.io(e),
+                ReadError::Io(e) => self.io(e, wait),
                 ReadError::Protocol(p) => self.protocol(p.to_string()),
             });
         }
@@ -843,6 +875,20 @@ mod tests {
     }
 
     #[test]
+    fn tls_hints_name_what_to_check() {
+        let refused = |e: rustls::Error| tls_hint(&io::Error::new(io::ErrorKind::InvalidData, e));
+        let name = refused(rustls::Error::InvalidCertificate(
+            rustls::CertificateError::NotValidForName,
+        ));
+        assert!(name.contains("does not name the host"), "{name}");
+        assert!(!name.contains("--tls-ca"), "{name}");
+        let issuer = refused(rustls::Error::InvalidCertificate(
+            rustls::CertificateError::UnknownIssuer,
+        ));
+        assert!(issuer.contains("--tls-ca"), "{issuer}");
+    }
+
+    #[test]
     fn unreachable_broker_names_the_address() {
         // Port 1 on loopback: nothing listens there in a test environment.
         let e = Client::connect("127.0.0.1:1", Duration::from_secs(2)).unwrap_err();
@@ -974,6 +1020,25 @@ mod fake_server_tests {
             ),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_broker_that_stops_answering_is_a_timeout() {
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        // Answers the handshake, then reads the request and says nothing until told.
+        let addr = fake(move |_| {
+            let _ = rx.recv();
+            Vec::new()
+        });
+        let mut c = Client::connect(&addr, Duration::from_millis(300)).unwrap();
+        let e = c.list_topics().unwrap_err();
+        tx.send(()).unwrap();
+        assert!(matches!(e, ClientError::Timeout { .. }), "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            format!("no answer from the broker at {addr} within 300ms (--timeout)")
+        );
+        assert!(matches!(c.list_topics(), Err(ClientError::Closed { .. })));
     }
 
     #[test]

@@ -140,6 +140,7 @@ impl ClusterClient {
                 }
                 | ClientError::Connect { .. }
                 | ClientError::Io { .. }
+                | ClientError::Timeout { .. }
                 | ClientError::Closed { .. } => {
                     self.conns.remove(&addr);
                     self.leaders.remove(&key);

@@ -967,6 +967,13 @@ impl Connection {
             };
             return match r {
                 Ok(0) if idle => Err(ReadEnd::Closed),
+                // A TLS peer that ends the connection between requests without
+                // close_notify: nothing of a request was lost, so a normal close (rustls
+                // reports a missing close_notify as an unexpected end of stream).
+                Err(e) if idle && e.kind() == io::ErrorKind::UnexpectedEof => {
+                    tracing::debug!("the peer closed the connection without TLS close_notify");
+                    Err(ReadEnd::Closed)
+                }
                 Ok(0) => Err(ReadEnd::Failed(io::ErrorKind::UnexpectedEof.into())),
                 Ok(n) => Ok(n),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,

@@ -63,6 +63,20 @@ pub enum TlsError {
     ServerName(String),
 }
 
+impl TlsError {
+    /// True when a PEM file could not be read at all (missing, unreadable), as
+    /// opposed to read and found unusable.
+    pub fn is_unreadable_file(&self) -> bool {
+        matches!(
+            self,
+            TlsError::Read {
+                source: rustls::pki_types::pem::Error::Io(_),
+                ..
+            }
+        )
+    }
+}
+
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }

@@ -190,7 +190,7 @@ fn answer_v3(broker: &Broker, req: &Request<'_>) -> Result<SchemaAnswer, SchemaE
         },
         Request::SchemaCheck { topic, schema } => {
             let schema = parse_schema(schema)?;
-            match broker.schemas().check(topic, &schema)? {
+            match broker.check_schema(topic, &schema)? {
                 None => SchemaAnswer::Check {
                     compatible: true,
                     reason: String::new(),
