@@ -842,6 +842,63 @@ fn reindex_rebuilds_byte_identical_indexes() {
     }
 }
 
+/// An index over `INDEX_BYTES_MAX` is an invalid index like any other (derived data):
+/// verify reports it as repairable and goes on with the rest, dump ignores it, and
+/// `reindex` and `recover` rebuild it; it is never read into memory.
+#[test]
+fn an_oversized_index_is_repairable_and_rebuilt() {
+    use seglog::engine::maintenance::check::INDEX_BYTES_MAX;
+    let clean = fixture("clean");
+    for tool in ["reindex", "recover"] {
+        let (_tmp, data) = copy("clean");
+        let d = data.to_str().unwrap();
+        // Sparse: takes no disk space.
+        fs::OpenOptions::new()
+            .write(true)
+            .open(index_of(&data, 0))
+            .unwrap()
+            .set_len(INDEX_BYTES_MAX + 1)
+            .unwrap();
+        let (code, v) = verify_json(&data, &[]);
+        assert_eq!(code, 1, "{v}");
+        let found = problems(&v);
+        assert!(
+            found.contains(&(
+                "wrong_index_length".into(),
+                "repairable".into(),
+                format!("{P}{}", index_file_name(0)),
+                Some(INDEX_BYTES_MAX),
+                None
+            )),
+            "{found:?}"
+        );
+        for args in [
+            &["dump", d][..],
+            &["dump", "--from", "3", d],
+            &["dump", "--index", d],
+            &["recover", "--dry-run", d],
+            &["reindex", "--check", d],
+        ] {
+            let (code, out, err) = run(args, &data);
+            assert_eq!(code, 1, "{args:?}: {out} {err}");
+            // No abort for the whole directory (the old error said "more than N").
+            assert!(
+                !err.contains(&format!("more than {INDEX_BYTES_MAX}")),
+                "{args:?}: {err}"
+            );
+        }
+        let (code, out, err) = run(&[tool, d], &data);
+        assert_eq!(code, 0, "{tool}: {out} {err}");
+        assert_eq!(
+            fs::read(index_of(&data, 0)).unwrap(),
+            fs::read(index_of(&clean, 0)).unwrap(),
+            "{tool}"
+        );
+        let (code, v) = verify_json(&data, &[]);
+        assert_eq!(code, 0, "{tool}: {v}");
+    }
+}
+
 #[test]
 fn reindex_all_rewrites_the_same_bytes() {
     let (_tmp, data) = copy("clean");

@@ -262,7 +262,9 @@ impl ProblemKind {
             IndexError::NotIncreasing { .. } => ProblemKind::IndexNotIncreasing,
             IndexError::PastData { .. } => ProblemKind::IndexPastData,
             IndexError::WrongEntry { .. } => ProblemKind::WrongIndexEntry,
-            IndexError::WrongCount { .. } => ProblemKind::WrongIndexLength,
+            IndexError::WrongCount { .. } | IndexError::TooLarge { .. } => {
+                ProblemKind::WrongIndexLength
+            }
         }
     }
 
@@ -799,8 +801,13 @@ fn read_marker(path: &Path) -> Result<CompactionMarker, MarkerError> {
     CompactionMarker::decode(&bytes)
 }
 
-/// Reads an index file, bounded by [`INDEX_BYTES_MAX`]. `Ok(None)` when missing.
-pub fn read_index_bytes(path: &Path) -> io::Result<Option<Vec<u8>>> {
+/// An index file's bytes, or why they were not read.
+pub type IndexBytes = Result<Vec<u8>, IndexError>;
+
+/// Reads an index file, bounded by [`INDEX_BYTES_MAX`]. `Ok(None)` when missing;
+/// `Ok(Some(Err(TooLarge)))`, without reading it, when over the limit: an invalid
+/// index like any other (derived data, rebuilt by `reindex` and `recover`).
+pub fn read_index_bytes(path: &Path) -> io::Result<Option<IndexBytes>> {
     let file = match File::open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
@@ -808,18 +815,15 @@ pub fn read_index_bytes(path: &Path) -> io::Result<Option<Vec<u8>>> {
     };
     let len = file.metadata()?.len();
     if len > INDEX_BYTES_MAX {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!(
-                "{}: index file is {len} bytes, more than {INDEX_BYTES_MAX}",
-                path.display()
-            ),
-        ));
+        return Ok(Some(Err(IndexError::TooLarge {
+            len,
+            max: INDEX_BYTES_MAX,
+        })));
     }
     let mut buf = vec![0u8; len as usize];
     let n = crate::engine::storage::reader::read_full_at(&file, &mut buf, 0)?;
     buf.truncate(n);
-    Ok(Some(buf))
+    Ok(Some(Ok(buf)))
 }
 
 /// Checks one segment: header, records (all, or only what the index check needs),
@@ -879,7 +883,7 @@ pub fn check_segment(
     seg.records = Some(scan.records);
     seg.data_end = scan.data_end;
     classify_end(&mut seg, &file, &scan)?;
-    seg.index = compare_index(index_bytes.as_deref(), &scan, seg.is_corrupt());
+    seg.index = compare_index(index_bytes.as_ref(), &scan, seg.is_corrupt());
     if let Some(p) = index_problem(&seg.index, files, active) {
         seg.problems.push(p);
     }
@@ -1197,9 +1201,11 @@ pub fn quick_check_entries(
 
 /// Compares an index file with the index the rule gives for the scanned records.
 /// For a segment with corrupt data, only entries inside the readable data count.
-fn compare_index(bytes: Option<&[u8]>, scan: &ScanSummary, corrupt: bool) -> IndexState {
-    let Some(bytes) = bytes else {
-        return IndexState::Missing;
+fn compare_index(bytes: Option<&IndexBytes>, scan: &ScanSummary, corrupt: bool) -> IndexState {
+    let bytes = match bytes {
+        None => return IndexState::Missing,
+        Some(Err(e)) => return IndexState::Invalid(e.clone()),
+        Some(Ok(b)) => b,
     };
     let len = bytes.len() as u64;
     if len % INDEX_ENTRY_LEN as u64 != 0 {
