@@ -12,7 +12,9 @@ use seglog::engine::broker::{Broker, BrokerOptions, NewRecord};
 use seglog::engine::groups::{GroupCoordinator, GroupOptions, OffsetCommit, TopicLookup};
 use seglog::engine::producers::{Decision, ProducerTable, PRODUCER_ID_EXPIRATION_DEFAULT};
 use seglog::engine::storage::io::RealStorage;
-use seglog::format::producers::{ENTRY_FIXED_LEN, JOURNAL_HEADER_LEN};
+use seglog::format::producers::{
+    ENTRY_FIXED_LEN, JOURNAL_BYTES_MAX, JOURNAL_HEADER_LEN, SNAPSHOT_BYTES_MAX,
+};
 use seglog::format::topic::TopicConfig;
 use serde_json::Value;
 
@@ -272,6 +274,51 @@ fn a_corrupt_journal_entry_is_reported_with_its_position() {
         said.contains("1 problem(s) in the files beside the topics need an operator"),
         "{said}"
     );
+}
+
+/// A journal or snapshot over its size limit (a sparse file) is never read into
+/// memory: verify reports it as `journal_corrupt` naming the file and both sizes, a
+/// dump of the file reports the same, and the broker refuses to start with it.
+#[test]
+fn an_oversized_journal_or_snapshot_is_refused_unread() {
+    for (file, max) in [
+        ("producers.journal", JOURNAL_BYTES_MAX),
+        ("producers.json", SNAPSHOT_BYTES_MAX),
+    ] {
+        let d = data();
+        let dir = d.path();
+        let len = max as u64 + 1;
+        fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(dir.join(file))
+            .unwrap()
+            .set_len(len)
+            .unwrap();
+        let said = format!("{file}: file is {len} bytes, over the limit of {max}");
+        let (code, out, _) = run(&["verify", "--json", dir.to_str().unwrap()], dir);
+        assert_eq!(code, 2, "{out}");
+        let v = json(&out);
+        let found = problems(&v);
+        assert!(
+            found.contains(&(
+                "journal_corrupt".into(),
+                "corrupt".into(),
+                file.into(),
+                None
+            )),
+            "{found:?}"
+        );
+        assert!(out.contains(&said), "{out}");
+        let (code, out, err) = run(&["dump", "--json", &p(dir, file)], dir);
+        assert_eq!(code, 2, "{out} {err}");
+        assert!(out.contains(&said), "{out}");
+        let Err(e) = Broker::open(dir, Arc::new(RealStorage), BrokerOptions::default()) else {
+            panic!("the broker starts with an oversized {file}");
+        };
+        assert!(e.to_string().contains(&said), "{e}");
+    }
 }
 
 #[test]

@@ -10,7 +10,7 @@ use crate::engine::groups::offsets::{scan_dir, GroupEntry};
 use crate::engine::producers::read_state;
 use crate::engine::storage::io::Storage;
 use crate::format::group::GROUPS_DIR;
-use crate::format::producers::{JournalError, JOURNAL_FILE, SNAPSHOT_FILE};
+use crate::format::producers::{JournalError, JOURNAL_FILE};
 
 fn problem(kind: ProblemKind, path: &Path, position: Option<u64>, detail: String) -> TopicProblem {
     TopicProblem {
@@ -56,9 +56,9 @@ pub fn state_problems(data_dir: &Path) -> Vec<TopicProblem> {
     match read_state(data_dir) {
         Err(e) => out.push(problem(
             ProblemKind::JournalCorrupt,
-            &data_dir.join(SNAPSHOT_FILE),
+            &data_dir.join(e.file),
             None,
-            e,
+            e.to_string(),
         )),
         Ok((_, _, good, Some(JournalError::Torn { position }), true)) => out.push(problem(
             ProblemKind::JournalTornTail,
