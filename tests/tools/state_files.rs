@@ -233,6 +233,78 @@ fn a_torn_journal_tail_is_repairable_and_recover_cuts_it() {
     assert_eq!(code, 0, "{out}");
 }
 
+/// The cut of a torn journal tail is part of recover's plan and report: the dry-run
+/// lists it with its byte range (text and JSON) and changes nothing, and the real run
+/// copies the cut bytes to --backup-dir before cutting them.
+#[test]
+fn recover_plans_reports_and_backs_up_the_journal_cut() {
+    let d = data();
+    let dir = d.path();
+    let data_dir = dir.to_str().unwrap();
+    let journal = dir.join("producers.journal");
+    let good = fs::metadata(&journal).unwrap().len();
+    let last = good - ENTRY_T as u64;
+    let torn = good - 3;
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&journal)
+        .unwrap()
+        .set_len(torn)
+        .unwrap();
+    let before = fs::read(&journal).unwrap();
+    let is_cut = |a: &Value| {
+        a["kind"] == "cut_journal"
+            && a["path"] == "producers.journal"
+            && a["from"] == last
+            && a["to"] == torn
+    };
+
+    let (code, out, err) = run(&["recover", "--dry-run", data_dir], dir);
+    assert_eq!(code, 1, "{out} {err}");
+    assert!(
+        out.contains(&format!(
+            ".: would cut producers.journal bytes {last}..{torn} ({} bytes)",
+            torn - last
+        )),
+        "{out}"
+    );
+    assert!(!out.contains("nothing to do"), "{out}");
+    let (code, out, _) = run(&["recover", "--dry-run", "--json", data_dir], dir);
+    assert_eq!(code, 1, "{out}");
+    let v = json(&out);
+    assert!(v["actions"].as_array().unwrap().iter().any(is_cut), "{out}");
+    assert_eq!(v["severity_before"], "repairable", "{out}");
+    assert_eq!(fs::read(&journal).unwrap(), before);
+
+    let backup = tempfile::tempdir().unwrap();
+    let backup_dir = backup.path().join("b");
+    let (code, out, err) = run(
+        &[
+            "recover",
+            "--json",
+            "--backup-dir",
+            backup_dir.to_str().unwrap(),
+            data_dir,
+        ],
+        dir,
+    );
+    assert_eq!(code, 0, "{out} {err}");
+    let v = json(&out);
+    let actions = v["actions"].as_array().unwrap();
+    let cut = actions.iter().find(|a| is_cut(a)).expect(&out);
+    let copy = backup_dir.join(format!("producers.journal.bytes-{last}-{torn}"));
+    assert_eq!(
+        cut["backups"][0].as_str(),
+        Some(copy.to_str().unwrap()),
+        "{out}"
+    );
+    assert_eq!(fs::read(&copy).unwrap(), &before[last as usize..]);
+    assert_eq!(fs::metadata(&journal).unwrap().len(), last);
+    // Done: a second run finds nothing.
+    let (code, out, _) = run(&["recover", data_dir], dir);
+    assert_eq!((code, out.trim()), (0, "nothing to do"));
+}
+
 #[test]
 fn a_corrupt_journal_entry_is_reported_with_its_position() {
     let d = data();
