@@ -22,8 +22,8 @@ use crate::engine::storage::layout::{
     list_partition, PartitionRef, SegmentFiles, Target, TopicDamage,
 };
 use crate::engine::storage::reader::{
-    open_log, range_is_zero, read_full_at, read_header, scan_sealed_segment, scan_segment, Next,
-    RecordReader, ScanEnd, ScanSummary,
+    not_regular_file, open_log, range_is_zero, read_full_at, read_header, scan_sealed_segment,
+    scan_segment, Next, RecordReader, ScanEnd, ScanSummary,
 };
 
 /// Largest index file read into memory: one entry per 4 KiB of a 4 GiB segment, with room.
@@ -251,7 +251,8 @@ impl ProblemKind {
             | HeaderError::BadVersion { .. }
             | HeaderError::BadHeaderLen { .. }
             | HeaderError::UnknownFlags { .. }
-            | HeaderError::CrcMismatch { .. } => ProblemKind::BadHeader,
+            | HeaderError::CrcMismatch { .. }
+            | HeaderError::NotRegularFile { .. } => ProblemKind::BadHeader,
         }
     }
 
@@ -729,7 +730,12 @@ fn header_is_damage(seg: &mut SegmentCheck) {
 
 /// Whether the segment file has a header that never became durable.
 fn newest_header_never_durable(files: &SegmentFiles) -> io::Result<bool> {
-    let (file, len) = open_log(&files.log)?;
+    let (file, len) = match open_log(&files.log) {
+        Ok(f) => f,
+        // No regular file: damage, reported by its own check.
+        Err(e) if not_regular_file(&e).is_some() => return Ok(false),
+        Err(e) => return Err(e),
+    };
     Ok(never_durable_header(
         files.base_offset,
         &read_header(&file, len)?,
@@ -833,7 +839,10 @@ pub fn check_segment(
     active: bool,
     mode: CheckMode,
 ) -> io::Result<SegmentCheck> {
-    let (file, file_len) = open_log(&files.log)?;
+    let (file, file_len) = match open_log(&files.log) {
+        Ok(f) => f,
+        Err(e) => return not_a_segment(files, active, e),
+    };
     let header = read_header(&file, file_len)?;
     let mut seg = SegmentCheck {
         files: files.clone(),
@@ -889,6 +898,39 @@ pub fn check_segment(
     }
     seg.scan = Some(scan);
     Ok(seg)
+}
+
+/// A segment path that is no regular file (a FIFO, a directory): corruption of that
+/// segment, reported like an unreadable header and never read. Other errors pass.
+fn not_a_segment(files: &SegmentFiles, active: bool, e: io::Error) -> io::Result<SegmentCheck> {
+    let Some(n) = not_regular_file(&e) else {
+        return Err(e);
+    };
+    let header = Err(HeaderError::NotRegularFile { what: n.what });
+    let mut problem = header_problem(
+        &HeaderError::NotRegularFile { what: n.what },
+        files,
+        active,
+        0,
+    );
+    problem.detail = format!(
+        "not a regular file but a {}, so no segment: recover leaves it for an operator",
+        n.what
+    );
+    Ok(SegmentCheck {
+        files: files.clone(),
+        active,
+        file_len: 0,
+        header,
+        scan: None,
+        trusted_by_index: false,
+        first_offset: None,
+        last_offset: None,
+        records: None,
+        data_end: 0,
+        index: IndexState::NotChecked,
+        problems: vec![problem],
+    })
 }
 
 /// The header of a segment, or the problem that makes it unreadable: a header that
