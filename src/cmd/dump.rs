@@ -31,7 +31,7 @@ use crate::engine::maintenance::check::{
 use crate::engine::storage::layout::{PartitionRef, Target};
 use crate::engine::storage::map::SealedMap;
 use crate::engine::storage::reader::{
-    open_log, read_header, resync, Next, RecordReader, Resync, ScanEnd,
+    not_regular_file, open_log, read_header, resync, Next, RecordReader, Resync, ScanEnd,
 };
 use crate::format::index::{lookup_bytes, IndexEntry};
 use crate::format::{RecordView, SegmentHeader, HEADER_LEN, INDEX_ENTRY_LEN};
@@ -282,7 +282,12 @@ impl<W: Write> Dumper<'_, W> {
         seg: &SegmentCheck,
         next_base: Option<u64>,
     ) -> anyhow::Result<()> {
-        let (file, file_len) = open_log(&seg.files.log)?;
+        let (file, file_len) = match open_log(&seg.files.log) {
+            Ok(f) => f,
+            // No regular file (a FIFO, a directory): the check's problem, never read.
+            Err(e) if not_regular_file(&e).is_some() => return self.rest_of_problems(check, seg),
+            Err(e) => return Err(e.into()),
+        };
         let decoded = read_header(&file, file_len)?;
         if self.args.header {
             self.header_line(check, seg, &decoded, file_len)?;
@@ -295,7 +300,8 @@ impl<W: Write> Dumper<'_, W> {
             }
         };
         let index = if self.args.index || self.args.from.is_some() {
-            read_index_bytes(&seg.files.index)?
+            // An index over the size limit is not read (the check reports it).
+            read_index_bytes(&seg.files.index)?.and_then(Result::ok)
         } else {
             None
         };

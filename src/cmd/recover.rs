@@ -173,15 +173,6 @@ pub fn run(args: Args, _global: Global) -> anyhow::Result<u8> {
     let plan = plan(&target).map_err(|e| ExitError::new(exit::IO, e.to_string()))?;
     let mut report = execute(&RealStorage, &plan, args.backup_dir.as_deref())
         .with_context(|| format!("recovery of {}", args.data.display()))?;
-    if target.root_is_data_dir && target.kind == TargetKind::DataDir {
-        // The producer journal's torn tail, cut as the broker's startup cuts it.
-        if let Some(line) =
-            crate::engine::maintenance::state::repair_journal(&RealStorage, &target.root)
-                .with_context(|| format!("recovery of {}", args.data.display()))?
-        {
-            eprintln!("seglog: {line}");
-        }
-    }
     let mut salvaged = Vec::new();
     if let (true, Some(dir)) = (args.salvage, args.backup_dir.as_deref()) {
         let backup = Backup {
@@ -711,6 +702,7 @@ fn action_json(root: &Path, a: &Action, backups: &[PathBuf]) -> Value {
             "to_spares": to_spares.as_ref().map(|d| relative(root, d)),
         }),
         Action::TrimSeal { reason, .. }
+        | Action::CutJournal { reason, .. }
         | Action::RemoveMarker { reason, .. }
         | Action::RemoveTempFile { reason, .. } => json!({ "reason": reason }),
         _ => json!({}),

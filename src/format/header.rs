@@ -64,13 +64,20 @@ pub enum HeaderError {
     UnknownFlags { found: u32 },
     #[error("header CRC mismatch at byte 28: stored {stored:#010x}, computed {computed:#010x}")]
     CrcMismatch { stored: u32, computed: u32 },
+    /// The path named like a segment is no regular file (a FIFO, a directory, a
+    /// device): it holds no segment and is never read.
+    #[error("not a regular file but a {what}, so no segment")]
+    NotRegularFile { what: &'static str },
 }
 
 impl HeaderError {
     /// Byte position within the file where the problem starts.
     pub fn position(&self) -> u64 {
         match self {
-            HeaderError::Short { .. } | HeaderError::AllZero | HeaderError::BadMagic { .. } => 0,
+            HeaderError::Short { .. }
+            | HeaderError::AllZero
+            | HeaderError::BadMagic { .. }
+            | HeaderError::NotRegularFile { .. } => 0,
             HeaderError::BadVersion { .. } => VERSION_AT as u64,
             HeaderError::BadHeaderLen { .. } => HEADER_LEN_AT as u64,
             HeaderError::UnknownFlags { .. } => FLAGS_AT as u64,

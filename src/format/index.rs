@@ -54,6 +54,10 @@ pub enum IndexError {
     },
     #[error("index has {found} entries, the log gives {expected}; first missing or extra entry at byte {at}")]
     WrongCount { at: u64, found: u64, expected: u64 },
+    /// Longer than any index a reader accepts: not read at all (no log under the
+    /// segment size limit gives one this long).
+    #[error("index file is {len} bytes, more than the {max} any index may have")]
+    TooLarge { len: u64, max: u64 },
 }
 
 impl IndexError {
@@ -65,6 +69,7 @@ impl IndexError {
             | IndexError::PastData { at, .. }
             | IndexError::WrongEntry { at, .. }
             | IndexError::WrongCount { at, .. } => at,
+            IndexError::TooLarge { max, .. } => max,
         }
     }
 
@@ -75,7 +80,7 @@ impl IndexError {
             IndexError::NotIncreasing { .. } => "index_not_increasing",
             IndexError::PastData { .. } => "index_past_data",
             IndexError::WrongEntry { .. } => "wrong_index_entry",
-            IndexError::WrongCount { .. } => "wrong_index_length",
+            IndexError::WrongCount { .. } | IndexError::TooLarge { .. } => "wrong_index_length",
         }
     }
 }

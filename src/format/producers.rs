@@ -46,6 +46,13 @@ pub const ENTRY_LEN_MAX: usize = ENTRY_FIXED_LEN - 4 + NAME_LEN_MAX;
 pub const BATCHES_KEPT: usize = 5;
 /// Largest snapshot any reader accepts.
 pub const SNAPSHOT_BYTES_MAX: usize = 256 * 1024 * 1024;
+/// Largest journal any reader accepts (checked before it is read). The broker
+/// snapshots its table and cuts the journal back to its header every 100 000 entries
+/// (`engine::producers::SNAPSHOT_EVERY_ENTRIES`), each at most `4 + ENTRY_LEN_MAX` =
+/// 306 bytes: about 31 MB. The limit leaves 8 times that for the entries written in
+/// the group commit that crosses the count and for snapshots that fail (retried at
+/// every commit); the broker refuses entries that would take the journal past it.
+pub const JOURNAL_BYTES_MAX: usize = 256 * 1024 * 1024;
 
 const _: () = assert!(ENTRY_FIXED_LEN == 57);
 const _: () = assert!(JOURNAL_HEADER_LEN == 8);

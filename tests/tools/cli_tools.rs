@@ -842,6 +842,153 @@ fn reindex_rebuilds_byte_identical_indexes() {
     }
 }
 
+/// An index over `INDEX_BYTES_MAX` is an invalid index like any other (derived data):
+/// verify reports it as repairable and goes on with the rest, dump ignores it, and
+/// `reindex` and `recover` rebuild it; it is never read into memory.
+#[test]
+fn an_oversized_index_is_repairable_and_rebuilt() {
+    use seglog::engine::maintenance::check::INDEX_BYTES_MAX;
+    let clean = fixture("clean");
+    for tool in ["reindex", "recover"] {
+        let (_tmp, data) = copy("clean");
+        let d = data.to_str().unwrap();
+        // Sparse: takes no disk space.
+        fs::OpenOptions::new()
+            .write(true)
+            .open(index_of(&data, 0))
+            .unwrap()
+            .set_len(INDEX_BYTES_MAX + 1)
+            .unwrap();
+        let (code, v) = verify_json(&data, &[]);
+        assert_eq!(code, 1, "{v}");
+        let found = problems(&v);
+        assert!(
+            found.contains(&(
+                "wrong_index_length".into(),
+                "repairable".into(),
+                format!("{P}{}", index_file_name(0)),
+                Some(INDEX_BYTES_MAX),
+                None
+            )),
+            "{found:?}"
+        );
+        for args in [
+            &["dump", d][..],
+            &["dump", "--from", "3", d],
+            &["dump", "--index", d],
+            &["recover", "--dry-run", d],
+            &["reindex", "--check", d],
+        ] {
+            let (code, out, err) = run(args, &data);
+            assert_eq!(code, 1, "{args:?}: {out} {err}");
+            // No abort for the whole directory (the old error said "more than N").
+            assert!(
+                !err.contains(&format!("more than {INDEX_BYTES_MAX}")),
+                "{args:?}: {err}"
+            );
+        }
+        let (code, out, err) = run(&[tool, d], &data);
+        assert_eq!(code, 0, "{tool}: {out} {err}");
+        assert_eq!(
+            fs::read(index_of(&data, 0)).unwrap(),
+            fs::read(index_of(&clean, 0)).unwrap(),
+            "{tool}"
+        );
+        let (code, v) = verify_json(&data, &[]);
+        assert_eq!(code, 0, "{tool}: {v}");
+    }
+}
+
+/// Runs the binary with a deadline: `None` when it had not ended after 20 s (killed).
+fn run_with_deadline(args: &[&str], dir: &Path) -> Option<(i32, String, String)> {
+    let mut child = StdCommand::new(BIN)
+        .args(args)
+        .current_dir(dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    Some((
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    ))
+}
+
+/// A FIFO or a directory named like a segment (a sealed one, or the newest) is
+/// corruption of that segment, named in the report: no tool blocks on it or aborts
+/// for the whole directory, and `recover` leaves it in place.
+#[test]
+fn a_fifo_or_directory_named_like_a_segment_is_corruption_of_that_segment() {
+    use seglog::format::names::log_file_name;
+    for (what, base) in [("fifo", 30u64), ("dir", 30), ("fifo", 90), ("dir", 90)] {
+        let (_tmp, data) = copy("clean");
+        let d = data.to_str().unwrap();
+        let rel = format!("{P}{}", log_file_name(base));
+        let path = data.join(&rel);
+        let _ = fs::remove_file(&path);
+        if what == "dir" {
+            fs::create_dir(&path).unwrap();
+        } else {
+            let ok = StdCommand::new("mkfifo").arg(&path).status().unwrap();
+            assert!(ok.success());
+        }
+        let case = format!("{what} at {rel}");
+        let (code, out, err) = run_with_deadline(&["verify", "--json", d], &data)
+            .unwrap_or_else(|| panic!("{case}: verify blocked"));
+        assert_eq!(code, 2, "{case}: {out} {err}");
+        let v: Value = serde_json::from_str(&out).unwrap();
+        let found = problems(&v);
+        assert!(
+            found
+                .iter()
+                .any(|f| f.0 == "bad_header" && f.1 == "corrupt" && f.2 == rel),
+            "{case}: {found:?}"
+        );
+        for args in [
+            &["dump", d][..],
+            &["recover", "--dry-run", d],
+            &["reindex", "--check", d],
+            &["recover", d],
+        ] {
+            let (code, out, err) = run_with_deadline(args, &data)
+                .unwrap_or_else(|| panic!("{case}: {args:?} blocked"));
+            assert!(
+                matches!(code, 0..=2),
+                "{case}: {args:?} exit {code}: {out} {err}"
+            );
+            if args[0] != "reindex" {
+                assert_eq!(code, 2, "{case}: {args:?}: {out} {err}");
+            }
+        }
+        let t = fs::symlink_metadata(&path).unwrap().file_type();
+        assert!(!t.is_file(), "{case}: recover replaced it");
+        // The broker's startup does not block on it either.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let dir = data.clone();
+        std::thread::spawn(move || {
+            let b = seglog::engine::broker::Broker::open(
+                &dir,
+                std::sync::Arc::new(seglog::engine::storage::io::RealStorage),
+                seglog::engine::broker::BrokerOptions::default(),
+            );
+            let _ = tx.send(b.is_ok());
+        });
+        rx.recv_timeout(std::time::Duration::from_secs(20))
+            .unwrap_or_else(|_| panic!("{case}: the broker's startup blocked"));
+    }
+}
+
 #[test]
 fn reindex_all_rewrites_the_same_bytes() {
     let (_tmp, data) = copy("clean");

@@ -12,7 +12,9 @@ use seglog::engine::broker::{Broker, BrokerOptions, NewRecord};
 use seglog::engine::groups::{GroupCoordinator, GroupOptions, OffsetCommit, TopicLookup};
 use seglog::engine::producers::{Decision, ProducerTable, PRODUCER_ID_EXPIRATION_DEFAULT};
 use seglog::engine::storage::io::RealStorage;
-use seglog::format::producers::{ENTRY_FIXED_LEN, JOURNAL_HEADER_LEN};
+use seglog::format::producers::{
+    ENTRY_FIXED_LEN, JOURNAL_BYTES_MAX, JOURNAL_HEADER_LEN, SNAPSHOT_BYTES_MAX,
+};
 use seglog::format::topic::TopicConfig;
 use serde_json::Value;
 
@@ -231,6 +233,78 @@ fn a_torn_journal_tail_is_repairable_and_recover_cuts_it() {
     assert_eq!(code, 0, "{out}");
 }
 
+/// The cut of a torn journal tail is part of recover's plan and report: the dry-run
+/// lists it with its byte range (text and JSON) and changes nothing, and the real run
+/// copies the cut bytes to --backup-dir before cutting them.
+#[test]
+fn recover_plans_reports_and_backs_up_the_journal_cut() {
+    let d = data();
+    let dir = d.path();
+    let data_dir = dir.to_str().unwrap();
+    let journal = dir.join("producers.journal");
+    let good = fs::metadata(&journal).unwrap().len();
+    let last = good - ENTRY_T as u64;
+    let torn = good - 3;
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&journal)
+        .unwrap()
+        .set_len(torn)
+        .unwrap();
+    let before = fs::read(&journal).unwrap();
+    let is_cut = |a: &Value| {
+        a["kind"] == "cut_journal"
+            && a["path"] == "producers.journal"
+            && a["from"] == last
+            && a["to"] == torn
+    };
+
+    let (code, out, err) = run(&["recover", "--dry-run", data_dir], dir);
+    assert_eq!(code, 1, "{out} {err}");
+    assert!(
+        out.contains(&format!(
+            ".: would cut producers.journal bytes {last}..{torn} ({} bytes)",
+            torn - last
+        )),
+        "{out}"
+    );
+    assert!(!out.contains("nothing to do"), "{out}");
+    let (code, out, _) = run(&["recover", "--dry-run", "--json", data_dir], dir);
+    assert_eq!(code, 1, "{out}");
+    let v = json(&out);
+    assert!(v["actions"].as_array().unwrap().iter().any(is_cut), "{out}");
+    assert_eq!(v["severity_before"], "repairable", "{out}");
+    assert_eq!(fs::read(&journal).unwrap(), before);
+
+    let backup = tempfile::tempdir().unwrap();
+    let backup_dir = backup.path().join("b");
+    let (code, out, err) = run(
+        &[
+            "recover",
+            "--json",
+            "--backup-dir",
+            backup_dir.to_str().unwrap(),
+            data_dir,
+        ],
+        dir,
+    );
+    assert_eq!(code, 0, "{out} {err}");
+    let v = json(&out);
+    let actions = v["actions"].as_array().unwrap();
+    let cut = actions.iter().find(|a| is_cut(a)).expect(&out);
+    let copy = backup_dir.join(format!("producers.journal.bytes-{last}-{torn}"));
+    assert_eq!(
+        cut["backups"][0].as_str(),
+        Some(copy.to_str().unwrap()),
+        "{out}"
+    );
+    assert_eq!(fs::read(&copy).unwrap(), &before[last as usize..]);
+    assert_eq!(fs::metadata(&journal).unwrap().len(), last);
+    // Done: a second run finds nothing.
+    let (code, out, _) = run(&["recover", data_dir], dir);
+    assert_eq!((code, out.trim()), (0, "nothing to do"));
+}
+
 #[test]
 fn a_corrupt_journal_entry_is_reported_with_its_position() {
     let d = data();
@@ -272,6 +346,51 @@ fn a_corrupt_journal_entry_is_reported_with_its_position() {
         said.contains("1 problem(s) in the files beside the topics need an operator"),
         "{said}"
     );
+}
+
+/// A journal or snapshot over its size limit (a sparse file) is never read into
+/// memory: verify reports it as `journal_corrupt` naming the file and both sizes, a
+/// dump of the file reports the same, and the broker refuses to start with it.
+#[test]
+fn an_oversized_journal_or_snapshot_is_refused_unread() {
+    for (file, max) in [
+        ("producers.journal", JOURNAL_BYTES_MAX),
+        ("producers.json", SNAPSHOT_BYTES_MAX),
+    ] {
+        let d = data();
+        let dir = d.path();
+        let len = max as u64 + 1;
+        fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(dir.join(file))
+            .unwrap()
+            .set_len(len)
+            .unwrap();
+        let said = format!("{file}: file is {len} bytes, over the limit of {max}");
+        let (code, out, _) = run(&["verify", "--json", dir.to_str().unwrap()], dir);
+        assert_eq!(code, 2, "{out}");
+        let v = json(&out);
+        let found = problems(&v);
+        assert!(
+            found.contains(&(
+                "journal_corrupt".into(),
+                "corrupt".into(),
+                file.into(),
+                None
+            )),
+            "{found:?}"
+        );
+        assert!(out.contains(&said), "{out}");
+        let (code, out, err) = run(&["dump", "--json", &p(dir, file)], dir);
+        assert_eq!(code, 2, "{out} {err}");
+        assert!(out.contains(&said), "{out}");
+        let Err(e) = Broker::open(dir, Arc::new(RealStorage), BrokerOptions::default()) else {
+            panic!("the broker starts with an oversized {file}");
+        };
+        assert!(e.to_string().contains(&said), "{e}");
+    }
 }
 
 #[test]

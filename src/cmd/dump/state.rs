@@ -15,12 +15,13 @@ use crate::cmd::verify::{exit_code, problem_json, problem_line};
 use crate::engine::groups::offsets::{read_group_file, scan_dir, GroupEntry, Loaded};
 use crate::engine::maintenance::check::{Problem, ProblemKind, Severity};
 use crate::engine::maintenance::state::{group_entry_problem, state_problems};
+use crate::engine::producers::read_state_file;
 use crate::engine::storage::layout::{Target, TargetKind};
 use crate::format::group::GROUPS_DIR;
 use crate::format::names::TOPICS_DIR;
 use crate::format::producers::{
-    decode_entry, decode_snapshot, JournalEntry, JOURNAL_FILE, JOURNAL_HEADER_LEN, KIND_BATCH,
-    SNAPSHOT_FILE,
+    decode_entry, decode_snapshot, JournalEntry, JOURNAL_BYTES_MAX, JOURNAL_FILE,
+    JOURNAL_HEADER_LEN, KIND_BATCH, SNAPSHOT_BYTES_MAX, SNAPSHOT_FILE,
 };
 
 /// Longest metadata shown in human output, in characters.
@@ -186,7 +187,13 @@ impl<W: Write> StateDumper<'_, W> {
     }
 
     fn journal(&mut self, path: &Path) -> anyhow::Result<()> {
-        let bytes = std::fs::read(path)?;
+        // Bounded like every reader: an oversized or special file is the problem
+        // verify reports, never read.
+        let bytes = match read_state_file(path, JOURNAL_BYTES_MAX) {
+            Ok(Some(b)) => b,
+            Ok(None) => anyhow::bail!("{}: no such file", path.display()),
+            Err(_) => return self.journal_problems(path),
+        };
         let rel = self.rel(path);
         if self.args.header && bytes.len() >= JOURNAL_HEADER_LEN {
             let v = json!({
@@ -266,9 +273,9 @@ impl<W: Write> StateDumper<'_, W> {
 
     fn snapshot(&mut self, path: &Path) -> anyhow::Result<()> {
         let rel = self.rel(path);
-        let snap = match std::fs::read(path)
-            .map_err(|e| e.to_string())
-            .and_then(|b| decode_snapshot(&b).map_err(|e| e.clone()))
+        let snap = match read_state_file(path, SNAPSHOT_BYTES_MAX)
+            .and_then(|b| b.ok_or_else(|| "no such file".to_string()))
+            .and_then(|b| decode_snapshot(&b))
         {
             Ok(s) => s,
             Err(e) => {

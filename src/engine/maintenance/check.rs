@@ -23,8 +23,8 @@ use crate::engine::storage::layout::{
     list_partition, PartitionRef, SegmentFiles, Target, TopicDamage,
 };
 use crate::engine::storage::reader::{
-    open_log, range_is_zero, read_full_at, read_header, scan_sealed_segment, scan_segment, Next,
-    RecordReader, ScanEnd, ScanSummary,
+    not_regular_file, open_log, range_is_zero, read_full_at, read_header, scan_sealed_segment,
+    scan_segment, Next, RecordReader, ScanEnd, ScanSummary,
 };
 
 /// Largest index file read into memory: one entry per 4 KiB of a 4 GiB segment, with room.
@@ -252,7 +252,8 @@ impl ProblemKind {
             | HeaderError::BadVersion { .. }
             | HeaderError::BadHeaderLen { .. }
             | HeaderError::UnknownFlags { .. }
-            | HeaderError::CrcMismatch { .. } => ProblemKind::BadHeader,
+            | HeaderError::CrcMismatch { .. }
+            | HeaderError::NotRegularFile { .. } => ProblemKind::BadHeader,
         }
     }
 
@@ -263,7 +264,9 @@ impl ProblemKind {
             IndexError::NotIncreasing { .. } => ProblemKind::IndexNotIncreasing,
             IndexError::PastData { .. } => ProblemKind::IndexPastData,
             IndexError::WrongEntry { .. } => ProblemKind::WrongIndexEntry,
-            IndexError::WrongCount { .. } => ProblemKind::WrongIndexLength,
+            IndexError::WrongCount { .. } | IndexError::TooLarge { .. } => {
+                ProblemKind::WrongIndexLength
+            }
         }
     }
 
@@ -739,7 +742,12 @@ fn header_is_damage(seg: &mut SegmentCheck) {
 
 /// Whether the segment file has a header that never became durable.
 fn newest_header_never_durable(files: &SegmentFiles) -> io::Result<bool> {
-    let (file, len) = open_log(&files.log)?;
+    let (file, len) = match open_log(&files.log) {
+        Ok(f) => f,
+        // No regular file: damage, reported by its own check.
+        Err(e) if not_regular_file(&e).is_some() => return Ok(false),
+        Err(e) => return Err(e),
+    };
     Ok(never_durable_header(
         files.base_offset,
         &read_header(&file, len)?,
@@ -871,8 +879,13 @@ fn marker_fits(dir: &Path, m: &CompactionMarker, bases: &[u64]) -> io::Result<Re
     Ok(Ok(()))
 }
 
-/// Reads an index file, bounded by [`INDEX_BYTES_MAX`]. `Ok(None)` when missing.
-pub fn read_index_bytes(path: &Path) -> io::Result<Option<Vec<u8>>> {
+/// An index file's bytes, or why they were not read.
+pub type IndexBytes = Result<Vec<u8>, IndexError>;
+
+/// Reads an index file, bounded by [`INDEX_BYTES_MAX`]. `Ok(None)` when missing;
+/// `Ok(Some(Err(TooLarge)))`, without reading it, when over the limit: an invalid
+/// index like any other (derived data, rebuilt by `reindex` and `recover`).
+pub fn read_index_bytes(path: &Path) -> io::Result<Option<IndexBytes>> {
     let file = match File::open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
@@ -880,18 +893,15 @@ pub fn read_index_bytes(path: &Path) -> io::Result<Option<Vec<u8>>> {
     };
     let len = file.metadata()?.len();
     if len > INDEX_BYTES_MAX {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!(
-                "{}: index file is {len} bytes, more than {INDEX_BYTES_MAX}",
-                path.display()
-            ),
-        ));
+        return Ok(Some(Err(IndexError::TooLarge {
+            len,
+            max: INDEX_BYTES_MAX,
+        })));
     }
     let mut buf = vec![0u8; len as usize];
     let n = crate::engine::storage::reader::read_full_at(&file, &mut buf, 0)?;
     buf.truncate(n);
-    Ok(Some(buf))
+    Ok(Some(Ok(buf)))
 }
 
 /// Checks one segment: header, records (all, or only what the index check needs),
@@ -902,7 +912,10 @@ pub fn check_segment(
     mode: CheckMode,
     next_base: Option<u64>,
 ) -> io::Result<SegmentCheck> {
-    let (file, file_len) = open_log(&files.log)?;
+    let (file, file_len) = match open_log(&files.log) {
+        Ok(f) => f,
+        Err(e) => return not_a_segment(files, active, e),
+    };
     let header = read_header(&file, file_len)?;
     let mut seg = SegmentCheck {
         files: files.clone(),
@@ -952,12 +965,45 @@ pub fn check_segment(
     seg.records = Some(scan.records);
     seg.data_end = scan.data_end;
     classify_end(&mut seg, &file, &scan, next_base)?;
-    seg.index = compare_index(index_bytes.as_deref(), &scan, seg.is_corrupt());
+    seg.index = compare_index(index_bytes.as_ref(), &scan, seg.is_corrupt());
     if let Some(p) = index_problem(&seg.index, files, active) {
         seg.problems.push(p);
     }
     seg.scan = Some(scan);
     Ok(seg)
+}
+
+/// A segment path that is no regular file (a FIFO, a directory): corruption of that
+/// segment, reported like an unreadable header and never read. Other errors pass.
+fn not_a_segment(files: &SegmentFiles, active: bool, e: io::Error) -> io::Result<SegmentCheck> {
+    let Some(n) = not_regular_file(&e) else {
+        return Err(e);
+    };
+    let header = Err(HeaderError::NotRegularFile { what: n.what });
+    let mut problem = header_problem(
+        &HeaderError::NotRegularFile { what: n.what },
+        files,
+        active,
+        0,
+    );
+    problem.detail = format!(
+        "not a regular file but a {}, so no segment: recover leaves it for an operator",
+        n.what
+    );
+    Ok(SegmentCheck {
+        files: files.clone(),
+        active,
+        file_len: 0,
+        header,
+        scan: None,
+        trusted_by_index: false,
+        first_offset: None,
+        last_offset: None,
+        records: None,
+        data_end: 0,
+        index: IndexState::NotChecked,
+        problems: vec![problem],
+    })
 }
 
 /// The header of a segment, or the problem that makes it unreadable: a header that
@@ -1286,9 +1332,11 @@ pub fn quick_check_entries(
 
 /// Compares an index file with the index the rule gives for the scanned records.
 /// For a segment with corrupt data, only entries inside the readable data count.
-fn compare_index(bytes: Option<&[u8]>, scan: &ScanSummary, corrupt: bool) -> IndexState {
-    let Some(bytes) = bytes else {
-        return IndexState::Missing;
+fn compare_index(bytes: Option<&IndexBytes>, scan: &ScanSummary, corrupt: bool) -> IndexState {
+    let bytes = match bytes {
+        None => return IndexState::Missing,
+        Some(Err(e)) => return IndexState::Invalid(e.clone()),
+        Some(Ok(b)) => b,
     };
     let len = bytes.len() as u64;
     if len % INDEX_ENTRY_LEN as u64 != 0 {

@@ -160,7 +160,7 @@ fn plan_segment(seg: &SegmentCheck, all: bool) -> io::Result<SegmentPlan> {
     let bytes = index_bytes(&scan.index);
     plan.entries = scan.index.len();
     plan.changes = match reason {
-        Reason::Forced => read_index_bytes(&seg.files.index)?.as_deref() != Some(&bytes[..]),
+        Reason::Forced => !matches!(read_index_bytes(&seg.files.index)?, Some(Ok(b)) if b == bytes),
         Reason::Missing | Reason::Invalid(_) => true,
     };
     plan.action = Action::Write {

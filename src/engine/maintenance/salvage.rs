@@ -142,6 +142,11 @@ pub fn plan_segment(
     next_base: Option<u64>,
 ) -> io::Result<Result<SegmentSalvage, String>> {
     let base = seg.base_offset();
+    if let Err(crate::format::HeaderError::NotRegularFile { what }) = &seg.header {
+        return Ok(Err(format!(
+            "it is not a regular file but a {what}, so no segment"
+        )));
+    }
     let (file, len) = open_log(&seg.files.log)?;
     let (generation, header_rebuilt) = match &seg.header {
         Ok(h) if h.base_offset == base => (h.generation, false),

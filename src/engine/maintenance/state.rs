@@ -1,16 +1,15 @@
 //! The data directory's state files beside the topics: `groups/*.json`,
 //! `producers.journal` and `producers.json`. `verify` reports their problems (with
-//! the journal entry's byte position), `recover` cuts a torn journal tail, and the
-//! broker does both at startup.
+//! the journal entry's byte position); recovery plans the cut of a torn journal tail
+//! (`recovery::plan_topics`), and the broker does both at startup.
 
 use std::path::Path;
 
 use super::check::{Problem, ProblemKind, TopicProblem};
 use crate::engine::groups::offsets::{scan_dir, GroupEntry};
 use crate::engine::producers::read_state;
-use crate::engine::storage::io::Storage;
 use crate::format::group::GROUPS_DIR;
-use crate::format::producers::{JournalError, JOURNAL_FILE, SNAPSHOT_FILE};
+use crate::format::producers::{JournalError, JOURNAL_FILE};
 
 fn problem(kind: ProblemKind, path: &Path, position: Option<u64>, detail: String) -> TopicProblem {
     TopicProblem {
@@ -56,9 +55,9 @@ pub fn state_problems(data_dir: &Path) -> Vec<TopicProblem> {
     match read_state(data_dir) {
         Err(e) => out.push(problem(
             ProblemKind::JournalCorrupt,
-            &data_dir.join(SNAPSHOT_FILE),
+            &data_dir.join(e.file),
             None,
-            e,
+            e.to_string(),
         )),
         Ok((_, _, good, Some(JournalError::Torn { position }), true)) => out.push(problem(
             ProblemKind::JournalTornTail,
@@ -84,21 +83,4 @@ pub fn state_problems(data_dir: &Path) -> Vec<TopicProblem> {
         Ok(_) => {}
     }
     out
-}
-
-/// Cuts a torn tail off `producers.journal` (what the broker also does at startup);
-/// a corrupt entry is left for the broker's recovery, which reports it. Returns what
-/// was done.
-pub fn repair_journal(storage: &dyn Storage, data_dir: &Path) -> std::io::Result<Option<String>> {
-    let Ok((_, _, good, Some(JournalError::Torn { .. }), true)) = read_state(data_dir) else {
-        return Ok(None);
-    };
-    let path = data_dir.join(JOURNAL_FILE);
-    let f = storage.open(&path)?;
-    let before = f.len()?;
-    f.set_len(good as u64)?;
-    f.sync_all()?;
-    Ok(Some(format!(
-        "{JOURNAL_FILE}: cut a torn tail ({before} -> {good} bytes)"
-    )))
 }

@@ -145,8 +145,10 @@ pub(super) fn checked_header(
 /// Reads an index file into memory, bounded by what the log's size allows.
 pub(super) fn read_index_file(path: &Path, data_end: u64) -> Option<Vec<IndexEntry>> {
     let max_len = (data_end / INDEX_INTERVAL_BYTES + 1) * INDEX_ENTRY_LEN as u64;
-    let len = std::fs::metadata(path).ok()?.len();
-    if len > max_len {
+    let meta = std::fs::metadata(path).ok()?;
+    let len = meta.len();
+    // Not a regular file (a FIFO would block the read): rebuilt from the log.
+    if !meta.is_file() || len > max_len {
         return None;
     }
     let bytes = std::fs::read(path).ok()?;
@@ -163,8 +165,8 @@ pub(super) fn open_sealed(
 ) -> Result<Segment, EngineError> {
     let path = dir.join(log_file_name(base));
     let io_err = |e| EngineError::io(format!("opening {}", path.display()), e);
-    let file = File::open(&path).map_err(io_err)?;
-    let len = file.metadata().map_err(io_err)?.len();
+    // Refuses anything but a regular file without blocking on it (a FIFO).
+    let (file, len) = crate::engine::storage::reader::open_log(&path).map_err(io_err)?;
     let header = checked_header(&file, len, &path, base)?;
     let index = match read_index_file(&dir.join(index_file_name(base)), len) {
         Some(index) => index,
@@ -203,9 +205,10 @@ pub(super) fn open_active(
 ) -> Result<(Active, u64), EngineError> {
     let path = dir.join(log_file_name(base));
     let io_err = |e| EngineError::io(format!("opening {}", path.display()), e);
+    // Checked to be a regular file first: the read-write open below does not block
+    // on a FIFO, but its reads would.
+    let (file, len) = crate::engine::storage::reader::open_log(&path).map_err(io_err)?;
     let log: Arc<dyn StorageFile> = Arc::from(storage.open(&path).map_err(io_err)?);
-    let file = File::open(&path).map_err(io_err)?;
-    let len = file.metadata().map_err(io_err)?.len();
     let header = checked_header(&file, len, &path, base)?;
     let mut first_ts = None;
     let scan = scan_segment(&file, &header, len, |_, r| {

@@ -36,14 +36,20 @@ use crate::engine::groups::Waker;
 use crate::engine::storage::io::{write_file_atomic, StorageFile, StorageRef};
 use crate::format::producers::{
     decode_snapshot, encode_entry, encode_snapshot, journal_header, scan_journal, JournalEntry,
-    JournalError, Snapshot, SnapshotBatch, SnapshotProducer, BATCHES_KEPT, JOURNAL_FILE,
-    JOURNAL_HEADER_LEN, KIND_BATCH, KIND_INIT, SNAPSHOT_FILE,
+    JournalError, Snapshot, SnapshotBatch, SnapshotProducer, BATCHES_KEPT, ENTRY_LEN_MAX,
+    JOURNAL_BYTES_MAX, JOURNAL_FILE, JOURNAL_HEADER_LEN, KIND_BATCH, KIND_INIT, SNAPSHOT_BYTES_MAX,
+    SNAPSHOT_FILE,
 };
 
 /// Default `producer_id_expiration_ms`: a producer unseen this long is forgotten.
 pub const PRODUCER_ID_EXPIRATION_DEFAULT: Duration = Duration::from_secs(24 * 3600);
 /// Journal entries between snapshots.
 pub const SNAPSHOT_EVERY_ENTRIES: u64 = 100_000;
+
+// The journal a broker writes between two snapshots stays well inside what readers
+// accept (see `JOURNAL_BYTES_MAX`).
+const _: () =
+    assert!(SNAPSHOT_EVERY_ENTRIES as usize * (4 + ENTRY_LEN_MAX) * 8 <= JOURNAL_BYTES_MAX);
 
 /// Why a batch or init was refused.
 #[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
@@ -163,21 +169,60 @@ pub type State = (
     bool,
 );
 
-pub fn read_state(data_dir: &Path) -> Result<State, String> {
-    let snap = match std::fs::read(data_dir.join(SNAPSHOT_FILE)) {
-        Ok(b) => Some(decode_snapshot(&b).map_err(|e| format!("{SNAPSHOT_FILE}: {e}"))?),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-        Err(e) => return Err(format!("{SNAPSHOT_FILE}: {e}")),
+/// Why a state file (`producers.json`, `producers.journal`) could not be read.
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
+#[error("{file}: {detail}")]
+pub struct StateFileError {
+    /// The file's name in the data directory.
+    pub file: &'static str,
+    pub detail: String,
+}
+
+/// Reads a state file whole, after checking that it is a regular file of at most
+/// `max` bytes (so a huge or special file is refused before anything is allocated
+/// or a read blocks). `Ok(None)` when it does not exist.
+pub fn read_state_file(path: &Path, max: usize) -> Result<Option<Vec<u8>>, String> {
+    use std::io::Read;
+    let meta = match std::fs::metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e.to_string()),
     };
-    match std::fs::read(data_dir.join(JOURNAL_FILE)) {
-        Ok(b) => {
+    if !meta.is_file() {
+        return Err("not a regular file".to_string());
+    }
+    if meta.len() > max as u64 {
+        return Err(format!(
+            "file is {} bytes, over the limit of {max}",
+            meta.len()
+        ));
+    }
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(max as u64 + 1).read_to_end(&mut bytes))
+        .map_err(|e| e.to_string())?;
+    if bytes.len() > max {
+        return Err(format!("file grew past the limit of {max} bytes"));
+    }
+    Ok(Some(bytes))
+}
+
+pub fn read_state(data_dir: &Path) -> Result<State, StateFileError> {
+    let err = |file: &'static str| move |detail: String| StateFileError { file, detail };
+    let snap = match read_state_file(&data_dir.join(SNAPSHOT_FILE), SNAPSHOT_BYTES_MAX)
+        .map_err(err(SNAPSHOT_FILE))?
+    {
+        Some(b) => Some(decode_snapshot(&b).map_err(err(SNAPSHOT_FILE))?),
+        None => None,
+    };
+    match read_state_file(&data_dir.join(JOURNAL_FILE), JOURNAL_BYTES_MAX)
+        .map_err(err(JOURNAL_FILE))?
+    {
+        Some(b) => {
             let (entries, good, problem) = scan_journal(&b);
             Ok((snap, entries, good, problem, true))
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            Ok((snap, Vec::new(), 0, None, false))
-        }
-        Err(e) => Err(format!("{JOURNAL_FILE}: {e}")),
+        None => Ok((snap, Vec::new(), 0, None, false)),
     }
 }
 
@@ -196,7 +241,10 @@ impl ProducerTable {
         let io = |what: &str, e: std::io::Error| ProducerError::Storage(format!("{what}: {e}"));
         let mut report = Vec::new();
         let (snap, entries, good, problem, exists) =
-            read_state(data_dir).map_err(ProducerError::Storage)?;
+            read_state(data_dir).map_err(|e| ProducerError::Storage(e.to_string()))?;
+        // Entries already in the journal count towards the next snapshot: without
+        // them, restarts could let the journal grow past `JOURNAL_BYTES_MAX`.
+        let replayed = entries.len() as u64;
         let mut producers: HashMap<u64, Producer> = HashMap::new();
         let mut next_id = 1;
         let mut dropped = 0u64;
@@ -328,7 +376,7 @@ impl ProducerTable {
             journal: Mutex::new(JournalState::default()),
             sync_file,
             file: Mutex::new(Some(file)),
-            entries_since_snapshot: AtomicU64::new(0),
+            entries_since_snapshot: AtomicU64::new(replayed),
             wake: Mutex::new(None),
             stop: AtomicBool::new(false),
             poisoned: Mutex::new(None),
@@ -555,6 +603,13 @@ impl ProducerTable {
             let Some((f, end)) = file.as_mut() else {
                 return Err(ProducerError::ShuttingDown);
             };
+            if *end + bytes.len() as u64 > JOURNAL_BYTES_MAX as u64 {
+                // Only when snapshots keep failing: a longer journal would be
+                // refused at the next start.
+                return Err(ProducerError::Storage(format!(
+                    "{JOURNAL_FILE} is full ({end} bytes, at most {JOURNAL_BYTES_MAX}): the snapshot that cuts it keeps failing"
+                )));
+            }
             f.write_at(&bytes, *end).map_err(|e| {
                 let why = format!("writing {JOURNAL_FILE}: {e}");
                 *lock(&self.poisoned) = Some(why.clone());

@@ -6,7 +6,7 @@
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use super::map::SealedMap;
 use crate::format::record::{
@@ -713,11 +713,53 @@ pub fn range_is_zero(file: &File, from: u64, to: u64) -> io::Result<bool> {
     Ok(true)
 }
 
-/// Opens a log file read-only and returns it with its length.
+/// A path named like a segment that is no regular file.
+#[derive(Debug, thiserror::Error)]
+#[error("{}: not a regular file but a {what}", path.display())]
+pub struct NotRegularFile {
+    pub path: PathBuf,
+    /// "FIFO", "directory", …
+    pub what: &'static str,
+}
+
+/// The [`NotRegularFile`] an [`open_log`] error carries, if it is one.
+pub fn not_regular_file(e: &io::Error) -> Option<&NotRegularFile> {
+    e.get_ref()?.downcast_ref()
+}
+
+/// Opens a log file read-only and returns it with its length. Anything but a regular
+/// file is refused with a [`NotRegularFile`] error: it is opened without blocking (a
+/// FIFO without a writer would block the open, and a read, forever) and checked
+/// before a byte is read.
 pub fn open_log(path: &Path) -> io::Result<(File, u64)> {
-    let file = File::open(path)?;
-    let len = file.metadata()?.len();
-    Ok((file, len))
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    let meta = file.metadata()?;
+    let t = meta.file_type();
+    if !t.is_file() {
+        let what = if t.is_dir() {
+            "directory"
+        } else if t.is_fifo() {
+            "FIFO"
+        } else if t.is_socket() {
+            "socket"
+        } else if t.is_char_device() || t.is_block_device() {
+            "device"
+        } else {
+            "special file"
+        };
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            NotRegularFile {
+                path: path.to_path_buf(),
+                what,
+            },
+        ));
+    }
+    Ok((file, meta.len()))
 }
 
 #[cfg(test)]

@@ -118,7 +118,14 @@ pub(super) fn run_action(
                     .map_err(wrap)?,
             }
         }
-        Action::CutTail { log, from, to, .. } | Action::TrimSeal { log, from, to, .. } => {
+        Action::CutTail { log, from, to, .. }
+        | Action::TrimSeal { log, from, to, .. }
+        | Action::CutJournal {
+            path: log,
+            from,
+            to,
+            ..
+        } => {
             cut(storage, log, *from, *to, backup, &mut backups).map_err(wrap)?;
         }
         Action::RebuildIndex {

@@ -169,6 +169,15 @@ pub enum Action {
         records_cut: Option<RecordsCut>,
         reason: String,
     },
+    /// Cut the torn tail (an entry cut short, never acknowledged) off
+    /// `producers.journal`.
+    CutJournal {
+        path: PathBuf,
+        from: u64,
+        /// The file length when planned.
+        to: u64,
+        reason: String,
+    },
     /// Cut an unfinished seal (zeros or stale records) off a sealed segment.
     TrimSeal {
         log: PathBuf,
@@ -201,6 +210,7 @@ impl Action {
             Action::RebuildIndex { .. } => "rebuild_index",
             Action::CutTail { .. } => "cut_tail",
             Action::TrimSeal { .. } => "trim_seal",
+            Action::CutJournal { .. } => "cut_journal",
             Action::RemoveNeverDurable { .. } => "remove_never_durable",
         }
     }
@@ -211,7 +221,8 @@ impl Action {
             Action::FinishCompaction { marker_path, .. } => marker_path,
             Action::RemoveMarker { path, .. }
             | Action::RemoveTempFile { path, .. }
-            | Action::RemoveOrphanIndex { path, .. } => path,
+            | Action::RemoveOrphanIndex { path, .. }
+            | Action::CutJournal { path, .. } => path,
             Action::RebuildIndex { index, .. } => index,
             Action::CutTail { log, .. }
             | Action::TrimSeal { log, .. }
@@ -226,9 +237,9 @@ impl Action {
             | Action::RemoveTempFile { bytes, .. }
             | Action::RemoveOrphanIndex { bytes, .. }
             | Action::RemoveNeverDurable { bytes, .. } => Some((0, *bytes)),
-            Action::CutTail { from, to, .. } | Action::TrimSeal { from, to, .. } => {
-                Some((*from, *to))
-            }
+            Action::CutTail { from, to, .. }
+            | Action::TrimSeal { from, to, .. }
+            | Action::CutJournal { from, to, .. } => Some((*from, *to)),
             Action::FinishCompaction { .. } | Action::RebuildIndex { .. } => None,
         }
     }
@@ -238,7 +249,10 @@ impl Action {
     pub fn removes_data(&self) -> bool {
         matches!(
             self,
-            Action::CutTail { .. } | Action::TrimSeal { .. } | Action::RemoveNeverDurable { .. }
+            Action::CutTail { .. }
+                | Action::TrimSeal { .. }
+                | Action::RemoveNeverDurable { .. }
+                | Action::CutJournal { .. }
         )
     }
 
@@ -291,13 +305,19 @@ impl Action {
                 ))
             ),
             Action::TrimSeal {
-                log,
+                log: path,
+                from,
+                to,
+                reason,
+            }
+            | Action::CutJournal {
+                path,
                 from,
                 to,
                 reason,
             } => format!(
                 "cut {} bytes {from}..{to} ({} bytes): {reason}",
-                rel(log),
+                rel(path),
                 to - from
             ),
             Action::RemoveNeverDurable {
@@ -418,7 +438,13 @@ impl RecoveryReport {
         let mut out = Vec::new();
         for t in &self.topics {
             for a in &t.actions {
-                out.push(format!("{}: {}", t.label(), a.action.describe(&self.root)));
+                let mut line = format!("{}: {}", t.label(), a.action.describe(&self.root));
+                if !a.backups.is_empty() {
+                    let names: Vec<String> =
+                        a.backups.iter().map(|b| b.display().to_string()).collect();
+                    let _ = write!(line, " [backup: {}]", names.join(", "));
+                }
+                out.push(line);
             }
             out.extend(offline_lines(&self.root, &t.offline));
         }

@@ -1,7 +1,9 @@
 //! Recovery at the topic level (docs/FORMAT.md, Data directory): leftover temporary
 //! files of atomic replaces are removed; a topic whose metadata has a problem is
 //! reported and left alone (its files untouched, its partitions not recovered) until
-//! an operator rebuilds its `topic.json` ([`rebuild_topic_json`]) or repairs it.
+//! an operator rebuilds its `topic.json` ([`rebuild_topic_json`]) or repairs it. In the
+//! data directory itself, a torn tail of `producers.journal` is cut (the broker's
+//! startup cuts it too).
 
 use super::*;
 use crate::engine::maintenance::check::topic_problems;
@@ -16,7 +18,7 @@ use crate::format::topic::{TopicConfig, TopicMeta, PARTITIONS_MAX};
 pub struct TopicPlan {
     /// The topic's name, `None` for the data directory itself.
     pub topic: Option<String>,
-    /// Removals of leftover temporary files.
+    /// Removals of leftover temporary files; the cut of a torn journal tail.
     pub actions: Vec<Action>,
     /// Metadata problems left for an operator: the topic stays offline.
     pub offline: Vec<Problem>,
@@ -71,11 +73,17 @@ pub fn plan_topics(target: &Target) -> Vec<TopicPlan> {
                 "temporary file of an atomic replace, left in place while the topic is offline"
                     .to_string();
             plan.offline.push(tp.problem);
-        } else if tp.problem.kind == ProblemKind::JournalTornTail {
-            // Not a topic's: the journal's own repair cuts it
-            // (`maintenance::state::repair_journal`, which `recover` and the broker's
-            // startup run beside this plan).
-            continue;
+        } else if let (ProblemKind::JournalTornTail, Some(from)) =
+            (tp.problem.kind, tp.problem.position)
+        {
+            // The entry cut short starts where the good prefix ends.
+            plan.actions.push(Action::CutJournal {
+                to: file_len(&tp.problem.file),
+                path: tp.problem.file,
+                from,
+                reason: "the last entry of the producer journal is cut short (never acknowledged)"
+                    .to_string(),
+            });
         } else if tp.problem.kind == ProblemKind::LeftoverTempFile {
             plan.actions.push(Action::RemoveTempFile {
                 bytes: file_len(&tp.problem.file),
@@ -89,8 +97,8 @@ pub fn plan_topics(target: &Target) -> Vec<TopicPlan> {
     out
 }
 
-/// Executes a topic plan: each removal backed up first (if asked), then the
-/// directory fsynced.
+/// Executes a topic plan: each removal or cut backed up first (if asked), then the
+/// directory (or the cut file) fsynced.
 pub fn execute_topic(
     storage: &dyn Storage,
     plan: &TopicPlan,
@@ -101,12 +109,17 @@ pub fn execute_topic(
         let path = a.path();
         let dir = path.parent().unwrap_or(Path::new("."));
         let mut backups = Vec::new();
-        execute::remove_files(storage, dir, &[path], backup, &mut backups).map_err(|source| {
-            RecoveryError::Action {
-                label: plan.label().to_string(),
-                action: format!("{} {}", a.kind(), path.display()),
-                source,
+        match a {
+            // The cut range backed up first (if asked), then cut and fsynced.
+            Action::CutJournal { from, to, .. } => {
+                execute::cut(storage, path, *from, *to, backup, &mut backups)
             }
+            _ => execute::remove_files(storage, dir, &[path], backup, &mut backups),
+        }
+        .map_err(|source| RecoveryError::Action {
+            label: plan.label().to_string(),
+            action: format!("{} {}", a.kind(), path.display()),
+            source,
         })?;
         done.push(ActionDone {
             action: a.clone(),
