@@ -227,51 +227,43 @@ impl<W: Write> Dumper<'_, W> {
 
     /// A problem of a topic's metadata or of a file outside every partition.
     fn topic_problem(&mut self, t: &TopicProblem) -> anyhow::Result<()> {
-        let p = &t.problem;
-        if p.severity > Severity::Info {
-            self.worst = self.worst.max(Some(p.severity));
-        }
-        if self.args.json {
-            let mut v = problem_json(self.target, p);
-            v["type"] = json!("problem");
-            v["topic"] = json!(t.topic);
-            v["partition"] = serde_json::Value::Null;
-            self.canonical_detail(&mut v);
-            write_json(&mut self.out, &v)?;
-        } else if p.severity > Severity::Info {
-            self.out.flush()?;
-            writeln!(
-                io::stderr(),
-                "seglog: {}",
-                topic_problem_line(self.target, t).trim_start()
-            )?;
-        }
-        Ok(())
+        let line = topic_problem_line(self.target, t);
+        self.emit(&t.problem, json!(t.topic), serde_json::Value::Null, &line)
     }
 
     fn problem(&mut self, check: &PartitionCheck, p: &Problem) -> anyhow::Result<()> {
         if !self.seen.insert((p.kind, p.file.clone(), p.position)) {
             return Ok(());
         }
+        let line = problem_line(self.target, p);
+        let (topic, partition) = (&check.partition.topic, check.partition.partition);
+        self.emit(p, json!(topic), json!(partition), &line)
+    }
+
+    /// Prints a problem: a `problem` line with `--json`, else (when it is more than
+    /// information) `line` on stderr; counts its severity.
+    fn emit(
+        &mut self,
+        p: &Problem,
+        topic: serde_json::Value,
+        partition: serde_json::Value,
+        line: &str,
+    ) -> anyhow::Result<()> {
         if p.severity > Severity::Info {
             self.worst = self.worst.max(Some(p.severity));
         }
         if self.args.json {
             let mut v = problem_json(self.target, p);
             v["type"] = json!("problem");
-            v["topic"] = json!(check.partition.topic);
-            v["partition"] = json!(check.partition.partition);
+            v["topic"] = topic;
+            v["partition"] = partition;
             self.canonical_detail(&mut v);
             write_json(&mut self.out, &v)?;
         } else if p.severity > Severity::Info {
             // Diagnostics go to stderr; flush the records before it so a terminal
             // shows them in order.
             self.out.flush()?;
-            writeln!(
-                io::stderr(),
-                "seglog: {}",
-                problem_line(self.target, p).trim_start()
-            )?;
+            writeln!(io::stderr(), "seglog: {}", line.trim_start())?;
         }
         Ok(())
     }

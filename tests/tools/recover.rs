@@ -112,6 +112,13 @@ fn full_severity(data: &Path) -> Option<Severity> {
 }
 
 /// Runs `seglog recover DATA --json [extra]`; returns (exit code, JSON).
+/// `seglog TOOL --json DATA`: the exit code and what it printed.
+fn json_of(tool: &str, data: &Path) -> (i32, String) {
+    let out = seglog().args([tool, "--json"]).arg(data).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    (out.status.code().unwrap_or(-1), text)
+}
+
 fn recover_cli(data: &Path, extra: &[&str]) -> (i32, Value) {
     let out = seglog()
         .arg("recover")
@@ -548,33 +555,19 @@ fn a_flipped_crc_bit_in_a_reused_sealed_segment_is_damage_not_an_unfinished_seal
             "record {damaged}: {v:#}"
         );
         assert_eq!(fs::read(d.log(0)).unwrap(), log0, "record {damaged}");
-        let out = seglog()
-            .args(["verify", "--json"])
-            .arg(&d.data)
-            .output()
-            .unwrap();
-        assert_eq!(out.status.code(), Some(2), "record {damaged}");
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            text.contains("stale_generation"),
-            "record {damaged}: {text}"
-        );
-        assert!(
-            !text.contains("unfinished_seal"),
-            "record {damaged}: {text}"
-        );
-        // dump names the same damage and exits with its code.
-        let out = seglog()
-            .args(["dump", "--json"])
-            .arg(&d.data)
-            .output()
-            .unwrap();
-        assert_eq!(out.status.code(), Some(2), "record {damaged}");
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            !text.contains("unfinished_seal"),
-            "record {damaged}: {text}"
-        );
+        // verify and dump name the same damage and exit with its code.
+        for tool in ["verify", "dump"] {
+            let (code, text) = json_of(tool, &d.data);
+            assert_eq!(code, 2, "{tool}, record {damaged}: {text}");
+            assert!(
+                !text.contains("unfinished_seal"),
+                "{tool}, record {damaged}: {text}"
+            );
+            assert!(
+                text.contains("stale_generation"),
+                "{tool}, record {damaged}: {text}"
+            );
+        }
     }
 }
 
@@ -590,13 +583,8 @@ fn a_flipped_crc_bit_in_a_reused_active_segment_is_not_called_clean() {
     let (_, pos, len) = s0.records[5];
     log0[pos as usize + len - 1] ^= 1;
     d.put(0, &log0, Some(&s0.index));
-    let out = seglog()
-        .args(["verify", "--json"])
-        .arg(&d.data)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(1), "{text}");
+    let (code, text) = json_of("verify", &d.data);
+    assert_eq!(code, 1, "{text}");
     assert!(text.contains("torn_tail"), "{text}");
     assert!(!text.contains("stale_tail"), "{text}");
     let v = recover_twice(&d, 0);
@@ -1850,13 +1838,8 @@ fn a_marker_whose_new_segment_is_no_swap_output_deletes_nothing() {
         0, 0, 31
     );
     fs::write(d.part.join("compaction.marker"), marker).unwrap();
-    let out = seglog()
-        .args(["verify", "--json"])
-        .arg(&d.data)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(1), "{text}");
+    let (code, text) = json_of("verify", &d.data);
+    assert_eq!(code, 1, "{text}");
     assert!(text.contains("does not fit"), "{text}");
     let v = recover_twice(&d, 0);
     assert_eq!(kinds(&v), ["remove_marker"], "{v:#}");
