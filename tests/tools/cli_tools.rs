@@ -1427,3 +1427,35 @@ fn tables_are_ascii() {
         assert!(out.is_ascii(), "{args:?}: {out}{err}");
     }
 }
+
+/// A FIFO named like an index: the tools end (naming the file) instead of blocking
+/// on its read.
+#[test]
+fn a_fifo_named_like_an_index_blocks_no_tool() {
+    use seglog::format::names::index_file_name;
+    let (_tmp, data) = copy("clean");
+    let d = data.to_str().unwrap();
+    let rel = format!("{P}{}", index_file_name(30));
+    let path = data.join(&rel);
+    fs::remove_file(&path).unwrap();
+    assert!(StdCommand::new("mkfifo")
+        .arg(&path)
+        .status()
+        .unwrap()
+        .success());
+    for args in [
+        &["verify", d][..],
+        &["verify", "--quick", d],
+        &["dump", "--from", "35", d],
+        &["recover", "--dry-run", d],
+        &["reindex", "--check", d],
+    ] {
+        let (code, out, err) =
+            run_with_deadline(args, &data).unwrap_or_else(|| panic!("{args:?} blocked"));
+        assert_ne!(code, 0, "{args:?}: {out} {err}");
+        assert!(
+            err.contains(&rel) || out.contains(&rel),
+            "{args:?} does not name {rel}: {out} {err}"
+        );
+    }
+}

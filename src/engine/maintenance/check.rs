@@ -886,12 +886,13 @@ pub type IndexBytes = Result<Vec<u8>, IndexError>;
 /// `Ok(Some(Err(TooLarge)))`, without reading it, when over the limit: an invalid
 /// index like any other (derived data, rebuilt by `reindex` and `recover`).
 pub fn read_index_bytes(path: &Path) -> io::Result<Option<IndexBytes>> {
-    let file = match File::open(path) {
+    // Opened as a log is: a FIFO or other special file is an error naming it, never
+    // a read that blocks.
+    let (file, len) = match open_log(path) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e),
     };
-    let len = file.metadata()?.len();
     if len > INDEX_BYTES_MAX {
         return Ok(Some(Err(IndexError::TooLarge {
             len,
@@ -1239,12 +1240,11 @@ pub const QUICK_WINDOW_BYTES: usize = 8 * 1024;
 /// the file is missing or empty, its length is not a multiple of 16, or the two
 /// entries are not in order inside `..file_len`.
 pub fn read_index_ends(path: &Path, file_len: u64) -> io::Result<Option<(IndexEntry, IndexEntry)>> {
-    let file = match File::open(path) {
+    let (file, len) = match open_log(path) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e),
     };
-    let len = file.metadata()?.len();
     let entry_len = INDEX_ENTRY_LEN as u64;
     if len == 0 || len % entry_len != 0 || len > INDEX_BYTES_MAX {
         return Ok(None);
