@@ -50,6 +50,24 @@ fn config(segment_bytes: u64) -> TopicConfig {
     }
 }
 
+/// Appends `n` records of `value` one at a time, each made durable, with
+/// `segment_bytes` segments.
+fn append_durable(log: &PartitionLog, n: usize, value: &[u8], segment_bytes: u64) {
+    for _ in 0..n {
+        let a = log
+            .append(
+                &[NewRecord {
+                    key: None,
+                    value,
+                    timestamp_ms: 1,
+                }],
+                &config(segment_bytes),
+            )
+            .unwrap();
+        log.wait_durable(a.last_offset + 1).unwrap();
+    }
+}
+
 fn value_of(log: &PartitionLog, offset: u64, budget: u32) -> Vec<(u64, usize)> {
     let f = log.fetch(offset, budget, Duration::ZERO).unwrap();
     let mut out = Vec::new();
@@ -174,19 +192,7 @@ fn removed_and_replaced_segments_keep_serving_readers_that_hold_them() {
     let dir = tempfile::tempdir().unwrap();
     let log = new_log(dir.path(), Arc::new(RealStorage));
     let v = vec![5u8; 100];
-    for _ in 0..30 {
-        let a = log
-            .append(
-                &[NewRecord {
-                    key: None,
-                    value: &v,
-                    timestamp_ms: 1,
-                }],
-                &config(1024),
-            )
-            .unwrap();
-        log.wait_durable(a.last_offset + 1).unwrap();
-    }
+    append_durable(&log, 30, &v, 1024);
     let held = log.snapshot();
     let settled = log.settled_segments();
     assert_eq!(settled.len(), held.len() - 1, "all but the active one");
@@ -219,19 +225,7 @@ fn a_fetch_continues_into_the_next_segment() {
     let dir = tempfile::tempdir().unwrap();
     let log = new_log(dir.path(), Arc::new(RealStorage));
     let v = vec![3u8; 100];
-    for _ in 0..40 {
-        let a = log
-            .append(
-                &[NewRecord {
-                    key: None,
-                    value: &v,
-                    timestamp_ms: 1,
-                }],
-                &config(1024),
-            )
-            .unwrap();
-        log.wait_durable(a.last_offset + 1).unwrap();
-    }
+    append_durable(&log, 40, &v, 1024);
     let segs = log.snapshot();
     assert!(segs.len() > 3);
     let boundary = segs[1].base_offset;
@@ -506,19 +500,7 @@ fn a_wrong_middle_index_entry_skips_no_record() {
     let dir = tempfile::tempdir().unwrap();
     let log = new_log(dir.path(), Arc::new(RealStorage));
     let v = vec![5u8; 200];
-    for _ in 0..200 {
-        let a = log
-            .append(
-                &[NewRecord {
-                    key: None,
-                    value: &v,
-                    timestamp_ms: 1,
-                }],
-                &config(32 * 1024),
-            )
-            .unwrap();
-        log.wait_durable(a.last_offset + 1).unwrap();
-    }
+    append_durable(&log, 200, &v, 32 * 1024);
     let sealed = log.snapshot()[0].base_offset;
     drop(log);
     let index = dir.path().join(index_file_name(sealed));
