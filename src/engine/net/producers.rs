@@ -259,7 +259,7 @@ async fn one(
                     Ok((p.base_offset, p.last_offset, true))
                 }
                 Err(e) => {
-                    table.abandoned(producer_id, topic, b.partition);
+                    table.abandoned(producer_id, epoch, topic, b.partition);
                     Err(engine_error(e))
                 }
             }

@@ -288,9 +288,15 @@ impl ProducerTable {
                 partitions: HashMap::new(),
             });
             if e.epoch > p.epoch {
-                // A bumped epoch starts its sequences again.
+                // A bumped epoch (an init, or a batch that bumped it) starts its
+                // sequences again.
                 p.epoch = e.epoch;
                 p.partitions.clear();
+            } else if e.epoch < p.epoch {
+                // A batch of a fenced epoch, accepted while the bump was being made:
+                // its records were written, but it is no part of the current
+                // epoch's sequences (in memory it was not recorded either).
+                continue;
             }
             p.last_seen_ms = p.last_seen_ms.max(e.timestamp_ms);
             if e.kind != KIND_BATCH {
@@ -470,6 +476,14 @@ impl ProducerTable {
     }
 
     /// Checks a batch of `count` records with `base_sequence` against the table.
+    ///
+    /// As Kafka's producer state does since KIP-360, a batch at sequence 0 starts a
+    /// new state: of an id the table does not know (its state expired, or was never
+    /// here), if it is one this broker could have handed out (below the next id to
+    /// hand out, so an init never hands out an id in use), and of a known producer at
+    /// a higher epoch (the client bumped it itself; the older epoch is fenced from
+    /// then on). A higher epoch at another sequence is out of order; an unknown id at
+    /// another sequence, or past the ids handed out, is unknown.
     pub fn check(
         &self,
         producer_id: u64,
@@ -480,19 +494,42 @@ impl ProducerTable {
         count: u32,
     ) -> Result<Decision, ProducerError> {
         let mut producers = lock(&self.producers);
-        let p = producers
-            .get_mut(&producer_id)
-            .ok_or(ProducerError::UnknownProducer { producer_id })?;
-        if epoch != p.epoch {
-            return Err(if epoch < p.epoch {
-                ProducerError::Fenced {
-                    producer_id,
+        let issued = (1..self.next_id.load(Ordering::Acquire)).contains(&producer_id);
+        let p = match producers.entry(producer_id) {
+            std::collections::hash_map::Entry::Occupied(p) => p.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) if issued && base_sequence == 0 => {
+                v.insert(Producer {
                     epoch,
-                    current: p.epoch,
-                }
-            } else {
-                ProducerError::UnknownProducer { producer_id }
+                    last_seen_ms: now_ms(),
+                    partitions: HashMap::new(),
+                })
+            }
+            std::collections::hash_map::Entry::Vacant(_) => {
+                return Err(ProducerError::UnknownProducer { producer_id })
+            }
+        };
+        if epoch < p.epoch {
+            return Err(ProducerError::Fenced {
+                producer_id,
+                epoch,
+                current: p.epoch,
             });
+        }
+        if epoch > p.epoch {
+            if base_sequence != 0 {
+                return Err(ProducerError::OutOfOrder {
+                    producer_id,
+                    topic: topic.to_string(),
+                    partition,
+                    expected: 0,
+                    got: base_sequence,
+                });
+            }
+            // The bumped epoch's sequences start again, on every partition (as an
+            // init's bump); batches of the old epoch still in flight are written
+            // but no longer recorded ([`ProducerTable::accepted`]).
+            p.epoch = epoch;
+            p.partitions.clear();
         }
         p.last_seen_ms = now_ms();
         let st = p
@@ -534,10 +571,11 @@ impl ProducerTable {
         Ok(Decision::Append)
     }
 
-    /// The batch checked with [`Decision::Append`] was not written.
-    pub fn abandoned(&self, producer_id: u64, topic: &str, partition: u32) {
+    /// The batch checked with [`Decision::Append`] at `epoch` was not written.
+    pub fn abandoned(&self, producer_id: u64, epoch: u16, topic: &str, partition: u32) {
         if let Some(st) = lock(&self.producers)
             .get_mut(&producer_id)
+            .filter(|p| p.epoch == epoch)
             .and_then(|p| p.partitions.get_mut(&(topic.to_string(), partition)))
         {
             st.in_flight = false;
@@ -559,8 +597,11 @@ impl ProducerTable {
         last_offset: u64,
     ) -> Durable {
         let last_sequence = base_sequence.saturating_add(count.saturating_sub(1) as i32);
+        // A batch of an epoch bumped since its check is written but not recorded:
+        // the new epoch's state is not its.
         if let Some(st) = lock(&self.producers)
             .get_mut(&producer_id)
+            .filter(|p| p.epoch == epoch)
             .and_then(|p| p.partitions.get_mut(&(topic.to_string(), partition)))
         {
             st.in_flight = false;

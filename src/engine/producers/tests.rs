@@ -82,7 +82,7 @@ fn duplicates_gaps_and_fencing() {
         t.check(id, epoch, "t", 0, 5, 1),
         Err(ProducerError::InFlight { .. })
     ));
-    t.abandoned(id, "t", 0);
+    t.abandoned(id, epoch, "t", 0);
     // A bumped epoch fences the old one.
     let ((same, e1), rx) = t.init(Some((id, epoch))).unwrap();
     durable(rx);
@@ -140,7 +140,7 @@ fn replay_drops_entries_past_the_end_and_cuts_a_torn_tail() {
     let (t, report) = open(dir.path(), 12);
     assert!(!report.iter().any(|l| l.contains("dropped")), "{report:?}");
     assert_eq!(t.check(id, e, "t", 0, 8, 2).unwrap(), Decision::Append);
-    t.abandoned(id, "t", 0);
+    t.abandoned(id, e, "t", 0);
     // Batch 3 (sequences 6..=7) is a duplicate; sequence 8 is the next, as new.
     assert_eq!(
         t.check(id, e, "t", 0, 6, 2).unwrap(),
@@ -207,7 +207,7 @@ fn snapshot_batches_past_the_recovered_end_are_dropped() {
     assert!(report.iter().any(|l| l.contains("dropped 1")), "{report:?}");
     // The lost batch is written again, not answered as a duplicate.
     assert_eq!(t.check(id, e, "t", 0, 4, 2).unwrap(), Decision::Append);
-    t.abandoned(id, "t", 0);
+    t.abandoned(id, e, "t", 0);
     assert_eq!(
         t.check(id, e, "t", 0, 2, 2).unwrap(),
         Decision::Duplicate {
@@ -215,4 +215,92 @@ fn snapshot_batches_past_the_recovered_end_are_dropped() {
             last_offset: 3
         }
     );
+}
+
+/// KIP-360: a batch at sequence 0 starts a new state, at a higher epoch (the client
+/// bumped it itself) or of an unknown id this broker could have handed out; the
+/// journal and the snapshot bring both back after a restart.
+#[test]
+fn sequence_0_starts_a_new_epoch_or_producer_and_survives_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let (t, _) = open(dir.path(), 0);
+    let ((id, e), rx) = t.init(None).unwrap();
+    durable(rx);
+    assert_eq!(write(&t, id, e, 0, 2, 0), Decision::Append);
+    // A higher epoch at another sequence than 0 is out of order, as in Kafka.
+    assert!(matches!(
+        t.check(id, e + 1, "t", 0, 2, 1),
+        Err(ProducerError::OutOfOrder {
+            expected: 0,
+            got: 2,
+            ..
+        })
+    ));
+    assert_eq!(write(&t, id, e + 1, 0, 1, 2), Decision::Append);
+    assert!(matches!(
+        t.check(id, e, "t", 0, 2, 1),
+        Err(ProducerError::Fenced { .. })
+    ));
+    // Ids below the next one to hand out may be unknown here (expired, or given by
+    // a node whose range is lower); one at sequence 0 starts a producer.
+    t.reserve_ids_from(100);
+    assert_eq!(write(&t, 50, 3, 0, 1, 3), Decision::Append);
+    for (pid, seq) in [(100, 0), (u64::MAX, 0), (0, 0), (60, 5)] {
+        assert!(
+            matches!(
+                t.check(pid, 0, "t", 0, seq, 1),
+                Err(ProducerError::UnknownProducer { .. })
+            ),
+            "{pid} {seq}"
+        );
+    }
+    assert!(!t.describe().contains_key(&60));
+    assert_eq!(write(&t, 50, 3, 1, 1, 4), Decision::Append);
+    drop(t);
+
+    // The journal replayed: the bumped epoch and the new producer are known.
+    let (t, report) = open(dir.path(), 5);
+    assert!(report.is_empty(), "{report:?}");
+    let dup = |base: u64| Decision::Duplicate {
+        base_offset: base,
+        last_offset: base,
+    };
+    assert_eq!(t.check(id, e + 1, "t", 0, 0, 1).unwrap(), dup(2));
+    assert!(matches!(
+        t.check(id, e, "t", 0, 2, 1),
+        Err(ProducerError::Fenced { .. })
+    ));
+    assert_eq!(t.check(50, 3, "t", 0, 1, 1).unwrap(), dup(4));
+    assert_eq!(write(&t, id, e + 1, 1, 1, 5), Decision::Append);
+    assert_eq!(write(&t, 50, 3, 2, 1, 6), Decision::Append);
+    // An init never hands out an id in use.
+    let ((fresh, _), rx) = t.init(None).unwrap();
+    durable(rx);
+    assert!(fresh > 50, "{fresh}");
+    // The snapshot holds them too.
+    t.snapshot().unwrap();
+    drop(t);
+    let (t, _) = open(dir.path(), 7);
+    assert_eq!(t.check(50, 3, "t", 0, 2, 1).unwrap(), dup(6));
+    assert_eq!(t.check(id, e + 1, "t", 0, 1, 1).unwrap(), dup(5));
+}
+
+/// A batch of the old epoch in flight while a batch bumps the epoch is written but
+/// not recorded, in memory or at replay: the new epoch's sequences go on.
+#[test]
+fn a_batch_of_the_old_epoch_in_flight_at_a_bump_is_not_recorded() {
+    let dir = tempfile::tempdir().unwrap();
+    let (t, _) = open(dir.path(), 0);
+    let ((id, e), rx) = t.init(None).unwrap();
+    durable(rx);
+    assert_eq!(t.check(id, e, "t", 0, 0, 2).unwrap(), Decision::Append);
+    assert_eq!(t.check(id, e + 1, "t", 0, 0, 1).unwrap(), Decision::Append);
+    durable(t.accepted(id, e + 1, "t", 0, 0, 1, 0, 0));
+    durable(t.accepted(id, e, "t", 0, 0, 2, 1, 2));
+    let next = |t: &ProducerTable| t.check(id, e + 1, "t", 0, 1, 1);
+    assert_eq!(next(&t).unwrap(), Decision::Append);
+    t.abandoned(id, e + 1, "t", 0);
+    drop(t);
+    let (t, _) = open(dir.path(), 3);
+    assert_eq!(next(&t).unwrap(), Decision::Append);
 }

@@ -256,7 +256,7 @@ fn append_one(
                     Ok(p.base_offset)
                 }
                 Err(e) => {
-                    table.abandoned(producer_id, topic, partition);
+                    table.abandoned(producer_id, epoch, topic, partition);
                     Err((engine_code(&e), e.to_string()))
                 }
             }
