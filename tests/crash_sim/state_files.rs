@@ -240,7 +240,7 @@ pub(super) fn workload_group_commits(root: &Path, rng: &mut Rng) -> Run {
         }];
         let done = b
             .groups()
-            .commit(&*b, GROUP, -1, "", TOPIC, &entries)
+            .commit(&*b, GROUP, -1, "", None, TOPIC, &entries)
             .unwrap();
         match done.blocking_recv() {
             Ok(Ok(())) => run.mark(Ev::GroupAck(offset)),

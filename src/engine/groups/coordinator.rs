@@ -52,6 +52,8 @@ impl GroupState {
 
 #[derive(Debug)]
 pub(super) struct Member {
+    /// A static member's instance id (KIP-345).
+    instance_id: Option<String>,
     client_id: String,
     client_host: String,
     session_timeout: Duration,
@@ -167,6 +169,53 @@ impl Group {
         }
     }
 
+    /// The id of the member that holds static instance id `instance`.
+    fn static_member(&self, instance: &str) -> Option<&String> {
+        self.members
+            .iter()
+            .find(|(_, m)| m.instance_id.as_deref() == Some(instance))
+            .map(|(id, _)| id)
+    }
+
+    /// Checks the member a request names, as Kafka does: with an instance id, that
+    /// id must be known and held by `member` (else the member was replaced by a newer
+    /// one with the same instance id: fenced); without one, `member` must be known.
+    fn check_current(&self, member: &str, instance: Option<&str>) -> Result<(), GroupError> {
+        let Some(instance) = instance else {
+            return self.check_member(member);
+        };
+        match self.static_member(instance) {
+            None => Err(GroupError::UnknownMember {
+                group: self.name.clone(),
+                member: member.to_string(),
+            }),
+            Some(id) if id != member => Err(GroupError::FencedInstance {
+                group: self.name.clone(),
+                instance: instance.to_string(),
+                member: member.to_string(),
+            }),
+            Some(_) => Ok(()),
+        }
+    }
+
+    /// The protocol every member supports, in the leader's order of preference.
+    fn choose_protocol(&self) -> Option<String> {
+        let leader = self
+            .members
+            .get(&self.leader)
+            .or_else(|| self.members.values().next())?;
+        leader
+            .protocols
+            .iter()
+            .map(|(n, _)| n)
+            .find(|p| {
+                self.members
+                    .values()
+                    .all(|m| m.protocols.iter().any(|(n, _)| n == *p))
+            })
+            .cloned()
+    }
+
     fn check_generation(&self, generation: i32) -> Result<(), GroupError> {
         if generation == self.generation {
             Ok(())
@@ -236,20 +285,10 @@ impl Group {
             self.become_empty();
             return;
         }
-        // The protocol every member supports, in the leader's order of preference.
         if !self.members.contains_key(&self.leader) {
             self.leader = self.members.keys().next().cloned().unwrap_or_default();
         }
-        let leader_protocols: Vec<String> = self
-            .members
-            .get(&self.leader)
-            .map(|m| m.protocols.iter().map(|(n, _)| n.clone()).collect())
-            .unwrap_or_default();
-        let chosen = leader_protocols.into_iter().find(|p| {
-            self.members
-                .values()
-                .all(|m| m.protocols.iter().any(|(n, _)| n == p))
-        });
+        let chosen = self.choose_protocol();
         self.generation += 1;
         self.dirty = true;
         self.rebalance_deadline = None;
@@ -306,6 +345,31 @@ impl Group {
             .max()
             .unwrap_or_default();
         self.rebalance_deadline = Some(now + timeout);
+    }
+
+    /// A static member rejoined (no member id, a known instance id): the member
+    /// `old` holds its place under the new id `new`. The old id is fenced: a join or
+    /// sync it waits on is answered FENCED_INSTANCE_ID, and so are its later requests
+    /// that name the instance id.
+    fn replace_static_member(&mut self, old: &str, new: &str) {
+        let Some(mut m) = self.members.remove(old) else {
+            return;
+        };
+        let e = GroupError::FencedInstance {
+            group: self.name.clone(),
+            instance: m.instance_id.clone().unwrap_or_default(),
+            member: old.to_string(),
+        };
+        if let Some(w) = m.join_waiter.take() {
+            let _ = w.send(Err(e.clone()));
+        }
+        if let Some(w) = m.sync_waiter.take() {
+            let _ = w.send(Err(e));
+        }
+        self.members.insert(new.to_string(), m);
+        if self.leader == old {
+            self.leader = new.to_string();
+        }
     }
 
     fn remove_member(&mut self, member: &str, now: Instant) {
@@ -370,6 +434,9 @@ impl GroupCoordinator {
         check_len("member id", &req.member_id)?;
         check_len("client id", &req.client_id)?;
         check_len("client host", &req.client_host)?;
+        if let Some(i) = &req.group_instance_id {
+            check_len("group instance id", i)?;
+        }
         check_len("protocol type", &req.protocol_type)?;
         let ms = u64::from(req.session_timeout_ms);
         let (min, max) = (
@@ -444,11 +511,31 @@ impl GroupCoordinator {
             }));
             return rx;
         }
+        let is_new = req.member_id.is_empty();
+        let instance = req.group_instance_id.as_deref();
+        // A static member rejoining without its member id takes the place of the
+        // member that holds its instance id (Kafka's KIP-345).
+        let replacing = instance
+            .filter(|_| is_new)
+            .and_then(|i| g.static_member(i))
+            .cloned();
+        if !is_new {
+            if let Some(i) = instance {
+                if g.static_member(i).is_some_and(|id| *id != req.member_id) {
+                    let _ = tx.send(Err(GroupError::FencedInstance {
+                        group: req.group.clone(),
+                        instance: i.to_string(),
+                        member: req.member_id.clone(),
+                    }));
+                    return rx;
+                }
+            }
+        }
         if !g.members.is_empty() {
             let common = req.protocols.iter().any(|(n, _)| {
                 g.members
                     .iter()
-                    .filter(|(id, _)| **id != req.member_id)
+                    .filter(|(id, _)| **id != req.member_id && Some(*id) != replacing.as_ref())
                     .all(|(_, m)| m.protocols.iter().any(|(p, _)| p == n))
             });
             if !common {
@@ -459,9 +546,13 @@ impl GroupCoordinator {
                 return rx;
             }
         }
-        let is_new = req.member_id.is_empty();
+        // The leader as it was before a static member's place changed hands: a
+        // replaced leader's successor is told of the old id, so it does not take
+        // itself for the leader of a stable group (whose assignment it would redo
+        // for nothing).
+        let leader_before = g.leader.clone();
         let member_id = if is_new {
-            if g.members.len() >= MEMBERS_PER_GROUP_MAX {
+            if replacing.is_none() && g.members.len() >= MEMBERS_PER_GROUP_MAX {
                 let _ = tx.send(Err(GroupError::TooLarge {
                     what: "number of members",
                     max: MEMBERS_PER_GROUP_MAX,
@@ -475,20 +566,35 @@ impl GroupCoordinator {
                 req.client_id.as_str()
             };
             let id = format!("{}-{}-{n}", &client[..client.len().min(64)], now_ms());
-            g.members.insert(
-                id.clone(),
-                Member {
-                    client_id: req.client_id.clone(),
-                    client_host: req.client_host.clone(),
-                    session_timeout: Duration::from_millis(u64::from(req.session_timeout_ms)),
-                    rebalance_timeout: Duration::from_millis(u64::from(req.rebalance_timeout_ms)),
-                    protocols: req.protocols.clone(),
-                    last_heartbeat: now,
-                    join_waiter: None,
-                    sync_waiter: None,
-                    assignment: Vec::new(),
-                },
-            );
+            match &replacing {
+                Some(old) => {
+                    tracing::info!(group = %req.group, old = %old, new = %id,
+                        instance = instance.unwrap_or_default(),
+                        "static member rejoined: its new member id replaces the old one");
+                    g.replace_static_member(old, &id);
+                }
+                None => {
+                    g.members.insert(
+                        id.clone(),
+                        Member {
+                            instance_id: req.group_instance_id.clone(),
+                            client_id: req.client_id.clone(),
+                            client_host: req.client_host.clone(),
+                            session_timeout: Duration::from_millis(u64::from(
+                                req.session_timeout_ms,
+                            )),
+                            rebalance_timeout: Duration::from_millis(u64::from(
+                                req.rebalance_timeout_ms,
+                            )),
+                            protocols: req.protocols.clone(),
+                            last_heartbeat: now,
+                            join_waiter: None,
+                            sync_waiter: None,
+                            assignment: Vec::new(),
+                        },
+                    );
+                }
+            }
             id
         } else if !g.members.contains_key(&req.member_id) {
             let _ = tx.send(Err(GroupError::UnknownMember {
@@ -516,22 +622,37 @@ impl GroupCoordinator {
                 group: req.group.clone(),
             }));
         }
-        let immediate = !is_new
-            && match g.state {
-                GroupState::Stable => same_protocols && !is_leader,
-                GroupState::CompletingRebalance => same_protocols,
-                _ => false,
-            };
+        let immediate = match (&replacing, g.state) {
+            // As Kafka: a stable group whose protocol the rejoined static member
+            // leaves as it is goes on without a rebalance; the member gets the
+            // current generation and, at its sync, its predecessor's assignment.
+            (Some(_), GroupState::Stable) => {
+                g.choose_protocol().as_deref() == Some(g.protocol.as_str())
+            }
+            // Assignments handed out now would name the old member id: rebalance.
+            (Some(_), _) => false,
+            (None, GroupState::Stable) => !is_new && same_protocols && !is_leader,
+            (None, GroupState::CompletingRebalance) => !is_new && same_protocols,
+            (None, _) => false,
+        };
         if immediate {
+            let leader = if replacing.is_some() {
+                leader_before
+            } else {
+                g.leader.clone()
+            };
             let _ = tx.send(Ok(JoinResponse {
                 generation: g.generation,
                 protocol: g.protocol.clone(),
-                leader: g.leader.clone(),
+                leader,
                 member_id,
                 members: Vec::new(),
             }));
             return rx;
         }
+        let Some(m) = g.members.get_mut(&member_id) else {
+            return rx;
+        };
         m.join_waiter = Some(tx);
         g.prepare_rebalance(now);
         g.maybe_complete_join(false);
@@ -539,12 +660,14 @@ impl GroupCoordinator {
     }
 
     /// Sync: the leader hands in every member's assignment; each member gets its
-    /// own once the leader's sync arrived.
+    /// own once the leader's sync arrived. `instance`: the static instance id the
+    /// request names (Kafka's SyncGroup v3+).
     pub fn sync(
         &self,
         group: &str,
         generation: i32,
         member: &str,
+        instance: Option<&str>,
         assignments: Vec<(String, Vec<u8>)>,
     ) -> Completion<Vec<u8>> {
         let (tx, rx) = oneshot::channel();
@@ -557,7 +680,7 @@ impl GroupCoordinator {
                     group: group.to_string(),
                     member: member.to_string(),
                 })?;
-            g.check_member(member)?;
+            g.check_current(member, instance)?;
             g.check_generation(generation)?;
             if assignments
                 .iter()
@@ -620,8 +743,15 @@ impl GroupCoordinator {
         rx
     }
 
-    /// A member's heartbeat. `RebalanceInProgress` tells it to rejoin.
-    pub fn heartbeat(&self, group: &str, generation: i32, member: &str) -> Result<(), GroupError> {
+    /// A member's heartbeat. `RebalanceInProgress` tells it to rejoin. `instance`:
+    /// the static instance id the request names (Kafka's Heartbeat v3+).
+    pub fn heartbeat(
+        &self,
+        group: &str,
+        generation: i32,
+        member: &str,
+        instance: Option<&str>,
+    ) -> Result<(), GroupError> {
         check_group_name(group)?;
         let mut groups = lock(&self.groups);
         let g = groups
@@ -630,7 +760,7 @@ impl GroupCoordinator {
                 group: group.to_string(),
                 member: member.to_string(),
             })?;
-        g.check_member(member)?;
+        g.check_current(member, instance)?;
         if let Some(m) = g.members.get_mut(member) {
             m.last_heartbeat = Instant::now();
         }
@@ -644,8 +774,10 @@ impl GroupCoordinator {
         Ok(())
     }
 
-    /// A member leaves; the others rebalance.
-    pub fn leave(&self, group: &str, member: &str) -> Result<(), GroupError> {
+    /// A member leaves; the others rebalance. As in Kafka's LeaveGroup v3+, a
+    /// static member may be named by its `instance` id alone (an empty `member`);
+    /// with both, the instance id must be the member's.
+    pub fn leave(&self, group: &str, member: &str, instance: Option<&str>) -> Result<(), GroupError> {
         check_group_name(group)?;
         let mut groups = lock(&self.groups);
         let g = groups
@@ -653,21 +785,37 @@ impl GroupCoordinator {
             .ok_or_else(|| GroupError::UnknownGroup {
                 group: group.to_string(),
             })?;
-        g.check_member(member)?;
-        g.remove_member(member, Instant::now());
+        let id = match instance {
+            Some(i) if member.is_empty() => {
+                g.static_member(i)
+                    .cloned()
+                    .ok_or_else(|| GroupError::UnknownMember {
+                        group: group.to_string(),
+                        member: format!("(instance {i:?})"),
+                    })?
+            }
+            _ => {
+                g.check_current(member, instance)?;
+                member.to_string()
+            }
+        };
+        g.remove_member(&id, Instant::now());
         Ok(())
     }
 
-    /// Commits offsets of `topic` (Kafka's OffsetCommit). A member commits with its generation and id; an
+    /// Commits offsets of `topic` (Kafka's OffsetCommit). A member commits with its generation and id
+    /// (and `instance`, a static member's instance id, from OffsetCommit v7+); an
     /// admin commit (generation -1, empty member) is accepted only while the group
     /// has no members. The completion fires once the group file holding the commit
     /// is durable.
+    #[expect(clippy::too_many_arguments, reason = "the fields of Kafka's OffsetCommit")]
     pub fn commit(
         &self,
         topics: &dyn TopicLookup,
         group: &str,
         generation: i32,
         member: &str,
+        instance: Option<&str>,
         topic: &str,
         entries: &[OffsetCommit],
     ) -> Result<Completion<()>, GroupError> {
@@ -718,7 +866,7 @@ impl GroupCoordinator {
                         group: group.to_string(),
                         member: member.to_string(),
                     })?;
-                g.check_member(member)?;
+                g.check_current(member, instance)?;
                 g.check_generation(generation)?;
                 // As in Kafka: members of the current generation may commit while the
                 // next rebalance prepares (they commit before giving partitions up),
@@ -825,6 +973,7 @@ impl GroupCoordinator {
                 .iter()
                 .map(|(id, m)| MemberDescription {
                     member_id: id.clone(),
+                    instance_id: m.instance_id.clone(),
                     client_id: m.client_id.clone(),
                     client_host: m.client_host.clone(),
                     assignment: m.assignment.clone(),

@@ -104,6 +104,14 @@ pub enum GroupError {
     /// Kafka's UNKNOWN_MEMBER_ID.
     #[error("member {member:?} is not a member of group {group}")]
     UnknownMember { group: String, member: String },
+    /// Kafka's FENCED_INSTANCE_ID: a newer member joined with the same static
+    /// instance id and took this member's place.
+    #[error("member {member:?} of group {group} was replaced by a newer member with instance id {instance:?}")]
+    FencedInstance {
+        group: String,
+        instance: String,
+        member: String,
+    },
     /// Kafka's ILLEGAL_GENERATION.
     #[error("generation {generation} of group {group} is stale (the group is at {current})")]
     IllegalGeneration {
@@ -162,6 +170,10 @@ pub struct JoinRequest {
     pub protocol_type: String,
     /// (name, metadata) in the member's order of preference.
     pub protocols: Vec<(String, Vec<u8>)>,
+    /// A static member's instance id (Kafka's `group.instance.id`, KIP-345): a
+    /// member that joins with a known one and no member id takes the place of the
+    /// member that had it. `None` for a dynamic member (and on the native protocol).
+    pub group_instance_id: Option<String>,
 }
 
 /// A member's host as Kafka's DescribeGroups shows it: its connection's peer address
@@ -193,6 +205,8 @@ pub struct OffsetCommit {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MemberDescription {
     pub member_id: String,
+    /// A static member's instance id.
+    pub instance_id: Option<String>,
     pub client_id: String,
     pub client_host: String,
     /// The member's assignment as the leader gave it (empty before the first sync).

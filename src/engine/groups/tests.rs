@@ -33,6 +33,7 @@ fn join_req(member: &str, session_ms: u32) -> JoinRequest {
         rebalance_timeout_ms: 60_000,
         protocol_type: "consumer".into(),
         protocols: vec![("range".into(), b"meta".to_vec())],
+        group_instance_id: None,
     }
 }
 
@@ -52,10 +53,11 @@ fn join_sync_commit_and_generations() {
         "g",
         1,
         &a.member_id,
+        None,
         vec![(a.member_id.clone(), b"p0".to_vec())],
     ));
     assert_eq!(asg.unwrap(), b"p0");
-    c.heartbeat("g", 1, &a.member_id).unwrap();
+    c.heartbeat("g", 1, &a.member_id, None).unwrap();
 
     // A second member: the first learns of the rebalance through its heartbeat.
     let mut b_rx = c.join(join_req("", 10_000));
@@ -64,13 +66,13 @@ fn join_sync_commit_and_generations() {
         "waits for the first member to rejoin"
     );
     assert!(matches!(
-        c.heartbeat("g", 1, &a.member_id),
+        c.heartbeat("g", 1, &a.member_id, None),
         Err(GroupError::RebalanceInProgress { .. })
     ));
     // It may still commit what it read, with its generation, before rejoining.
-    done(c.commit(&Topics, "g", 1, &a.member_id, "t", &[]).unwrap()).unwrap();
+    done(c.commit(&Topics, "g", 1, &a.member_id, None, "t", &[]).unwrap()).unwrap();
     assert!(matches!(
-        c.commit(&Topics, "g", 0, &a.member_id, "t", &[]),
+        c.commit(&Topics, "g", 0, &a.member_id, None, "t", &[]),
         Err(GroupError::IllegalGeneration { .. })
     ));
     let a2 = done(c.join(join_req(&a.member_id, 10_000))).unwrap();
@@ -78,11 +80,12 @@ fn join_sync_commit_and_generations() {
     assert_eq!((a2.generation, b.generation), (2, 2));
     assert_eq!(a2.members.len(), 2);
     assert!(b.members.is_empty());
-    let b_sync = c.sync("g", 2, &b.member_id, vec![]);
+    let b_sync = c.sync("g", 2, &b.member_id, None, vec![]);
     let a_asg = done(c.sync(
         "g",
         2,
         &a.member_id,
+        None,
         vec![
             (a.member_id.clone(), b"A".to_vec()),
             (b.member_id.clone(), b"B".to_vec()),
@@ -93,7 +96,7 @@ fn join_sync_commit_and_generations() {
 
     // Stale generation, unknown member, bad partition, oversized metadata.
     assert!(matches!(
-        c.heartbeat("g", 1, &a.member_id),
+        c.heartbeat("g", 1, &a.member_id, None),
         Err(GroupError::IllegalGeneration {
             generation: 1,
             current: 2,
@@ -101,7 +104,7 @@ fn join_sync_commit_and_generations() {
         })
     ));
     assert!(matches!(
-        c.heartbeat("g", 2, "nobody"),
+        c.heartbeat("g", 2, "nobody", None),
         Err(GroupError::UnknownMember { .. })
     ));
     let commit = |p, off, meta: &str| {
@@ -110,6 +113,7 @@ fn join_sync_commit_and_generations() {
             "g",
             2,
             &b.member_id,
+            None,
             "t",
             &[OffsetCommit {
                 partition: p,
@@ -127,7 +131,7 @@ fn join_sync_commit_and_generations() {
         Err(GroupError::MetadataTooLarge { .. })
     ));
     assert!(matches!(
-        c.commit(&Topics, "../g", 2, &b.member_id, "t", &[]),
+        c.commit(&Topics, "../g", 2, &b.member_id, None, "t", &[]),
         Err(GroupError::InvalidName(_))
     ));
     assert!(
@@ -143,7 +147,7 @@ fn join_sync_commit_and_generations() {
     assert_eq!((l.offsets[0].partition, l.offsets[0].offset), (3, 17));
     // An admin commit is refused while members live; deleting too.
     assert!(matches!(
-        c.commit(&Topics, "g", -1, "", "t", &[]),
+        c.commit(&Topics, "g", -1, "", None, "t", &[]),
         Err(GroupError::GroupNotEmpty { members: 2, .. })
     ));
     assert!(matches!(
@@ -152,7 +156,7 @@ fn join_sync_commit_and_generations() {
     ));
 
     // Sessions: b stops heartbeating and is removed; a rejoins alone.
-    c.leave("g", &a.member_id).unwrap();
+    c.leave("g", &a.member_id, None).unwrap();
     let d = c.describe("g").unwrap();
     assert_eq!(d.state, GroupState::PreparingRebalance);
     let mut b3 = c.join(join_req(&b.member_id, 10_000));
@@ -161,7 +165,7 @@ fn join_sync_commit_and_generations() {
     assert_eq!(b3.leader, b.member_id);
 
     // Reopen: offsets survive, members do not.
-    c.leave("g", &b.member_id).unwrap();
+    c.leave("g", &b.member_id, None).unwrap();
     drop(c);
     let c = coordinator(dir.path());
     let d = c.describe("g").unwrap();
@@ -181,13 +185,14 @@ fn session_timeout_and_deleted_topics() {
     let dir = tempfile::tempdir().unwrap();
     let c = coordinator(dir.path());
     let a = done(c.join(join_req("", 20))).unwrap();
-    done(c.sync("g", 1, &a.member_id, vec![])).unwrap();
+    done(c.sync("g", 1, &a.member_id, None, vec![])).unwrap();
     done(
         c.commit(
             &Topics,
             "g",
             1,
             &a.member_id,
+            None,
             "t",
             &[OffsetCommit {
                 partition: 0,
@@ -205,7 +210,7 @@ fn session_timeout_and_deleted_topics() {
     assert!(d.members.is_empty(), "expired: {d:?}");
     assert_eq!(d.state, GroupState::Empty);
     assert!(matches!(
-        c.heartbeat("g", 1, &a.member_id),
+        c.heartbeat("g", 1, &a.member_id, None),
         Err(GroupError::UnknownMember { .. })
     ));
     assert_eq!(d.offsets.len(), 1);
@@ -234,7 +239,7 @@ fn admin_commit_and_retention() {
         offset: 9,
         metadata: String::new(),
     }];
-    done(c.commit(&Topics, "g", -1, "", "t", &reset).unwrap()).unwrap();
+    done(c.commit(&Topics, "g", -1, "", None, "t", &reset).unwrap()).unwrap();
     assert_eq!(c.fetch_offsets("g", Some("t"), None).unwrap()[0].offset, 9);
     std::thread::sleep(Duration::from_millis(5));
     c.tick(Instant::now(), None);
@@ -252,7 +257,7 @@ fn failed_replace_leaves_offsets_as_they_were() {
             offset,
             metadata: format!("m{offset}"),
         }];
-        done(c.commit(&Topics, "g", -1, "", "t", &e).unwrap())
+        done(c.commit(&Topics, "g", -1, "", None, "t", &e).unwrap())
     };
     // Counts the calls an open and one commit make, then fails the next one.
     let probe_dir = tempfile::tempdir().unwrap();
@@ -313,4 +318,160 @@ fn failed_replace_leaves_offsets_as_they_were() {
             12
         );
     }
+}
+
+fn static_req(member: &str, instance: &str, session_ms: u32) -> JoinRequest {
+    JoinRequest {
+        group_instance_id: Some(instance.into()),
+        ..join_req(member, session_ms)
+    }
+}
+
+/// Two static members "ia" (the leader) and "ib", stable at generation 2 with
+/// assignments "A" and "B": (a's id, b's id).
+fn stable_static_pair(c: &GroupCoordinator) -> (String, String) {
+    let a = done(c.join(static_req("", "ia", 10_000))).unwrap();
+    done(c.sync("g", 1, &a.member_id, Some("ia"), vec![])).unwrap();
+    let b_rx = c.join(static_req("", "ib", 10_000));
+    done(c.join(static_req(&a.member_id, "ia", 10_000))).unwrap();
+    let b = done(b_rx).unwrap();
+    assert_eq!(b.generation, 2);
+    let b_sync = c.sync("g", 2, &b.member_id, Some("ib"), vec![]);
+    let given = vec![
+        (a.member_id.clone(), b"A".to_vec()),
+        (b.member_id.clone(), b"B".to_vec()),
+    ];
+    done(c.sync("g", 2, &a.member_id, Some("ia"), given)).unwrap();
+    assert_eq!(done(b_sync).unwrap(), b"B");
+    (a.member_id, b.member_id)
+}
+
+/// KIP-345: a static member that rejoins without its member id takes its old
+/// place at once; the old id is fenced; a stable group does not rebalance.
+#[test]
+fn static_member_rejoins_in_place_and_fences_its_old_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = coordinator(dir.path());
+    let (a, b) = stable_static_pair(&c);
+    let j = done(c.join(static_req("", "ib", 10_000))).unwrap();
+    assert_ne!(j.member_id, b);
+    assert_eq!((j.generation, j.leader.as_str()), (2, a.as_str()));
+    assert!(j.members.is_empty());
+    // Its old assignment, no rebalance: the other member goes on as it was.
+    assert_eq!(
+        done(c.sync("g", 2, &j.member_id, Some("ib"), vec![])).unwrap(),
+        b"B"
+    );
+    c.heartbeat("g", 2, &a, Some("ia")).unwrap();
+    c.heartbeat("g", 2, &j.member_id, Some("ib")).unwrap();
+    let d = c.describe("g").unwrap();
+    assert_eq!((d.state, d.generation), (GroupState::Stable, 2));
+    let mut instances: Vec<_> = d.members.iter().map(|m| m.instance_id.clone()).collect();
+    instances.sort();
+    assert_eq!(instances, [Some("ia".to_string()), Some("ib".to_string())]);
+    // The old member id is fenced where it names its instance id, unknown where not.
+    let fenced = |r: Result<(), GroupError>| {
+        assert!(
+            matches!(r, Err(GroupError::FencedInstance { .. })),
+            "{r:?}"
+        );
+    };
+    fenced(c.heartbeat("g", 2, &b, Some("ib")));
+    fenced(done(c.sync("g", 2, &b, Some("ib"), vec![])).map(|_| ()));
+    fenced(c.commit(&Topics, "g", 2, &b, Some("ib"), "t", &[]).map(|_| ()));
+    fenced(c.leave("g", &b, Some("ib")));
+    fenced(done(c.join(static_req(&b, "ib", 10_000))).map(|_| ()));
+    assert!(matches!(
+        c.heartbeat("g", 2, &b, None),
+        Err(GroupError::UnknownMember { .. })
+    ));
+    assert!(matches!(
+        c.heartbeat("g", 2, &a, Some("nobody")),
+        Err(GroupError::UnknownMember { .. })
+    ));
+
+    // The leader restarts: the new id is told the old leader's id, so it does not
+    // redo the assignment of a stable group; later rebalances know it as leader.
+    let l = done(c.join(static_req("", "ia", 10_000))).unwrap();
+    assert_eq!((l.generation, l.leader.as_str()), (2, a.as_str()));
+    assert_eq!(
+        done(c.sync("g", 2, &l.member_id, Some("ia"), vec![])).unwrap(),
+        b"A"
+    );
+    // A later rebalance knows the new id as the leader.
+    let mut late = c.join(join_req("", 10_000));
+    let mut b_join = c.join(static_req(&j.member_id, "ib", 10_000));
+    let l2 = done(c.join(static_req(&l.member_id, "ia", 10_000))).unwrap();
+    assert_eq!((l2.generation, l2.leader.as_str()), (3, l.member_id.as_str()));
+    assert_eq!(l2.members.len(), 3);
+    assert!(matches!(late.try_recv(), Ok(Ok(_))));
+    assert!(matches!(b_join.try_recv(), Ok(Ok(_))));
+}
+
+/// A static member that rejoins with a protocol that changes the group's, or
+/// during a rebalance, rebalances the group; a pending join of the old id is fenced.
+#[test]
+fn static_member_rejoin_rebalances_when_it_must() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = coordinator(dir.path());
+    // Alone in the group: rejoining with another protocol changes the group's.
+    let a = done(c.join(static_req("", "ia", 10_000))).unwrap();
+    done(c.sync("g", 1, &a.member_id, Some("ia"), vec![])).unwrap();
+    let mut other = static_req("", "ia", 10_000);
+    other.protocols = vec![("roundrobin".into(), b"m".to_vec())];
+    let r = done(c.join(other)).unwrap();
+    assert_eq!((r.generation, r.protocol.as_str()), (2, "roundrobin"));
+    assert_eq!(r.leader, r.member_id);
+
+    // During a rebalance the new id waits with the others, and the old id's
+    // pending join is fenced.
+    let dir = tempfile::tempdir().unwrap();
+    let c = coordinator(dir.path());
+    let (a, b) = stable_static_pair(&c);
+    let mut newcomer = c.join(join_req("", 10_000));
+    let mut b_join = c.join(static_req(&b, "ib", 10_000));
+    assert!(b_join.try_recv().is_err(), "a has not rejoined");
+    let mut replaced = c.join(static_req("", "ib", 10_000));
+    assert!(matches!(
+        b_join.try_recv(),
+        Ok(Err(GroupError::FencedInstance { .. }))
+    ));
+    assert!(replaced.try_recv().is_err(), "waits for a");
+    let a2 = done(c.join(static_req(&a, "ia", 10_000))).unwrap();
+    let r = replaced.try_recv().unwrap().unwrap();
+    assert_eq!((a2.generation, r.generation), (3, 3));
+    assert_eq!(a2.members.len(), 3);
+    assert!(matches!(newcomer.try_recv(), Ok(Ok(_))));
+}
+
+/// A static member's session timeout removes it; LeaveGroup names a static member
+/// by its instance id alone.
+#[test]
+fn static_members_expire_and_leave_by_instance_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = coordinator(dir.path());
+    let a = done(c.join(static_req("", "ia", 20))).unwrap();
+    done(c.sync("g", 1, &a.member_id, Some("ia"), vec![])).unwrap();
+    c.tick(Instant::now() + Duration::from_millis(50), None);
+    let d = c.describe("g").unwrap();
+    assert!(d.members.is_empty(), "expired: {d:?}");
+    assert!(matches!(
+        c.heartbeat("g", 1, &a.member_id, Some("ia")),
+        Err(GroupError::UnknownMember { .. })
+    ));
+    // Rejoining after that is a new member of a new generation.
+    let a = done(c.join(static_req("", "ia", 10_000))).unwrap();
+    assert_eq!(a.leader, a.member_id);
+    assert!(matches!(
+        c.leave("g", "", Some("nobody")),
+        Err(GroupError::UnknownMember { .. })
+    ));
+    assert!(matches!(
+        c.leave("g", "", None),
+        Err(GroupError::UnknownMember { .. })
+    ));
+    c.leave("g", "", Some("ia")).unwrap();
+    let d = c.describe("g").unwrap();
+    assert!(d.members.is_empty());
+    assert_eq!(d.state, GroupState::Empty);
 }

@@ -17,7 +17,10 @@ pub fn group_error(e: &GroupError) -> (ErrorCode, String) {
     let code = match e {
         GroupError::InvalidName(_) => ErrorCode::INVALID_NAME,
         GroupError::UnknownGroup { .. } => ErrorCode::UNKNOWN_GROUP,
-        GroupError::UnknownMember { .. } => ErrorCode::UNKNOWN_MEMBER,
+        // Only Kafka clients name static instance ids.
+        GroupError::UnknownMember { .. } | GroupError::FencedInstance { .. } => {
+            ErrorCode::UNKNOWN_MEMBER
+        }
         GroupError::IllegalGeneration { .. } => ErrorCode::ILLEGAL_GENERATION,
         GroupError::RebalanceInProgress { .. } => ErrorCode::REBALANCE_IN_PROGRESS,
         GroupError::GroupNotEmpty { .. } => ErrorCode::GROUP_NOT_EMPTY,
@@ -120,6 +123,7 @@ pub async fn serve(
                             .iter()
                             .map(|(n, m)| ((*n).to_string(), m.to_vec()))
                             .collect(),
+                        group_instance_id: None,
                     }),
                     stop,
                 )
@@ -150,7 +154,7 @@ pub async fn serve(
                     .iter()
                     .map(|(id, a)| ((*id).to_string(), a.to_vec()))
                     .collect();
-                let a = wait(groups.sync(group, generation, member_id, given), stop).await?;
+                let a = wait(groups.sync(group, generation, member_id, None, given), stop).await?;
                 reply(out, GroupResponse::SyncGroup { assignment: &a });
             }
             GroupRequest::Heartbeat {
@@ -158,11 +162,11 @@ pub async fn serve(
                 generation,
                 member_id,
             } => {
-                groups.heartbeat(group, generation, member_id)?;
+                groups.heartbeat(group, generation, member_id, None)?;
                 reply(out, GroupResponse::Heartbeat);
             }
             GroupRequest::LeaveGroup { group, member_id } => {
-                groups.leave(group, member_id)?;
+                groups.leave(group, member_id, None)?;
                 reply(out, GroupResponse::LeaveGroup);
             }
             GroupRequest::OffsetCommit {
@@ -180,7 +184,7 @@ pub async fn serve(
                         metadata: o.metadata.to_string(),
                     })
                     .collect();
-                let rx = groups.commit(broker, group, generation, member_id, topic, &entries)?;
+                let rx = groups.commit(broker, group, generation, member_id, None, topic, &entries)?;
                 wait(rx, stop).await?;
                 reply(out, GroupResponse::OffsetCommit);
             }

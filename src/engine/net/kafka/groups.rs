@@ -26,6 +26,7 @@ pub(crate) fn group_code(e: &GroupError) -> (i16, String) {
         GroupError::InvalidName(_) => code::INVALID_GROUP_ID,
         GroupError::UnknownGroup { .. } => code::GROUP_ID_NOT_FOUND,
         GroupError::UnknownMember { .. } => code::UNKNOWN_MEMBER_ID,
+        GroupError::FencedInstance { .. } => code::FENCED_INSTANCE_ID,
         GroupError::IllegalGeneration { .. } => code::ILLEGAL_GENERATION,
         GroupError::RebalanceInProgress { .. } => code::REBALANCE_IN_PROGRESS,
         GroupError::GroupNotEmpty { .. } => code::NON_EMPTY_GROUP,
@@ -40,6 +41,12 @@ pub(crate) fn group_code(e: &GroupError) -> (i16, String) {
         GroupError::ShuttingDown => code::COORDINATOR_NOT_AVAILABLE,
     };
     (c, e.to_string())
+}
+
+/// A request's static instance id (JoinGroup v5+, SyncGroup and Heartbeat v3+,
+/// LeaveGroup v3+, OffsetCommit v7+): `None` when absent (null) or empty.
+pub(crate) fn instance_id(id: Option<&kafka_protocol::protocol::StrBytes>) -> Option<&str> {
+    id.map(|s| s.as_str()).filter(|s| !s.is_empty())
 }
 
 /// Awaits a coordinator completion, giving up when the server stops.
@@ -102,6 +109,7 @@ pub(crate) async fn join(
             .iter()
             .map(|p| (p.name.as_str().to_string(), p.metadata.to_vec()))
             .collect(),
+        group_instance_id: instance_id(r.group_instance_id.as_ref()).map(str::to_string),
     };
     match wait(ctx.broker.groups().join(req), &ctx.stop).await {
         Ok(j) => {
@@ -146,6 +154,7 @@ pub(crate) async fn sync(ctx: &Ctx, r: SyncGroupRequest) -> Outcome {
         r.group_id.0.as_str(),
         r.generation_id,
         r.member_id.as_str(),
+        instance_id(r.group_instance_id.as_ref()),
         given,
     );
     match wait(rx, &ctx.stop).await {
@@ -161,11 +170,12 @@ pub(crate) async fn sync(ctx: &Ctx, r: SyncGroupRequest) -> Outcome {
 
 pub(crate) fn heartbeat(ctx: &Ctx, r: HeartbeatRequest) -> Outcome {
     let mut resp = HeartbeatResponse::default();
-    if let Err(e) =
-        ctx.broker
-            .groups()
-            .heartbeat(r.group_id.0.as_str(), r.generation_id, r.member_id.as_str())
-    {
+    if let Err(e) = ctx.broker.groups().heartbeat(
+        r.group_id.0.as_str(),
+        r.generation_id,
+        r.member_id.as_str(),
+        instance_id(r.group_instance_id.as_ref()),
+    ) {
         let (c, msg) = group_code(&e);
         if c != code::REBALANCE_IN_PROGRESS {
             ctx.client_error(ApiKey::Heartbeat, c, &msg);
@@ -178,23 +188,36 @@ pub(crate) fn heartbeat(ctx: &Ctx, r: HeartbeatRequest) -> Outcome {
 pub(crate) fn leave(ctx: &Ctx, r: LeaveGroupRequest, version: i16) -> Outcome {
     let mut resp = LeaveGroupResponse::default();
     let group = r.group_id.0.as_str();
-    let leave_one = |member: &str| match ctx.broker.groups().leave(group, member) {
-        Ok(()) => code::NONE,
-        Err(e) => {
-            let (c, msg) = group_code(&e);
-            ctx.client_error(ApiKey::LeaveGroup, c, &msg);
-            c
+    let leave_one = |member: &str, instance: Option<&str>| {
+        match ctx.broker.groups().leave(group, member, instance) {
+            Ok(()) => code::NONE,
+            // As Kafka: a group the coordinator does not know has none of the
+            // members (not GROUP_ID_NOT_FOUND).
+            Err(GroupError::UnknownGroup { .. }) => {
+                let msg = format!("group {group} has no member {member:?}");
+                ctx.client_error(ApiKey::LeaveGroup, code::UNKNOWN_MEMBER_ID, &msg);
+                code::UNKNOWN_MEMBER_ID
+            }
+            Err(e) => {
+                let (c, msg) = group_code(&e);
+                ctx.client_error(ApiKey::LeaveGroup, c, &msg);
+                c
+            }
         }
     };
     if version >= 3 {
         for m in &r.members {
             let mut mr = MemberResponse::default();
             mr.member_id = m.member_id.clone();
-            mr.error_code = leave_one(m.member_id.as_str());
+            mr.group_instance_id = m.group_instance_id.clone();
+            mr.error_code = leave_one(
+                m.member_id.as_str(),
+                instance_id(m.group_instance_id.as_ref()),
+            );
             resp.members.push(mr);
         }
     } else {
-        resp.error_code = leave_one(r.member_id.as_str());
+        resp.error_code = leave_one(r.member_id.as_str(), None);
     }
     Outcome::reply(ResponseKind::LeaveGroup(resp))
 }
@@ -229,6 +252,8 @@ pub(crate) fn describe(ctx: &Ctx, r: DescribeGroupsRequest) -> Outcome {
                     .map(|m| {
                         let mut e = DescribedGroupMember::default();
                         e.member_id = sb(&m.member_id);
+                        // Only encoded from version 4 on.
+                        e.group_instance_id = m.instance_id.as_deref().map(sb);
                         e.client_id = sb(&m.client_id);
                         e.client_host = sb(&m.client_host);
                         e.member_assignment = Bytes::copy_from_slice(&m.assignment);

@@ -118,6 +118,7 @@ pub mod code {
     pub const GROUP_ID_NOT_FOUND: i16 = 69;
     pub const NON_EMPTY_GROUP: i16 = 68;
     pub const UNKNOWN_SERVER_ERROR: i16 = -1;
+    pub const FENCED_INSTANCE_ID: i16 = 82;
     pub const INVALID_RECORD: i16 = 87;
 }
 

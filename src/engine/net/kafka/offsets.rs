@@ -185,6 +185,7 @@ pub(crate) async fn offset_commit(ctx: &Ctx, r: OffsetCommitRequest) -> Outcome 
                     group,
                     r.generation_id_or_member_epoch,
                     r.member_id.as_str(),
+                    super::groups::instance_id(r.group_instance_id.as_ref()),
                     t.name.0.as_str(),
                     &entries,
                 ) {
