@@ -386,6 +386,133 @@ fn confluent_describe_group_names_client_id_and_host() {
     s.stop();
 }
 
+/// Static membership (KIP-345): a member that restarts with its `group.instance.id`
+/// takes its old place at once, with its old partitions, and the other member's
+/// partitions are not revoked (no rebalance).
+#[test]
+fn confluent_static_member_restarts_without_a_rebalance() {
+    if !have_python("confluent_kafka") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (s, boot) = start(dir.path());
+    s.ok(&["topics", "create", "st", "--partitions", "4"]);
+    let r = python("confluent_static_members", &[&boot, "st", "sg"]);
+    let before = r["before"].as_array().unwrap();
+    assert!(
+        before.iter().all(|a| !a.as_array().unwrap().is_empty()),
+        "{r}"
+    );
+    assert_eq!(r["after"], r["before"], "{r}");
+    assert_eq!(r["c1_after_restart"], serde_json::json!([]), "{r}");
+    assert_eq!(r["c2_again"], serde_json::json!([["assign", before[1]]]), "{r}");
+    // Well within the 10 s session timeout the old member would otherwise need
+    // to expire.
+    assert!(r["took_s"].as_f64().unwrap() < 5.0, "{r}");
+    s.stop();
+}
+
+/// As Kafka: LeaveGroup for a group the broker does not know answers
+/// UNKNOWN_MEMBER_ID (25), per member from version 3 on (was GROUP_ID_NOT_FOUND).
+#[test]
+fn leave_group_of_an_unknown_group_is_unknown_member() {
+    if !have_python("kafka") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (s, boot) = start(dir.path());
+    let r = python("raw_leave_unknown_group", &[&boot]);
+    assert_eq!(r, serde_json::json!({"v0": [25], "v3": [25, 25]}));
+    s.stop();
+}
+
+/// KIP-360: an idempotent batch at sequence 0 starts a new state at a higher epoch
+/// (a client that bumped its epoch itself) or for an id whose state expired; a
+/// higher epoch at another sequence is OUT_OF_ORDER_SEQUENCE_NUMBER (45). The new
+/// states are in the producer journal: duplicates and the fencing of the old epoch
+/// hold across a restart.
+#[test]
+fn idempotent_epoch_bump_and_expired_id_across_restarts() {
+    if !have_python("kafka") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let expire = ["--kafka-listen", "127.0.0.1:0", "--producer-id-expiration", "2s"];
+    let s = Serve::start_with(dir.path(), &expire);
+    s.ok(&["topics", "create", "idem", "--partitions", "1"]);
+    let boot = s.kafka_addr.clone().unwrap();
+    let one = python("raw_idempotent_epochs", &[&boot, "idem", "one"]);
+    let pids: Vec<String> = one["pids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    let pids: Vec<&str> = pids.iter().map(String::as_str).collect();
+    let answers = |v: &serde_json::Value| {
+        let mut v = v.clone();
+        v.as_object_mut().unwrap().remove("pids");
+        v
+    };
+    assert_eq!(
+        answers(&one),
+        serde_json::json!({
+            "a_first": [0, 0],
+            "a_bump_seq1": [45, -1],
+            "a_bump_seq0": [0, 2],
+            "a_old_epoch": [47, -1],
+            "b_first": [0, 3],
+            "never_handed_out": [59, -1],
+        })
+    );
+    s.stop();
+    let s = Serve::start_with(dir.path(), &expire);
+    let boot = s.kafka_addr.clone().unwrap();
+    let args = |phase| [&[boot.as_str(), "idem", phase][..], &pids[..]].concat();
+    let two = python("raw_idempotent_epochs", &args("two"));
+    assert_eq!(
+        two,
+        serde_json::json!({"a_bump_dup": [0, 2], "a_bump_seq1": [0, 4], "a_old_epoch": [47, -1]})
+    );
+    // Both producers unseen for longer than the expiration when the broker stops:
+    // the snapshot drops them.
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    s.stop();
+    let s = Serve::start_with(dir.path(), &expire);
+    let boot = s.kafka_addr.clone().unwrap();
+    let args = |phase| [&[boot.as_str(), "idem", phase][..], &pids[..]].concat();
+    let three = python("raw_idempotent_epochs", &args("three"));
+    assert_eq!(
+        three,
+        serde_json::json!({"b_expired_seq1": [59, -1], "b_expired_seq0": [0, 5], "b_seq1": [0, 6]})
+    );
+    s.stop();
+}
+
+/// A record with timestamp -1 (Kafka's NO_TIMESTAMP) is stamped with the broker's
+/// clock when it is written, as the native produce's -1 is, and read back so
+/// (Kafka would return -1): the format's timestamp is milliseconds since the epoch
+/// and time-based retention and ListOffsets read it as such. README and
+/// docs/PROTOCOL.md say so.
+#[test]
+fn a_record_without_timestamp_reads_back_with_the_brokers_time() {
+    if !have_python("kafka") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (s, boot) = start(dir.path());
+    s.ok(&["topics", "create", "ts", "--partitions", "1"]);
+    let r = python("raw_no_timestamp", &[&boot, "ts"]);
+    assert_eq!(r["error"], 0, "{r}");
+    assert_eq!(r["timestamp_type"], 0, "CreateTime: {r}");
+    let ts = r["timestamp"].as_i64().unwrap();
+    assert!(
+        r["before_ms"].as_i64().unwrap() <= ts && ts <= r["after_ms"].as_i64().unwrap(),
+        "{r}"
+    );
+    s.stop();
+}
+
 #[test]
 fn confluent_close_during_a_long_poll_is_not_a_warning() {
     if !have_python("confluent_kafka") {

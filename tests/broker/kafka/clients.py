@@ -223,6 +223,197 @@ def confluent_close_during_fetch(boot, topic):
     out({"closed": True})
 
 
+def confluent_static_members(boot, topic, group):
+    """Two static members (group.instance.id i1, i2); i2 restarts with the same
+    instance id. Reports how long the restarted one took to get its partitions back
+    and the rebalance callbacks each member saw after the restart."""
+    from confluent_kafka import Consumer
+
+    events = {}
+
+    def consumer(name, instance):
+        c = Consumer({"bootstrap.servers": boot, "group.id": group, "client.id": name,
+                      "group.instance.id": instance, "session.timeout.ms": 10000,
+                      "heartbeat.interval.ms": 300, "enable.auto.commit": False,
+                      "auto.offset.reset": "earliest"})
+        events[name] = []
+
+        def assigned(_, parts):
+            events[name].append(["assign", sorted(p.partition for p in parts)])
+
+        def revoked(_, parts):
+            events[name].append(["revoke", sorted(p.partition for p in parts)])
+
+        c.subscribe([topic], on_assign=assigned, on_revoke=revoked)
+        return c
+
+    def mine(c):
+        return sorted(p.partition for p in c.assignment())
+
+    c1, c2 = consumer("c1", "i1"), consumer("c2", "i2")
+    end = time.time() + DEADLINE_S
+    while time.time() < end and not (c1.assignment() and c2.assignment()):
+        c1.poll(0.1)
+        c2.poll(0.1)
+    before = [mine(c1), mine(c2)]
+    c1_seen = len(events["c1"])
+    c2.close()
+    began = time.time()
+    c2 = consumer("c2-again", "i2")
+    while time.time() < began + DEADLINE_S and not c2.assignment():
+        c1.poll(0.1)
+        c2.poll(0.1)
+    took = time.time() - began
+    after = [mine(c1), mine(c2)]
+    # A little longer, for a revocation that comes late.
+    settle = time.time() + 1.5
+    while time.time() < settle:
+        c1.poll(0.1)
+        c2.poll(0.1)
+    out({"before": before, "after": after, "took_s": took,
+         "c1_after_restart": events["c1"][c1_seen:], "c2_again": events["c2-again"]})
+    c1.close()
+    c2.close()
+
+
+class Raw:
+    """Kafka requests on one socket, encoded by hand (kafka-python builds batches)."""
+
+    def __init__(self, boot):
+        import socket
+        host, port = boot.rsplit(":", 1)
+        self.s = socket.create_connection((host, int(port)), timeout=DEADLINE_S)
+        self.corr = 0
+
+    def call(self, key, version, body):
+        import struct
+        self.corr += 1
+        h = struct.pack(">hhih", key, version, self.corr, 3) + b"raw"
+        self.s.sendall(struct.pack(">i", len(h) + len(body)) + h + body)
+        n = struct.unpack(">i", self._read(4))[0]
+        r = self._read(n)
+        assert struct.unpack(">i", r[:4])[0] == self.corr
+        return r[4:]
+
+    def _read(self, n):
+        b = b""
+        while len(b) < n:
+            chunk = self.s.recv(n - len(b))
+            if not chunk:
+                raise EOFError("connection closed")
+            b += chunk
+        return b
+
+    def init_producer_id(self):
+        import struct
+        r = self.call(22, 0, struct.pack(">hi", -1, 60000))
+        _, err, pid, epoch = struct.unpack(">ihqh", r[:16])
+        assert err == 0, err
+        return pid, epoch
+
+    def produce(self, topic, pid, epoch, seq, n, timestamp=None):
+        """One batch of n records to partition 0 (Produce v3, acks all): (error, base)."""
+        import struct
+        from kafka.record.default_records import DefaultRecordBatchBuilder
+        b = DefaultRecordBatchBuilder(2, 0, False, pid, epoch, seq, 1 << 20)
+        for i in range(n):
+            ts = int(time.time() * 1000) if timestamp is None else timestamp
+            b.append(i, ts, None, b"v%d" % i, [])
+        recs = bytes(b.build())
+        t = topic.encode()
+        body = struct.pack(">hhi", -1, -1, 10000) + struct.pack(">i", 1)
+        body += struct.pack(">h", len(t)) + t + struct.pack(">ii", 1, 0)
+        body += struct.pack(">i", len(recs)) + recs
+        r = self.call(0, 3, body)
+        off = 4
+        nl = struct.unpack(">h", r[off:off + 2])[0]
+        off += 2 + nl + 4
+        _, err, base, _ = struct.unpack(">ihqq", r[off:off + 22])
+        return [err, base]
+
+    def leave(self, group, version, members):
+        """LeaveGroup: v0 names one member id; v3 (member id, instance id or None)
+        pairs. The error codes: [top] or per member."""
+        import struct
+
+        def string(x):
+            return struct.pack(">h", -1) if x is None else struct.pack(">h", len(x)) + x.encode()
+
+        body = string(group)
+        if version < 3:
+            r = self.call(13, version, body + string(members[0][0]))
+            return [struct.unpack(">h", r[4 if version >= 1 else 0:][:2])[0]]
+        body += struct.pack(">i", len(members))
+        for m, i in members:
+            body += string(m) + string(i)
+        r = self.call(13, 3, body)
+        off = 4 + 2
+        count = struct.unpack(">i", r[off:off + 4])[0]
+        off += 4
+        codes = []
+        for _ in range(count):
+            for _field in range(2):
+                n = struct.unpack(">h", r[off:off + 2])[0]
+                off += 2 + max(n, 0)
+            codes.append(struct.unpack(">h", r[off:off + 2])[0])
+            off += 2
+        return codes
+
+
+def raw_leave_unknown_group(boot):
+    """LeaveGroup for a group the broker does not know, in versions 0 and 3."""
+    r = Raw(boot)
+    out({"v0": r.leave("never-seen", 0, [("m1", None)]),
+         "v3": r.leave("never-seen", 3, [("m1", None), ("", "inst-1")])})
+
+
+def raw_idempotent_epochs(boot, topic, phase, pids):
+    """Idempotent batches at epochs and sequences a client may send without asking
+    InitProducerId (KIP-360), across broker restarts. Phase one: two new ids A and B;
+    phase two (after a restart): A at its bumped epoch; phase three (after a restart
+    that expired both): B, unknown now, at sequence 0. Every answer is [error, base]."""
+    r = Raw(boot)
+    res = {}
+    if phase == "one":
+        (a, ea), (b, eb) = r.init_producer_id(), r.init_producer_id()
+        res["pids"] = [a, ea, b, eb]
+        res["a_first"] = r.produce(topic, a, ea, 0, 2)
+        res["a_bump_seq1"] = r.produce(topic, a, ea + 1, 1, 1)
+        res["a_bump_seq0"] = r.produce(topic, a, ea + 1, 0, 1)
+        res["a_old_epoch"] = r.produce(topic, a, ea, 2, 1)
+        res["b_first"] = r.produce(topic, b, eb, 0, 1)
+        res["never_handed_out"] = r.produce(topic, a + (1 << 40), 0, 0, 1)
+    elif phase == "two":
+        a, ea, b, eb = pids
+        res["a_bump_dup"] = r.produce(topic, a, ea + 1, 0, 1)
+        res["a_bump_seq1"] = r.produce(topic, a, ea + 1, 1, 1)
+        res["a_old_epoch"] = r.produce(topic, a, ea, 2, 1)
+    else:
+        a, ea, b, eb = pids
+        res["b_expired_seq1"] = r.produce(topic, b, eb, 1, 1)
+        res["b_expired_seq0"] = r.produce(topic, b, eb, 0, 1)
+        res["b_seq1"] = r.produce(topic, b, eb, 1, 1)
+    out(res)
+
+
+def raw_no_timestamp(boot, topic):
+    """A record with timestamp -1 (Kafka's NO_TIMESTAMP), read back by kafka-python."""
+    from kafka import KafkaConsumer, TopicPartition
+    r = Raw(boot)
+    before = int(time.time() * 1000)
+    err, base = r.produce(topic, -1, -1, -1, 1, timestamp=-1)
+    after = int(time.time() * 1000)
+    c = KafkaConsumer(bootstrap_servers=boot, enable_auto_commit=False,
+                      consumer_timeout_ms=10000)
+    tp = TopicPartition(topic, 0)
+    c.assign([tp])
+    c.seek(tp, base)
+    m = next(iter(c))
+    c.close()
+    out({"error": err, "timestamp": m.timestamp, "timestamp_type": m.timestamp_type,
+         "before_ms": before, "after_ms": after})
+
+
 def confluent_sasl_refusals(boot, topic, producer_token, consumer_token, ca):
     """A group refused to a producer key, InitProducerId refused to a consumer key."""
     from confluent_kafka import Consumer, KafkaException, Producer
@@ -425,6 +616,15 @@ def main():
             confluent_failover(sys.argv[2], sys.argv[3], int(sys.argv[4]))
         elif mode == "confluent_describe_group":
             confluent_describe_group(sys.argv[2], sys.argv[3], sys.argv[4])
+        elif mode == "confluent_static_members":
+            confluent_static_members(sys.argv[2], sys.argv[3], sys.argv[4])
+        elif mode == "raw_leave_unknown_group":
+            raw_leave_unknown_group(sys.argv[2])
+        elif mode == "raw_idempotent_epochs":
+            raw_idempotent_epochs(sys.argv[2], sys.argv[3], sys.argv[4],
+                                  [int(x) for x in sys.argv[5:9]])
+        elif mode == "raw_no_timestamp":
+            raw_no_timestamp(sys.argv[2], sys.argv[3])
         elif mode == "confluent_close_during_fetch":
             confluent_close_during_fetch(sys.argv[2], sys.argv[3])
         elif mode == "confluent_sasl_refusals":
