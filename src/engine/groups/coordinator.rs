@@ -777,7 +777,12 @@ impl GroupCoordinator {
     /// A member leaves; the others rebalance. As in Kafka's LeaveGroup v3+, a
     /// static member may be named by its `instance` id alone (an empty `member`);
     /// with both, the instance id must be the member's.
-    pub fn leave(&self, group: &str, member: &str, instance: Option<&str>) -> Result<(), GroupError> {
+    pub fn leave(
+        &self,
+        group: &str,
+        member: &str,
+        instance: Option<&str>,
+    ) -> Result<(), GroupError> {
         check_group_name(group)?;
         let mut groups = lock(&self.groups);
         let g = groups
@@ -808,7 +813,10 @@ impl GroupCoordinator {
     /// admin commit (generation -1, empty member) is accepted only while the group
     /// has no members. The completion fires once the group file holding the commit
     /// is durable.
-    #[expect(clippy::too_many_arguments, reason = "the fields of Kafka's OffsetCommit")]
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the fields of Kafka's OffsetCommit"
+    )]
     pub fn commit(
         &self,
         topics: &dyn TopicLookup,

@@ -70,7 +70,11 @@ fn join_sync_commit_and_generations() {
         Err(GroupError::RebalanceInProgress { .. })
     ));
     // It may still commit what it read, with its generation, before rejoining.
-    done(c.commit(&Topics, "g", 1, &a.member_id, None, "t", &[]).unwrap()).unwrap();
+    done(
+        c.commit(&Topics, "g", 1, &a.member_id, None, "t", &[])
+            .unwrap(),
+    )
+    .unwrap();
     assert!(matches!(
         c.commit(&Topics, "g", 0, &a.member_id, None, "t", &[]),
         Err(GroupError::IllegalGeneration { .. })
@@ -371,14 +375,14 @@ fn static_member_rejoins_in_place_and_fences_its_old_id() {
     assert_eq!(instances, [Some("ia".to_string()), Some("ib".to_string())]);
     // The old member id is fenced where it names its instance id, unknown where not.
     let fenced = |r: Result<(), GroupError>| {
-        assert!(
-            matches!(r, Err(GroupError::FencedInstance { .. })),
-            "{r:?}"
-        );
+        assert!(matches!(r, Err(GroupError::FencedInstance { .. })), "{r:?}");
     };
     fenced(c.heartbeat("g", 2, &b, Some("ib")));
     fenced(done(c.sync("g", 2, &b, Some("ib"), vec![])).map(|_| ()));
-    fenced(c.commit(&Topics, "g", 2, &b, Some("ib"), "t", &[]).map(|_| ()));
+    fenced(
+        c.commit(&Topics, "g", 2, &b, Some("ib"), "t", &[])
+            .map(|_| ()),
+    );
     fenced(c.leave("g", &b, Some("ib")));
     fenced(done(c.join(static_req(&b, "ib", 10_000))).map(|_| ()));
     assert!(matches!(
@@ -402,7 +406,10 @@ fn static_member_rejoins_in_place_and_fences_its_old_id() {
     let mut late = c.join(join_req("", 10_000));
     let mut b_join = c.join(static_req(&j.member_id, "ib", 10_000));
     let l2 = done(c.join(static_req(&l.member_id, "ia", 10_000))).unwrap();
-    assert_eq!((l2.generation, l2.leader.as_str()), (3, l.member_id.as_str()));
+    assert_eq!(
+        (l2.generation, l2.leader.as_str()),
+        (3, l.member_id.as_str())
+    );
     assert_eq!(l2.members.len(), 3);
     assert!(matches!(late.try_recv(), Ok(Ok(_))));
     assert!(matches!(b_join.try_recv(), Ok(Ok(_))));

@@ -184,7 +184,8 @@ pub async fn serve(
                         metadata: o.metadata.to_string(),
                     })
                     .collect();
-                let rx = groups.commit(broker, group, generation, member_id, None, topic, &entries)?;
+                let rx =
+                    groups.commit(broker, group, generation, member_id, None, topic, &entries)?;
                 wait(rx, stop).await?;
                 reply(out, GroupResponse::OffsetCommit);
             }

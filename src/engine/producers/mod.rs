@@ -497,13 +497,12 @@ impl ProducerTable {
         let issued = (1..self.next_id.load(Ordering::Acquire)).contains(&producer_id);
         let p = match producers.entry(producer_id) {
             std::collections::hash_map::Entry::Occupied(p) => p.into_mut(),
-            std::collections::hash_map::Entry::Vacant(v) if issued && base_sequence == 0 => {
-                v.insert(Producer {
+            std::collections::hash_map::Entry::Vacant(v) if issued && base_sequence == 0 => v
+                .insert(Producer {
                     epoch,
                     last_seen_ms: now_ms(),
                     partitions: HashMap::new(),
-                })
-            }
+                }),
             std::collections::hash_map::Entry::Vacant(_) => {
                 return Err(ProducerError::UnknownProducer { producer_id })
             }

@@ -270,7 +270,11 @@ def confluent_static_members(boot, topic, group):
     while time.time() < settle:
         c1.poll(0.1)
         c2.poll(0.1)
-    out({"before": before, "after": after, "took_s": took,
+    from confluent_kafka.admin import AdminClient
+    admin = AdminClient({"bootstrap.servers": boot})
+    g = admin.describe_consumer_groups([group])[group].result(DEADLINE_S)
+    instances = sorted(m.group_instance_id for m in g.members)
+    out({"before": before, "after": after, "took_s": took, "instances": instances,
          "c1_after_restart": events["c1"][c1_seen:], "c2_again": events["c2-again"]})
     c1.close()
     c2.close()
