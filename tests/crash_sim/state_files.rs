@@ -113,7 +113,7 @@ pub(super) fn check_open(dir: &Path, broker: &Broker, o: &StateOracle, v: &mut V
                 }
             }
             Ok(Decision::Append) => {
-                table.abandoned(b.pid, TOPIC, b.p);
+                table.abandoned(b.pid, b.epoch, TOPIC, b.p);
                 if *acked {
                     v.push(format!(
                         "producer {} seq {}: acknowledged, yet after recovery a retry would be written again",
@@ -309,7 +309,7 @@ pub(super) fn workload_idempotent(root: &Path, rng: &mut Rng) -> Run {
         let (r, wait, journal) = match written {
             Ok(w) => w,
             Err(e) => {
-                table.abandoned(pid, TOPIC, p);
+                table.abandoned(pid, epoch, TOPIC, p);
                 run.live_violations.push(format!("append failed: {e}"));
                 continue;
             }

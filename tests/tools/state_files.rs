@@ -75,7 +75,9 @@ fn data() -> tempfile::TempDir {
             metadata: "m".into(),
         },
     ];
-    let mut done = groups.commit(&Topics, "g", -1, "", "t", &commits).unwrap();
+    let mut done = groups
+        .commit(&Topics, "g", -1, "", None, "t", &commits)
+        .unwrap();
     done.try_recv().unwrap().unwrap();
     tmp
 }

@@ -293,14 +293,15 @@ fn a_batch_of_the_old_epoch_in_flight_at_a_bump_is_not_recorded() {
     let (t, _) = open(dir.path(), 0);
     let ((id, e), rx) = t.init(None).unwrap();
     durable(rx);
-    assert_eq!(t.check(id, e, "t", 0, 0, 2).unwrap(), Decision::Append);
+    assert_eq!(write(&t, id, e, 0, 4, 0), Decision::Append);
+    assert_eq!(t.check(id, e, "t", 0, 4, 2).unwrap(), Decision::Append);
     assert_eq!(t.check(id, e + 1, "t", 0, 0, 1).unwrap(), Decision::Append);
-    durable(t.accepted(id, e + 1, "t", 0, 0, 1, 0, 0));
-    durable(t.accepted(id, e, "t", 0, 0, 2, 1, 2));
+    durable(t.accepted(id, e + 1, "t", 0, 0, 1, 4, 4));
+    durable(t.accepted(id, e, "t", 0, 4, 2, 5, 6));
     let next = |t: &ProducerTable| t.check(id, e + 1, "t", 0, 1, 1);
     assert_eq!(next(&t).unwrap(), Decision::Append);
     t.abandoned(id, e + 1, "t", 0);
     drop(t);
-    let (t, _) = open(dir.path(), 3);
+    let (t, _) = open(dir.path(), 7);
     assert_eq!(next(&t).unwrap(), Decision::Append);
 }

@@ -46,7 +46,8 @@ pub(crate) fn group_code(e: &GroupError) -> (i16, String) {
 /// A request's static instance id (JoinGroup v5+, SyncGroup and Heartbeat v3+,
 /// LeaveGroup v3+, OffsetCommit v7+): `None` when absent (null) or empty.
 pub(crate) fn instance_id(id: Option<&kafka_protocol::protocol::StrBytes>) -> Option<&str> {
-    id.map(|s| s.as_str()).filter(|s| !s.is_empty())
+    id.map(kafka_protocol::protocol::StrBytes::as_str)
+        .filter(|s| !s.is_empty())
 }
 
 /// Awaits a coordinator completion, giving up when the server stops.
