@@ -305,7 +305,7 @@ impl Group {
         };
         self.protocol = protocol;
         self.state = GroupState::CompletingRebalance;
-        let all_metadata: Vec<(String, Vec<u8>)> = self
+        let all_metadata: Vec<(String, Option<String>, Vec<u8>)> = self
             .members
             .iter()
             .map(|(id, m)| {
@@ -315,7 +315,7 @@ impl Group {
                     .find(|(n, _)| *n == self.protocol)
                     .map(|(_, b)| b.clone())
                     .unwrap_or_default();
-                (id.clone(), meta)
+                (id.clone(), m.instance_id.clone(), meta)
             })
             .collect();
         let now = Instant::now();

@@ -189,8 +189,9 @@ pub struct JoinResponse {
     pub protocol: String,
     pub leader: String,
     pub member_id: String,
-    /// Every member and its metadata for the chosen protocol: only for the leader.
-    pub members: Vec<(String, Vec<u8>)>,
+    /// Every member, its static instance id and its metadata for the chosen protocol:
+    /// only for the leader.
+    pub members: Vec<(String, Option<String>, Vec<u8>)>,
 }
 
 /// One offset to commit.

@@ -410,7 +410,10 @@ fn static_member_rejoins_in_place_and_fences_its_old_id() {
         (l2.generation, l2.leader.as_str()),
         (3, l.member_id.as_str())
     );
-    assert_eq!(l2.members.len(), 3);
+    // The leader learns each member's instance id with its metadata.
+    let mut instances: Vec<_> = l2.members.iter().map(|m| m.1.clone()).collect();
+    instances.sort();
+    assert_eq!(instances, [None, Some("ia".into()), Some("ib".into())]);
     assert!(matches!(late.try_recv(), Ok(Ok(_))));
     assert!(matches!(b_join.try_recv(), Ok(Ok(_))));
 }

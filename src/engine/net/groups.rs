@@ -131,7 +131,7 @@ pub async fn serve(
                 let members = r
                     .members
                     .iter()
-                    .map(|(id, m)| (id.as_str(), m.as_slice()))
+                    .map(|(id, _, m)| (id.as_str(), m.as_slice()))
                     .collect();
                 reply(
                     out,

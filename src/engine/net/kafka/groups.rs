@@ -124,9 +124,11 @@ pub(crate) async fn join(
             resp.members = j
                 .members
                 .iter()
-                .map(|(id, m)| {
+                .map(|(id, instance, m)| {
                     let mut e = JoinGroupResponseMember::default();
                     e.member_id = sb(id);
+                    // Only encoded from version 5 on.
+                    e.group_instance_id = instance.as_deref().map(sb);
                     e.metadata = Bytes::copy_from_slice(m);
                     e
                 })
