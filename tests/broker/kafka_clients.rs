@@ -412,9 +412,9 @@ fn confluent_static_member_restarts_without_a_rebalance() {
         serde_json::json!([["assign", before[1]]]),
         "{r}"
     );
-    // Well within the 10 s session timeout the old member would otherwise need
-    // to expire.
-    assert!(r["took_s"].as_f64().unwrap() < 5.0, "{r}");
+    // No rebalance: c1 saw no revocation, so the restarted member did not wait
+    // for the old one's session to expire (`took_s` is printed with the rest,
+    // never asserted: no timing thresholds in tests).
     s.stop();
 }
 
