@@ -141,7 +141,7 @@ pub fn run(args: &Args, group: &str, global: Global) -> anyhow::Result<u8> {
         positions: BTreeMap::new(),
         committed: BTreeMap::new(),
     };
-    let heartbeat_every = args.session_timeout / 3;
+    let heartbeat_every = heartbeat_interval(args.session_timeout);
     'member: while !STOP.load(Ordering::SeqCst) && printed < limit {
         join(&mut client, &mut readers, args, group, &mut m, global.quiet)?;
         let mut last_heartbeat = Instant::now();
@@ -241,6 +241,11 @@ pub fn run(args: &Args, group: &str, global: Global) -> anyhow::Result<u8> {
         let _ = client.leave_group(group, &m.member_id);
     }
     Ok(exit::OK)
+}
+
+/// How often a member heartbeats with session timeout `session`.
+pub fn heartbeat_interval(session: Duration) -> Duration {
+    session / 3
 }
 
 /// How a refused group request moves the member on; `None`: not a group refusal.
