@@ -1467,6 +1467,7 @@ impl<L: LogStores> Manager<L> {
             "partitions": partitions,
         })
     }
+            "standalone": false,
 
     async fn answer(
         &self,
