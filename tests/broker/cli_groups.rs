@@ -503,3 +503,20 @@ fn serve_refuses_a_min_session_timeout_over_the_max() {
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
     assert!(!data.path().join("d").exists());
 }
+
+/// A member heartbeats as often as Kafka's consumer does by default (3 s), and never
+/// less often than three times per session: with the default 45 s session a new
+/// member no longer waits about 15 s for the others to hear of the rebalance.
+#[test]
+fn a_member_heartbeats_every_3s_at_most_a_third_of_its_session() {
+    use seglog::cmd::consume_group::heartbeat_interval;
+    let s = Duration::from_secs;
+    assert_eq!(heartbeat_interval(s(45)), s(3));
+    assert_eq!(heartbeat_interval(s(10)), s(3));
+    assert_eq!(heartbeat_interval(s(9)), s(3));
+    assert_eq!(heartbeat_interval(s(6)), s(2));
+    assert_eq!(
+        heartbeat_interval(Duration::from_millis(300)),
+        Duration::from_millis(100)
+    );
+}
