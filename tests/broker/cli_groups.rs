@@ -518,5 +518,45 @@ fn a_member_heartbeats_every_3s_at_most_a_third_of_its_session() {
     assert_eq!(
         heartbeat_interval(Duration::from_millis(300)),
         Duration::from_millis(100)
+
+/// `groups describe` prints its offsets as a comfy-table like `topics describe`
+/// (borders, one row per partition), under the group line.
+#[test]
+fn groups_describe_prints_a_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Serve::start(dir.path());
+    server.ok(&["topics", "create", "t"]);
+    server.ok_with_stdin(&["produce", "t"], "a\nb\nc\n");
+    server.ok(&["consume", "t", "--group", "g", "--count", "2"]);
+    let out = server.ok(&["groups", "describe", "g"]);
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(lines[0].starts_with("group g: Empty (generation "), "{out}");
+    assert!(lines[0].ends_with("), 0 members"), "{out}");
+    assert!(
+        lines[1].starts_with("+-") && lines[1].ends_with("-+"),
+        "{out}"
+    );
+    let cells = |l: &str| -> Vec<String> { l.split('|').map(|c| c.trim().to_string()).collect() };
+    assert_eq!(
+        cells(lines[2]),
+        [
+            "",
+            "topic",
+            "partition",
+            "committed",
+            "end",
+            "lag",
+            "member",
+            ""
+        ],
+        "{out}"
+    );
+    let row = lines
+        .iter()
+        .find(|l| l.starts_with("| t "))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert_eq!(cells(row), ["", "t", "0", "2", "3", "1", "-", ""], "{out}");
+    server.stop();
+}
     );
 }
