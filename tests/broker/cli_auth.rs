@@ -207,6 +207,13 @@ fn keys_roles_patterns_and_refusals() {
     );
     assert_eq!(o.status.code(), Some(77));
     assert!(stderr(&o).contains("not_authorized"), "{}", stderr(&o));
+    // Told as what was asked (produce), not as the request the client sent first.
+    assert!(
+        stderr(&o).contains(r#"may not produce to topic "payments""#),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!stderr(&o).contains("list_offsets"), "{}", stderr(&o));
     let o = b
         .cmd()
         .env("SEGLOG_TOKEN", &consumer_token)
