@@ -83,7 +83,6 @@ pub fn render(v: &Value) -> String {
         )
     };
     let mut nodes = Table::new();
-    nodes.load_preset(comfy_table::presets::NOTHING);
     nodes.set_header(["node", "raft address", "client address", "reachable"]);
     for n in v["nodes"].as_array().into_iter().flatten() {
         nodes.add_row([
@@ -98,7 +97,6 @@ pub fn render(v: &Value) -> String {
         return s;
     }
     let mut parts = Table::new();
-    parts.load_preset(comfy_table::presets::NOTHING);
     parts.set_header([
         "partition",
         "leader",

@@ -875,7 +875,17 @@ fn cluster_status_of_a_standalone_broker_shows_one_node() {
         first,
         "standalone broker (started without --peers): node 0 only, no replicated partitions"
     );
-    assert!(stdout.contains(&s.addr), "{stdout}");
+    // The node as a bordered table, like the other commands' tables.
+    let cells = |l: &str| -> Vec<String> { l.split('|').map(|c| c.trim().to_string()).collect() };
+    let row = stdout
+        .lines()
+        .find(|l| l.contains(&s.addr))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    assert_eq!(
+        cells(row),
+        ["", "0", "-", s.addr.as_str(), "true", ""],
+        "{stdout}"
+    );
     // No partitions table under the nodes.
     assert!(
         !stdout
