@@ -188,7 +188,7 @@ fn send(
                     format!(
                         "the broker at {} acknowledged {} of partition {} as offsets {base}..={last}",
                         session.addr_of(ack.partition),
-                        counted(n as u64, "record", "records"),
+                        counted(n, "record", "records"),
                         ack.partition
                     ),
                 ));
