@@ -9,7 +9,9 @@ use comfy_table::Table;
 use serde_json::Value;
 
 use super::connect::{client_error, BrokerArgs};
-use super::{exit, Global};
+use super::{exit, ExitError, Global};
+use crate::engine::net::client::ClientError;
+use crate::format::wire::ErrorCode;
 
 /// Arguments of `seglog cluster`.
 #[derive(Debug, clap::Args)]
@@ -33,7 +35,19 @@ pub enum ClusterCommand {
 pub fn run(args: Args, _global: Global) -> anyhow::Result<u8> {
     let ClusterCommand::Status = args.command;
     let mut client = args.broker.cluster()?;
-    let json = client.cluster_status().map_err(client_error)?;
+    let json = client.cluster_status().map_err(|e| match &e {
+        // A broker of an earlier release refuses the request when it has no
+        // --peers: the user asked nothing wrong.
+        ClientError::Refused {
+            code: ErrorCode::INVALID_REQUEST,
+            message,
+            ..
+        } if message.contains("not part of a cluster") => ExitError::new(
+            exit::UNAVAILABLE,
+            "the broker is standalone (started without --peers): it has no cluster status",
+        ),
+        _ => client_error(e),
+    })?;
     let mut out = io::stdout().lock();
     if args.json {
         writeln!(out, "{json}")?;
@@ -53,14 +67,22 @@ fn text(v: &Value) -> String {
 }
 
 /// The text form: the cluster id and node, a table of nodes, a table of partitions.
+/// A standalone broker (no `--peers`) is one line and its one node.
 pub fn render(v: &Value) -> String {
-    let mut s = format!(
-        "cluster {} (node {})\n",
-        text(&v["cluster_id"]),
-        text(&v["node_id"])
-    );
+    let standalone = v["standalone"].as_bool() == Some(true);
+    let mut s = if standalone {
+        format!(
+            "standalone broker (started without --peers): node {} only, no replicated partitions\n",
+            text(&v["node_id"])
+        )
+    } else {
+        format!(
+            "cluster {} (node {})\n",
+            text(&v["cluster_id"]),
+            text(&v["node_id"])
+        )
+    };
     let mut nodes = Table::new();
-    nodes.load_preset(comfy_table::presets::NOTHING);
     nodes.set_header(["node", "raft address", "client address", "reachable"]);
     for n in v["nodes"].as_array().into_iter().flatten() {
         nodes.add_row([
@@ -71,8 +93,10 @@ pub fn render(v: &Value) -> String {
         ]);
     }
     let _ = writeln!(s, "{nodes}");
+    if standalone {
+        return s;
+    }
     let mut parts = Table::new();
-    parts.load_preset(comfy_table::presets::NOTHING);
     parts.set_header([
         "partition",
         "leader",

@@ -321,6 +321,30 @@ pub fn client_error(e: ClientError) -> anyhow::Error {
     ExitError::new(code, e.to_string())
 }
 
+/// [`client_error`] for the list-offsets a command sends before its own requests,
+/// told as what the user asked (`verb`: "produce to", "consume from"). A producer or
+/// consumer key may describe exactly the topics it may produce to or consume from,
+/// so a key refused the list-offsets of a topic may not `verb` it either.
+pub fn first_request_error(e: ClientError, verb: &str) -> anyhow::Error {
+    if let ClientError::Refused {
+        addr,
+        code: ErrorCode::NOT_AUTHORIZED,
+        message,
+    } = &e
+    {
+        if let Some((key, topic)) = message.split_once(" may not list_offsets on topic ") {
+            return ExitError::new(
+                exit::AUTH,
+                format!(
+                    "the broker at {addr} refused the request: {key} may not {verb} topic {topic} [{}]",
+                    ErrorCode::NOT_AUTHORIZED
+                ),
+            );
+        }
+    }
+    client_error(e)
+}
+
 /// The exit code of a request the broker refused with `code`: 64 for the
 /// invalid-argument family (a bad topic name, a bad partition count or partition, an
 /// unknown configuration key or a value out of range, a record over the topic's

@@ -19,13 +19,14 @@ use std::time::Duration;
 use serde_json::json;
 
 use super::connect::{
-    client_error, parse_positive_duration, BrokerArgs, LEADER_FOLLOWS_MAX, LEADER_PAUSE,
+    client_error, first_request_error, parse_positive_duration, BrokerArgs, LEADER_FOLLOWS_MAX,
+    LEADER_PAUSE,
 };
 use super::consume_group::Assignor;
 use super::escape::{parse_bytes, Bytes};
 use super::format_string::RecordFormat;
 use super::{exit, BytesAs, ExitError, Global};
-use crate::engine::error::damaged_range;
+use crate::engine::error::{counted, damaged_range};
 use crate::engine::net::client::{Client, ClientError, Fetched as Fetch, Record};
 use crate::format::wire::{parse_not_leader, ErrorCode, PartitionOffsets, FETCH_BYTES_MAX};
 
@@ -411,7 +412,7 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
         .broker
         .connect_leader(&args.topic, args.partition.unwrap_or(0))?;
     let mut readers = Readers::new(&args.broker, &args.topic, client);
-    let offsets = offsets.map_err(client_error)?;
+    let offsets = offsets.map_err(|e| first_request_error(e, "consume from"))?;
     let chosen: Vec<_> = match args.partition {
         Some(p) => match offsets.iter().find(|o| o.partition == p) {
             Some(o) => vec![*o],
@@ -419,9 +420,9 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
                 return Err(ExitError::new(
                     exit::USAGE,
                     format!(
-                        "topic {} has {} partitions; there is no partition {p}",
+                        "topic {} has {}; there is no partition {p}",
                         args.topic,
-                        offsets.len()
+                        counted(offsets.len() as u64, "partition", "partitions")
                     ),
                 ))
             }

@@ -5,8 +5,8 @@
 //! assignment with `--assignor` (range or roundrobin) over the members' subscriptions
 //! and hands it in through sync. Each member reads only its partitions, from the
 //! group's committed offset, or from `--from` where the group has none (Kafka's
-//! `auto.offset.reset`). It heartbeats every third of its session timeout; when the
-//! broker answers that a rebalance is in progress it commits what it read and
+//! `auto.offset.reset`). It heartbeats every 3 s (Kafka's default), or every third
+//! of its session timeout when that is shorter; when the broker answers that a rebalance is in progress it commits what it read and
 //! rejoins. Offsets are committed every `--commit-interval` and on a clean exit
 //! (Ctrl-C, SIGTERM, `--count` reached), after which it leaves the group. A commit
 //! stores the next offset to read. The member follows the log (like `--follow`)
@@ -141,7 +141,7 @@ pub fn run(args: &Args, group: &str, global: Global) -> anyhow::Result<u8> {
         positions: BTreeMap::new(),
         committed: BTreeMap::new(),
     };
-    let heartbeat_every = args.session_timeout / 3;
+    let heartbeat_every = heartbeat_interval(args.session_timeout);
     'member: while !STOP.load(Ordering::SeqCst) && printed < limit {
         join(&mut client, &mut readers, args, group, &mut m, global.quiet)?;
         let mut last_heartbeat = Instant::now();
@@ -241,6 +241,17 @@ pub fn run(args: &Args, group: &str, global: Global) -> anyhow::Result<u8> {
         let _ = client.leave_group(group, &m.member_id);
     }
     Ok(exit::OK)
+}
+
+/// Kafka's default `heartbeat.interval.ms`.
+pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(3);
+
+/// How often a member heartbeats with session timeout `session`: every
+/// [`HEARTBEAT_INTERVAL`], as Kafka's consumer does by default, and at least three
+/// times per session. A member hears of a rebalance at its next heartbeat, so this
+/// bounds how long a joining member waits for the others.
+pub fn heartbeat_interval(session: Duration) -> Duration {
+    HEARTBEAT_INTERVAL.min(session / 3)
 }
 
 /// How a refused group request moves the member on; `None`: not a group refusal.

@@ -256,8 +256,7 @@ fn write_describe(
             .map_or("-".to_string(), |(id, _, _)| id.clone())
     };
     let mut table = Table::new();
-    table.load_preset(comfy_table::presets::NOTHING);
-    table.set_header(["TOPIC", "PARTITION", "COMMITTED", "END", "LAG", "MEMBER"]);
+    table.set_header(["topic", "partition", "committed", "end", "lag", "member"]);
     for (k, committed) in &rows {
         let v = row_json(k, committed);
         let show = |x: &Value| {

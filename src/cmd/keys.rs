@@ -218,15 +218,14 @@ fn write_list(out: &mut impl Write, as_json: bool, keys: &[KeyEntry]) -> anyhow:
         return Ok(());
     }
     let mut table = Table::new();
-    table.load_preset(comfy_table::presets::NOTHING);
     table.set_header([
-        "ID",
-        "NAME",
-        "ROLE",
-        "TOPICS",
-        "GROUPS",
-        "CREATED",
-        "LAST USED",
+        "id",
+        "name",
+        "role",
+        "topics",
+        "groups",
+        "created",
+        "last used",
     ]);
     for k in keys {
         table.add_row([

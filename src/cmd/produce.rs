@@ -24,10 +24,12 @@ use std::time::Duration;
 use serde_json::json;
 
 use super::connect::{
-    client_error, parse_duration, refusal_exit, BrokerArgs, LEADER_FOLLOWS_MAX, LEADER_PAUSE,
+    client_error, first_request_error, parse_duration, refusal_exit, BrokerArgs,
+    LEADER_FOLLOWS_MAX, LEADER_PAUSE,
 };
 use super::escape::{parse_bytes, Bytes};
 use super::{exit, ExitError, Global};
+use crate::engine::error::counted;
 use crate::engine::net::client::{partition_for_key, Ack, Client, ClientError};
 use crate::format::wire::{
     parse_not_leader, ErrorCode, PartitionBatch, WireRecord, GROUPS_VERSION,
@@ -184,8 +186,9 @@ fn send(
                 return Err(ExitError::new(
                     exit::UNAVAILABLE,
                     format!(
-                        "the broker at {} acknowledged {n} records of partition {} as offsets {base}..={last}",
+                        "the broker at {} acknowledged {} of partition {} as offsets {base}..={last}",
                         session.addr_of(ack.partition),
+                        counted(n, "record", "records"),
                         ack.partition
                     ),
                 ));
@@ -337,13 +340,16 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
     let (client, offsets) = args
         .broker
         .connect_leader(&args.topic, args.partition.unwrap_or(0))?;
-    let partitions = offsets.map_err(client_error)?.len() as u32;
+    let partitions = offsets
+        .map_err(|e| first_request_error(e, "produce to"))?
+        .len() as u32;
     if let Some(p) = args.partition.filter(|&p| p >= partitions) {
         return Err(ExitError::new(
             exit::USAGE,
             format!(
-                "topic {} has {partitions} partitions; there is no partition {p}",
-                args.topic
+                "topic {} has {}; there is no partition {p}",
+                args.topic,
+                counted(partitions, "partition", "partitions")
             ),
         ));
     }

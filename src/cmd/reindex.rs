@@ -9,6 +9,7 @@ use serde_json::json;
 
 use super::verify::resolve_target;
 use super::{exit, ExitError, Global};
+use crate::engine::error::counted;
 use crate::engine::maintenance::reindex::{reindex_partition, Action, PartitionPlan, SegmentPlan};
 use crate::engine::storage::io::RealStorage;
 use crate::engine::storage::layout::Target;
@@ -198,10 +199,10 @@ fn render_human(
                     };
                     writeln!(
                         out,
-                        "{verb} {path}: {}; {} entries for {} records{only}",
+                        "{verb} {path}: {}; {} for {}{only}",
                         reason.detail(),
-                        s.entries(),
-                        s.records
+                        counted(s.entries() as u64, "entry", "entries"),
+                        counted(s.records, "record", "records")
                     )?;
                 }
             }

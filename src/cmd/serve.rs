@@ -68,7 +68,8 @@ pub struct Args {
     pub flush_interval: Duration,
     /// Where retention copies segments (log and index, fsynced) before deleting
     /// them: DIR/<topic>/<partition>/. A failed copy keeps the segment for the next
-    /// round.
+    /// round. Checked at startup: DIR must be a writable directory, or its parent
+    /// must exist (DIR is then created 0700).
     #[arg(long)]
     pub cold_storage_dir: Option<PathBuf>,
     /// How often retention (and rolling by segment_ms) visits every partition.
@@ -413,6 +414,92 @@ fn check_data_dir(data_dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Refuses a `--cold-storage-dir` that retention could not copy into, as
+/// `--data-dir` is refused: a path that is not a directory, a directory this process
+/// cannot write, or a missing directory whose parent is missing or not writable (only
+/// the last component is created, 0700, when the broker opens).
+fn check_cold_storage_dir(dir: &Path) -> anyhow::Result<()> {
+    use rustix::fs::{access, Access};
+    let refuse = |why: String| {
+        ExitError::new(
+            exit::IO,
+            format!("--cold-storage-dir {}: {why}", dir.display()),
+        )
+    };
+    let writable = |p: &Path| access(p, Access::WRITE_OK | Access::EXEC_OK).is_ok();
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => match writable(dir) {
+            true => Ok(()),
+            false => Err(refuse("the directory is not writable".into())),
+        },
+        Ok(_) => Err(refuse("not a directory".into())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let parent = dir
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(Path::new("."));
+            if !parent.is_dir() {
+                return Err(refuse(format!(
+                    "the parent directory {} does not exist (serve creates only the last component)",
+                    parent.display()
+                )));
+            }
+            match writable(parent) {
+                true => Ok(()),
+                false => Err(refuse(format!(
+                    "cannot create it: the parent directory {} is not writable",
+                    parent.display()
+                ))),
+            }
+        }
+        Err(e) => Err(refuse(e.to_string())),
+    }
+}
+
+/// Creates a missing `--cold-storage-dir` (its last component only, 0700, as the
+/// data directory) and makes the name durable, once the listen addresses are bound.
+fn create_cold_storage_dir(dir: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    if dir.is_dir() {
+        return Ok(());
+    }
+    let failed = |e: std::io::Error| {
+        ExitError::new(
+            exit::IO,
+            format!(
+                "--cold-storage-dir {}: cannot create it: {e}",
+                dir.display()
+            ),
+        )
+    };
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(dir)
+        .map_err(failed)?;
+    let parent = dir
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    crate::engine::storage::io::Storage::sync_dir(&RealStorage, parent).map_err(failed)
+}
+
+/// Refuses (73) a data directory whose `LOCK` another broker or tool holds, before
+/// anything is bound: a second broker on the same directory and address is told of
+/// the lock, not of the address in use. Only probes an existing `LOCK` (creates
+/// nothing); the broker takes the lock for good when it opens.
+fn check_data_dir_unlocked(data_dir: &Path) -> anyhow::Result<()> {
+    use crate::engine::storage::lock::{DirLock, LockError};
+    if !data_dir.join(crate::format::names::LOCK_FILE).is_file() {
+        return Ok(());
+    }
+    match DirLock::acquire(data_dir) {
+        Ok(_probe) => Ok(()),
+        Err(e @ LockError::Held { .. }) => Err(ExitError::new(exit::LOCKED, e.to_string())),
+        // Anything else is for the open to report, with its context.
+        Err(_) => Ok(()),
+    }
+}
+
 /// Exit 64 when no session timeout fits between the group limits: a broker that
 /// would refuse every `consume --group`.
 fn check_session_timeouts(args: &Args) -> anyhow::Result<()> {
@@ -495,6 +582,10 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
     watch_hangups();
     let soft = raise_nofile_limit();
     check_data_dir(&args.data_dir)?;
+    if let Some(dir) = &args.cold_storage_dir {
+        check_cold_storage_dir(dir)?;
+    }
+    check_data_dir_unlocked(&args.data_dir)?;
     let limits = args.limits.limits(args.max_connections)?;
     let tls = server_tls(&args)?;
     // Bound before the data directory is touched: a busy port creates nothing.
@@ -553,6 +644,9 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
         },
         producer_id_expiration: args.producer_id_expiration,
     };
+    if let Some(dir) = &args.cold_storage_dir {
+        create_cold_storage_dir(dir)?;
+    }
     // The startup report (recovery actions, unavailable partitions) is logged as
     // the broker opens.
     let broker = Broker::open(&args.data_dir, Arc::new(RealStorage), opts)

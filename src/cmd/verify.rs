@@ -11,6 +11,7 @@ use comfy_table::{presets, CellAlignment, Table};
 use serde_json::json;
 
 use super::{exit, ExitError, Global};
+use crate::engine::error::counted;
 use crate::engine::maintenance::check::{
     check_partition_with, topic_problems, CheckMode, IndexState, PartitionCheck, Problem,
     SegmentCheck, Severity, TopicProblem,
@@ -402,9 +403,9 @@ fn render_human(
         let label = if label.is_empty() { "." } else { &label };
         writeln!(
             out,
-            "{label}: {} ({} segments, next offset {})",
+            "{label}: {} ({}, next offset {})",
             severity_name(c.severity()),
-            c.segments.len(),
+            counted(c.segments.len() as u64, "segment", "segments"),
             opt(c.next_offset())
         )?;
         if !c.segments.is_empty() {
@@ -447,9 +448,10 @@ fn render_human(
     }
     writeln!(
         out,
-        "{}: {} partition(s), {segments} segment(s), {records} records read, {bytes} bytes; {} corrupt, {} repairable, {} info",
+        "{}: {} partition(s), {segments} segment(s), {} read, {bytes} bytes; {} corrupt, {} repairable, {} info",
         severity_name(worst),
         checks.len(),
+        counted(records, "record", "records"),
         counts[Severity::Corrupt as usize],
         counts[Severity::Repairable as usize],
         counts[Severity::Info as usize],

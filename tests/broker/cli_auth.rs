@@ -207,6 +207,13 @@ fn keys_roles_patterns_and_refusals() {
     );
     assert_eq!(o.status.code(), Some(77));
     assert!(stderr(&o).contains("not_authorized"), "{}", stderr(&o));
+    // Told as what was asked (produce), not as the request the client sent first.
+    assert!(
+        stderr(&o).contains(r#"may not produce to topic "payments""#),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!stderr(&o).contains("list_offsets"), "{}", stderr(&o));
     let o = b
         .cmd()
         .env("SEGLOG_TOKEN", &consumer_token)
@@ -422,4 +429,48 @@ fn patterns_a_role_does_not_enforce_are_refused() {
     let keys = parse_json(&out)["keys"].as_array().unwrap().clone();
     let roles: Vec<&str> = keys.iter().map(|k| k["role"].as_str().unwrap()).collect();
     assert_eq!(roles, ["consumer", "admin"], "{out}");
+}
+
+/// `keys list` prints a comfy-table like `topics describe` (borders, one row per
+/// key); `--json` keeps its fields.
+#[test]
+fn keys_list_prints_a_table() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    Serve::start(&data).stop();
+    let (id, _) = create_offline(&data, &["--name", "ops", "--role", "admin"]);
+    let d = data.to_str().unwrap();
+    let (code, out, err) = run(&["keys", "list", "--data-dir", d], tmp.path());
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(
+        lines[0].starts_with("+-") && lines[0].ends_with("-+"),
+        "{out}"
+    );
+    let header: Vec<&str> = lines[1].split('|').map(str::trim).collect();
+    assert_eq!(
+        header,
+        [
+            "",
+            "id",
+            "name",
+            "role",
+            "topics",
+            "groups",
+            "created",
+            "last used",
+            ""
+        ],
+        "{out}"
+    );
+    let row = lines
+        .iter()
+        .find(|l| l.contains(&id))
+        .unwrap_or_else(|| panic!("{out}"));
+    let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+    assert_eq!(&cells[1..4], [id.as_str(), "ops", "admin"], "{out}");
+    assert_eq!(cells[7], "never", "{out}");
+    let (code, out, err) = run(&["keys", "list", "--json", "--data-dir", d], tmp.path());
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(parse_json(&out)["keys"][0]["name"], "ops", "{out}");
 }

@@ -858,3 +858,50 @@ fn zero_serve_intervals_are_usage_errors() {
     }
     assert!(!data.exists());
 }
+
+/// `cluster status` against a broker started without `--peers` is not a mistake of
+/// the user's: it answers a one-node view marked standalone, in text and JSON, exit 0.
+#[test]
+fn cluster_status_of_a_standalone_broker_shows_one_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Serve::start(dir.path());
+    let out = s.run(&["cluster", "status"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{stderr}");
+    assert!(stderr.is_empty(), "{stderr}");
+    let first = stdout.lines().next().unwrap_or_default();
+    assert_eq!(
+        first,
+        "standalone broker (started without --peers): node 0 only, no replicated partitions"
+    );
+    // The node as a bordered table, like the other commands' tables.
+    let cells = |l: &str| -> Vec<String> { l.split('|').map(|c| c.trim().to_string()).collect() };
+    let row = stdout
+        .lines()
+        .find(|l| l.contains(&s.addr))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    assert_eq!(
+        cells(row),
+        ["", "0", "-", s.addr.as_str(), "true", ""],
+        "{stdout}"
+    );
+    // No partitions table under the nodes.
+    assert!(
+        !stdout
+            .lines()
+            .any(|l| l.trim_start().starts_with("partition")),
+        "{stdout}"
+    );
+    let v = json(&s.ok(&["cluster", "status", "--json"]));
+    assert_eq!(v["standalone"], true, "{v}");
+    assert_eq!(v["node_id"], 0, "{v}");
+    assert!(v["cluster_id"].is_null(), "{v}");
+    let nodes = v["nodes"].as_array().unwrap();
+    assert_eq!(nodes.len(), 1, "{v}");
+    assert_eq!(nodes[0]["id"], 0, "{v}");
+    assert_eq!(nodes[0]["client_addr"], s.addr.as_str(), "{v}");
+    assert_eq!(nodes[0]["alive"], true, "{v}");
+    assert_eq!(v["partitions"], serde_json::json!([]), "{v}");
+    s.stop();
+}

@@ -454,3 +454,34 @@ fn a_refused_request_is_logged_once() {
     assert_eq!(log.matches(" listening listen=").count(), 1, "{log}");
     b.stop();
 }
+
+/// A partition past the topic's end is a usage error whose message counts the
+/// partitions with the right noun: "1 partition", "2 partitions".
+#[test]
+fn a_partition_past_the_end_is_named_with_the_right_plural() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = Serve::start(dir.path());
+    b.ok(&["topics", "create", "hello"]);
+    b.ok(&["topics", "create", "pair", "--partitions", "2"]);
+    let cases = [
+        (
+            "hello",
+            "topic hello has 1 partition; there is no partition 3",
+        ),
+        (
+            "pair",
+            "topic pair has 2 partitions; there is no partition 3",
+        ),
+    ];
+    for (topic, want) in cases {
+        let o = b.run_with_stdin(&["produce", topic, "--partition", "3"], Some("x\n"));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(64), "{err}");
+        assert!(err.contains(want), "{err}");
+        let o = b.run(&["consume", topic, "--partition", "3"]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(64), "{err}");
+        assert!(err.contains(want), "{err}");
+    }
+    b.stop();
+}

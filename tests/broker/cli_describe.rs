@@ -433,3 +433,32 @@ fn describe_shows_the_spares_a_partition_returned() {
     );
     s.stop();
 }
+
+/// With acknowledgements that do not wait for an fsync, records written but not yet
+/// durable are counted by neither `end_offset` nor `records`: `records` never passes
+/// `end_offset - start_offset`, and both move together once the records are durable.
+#[test]
+fn describe_counts_only_durable_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Serve::start_with(
+        dir.path(),
+        &["--flush-every-records", "1000", "--flush-interval", "1h"],
+    );
+    s.ok(&["topics", "create", "lazy"]);
+    s.ok_with_stdin(&["produce", "lazy", "-q"], "1\n2\n3\n4\n5\n");
+    let d = describe(&s, "lazy");
+    let p = &d["partitions"][0];
+    assert_eq!(p["end_offset"], 0, "nothing is durable yet: {p}");
+    assert_eq!(
+        p["records"], 0,
+        "records not yet durable are not counted: {p}"
+    );
+    // A clean stop fsyncs them; after the restart all five are durable and counted.
+    s.stop();
+    let s = Serve::start(dir.path());
+    let d = describe(&s, "lazy");
+    let p = &d["partitions"][0];
+    assert_eq!(p["end_offset"], 5, "{p}");
+    assert_eq!(p["records"], 5, "{p}");
+    s.stop();
+}

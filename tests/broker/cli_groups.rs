@@ -278,10 +278,8 @@ fn groups_commands_online_and_offline() {
         "latest",
     ]);
     assert_eq!(refused.status.code(), Some(69), "{refused:?}");
-    assert!(
-        String::from_utf8_lossy(&refused.stderr).contains("live members"),
-        "{refused:?}"
-    );
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.contains("group g has 1 live member ["), "{err}");
     let refused = server.run(&["groups", "delete", "g"]);
     assert_eq!(refused.status.code(), Some(69), "{refused:?}");
     let pid = rustix::process::Pid::from_raw(live.id() as i32).unwrap();
@@ -502,4 +500,61 @@ fn serve_refuses_a_min_session_timeout_over_the_max() {
     );
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
     assert!(!data.path().join("d").exists());
+}
+
+/// A member heartbeats as often as Kafka's consumer does by default (3 s), and never
+/// less often than three times per session: with the default 45 s session a new
+/// member no longer waits about 15 s for the others to hear of the rebalance.
+#[test]
+fn a_member_heartbeats_every_3s_at_most_a_third_of_its_session() {
+    use seglog::cmd::consume_group::heartbeat_interval;
+    let s = Duration::from_secs;
+    assert_eq!(heartbeat_interval(s(45)), s(3));
+    assert_eq!(heartbeat_interval(s(10)), s(3));
+    assert_eq!(heartbeat_interval(s(9)), s(3));
+    assert_eq!(heartbeat_interval(s(6)), s(2));
+    assert_eq!(
+        heartbeat_interval(Duration::from_millis(300)),
+        Duration::from_millis(100)
+    );
+}
+
+/// `groups describe` prints its offsets as a comfy-table like `topics describe`
+/// (borders, one row per partition), under the group line.
+#[test]
+fn groups_describe_prints_a_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Serve::start(dir.path());
+    server.ok(&["topics", "create", "t"]);
+    server.ok_with_stdin(&["produce", "t"], "a\nb\nc\n");
+    server.ok(&["consume", "t", "--group", "g", "--count", "2"]);
+    let out = server.ok(&["groups", "describe", "g"]);
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(lines[0].starts_with("group g: Empty (generation "), "{out}");
+    assert!(lines[0].ends_with("), 0 members"), "{out}");
+    assert!(
+        lines[1].starts_with("+-") && lines[1].ends_with("-+"),
+        "{out}"
+    );
+    let cells = |l: &str| -> Vec<String> { l.split('|').map(|c| c.trim().to_string()).collect() };
+    assert_eq!(
+        cells(lines[2]),
+        [
+            "",
+            "topic",
+            "partition",
+            "committed",
+            "end",
+            "lag",
+            "member",
+            ""
+        ],
+        "{out}"
+    );
+    let row = lines
+        .iter()
+        .find(|l| l.starts_with("| t "))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert_eq!(cells(row), ["", "t", "0", "2", "3", "1", "-", ""], "{out}");
+    server.stop();
 }

@@ -307,3 +307,97 @@ fn a_port_in_use_creates_no_data_directory() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot listen"));
     assert!(!dir.exists(), "nothing created");
 }
+
+/// `serve --cold-storage-dir DIR`, expected to refuse to start: its exit code and
+/// stderr; a broker that starts instead is stopped and its code is `None`.
+fn serve_with_cold(data: &std::path::Path, cold: &std::path::Path) -> (Option<i32>, String) {
+    use std::io::Read;
+    let mut child = Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(data)
+        .arg("--cold-storage-dir")
+        .arg(cold)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let reader = thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text
+    });
+    let deadline = Instant::now() + PATIENCE;
+    let code = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status.code();
+        }
+        if Instant::now() > deadline {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            break None;
+        }
+        thread::sleep(Duration::from_millis(20));
+    };
+    (code, reader.join().unwrap())
+}
+
+#[test]
+fn a_bad_cold_storage_dir_is_refused_at_startup() {
+    let root = tempfile::tempdir().unwrap();
+    let data = root.path().join("data");
+    // A missing parent: refused, nothing created (neither the cold path nor the data
+    // directory).
+    let typo = root.path().join("no/such/cold");
+    let (code, err) = serve_with_cold(&data, &typo);
+    assert_eq!(code, Some(74), "{err}");
+    // One error line (the broker log before it is INFO lines).
+    assert_eq!(
+        err.lines().filter(|l| l.starts_with("seglog:")).count(),
+        1,
+        "{err}"
+    );
+    assert!(err.contains(&typo.display().to_string()), "{err}");
+    assert!(err.contains("does not exist"), "{err}");
+    assert!(!root.path().join("no").exists());
+    assert!(!data.exists());
+    // A regular file.
+    let file = root.path().join("file");
+    std::fs::write(&file, b"x").unwrap();
+    let (code, err) = serve_with_cold(&data, &file);
+    assert_eq!(code, Some(74), "{err}");
+    assert!(err.contains(&file.display().to_string()), "{err}");
+    assert!(err.contains("not a directory"), "{err}");
+    assert!(!data.exists());
+}
+
+#[test]
+fn a_missing_cold_storage_dir_is_created_0700_at_startup() {
+    use std::os::unix::fs::PermissionsExt;
+    let root = tempfile::tempdir().unwrap();
+    let cold = root.path().join("cold");
+    let s = Serve::start_with(
+        &root.path().join("data"),
+        &["--cold-storage-dir", cold.to_str().unwrap()],
+    );
+    let mode = std::fs::metadata(&cold).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o700);
+    s.stop();
+}
+
+#[test]
+fn a_second_broker_on_a_held_data_dir_and_the_same_address_exits_73() {
+    let root = tempfile::tempdir().unwrap();
+    let data = root.path().join("data");
+    let s = Serve::start(&data);
+    let out = Command::new(BIN)
+        .args(["serve", "--listen", &s.addr, "--data-dir"])
+        .arg(&data)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(73), "{err}");
+    assert!(err.contains("is locked by a running broker"), "{err}");
+    assert!(err.contains("LOCK"), "{err}");
+    s.stop();
+}

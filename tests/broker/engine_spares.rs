@@ -502,3 +502,78 @@ fn compaction_feeds_the_pool_and_a_failure_at_every_step_loses_nothing() {
         n += 1;
     }
 }
+
+/// Two entries into the pool at once (retention's and a compaction's run on
+/// different threads) never pass its cap together: the second, made while the
+/// first is between its rename and its listing, finds the pool's last place taken
+/// and leaves its file to the caller, which deletes it.
+#[test]
+fn entries_at_once_never_pass_the_pool_cap() {
+    use seglog::engine::partition::spares::SparePool;
+    use seglog::format::SegmentHeader;
+    use seglog::testkit::storage::OpKind;
+    use std::sync::{Mutex, OnceLock};
+
+    struct SecondEntry {
+        pool: OnceLock<Arc<SparePool>>,
+        dir: PathBuf,
+        done: AtomicBool,
+        entered: Mutex<Option<bool>>,
+    }
+    impl Hook for SecondEntry {
+        fn before(&self, op: &Op<'_>) -> Option<io::Result<()>> {
+            // The first entry's directory fsync: its file is renamed, not yet listed.
+            if op.kind() == OpKind::SyncDir && !self.done.swap(true, Ordering::SeqCst) {
+                let pool = self.pool.get().unwrap();
+                let second = self.dir.join("00000000000000000010.log");
+                let entered = pool
+                    .enter(op.storage, &self.dir, &second, 0, ("t".to_string(), 0))
+                    .unwrap();
+                *self.entered.lock().unwrap() = Some(entered);
+            }
+            None
+        }
+    }
+
+    let data = tempfile::tempdir().unwrap();
+    let dir = data.path().join("topics/t/0");
+    fs::create_dir_all(&dir).unwrap();
+    fs::create_dir_all(data.path().join("spares")).unwrap();
+    let header = SegmentHeader {
+        base_offset: 0,
+        generation: 0,
+        flags: 0,
+    }
+    .encode();
+    let first = dir.join("00000000000000000000.log");
+    fs::write(&first, header).unwrap();
+    fs::write(dir.join("00000000000000000010.log"), header).unwrap();
+    let pool = Arc::new(SparePool::default());
+    pool.configure(data.path(), 1);
+    pool.set_partitions(1);
+    let hook = Arc::new(SecondEntry {
+        pool: OnceLock::new(),
+        dir: dir.clone(),
+        done: AtomicBool::new(false),
+        entered: Mutex::new(None),
+    });
+    let _ = hook.pool.set(Arc::clone(&pool));
+    let storage = HookStorage::shared(real(), hook.clone());
+    let entered = pool
+        .enter(&storage, &dir, &first, 0, ("t".to_string(), 0))
+        .unwrap();
+    assert!(entered, "the first entry takes the pool's one place");
+    assert_eq!(
+        *hook.entered.lock().unwrap(),
+        Some(false),
+        "the second entry, made meanwhile, is refused"
+    );
+    assert_eq!(
+        pool.len(),
+        1,
+        "at most 1 spare (1 per partition, 1 partition)"
+    );
+    assert_eq!(pool.from_partition("t", 0), 1);
+    assert!(dir.join("00000000000000000010.log").exists());
+    assert_eq!(fs::read_dir(data.path().join("spares")).unwrap().count(), 1);
+}

@@ -12,6 +12,7 @@ use serde_json::json;
 
 use super::{format_timestamp_ms, shown, write_json, Args};
 use crate::cmd::verify::{exit_code, problem_json, problem_line};
+use crate::engine::error::counted;
 use crate::engine::groups::offsets::{read_group_file, scan_dir, GroupEntry, Loaded};
 use crate::engine::maintenance::check::{Problem, ProblemKind, Severity};
 use crate::engine::maintenance::state::{group_entry_problem, state_problems};
@@ -377,10 +378,10 @@ impl<W: Write> StateDumper<'_, W> {
             };
             writeln!(
                 self.out,
-                "# group {group} ({rel}): generation {}, protocol type {:?}{empty}, {} offsets",
+                "# group {group} ({rel}): generation {}, protocol type {:?}{empty}, {}",
                 l.generation,
                 l.protocol_type,
-                l.offsets.len()
+                counted(l.offsets.len() as u64, "offset", "offsets")
             )?;
         }
         let mut offsets = l.offsets.clone();

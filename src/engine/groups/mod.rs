@@ -27,6 +27,7 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
+use crate::engine::error::counted;
 use crate::engine::storage::io::StorageRef;
 use crate::format::group::{CommittedOffset, OFFSET_METADATA_BYTES_MAX};
 use crate::format::names::validate_name;
@@ -123,7 +124,7 @@ pub enum GroupError {
     #[error("group {group} is rebalancing; rejoin")]
     RebalanceInProgress { group: String },
     /// Kafka's NON_EMPTY_GROUP.
-    #[error("group {group} has {members} live members")]
+    #[error("group {group} has {}", counted(*members as u64, "live member", "live members"))]
     GroupNotEmpty { group: String, members: usize },
     /// Kafka's INVALID_SESSION_TIMEOUT.
     #[error("session timeout {ms} ms is outside the broker's {min}..={max} ms")]
@@ -136,7 +137,10 @@ pub enum GroupError {
     MetadataTooLarge { len: usize, max: usize },
     #[error("topic {topic} does not exist")]
     UnknownTopic { topic: String },
-    #[error("topic {topic} has {partitions} partitions; there is no partition {partition}")]
+    #[error(
+        "topic {topic} has {}; there is no partition {partition}",
+        counted(*partitions, "partition", "partitions")
+    )]
     UnknownPartition {
         topic: String,
         partition: u32,

@@ -97,6 +97,9 @@ pub struct Session {
     limits: Arc<super::limits::Limits>,
     /// The cluster's replication, on a node started with `--peers`.
     replication: Option<Arc<dyn Replicator>>,
+    /// The address the broker listens on, shown by a standalone broker's cluster
+    /// status.
+    listen_addr: Option<SocketAddr>,
 }
 
 impl Session {
@@ -125,7 +128,14 @@ impl Session {
             login: super::auth::Login::default(),
             limits: Arc::default(),
             replication: None,
+            listen_addr: None,
         }
+    }
+
+    /// The address this session's listener is bound to.
+    pub fn with_listen_addr(mut self, addr: SocketAddr) -> Self {
+        self.listen_addr = Some(addr);
+        self
     }
 
     /// Routes the requests of replicated topics through `replication`.
@@ -829,13 +839,10 @@ impl Session {
                 format!("cluster status needs protocol version {CLUSTER_VERSION}"),
             ));
         }
-        let Some(r) = &self.replication else {
-            return Err((
-                ErrorCode::INVALID_REQUEST,
-                "this broker is not part of a cluster (started without --peers)".into(),
-            ));
+        let json = match &self.replication {
+            Some(r) => r.status().to_string(),
+            None => standalone_status(self.listen_addr).to_string(),
         };
-        let json = r.status().to_string();
         self.reply(id, api, &ResponseBody::ClusterStatus { json: &json });
         Ok(())
     }
@@ -1332,4 +1339,25 @@ pub async fn held_elsewhere(
         return None;
     }
     Arc::clone(r).elsewhere(topic.to_string(), partitions).await
+}
+
+/// The cluster status of a broker started without `--peers`: one node (id 0, the id
+/// the Kafka listener gives it), no cluster id, no replicated partitions, and
+/// `"standalone": true`.
+fn standalone_status(listen_addr: Option<SocketAddr>) -> serde_json::Value {
+    let addr = listen_addr.map(|a| a.to_string());
+    serde_json::json!({
+        "cluster_id": null,
+        "node_id": 0,
+        "standalone": true,
+        "nodes": [{
+            "id": 0,
+            "addr": null,
+            "alive": true,
+            "raft_addr": null,
+            "client_addr": addr,
+            "reachable": true,
+        }],
+        "partitions": [],
+    })
 }

@@ -339,7 +339,8 @@ impl Server {
             )
             .with_metrics(self.opts.metrics.clone())
             .with_limits(Arc::clone(&self.limits))
-            .with_replication(self.replication.clone()),
+            .with_replication(self.replication.clone())
+            .with_listen_addr(self.local_addr),
             limits: Arc::clone(&self.limits),
             stop: Arc::clone(&self.stop),
             stop_rx: stop_rx.clone(),

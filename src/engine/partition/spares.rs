@@ -12,7 +12,10 @@
 //!   again before the pool hands it out (rule 2): a spare caught mid-reuse by a crash
 //!   can hold valid records of its current generation.
 //! - The pool holds at most `per_partition` spares per partition of the node (rule 4);
-//!   a file that does not fit is deleted as before.
+//!   a file that does not fit is deleted as before. The cap is node-wide: the spares
+//!   one partition returned may outnumber `per_partition` while others return fewer.
+//!   An entry holds its place from its check to its listing (retention's and a
+//!   compaction's entries run on different threads), so entries at once never pass it.
 //! - Entry runs on the cleaner thread, never on a writer's path; taking a spare at a
 //!   roll is one rename (made durable by the roll's group commit, which fsyncs both
 //!   directories before any record of the new segment is acknowledged).
@@ -54,6 +57,8 @@ struct PoolState {
     per_partition: u64,
     partitions: u64,
     ready: Vec<Spare>,
+    /// Entries between their check against the cap and their listing in `ready`.
+    entering: u64,
     /// Next file name's sequence number.
     next_seq: u64,
 }
@@ -121,6 +126,21 @@ impl SparePool {
 
     fn cap(s: &PoolState) -> u64 {
         s.per_partition.saturating_mul(s.partitions)
+    }
+
+    /// Places taken: the spares ready and the entries in progress.
+    fn taken_places(s: &PoolState) -> u64 {
+        (s.ready.len() as u64).saturating_add(s.entering)
+    }
+
+    /// Takes a place for an entry when the pool is on and has room; `None` otherwise.
+    fn claim_place(&self, s: &mut PoolState) -> Option<Place<'_>> {
+        s.dir.as_ref()?;
+        if Self::taken_places(s) >= Self::cap(s) {
+            return None;
+        }
+        s.entering += 1;
+        Some(Place { pool: self })
     }
 
     /// Startup (rule 2): every file in `spares/` gets its header rewritten with
@@ -216,17 +236,17 @@ impl SparePool {
         generation: u64,
         origin: (String, u32),
     ) -> io::Result<bool> {
-        let (dir, seq) = {
+        let (dir, seq, _place) = {
             let mut s = lock(&self.state);
             let Some(dir) = s.dir.clone() else {
                 return Ok(false);
             };
-            if s.ready.len() as u64 >= Self::cap(&s) {
+            let Some(place) = self.claim_place(&mut s) else {
                 return Ok(false);
-            }
+            };
             let seq = s.next_seq;
             s.next_seq += 1;
-            (dir, seq)
+            (dir, seq, place)
         };
         let Some(next_generation) = generation.checked_add(1) else {
             return Ok(false);
@@ -308,7 +328,7 @@ impl SparePool {
         let Some(dir) = s.dir.clone() else {
             return (None, Vec::new());
         };
-        let room = Self::cap(&s).saturating_sub(s.ready.len() as u64);
+        let room = Self::cap(&s).saturating_sub(Self::taken_places(&s));
         let k = (n as u64).min(room);
         let names = (0..k)
             .map(|i| dir.join(spare_file_name(s.next_seq + i)))
@@ -331,12 +351,9 @@ impl SparePool {
         generation: u64,
         origin: (String, u32),
     ) -> io::Result<bool> {
-        {
-            let s = lock(&self.state);
-            if s.dir.is_none() || s.ready.len() as u64 >= Self::cap(&s) {
-                return Ok(false);
-            }
-        }
+        let Some(_place) = self.claim_place(&mut lock(&self.state)) else {
+            return Ok(false);
+        };
         let Some(next_generation) = generation.checked_add(1) else {
             return Ok(false);
         };
@@ -357,6 +374,19 @@ impl SparePool {
         self.stamp(storage, path.to_path_buf(), next_generation, len, origin)?;
         drop(probe);
         Ok(true)
+    }
+}
+
+/// A place in the pool held by an entry in progress; given back when dropped (by
+/// then the entry is listed in `ready`, or it failed).
+struct Place<'a> {
+    pool: &'a SparePool,
+}
+
+impl Drop for Place<'_> {
+    fn drop(&mut self) {
+        let mut s = lock(&self.pool.state);
+        s.entering = s.entering.saturating_sub(1);
     }
 }
 

@@ -154,7 +154,8 @@ fn count_records(
 /// What `topics describe` shows of a log's data.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LogHealth {
-    /// Records that can be read, summed over the segments.
+    /// Durable records that can be read, summed over the segments (records written
+    /// but not yet fsynced are not counted: no consumer can read them yet).
     pub records: u64,
     /// One line per damaged range (a sealed segment that does not read to its end,
     /// a lost segment), in offset order.
@@ -162,10 +163,22 @@ pub struct LogHealth {
 }
 
 impl PartitionLog {
-    /// Counts the log's records and lists its damage. A sealed segment is scanned
-    /// the first time only; a segment that cannot be read is named as damage.
+    /// Counts the log's durable records (what a consumer can read: `end_offset` in
+    /// `topics describe` is the durable end) and lists its damage. A sealed segment
+    /// is scanned the first time only; a segment that cannot be read is named as
+    /// damage.
     pub fn health(&self) -> LogHealth {
-        let segs = self.snapshot();
+        // The segment list, the active segment's count and the offsets not yet
+        // durable are taken together under the write lock (appends change all three
+        // under it). Records at or past `durable_end` are all in the newest segments
+        // (written since the last fsync, never compacted), one per offset.
+        let (segs, active_records, unflushed) = {
+            let w = lock(&self.write);
+            let durable_end = lock(&self.sync).durable_end;
+            let segs = self.snapshot();
+            let active = segs.last().map_or(0, |s| s.active_tally().records);
+            (segs, active, w.next_offset.saturating_sub(durable_end))
+        };
         let start = segs.first().map_or(0, |s| s.base_offset);
         let mut lines: Vec<(u64, String)> = self
             .lost
@@ -187,7 +200,10 @@ impl PartitionLog {
         for (i, seg) in segs.iter().enumerate() {
             let next_base = segs.get(i + 1).map(|s| s.base_offset);
             let tally = if next_base.is_none() {
-                Ok(seg.active_tally())
+                Ok(SegmentTally {
+                    records: active_records,
+                    damage: None,
+                })
             } else {
                 seg.sealed_tally(next_base)
             };
@@ -215,7 +231,7 @@ impl PartitionLog {
         }
         lines.sort();
         LogHealth {
-            records,
+            records: records.saturating_sub(unflushed),
             damage: lines.into_iter().map(|(_, l)| l).collect(),
         }
     }

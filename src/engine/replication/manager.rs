@@ -1153,8 +1153,12 @@ impl<L: LogStores> Manager<L> {
             return (
                 ErrorCode::UNKNOWN_PARTITION,
                 format!(
-                    "topic {topic} has {} partitions; there is no partition {partition}",
-                    placement.replicas.len()
+                    "topic {topic} has {}; there is no partition {partition}",
+                    crate::engine::error::counted(
+                        placement.replicas.len() as u64,
+                        "partition",
+                        "partitions"
+                    )
                 ),
             );
         };
@@ -1463,6 +1467,7 @@ impl<L: LogStores> Manager<L> {
         serde_json::json!({
             "cluster_id": self.peers.ident.cluster_id(),
             "node_id": self.node_id(),
+            "standalone": false,
             "nodes": nodes,
             "partitions": partitions,
         })
