@@ -733,19 +733,40 @@ fn cannot_repair_json(plan: &RecoveryPlan, beyond: &[Problem]) -> Vec<Value> {
             ));
         }
     }
-    v.extend(beyond.iter().map(|x| problem_json(&plan.root, x)));
+    // Damage the startup check trusts without reading, with the range it hides, as
+    // the plan's own damage.
+    v.extend(beyond.iter().map(|x| match &x.unreadable {
+        Some(r) => damage_json(
+            &plan.root,
+            &Damage {
+                problem: x.clone(),
+                bytes: Some((r.first_position, r.end_position)),
+                offsets: r.lost_offsets(),
+            },
+        ),
+        None => problem_json(&plan.root, x),
+    }));
     v
 }
 
+/// A problem as JSON; damage inside a sealed segment adds the range it makes
+/// unreadable, as `verify --json` does.
 fn problem_json(root: &Path, p: &Problem) -> Value {
-    json!({
+    let mut v = json!({
         "kind": p.kind,
         "severity": p.severity.as_str(),
         "path": relative(root, &p.file),
         "position": p.position,
         "offset": p.offset,
         "detail": p.detail,
-    })
+    });
+    if let Some(r) = &p.unreadable {
+        v["first_unreadable_offset"] = json!(r.first_offset);
+        v["first_unreadable_position"] = json!(r.first_position);
+        v["next_readable_offset"] = json!(r.next_offset());
+        v["next_readable_position"] = json!(r.next.map(|n| n.position));
+    }
+    v
 }
 
 fn damage_json(root: &Path, d: &Damage) -> Value {

@@ -23,8 +23,8 @@ use crate::engine::storage::layout::{
     list_partition, PartitionRef, SegmentFiles, Target, TopicDamage,
 };
 use crate::engine::storage::reader::{
-    not_regular_file, open_log, range_is_zero, read_full_at, read_header, scan_sealed_segment,
-    scan_segment, Next, RecordReader, ScanEnd, ScanSummary,
+    not_regular_file, open_log, range_is_zero, read_full_at, read_header, resync,
+    scan_sealed_segment, scan_segment, Next, RecordReader, Resync, ScanEnd, ScanSummary,
 };
 
 /// Largest index file read into memory: one entry per 4 KiB of a 4 GiB segment, with room.
@@ -316,6 +316,75 @@ pub struct Problem {
     /// The record offset involved, when known.
     pub offset: Option<u64>,
     pub detail: String,
+    /// Damage inside a sealed segment: the records it makes unreadable and where
+    /// reading resumes (docs/FORMAT.md, Reading around damage).
+    pub unreadable: Option<Box<DamagedRange>>,
+}
+
+/// The range damage makes unreadable in a sealed segment: from the bad record to the
+/// position where [`resync`] finds the records resuming (docs/FORMAT.md, Reading around
+/// damage), else to the end of the file, the records resuming in the next segment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DamagedRange {
+    /// The first offset that cannot be read (`None` after a record at `u64::MAX`).
+    pub first_offset: Option<u64>,
+    /// Where the damage starts: the position of the bad record.
+    pub first_position: u64,
+    /// Where the unreadable bytes end: the resync point, else the end of the file.
+    pub end_position: u64,
+    /// Where the records resume in the same segment, if they do.
+    pub next: Option<Resync>,
+    /// The next segment's base offset.
+    pub next_base: Option<u64>,
+}
+
+impl DamagedRange {
+    /// The first offset readable after the damage: in this segment, else the next
+    /// segment's base.
+    pub fn next_offset(&self) -> Option<u64> {
+        self.next.map(|r| r.offset).or(self.next_base)
+    }
+
+    /// The offsets the damage makes unreadable, `first..=last` (`last` is `None` when
+    /// no readable offset follows); `None` when it hides no offset (the bytes held no
+    /// record, or the last record was at `u64::MAX`).
+    pub fn lost_offsets(&self) -> Option<(u64, Option<u64>)> {
+        let first = self.first_offset?;
+        match self.next_offset() {
+            Some(next) if next > first => Some((first, Some(next - 1))),
+            Some(_) => None,
+            None => Some((first, None)),
+        }
+    }
+
+    /// The problem's detail naming the range, after what ends the records (`end`).
+    pub fn describe(&self, end: &ScanEnd) -> String {
+        let (pos, file_len) = (self.first_position, self.end_position);
+        let offsets = match self.lost_offsets() {
+            Some((a, Some(b))) if a == b => format!("offset {a} lost"),
+            Some((a, Some(b))) => format!("offsets {a}..={b} lost"),
+            Some((a, None)) => format!("offsets from {a} lost"),
+            None => "no offset lost".to_string(),
+        };
+        match self.next {
+            Some(r) => format!(
+                "{}; bytes {pos}..{} of this sealed segment cannot be read ({offsets}), records resume at byte {} (offset {})",
+                end.detail(),
+                r.position,
+                r.position,
+                r.offset
+            ),
+            None => format!(
+                "{}; bytes {pos}..{file_len} ({} bytes) of this sealed segment cannot be read ({offsets}){}",
+                end.detail(),
+                file_len.saturating_sub(pos),
+                self.next_base.map_or_else(
+                    || ", no record follows".to_string(),
+                    |b| format!(", records resume in the next segment at offset {b}")
+                )
+            ),
+        }
+    }
 }
 
 /// A finding about a topic rather than one of its partitions: its metadata, or a
@@ -561,6 +630,7 @@ fn problem(
         position,
         offset,
         detail,
+        unreadable: None,
     }
 }
 
@@ -966,12 +1036,105 @@ pub fn check_segment(
     seg.records = Some(scan.records);
     seg.data_end = scan.data_end;
     classify_end(&mut seg, &file, &scan, next_base)?;
+    if !active {
+        read_past_damage(&mut seg, &file, &header, &scan.end, next_base)?;
+    }
     seg.index = compare_index(index_bytes.as_ref(), &scan, seg.is_corrupt());
     if let Some(p) = index_problem(&seg.index, files, active) {
         seg.problems.push(p);
     }
     seg.scan = Some(scan);
     Ok(seg)
+}
+
+/// Damage inside a sealed segment hides only the records it touches (docs/FORMAT.md,
+/// Reading around damage): from the byte after each bad record, reading resumes where
+/// [`resync`] finds a whole record of the segment's generation with an offset above the
+/// last valid one and below the next segment's base, and goes on from there. Each bad
+/// record's problem gets the range it makes unreadable ([`Problem::unreadable`]); the
+/// records read after it count with the segment's (`records`, `first_offset`,
+/// `last_offset`). `data_end`, the scan and its index stay those of the records before
+/// the first damage, which is what an index of a damaged segment covers.
+fn read_past_damage(
+    seg: &mut SegmentCheck,
+    file: &File,
+    header: &SegmentHeader,
+    first_end: &ScanEnd,
+    next_base: Option<u64>,
+) -> io::Result<()> {
+    let file_len = seg.file_len;
+    let mut end = first_end.clone();
+    let mut last = seg.last_offset;
+    // Each round starts past the damage of the one before: at most one per byte.
+    loop {
+        let Some(position) = end.position() else {
+            return Ok(());
+        };
+        let log = &seg.files.log;
+        let Some(p) = seg.problems.iter_mut().rev().find(|p| {
+            &p.file == log && p.position == Some(position) && p.severity == Severity::Corrupt
+        }) else {
+            // An unfinished seal (or nothing): no damage to read around.
+            return Ok(());
+        };
+        let first = last.map_or(Some(header.base_offset), |o| o.checked_add(1));
+        let found = match first {
+            Some(first) => resync(
+                file,
+                header.generation,
+                position.saturating_add(1),
+                file_len,
+                first,
+                next_base,
+            )?,
+            None => None,
+        };
+        let range = DamagedRange {
+            first_offset: first,
+            first_position: position,
+            end_position: found.map_or(file_len, |r| r.position),
+            next: found,
+            next_base,
+        };
+        p.detail = range.describe(&end);
+        p.unreadable = Some(Box::new(range));
+        let Some(r) = found else {
+            return Ok(());
+        };
+        let mut reader = RecordReader::new(file, header.generation, r.position, file_len);
+        end = loop {
+            match reader.next_record()? {
+                Next::Record { position, record } => {
+                    if last.is_some_and(|prev| record.offset <= prev) {
+                        break ScanEnd::OffsetOrder {
+                            position,
+                            offset: record.offset,
+                            previous: last,
+                            base_offset: header.base_offset,
+                        };
+                    }
+                    seg.records = Some(seg.records.unwrap_or(0) + 1);
+                    seg.first_offset.get_or_insert(record.offset);
+                    seg.last_offset = Some(record.offset);
+                    last = Some(record.offset);
+                }
+                Next::End(None) => break ScanEnd::Eof,
+                Next::End(Some(e)) => break ScanEnd::Record(e),
+            }
+        };
+        let after = classify_scan_end(&seg.files, false, file, &end, last, file_len, next_base)?;
+        if let Some(mut p) = after {
+            if p.severity < Severity::Corrupt {
+                // Zeros or stale records after the last records: recovery leaves the
+                // damaged segment as it is, this tail included.
+                p.detail = format!(
+                    "{}; after damage earlier in this segment, so recover leaves it with the segment",
+                    end.detail()
+                );
+            }
+            seg.problems.push(p);
+        }
+    }
 }
 
 /// A segment path that is no regular file (a FIFO, a directory): corruption of that
