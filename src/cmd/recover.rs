@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use super::verify::{exit_code, resolve_target, severity_name, topic_problem_json};
 use super::{exit, ExitError, Global};
 use crate::engine::maintenance::check::{
-    check_partition, topic_problems, CheckMode, Problem, Severity,
+    check_partition, topic_problems, CheckMode, Problem, ProblemKind, Severity,
 };
 use crate::engine::maintenance::recovery::Backup;
 use crate::engine::maintenance::recovery::{
@@ -24,7 +24,9 @@ use crate::engine::maintenance::salvage::{
 use crate::engine::storage::io::RealStorage;
 use crate::engine::storage::layout::{PartitionRef, Target, TargetKind};
 use crate::engine::storage::lock::{DirLock, LockError};
-use crate::format::names::{validate_name, TOPICS_DIR};
+use crate::format::names::{
+    index_file_name, log_file_name, tmp_file_name, validate_name, TOPICS_DIR,
+};
 
 /// Arguments of `seglog recover`.
 #[derive(Debug, clap::Args)]
@@ -119,11 +121,17 @@ pub fn run(args: Args, _global: Global) -> anyhow::Result<u8> {
             })
         };
         beyond.retain(|x| !planned(x));
+        // Problems of a partition whose compaction swap recover finishes first: the
+        // swap handles them, or recover plans them again after it.
+        let (swap, beyond): (Vec<Problem>, Vec<Problem>) = beyond
+            .into_iter()
+            .partition(|x| after_swap(&plan, x).is_some());
         print_plan(
             &plan,
             &target,
             rebuild.as_ref(),
             verify,
+            &swap,
             &beyond,
             salvage.as_deref(),
             args.json,
@@ -279,6 +287,54 @@ fn rebuild_json(root: &Path, r: &TopicRebuild, done: bool) -> Value {
     })
 }
 
+/// What recover does with a problem of a partition whose compaction swap it finishes
+/// first (FORMAT, Recovery step 1): the swap renames its temporary files into place; a
+/// temporary file the marker does not name is removed once the swap is finished (the
+/// partition is then planned again); anything else is planned again after the swap.
+/// `None` when the partition has no swap to finish, or for corruption (never hidden
+/// among what recover repairs). Returns the partition's label with it.
+fn after_swap(plan: &RecoveryPlan, x: &Problem) -> Option<(String, String)> {
+    if x.severity == Severity::Corrupt {
+        return None;
+    }
+    let p = plan
+        .partitions
+        .iter()
+        .find(|p| x.file.parent() == Some(p.dir.as_path()))?;
+    let Some(Action::FinishCompaction { marker, .. }) = p.actions.first() else {
+        return None;
+    };
+    let then = if x.kind == ProblemKind::LeftoverTempFile {
+        let name = x.file.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        let renamed = marker
+            .new
+            .iter()
+            .flat_map(|&n| [log_file_name(n), index_file_name(n)])
+            .find(|f| tmp_file_name(f) == name);
+        match renamed {
+            Some(f) => format!("finishing the compaction swap renames it to {f}"),
+            None => "the marker does not name it: recover removes it once the swap is finished"
+                .to_string(),
+        }
+    } else {
+        "recover finishes the compaction swap first, then checks the partition again and repairs what that check finds".to_string()
+    };
+    Some((p.label.clone(), then))
+}
+
+/// The problems of an index file, which `seglog reindex` rebuilds.
+fn is_index_problem(kind: ProblemKind) -> bool {
+    matches!(
+        kind,
+        ProblemKind::MissingIndex
+            | ProblemKind::PartialIndexEntry
+            | ProblemKind::IndexNotIncreasing
+            | ProblemKind::IndexPastData
+            | ProblemKind::WrongIndexEntry
+            | ProblemKind::WrongIndexLength
+    )
+}
+
 fn same_problem(a: &Problem, b: &Problem) -> bool {
     a.kind == b.kind && a.file == b.file && a.position == b.position
 }
@@ -360,6 +416,7 @@ fn print_plan(
     target: &Target,
     rebuild: Option<&TopicRebuild>,
     verify: Option<Severity>,
+    swap: &[Problem],
     beyond: &[Problem],
     salvage: Option<&[(String, SalvagePlan)]>,
     as_json: bool,
@@ -415,6 +472,13 @@ fn print_plan(
             "severity_after": if after_corrupt { "corrupt" } else { "clean" },
             "verify_severity": severity_name(verify),
             "cannot_repair": cannot_repair_json(plan, beyond),
+            "after_swap": swap.iter().filter_map(|x| {
+                let (label, then) = after_swap(plan, x)?;
+                let mut v = problem_json(&plan.root, x);
+                v["label"] = json!(label);
+                v["then"] = json!(then);
+                Some(v)
+            }).collect::<Vec<_>>(),
         });
         let mut v = v;
         if let (Some(salvage), Some(obj)) = (salvage, v.as_object_mut()) {
@@ -466,11 +530,24 @@ fn print_plan(
                 )?;
             }
         }
+        for x in swap {
+            if let Some((label, then)) = after_swap(plan, x) {
+                writeln!(
+                    out,
+                    "{label}: {}: {} ({}); {then}",
+                    relative(&plan.root, &x.file),
+                    x.detail,
+                    x.kind
+                )?;
+            }
+        }
         for x in beyond {
             let what = if x.severity == Severity::Corrupt {
                 "recover cannot repair it; it stays in place for an operator"
-            } else {
+            } else if is_index_problem(x.kind) {
                 "recover leaves it; `seglog reindex` repairs it"
+            } else {
+                "recover leaves it as it is"
             };
             writeln!(
                 out,

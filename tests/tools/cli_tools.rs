@@ -1364,6 +1364,84 @@ fn recover_dry_run_names_what_it_cannot_repair() {
     );
 }
 
+/// recover --dry-run on an unfinished compaction swap says what recover does with each
+/// of its temporary files: finishing the swap renames the ones the marker names, and a
+/// temporary file it does not name is removed once the swap is finished. Neither is
+/// something recover "leaves" or that `seglog reindex` repairs (it refuses a partition
+/// with a marker), and neither is among what recover cannot repair.
+#[test]
+fn recover_dry_run_says_what_the_swap_does_with_its_temporary_files() {
+    let (_tmp, data) = copy("compaction-marker");
+    let part = data.join(P);
+    fs::write(part.join("00000000000000000030.log.tmp"), b"stray").unwrap();
+    let d = data.to_str().unwrap();
+    let (code, out, err) = run(&["recover", "--dry-run", d], &data);
+    assert_eq!(code, 1, "{out} {err}");
+    for (tmp, then) in [
+        (
+            "00000000000000000000.log.tmp",
+            "finishing the compaction swap renames it to 00000000000000000000.log",
+        ),
+        (
+            "00000000000000000000.index.tmp",
+            "finishing the compaction swap renames it to 00000000000000000000.index",
+        ),
+        (
+            "00000000000000000030.log.tmp",
+            "the marker does not name it: recover removes it once the swap is finished",
+        ),
+    ] {
+        let line = out
+            .lines()
+            .find(|l| l.contains(&format!("{P}{tmp}:")))
+            .unwrap_or_else(|| panic!("no line for {tmp}: {out}"));
+        assert!(
+            line.starts_with("events/0: ") && line.ends_with(then),
+            "{line}"
+        );
+    }
+    assert!(!out.contains("reindex"), "{out}");
+    assert!(!out.contains("recover leaves it"), "{out}");
+    assert!(
+        !out.contains("beyond what the startup check reads"),
+        "{out}"
+    );
+    let (code, out, _) = run(&["recover", "--dry-run", "--json", d], &data);
+    assert_eq!(code, 1);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["cannot_repair"], serde_json::json!([]), "{v}");
+    let mut then: Vec<(String, String)> = v["after_swap"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| {
+            (
+                x["path"].as_str().unwrap().to_string(),
+                x["then"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    then.sort();
+    assert_eq!(then.len(), 3, "{v}");
+    assert_eq!(then[0].0, format!("{P}00000000000000000000.index.tmp"));
+    assert!(then[2].1.contains("removes it"), "{then:?}");
+    // And recover does what the dry run said.
+    let new_log = fs::read(part.join("00000000000000000000.log.tmp")).unwrap();
+    let (code, out, err) = run(&["recover", d], &data);
+    assert_eq!(code, 0, "{out} {err}");
+    assert_eq!(
+        fs::read(part.join("00000000000000000000.log")).unwrap(),
+        new_log
+    );
+    for tmp in [
+        "00000000000000000000.log.tmp",
+        "00000000000000000000.index.tmp",
+        "00000000000000000030.log.tmp",
+    ] {
+        assert!(!part.join(tmp).exists(), "{tmp} is still there");
+    }
+}
+
 /// A --backup-dir that cannot be one is reported as what it is, before anything is cut.
 #[test]
 fn a_bad_backup_dir_is_named() {
