@@ -1047,6 +1047,33 @@ fn reindex_skips_a_segment_whose_header_is_bad_and_a_partition_with_a_marker() {
     assert_unchanged(&before, &data, "reindex with a marker");
 }
 
+/// A partition left alone (a compaction marker) makes reindex exit 1, with or without
+/// --check, and the summary line says so and why: it said "0 index file(s) would
+/// change" and nothing else, which read as a clean check.
+#[test]
+fn reindex_summary_says_a_partition_was_left_alone() {
+    let (_tmp, data) = copy("compaction-marker");
+    let d = data.to_str().unwrap();
+    let (code, out, _) = run(&["reindex", "--check", d], &data);
+    assert_eq!(code, 1, "{out}");
+    let last = out.lines().last().unwrap();
+    assert!(
+        last.starts_with("0 index file(s) would change, ")
+            && last.contains("; 1 partition(s) left alone, their indexes not checked: compaction.marker is present")
+            && last.ends_with("run `seglog recover` first"),
+        "{out}"
+    );
+    let (code, out, _) = run(&["reindex", d], &data);
+    assert_eq!(code, 1, "{out}");
+    let last = out.lines().last().unwrap();
+    assert!(last.contains("; 1 partition(s) left alone"), "{out}");
+    // Without a partition left alone the summary is as before.
+    let (_tmp2, clean) = copy("clean");
+    let (code, out, _) = run(&["reindex", "--check", clean.to_str().unwrap()], &clean);
+    assert_eq!(code, 0, "{out}");
+    assert!(!out.contains("left alone"), "{out}");
+}
+
 #[test]
 fn reindex_refuses_while_the_lock_is_held() {
     let (_tmp, data) = copy("missing-index");
