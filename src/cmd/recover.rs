@@ -121,17 +121,11 @@ pub fn run(args: Args, _global: Global) -> anyhow::Result<u8> {
             })
         };
         beyond.retain(|x| !planned(x));
-        // Problems of a partition whose compaction swap recover finishes first: the
-        // swap handles them, or recover plans them again after it.
-        let (swap, beyond): (Vec<Problem>, Vec<Problem>) = beyond
-            .into_iter()
-            .partition(|x| after_swap(&plan, x).is_some());
         print_plan(
             &plan,
             &target,
             rebuild.as_ref(),
             verify,
-            &swap,
             &beyond,
             salvage.as_deref(),
             args.json,
@@ -416,11 +410,14 @@ fn print_plan(
     target: &Target,
     rebuild: Option<&TopicRebuild>,
     verify: Option<Severity>,
-    swap: &[Problem],
     beyond: &[Problem],
     salvage: Option<&[(String, SalvagePlan)]>,
     as_json: bool,
 ) -> io::Result<()> {
+    // Problems of a partition whose compaction swap recover finishes first: the swap
+    // handles them, or recover plans them again after it.
+    let (swap, beyond): (Vec<&Problem>, Vec<&Problem>) =
+        beyond.iter().partition(|x| after_swap(plan, x).is_some());
     let stdout = io::stdout();
     let mut out = io::BufWriter::new(stdout.lock());
     if as_json {
@@ -471,7 +468,7 @@ fn print_plan(
             "severity_before": severity_name(plan.severity_before()),
             "severity_after": if after_corrupt { "corrupt" } else { "clean" },
             "verify_severity": severity_name(verify),
-            "cannot_repair": cannot_repair_json(plan, beyond),
+            "cannot_repair": cannot_repair_json(plan, &beyond),
             "after_swap": swap.iter().filter_map(|x| {
                 let (label, then) = after_swap(plan, x)?;
                 let mut v = problem_json(&plan.root, x);
@@ -541,7 +538,7 @@ fn print_plan(
                 )?;
             }
         }
-        for x in beyond {
+        for x in &beyond {
             let what = if x.severity == Severity::Corrupt {
                 "recover cannot repair it; it stays in place for an operator"
             } else if is_index_problem(x.kind) {
@@ -696,8 +693,10 @@ fn print_report(
         for x in after {
             let hint = if x.severity == Severity::Corrupt {
                 "left for an operator"
-            } else {
+            } else if is_index_problem(x.kind) {
                 "`seglog reindex` repairs it"
+            } else {
+                "left as it is"
             };
             writeln!(
                 out,
@@ -792,7 +791,7 @@ fn action_json(root: &Path, a: &Action, backups: &[PathBuf]) -> Value {
 
 /// Every problem recovery leaves in place: the plan's corruption and gaps, and what
 /// only the full check finds.
-fn cannot_repair_json(plan: &RecoveryPlan, beyond: &[Problem]) -> Vec<Value> {
+fn cannot_repair_json(plan: &RecoveryPlan, beyond: &[&Problem]) -> Vec<Value> {
     let mut v = Vec::new();
     for p in &plan.partitions {
         for d in &p.corrupt {
@@ -816,7 +815,7 @@ fn cannot_repair_json(plan: &RecoveryPlan, beyond: &[Problem]) -> Vec<Value> {
         Some(r) => damage_json(
             &plan.root,
             &Damage {
-                problem: x.clone(),
+                problem: (*x).clone(),
                 bytes: Some((r.first_position, r.end_position)),
                 offsets: r.lost_offsets(),
             },
