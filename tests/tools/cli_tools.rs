@@ -1074,6 +1074,95 @@ fn reindex_summary_says_a_partition_was_left_alone() {
     assert!(!out.contains("left alone"), "{out}");
 }
 
+/// Garbage in `DATA/spares/` and stray directories in a topic directory are reported,
+/// as information, with what the broker does with them; the tools delete nothing.
+/// `01` is no partition directory (partitions are named by their number in decimal,
+/// without leading zeros). A spare whose header decodes, and a Raft checkpoint
+/// `applied-<p>.json`, are not reported. The broker's startup removes what the report
+/// says it removes and keeps the stray directories.
+#[test]
+fn garbage_spares_and_stray_topic_entries_are_reported_and_kept() {
+    let (_tmp, data) = copy("clean");
+    let spares = data.join("spares");
+    fs::create_dir(&spares).unwrap();
+    fs::write(spares.join("spare-1.log"), b"garbage!").unwrap();
+    fs::write(spares.join("spare-2.log"), b"").unwrap();
+    fs::write(spares.join("foo.txt"), b"hello\n").unwrap();
+    fs::write(spares.join("spare-00000000000000000003.log"), b"8 bytes.").unwrap();
+    // A good spare: a sealed segment's file renamed into the pool.
+    fs::copy(
+        data.join(P).join("00000000000000000000.log"),
+        spares.join("spare-00000000000000000004.log"),
+    )
+    .unwrap();
+    let topic = data.join("topics/events");
+    fs::create_dir(topic.join("01")).unwrap();
+    fs::create_dir(topic.join("abc")).unwrap();
+    fs::write(topic.join("applied-0.json"), b"{}").unwrap();
+    drop(DirLock::acquire(&data).unwrap()); // LOCK exists before the snapshot
+    let before = snapshot(&data);
+    let (code, v) = verify_json(&data, &[]);
+    assert_eq!(code, 0, "{v:#}");
+    let got: Vec<(String, String, String)> = v["problems"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["path"].as_str().unwrap().to_string(),
+                p["kind"].as_str().unwrap().to_string(),
+                p["severity"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let want = [
+        ("topics/events/01", "unknown_file"),
+        ("topics/events/abc", "unknown_file"),
+        ("spares/foo.txt", "unknown_file"),
+        ("spares/spare-00000000000000000003.log", "bad_spare_header"),
+        ("spares/spare-1.log", "unknown_file"),
+        ("spares/spare-2.log", "unknown_file"),
+    ];
+    let want: Vec<(String, String, String)> = want
+        .iter()
+        .map(|(p, k)| (p.to_string(), k.to_string(), "info".to_string()))
+        .collect();
+    assert_eq!(got, want, "{v:#}");
+    for p in v["problems"].as_array().unwrap() {
+        let detail = p["detail"].as_str().unwrap();
+        if p["path"].as_str().unwrap().starts_with("spares/") {
+            assert!(
+                detail.contains("the broker removes it at its next start"),
+                "{detail}"
+            );
+        } else {
+            assert!(detail.contains("not a partition directory"), "{detail}");
+        }
+    }
+    let d = data.to_str().unwrap();
+    let (code, out, _) = run(&["verify", d], &data);
+    assert_eq!(code, 0);
+    assert!(out.contains("0 corrupt, 0 repairable, 6 info"), "{out}");
+    // recover has nothing to do with them, and deletes none of them.
+    let (code, out, _) = run(&["recover", "--dry-run", d], &data);
+    assert_eq!((code, out.trim()), (0, "nothing to do"));
+    let (code, out, err) = run(&["recover", d], &data);
+    assert_eq!(code, 0, "{out} {err}");
+    assert_unchanged(&before, &data, "recover with garbage spares");
+    // The broker does what the report says.
+    crate::util::serve::Serve::start(&data).stop();
+    let mut left: Vec<String> = fs::read_dir(&spares)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    assert_eq!(left, ["spare-00000000000000000004.log"]);
+    assert!(topic.join("01").is_dir() && topic.join("abc").is_dir());
+    let (code, v) = verify_json(&data, &[]);
+    assert_eq!(code, 0);
+    assert_eq!(v["problems"].as_array().unwrap().len(), 2, "{v:#}");
+}
+
 #[test]
 fn reindex_refuses_while_the_lock_is_held() {
     let (_tmp, data) = copy("missing-index");

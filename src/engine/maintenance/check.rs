@@ -145,6 +145,9 @@ pub enum ProblemKind {
     GroupFileUnreadable,
     /// `producers.journal` ends in an entry cut short (recover cuts it).
     JournalTornTail,
+    /// A file in `DATA/spares/` named as a spare whose header does not decode (or
+    /// whose generation cannot grow): the broker removes it at its next start.
+    BadSpareHeader,
     /// A `producers.journal` entry fails its CRC or field checks, or the header or
     /// `producers.json` is unreadable.
     JournalCorrupt,
@@ -191,6 +194,7 @@ impl ProblemKind {
             ProblemKind::WrongIndexLength => "wrong_index_length",
             ProblemKind::GroupFileUnreadable => "group_file_unreadable",
             ProblemKind::JournalTornTail => "journal_torn_tail",
+            ProblemKind::BadSpareHeader => "bad_spare_header",
             ProblemKind::JournalCorrupt => "journal_corrupt",
         }
     }
@@ -200,9 +204,10 @@ impl ProblemKind {
     /// repairable instead (recovery finishes the swap).
     pub fn severity(self) -> Severity {
         match self {
-            ProblemKind::UnknownFile | ProblemKind::ZeroTail | ProblemKind::StaleTail => {
-                Severity::Info
-            }
+            ProblemKind::UnknownFile
+            | ProblemKind::ZeroTail
+            | ProblemKind::StaleTail
+            | ProblemKind::BadSpareHeader => Severity::Info,
             ProblemKind::UnfinishedCompaction
             | ProblemKind::LeftoverTempFile
             | ProblemKind::OrphanIndex
@@ -450,6 +455,23 @@ pub fn topic_problems(target: &Target) -> Vec<TopicProblem> {
         for path in &t.temp_files {
             out.push(temp(Some(t.topic.clone()), path));
         }
+        for path in &t.unknown {
+            let detail = if path.is_dir() {
+                "directory seglog does not know: not a partition directory (a partition's directory is its number in decimal, 0, 1, 2 …, without leading zeros); the broker and the tools ignore it and leave it alone"
+            } else {
+                "file seglog does not know; the broker and the tools ignore it and leave it alone"
+            };
+            out.push(TopicProblem {
+                topic: Some(t.topic.clone()),
+                problem: problem(
+                    ProblemKind::UnknownFile,
+                    path,
+                    None,
+                    None,
+                    detail.to_string(),
+                ),
+            });
+        }
     }
     if target.root_is_data_dir
         && matches!(
@@ -458,8 +480,69 @@ pub fn topic_problems(target: &Target) -> Vec<TopicProblem> {
         )
     {
         out.extend(super::state::state_problems(&target.root));
+        out.extend(spares_problems(&target.root));
     }
     out
+}
+
+/// What in `DATA/spares/` the broker would not take as a spare (docs/FORMAT.md, Spare
+/// files, rule 2): a name other than `spare-<20 digits>.log`, or a spare whose header
+/// does not decode or whose generation cannot grow. Its startup removes such a file
+/// (and, with the pool off, `spares/` whole); the tools only report it, as
+/// information: a spare holds no record a reader is served. A spare over the pool's
+/// cap is not reported (the cap is the broker's setting).
+pub fn spares_problems(root: &Path) -> Vec<TopicProblem> {
+    use crate::format::names::{parse_spare_file_name, SPARES_DIR};
+    let dir = root.join(SPARES_DIR);
+    let Ok(entries) = fs::read_dir(&dir) else {
+        return Vec::new();
+    };
+    let removed = "the broker removes it at its next start (with the spare pool off, it removes spares/ whole); the tools leave it";
+    let dir_note = "a directory in spares/, no spare file: with the spare pool on the broker's startup stops on it (it removes files only) until it is removed; with the pool off it removes spares/ whole; the tools leave it";
+    let mut found: Vec<(PathBuf, ProblemKind, String)> = Vec::new();
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let name = entry.file_name();
+        let spare_name = name.to_str().and_then(parse_spare_file_name).is_some();
+        if path.is_dir() {
+            found.push((path, ProblemKind::UnknownFile, dir_note.to_string()));
+            continue;
+        }
+        let (kind, why) = match open_log(&path) {
+            Err(e) => match not_regular_file(&e) {
+                Some(n) => (
+                    ProblemKind::UnknownFile,
+                    format!("a {} in spares/, no spare file", n.what),
+                ),
+                None => (ProblemKind::UnknownFile, format!("cannot be read ({e})")),
+            },
+            Ok(_) if !spare_name => (
+                ProblemKind::UnknownFile,
+                "not a spare's name (spare-<20 digits>.log)".to_string(),
+            ),
+            Ok((file, len)) => match read_header(&file, len) {
+                Ok(Err(e)) => (
+                    ProblemKind::BadSpareHeader,
+                    format!("spare whose header does not decode ({e})"),
+                ),
+                Ok(Ok(h)) if h.generation == u64::MAX => (
+                    ProblemKind::BadSpareHeader,
+                    "spare whose generation cannot grow (u64::MAX)".to_string(),
+                ),
+                Ok(Ok(_)) => continue,
+                Err(e) => (ProblemKind::UnknownFile, format!("cannot be read ({e})")),
+            },
+        };
+        found.push((path, kind, format!("{why}: {removed}")));
+    }
+    found.sort();
+    found
+        .into_iter()
+        .map(|(path, kind, detail)| TopicProblem {
+            topic: None,
+            problem: problem(kind, &path, None, None, detail),
+        })
+        .collect()
 }
 
 /// `DATA/schemas.json`, if present, must parse as the schemas file (corrupt: the

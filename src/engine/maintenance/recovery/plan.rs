@@ -465,6 +465,7 @@ pub(super) fn tail_step(active: bool, kind: Option<ProblemKind>, end: &ScanEnd) 
         | K::WrongIndexLength
         | K::GroupFileUnreadable
         | K::JournalTornTail
-        | K::JournalCorrupt => other(),
+        | K::JournalCorrupt
+        | K::BadSpareHeader => other(),
     }
 }
