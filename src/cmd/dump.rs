@@ -25,13 +25,13 @@ use super::verify::{exit_code, problem_json, problem_line, resolve_target, topic
 use super::{BytesAs, ExitError, Global};
 use crate::engine::maintenance::check::{
     check_partition_with, classify_scan_end, read_index_bytes, segment_header, topic_problems,
-    CheckMode, IndexState, PartitionCheck, Problem, ProblemKind, SegmentCheck, Severity,
-    TopicProblem,
+    CheckMode, DamagedRange, IndexState, PartitionCheck, Problem, ProblemKind, SegmentCheck,
+    Severity, TopicProblem,
 };
 use crate::engine::storage::layout::{PartitionRef, Target};
 use crate::engine::storage::map::SealedMap;
 use crate::engine::storage::reader::{
-    not_regular_file, open_log, read_header, resync, Next, RecordReader, Resync, ScanEnd,
+    not_regular_file, open_log, read_header, resync, Next, RecordReader, ScanEnd,
 };
 use crate::format::index::{lookup_bytes, IndexEntry};
 use crate::format::{RecordView, SegmentHeader, HEADER_LEN, INDEX_ENTRY_LEN};
@@ -331,14 +331,16 @@ impl<W: Write> Dumper<'_, W> {
                 )?,
                 None => None,
             };
-            let range = Damaged {
+            let range = DamagedRange {
                 first_offset: first,
                 first_position: position,
+                end_position: found.map_or(file_len, |r| r.position),
                 next: found,
                 next_base,
             };
-            range.describe(&mut p, &end, file_len);
-            self.damaged(check, &p, &range)?;
+            p.detail = range.describe(&end);
+            p.unreadable = Some(Box::new(range));
+            self.problem(check, &p)?;
             let Some(r) = found else {
                 break;
             };
@@ -346,39 +348,6 @@ impl<W: Write> Dumper<'_, W> {
             last = seen;
         }
         self.rest_of_problems(check, seg)
-    }
-
-    /// A damage problem line with the range it makes unreadable.
-    fn damaged(
-        &mut self,
-        check: &PartitionCheck,
-        p: &Problem,
-        range: &Damaged,
-    ) -> anyhow::Result<()> {
-        if !self.seen.insert((p.kind, p.file.clone(), p.position)) {
-            return Ok(());
-        }
-        self.worst = self.worst.max(Some(p.severity));
-        if self.args.json {
-            let mut v = problem_json(self.target, p);
-            v["type"] = json!("problem");
-            v["topic"] = json!(check.partition.topic);
-            v["partition"] = json!(check.partition.partition);
-            v["first_unreadable_offset"] = json!(range.first_offset);
-            v["first_unreadable_position"] = json!(range.first_position);
-            v["next_readable_offset"] = json!(range.next_offset());
-            v["next_readable_position"] = json!(range.next.map(|r| r.position));
-            self.canonical_detail(&mut v);
-            write_json(&mut self.out, &v)?;
-        } else {
-            self.out.flush()?;
-            writeln!(
-                io::stderr(),
-                "seglog: {}",
-                problem_line(self.target, p).trim_start()
-            )?;
-        }
-        Ok(())
     }
 
     /// The problems the quick check found in a segment that reading it did not meet
@@ -571,53 +540,6 @@ impl<W: Write> Dumper<'_, W> {
             }
         }
         Ok(())
-    }
-}
-
-/// The range damage makes unreadable in a sealed segment.
-struct Damaged {
-    /// The first offset that cannot be read (`None` after a record at `u64::MAX`).
-    first_offset: Option<u64>,
-    /// Where the damage starts.
-    first_position: u64,
-    /// Where records resume in the same segment, if they do.
-    next: Option<Resync>,
-    /// The next segment's base offset.
-    next_base: Option<u64>,
-}
-
-impl Damaged {
-    /// The first offset readable after the damage: in this segment, else the next
-    /// segment's base.
-    fn next_offset(&self) -> Option<u64> {
-        self.next.map(|r| r.offset).or(self.next_base)
-    }
-
-    /// Rewrites the problem's detail to name the range.
-    fn describe(&self, p: &mut Problem, end: &ScanEnd, file_len: u64) {
-        let pos = self.first_position;
-        let offsets = match (self.first_offset, self.next_offset()) {
-            (Some(a), Some(b)) if b == a.saturating_add(1) => format!("offset {a} "),
-            (Some(a), Some(b)) if b > a => format!("offsets {a}..{} ", b - 1),
-            (Some(a), None) => format!("offsets from {a} "),
-            _ => String::new(),
-        };
-        p.detail = match self.next {
-            Some(r) => format!(
-                "{}; bytes {pos}..{} of this sealed segment cannot be read ({offsets}lost), records resume at byte {} (offset {})",
-                end.detail(),
-                r.position,
-                r.position,
-                r.offset
-            ),
-            None => format!(
-                "{}; bytes {pos}..{file_len} ({} bytes) of this sealed segment cannot be read ({offsets}lost){}",
-                end.detail(),
-                file_len.saturating_sub(pos),
-                self.next_base
-                    .map_or_else(String::new, |b| format!(", records resume in the next segment at offset {b}"))
-            ),
-        };
     }
 }
 

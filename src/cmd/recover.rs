@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use super::verify::{exit_code, resolve_target, severity_name, topic_problem_json};
 use super::{exit, ExitError, Global};
 use crate::engine::maintenance::check::{
-    check_partition, topic_problems, CheckMode, Problem, Severity,
+    check_partition, topic_problems, CheckMode, Problem, ProblemKind, Severity,
 };
 use crate::engine::maintenance::recovery::Backup;
 use crate::engine::maintenance::recovery::{
@@ -24,7 +24,9 @@ use crate::engine::maintenance::salvage::{
 use crate::engine::storage::io::RealStorage;
 use crate::engine::storage::layout::{PartitionRef, Target, TargetKind};
 use crate::engine::storage::lock::{DirLock, LockError};
-use crate::format::names::{validate_name, TOPICS_DIR};
+use crate::format::names::{
+    index_file_name, log_file_name, tmp_file_name, validate_name, TOPICS_DIR,
+};
 
 /// Arguments of `seglog recover`.
 #[derive(Debug, clap::Args)]
@@ -279,6 +281,54 @@ fn rebuild_json(root: &Path, r: &TopicRebuild, done: bool) -> Value {
     })
 }
 
+/// What recover does with a problem of a partition whose compaction swap it finishes
+/// first (FORMAT, Recovery step 1): the swap renames its temporary files into place; a
+/// temporary file the marker does not name is removed once the swap is finished (the
+/// partition is then planned again); anything else is planned again after the swap.
+/// `None` when the partition has no swap to finish, or for corruption (never hidden
+/// among what recover repairs). Returns the partition's label with it.
+fn after_swap(plan: &RecoveryPlan, x: &Problem) -> Option<(String, String)> {
+    if x.severity == Severity::Corrupt {
+        return None;
+    }
+    let p = plan
+        .partitions
+        .iter()
+        .find(|p| x.file.parent() == Some(p.dir.as_path()))?;
+    let Some(Action::FinishCompaction { marker, .. }) = p.actions.first() else {
+        return None;
+    };
+    let then = if x.kind == ProblemKind::LeftoverTempFile {
+        let name = x.file.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        let renamed = marker
+            .new
+            .iter()
+            .flat_map(|&n| [log_file_name(n), index_file_name(n)])
+            .find(|f| tmp_file_name(f) == name);
+        match renamed {
+            Some(f) => format!("finishing the compaction swap renames it to {f}"),
+            None => "the marker does not name it: recover removes it once the swap is finished"
+                .to_string(),
+        }
+    } else {
+        "recover finishes the compaction swap first, then checks the partition again and repairs what that check finds".to_string()
+    };
+    Some((p.label.clone(), then))
+}
+
+/// The problems of an index file, which `seglog reindex` rebuilds.
+fn is_index_problem(kind: ProblemKind) -> bool {
+    matches!(
+        kind,
+        ProblemKind::MissingIndex
+            | ProblemKind::PartialIndexEntry
+            | ProblemKind::IndexNotIncreasing
+            | ProblemKind::IndexPastData
+            | ProblemKind::WrongIndexEntry
+            | ProblemKind::WrongIndexLength
+    )
+}
+
 fn same_problem(a: &Problem, b: &Problem) -> bool {
     a.kind == b.kind && a.file == b.file && a.position == b.position
 }
@@ -364,6 +414,10 @@ fn print_plan(
     salvage: Option<&[(String, SalvagePlan)]>,
     as_json: bool,
 ) -> io::Result<()> {
+    // Problems of a partition whose compaction swap recover finishes first: the swap
+    // handles them, or recover plans them again after it.
+    let (swap, beyond): (Vec<&Problem>, Vec<&Problem>) =
+        beyond.iter().partition(|x| after_swap(plan, x).is_some());
     let stdout = io::stdout();
     let mut out = io::BufWriter::new(stdout.lock());
     if as_json {
@@ -414,7 +468,14 @@ fn print_plan(
             "severity_before": severity_name(plan.severity_before()),
             "severity_after": if after_corrupt { "corrupt" } else { "clean" },
             "verify_severity": severity_name(verify),
-            "cannot_repair": cannot_repair_json(plan, beyond),
+            "cannot_repair": cannot_repair_json(plan, &beyond),
+            "after_swap": swap.iter().filter_map(|x| {
+                let (label, then) = after_swap(plan, x)?;
+                let mut v = problem_json(&plan.root, x);
+                v["label"] = json!(label);
+                v["then"] = json!(then);
+                Some(v)
+            }).collect::<Vec<_>>(),
         });
         let mut v = v;
         if let (Some(salvage), Some(obj)) = (salvage, v.as_object_mut()) {
@@ -466,11 +527,24 @@ fn print_plan(
                 )?;
             }
         }
-        for x in beyond {
+        for x in swap {
+            if let Some((label, then)) = after_swap(plan, x) {
+                writeln!(
+                    out,
+                    "{label}: {}: {} ({}); {then}",
+                    relative(&plan.root, &x.file),
+                    x.detail,
+                    x.kind
+                )?;
+            }
+        }
+        for x in &beyond {
             let what = if x.severity == Severity::Corrupt {
                 "recover cannot repair it; it stays in place for an operator"
-            } else {
+            } else if is_index_problem(x.kind) {
                 "recover leaves it; `seglog reindex` repairs it"
+            } else {
+                "recover leaves it as it is"
             };
             writeln!(
                 out,
@@ -619,8 +693,10 @@ fn print_report(
         for x in after {
             let hint = if x.severity == Severity::Corrupt {
                 "left for an operator"
-            } else {
+            } else if is_index_problem(x.kind) {
                 "`seglog reindex` repairs it"
+            } else {
+                "left as it is"
             };
             writeln!(
                 out,
@@ -715,7 +791,7 @@ fn action_json(root: &Path, a: &Action, backups: &[PathBuf]) -> Value {
 
 /// Every problem recovery leaves in place: the plan's corruption and gaps, and what
 /// only the full check finds.
-fn cannot_repair_json(plan: &RecoveryPlan, beyond: &[Problem]) -> Vec<Value> {
+fn cannot_repair_json(plan: &RecoveryPlan, beyond: &[&Problem]) -> Vec<Value> {
     let mut v = Vec::new();
     for p in &plan.partitions {
         for d in &p.corrupt {
@@ -733,19 +809,40 @@ fn cannot_repair_json(plan: &RecoveryPlan, beyond: &[Problem]) -> Vec<Value> {
             ));
         }
     }
-    v.extend(beyond.iter().map(|x| problem_json(&plan.root, x)));
+    // Damage the startup check trusts without reading, with the range it hides, as
+    // the plan's own damage.
+    v.extend(beyond.iter().map(|x| match &x.unreadable {
+        Some(r) => damage_json(
+            &plan.root,
+            &Damage {
+                problem: (*x).clone(),
+                bytes: Some((r.first_position, r.end_position)),
+                offsets: r.lost_offsets(),
+            },
+        ),
+        None => problem_json(&plan.root, x),
+    }));
     v
 }
 
+/// A problem as JSON; damage inside a sealed segment adds the range it makes
+/// unreadable, as `verify --json` does.
 fn problem_json(root: &Path, p: &Problem) -> Value {
-    json!({
+    let mut v = json!({
         "kind": p.kind,
         "severity": p.severity.as_str(),
         "path": relative(root, &p.file),
         "position": p.position,
         "offset": p.offset,
         "detail": p.detail,
-    })
+    });
+    if let Some(r) = &p.unreadable {
+        v["first_unreadable_offset"] = json!(r.first_offset);
+        v["first_unreadable_position"] = json!(r.first_position);
+        v["next_readable_offset"] = json!(r.next_offset());
+        v["next_readable_position"] = json!(r.next.map(|n| n.position));
+    }
+    v
 }
 
 fn damage_json(root: &Path, d: &Damage) -> Value {

@@ -23,13 +23,15 @@ file, fsync, rename and directory fsync. A rebuilt index is byte-identical to th
 writer makes. Takes DATA/LOCK (exit 73 while a broker holds it). A segment whose header is \
 unreadable gets no index; a corrupt sealed segment gets the index of its readable records. \
 A partition with a compaction.marker is left alone (run `seglog recover` first).\n\n\
-Exit: 0 done; 1 with --check when an index would change, or when a partition was left alone; \
+Exit: 0 done (with --check: no index would change); 1 with --check when an index would \
+change, and with or without --check when a partition was left alone (the summary line says \
+so and why); 64 the path is not a seglog data directory, topic, partition or .log file; \
 73 locked; 74 I/O error."
 )]
 pub struct Args {
     /// Data directory, topic directory, partition directory or one .log file.
     pub path: PathBuf,
-    /// Write nothing; exit 1 if any index would change.
+    /// Write nothing; exit 1 if any index would change (or a partition is left alone).
     #[arg(long)]
     pub check: bool,
     /// Rewrite every index, valid ones included.
@@ -208,13 +210,28 @@ fn render_human(
             }
         }
     }
-    if !global.quiet || args.check {
+    // A partition left alone makes the exit 1: the summary says so, and why.
+    let left_alone = plans
+        .iter()
+        .filter_map(|(_, _, p)| p.blocked.as_deref())
+        .collect::<Vec<_>>();
+    let alone = match left_alone.first() {
+        Some(why) => format!(
+            "; {} partition(s) left alone, their indexes not checked: {why}",
+            left_alone.len()
+        ),
+        None => String::new(),
+    };
+    if !global.quiet || args.check || !left_alone.is_empty() {
         if args.check {
-            writeln!(out, "{changed} index file(s) would change, {kept} valid")?;
+            writeln!(
+                out,
+                "{changed} index file(s) would change, {kept} valid{alone}"
+            )?;
         } else {
             writeln!(
                 out,
-                "{written} index file(s) written ({changed} changed), {kept} valid and kept"
+                "{written} index file(s) written ({changed} changed), {kept} valid and kept{alone}"
             )?;
         }
     }

@@ -27,6 +27,12 @@ pub const PROGRESS_BYTES_MIN: u64 = 256 * 1024 * 1024;
     after_long_help = "Checks every segment header, record and CRC, every index file, segment \
 continuity, leftover temporary files and compaction markers. Read-only: opens nothing for \
 writing and may run beside a live broker.\n\n\
+Damage inside a sealed segment hides only the records it touches: reading resumes at the \
+next whole record of the segment's generation (docs/FORMAT.md, Reading around damage), the \
+records after it count as read, and the problem names the range (in --json also \
+first_unreadable_offset, first_unreadable_position, next_readable_offset, \
+next_readable_position; a next position of null means the records resume in the next \
+segment, or nowhere when the offset is null too).\n\n\
 A topic whose topic.json is missing or unreadable, or whose partition directories do not \
 match its partition count, is reported as corrupt and its partitions are not checked; every \
 other topic is.\n\n\
@@ -118,15 +124,26 @@ pub fn severity_name(worst: Option<Severity>) -> &'static str {
 }
 
 /// A problem as a JSON object; `path` relative to the target's data directory.
+/// Damage inside a sealed segment adds the range it makes unreadable:
+/// `first_unreadable_offset`/`_position`, `next_readable_offset`/`_position` (a next
+/// position of null: the records resume in the next segment, or nowhere when the
+/// offset is null too).
 pub fn problem_json(target: &Target, p: &Problem) -> serde_json::Value {
-    json!({
+    let mut v = json!({
         "kind": p.kind,
         "severity": p.severity.as_str(),
         "path": target.relative(&p.file),
         "position": p.position,
         "offset": p.offset,
         "detail": p.detail,
-    })
+    });
+    if let Some(r) = &p.unreadable {
+        v["first_unreadable_offset"] = json!(r.first_offset);
+        v["first_unreadable_position"] = json!(r.first_position);
+        v["next_readable_offset"] = json!(r.next_offset());
+        v["next_readable_position"] = json!(r.next.map(|n| n.position));
+    }
+    v
 }
 
 /// A problem as one line of text.

@@ -348,6 +348,175 @@ fn flip_bit_in_a_sealed_record_is_corrupt_and_changes_one_bit() {
     expect(&data, "clean");
 }
 
+/// (position, offset) of every record of a whole segment file.
+fn record_positions(bytes: &[u8]) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    let mut pos = 32usize;
+    while pos + 12 <= bytes.len() {
+        let len = u32::from_be_bytes(bytes[pos..pos + 4].try_into().unwrap()) as usize;
+        let offset = u64::from_be_bytes(bytes[pos + 4..pos + 12].try_into().unwrap());
+        out.push((pos as u64, offset));
+        pos += 4 + len;
+    }
+    out
+}
+
+/// The damage problems of `verify --json` on `path`, as (first unreadable offset and
+/// position, next readable offset and position), and the records it counted.
+fn unreadable_ranges(data: &Path, path: &str, quick: bool) -> (Vec<serde_json::Value>, u64) {
+    let mut args = vec!["verify", "--json", path];
+    if quick {
+        args.insert(2, "--quick");
+    }
+    let v = json(&run_in(data, &args).stdout);
+    let ranges = v["segments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s["problems"].as_array().unwrap().iter())
+        .filter(|p| p["severity"] == "corrupt")
+        .map(|p| {
+            serde_json::json!([
+                p["first_unreadable_offset"],
+                p["first_unreadable_position"],
+                p["next_readable_offset"],
+                p["next_readable_position"]
+            ])
+        })
+        .collect();
+    (ranges, v["totals"]["records"].as_u64().unwrap())
+}
+
+/// A bit flipped in a sealed record's length (the README's fixture recipe) hides that
+/// record only: verify, the startup check (recover --dry-run) and dump all resume at
+/// the next record, as a fetch does (docs/FORMAT.md, Reading around damage), and count
+/// the records after the damage as readable. Two damaged records make two ranges; a
+/// damaged last record resumes in the next segment.
+#[test]
+fn damage_in_a_sealed_segment_hides_only_the_records_it_touches() {
+    let (_tmp, data) = copy("clean");
+    let recs = record_positions(&fs::read(data.join(SEALED)).unwrap());
+    assert_eq!(recs.len(), 30);
+    let at = |i: usize| recs[i].0;
+    // One bit of record 10's record_len: the length no longer fits its fields.
+    damaged(
+        &data,
+        &["--flip-bit", &format!("{SEALED}:{}:0", at(10) + 2)],
+    );
+    let p0 = s(&data.join(P0)).to_string();
+    let (ranges, records) = unreadable_ranges(&data, &p0, false);
+    assert_eq!(
+        ranges,
+        vec![serde_json::json!([10, at(10), 11, at(11)])],
+        "verify"
+    );
+    assert_eq!(records, 69, "verify counts every record but offset 10");
+    let v = json(&run_in(&data, &["verify", "--json", &p0]).stdout);
+    let seg = &v["segments"][0];
+    assert_eq!(
+        (seg["first_offset"].clone(), seg["last_offset"].clone()),
+        (0.into(), 29.into())
+    );
+    assert_eq!(seg["records"], 29);
+    let detail = seg["problems"][0]["detail"].as_str().unwrap();
+    assert!(
+        detail.contains(&format!(
+            "bytes {}..{} of this sealed segment cannot be read (offset 10 lost), records resume at byte {} (offset 11)",
+            at(10),
+            at(11),
+            at(11)
+        )),
+        "{detail}"
+    );
+    let r = run_in(&data, &["verify", &p0]);
+    assert!(r.stdout.contains("69 records read"), "{}", r.stdout);
+    // The startup check (recover plans from it) says the same.
+    let r = run_in(&data, &["recover", "--dry-run", "--json", s(&data)]);
+    r.code(2);
+    let plan = json(&r.stdout);
+    let lost: Vec<_> = plan["cannot_repair"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| (d["offsets_lost"].clone(), d["bytes_lost"].clone()))
+        .collect();
+    assert_eq!(
+        lost,
+        vec![(
+            serde_json::json!([10, 10]),
+            serde_json::json!([at(10), at(11)])
+        )],
+        "{}",
+        r.stdout
+    );
+    let r = run_in(&data, &["recover", "--dry-run", s(&data)]);
+    assert!(
+        r.stdout.contains(&format!(
+            "(offset 10 lost), records resume at byte {} (offset 11)",
+            at(11)
+        )),
+        "{}",
+        r.stdout
+    );
+    // dump reads exactly the records verify counts, and names the same range.
+    let lines = crate::util::bin::json_lines(&run_in(&data, &["dump", "--json", &p0]).stdout);
+    let offsets: Vec<u64> = lines
+        .iter()
+        .filter(|l| l["type"] == "record")
+        .map(|l| l["offset"].as_u64().unwrap())
+        .collect();
+    let want: Vec<u64> = (0..70).filter(|&o| o != 10).collect();
+    assert_eq!(offsets, want);
+    let problems: Vec<_> = lines.iter().filter(|l| l["type"] == "problem").collect();
+    assert_eq!(problems.len(), 1);
+    assert_eq!(problems[0]["next_readable_offset"], 11);
+    assert_eq!(problems[0]["next_readable_position"], at(11));
+
+    // A second damaged record further on: a second range, the rest still read.
+    damaged(
+        &data,
+        &["--flip-bit", &format!("{SEALED}:{}:0", at(20) + 2)],
+    );
+    let (ranges, records) = unreadable_ranges(&data, &p0, false);
+    assert_eq!(
+        ranges,
+        vec![
+            serde_json::json!([10, at(10), 11, at(11)]),
+            serde_json::json!([20, at(20), 21, at(21)])
+        ]
+    );
+    assert_eq!(records, 68);
+    let plan = json(&run_in(&data, &["recover", "--dry-run", "--json", s(&data)]).stdout);
+    let lost: Vec<_> = plan["cannot_repair"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["offsets_lost"].clone())
+        .collect();
+    assert_eq!(
+        lost,
+        vec![serde_json::json!([10, 10]), serde_json::json!([20, 20])]
+    );
+
+    // The last record of the segment damaged: reading resumes in the next segment.
+    damaged(
+        &data,
+        &["--flip-bit", &format!("{SEALED}:{}:0", at(29) + 2)],
+    );
+    let (ranges, _) = unreadable_ranges(&data, &p0, true);
+    assert_eq!(
+        ranges,
+        vec![
+            serde_json::json!([10, at(10), 11, at(11)]),
+            serde_json::json!([20, at(20), 21, at(21)]),
+            serde_json::json!([29, at(29), 30, null])
+        ],
+        "verify --quick reads the damaged segment in full"
+    );
+    let (_, records) = unreadable_ranges(&data, &p0, false);
+    assert_eq!(records, 67);
+}
+
 #[test]
 fn truncate_the_active_segment_mid_record_is_repairable() {
     let (_tmp, data) = copy("clean");

@@ -1047,6 +1047,122 @@ fn reindex_skips_a_segment_whose_header_is_bad_and_a_partition_with_a_marker() {
     assert_unchanged(&before, &data, "reindex with a marker");
 }
 
+/// A partition left alone (a compaction marker) makes reindex exit 1, with or without
+/// --check, and the summary line says so and why: it said "0 index file(s) would
+/// change" and nothing else, which read as a clean check.
+#[test]
+fn reindex_summary_says_a_partition_was_left_alone() {
+    let (_tmp, data) = copy("compaction-marker");
+    let d = data.to_str().unwrap();
+    let (code, out, _) = run(&["reindex", "--check", d], &data);
+    assert_eq!(code, 1, "{out}");
+    let last = out.lines().last().unwrap();
+    assert!(
+        last.starts_with("0 index file(s) would change, ")
+            && last.contains("; 1 partition(s) left alone, their indexes not checked: compaction.marker is present")
+            && last.ends_with("run `seglog recover` first"),
+        "{out}"
+    );
+    let (code, out, _) = run(&["reindex", d], &data);
+    assert_eq!(code, 1, "{out}");
+    let last = out.lines().last().unwrap();
+    assert!(last.contains("; 1 partition(s) left alone"), "{out}");
+    // Without a partition left alone the summary is as before.
+    let (_tmp2, clean) = copy("clean");
+    let (code, out, _) = run(&["reindex", "--check", clean.to_str().unwrap()], &clean);
+    assert_eq!(code, 0, "{out}");
+    assert!(!out.contains("left alone"), "{out}");
+}
+
+/// Garbage in `DATA/spares/` and stray directories in a topic directory are reported,
+/// as information, with what the broker does with them; the tools delete nothing.
+/// `01` is no partition directory (partitions are named by their number in decimal,
+/// without leading zeros). A spare whose header decodes, and a Raft checkpoint
+/// `applied-<p>.json`, are not reported. The broker's startup removes what the report
+/// says it removes and keeps the stray directories.
+#[test]
+fn garbage_spares_and_stray_topic_entries_are_reported_and_kept() {
+    let (_tmp, data) = copy("clean");
+    let spares = data.join("spares");
+    fs::create_dir(&spares).unwrap();
+    fs::write(spares.join("spare-1.log"), b"garbage!").unwrap();
+    fs::write(spares.join("spare-2.log"), b"").unwrap();
+    fs::write(spares.join("foo.txt"), b"hello\n").unwrap();
+    fs::write(spares.join("spare-00000000000000000003.log"), b"8 bytes.").unwrap();
+    // A good spare: a sealed segment's file renamed into the pool.
+    fs::copy(
+        data.join(P).join("00000000000000000000.log"),
+        spares.join("spare-00000000000000000004.log"),
+    )
+    .unwrap();
+    let topic = data.join("topics/events");
+    fs::create_dir(topic.join("01")).unwrap();
+    fs::create_dir(topic.join("abc")).unwrap();
+    fs::write(topic.join("applied-0.json"), b"{}").unwrap();
+    drop(DirLock::acquire(&data).unwrap()); // LOCK exists before the snapshot
+    let before = snapshot(&data);
+    let (code, v) = verify_json(&data, &[]);
+    assert_eq!(code, 0, "{v:#}");
+    let got: Vec<(String, String, String)> = v["problems"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["path"].as_str().unwrap().to_string(),
+                p["kind"].as_str().unwrap().to_string(),
+                p["severity"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let want = [
+        ("topics/events/01", "unknown_file"),
+        ("topics/events/abc", "unknown_file"),
+        ("spares/foo.txt", "unknown_file"),
+        ("spares/spare-00000000000000000003.log", "bad_spare_header"),
+        ("spares/spare-1.log", "unknown_file"),
+        ("spares/spare-2.log", "unknown_file"),
+    ];
+    let want: Vec<(String, String, String)> = want
+        .iter()
+        .map(|(p, k)| (p.to_string(), k.to_string(), "info".to_string()))
+        .collect();
+    assert_eq!(got, want, "{v:#}");
+    for p in v["problems"].as_array().unwrap() {
+        let detail = p["detail"].as_str().unwrap();
+        if p["path"].as_str().unwrap().starts_with("spares/") {
+            assert!(
+                detail.contains("the broker removes it at its next start"),
+                "{detail}"
+            );
+        } else {
+            assert!(detail.contains("not a partition directory"), "{detail}");
+        }
+    }
+    let d = data.to_str().unwrap();
+    let (code, out, _) = run(&["verify", d], &data);
+    assert_eq!(code, 0);
+    assert!(out.contains("0 corrupt, 0 repairable, 6 info"), "{out}");
+    // recover has nothing to do with them, and deletes none of them.
+    let (code, out, _) = run(&["recover", "--dry-run", d], &data);
+    assert_eq!((code, out.trim()), (0, "nothing to do"));
+    let (code, out, err) = run(&["recover", d], &data);
+    assert_eq!(code, 0, "{out} {err}");
+    assert_unchanged(&before, &data, "recover with garbage spares");
+    // The broker does what the report says.
+    crate::util::serve::Serve::start(&data).stop();
+    let mut left: Vec<String> = fs::read_dir(&spares)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    assert_eq!(left, ["spare-00000000000000000004.log"]);
+    assert!(topic.join("01").is_dir() && topic.join("abc").is_dir());
+    let (code, v) = verify_json(&data, &[]);
+    assert_eq!(code, 0);
+    assert_eq!(v["problems"].as_array().unwrap().len(), 2, "{v:#}");
+}
+
 #[test]
 fn reindex_refuses_while_the_lock_is_held() {
     let (_tmp, data) = copy("missing-index");
@@ -1362,6 +1478,84 @@ fn recover_dry_run_names_what_it_cannot_repair() {
         !out.contains("nothing to do") && out.contains("nothing recover can repair"),
         "{out}"
     );
+}
+
+/// recover --dry-run on an unfinished compaction swap says what recover does with each
+/// of its temporary files: finishing the swap renames the ones the marker names, and a
+/// temporary file it does not name is removed once the swap is finished. Neither is
+/// something recover "leaves" or that `seglog reindex` repairs (it refuses a partition
+/// with a marker), and neither is among what recover cannot repair.
+#[test]
+fn recover_dry_run_says_what_the_swap_does_with_its_temporary_files() {
+    let (_tmp, data) = copy("compaction-marker");
+    let part = data.join(P);
+    fs::write(part.join("00000000000000000030.log.tmp"), b"stray").unwrap();
+    let d = data.to_str().unwrap();
+    let (code, out, err) = run(&["recover", "--dry-run", d], &data);
+    assert_eq!(code, 1, "{out} {err}");
+    for (tmp, then) in [
+        (
+            "00000000000000000000.log.tmp",
+            "finishing the compaction swap renames it to 00000000000000000000.log",
+        ),
+        (
+            "00000000000000000000.index.tmp",
+            "finishing the compaction swap renames it to 00000000000000000000.index",
+        ),
+        (
+            "00000000000000000030.log.tmp",
+            "the marker does not name it: recover removes it once the swap is finished",
+        ),
+    ] {
+        let line = out
+            .lines()
+            .find(|l| l.contains(&format!("{P}{tmp}:")))
+            .unwrap_or_else(|| panic!("no line for {tmp}: {out}"));
+        assert!(
+            line.starts_with("events/0: ") && line.ends_with(then),
+            "{line}"
+        );
+    }
+    assert!(!out.contains("reindex"), "{out}");
+    assert!(!out.contains("recover leaves it"), "{out}");
+    assert!(
+        !out.contains("beyond what the startup check reads"),
+        "{out}"
+    );
+    let (code, out, _) = run(&["recover", "--dry-run", "--json", d], &data);
+    assert_eq!(code, 1);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["cannot_repair"], serde_json::json!([]), "{v}");
+    let mut then: Vec<(String, String)> = v["after_swap"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| {
+            (
+                x["path"].as_str().unwrap().to_string(),
+                x["then"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    then.sort();
+    assert_eq!(then.len(), 3, "{v}");
+    assert_eq!(then[0].0, format!("{P}00000000000000000000.index.tmp"));
+    assert!(then[2].1.contains("removes it"), "{then:?}");
+    // And recover does what the dry run said.
+    let new_log = fs::read(part.join("00000000000000000000.log.tmp")).unwrap();
+    let (code, out, err) = run(&["recover", d], &data);
+    assert_eq!(code, 0, "{out} {err}");
+    assert_eq!(
+        fs::read(part.join("00000000000000000000.log")).unwrap(),
+        new_log
+    );
+    for tmp in [
+        "00000000000000000000.log.tmp",
+        "00000000000000000000.index.tmp",
+        "00000000000000000030.log.tmp",
+    ] {
+        assert!(!part.join(tmp).exists(), "{tmp} is still there");
+    }
 }
 
 /// A --backup-dir that cannot be one is reported as what it is, before anything is cut.

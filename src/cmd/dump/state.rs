@@ -117,6 +117,7 @@ pub(super) fn dump_state(
                     position: None,
                     offset: None,
                     detail: format!("{p}; the broker refuses this group until it is repaired"),
+                    unreadable: None,
                 };
                 d.problem(&problem)?;
             }
@@ -287,6 +288,7 @@ impl<W: Write> StateDumper<'_, W> {
                     position: None,
                     offset: None,
                     detail: format!("{SNAPSHOT_FILE}: {e}"),
+                    unreadable: None,
                 };
                 return self.problem(&p);
             }

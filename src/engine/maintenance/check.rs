@@ -23,8 +23,8 @@ use crate::engine::storage::layout::{
     list_partition, PartitionRef, SegmentFiles, Target, TopicDamage,
 };
 use crate::engine::storage::reader::{
-    not_regular_file, open_log, range_is_zero, read_full_at, read_header, scan_sealed_segment,
-    scan_segment, Next, RecordReader, ScanEnd, ScanSummary,
+    not_regular_file, open_log, range_is_zero, read_full_at, read_header, resync,
+    scan_sealed_segment, scan_segment, Next, RecordReader, Resync, ScanEnd, ScanSummary,
 };
 
 /// Largest index file read into memory: one entry per 4 KiB of a 4 GiB segment, with room.
@@ -145,6 +145,9 @@ pub enum ProblemKind {
     GroupFileUnreadable,
     /// `producers.journal` ends in an entry cut short (recover cuts it).
     JournalTornTail,
+    /// A file in `DATA/spares/` named as a spare whose header does not decode (or
+    /// whose generation cannot grow): the broker removes it at its next start.
+    BadSpareHeader,
     /// A `producers.journal` entry fails its CRC or field checks, or the header or
     /// `producers.json` is unreadable.
     JournalCorrupt,
@@ -191,6 +194,7 @@ impl ProblemKind {
             ProblemKind::WrongIndexLength => "wrong_index_length",
             ProblemKind::GroupFileUnreadable => "group_file_unreadable",
             ProblemKind::JournalTornTail => "journal_torn_tail",
+            ProblemKind::BadSpareHeader => "bad_spare_header",
             ProblemKind::JournalCorrupt => "journal_corrupt",
         }
     }
@@ -200,9 +204,10 @@ impl ProblemKind {
     /// repairable instead (recovery finishes the swap).
     pub fn severity(self) -> Severity {
         match self {
-            ProblemKind::UnknownFile | ProblemKind::ZeroTail | ProblemKind::StaleTail => {
-                Severity::Info
-            }
+            ProblemKind::UnknownFile
+            | ProblemKind::ZeroTail
+            | ProblemKind::StaleTail
+            | ProblemKind::BadSpareHeader => Severity::Info,
             ProblemKind::UnfinishedCompaction
             | ProblemKind::LeftoverTempFile
             | ProblemKind::OrphanIndex
@@ -316,6 +321,75 @@ pub struct Problem {
     /// The record offset involved, when known.
     pub offset: Option<u64>,
     pub detail: String,
+    /// Damage inside a sealed segment: the records it makes unreadable and where
+    /// reading resumes (docs/FORMAT.md, Reading around damage).
+    pub unreadable: Option<Box<DamagedRange>>,
+}
+
+/// The range damage makes unreadable in a sealed segment: from the bad record to the
+/// position where [`resync`] finds the records resuming (docs/FORMAT.md, Reading around
+/// damage), else to the end of the file, the records resuming in the next segment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DamagedRange {
+    /// The first offset that cannot be read (`None` after a record at `u64::MAX`).
+    pub first_offset: Option<u64>,
+    /// Where the damage starts: the position of the bad record.
+    pub first_position: u64,
+    /// Where the unreadable bytes end: the resync point, else the end of the file.
+    pub end_position: u64,
+    /// Where the records resume in the same segment, if they do.
+    pub next: Option<Resync>,
+    /// The next segment's base offset.
+    pub next_base: Option<u64>,
+}
+
+impl DamagedRange {
+    /// The first offset readable after the damage: in this segment, else the next
+    /// segment's base.
+    pub fn next_offset(&self) -> Option<u64> {
+        self.next.map(|r| r.offset).or(self.next_base)
+    }
+
+    /// The offsets the damage makes unreadable, `first..=last` (`last` is `None` when
+    /// no readable offset follows); `None` when it hides no offset (the bytes held no
+    /// record, or the last record was at `u64::MAX`).
+    pub fn lost_offsets(&self) -> Option<(u64, Option<u64>)> {
+        let first = self.first_offset?;
+        match self.next_offset() {
+            Some(next) if next > first => Some((first, Some(next - 1))),
+            Some(_) => None,
+            None => Some((first, None)),
+        }
+    }
+
+    /// The problem's detail naming the range, after what ends the records (`end`).
+    pub fn describe(&self, end: &ScanEnd) -> String {
+        let (pos, file_len) = (self.first_position, self.end_position);
+        let offsets = match self.lost_offsets() {
+            Some((a, Some(b))) if a == b => format!("offset {a} lost"),
+            Some((a, Some(b))) => format!("offsets {a}..={b} lost"),
+            Some((a, None)) => format!("offsets from {a} lost"),
+            None => "no offset lost".to_string(),
+        };
+        match self.next {
+            Some(r) => format!(
+                "{}; bytes {pos}..{} of this sealed segment cannot be read ({offsets}), records resume at byte {} (offset {})",
+                end.detail(),
+                r.position,
+                r.position,
+                r.offset
+            ),
+            None => format!(
+                "{}; bytes {pos}..{file_len} ({} bytes) of this sealed segment cannot be read ({offsets}){}",
+                end.detail(),
+                file_len.saturating_sub(pos),
+                self.next_base.map_or_else(
+                    || ", no record follows".to_string(),
+                    |b| format!(", records resume in the next segment at offset {b}")
+                )
+            ),
+        }
+    }
 }
 
 /// A finding about a topic rather than one of its partitions: its metadata, or a
@@ -381,6 +455,23 @@ pub fn topic_problems(target: &Target) -> Vec<TopicProblem> {
         for path in &t.temp_files {
             out.push(temp(Some(t.topic.clone()), path));
         }
+        for path in &t.unknown {
+            let detail = if path.is_dir() {
+                "directory seglog does not know: not a partition directory (a partition's directory is its number in decimal, 0, 1, 2 …, without leading zeros); the broker and the tools ignore it and leave it alone"
+            } else {
+                "file seglog does not know; the broker and the tools ignore it and leave it alone"
+            };
+            out.push(TopicProblem {
+                topic: Some(t.topic.clone()),
+                problem: problem(
+                    ProblemKind::UnknownFile,
+                    path,
+                    None,
+                    None,
+                    detail.to_string(),
+                ),
+            });
+        }
     }
     if target.root_is_data_dir
         && matches!(
@@ -389,8 +480,69 @@ pub fn topic_problems(target: &Target) -> Vec<TopicProblem> {
         )
     {
         out.extend(super::state::state_problems(&target.root));
+        out.extend(spares_problems(&target.root));
     }
     out
+}
+
+/// What in `DATA/spares/` the broker would not take as a spare (docs/FORMAT.md, Spare
+/// files, rule 2): a name other than `spare-<20 digits>.log`, or a spare whose header
+/// does not decode or whose generation cannot grow. Its startup removes such a file
+/// (and, with the pool off, `spares/` whole); the tools only report it, as
+/// information: a spare holds no record a reader is served. A spare over the pool's
+/// cap is not reported (the cap is the broker's setting).
+pub fn spares_problems(root: &Path) -> Vec<TopicProblem> {
+    use crate::format::names::{parse_spare_file_name, SPARES_DIR};
+    let dir = root.join(SPARES_DIR);
+    let Ok(entries) = fs::read_dir(&dir) else {
+        return Vec::new();
+    };
+    let removed = "the broker removes it at its next start (with the spare pool off, it removes spares/ whole); the tools leave it";
+    let dir_note = "a directory in spares/, no spare file: with the spare pool on the broker's startup stops on it (it removes files only) until it is removed; with the pool off it removes spares/ whole; the tools leave it";
+    let mut found: Vec<(PathBuf, ProblemKind, String)> = Vec::new();
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let name = entry.file_name();
+        let spare_name = name.to_str().and_then(parse_spare_file_name).is_some();
+        if path.is_dir() {
+            found.push((path, ProblemKind::UnknownFile, dir_note.to_string()));
+            continue;
+        }
+        let (kind, why) = match open_log(&path) {
+            Err(e) => match not_regular_file(&e) {
+                Some(n) => (
+                    ProblemKind::UnknownFile,
+                    format!("a {} in spares/, no spare file", n.what),
+                ),
+                None => (ProblemKind::UnknownFile, format!("cannot be read ({e})")),
+            },
+            Ok(_) if !spare_name => (
+                ProblemKind::UnknownFile,
+                "not a spare's name (spare-<20 digits>.log)".to_string(),
+            ),
+            Ok((file, len)) => match read_header(&file, len) {
+                Ok(Err(e)) => (
+                    ProblemKind::BadSpareHeader,
+                    format!("spare whose header does not decode ({e})"),
+                ),
+                Ok(Ok(h)) if h.generation == u64::MAX => (
+                    ProblemKind::BadSpareHeader,
+                    "spare whose generation cannot grow (u64::MAX)".to_string(),
+                ),
+                Ok(Ok(_)) => continue,
+                Err(e) => (ProblemKind::UnknownFile, format!("cannot be read ({e})")),
+            },
+        };
+        found.push((path, kind, format!("{why}: {removed}")));
+    }
+    found.sort();
+    found
+        .into_iter()
+        .map(|(path, kind, detail)| TopicProblem {
+            topic: None,
+            problem: problem(kind, &path, None, None, detail),
+        })
+        .collect()
 }
 
 /// `DATA/schemas.json`, if present, must parse as the schemas file (corrupt: the
@@ -561,6 +713,7 @@ fn problem(
         position,
         offset,
         detail,
+        unreadable: None,
     }
 }
 
@@ -966,12 +1119,105 @@ pub fn check_segment(
     seg.records = Some(scan.records);
     seg.data_end = scan.data_end;
     classify_end(&mut seg, &file, &scan, next_base)?;
+    if !active {
+        read_past_damage(&mut seg, &file, &header, &scan.end, next_base)?;
+    }
     seg.index = compare_index(index_bytes.as_ref(), &scan, seg.is_corrupt());
     if let Some(p) = index_problem(&seg.index, files, active) {
         seg.problems.push(p);
     }
     seg.scan = Some(scan);
     Ok(seg)
+}
+
+/// Damage inside a sealed segment hides only the records it touches (docs/FORMAT.md,
+/// Reading around damage): from the byte after each bad record, reading resumes where
+/// [`resync`] finds a whole record of the segment's generation with an offset above the
+/// last valid one and below the next segment's base, and goes on from there. Each bad
+/// record's problem gets the range it makes unreadable ([`Problem::unreadable`]); the
+/// records read after it count with the segment's (`records`, `first_offset`,
+/// `last_offset`). `data_end`, the scan and its index stay those of the records before
+/// the first damage, which is what an index of a damaged segment covers.
+fn read_past_damage(
+    seg: &mut SegmentCheck,
+    file: &File,
+    header: &SegmentHeader,
+    first_end: &ScanEnd,
+    next_base: Option<u64>,
+) -> io::Result<()> {
+    let file_len = seg.file_len;
+    let mut end = first_end.clone();
+    let mut last = seg.last_offset;
+    // Each round starts past the damage of the one before: at most one per byte.
+    loop {
+        let Some(position) = end.position() else {
+            return Ok(());
+        };
+        let log = &seg.files.log;
+        let Some(p) = seg.problems.iter_mut().rev().find(|p| {
+            &p.file == log && p.position == Some(position) && p.severity == Severity::Corrupt
+        }) else {
+            // An unfinished seal (or nothing): no damage to read around.
+            return Ok(());
+        };
+        let first = last.map_or(Some(header.base_offset), |o| o.checked_add(1));
+        let found = match first {
+            Some(first) => resync(
+                file,
+                header.generation,
+                position.saturating_add(1),
+                file_len,
+                first,
+                next_base,
+            )?,
+            None => None,
+        };
+        let range = DamagedRange {
+            first_offset: first,
+            first_position: position,
+            end_position: found.map_or(file_len, |r| r.position),
+            next: found,
+            next_base,
+        };
+        p.detail = range.describe(&end);
+        p.unreadable = Some(Box::new(range));
+        let Some(r) = found else {
+            return Ok(());
+        };
+        let mut reader = RecordReader::new(file, header.generation, r.position, file_len);
+        end = loop {
+            match reader.next_record()? {
+                Next::Record { position, record } => {
+                    if last.is_some_and(|prev| record.offset <= prev) {
+                        break ScanEnd::OffsetOrder {
+                            position,
+                            offset: record.offset,
+                            previous: last,
+                            base_offset: header.base_offset,
+                        };
+                    }
+                    seg.records = Some(seg.records.unwrap_or(0) + 1);
+                    seg.first_offset.get_or_insert(record.offset);
+                    seg.last_offset = Some(record.offset);
+                    last = Some(record.offset);
+                }
+                Next::End(None) => break ScanEnd::Eof,
+                Next::End(Some(e)) => break ScanEnd::Record(e),
+            }
+        };
+        let after = classify_scan_end(&seg.files, false, file, &end, last, file_len, next_base)?;
+        if let Some(mut p) = after {
+            if p.severity < Severity::Corrupt {
+                // Zeros or stale records after the last records: recovery leaves the
+                // damaged segment as it is, this tail included.
+                p.detail = format!(
+                    "{}; after damage earlier in this segment, so recover leaves it with the segment",
+                    end.detail()
+                );
+            }
+            seg.problems.push(p);
+        }
+    }
 }
 
 /// A segment path that is no regular file (a FIFO, a directory): corruption of that

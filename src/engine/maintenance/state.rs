@@ -21,6 +21,7 @@ fn problem(kind: ProblemKind, path: &Path, position: Option<u64>, detail: String
             position,
             offset: None,
             detail,
+            unreadable: None,
         },
     }
 }

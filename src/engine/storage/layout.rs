@@ -134,6 +134,11 @@ pub struct TopicListing {
     pub issues: Vec<TopicIssue>,
     /// Leftover temporary files of atomic replaces (`.<name>.<pid>.<seq>.tmp`).
     pub temp_files: Vec<PathBuf>,
+    /// Entries seglog does not know (ignored and left alone): anything but
+    /// `topic.json`, partition directories named by their number in decimal (`0`, `1`,
+    /// …, no leading zeros), a Raft checkpoint `applied-<partition>.json` and the
+    /// temporary files of atomic replaces; `01` or `abc` is no partition directory.
+    pub unknown: Vec<PathBuf>,
 }
 
 impl TopicListing {
@@ -173,6 +178,7 @@ pub fn inspect_topic(topic_dir: &Path) -> Result<TopicListing, LayoutError> {
         .unwrap_or_default();
     let mut partition_dirs = Vec::new();
     let mut temp_files = Vec::new();
+    let mut unknown = Vec::new();
     for entry in fs::read_dir(topic_dir).map_err(io_err(topic_dir))? {
         let entry = entry.map_err(io_err(topic_dir))?;
         let name = entry.file_name().to_string_lossy().into_owned();
@@ -180,13 +186,17 @@ pub fn inspect_topic(topic_dir: &Path) -> Result<TopicListing, LayoutError> {
             temp_files.push(entry.path());
             continue;
         }
-        let Ok(p) = name.parse::<u32>() else { continue };
-        if p.to_string() == name && entry.path().is_dir() {
-            partition_dirs.push(p);
+        if name == TOPIC_FILE || is_applied_checkpoint_name(&name) {
+            continue;
+        }
+        match name.parse::<u32>() {
+            Ok(p) if p.to_string() == name && entry.path().is_dir() => partition_dirs.push(p),
+            _ => unknown.push(entry.path()),
         }
     }
     partition_dirs.sort_unstable();
     temp_files.sort();
+    unknown.sort();
     let meta_path = topic_dir.join(TOPIC_FILE);
     let issue = |path: PathBuf, damage| TopicIssue {
         topic: topic.clone(),
@@ -245,7 +255,17 @@ pub fn inspect_topic(topic_dir: &Path) -> Result<TopicListing, LayoutError> {
         partition_dirs,
         issues,
         temp_files,
+        unknown,
     })
+}
+
+/// `applied-<partition>.json`: a replicated partition's Raft checkpoint (docs/FORMAT.md,
+/// Raft logs), kept in its topic directory.
+fn is_applied_checkpoint_name(name: &str) -> bool {
+    name.strip_prefix("applied-")
+        .and_then(|n| n.strip_suffix(".json"))
+        .and_then(|p| p.parse::<u32>().ok().filter(|n| n.to_string() == p))
+        .is_some()
 }
 
 /// Leftover temporary files of atomic replaces directly in `dir` (the data directory,

@@ -321,7 +321,8 @@ pub(super) fn plan_segment(
             .iter()
             .find(|pr| pr.file == seg.files.log && pr.position == Some(end));
         let kind = tail_problem.map(|pr| pr.kind);
-        let next_offset = seg
+        // The records before the damage (the check counts those after a resync too).
+        let next_offset = scan
             .last_offset
             .map_or(seg.base_offset(), |o| o.saturating_add(1));
         let step = tail_step(seg.active, kind, &scan.end);
@@ -345,15 +346,22 @@ pub(super) fn plan_segment(
                 reason: tail_problem.map_or_else(String::new, |pr| pr.detail.clone()),
             });
         } else {
+            // Each damaged range hides only the records it touches: reading resumes
+            // where the check's resync found the next record (FORMAT, Reading around
+            // damage).
             for pr in seg
                 .problems
                 .iter()
                 .filter(|pr| pr.severity == Severity::Corrupt)
             {
+                let (bytes, offsets) = match &pr.unreadable {
+                    Some(r) => ((r.first_position, r.end_position), r.lost_offsets()),
+                    None => ((end, seg.file_len), Some((next_offset, lost_to))),
+                };
                 plan.corrupt.push(Damage {
                     problem: pr.clone(),
-                    bytes: Some((end, seg.file_len)),
-                    offsets: Some((next_offset, lost_to)),
+                    bytes: Some(bytes),
+                    offsets,
                 });
             }
             // Records appended after unreadable bytes could never be read back.
@@ -457,6 +465,7 @@ pub(super) fn tail_step(active: bool, kind: Option<ProblemKind>, end: &ScanEnd) 
         | K::WrongIndexLength
         | K::GroupFileUnreadable
         | K::JournalTornTail
-        | K::JournalCorrupt => other(),
+        | K::JournalCorrupt
+        | K::BadSpareHeader => other(),
     }
 }

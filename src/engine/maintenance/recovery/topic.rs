@@ -67,6 +67,11 @@ pub fn plan_topics(target: &Target) -> Vec<TopicPlan> {
             }
         };
         let Some(plan) = out.get_mut(i) else { continue };
+        if tp.problem.severity == Severity::Info {
+            // Information (a file seglog does not know, a spare the broker's startup
+            // removes): nothing for recovery to do, and nothing offline.
+            continue;
+        }
         if tp.problem.kind == ProblemKind::LeftoverTempFile && damaged(&tp.topic) {
             // It may hold the only copy of the lost metadata: left for the operator.
             tp.problem.detail =
