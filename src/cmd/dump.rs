@@ -31,7 +31,7 @@ use crate::engine::maintenance::check::{
 use crate::engine::storage::layout::{PartitionRef, Target};
 use crate::engine::storage::map::SealedMap;
 use crate::engine::storage::reader::{
-    not_regular_file, open_log, read_header, resync, Next, RecordReader, ScanEnd,
+    not_regular_file, open_log, read_header, Next, RecordReader, ScanEnd,
 };
 use crate::format::index::{lookup_bytes, IndexEntry};
 use crate::format::{RecordView, SegmentHeader, HEADER_LEN, INDEX_ENTRY_LEN};
@@ -319,25 +319,8 @@ impl<W: Write> Dumper<'_, W> {
                 break;
             };
             // Damage inside a sealed segment: find where its records resume.
-            let first = seen.map_or(Some(header.base_offset), |o| o.checked_add(1));
-            let found = match first {
-                Some(first) => resync(
-                    &file,
-                    header.generation,
-                    position.saturating_add(1),
-                    file_len,
-                    first,
-                    next_base,
-                )?,
-                None => None,
-            };
-            let range = DamagedRange {
-                first_offset: first,
-                first_position: position,
-                end_position: found.map_or(file_len, |r| r.position),
-                next: found,
-                next_base,
-            };
+            let range = DamagedRange::find(&file, &header, position, file_len, seen, next_base)?;
+            let found = range.next;
             p.detail = range.describe(&end);
             p.unreadable = Some(Box::new(range));
             self.problem(check, &p)?;

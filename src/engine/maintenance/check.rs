@@ -344,6 +344,38 @@ pub struct DamagedRange {
 }
 
 impl DamagedRange {
+    /// Finds the range that damage at `position` hides in a sealed segment whose last
+    /// record read before it is `last` (`None`: the damage is at the first record):
+    /// the resync of docs/FORMAT.md, Reading around damage, from the byte after it.
+    pub fn find(
+        file: &File,
+        header: &SegmentHeader,
+        position: u64,
+        file_len: u64,
+        last: Option<u64>,
+        next_base: Option<u64>,
+    ) -> io::Result<DamagedRange> {
+        let first = last.map_or(Some(header.base_offset), |o| o.checked_add(1));
+        let found = match first {
+            Some(first) => resync(
+                file,
+                header.generation,
+                position.saturating_add(1),
+                file_len,
+                first,
+                next_base,
+            )?,
+            None => None,
+        };
+        Ok(DamagedRange {
+            first_offset: first,
+            first_position: position,
+            end_position: found.map_or(file_len, |r| r.position),
+            next: found,
+            next_base,
+        })
+    }
+
     /// The first offset readable after the damage: in this segment, else the next
     /// segment's base.
     pub fn next_offset(&self) -> Option<u64> {
@@ -1160,25 +1192,8 @@ fn read_past_damage(
             // An unfinished seal (or nothing): no damage to read around.
             return Ok(());
         };
-        let first = last.map_or(Some(header.base_offset), |o| o.checked_add(1));
-        let found = match first {
-            Some(first) => resync(
-                file,
-                header.generation,
-                position.saturating_add(1),
-                file_len,
-                first,
-                next_base,
-            )?,
-            None => None,
-        };
-        let range = DamagedRange {
-            first_offset: first,
-            first_position: position,
-            end_position: found.map_or(file_len, |r| r.position),
-            next: found,
-            next_base,
-        };
+        let range = DamagedRange::find(file, header, position, file_len, last, next_base)?;
+        let found = range.next;
         p.detail = range.describe(&end);
         p.unreadable = Some(Box::new(range));
         let Some(r) = found else {
