@@ -1163,6 +1163,88 @@ fn garbage_spares_and_stray_topic_entries_are_reported_and_kept() {
     assert_eq!(v["problems"].as_array().unwrap().len(), 2, "{v:#}");
 }
 
+/// A directory, a FIFO and a symbolic link named like spares are no spares: `verify`
+/// names each as information, and the broker starts, leaves them in place and never
+/// opens them (a directory stopped its start, a FIFO would block it, and the link's
+/// target, here a copy of a sealed segment, had its header rewritten as a spare's).
+#[test]
+fn odd_entries_in_spares_are_left_in_place_by_verify_and_the_broker() {
+    let (tmp, data) = copy("clean");
+    let spares = data.join("spares");
+    fs::create_dir(&spares).unwrap();
+    let dir = spares.join("spare-00000000000000000001.log");
+    fs::create_dir(&dir).unwrap();
+    let fifo = spares.join("spare-00000000000000000002.log");
+    assert!(StdCommand::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    let target = tmp.path().join("outside.log");
+    fs::copy(data.join(P).join("00000000000000000000.log"), &target).unwrap();
+    let target_bytes = fs::read(&target).unwrap();
+    let link = spares.join("spare-00000000000000000003.log");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    let (code, v) = verify_json(&data, &[]);
+    assert_eq!(code, 0, "{v:#}");
+    let got: Vec<(&str, &str, &str)> = v["problems"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["path"].as_str().unwrap(),
+                p["kind"].as_str().unwrap(),
+                p["severity"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (
+                "spares/spare-00000000000000000001.log",
+                "unknown_file",
+                "info"
+            ),
+            (
+                "spares/spare-00000000000000000002.log",
+                "unknown_file",
+                "info"
+            ),
+            (
+                "spares/spare-00000000000000000003.log",
+                "unknown_file",
+                "info"
+            ),
+        ],
+        "{v:#}"
+    );
+    for (p, what) in
+        v["problems"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip(["a directory", "a FIFO", "a symbolic link"])
+    {
+        let detail = p["detail"].as_str().unwrap();
+        assert!(detail.starts_with(what), "{detail}");
+        assert!(
+            detail.contains("the broker leaves it in place and ignores it"),
+            "{detail}"
+        );
+    }
+    crate::util::serve::Serve::start(&data).stop();
+    assert!(dir.is_dir());
+    let kind = |p: &Path| fs::symlink_metadata(p).unwrap().file_type();
+    assert!(std::os::unix::fs::FileTypeExt::is_fifo(&kind(&fifo)));
+    assert!(kind(&link).is_symlink());
+    assert!(
+        fs::read(&target).unwrap() == target_bytes,
+        "the link's target was written"
+    );
+}
+
 #[test]
 fn reindex_refuses_while_the_lock_is_held() {
     let (_tmp, data) = copy("missing-index");

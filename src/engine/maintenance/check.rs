@@ -530,22 +530,45 @@ pub fn spares_problems(root: &Path) -> Vec<TopicProblem> {
         return Vec::new();
     };
     let removed = "the broker removes it at its next start (with the spare pool off, it removes spares/ whole); the tools leave it";
-    let dir_note = "a directory in spares/, no spare file: with the spare pool on the broker's startup stops on it (it removes files only) until it is removed; with the pool off it removes spares/ whole; the tools leave it";
+    let ignored = "the broker leaves it in place and ignores it (with the spare pool off, it removes spares/ whole); the tools leave it";
     let mut found: Vec<(PathBuf, ProblemKind, String)> = Vec::new();
     for entry in entries.flatten() {
         let path = entry.path();
         let name = entry.file_name();
         let spare_name = name.to_str().and_then(parse_spare_file_name).is_some();
-        if path.is_dir() {
-            found.push((path, ProblemKind::UnknownFile, dir_note.to_string()));
+        // As the broker's startup: what is not a regular file (a link is not
+        // followed) is never opened as a spare.
+        let what = match entry.file_type() {
+            Ok(t) if t.is_file() => None,
+            Ok(t) if t.is_dir() => Some("directory"),
+            Ok(t) if t.is_symlink() => Some("symbolic link"),
+            Ok(t) if std::os::unix::fs::FileTypeExt::is_fifo(&t) => Some("FIFO"),
+            Ok(t) if std::os::unix::fs::FileTypeExt::is_socket(&t) => Some("socket"),
+            Ok(_) => Some("device"),
+            Err(e) => {
+                found.push((
+                    path,
+                    ProblemKind::UnknownFile,
+                    format!("cannot be read ({e})"),
+                ));
+                continue;
+            }
+        };
+        if let Some(what) = what {
+            found.push((
+                path,
+                ProblemKind::UnknownFile,
+                format!("a {what} in spares/, no spare file: {ignored}"),
+            ));
             continue;
         }
         let (kind, why) = match open_log(&path) {
             Err(e) => match not_regular_file(&e) {
-                Some(n) => (
-                    ProblemKind::UnknownFile,
-                    format!("a {} in spares/, no spare file", n.what),
-                ),
+                Some(n) => {
+                    let why = format!("a {} in spares/, no spare file: {ignored}", n.what);
+                    found.push((path, ProblemKind::UnknownFile, why));
+                    continue;
+                }
                 None => (ProblemKind::UnknownFile, format!("cannot be read ({e})")),
             },
             Ok(_) if !spare_name => (

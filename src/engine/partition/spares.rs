@@ -147,7 +147,10 @@ impl SparePool {
     /// `base_offset = u64::MAX` and `generation + 1`, and is fsynced, before any log
     /// may take it. A file whose header does not decode (its generation is unknown),
     /// whose generation cannot grow, beyond the cap or not named as a spare is
-    /// removed; the directory is fsynced after removals.
+    /// removed; the directory is fsynced after removals. Anything that is not a
+    /// regular file (a directory, a FIFO, a symbolic link) is no spare and no file
+    /// the broker wrote: it is left in place with a warning, never opened (a FIFO
+    /// would block the start, a link would have its target's header rewritten).
     pub fn restamp(&self, storage: &dyn Storage) -> io::Result<Restamped> {
         let Some(dir) = self.dir() else {
             return Ok(Restamped::default());
@@ -155,6 +158,13 @@ impl SparePool {
         let mut names: Vec<(Option<u64>, PathBuf)> = Vec::new();
         for entry in std::fs::read_dir(&dir)? {
             let entry = entry?;
+            if !entry.file_type()?.is_file() {
+                tracing::warn!(
+                    path = %entry.path().display(),
+                    "not a regular file, so no spare: left in place, the spare pool ignores it"
+                );
+                continue;
+            }
             let name = entry.file_name();
             let seq = name.to_str().and_then(parse_spare_file_name);
             names.push((seq, entry.path()));
