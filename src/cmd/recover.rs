@@ -416,8 +416,15 @@ fn print_plan(
 ) -> io::Result<()> {
     // Problems of a partition whose compaction swap recover finishes first: the swap
     // handles them, or recover plans them again after it.
-    let (swap, beyond): (Vec<&Problem>, Vec<&Problem>) =
-        beyond.iter().partition(|x| after_swap(plan, x).is_some());
+    let mut swap: Vec<(&Problem, (String, String))> = Vec::new();
+    let mut rest: Vec<&Problem> = Vec::new();
+    for x in beyond {
+        match after_swap(plan, x) {
+            Some(then) => swap.push((x, then)),
+            None => rest.push(x),
+        }
+    }
+    let beyond = rest;
     let stdout = io::stdout();
     let mut out = io::BufWriter::new(stdout.lock());
     if as_json {
@@ -469,12 +476,11 @@ fn print_plan(
             "severity_after": if after_corrupt { "corrupt" } else { "clean" },
             "verify_severity": severity_name(verify),
             "cannot_repair": cannot_repair_json(plan, &beyond),
-            "after_swap": swap.iter().filter_map(|x| {
-                let (label, then) = after_swap(plan, x)?;
+            "after_swap": swap.iter().map(|(x, (label, then))| {
                 let mut v = problem_json(&plan.root, x);
                 v["label"] = json!(label);
                 v["then"] = json!(then);
-                Some(v)
+                v
             }).collect::<Vec<_>>(),
         });
         let mut v = v;
@@ -527,16 +533,14 @@ fn print_plan(
                 )?;
             }
         }
-        for x in swap {
-            if let Some((label, then)) = after_swap(plan, x) {
-                writeln!(
-                    out,
-                    "{label}: {}: {} ({}); {then}",
-                    relative(&plan.root, &x.file),
-                    x.detail,
-                    x.kind
-                )?;
-            }
+        for (x, (label, then)) in &swap {
+            writeln!(
+                out,
+                "{label}: {}: {} ({}); {then}",
+                relative(&plan.root, &x.file),
+                x.detail,
+                x.kind
+            )?;
         }
         for x in &beyond {
             let what = if x.severity == Severity::Corrupt {

@@ -108,14 +108,14 @@ pub enum EngineError {
     },
 }
 
-/// What a client is told of a failed compaction: an I/O error names what was being
-/// compacted, unreadable data is corruption, anything else a refused request.
 /// `n` and the noun that goes with it: `1 partition`, `2 partitions`, `0 members`.
 pub fn counted(n: impl Into<u64>, one: &str, many: &str) -> String {
     let n = n.into();
     format!("{n} {}", if n == 1 { one } else { many })
 }
 
+/// What a client is told of a failed compaction: an I/O error names what was being
+/// compacted, unreadable data is corruption, anything else a refused request.
 fn compaction_message(e: &CompactionError) -> String {
     match e {
         CompactionError::Io { path, source } => format!("compacting {}: {source}", path.display()),

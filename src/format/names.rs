@@ -47,6 +47,18 @@ pub fn spare_file_name(seq: u64) -> String {
     format!("{SPARE_PREFIX}{seq:020}.{LOG_EXT}")
 }
 
+/// `applied-<partition>.json`: a replicated partition's Raft checkpoint, kept in its
+/// topic directory (docs/FORMAT.md, Raft logs).
+pub fn checkpoint_name(partition: u32) -> String {
+    format!("applied-{partition}.json")
+}
+
+/// The partition of a name [`checkpoint_name`] gives (decimal, no leading zeros).
+pub fn parse_checkpoint_name(name: &str) -> Option<u32> {
+    let p = name.strip_prefix("applied-")?.strip_suffix(".json")?;
+    p.parse::<u32>().ok().filter(|n| n.to_string() == p)
+}
+
 /// The sequence number of a name [`spare_file_name`] gives.
 pub fn parse_spare_file_name(name: &str) -> Option<u64> {
     let digits = name

@@ -82,10 +82,7 @@ pub struct Applied {
     pub producers: BTreeMap<u64, ProducerSeen>,
 }
 
-/// The checkpoint's file name in the topic directory.
-pub fn checkpoint_name(partition: u32) -> String {
-    format!("applied-{partition}.json")
-}
+pub use crate::format::names::checkpoint_name;
 
 /// One replicated partition's state machine.
 pub struct PartitionStateMachine {

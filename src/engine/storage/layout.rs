@@ -186,7 +186,7 @@ pub fn inspect_topic(topic_dir: &Path) -> Result<TopicListing, LayoutError> {
             temp_files.push(entry.path());
             continue;
         }
-        if name == TOPIC_FILE || is_applied_checkpoint_name(&name) {
+        if name == TOPIC_FILE || crate::format::names::parse_checkpoint_name(&name).is_some() {
             continue;
         }
         match name.parse::<u32>() {
@@ -257,15 +257,6 @@ pub fn inspect_topic(topic_dir: &Path) -> Result<TopicListing, LayoutError> {
         temp_files,
         unknown,
     })
-}
-
-/// `applied-<partition>.json`: a replicated partition's Raft checkpoint (docs/FORMAT.md,
-/// Raft logs), kept in its topic directory.
-fn is_applied_checkpoint_name(name: &str) -> bool {
-    name.strip_prefix("applied-")
-        .and_then(|n| n.strip_suffix(".json"))
-        .and_then(|p| p.parse::<u32>().ok().filter(|n| n.to_string() == p))
-        .is_some()
 }
 
 /// Leftover temporary files of atomic replaces directly in `dir` (the data directory,
