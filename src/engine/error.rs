@@ -225,6 +225,37 @@ pub enum FailureReason {
         label: String,
         error: Arc<CompactionError>,
     },
+    /// Writing a batch failed after what names its offsets elsewhere (an idempotent
+    /// producer's journal entry) was written: those offsets may not be given to
+    /// other records before a restart drops that entry.
+    #[error(
+        "write of offsets {base_offset}..={last_offset} to {} failed ({error}) after their producer journal entry was written",
+        path.display()
+    )]
+    WriteAfterJournal {
+        path: PathBuf,
+        base_offset: u64,
+        last_offset: u64,
+        error: Arc<EngineError>,
+    },
+}
+
+/// Why an append with a step before its write ([`PartitionLog::append_with`])
+/// failed: the step refused (nothing was written), or the append did.
+///
+/// [`PartitionLog::append_with`]: crate::engine::partition::PartitionLog::append_with
+#[derive(Debug)]
+pub enum AppendError<E> {
+    /// The step before the write failed; no record was written.
+    Before(E),
+    /// The append failed.
+    Engine(EngineError),
+}
+
+impl<E> From<EngineError> for AppendError<E> {
+    fn from(e: EngineError) -> Self {
+        AppendError::Engine(e)
+    }
 }
 
 impl EngineError {

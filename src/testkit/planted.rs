@@ -47,3 +47,6 @@ pub static SPARE_BASE_BEFORE_DATA_DURABLE: AtomicBool = AtomicBool::new(false);
 /// maintenance/compaction/swap.rs: a broker compaction moves the replaced segments'
 /// logs to the spares before its marker is durable.
 pub static KEEP_BEFORE_MARKER: AtomicBool = AtomicBool::new(false);
+/// partition/append.rs: an append with a step before its write (an idempotent
+/// producer's journal entry) writes the records first, then runs the step.
+pub static WRITE_BEFORE_JOURNAL: AtomicBool = AtomicBool::new(false);

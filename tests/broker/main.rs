@@ -34,6 +34,7 @@ mod engine_broker;
 mod engine_cleanup;
 mod engine_damage;
 mod engine_failures;
+mod engine_idempotent;
 mod engine_spares;
 mod kafka_clients;
 mod kafka_cluster;

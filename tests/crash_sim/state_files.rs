@@ -36,6 +36,8 @@ pub(super) struct StateOracle {
     pub group_pending: Vec<u64>,
     /// Idempotent batches written, and whether each was acknowledged.
     pub idem: Vec<(bool, IdemBatch)>,
+    /// Idempotent batches about to be written (offsets unknown).
+    pub idem_intents: Vec<IdemBatch>,
 }
 
 impl StateOracle {
@@ -62,13 +64,27 @@ impl StateOracle {
 
 /// Checks done with the recovered broker open: the group's committed offset, and
 /// every idempotent batch's producer state (a retry is a duplicate with the original
-/// offsets; nothing points past a partition's recovered end).
-pub(super) fn check_open(dir: &Path, broker: &Broker, o: &StateOracle, v: &mut Vec<String>) {
+/// offsets; nothing points past a partition's recovered end). Returns the batches
+/// begun whose retry would be written again (for [`check_not_written_again`]).
+pub(super) fn check_open(
+    dir: &Path,
+    broker: &Broker,
+    o: &StateOracle,
+    v: &mut Vec<String>,
+) -> Vec<IdemBatch> {
     if o.group_used {
         check_group(dir, broker, o, v);
     }
-    if o.idem.is_empty() {
-        return;
+    if o.idem.is_empty() && o.idem_intents.is_empty() {
+        return Vec::new();
+    }
+    let table = broker.producers();
+    let mut written_again = Vec::new();
+    for b in &o.idem_intents {
+        if let Ok(Decision::Append) = table.check(b.pid, b.epoch, TOPIC, b.p, b.seq, b.count) {
+            table.abandoned(b.pid, b.epoch, TOPIC, b.p);
+            written_again.push(b.clone());
+        }
     }
     let end = |p: u32| broker.offsets(TOPIC, p).map_or(0, |(_, e)| e);
     // The journal as recovery left it: no entry past its partition's end.
@@ -91,7 +107,6 @@ pub(super) fn check_open(dir: &Path, broker: &Broker, o: &StateOracle, v: &mut V
         }
         Err(e) => v.push(format!("producer state unreadable after recovery: {e}")),
     }
-    let table = broker.producers();
     for (acked, b) in &o.idem {
         let end = end(b.p);
         match table.check(b.pid, b.epoch, TOPIC, b.p, b.seq, b.count) {
@@ -157,6 +172,35 @@ pub(super) fn check_open(dir: &Path, broker: &Broker, o: &StateOracle, v: &mut V
                     ));
                 }
             }
+        }
+    }
+    written_again
+}
+
+/// After a crash of the process alone (every write before the crash point kept): a
+/// batch whose retry would be written again has none of its records in the
+/// partition, or the retry would duplicate them. (A power loss may keep a batch's
+/// records and lose its journal entry, which was written first but is made durable
+/// by a separate fsync: that case is not checked here.)
+pub(super) fn check_not_written_again(
+    p: u32,
+    recs: &[Rec],
+    written_again: &[IdemBatch],
+    v: &mut Vec<String>,
+) {
+    for b in written_again.iter().filter(|b| b.p == p) {
+        let there = b
+            .values
+            .iter()
+            .filter(|val| recs.iter().any(|r| &&r.2 == val))
+            .count();
+        if there > 0 {
+            v.push(format!(
+                "partition {p}: {there} of the {} records of producer {} seq {} are there after a crash of the process, yet a retry of the batch would be written again",
+                b.values.len(),
+                b.pid,
+                b.seq
+            ));
         }
     }
 }
@@ -258,7 +302,8 @@ pub(super) fn workload_group_commits(root: &Path, rng: &mut Rng) -> Run {
 }
 
 /// Idempotent batches on two partitions the way the server writes them: check
-/// against the table, append, journal entry, both durable, then acknowledged;
+/// against the table, journal entry then records (under the partition's write
+/// lock), both durable, then acknowledged;
 /// some acknowledged batches are retried and must come back as duplicates.
 pub(super) fn workload_idempotent(root: &Path, rng: &mut Rng) -> Run {
     let evs = setup_topic(root, small_config(), 2, 2, false, rng);
@@ -293,9 +338,19 @@ pub(super) fn workload_idempotent(root: &Path, rng: &mut Rng) -> Run {
             p,
             values: values.clone(),
         });
+        run.mark(Ev::IdemIntent(IdemBatch {
+            pid,
+            epoch,
+            p,
+            seq,
+            count,
+            base: 0,
+            last: 0,
+            values: values.clone(),
+        }));
         let recs = new_records(&values);
         let written = b.append_then(TOPIC, p, &recs, |r| {
-            table.accepted(
+            table.journal_batch(
                 pid,
                 epoch,
                 TOPIC,
@@ -310,10 +365,20 @@ pub(super) fn workload_idempotent(root: &Path, rng: &mut Rng) -> Run {
             Ok(w) => w,
             Err(e) => {
                 table.abandoned(pid, epoch, TOPIC, p);
-                run.live_violations.push(format!("append failed: {e}"));
+                run.live_violations.push(format!("append failed: {e:?}"));
                 continue;
             }
         };
+        table.recorded(
+            pid,
+            epoch,
+            TOPIC,
+            p,
+            seq,
+            count,
+            r.base_offset,
+            r.last_offset,
+        );
         let batch = IdemBatch {
             pid,
             epoch,

@@ -10,9 +10,10 @@
 //! their own): a pass 1. fdatasyncs the journal once for every entry written before
 //! it, 2. fsyncs the partitions asked for, 3. moves the group coordinator's time on
 //! (every [`TICK_INTERVAL`]) and replaces every dirty group file once. An idempotent
-//! batch's entry is written right after its records and before its partition is
-//! queued, so the pass that makes the records durable for its acknowledgement has
-//! made the entry durable just before: the batch waits for one group commit.
+//! batch's entry is written just before its records (under the partition's write
+//! lock) and so before its partition is queued, so the pass that makes the records
+//! durable for its acknowledgement has made the entry durable just before: the
+//! batch waits for one group commit.
 
 use super::*;
 use crate::engine::groups::{GroupCoordinator, TICK_INTERVAL};

@@ -20,7 +20,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-pub use crate::engine::error::EngineError;
+pub use crate::engine::error::{AppendError, EngineError};
 use crate::engine::partition::cleanup::{CleanupStats, CompactionDone, PartitionCleanup, Visit};
 use crate::engine::partition::{create_first_segment, now_ms, Closed, LogStats, PartitionLog};
 pub use crate::engine::partition::{FetchChunk, FetchSpan, LogFetchSpans, NewRecord};

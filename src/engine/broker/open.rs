@@ -482,7 +482,7 @@ fn share_commits(
 }
 
 /// Opens the idempotent producers' table; journal entries past a partition's
-/// recovered end are dropped.
+/// recovered end are dropped, and a batch only partly in its partition is cut off.
 fn open_producers(
     data_dir: &Path,
     storage: &StorageRef,
@@ -495,11 +495,25 @@ fn open_producers(
             Slot::Unavailable(_) => None,
         }
     };
-    let (table, notes) = crate::engine::producers::ProducerTable::open(
+    // A batch cut short by a crash (its first records written, its entry too) is cut
+    // off its partition: durably, before the entry goes. Never on a replicated
+    // partition (only Raft cuts those; its batches have no journal entries).
+    let cut = |topic: &str, partition: u32, base: u64| -> Result<(), String> {
+        let t = topics.get(topic).ok_or("no such topic")?;
+        if t.replicated {
+            return Err("the partition is replicated".into());
+        }
+        match t.partitions.get(partition as usize) {
+            Some(Slot::Open(log)) => log.cut_tail(base).map_err(|e| e.to_string()),
+            _ => Err("the partition is not open".into()),
+        }
+    };
+    let (table, notes) = crate::engine::producers::ProducerTable::open_cutting(
         data_dir,
         storage.clone(),
         opts.producer_id_expiration,
         &end_of,
+        &cut,
     )
     .map_err(|e| EngineError::io("opening the producer journal", std::io::Error::other(e)))?;
     Ok((Arc::new(table), notes))

@@ -2,6 +2,8 @@
 
 use super::*;
 
+use crate::engine::partition::Appended;
+
 /// What a produce still waits for before its acknowledgement: an fsync of one
 /// partition covering `target`, under `flush_every_records = 1`.
 #[derive(Debug)]
@@ -173,32 +175,56 @@ impl Broker {
         }
         let config = read(&t.config).clone();
         let appended = log.append(records, &config)?;
+        Ok(self.appended(log, &appended))
+    }
+
+    /// What an append leaves to do: the records' offsets, and the durability wait
+    /// its acknowledgement needs (or a flush asked for, with
+    /// `--flush-every-records` above 1).
+    fn appended(
+        &self,
+        log: Arc<PartitionLog>,
+        appended: &Appended,
+    ) -> (ProduceResult, Option<DurableWait>) {
         let result = ProduceResult {
             base_offset: appended.base_offset,
             last_offset: appended.last_offset,
         };
         if self.opts.flush_every_records <= 1 {
             let target = appended.last_offset + 1;
-            return Ok((result, Some(DurableWait { log, target })));
+            return (result, Some(DurableWait { log, target }));
         }
         if appended.unflushed >= self.opts.flush_every_records {
             self.flusher.request(&log);
         }
-        Ok((result, None))
+        (result, None)
     }
 
-    /// [`Broker::append`], calling `after_append` with the records' offsets once they
-    /// are written and before anyone waits for their fsync, so that other durable work
-    /// (an idempotent producer's journal entry) shares the wait.
-    pub fn append_then<R>(
+    /// [`Broker::append`] with `before_write` called under the partition's write
+    /// lock with the records' offsets, before they are written (see
+    /// [`PartitionLog::append_with`]): an idempotent producer's journal entry is
+    /// written first, and its fsync shares the records' wait. If it fails nothing
+    /// is written; if the records' write fails after it, the partition is failed.
+    pub fn append_then<R, E>(
         &self,
         topic: &str,
         partition: u32,
         records: &[NewRecord<'_>],
-        after_append: impl FnOnce(&ProduceResult) -> R,
-    ) -> Result<(ProduceResult, Option<DurableWait>, R), EngineError> {
-        let (result, wait) = self.append(topic, partition, records)?;
-        let r = after_append(&result);
+        before_write: impl FnOnce(&ProduceResult) -> Result<R, E>,
+    ) -> Result<(ProduceResult, Option<DurableWait>, R), AppendError<E>> {
+        self.check_running()?;
+        let (t, log) = self.partition(topic, partition)?;
+        if t.replicated {
+            return Err(replicated_refusal(topic).into());
+        }
+        let config = read(&t.config).clone();
+        let (appended, r) = log.append_with(records, &config, |base_offset, last_offset| {
+            before_write(&ProduceResult {
+                base_offset,
+                last_offset,
+            })
+        })?;
+        let (result, wait) = self.appended(log, &appended);
         Ok((result, wait, r))
     }
 
@@ -300,36 +326,6 @@ impl Broker {
         self.check_running()?;
         let (_, log) = self.partition(topic, partition)?;
         log.fetch_spans_async(offset, max_bytes, max_wait).await
-    }
-
-    /// [`Broker::produce`], calling `after_append` with the records' offsets once
-    /// they are written and before waiting for their fsync, so that other durable
-    /// work (an idempotent producer's journal entry) shares the wait.
-    pub fn produce_then<R>(
-        &self,
-        topic: &str,
-        partition: u32,
-        records: &[NewRecord<'_>],
-        after_append: impl FnOnce(&ProduceResult) -> R,
-    ) -> Result<(ProduceResult, R), EngineError> {
-        self.check_running()?;
-        let (t, log) = self.partition(topic, partition)?;
-        if t.replicated {
-            return Err(replicated_refusal(topic));
-        }
-        let config = read(&t.config).clone();
-        let appended = log.append(records, &config)?;
-        let result = ProduceResult {
-            base_offset: appended.base_offset,
-            last_offset: appended.last_offset,
-        };
-        let r = after_append(&result);
-        if self.opts.flush_every_records <= 1 {
-            log.wait_durable(appended.last_offset + 1)?;
-        } else if appended.unflushed >= self.opts.flush_every_records {
-            self.flusher.request(&log);
-        }
-        Ok((result, r))
     }
 
     /// Durable records from `offset`, at most `max_bytes` (capped at

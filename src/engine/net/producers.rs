@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::server::engine_error;
-use crate::engine::broker::{Broker, NewRecord};
+use crate::engine::broker::{AppendError, Broker, NewRecord};
 use crate::engine::producers::{Decision, Durable, ProducerError};
 use crate::engine::replication::types::{ProduceEntry, ProducerStamp};
 use crate::engine::replication::Replicator;
@@ -234,8 +234,11 @@ async fn one(
                     timestamp_ms: r.timestamp_ms,
                 })
                 .collect();
+            // The journal entry is written before the records (under the
+            // partition's write lock), so no crash of the process leaves the records
+            // without it.
             let written = broker.append_then(topic, b.partition, &records, |p| {
-                table.accepted(
+                table.journal_batch(
                     producer_id,
                     epoch,
                     topic,
@@ -248,6 +251,16 @@ async fn one(
             });
             match written {
                 Ok((p, data, journal)) => {
+                    table.recorded(
+                        producer_id,
+                        epoch,
+                        topic,
+                        b.partition,
+                        seq,
+                        count,
+                        p.base_offset,
+                        p.last_offset,
+                    );
                     // The records' fsync and the journal entry's are asked for
                     // together; the batch is acknowledged once both are durable.
                     let data = data.map(|w| broker.durable(w));
@@ -260,7 +273,10 @@ async fn one(
                 }
                 Err(e) => {
                     table.abandoned(producer_id, epoch, topic, b.partition);
-                    Err(engine_error(e))
+                    Err(match e {
+                        AppendError::Before(e) => producer_error(&e),
+                        AppendError::Engine(e) => engine_error(e),
+                    })
                 }
             }
         }

@@ -92,6 +92,38 @@ impl PartitionLog {
         records: &[NewRecord<'_>],
         config: &TopicConfig,
     ) -> Result<Appended, EngineError> {
+        match self.append_inner(records, config, |_, _| Ok::<(), EngineError>(()), false) {
+            Ok((a, ())) => Ok(a),
+            Err(AppendError::Engine(e) | AppendError::Before(e)) => Err(e),
+        }
+    }
+
+    /// [`PartitionLog::append`] with `before_write` run under the write lock once the
+    /// batch's offsets (first, last) are known and before any of it is written: what
+    /// it writes (an idempotent producer's journal entry) is in its file before the
+    /// records are in theirs, so a process that dies between the two leaves an entry
+    /// whose records are missing, never records without their entry. When it fails,
+    /// nothing is written and no offset is used. When the write fails after it
+    /// succeeded, the log is failed: the offsets it named must not be given to other
+    /// records until a restart has dropped what names them.
+    pub fn append_with<R, E>(
+        &self,
+        records: &[NewRecord<'_>],
+        config: &TopicConfig,
+        before_write: impl FnOnce(u64, u64) -> Result<R, E>,
+    ) -> Result<(Appended, R), AppendError<E>> {
+        self.append_inner(records, config, before_write, true)
+    }
+
+    /// The append; `names_offsets`: `before_write` wrote something that names the
+    /// batch's offsets, so a failed write fails the log.
+    fn append_inner<R, E>(
+        &self,
+        records: &[NewRecord<'_>],
+        config: &TopicConfig,
+        before_write: impl FnOnce(u64, u64) -> Result<R, E>,
+        names_offsets: bool,
+    ) -> Result<(Appended, R), AppendError<E>> {
         let batch_len = check_batch(records, config.max_record_bytes)?;
         let now = now_ms();
         let began = Instant::now();
@@ -106,20 +138,20 @@ impl PartitionLog {
         }
         if let Some(error) = w.active.zero.failure() {
             // A failed fsync of the zeros may have dropped this file's records too.
-            return Err(self.fail(FailureReason::FsyncFailed {
+            return Err(AppendError::Engine(self.fail(FailureReason::FsyncFailed {
                 dir: self.dir.clone(),
                 error,
-            }));
+            })));
         }
         let base = w.next_offset;
         let count = records.len() as u64;
         let Some(next_offset) = base.checked_add(count) else {
-            return Err(EngineError::InvalidRequest {
+            return Err(AppendError::Engine(EngineError::InvalidRequest {
                 detail: format!(
                     "{}: offset {base} + {count} records would pass the largest offset",
                     self.dir.display()
                 ),
-            });
+            }));
         };
         let enc = encode_batch(records, &w.active, base, batch_len, now)?;
         assert!(
@@ -131,6 +163,12 @@ impl PartitionLog {
             batch_len,
             "encoded batch differs from its checked size"
         );
+        let (before, late) = if planted!(WRITE_BEFORE_JOURNAL) {
+            (None, Some(before_write))
+        } else {
+            let r = before_write(base, next_offset - 1).map_err(AppendError::Before)?;
+            (Some(r), None)
+        };
         // Announced before the write: the zero worker never claims space below it.
         let window = self
             .stats
@@ -143,7 +181,24 @@ impl PartitionLog {
         {
             self.stats.write_path.wake_zeroer();
         }
-        self.write_batch(&w.active, &enc)?;
+        if let Err(e) = self.write_batch(&w.active, &enc) {
+            if !names_offsets {
+                return Err(AppendError::Engine(e));
+            }
+            return Err(AppendError::Engine(self.fail(
+                FailureReason::WriteAfterJournal {
+                    path: w.active.seg.path.clone(),
+                    base_offset: base,
+                    last_offset: next_offset - 1,
+                    error: Arc::new(e),
+                },
+            )));
+        }
+        let before = match (before, late) {
+            (Some(r), _) => r,
+            (None, Some(step)) => step(base, next_offset - 1).map_err(AppendError::Before)?,
+            (None, None) => unreachable!("the step ran or is left"),
+        };
         let a = &mut w.active;
         a.data_end += enc.log_bytes.len() as u64;
         a.file_len = a.file_len.max(a.data_end);
@@ -170,11 +225,14 @@ impl PartitionLog {
             w.next_offset
         );
         let unflushed = w.next_offset - durable_end;
-        Ok(Appended {
-            base_offset: base,
-            last_offset: base + count - 1,
-            unflushed,
-        })
+        Ok((
+            Appended {
+                base_offset: base,
+                last_offset: base + count - 1,
+                unflushed,
+            },
+            before,
+        ))
     }
 
     /// Why the log refuses writes (failed, deleted, shutting down), if it does.

@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::engine::error::{EngineError, FailureReason};
+use crate::engine::error::{AppendError, EngineError, FailureReason};
 use crate::engine::storage::io::{Storage, StorageFile, StorageRef};
 use crate::engine::storage::reader::{read_header, resync, scan_segment, RecordReader, ScanEnd};
 use crate::format::index::{decode_index, lookup};

@@ -151,6 +151,37 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// A batch past its partition's recovered `end` (`at`: topic, partition, first and
+/// last offset) that starts below it was cut short: its first records are cut off
+/// the partition, so that a retry does not write them twice.
+fn cut_partial(
+    cut: &dyn Fn(&str, u32, u64) -> Result<(), String>,
+    end: Option<u64>,
+    producer_id: u64,
+    at: (&str, u32, u64, u64),
+    report: &mut Report,
+) {
+    let (topic, partition, base, last) = at;
+    let Some(end) = end.filter(|end| base < *end) else {
+        return;
+    };
+    let what = format!(
+        "producer {producer_id}'s batch at offsets {base}..={last} is only partly in {topic}/{partition} (its end is {end})"
+    );
+    report.push(match cut(topic, partition, base) {
+        Ok(()) => format!("{JOURNAL_FILE}: {what}: cut the partition back to offset {base}"),
+        Err(e) => format!(
+            "{JOURNAL_FILE}: {what}, and cutting it back to offset {base} failed ({e}): a retry of the batch writes its first {} again",
+            crate::engine::error::counted(end - base, "record", "records")
+        ),
+    });
+}
+
+/// The sequence of a batch's last record.
+fn last_sequence(base_sequence: i32, count: u32) -> i32 {
+    base_sequence.saturating_add(count.saturating_sub(1) as i32)
+}
+
 fn now_ms() -> i64 {
     crate::engine::partition::now_ms()
 }
@@ -238,6 +269,25 @@ impl ProducerTable {
         expiration: Duration,
         end_of: &dyn Fn(&str, u32) -> Option<u64>,
     ) -> Result<(ProducerTable, Report), ProducerError> {
+        Self::open_cutting(data_dir, storage, expiration, end_of, &|_, _, _| {
+            Err("nothing may be cut here".into())
+        })
+    }
+
+    /// [`ProducerTable::open`], where a batch only partly in its partition (its
+    /// entry starts below the recovered end and ends at or past it: a write cut short
+    /// by a crash, whose records before the cut survived) is cut off the partition
+    /// with `cut(topic, partition, base_offset)`, durably, before its entry is
+    /// dropped. A batch is then in its partition whole or not at all, as a Kafka
+    /// batch is: never acknowledged, its retry writes it again and duplicates
+    /// nothing. A failed cut is reported and the entry dropped all the same.
+    pub fn open_cutting(
+        data_dir: &Path,
+        storage: StorageRef,
+        expiration: Duration,
+        end_of: &dyn Fn(&str, u32) -> Option<u64>,
+        cut: &dyn Fn(&str, u32, u64) -> Result<(), String>,
+    ) -> Result<(ProducerTable, Report), ProducerError> {
         let io = |what: &str, e: std::io::Error| ProducerError::Storage(format!("{what}: {e}"));
         let mut report = Vec::new();
         let (snap, entries, good, problem, exists) =
@@ -255,7 +305,10 @@ impl ProducerTable {
                 for b in p.batches {
                     // A snapshot may be taken while a batch's records are not yet
                     // durable: one past the recovered end is dropped like an entry.
-                    if end_of(&b.topic, b.partition).is_none_or(|end| b.last_offset >= end) {
+                    let end = end_of(&b.topic, b.partition);
+                    if end.is_none_or(|end| b.last_offset >= end) {
+                        let at = (b.topic.as_str(), b.partition, b.base_offset, b.last_offset);
+                        cut_partial(cut, end, p.producer_id, at, &mut report);
                         dropped += 1;
                         continue;
                     }
@@ -302,8 +355,11 @@ impl ProducerTable {
             if e.kind != KIND_BATCH {
                 continue;
             }
-            let past_end = end_of(&e.topic, e.partition).is_none_or(|end| e.last_offset >= end);
+            let end = end_of(&e.topic, e.partition);
+            let past_end = end.is_none_or(|end| e.last_offset >= end);
             if past_end && !planted!(REPLAY_PAST_RECOVERED_END) {
+                let at = (e.topic.as_str(), e.partition, e.base_offset, e.last_offset);
+                cut_partial(cut, end, e.producer_id, at, &mut report);
                 dropped += 1;
                 continue;
             }
@@ -581,8 +637,77 @@ impl ProducerTable {
         }
     }
 
-    /// The batch was written at `base_offset..=last_offset`: records it and journals
-    /// it; the completion fires once the entry is durable.
+    /// Journals a batch checked with [`Decision::Append`] that is about to be written
+    /// at `base_offset..=last_offset`: the entry is written to the journal's file now,
+    /// before the records are written to theirs (under the partition's write lock,
+    /// see [`crate::engine::partition::PartitionLog::append_with`]), so a process
+    /// that dies in between leaves an entry past its partition's end, which the next
+    /// start drops, and never records whose retry would be written again. Call
+    /// [`ProducerTable::recorded`] once the records are written. The completion
+    /// fires once the entry is durable. On an error nothing was journalled.
+    #[expect(clippy::too_many_arguments, reason = "the fields of a journal entry")]
+    pub fn journal_batch(
+        &self,
+        producer_id: u64,
+        epoch: u16,
+        topic: &str,
+        partition: u32,
+        base_sequence: i32,
+        count: u32,
+        base_offset: u64,
+        last_offset: u64,
+    ) -> Result<Durable, ProducerError> {
+        self.write_entry(&JournalEntry {
+            kind: KIND_BATCH,
+            producer_id,
+            epoch,
+            topic: topic.to_string(),
+            partition,
+            base_sequence,
+            last_sequence: last_sequence(base_sequence, count),
+            base_offset,
+            last_offset,
+            timestamp_ms: now_ms(),
+        })
+    }
+
+    /// The batch journalled with [`ProducerTable::journal_batch`] was written: a
+    /// retry of it is a duplicate from now on.
+    #[expect(clippy::too_many_arguments, reason = "the fields of a journal entry")]
+    pub fn recorded(
+        &self,
+        producer_id: u64,
+        epoch: u16,
+        topic: &str,
+        partition: u32,
+        base_sequence: i32,
+        count: u32,
+        base_offset: u64,
+        last_offset: u64,
+    ) {
+        // A batch of an epoch bumped since its check is written but not recorded:
+        // the new epoch's state is not its.
+        if let Some(st) = lock(&self.producers)
+            .get_mut(&producer_id)
+            .filter(|p| p.epoch == epoch)
+            .and_then(|p| p.partitions.get_mut(&(topic.to_string(), partition)))
+        {
+            st.in_flight = false;
+            st.batches.push_back(Batch {
+                base_sequence,
+                last_sequence: last_sequence(base_sequence, count),
+                base_offset,
+                last_offset,
+            });
+            while st.batches.len() > BATCHES_KEPT {
+                st.batches.pop_front();
+            }
+        }
+    }
+
+    /// [`ProducerTable::journal_batch`] then [`ProducerTable::recorded`], for a batch
+    /// already written (tests; the server journals before writing). A failed entry
+    /// comes back through the completion.
     #[expect(clippy::too_many_arguments, reason = "the fields of a journal entry")]
     pub fn accepted(
         &self,
@@ -595,47 +720,36 @@ impl ProducerTable {
         base_offset: u64,
         last_offset: u64,
     ) -> Durable {
-        let last_sequence = base_sequence.saturating_add(count.saturating_sub(1) as i32);
-        // A batch of an epoch bumped since its check is written but not recorded:
-        // the new epoch's state is not its.
-        if let Some(st) = lock(&self.producers)
-            .get_mut(&producer_id)
-            .filter(|p| p.epoch == epoch)
-            .and_then(|p| p.partitions.get_mut(&(topic.to_string(), partition)))
-        {
-            st.in_flight = false;
-            st.batches.push_back(Batch {
-                base_sequence,
-                last_sequence,
-                base_offset,
-                last_offset,
-            });
-            while st.batches.len() > BATCHES_KEPT {
-                st.batches.pop_front();
+        let (p, e, t, part, seq) = (producer_id, epoch, topic, partition, base_sequence);
+        match self.journal_batch(p, e, t, part, seq, count, base_offset, last_offset) {
+            Ok(rx) => {
+                self.recorded(p, e, t, part, seq, count, base_offset, last_offset);
+                rx
+            }
+            Err(err) => {
+                let (tx, rx) = oneshot::channel();
+                let _ = tx.send(Err(err));
+                rx
             }
         }
-        self.journal(&JournalEntry {
-            kind: KIND_BATCH,
-            producer_id,
-            epoch,
-            topic: topic.to_string(),
-            partition,
-            base_sequence,
-            last_sequence,
-            base_offset,
-            last_offset,
-            timestamp_ms: now_ms(),
+    }
+
+    /// [`ProducerTable::write_entry`], a failure coming back through the completion.
+    fn journal(&self, e: &JournalEntry) -> Durable {
+        self.write_entry(e).unwrap_or_else(|err| {
+            let (tx, rx) = oneshot::channel();
+            let _ = tx.send(Err(err));
+            rx
         })
     }
 
-    /// Writes the entry at the journal's end now (so that a crash of the process,
-    /// which keeps what was written, keeps the entry with the records written just
-    /// before it), then queues its waiter for the next group fdatasync.
-    fn journal(&self, e: &JournalEntry) -> Durable {
+    /// Writes the entry at the journal's end now (a crash of the process keeps what
+    /// was written), then queues its waiter for the next group fdatasync.
+    fn write_entry(&self, e: &JournalEntry) -> Result<Durable, ProducerError> {
         let (tx, rx) = oneshot::channel();
         let mut bytes = Vec::with_capacity(128);
         encode_entry(&mut bytes, e);
-        let written = (|| {
+        {
             let mut file = lock(&self.file);
             if let Some(why) = &*lock(&self.poisoned) {
                 return Err(ProducerError::Storage(why.clone()));
@@ -656,11 +770,6 @@ impl ProducerTable {
                 ProducerError::Storage(why)
             })?;
             *end += bytes.len() as u64;
-            Ok(())
-        })();
-        if let Err(e) = written {
-            let _ = tx.send(Err(e));
-            return rx;
         }
         if planted!(ACK_BEFORE_JOURNAL_DURABLE) {
             let _ = tx.send(Ok(()));
@@ -671,7 +780,7 @@ impl ProducerTable {
             Some(w) => w.wake(),
             None => self.sync_pending(),
         }
-        rx
+        Ok(rx)
     }
 
     /// Group commit, one pass: 1. take every waiter (each one's entry was written

@@ -305,3 +305,80 @@ fn a_batch_of_the_old_epoch_in_flight_at_a_bump_is_not_recorded() {
     let (t, _) = open(dir.path(), 7);
     assert_eq!(next(&t).unwrap(), Decision::Append);
 }
+
+/// A batch only partly in its partition (the end falls inside it) is cut off
+/// through `cut` at its first offset, from the journal and from a snapshot alike;
+/// a batch wholly past the end is only dropped; a failed cut is reported.
+#[test]
+fn a_batch_only_partly_in_its_partition_is_cut_off() {
+    use std::sync::Mutex;
+    for through_snapshot in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let (t, _) = open(dir.path(), 0);
+        let ((id, epoch), rx) = t.init(None).unwrap();
+        durable(rx);
+        assert_eq!(write(&t, id, epoch, 0, 2, 0), Decision::Append);
+        assert_eq!(write(&t, id, epoch, 2, 3, 2), Decision::Append);
+        if through_snapshot {
+            t.snapshot().unwrap();
+        }
+        drop(t);
+        let cuts = Mutex::new(Vec::new());
+        let (t, report) = ProducerTable::open_cutting(
+            dir.path(),
+            Arc::new(RealStorage),
+            PRODUCER_ID_EXPIRATION_DEFAULT,
+            // The second batch (offsets 2..=4) ends past the end, 4.
+            &|topic, p| (topic == "t" && p == 0).then_some(4),
+            &|topic, p, base| {
+                cuts.lock().unwrap().push((topic.to_string(), p, base));
+                Ok(())
+            },
+        )
+        .unwrap();
+        assert_eq!(*cuts.lock().unwrap(), [("t".to_string(), 0, 2)]);
+        assert!(
+            report.iter().any(|l| l.contains(
+                "producer 1's batch at offsets 2..=4 is only partly in t/0 (its end is 4): cut the partition back to offset 2"
+            )),
+            "{report:?}"
+        );
+        // Its retry is written again; the first batch stays a duplicate.
+        assert_eq!(t.check(id, epoch, "t", 0, 2, 3).unwrap(), Decision::Append);
+        t.abandoned(id, epoch, "t", 0);
+        assert_eq!(
+            t.check(id, epoch, "t", 0, 0, 2).unwrap(),
+            Decision::Duplicate {
+                base_offset: 0,
+                last_offset: 1
+            }
+        );
+    }
+    // Wholly past the end: dropped, nothing cut. A failed cut: reported.
+    let dir = tempfile::tempdir().unwrap();
+    let (t, _) = open(dir.path(), 0);
+    let ((id, epoch), rx) = t.init(None).unwrap();
+    durable(rx);
+    assert_eq!(write(&t, id, epoch, 0, 2, 0), Decision::Append);
+    assert_eq!(write(&t, id, epoch, 2, 3, 2), Decision::Append);
+    drop(t);
+    let (_, report) = ProducerTable::open_cutting(
+        dir.path(),
+        Arc::new(RealStorage),
+        PRODUCER_ID_EXPIRATION_DEFAULT,
+        &|_, _| Some(2),
+        &|_, _, _| panic!("nothing to cut"),
+    )
+    .unwrap();
+    assert!(
+        report.iter().all(|l| !l.contains("only partly")),
+        "{report:?}"
+    );
+    let (_, report) = open(dir.path(), 1);
+    assert!(
+        report.iter().any(|l| l.contains(
+            "producer 1's batch at offsets 0..=1 is only partly in t/0 (its end is 1), and cutting it back to offset 0 failed (nothing may be cut here): a retry of the batch writes its first 1 record again"
+        )),
+        "{report:?}"
+    );
+}

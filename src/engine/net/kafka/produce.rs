@@ -34,7 +34,7 @@ use kafka_protocol::records::{Compression, Record, RecordBatchDecoder};
 use super::inflate::{Inflater, KAFKA_BATCH_INFLATED_BYTES_MAX};
 use super::server::{Ctx, Outcome};
 use super::{code, engine_code, sb};
-use crate::engine::broker::{Broker, NewRecord};
+use crate::engine::broker::{AppendError, Broker, NewRecord};
 use crate::engine::producers::{Decision, ProducerError};
 use crate::engine::replication::types::{ProduceEntry, ProducerStamp};
 use crate::engine::replication::Replicator;
@@ -230,8 +230,11 @@ fn append_one(
     match decision {
         Decision::Duplicate { base_offset, .. } => Ok(base_offset),
         Decision::Append => {
+            // The journal entry is written before the records (under the
+            // partition's write lock), so no crash of the process leaves the records
+            // without it.
             let written = broker.append_then(topic, partition, &records, |p| {
-                table.accepted(
+                table.journal_batch(
                     producer_id,
                     epoch,
                     topic,
@@ -244,6 +247,16 @@ fn append_one(
             });
             match written {
                 Ok((p, data, journal)) => {
+                    table.recorded(
+                        producer_id,
+                        epoch,
+                        topic,
+                        partition,
+                        seq,
+                        count,
+                        p.base_offset,
+                        p.last_offset,
+                    );
                     let data = data.map(|w| broker.durable(w));
                     let stop = std::sync::Arc::clone(&ctx.stop);
                     waits.push(Box::pin(async move {
@@ -257,7 +270,10 @@ fn append_one(
                 }
                 Err(e) => {
                     table.abandoned(producer_id, epoch, topic, partition);
-                    Err((engine_code(&e), e.to_string()))
+                    Err(match e {
+                        AppendError::Before(e) => (producer_code(&e), e.to_string()),
+                        AppendError::Engine(e) => (engine_code(&e), e.to_string()),
+                    })
                 }
             }
         }
