@@ -223,6 +223,35 @@ fn the_pool_is_capped_per_partition_and_off_at_zero() {
     b.shutdown().unwrap();
 }
 
+/// The cap follows the node's partitions: once a topic is deleted, the next cleanup
+/// round deletes the spares past the new cap (they were kept for good otherwise).
+#[test]
+fn a_deleted_topic_takes_its_share_of_the_pool_with_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let capped = BrokerOptions {
+        spares_per_partition: 2,
+        ..opts()
+    };
+    let b = Broker::open(dir.path(), real(), capped).unwrap();
+    let big = TopicConfig {
+        retention_bytes: 0,
+        ..config()
+    };
+    b.create_topic("t", 2, big).unwrap();
+    produce(&b, 0, 60);
+    assert!(b.run_retention().is_empty());
+    assert_eq!(spares_of(dir.path()).len(), 4, "two partitions' worth");
+    b.create_topic("other", 1, TopicConfig::default()).unwrap();
+    b.delete_topic("t").unwrap();
+    assert!(b.run_retention().is_empty());
+    assert_eq!(
+        spares_of(dir.path()).len(),
+        2,
+        "one partition's worth is left"
+    );
+    b.shutdown().unwrap();
+}
+
 fn big_config() -> TopicConfig {
     TopicConfig {
         retention_bytes: 0,

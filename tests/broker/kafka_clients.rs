@@ -436,7 +436,7 @@ fn leave_group_of_an_unknown_group_is_unknown_member() {
 /// (a client that bumped its epoch itself) or for an id whose state expired; a
 /// higher epoch at another sequence is OUT_OF_ORDER_SEQUENCE_NUMBER (45). The new
 /// states are in the producer journal: duplicates and the fencing of the old epoch
-/// hold across a restart.
+/// hold across a restart. InitProducerId naming an expired id hands out a new id.
 #[test]
 fn idempotent_epoch_bump_and_expired_id_across_restarts() {
     if !have_python("kafka") {
@@ -495,7 +495,12 @@ fn idempotent_epoch_bump_and_expired_id_across_restarts() {
     let three = python("raw_idempotent_epochs", &args("three"));
     assert_eq!(
         three,
-        serde_json::json!({"b_expired_seq1": [59, -1], "b_expired_seq0": [0, 5], "b_seq1": [0, 6]})
+        serde_json::json!({
+            "b_expired_init": [0, true, 0],
+            "b_expired_seq1": [59, -1],
+            "b_expired_seq0": [0, 5],
+            "b_seq1": [0, 6]
+        })
     );
     s.stop();
 }
@@ -559,6 +564,7 @@ fn confluent_creates_a_topic_with_kafka_config_names() {
     assert_eq!(c["segment_ms"], 60_000, "{d}");
     assert_eq!(c["cleanup_policy"], "compact", "{d}");
     assert_eq!(c["tombstone_retention_ms"], 5_000, "{d}");
+    assert_eq!(c["max_record_bytes"], 65_536, "{d}");
     s.stop();
 }
 

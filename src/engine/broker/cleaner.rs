@@ -89,6 +89,14 @@ impl Cleaner {
         self.spares
             .spares
             .set_partitions(topics.iter().map(|t| t.partitions.len() as u64).sum());
+        match self.spares.spares.trim(&*self.storage) {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(
+                removed = n,
+                "spare pool: removed the spares past the cap of the node's partitions"
+            ),
+            Err(e) => warnings.push(format!("trimming the spare pool: {e}")),
+        }
         for topic in topics {
             let config = read(&topic.config).clone();
             for (p, (slot, cleanup)) in topic.partitions.iter().zip(&topic.cleanup).enumerate() {

@@ -12,7 +12,8 @@
 //!   again before the pool hands it out (rule 2): a spare caught mid-reuse by a crash
 //!   can hold valid records of its current generation.
 //! - The pool holds at most `per_partition` spares per partition of the node (rule 4);
-//!   a file that does not fit is deleted as before. The cap is node-wide: the spares
+//!   a file that does not fit is deleted as before, and when the node's partitions
+//!   become fewer (a topic deleted) the cleaner deletes the spares past the new cap. The cap is node-wide: the spares
 //!   one partition returned may outnumber `per_partition` while others return fewer.
 //!   An entry holds its place from its check to its listing (retention's and a
 //!   compaction's entries run on different threads), so entries at once never pass it.
@@ -200,6 +201,46 @@ impl SparePool {
         s.next_seq = s.next_seq.max(next_seq);
         s.ready = ready;
         Ok(done)
+    }
+
+    /// Deletes the spares ready beyond the cap (a topic was deleted: the node has
+    /// fewer partitions), the oldest entries first kept; fsyncs the directory after
+    /// removals. Returns how many files it removed. A file it could not remove is
+    /// out of the pool all the same (the next start re-stamps or removes it).
+    pub fn trim(&self, storage: &dyn Storage) -> io::Result<u64> {
+        let (dir, excess) = {
+            let mut s = lock(&self.state);
+            let Some(dir) = s.dir.clone() else {
+                return Ok(0);
+            };
+            let keep = usize::try_from(Self::cap(&s)).unwrap_or(usize::MAX);
+            if s.ready.len() <= keep {
+                return Ok(0);
+            }
+            let excess = s.ready.split_off(keep);
+            (dir, excess)
+        };
+        let mut removed = 0;
+        let mut first_error = None;
+        for spare in excess {
+            match storage.remove_file(&spare.path) {
+                Ok(()) => removed += 1,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    first_error.get_or_insert(io::Error::new(
+                        e.kind(),
+                        format!("removing {}: {e}", spare.path.display()),
+                    ));
+                }
+            }
+        }
+        if removed > 0 {
+            storage.sync_dir(&dir)?;
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(removed),
+        }
     }
 
     /// Takes a spare for a new segment at `to` (a roll): renames it there. The new

@@ -315,6 +315,23 @@ class Raw:
         assert err == 0, err
         return pid, epoch
 
+    def init_producer_id_v3(self, pid, epoch):
+        """InitProducerId v3 (flexible) naming the producer's current id and epoch, as
+        a client does to bump its epoch: (error, id, epoch)."""
+        import struct
+        self.corr += 1
+        # Request header v2: key, version, correlation id, client id, no tags.
+        h = struct.pack(">hhih", 22, 3, self.corr, 3) + b"raw" + b"\x00"
+        # No transactional id (compact nullable: 0), timeout, id, epoch, no tags.
+        body = b"\x00" + struct.pack(">iqh", 60000, pid, epoch) + b"\x00"
+        self.s.sendall(struct.pack(">i", len(h) + len(body)) + h + body)
+        n = struct.unpack(">i", self._read(4))[0]
+        r = self._read(n)
+        assert struct.unpack(">i", r[:4])[0] == self.corr
+        # Response header v1: correlation id, tags (none); then throttle, error...
+        _, err, new_pid, new_epoch = struct.unpack(">ihqh", r[5:21])
+        return err, new_pid, new_epoch
+
     def produce(self, topic, pid, epoch, seq, n, timestamp=None):
         """One batch of n records to partition 0 (Produce v3, acks all): (error, base)."""
         import struct
@@ -394,6 +411,10 @@ def raw_idempotent_epochs(boot, topic, phase, pids):
         res["a_old_epoch"] = r.produce(topic, a, ea, 2, 1)
     else:
         a, ea, b, eb = pids
+        # An id whose state expired asks to bump its epoch: a new id, as Kafka
+        # hands one to any producer without a transactional id.
+        err, new_pid, new_epoch = r.init_producer_id_v3(b, eb)
+        res["b_expired_init"] = [err, new_pid > max(a, b), new_epoch]
         res["b_expired_seq1"] = r.produce(topic, b, eb, 1, 1)
         res["b_expired_seq0"] = r.produce(topic, b, eb, 0, 1)
         res["b_seq1"] = r.produce(topic, b, eb, 1, 1)
@@ -455,7 +476,8 @@ def confluent_create_kafka_configs(boot, topic):
     a = AdminClient({"bootstrap.servers": boot})
     configs = {"retention.ms": "3600000", "retention.bytes": "1048576",
                "segment.bytes": "1048576", "segment.ms": "60000",
-               "cleanup.policy": "compact", "delete.retention.ms": "5000"}
+               "cleanup.policy": "compact", "delete.retention.ms": "5000",
+               "max.message.bytes": "65536"}
     try:
         a.create_topics([NewTopic(topic, 1, 1, config=configs)])[topic].result(DEADLINE_S)
         out({"created": True})

@@ -272,9 +272,11 @@ async fn create_one(
 /// Kafka's name of a topic setting as seglog's (`retention.ms` is `retention_ms`);
 /// seglog's own names and any other name pass unchanged (an unknown one is refused
 /// by [`TopicConfig::set`]). `delete.retention.ms` is how long Kafka keeps a
-/// tombstone, seglog's `tombstone_retention_ms`.
+/// tombstone, seglog's `tombstone_retention_ms`; `max.message.bytes`, Kafka's limit
+/// on a record batch, is seglog's limit on one record, `max_record_bytes`.
 fn config_name(name: &str) -> &str {
     match name {
+        "max.message.bytes" => "max_record_bytes",
         "retention.ms" => "retention_ms",
         "retention.bytes" => "retention_bytes",
         "segment.bytes" => "segment_bytes",

@@ -645,11 +645,10 @@ pub(crate) async fn init_producer_id(ctx: &Ctx, r: InitProducerIdRequest) -> Out
     };
     let table = ctx.broker.producers();
     let mut asked = table.init(existing);
-    // In a cluster a producer may bump its epoch on another node than the one that
-    // gave it its id: as Kafka does for a producer without a transactional id, it
-    // gets a new id (a new id's sequences are checked from its first batch).
-    if ctx.opts.replication.is_some() && matches!(asked, Err(ProducerError::UnknownProducer { .. }))
-    {
+    // An id the broker does not know (its state expired, or, in a cluster, another
+    // node gave it): as Kafka does for a producer without a transactional id, it gets
+    // a new id (a new id's sequences are checked from its first batch).
+    if matches!(asked, Err(ProducerError::UnknownProducer { .. })) {
         asked = table.init(None);
     }
     let init = match asked {
