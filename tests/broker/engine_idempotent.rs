@@ -55,14 +55,14 @@ fn idempotent(
     let written = b.append_then("t", 0, &records(values), |r| {
         table.journal_batch(pid, epoch, "t", 0, seq, count, r.base_offset, r.last_offset)
     });
-    let (r, wait, journal) = match written {
+    let (r, wait, (batch, journal)) = match written {
         Ok(w) => w,
         Err(e) => {
             table.abandoned(pid, epoch, "t", 0);
             return Err(e);
         }
     };
-    table.recorded(pid, epoch, "t", 0, seq, count, r.base_offset, r.last_offset);
+    table.recorded(&batch);
     if let Some(w) = wait {
         b.wait_durable_here(w).unwrap();
     }

@@ -361,7 +361,7 @@ pub(super) fn workload_idempotent(root: &Path, rng: &mut Rng) -> Run {
                 r.last_offset,
             )
         });
-        let (r, wait, journal) = match written {
+        let (r, wait, (batch, journal)) = match written {
             Ok(w) => w,
             Err(e) => {
                 table.abandoned(pid, epoch, TOPIC, p);
@@ -369,16 +369,7 @@ pub(super) fn workload_idempotent(root: &Path, rng: &mut Rng) -> Run {
                 continue;
             }
         };
-        table.recorded(
-            pid,
-            epoch,
-            TOPIC,
-            p,
-            seq,
-            count,
-            r.base_offset,
-            r.last_offset,
-        );
+        table.recorded(&batch);
         let batch = IdemBatch {
             pid,
             epoch,

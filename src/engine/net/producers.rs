@@ -250,17 +250,8 @@ async fn one(
                 )
             });
             match written {
-                Ok((p, data, journal)) => {
-                    table.recorded(
-                        producer_id,
-                        epoch,
-                        topic,
-                        b.partition,
-                        seq,
-                        count,
-                        p.base_offset,
-                        p.last_offset,
-                    );
+                Ok((p, data, (batch, journal))) => {
+                    table.recorded(&batch);
                     // The records' fsync and the journal entry's are asked for
                     // together; the batch is acknowledged once both are durable.
                     let data = data.map(|w| broker.durable(w));

@@ -120,6 +120,13 @@ struct Producer {
 /// Result of a journal write.
 pub type Durable = oneshot::Receiver<Result<(), ProducerError>>;
 
+/// A batch whose journal entry is written ([`ProducerTable::journal_batch`]) and
+/// whose records are being written; [`ProducerTable::recorded`] takes it once they
+/// are.
+#[derive(Debug)]
+#[must_use = "record the batch once its records are written"]
+pub struct Journalled(JournalEntry);
+
 #[derive(Debug, Default)]
 struct JournalState {
     waiters: Vec<oneshot::Sender<Result<(), ProducerError>>>,
@@ -175,11 +182,6 @@ fn cut_partial(
             crate::engine::error::counted(end - base, "record", "records")
         ),
     });
-}
-
-/// The sequence of a batch's last record.
-fn last_sequence(base_sequence: i32, count: u32) -> i32 {
-    base_sequence.saturating_add(count.saturating_sub(1) as i32)
 }
 
 fn now_ms() -> i64 {
@@ -642,9 +644,10 @@ impl ProducerTable {
     /// before the records are written to theirs (under the partition's write lock,
     /// see [`crate::engine::partition::PartitionLog::append_with`]), so a process
     /// that dies in between leaves an entry past its partition's end, which the next
-    /// start drops, and never records whose retry would be written again. Call
-    /// [`ProducerTable::recorded`] once the records are written. The completion
-    /// fires once the entry is durable. On an error nothing was journalled.
+    /// start drops, and never records whose retry would be written again. Hand the
+    /// [`Journalled`] batch to [`ProducerTable::recorded`] once the records are
+    /// written. The completion fires once the entry is durable. On an error nothing
+    /// was journalled.
     #[expect(clippy::too_many_arguments, reason = "the fields of a journal entry")]
     pub fn journal_batch(
         &self,
@@ -656,48 +659,40 @@ impl ProducerTable {
         count: u32,
         base_offset: u64,
         last_offset: u64,
-    ) -> Result<Durable, ProducerError> {
-        self.write_entry(&JournalEntry {
+    ) -> Result<(Journalled, Durable), ProducerError> {
+        let entry = JournalEntry {
             kind: KIND_BATCH,
             producer_id,
             epoch,
             topic: topic.to_string(),
             partition,
             base_sequence,
-            last_sequence: last_sequence(base_sequence, count),
+            last_sequence: base_sequence.saturating_add(count.saturating_sub(1) as i32),
             base_offset,
             last_offset,
             timestamp_ms: now_ms(),
-        })
+        };
+        let durable = self.write_entry(&entry)?;
+        Ok((Journalled(entry), durable))
     }
 
     /// The batch journalled with [`ProducerTable::journal_batch`] was written: a
     /// retry of it is a duplicate from now on.
-    #[expect(clippy::too_many_arguments, reason = "the fields of a journal entry")]
-    pub fn recorded(
-        &self,
-        producer_id: u64,
-        epoch: u16,
-        topic: &str,
-        partition: u32,
-        base_sequence: i32,
-        count: u32,
-        base_offset: u64,
-        last_offset: u64,
-    ) {
+    pub fn recorded(&self, batch: &Journalled) {
+        let e = &batch.0;
         // A batch of an epoch bumped since its check is written but not recorded:
         // the new epoch's state is not its.
         if let Some(st) = lock(&self.producers)
-            .get_mut(&producer_id)
-            .filter(|p| p.epoch == epoch)
-            .and_then(|p| p.partitions.get_mut(&(topic.to_string(), partition)))
+            .get_mut(&e.producer_id)
+            .filter(|p| p.epoch == e.epoch)
+            .and_then(|p| p.partitions.get_mut(&(e.topic.clone(), e.partition)))
         {
             st.in_flight = false;
             st.batches.push_back(Batch {
-                base_sequence,
-                last_sequence: last_sequence(base_sequence, count),
-                base_offset,
-                last_offset,
+                base_sequence: e.base_sequence,
+                last_sequence: e.last_sequence,
+                base_offset: e.base_offset,
+                last_offset: e.last_offset,
             });
             while st.batches.len() > BATCHES_KEPT {
                 st.batches.pop_front();
@@ -720,11 +715,20 @@ impl ProducerTable {
         base_offset: u64,
         last_offset: u64,
     ) -> Durable {
-        let (p, e, t, part, seq) = (producer_id, epoch, topic, partition, base_sequence);
-        match self.journal_batch(p, e, t, part, seq, count, base_offset, last_offset) {
-            Ok(rx) => {
-                self.recorded(p, e, t, part, seq, count, base_offset, last_offset);
-                rx
+        let journalled = self.journal_batch(
+            producer_id,
+            epoch,
+            topic,
+            partition,
+            base_sequence,
+            count,
+            base_offset,
+            last_offset,
+        );
+        match journalled {
+            Ok((batch, durable)) => {
+                self.recorded(&batch);
+                durable
             }
             Err(err) => {
                 let (tx, rx) = oneshot::channel();

@@ -246,17 +246,8 @@ fn append_one(
                 )
             });
             match written {
-                Ok((p, data, journal)) => {
-                    table.recorded(
-                        producer_id,
-                        epoch,
-                        topic,
-                        partition,
-                        seq,
-                        count,
-                        p.base_offset,
-                        p.last_offset,
-                    );
+                Ok((p, data, (batch, journal))) => {
+                    table.recorded(&batch);
                     let data = data.map(|w| broker.durable(w));
                     let stop = std::sync::Arc::clone(&ctx.stop);
                     waits.push(Box::pin(async move {
