@@ -714,6 +714,16 @@ mod tests {
             msg.contains("member \"a\": assignment is not valid base64"),
             "{msg}"
         );
+        // Text too long to hold 1 MiB is refused before it is decoded (as not
+        // base64, it would be refused as such after).
+        let long = "*".repeat(GROUP_BLOB_BYTES_MAX.div_ceil(3) * 4 + 4);
+        let bad = text.replacen("\"AAED\"", &format!("\"{long}\""), 1);
+        let (_, p) = decode_group_file_keeping_offsets(bad.as_bytes()).unwrap();
+        let msg = p.unwrap().to_string();
+        assert!(
+            msg.contains("member \"a\": assignment is 1048581 bytes, over the limit of 1048576"),
+            "{msg}"
+        );
         let bad = text.replacen("\"leader\"", "\"extra\": 1, \"leader\"", 1);
         let (kept, p) = decode_group_file_keeping_offsets(bad.as_bytes()).unwrap();
         assert_eq!(kept.offsets, sample().offsets);
