@@ -418,6 +418,49 @@ fn confluent_static_member_restarts_without_a_rebalance() {
     s.stop();
 }
 
+/// As Kafka's coordinator reloads its groups: a member of a Stable group goes on
+/// across a broker restart (same data directory and port) without a rebalance; its
+/// commit at its generation is accepted and DescribeGroups shows it again.
+#[test]
+fn confluent_member_keeps_its_place_across_a_broker_restart() {
+    use std::io::BufRead;
+    if !have_python("confluent_kafka") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (s, boot) = start(dir.path());
+    s.ok(&["topics", "create", "rt", "--partitions", "2"]);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/broker/kafka/clients.py");
+    let mut child = Command::new("python3")
+        .args([script, "confluent_member_across_restart", &boot, "rt", "rg"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("run python3");
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut next = || -> serde_json::Value {
+        let line = lines.next().expect("a line from the client").unwrap();
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"))
+    };
+    let stable = next();
+    assert_eq!(stable["assignment"], serde_json::json!([0, 1]), "{stable}");
+    assert_eq!(stable["members"].as_array().unwrap().len(), 1, "{stable}");
+    s.stop();
+    let s = Serve::start_with(dir.path(), &["--kafka-listen", &boot]);
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"restarted\n").unwrap();
+    stdin.flush().unwrap();
+    let after = next();
+    drop(stdin);
+    assert!(child.wait().unwrap().success());
+    assert_eq!(after["commit"], "ok", "{after}");
+    assert_eq!(after["events"], serde_json::json!([]), "{after}");
+    assert_eq!(after["state"], "STABLE", "{after}");
+    assert_eq!(after["members"], stable["members"], "{after}");
+    assert_eq!(after["assignment"], serde_json::json!([0, 1]), "{after}");
+    s.stop();
+}
+
 /// As Kafka: LeaveGroup for a group the broker does not know answers
 /// UNKNOWN_MEMBER_ID (25), per member from version 3 on (was GROUP_ID_NOT_FOUND).
 #[test]

@@ -17,6 +17,15 @@ use tokio::sync::oneshot;
 
 use super::offsets::Loaded;
 use super::*;
+use crate::format::group::{
+    encode_group_file, GroupFile, StoredMember, StoredMembership, StoredProtocol,
+    GROUP_FILE_BYTES_MAX,
+};
+
+/// A timeout as whole milliseconds (join requests carry them as `u32`).
+fn duration_ms(d: Duration) -> u32 {
+    u32::try_from(d.as_millis()).unwrap_or(u32::MAX)
+}
 
 /// Where a group is in its rebalance cycle.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -120,17 +129,82 @@ impl Group {
             .into_iter()
             .map(|o| ((o.topic.clone(), o.partition), o))
             .collect();
+        if let Some(m) = l.membership {
+            // As Kafka's coordinator after loading a group: Stable, no waiters, and
+            // every session starts now (a member that never returns expires).
+            let now = Instant::now();
+            g.state = GroupState::Stable;
+            g.protocol = m.protocol;
+            g.leader = m.leader;
+            g.members = m
+                .members
+                .into_iter()
+                .map(|m| {
+                    let member = Member {
+                        instance_id: m.instance_id,
+                        client_id: m.client_id,
+                        client_host: m.client_host,
+                        session_timeout: Duration::from_millis(u64::from(m.session_timeout_ms)),
+                        rebalance_timeout: Duration::from_millis(u64::from(m.rebalance_timeout_ms)),
+                        protocols: m
+                            .protocols
+                            .into_iter()
+                            .map(|p| (p.name, p.metadata))
+                            .collect(),
+                        last_heartbeat: now,
+                        join_waiter: None,
+                        sync_waiter: None,
+                        assignment: m.assignment,
+                    };
+                    (m.member_id, member)
+                })
+                .collect();
+        }
         g
     }
 
-    /// The content of the group's file, with the first `staged` staged commits.
-    pub(super) fn file(&self, staged: usize) -> crate::format::group::GroupFile {
+    /// The membership the group's file holds: only while the group is Stable.
+    fn stored_membership(&self) -> Option<StoredMembership> {
+        if self.state != GroupState::Stable || self.members.is_empty() {
+            return None;
+        }
+        Some(StoredMembership {
+            protocol: self.protocol.clone(),
+            leader: self.leader.clone(),
+            members: self
+                .members
+                .iter()
+                .map(|(id, m)| StoredMember {
+                    member_id: id.clone(),
+                    instance_id: m.instance_id.clone(),
+                    client_id: m.client_id.clone(),
+                    client_host: m.client_host.clone(),
+                    session_timeout_ms: duration_ms(m.session_timeout),
+                    rebalance_timeout_ms: duration_ms(m.rebalance_timeout),
+                    protocols: m
+                        .protocols
+                        .iter()
+                        .map(|(name, metadata)| StoredProtocol {
+                            name: name.clone(),
+                            metadata: metadata.clone(),
+                        })
+                        .collect(),
+                    assignment: m.assignment.clone(),
+                })
+                .collect(),
+        })
+    }
+
+    /// The content of the group's file, with the first `staged` staged commits, and
+    /// with its membership when `membership` (and the group is Stable).
+    pub(super) fn file(&self, staged: usize, membership: bool) -> GroupFile {
         let mut offsets = self.offsets.clone();
         for o in &self.staged[..staged.min(self.staged.len())] {
             offsets.insert((o.topic.clone(), o.partition), o.clone());
         }
-        crate::format::group::GroupFile {
-            version: crate::format::group::GROUP_FILE_VERSION,
+        let membership = membership.then(|| self.stored_membership()).flatten();
+        GroupFile {
+            version: GroupFile::version_for(membership.as_ref()),
             group: self.name.clone(),
             generation: self.generation,
             protocol_type: self.protocol_type.clone(),
@@ -140,6 +214,7 @@ impl Group {
                 0
             },
             offsets: offsets.into_values().collect(),
+            membership,
         }
     }
 
@@ -245,6 +320,10 @@ impl Group {
             if let Some(w) = m.sync_waiter.take() {
                 let _ = w.send(Err(err.clone()));
             }
+        }
+        if self.state == GroupState::Stable {
+            // The file holds the membership of a Stable group: rewrite it without.
+            self.dirty = true;
         }
         if self.state != GroupState::PreparingRebalance {
             let timeout = self
@@ -472,6 +551,22 @@ impl GroupCoordinator {
     /// change and who is not the leader, else once every member rejoined or the
     /// rebalance timeout passed.
     pub fn join(&self, req: JoinRequest) -> Completion<JoinResponse> {
+        let group = req.group.clone();
+        let rx = self.join_locked(req);
+        self.wake_if_dirty(&group);
+        rx
+    }
+
+    /// Asks for a pass of the group commit if `group` must be written (it became or
+    /// stopped being Stable), so that its file follows without waiting for a tick.
+    fn wake_if_dirty(&self, group: &str) {
+        let dirty = lock(&self.groups).get(group).is_some_and(|g| g.dirty);
+        if dirty {
+            self.wake_committer();
+        }
+    }
+
+    fn join_locked(&self, req: JoinRequest) -> Completion<JoinResponse> {
         let (tx, rx) = oneshot::channel();
         if let Err(e) = self.check_join(&req) {
             let _ = tx.send(Err(e));
@@ -636,6 +731,11 @@ impl GroupCoordinator {
             (None, _) => false,
         };
         if immediate {
+            if g.state == GroupState::Stable {
+                // A member id or a member's details changed: the stored membership
+                // follows (written in the next pass).
+                g.dirty = true;
+            }
             let leader = if replacing.is_some() {
                 leader_before
             } else {
@@ -671,6 +771,7 @@ impl GroupCoordinator {
         assignments: Vec<(String, Vec<u8>)>,
     ) -> Completion<Vec<u8>> {
         let (tx, rx) = oneshot::channel();
+        let mut became_stable = false;
         let result = (|| {
             check_group_name(group)?;
             let mut groups = lock(&self.groups);
@@ -709,6 +810,9 @@ impl GroupCoordinator {
                         }
                         g.state = GroupState::Stable;
                         g.rebalance_deadline = None;
+                        // The file now holds the membership.
+                        g.dirty = true;
+                        became_stable = true;
                         let a = g.members.get(member).map(|m| m.assignment.clone());
                         Ok(Some(a.unwrap_or_default()))
                     } else {
@@ -717,6 +821,9 @@ impl GroupCoordinator {
                 }
             }
         })();
+        if became_stable {
+            self.wake_committer();
+        }
         match result {
             Ok(Some(a)) => {
                 let _ = tx.send(Ok(a));
@@ -805,6 +912,8 @@ impl GroupCoordinator {
             }
         };
         g.remove_member(&id, Instant::now());
+        drop(groups);
+        self.wake_if_dirty(group);
         Ok(())
     }
 
@@ -1068,10 +1177,20 @@ impl GroupCoordinator {
         for g in groups.values_mut().filter(|g| g.dirty) {
             g.dirty = false;
             let staged = g.staged.len();
+            let bytes = (!g.deleted).then(|| {
+                let bytes = encode_group_file(&g.file(staged, true));
+                if bytes.len() <= GROUP_FILE_BYTES_MAX {
+                    return bytes;
+                }
+                // A file no reader would accept: keep the offsets, and the members
+                // rejoin after a restart.
+                tracing::warn!(group = %g.name, bytes = bytes.len(),
+                    "group file with membership over the size limit: membership not stored");
+                encode_group_file(&g.file(staged, false))
+            });
             out.push(offsets::Pending {
                 group: g.name.clone(),
-                bytes: (!g.deleted)
-                    .then(|| crate::format::group::encode_group_file(&g.file(staged))),
+                bytes,
                 staged,
                 waiters: std::mem::take(&mut g.commit_waiters),
             });

@@ -1,6 +1,6 @@
 //! The group coordinator: Kafka's classic consumer-group protocol (join, sync,
 //! heartbeat, leave, generations, session and rebalance timeouts) and the groups'
-//! committed offsets in `DATA/groups/<group>.json`.
+//! committed offsets and Stable membership in `DATA/groups/<group>.json`.
 //!
 //! One coordinator serves every front door. Requests that complete later (join and
 //! sync finish when the rebalance does; a commit when the file that covers it is
@@ -41,16 +41,16 @@ pub use coordinator::GroupState;
 pub const SESSION_TIMEOUT_DEFAULT: Duration = Duration::from_secs(45);
 /// Default committed-offset retention of an empty group (7 days).
 pub const OFFSETS_RETENTION_DEFAULT: Duration = Duration::from_secs(7 * 24 * 3600);
-/// Most members in one group.
-pub const MEMBERS_PER_GROUP_MAX: usize = 1000;
+/// Most members in one group (as many as a group file holds).
+pub const MEMBERS_PER_GROUP_MAX: usize = crate::format::group::GROUP_MEMBERS_MAX;
 /// Most groups one broker holds.
 pub const GROUPS_MAX: usize = 10_000;
 /// Most protocols one join may offer.
-pub const PROTOCOLS_PER_JOIN_MAX: usize = 16;
+pub const PROTOCOLS_PER_JOIN_MAX: usize = crate::format::group::GROUP_PROTOCOLS_MAX;
 /// Largest protocol metadata or member assignment.
-pub const GROUP_BLOB_BYTES_MAX: usize = 1 << 20;
+pub const GROUP_BLOB_BYTES_MAX: usize = crate::format::group::GROUP_BLOB_BYTES_MAX;
 /// Longest member id, client id, protocol type or protocol name.
-pub const GROUP_ID_BYTES_MAX: usize = 255;
+pub const GROUP_ID_BYTES_MAX: usize = crate::format::group::GROUP_ID_BYTES_MAX;
 /// How often the broker calls [`GroupCoordinator::tick`].
 pub const TICK_INTERVAL: Duration = Duration::from_millis(100);
 
@@ -271,7 +271,9 @@ pub struct GroupCoordinator {
 impl GroupCoordinator {
     /// Loads every `DATA/groups/*.json` (creating the directory if missing); a file
     /// that cannot be read is reported in the returned lines and left alone (its
-    /// group is then refused until an operator repairs it).
+    /// group is then refused until an operator repairs it). A group stored with its
+    /// membership comes back Stable, each member's session starting now; one whose
+    /// membership is refused comes back without members (reported too).
     pub fn open(
         data_dir: &Path,
         storage: StorageRef,

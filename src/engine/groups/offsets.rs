@@ -1,5 +1,7 @@
 //! The groups' files: loading `DATA/groups/*.json` at startup and the group commit
-//! that writes them.
+//! that writes them. A group's file is replaced when a commit is made and when the
+//! group becomes Stable or stops being Stable (its membership is stored only while it
+//! is Stable); heartbeats write nothing.
 //!
 //! Group commit: every commit marks its group dirty and asks the broker's flusher for
 //! a pass; the pass takes every dirty group at once, replaces each group's file once
@@ -17,8 +19,8 @@ use tokio::sync::oneshot;
 use super::{GroupCoordinator, GroupError};
 use crate::engine::storage::io::write_file_atomic;
 use crate::format::group::{
-    decode_group_file, group_file_name, CommittedOffset, GroupFileError, GROUP_FILE_BYTES_MAX,
-    GROUP_FILE_EXT,
+    decode_group_file_keeping_offsets, group_file_name, CommittedOffset, GroupFileError,
+    StoredMembership, GROUP_FILE_BYTES_MAX, GROUP_FILE_EXT,
 };
 use crate::format::names::{is_atomic_tmp_file_name, validate_name};
 
@@ -29,6 +31,10 @@ pub struct Loaded {
     pub protocol_type: String,
     pub empty_since_ms: i64,
     pub offsets: Vec<CommittedOffset>,
+    /// The members of a group that was Stable when its file was written.
+    pub membership: Option<StoredMembership>,
+    /// Why the file's membership was refused (the group loads without members).
+    pub membership_problem: Option<GroupFileError>,
 }
 
 /// A group file that cannot be used.
@@ -68,10 +74,11 @@ pub fn read_group_file(path: &Path) -> Result<(String, Loaded), GroupFileProblem
         file: file.clone(),
         source,
     })?;
-    let f = decode_group_file(&bytes).map_err(|source| GroupFileProblem::Bad {
-        file: file.clone(),
-        source,
-    })?;
+    let (f, membership_problem) =
+        decode_group_file_keeping_offsets(&bytes).map_err(|source| GroupFileProblem::Bad {
+            file: file.clone(),
+            source,
+        })?;
     if group_file_name(&f.group) != file {
         return Err(GroupFileProblem::NameMismatch {
             file,
@@ -85,6 +92,8 @@ pub fn read_group_file(path: &Path) -> Result<(String, Loaded), GroupFileProblem
             protocol_type: f.protocol_type,
             empty_since_ms: f.empty_since_ms,
             offsets: f.offsets,
+            membership: f.membership,
+            membership_problem,
         },
     ))
 }
@@ -134,7 +143,15 @@ pub(super) fn load_dir(dir: &Path) -> (Vec<(String, Loaded)>, Vec<String>) {
     let mut report = Vec::new();
     for e in scan_dir(dir) {
         match e {
-            GroupEntry::Group(g, l) => groups.push((g, l)),
+            GroupEntry::Group(g, l) => {
+                if let Some(p) = &l.membership_problem {
+                    report.push(format!(
+                        "groups/{}: {p}; the group is loaded without members, who rejoin",
+                        group_file_name(&g)
+                    ));
+                }
+                groups.push((g, l));
+            }
             GroupEntry::Leftover(name) => {
                 report.push(format!("groups/{name}: leftover temporary file (ignored)"));
             }

@@ -485,3 +485,156 @@ fn static_members_expire_and_leave_by_instance_id() {
     assert!(d.members.is_empty());
     assert_eq!(d.state, GroupState::Empty);
 }
+
+/// Two dynamic members stable at generation 2: a (the leader, session 60 s) and b
+/// (session 20 ms, `b_instance` its static instance id), assignments "A" and "B",
+/// and an offset committed: (a's id, b's id).
+fn stable_pair_with_offset(c: &GroupCoordinator, b_instance: Option<&str>) -> (String, String) {
+    let a = done(c.join(join_req("", 60_000))).unwrap();
+    done(c.sync("g", 1, &a.member_id, None, vec![])).unwrap();
+    let b_rx = c.join(JoinRequest {
+        client_id: "cb".into(),
+        group_instance_id: b_instance.map(Into::into),
+        ..join_req("", 20)
+    });
+    done(c.join(join_req(&a.member_id, 60_000))).unwrap();
+    let b = done(b_rx).unwrap();
+    let b_sync = c.sync("g", 2, &b.member_id, b_instance, vec![]);
+    let given = vec![
+        (a.member_id.clone(), b"A".to_vec()),
+        (b.member_id.clone(), b"B".to_vec()),
+    ];
+    done(c.sync("g", 2, &a.member_id, None, given)).unwrap();
+    assert_eq!(done(b_sync).unwrap(), b"B");
+    let offset = [OffsetCommit {
+        partition: 1,
+        offset: 9,
+        metadata: String::new(),
+    }];
+    done(
+        c.commit(&Topics, "g", 2, &b.member_id, b_instance, "t", &offset)
+            .unwrap(),
+    )
+    .unwrap();
+    (a.member_id, b.member_id)
+}
+
+/// As Kafka's coordinator reloads a group's metadata: a Stable group comes back
+/// Stable after a restart, its members heartbeat on at their generation; a member
+/// that never comes back expires after its session timeout, and the group then
+/// rebalances (and is stored without members).
+#[test]
+fn stable_membership_survives_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = coordinator(dir.path());
+    let (a, b) = stable_pair_with_offset(&c, None);
+    let before = c.describe("g").unwrap();
+    drop(c);
+
+    let c = coordinator(dir.path());
+    let d = c.describe("g").unwrap();
+    assert_eq!(d, before);
+    assert_eq!((d.state, d.generation), (GroupState::Stable, 2));
+    assert_eq!(d.protocol, "range");
+    let ids: Vec<_> = d.members.iter().map(|m| m.member_id.as_str()).collect();
+    assert_eq!(ids, [a.as_str(), b.as_str()]);
+    // No UNKNOWN_MEMBER_ID, no rebalance.
+    c.heartbeat("g", 2, &a, None).unwrap();
+    c.heartbeat("g", 2, &b, None).unwrap();
+    assert_eq!(done(c.sync("g", 2, &b, None, vec![])).unwrap(), b"B");
+    done(c.commit(&Topics, "g", 2, &a, None, "t", &[]).unwrap()).unwrap();
+    // A non-leader rejoining with its protocols gets the same generation at once.
+    let j = done(c.join(join_req(&b, 20))).unwrap();
+    assert_eq!((j.generation, j.leader.as_str()), (2, a.as_str()));
+    // Sessions start at the restart: a tick now expires nobody.
+    c.tick(Instant::now(), None);
+    assert_eq!(c.describe("g").unwrap().state, GroupState::Stable);
+
+    // b never heartbeats again: its 20 ms session ends and the group rebalances.
+    c.tick(Instant::now() + Duration::from_millis(50), None);
+    assert!(matches!(
+        c.heartbeat("g", 2, &b, None),
+        Err(GroupError::UnknownMember { .. })
+    ));
+    assert!(matches!(
+        c.heartbeat("g", 2, &a, None),
+        Err(GroupError::RebalanceInProgress { .. })
+    ));
+    drop(c);
+    // A group that was rebalancing is not restored with members.
+    let c = coordinator(dir.path());
+    let d = c.describe("g").unwrap();
+    assert_eq!((d.state, d.generation), (GroupState::Empty, 2));
+    assert!(d.members.is_empty());
+    assert_eq!(d.offsets.len(), 1);
+    assert!(matches!(
+        c.heartbeat("g", 2, &a, None),
+        Err(GroupError::UnknownMember { .. })
+    ));
+}
+
+/// A static member that takes its old place without a rebalance changes a member id:
+/// the stored membership follows.
+#[test]
+fn a_replaced_static_member_is_stored_under_its_new_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = coordinator(dir.path());
+    let (a, b) = stable_pair_with_offset(&c, Some("ib"));
+    let j = done(c.join(JoinRequest {
+        group_instance_id: Some("ib".into()),
+        ..join_req("", 20)
+    }))
+    .unwrap();
+    assert_eq!(j.generation, 2);
+    drop(c);
+    let c = coordinator(dir.path());
+    let d = c.describe("g").unwrap();
+    assert_eq!((d.state, d.generation), (GroupState::Stable, 2));
+    let mut ids: Vec<_> = d.members.iter().map(|m| m.member_id.clone()).collect();
+    ids.sort();
+    let mut want = vec![a.clone(), j.member_id.clone()];
+    want.sort();
+    assert_eq!(ids, want);
+    c.heartbeat("g", 2, &j.member_id, Some("ib")).unwrap();
+    assert!(matches!(
+        c.heartbeat("g", 2, &b, Some("ib")),
+        Err(GroupError::FencedInstance { .. })
+    ));
+    assert_eq!(
+        done(c.sync("g", 2, &j.member_id, Some("ib"), vec![])).unwrap(),
+        b"B"
+    );
+}
+
+/// A stored membership that fails its checks: the group loads with its offsets and
+/// without members, and the startup report says why.
+#[test]
+fn a_bad_membership_loads_the_offsets_without_members() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = coordinator(dir.path());
+    stable_pair_with_offset(&c, None);
+    drop(c);
+    let path = dir.path().join("groups/g.json");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let bad = text.replacen("\"leader\": \"", "\"leader\": \"x", 1);
+    assert_ne!(bad, text);
+    std::fs::write(&path, bad).unwrap();
+    let opts = GroupOptions {
+        session_timeout_min: Duration::from_millis(10),
+        ..GroupOptions::default()
+    };
+    let (c, report) = GroupCoordinator::open(dir.path(), Arc::new(RealStorage), opts).unwrap();
+    assert_eq!(report.len(), 1, "{report:?}");
+    assert!(
+        report[0].starts_with("groups/g.json: membership of group g: leader \"x"),
+        "{report:?}"
+    );
+    assert!(
+        report[0].ends_with("is not a member; the group is loaded without members, who rejoin"),
+        "{report:?}"
+    );
+    let d = c.describe("g").unwrap();
+    assert_eq!((d.state, d.generation), (GroupState::Empty, 2));
+    assert!(d.members.is_empty());
+    assert_eq!(d.offsets.len(), 1);
+}

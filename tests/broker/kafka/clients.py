@@ -280,6 +280,59 @@ def confluent_static_members(boot, topic, group):
     c2.close()
 
 
+def confluent_member_across_restart(boot, topic, group):
+    """One member in a Stable group. Prints {"phase": "stable", ...} once it has its
+    partitions, then polls until a line on stdin says the broker restarted; then
+    commits at its generation, polls a little longer for a late rebalance and reports
+    the rebalance callbacks seen after the restart and what DescribeGroups shows."""
+    import select
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    events = []
+    c = Consumer({"bootstrap.servers": boot, "group.id": group, "client.id": "m1",
+                  "session.timeout.ms": 30000, "heartbeat.interval.ms": 300,
+                  "reconnect.backoff.max.ms": 500, "enable.auto.commit": False,
+                  "auto.offset.reset": "earliest"})
+    c.subscribe([topic],
+                on_assign=lambda _, ps: events.append(
+                    ["assign", sorted(p.partition for p in ps)]),
+                on_revoke=lambda _, ps: events.append(
+                    ["revoke", sorted(p.partition for p in ps)]),
+                on_lost=lambda _, ps: events.append(
+                    ["lost", sorted(p.partition for p in ps)]))
+    end = time.time() + DEADLINE_S
+    while time.time() < end and not c.assignment():
+        c.poll(0.1)
+    mine = sorted(p.partition for p in c.assignment())
+    admin = AdminClient({"bootstrap.servers": boot})
+    g = admin.describe_consumer_groups([group])[group].result(DEADLINE_S)
+    before = sorted(m.member_id for m in g.members)
+    out({"phase": "stable", "assignment": mine, "members": before})
+    seen = len(events)
+    while time.time() < end:
+        c.poll(0.1)
+        if select.select([sys.stdin], [], [], 0)[0]:
+            sys.stdin.readline()
+            break
+    # An OffsetCommit at the member's generation: UNKNOWN_MEMBER_ID if the broker
+    # forgot the group.
+    try:
+        c.commit(offsets=[TopicPartition(topic, mine[0], 0)], asynchronous=False)
+        commit = "ok"
+    except KafkaException as e:
+        commit = str(e.args[0].name())
+    settle = time.time() + 2
+    while time.time() < settle:
+        c.poll(0.1)
+    admin = AdminClient({"bootstrap.servers": boot})
+    g = admin.describe_consumer_groups([group])[group].result(DEADLINE_S)
+    out({"phase": "after", "commit": commit, "events": events[seen:],
+         "state": str(g.state.name), "members": sorted(m.member_id for m in g.members),
+         "assignment": sorted(p.partition for p in c.assignment())})
+    c.close()
+
+
 class Raw:
     """Kafka requests on one socket, encoded by hand (kafka-python builds batches)."""
 
@@ -644,6 +697,8 @@ def main():
             confluent_describe_group(sys.argv[2], sys.argv[3], sys.argv[4])
         elif mode == "confluent_static_members":
             confluent_static_members(sys.argv[2], sys.argv[3], sys.argv[4])
+        elif mode == "confluent_member_across_restart":
+            confluent_member_across_restart(sys.argv[2], sys.argv[3], sys.argv[4])
         elif mode == "raw_leave_unknown_group":
             raw_leave_unknown_group(sys.argv[2])
         elif mode == "raw_idempotent_epochs":
