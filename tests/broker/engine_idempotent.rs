@@ -152,22 +152,32 @@ fn a_batch_a_crash_cut_short_is_cut_off_whole_at_the_next_start() {
         .all(|l| !l.contains("only partly")));
 }
 
-#[test]
-fn a_failed_write_after_the_journal_entry_fails_the_partition() {
-    let dir = tempfile::tempdir().unwrap();
+/// A broker on `dir` with topic t and an idempotent producer, whose writes to the
+/// files `refused` picks fail once the returned flag is set.
+fn refusing_writes(
+    dir: &Path,
+    refused: impl Fn(&Path) -> bool + Send + Sync + 'static,
+) -> (Arc<Broker>, Arc<ProducerTable>, (u64, u16), Arc<AtomicBool>) {
     let refuse = Arc::new(AtomicBool::new(false));
     let flag = refuse.clone();
     let storage = HookStorage::from_fn(real(), move |op| match op.call {
-        Call::WriteAt { .. } if is_log(op.path) && flag.load(Ordering::SeqCst) => {
-            Some(Err(io::Error::other("no space left for records")))
+        Call::WriteAt { .. } if refused(op.path) && flag.load(Ordering::SeqCst) => {
+            Some(Err(io::Error::other("write refused")))
         }
         _ => None,
     });
-    let b = Broker::open(dir.path(), Arc::new(storage), opts()).unwrap();
+    let b = Broker::open(dir, Arc::new(storage), opts()).unwrap();
     b.create_topic("t", 1, TopicConfig::default()).unwrap();
     let table = b.producers().clone();
     let (id, init) = table.init(None).unwrap();
     init.blocking_recv().unwrap().unwrap();
+    (b, table, id, refuse)
+}
+
+#[test]
+fn a_failed_write_after_the_journal_entry_fails_the_partition() {
+    let dir = tempfile::tempdir().unwrap();
+    let (b, table, id, refuse) = refusing_writes(dir.path(), is_log);
     refuse.store(true, Ordering::SeqCst);
     let r = idempotent(&b, &table, id, 0, &[b"x"]);
     match r {
@@ -211,21 +221,7 @@ fn a_failed_write_after_the_journal_entry_fails_the_partition() {
 #[test]
 fn a_failed_journal_write_writes_no_record() {
     let dir = tempfile::tempdir().unwrap();
-    let refuse = Arc::new(AtomicBool::new(false));
-    let flag = refuse.clone();
-    let storage = HookStorage::from_fn(real(), move |op| match op.call {
-        Call::WriteAt { .. }
-            if op.path.ends_with("producers.journal") && flag.load(Ordering::SeqCst) =>
-        {
-            Some(Err(io::Error::other("journal refused")))
-        }
-        _ => None,
-    });
-    let b = Broker::open(dir.path(), Arc::new(storage), opts()).unwrap();
-    b.create_topic("t", 1, TopicConfig::default()).unwrap();
-    let table = b.producers().clone();
-    let (id, init) = table.init(None).unwrap();
-    init.blocking_recv().unwrap().unwrap();
+    let (b, table, id, refuse) = refusing_writes(dir.path(), |p| p.ends_with("producers.journal"));
     refuse.store(true, Ordering::SeqCst);
     let r = idempotent(&b, &table, id, 0, &[b"x"]);
     assert!(matches!(r, Err(AppendError::Before(_))), "{r:?}");
