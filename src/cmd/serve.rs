@@ -124,7 +124,9 @@ pub struct Args {
     /// How long a consumer group without members keeps its committed offsets: 7d = 168h.
     #[arg(long, default_value = "168h", value_parser = parse_positive_duration)]
     pub offsets_retention: Duration,
-    /// How long the broker remembers an idempotent producer it has not heard from.
+    /// How long the broker remembers an idempotent producer it has not heard from
+    /// (plain partitions; a replicated partition forgets after a fixed day of its
+    /// Raft log's time, the same on every replica).
     #[arg(long, default_value = "24h", value_parser = parse_positive_duration)]
     pub producer_id_expiration: Duration,
     /// TLS: PEM file of the listener's certificate chain (with --tls-key). While TLS

@@ -5,6 +5,13 @@
 //! Invariants:
 //! - Apply is deterministic: an entry's records, timestamps included, are in the entry;
 //!   the idempotent producers' state lives here and changes only at apply.
+//! - The producers' state is bounded, and what it forgets is decided in the log's
+//!   order: the log's clock is the latest proposal time of the entries applied
+//!   ([`ProduceEntry::proposed_ms`], never a replica's own clock), a producer whose
+//!   last batch is [`PRODUCER_EXPIRATION_MS`] behind it is unknown from then on, and
+//!   past [`PRODUCERS_MAX`] the one whose last batch is oldest is forgotten. Expired
+//!   producers are dropped lazily (at a checkpoint); since the clock never goes back,
+//!   when that happens changes no later decision.
 //! - Each entry's records belong at a known offset, the data partition's end after
 //!   the entries before it (`next_offset`). Apply may meet records already on disk
 //!   (applied before a crash, after the last checkpoint): it appends only those past
@@ -46,8 +53,16 @@ use crate::format::wire::ErrorCode;
 
 /// Longest a checkpoint waits behind the applied entries.
 const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(1);
-/// Largest checkpoint file read back.
+/// Largest checkpoint file read back (the producers' state at [`PRODUCERS_MAX`]
+/// stays well below it; see the test `a_full_producer_table_fits_a_checkpoint`).
 const CHECKPOINT_BYTES_MAX: u64 = 16 << 20;
+/// A replicated partition forgets an idempotent producer whose last batch is this
+/// far behind the log's clock (a fixed value, not `--producer-id-expiration`: every
+/// replica must forget at the same entry). A batch of it at a sequence other than 0
+/// is then refused as UNKNOWN_PRODUCER, and the client asks for a new id.
+pub const PRODUCER_EXPIRATION_MS: i64 = 24 * 3600 * 1000;
+/// Most idempotent producers a replicated partition remembers.
+pub const PRODUCERS_MAX: usize = 10_000;
 
 /// The last batch an idempotent producer had applied on this partition, and the
 /// batches of the same epoch just before it, so that a retry of any of its last
@@ -59,6 +74,9 @@ pub struct ProducerSeen {
     pub next_sequence: i32,
     pub base_offset: u64,
     pub last_offset: u64,
+    /// The log's clock when its last batch was applied.
+    #[serde(default)]
+    pub last_seen_ms: i64,
     /// Up to `BATCHES_KEPT - 1` earlier batches of this epoch, oldest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub earlier: Vec<EarlierBatch>,
@@ -79,7 +97,87 @@ pub struct Applied {
     pub membership: StoredMembership,
     /// The data partition's end after the last applied entry.
     pub next_offset: u64,
+    /// The log's clock: the latest proposal time of the entries applied (ms).
+    #[serde(default)]
+    pub clock_ms: i64,
     pub producers: BTreeMap<u64, ProducerSeen>,
+}
+
+impl Applied {
+    /// Moves the log's clock to an entry's proposal time; it never goes back (a new
+    /// leader's clock may be behind the last one's).
+    fn advance(&mut self, proposed_ms: Option<i64>) {
+        if let Some(t) = proposed_ms {
+            self.clock_ms = self.clock_ms.max(t);
+        }
+    }
+
+    fn expired(&self, seen: &ProducerSeen) -> bool {
+        seen.last_seen_ms.saturating_add(PRODUCER_EXPIRATION_MS) <= self.clock_ms
+    }
+
+    /// The producer's state, unless it expired at the log's clock.
+    fn producer(&self, producer_id: u64) -> Option<&ProducerSeen> {
+        self.producers
+            .get(&producer_id)
+            .filter(|s| !self.expired(s))
+    }
+
+    /// Drops every producer expired at the log's clock.
+    pub fn expire(&mut self) {
+        let clock = self.clock_ms;
+        self.producers
+            .retain(|_, s| s.last_seen_ms.saturating_add(PRODUCER_EXPIRATION_MS) > clock);
+    }
+
+    /// Records `seen` as the producer's state; past [`PRODUCERS_MAX`] the expired
+    /// producers go, then those whose last batch is oldest (lowest id first among
+    /// equals), so every replica forgets the same ones.
+    fn remember(&mut self, producer_id: u64, seen: ProducerSeen) {
+        self.producers.insert(producer_id, seen);
+        if self.producers.len() <= PRODUCERS_MAX {
+            return;
+        }
+        self.expire();
+        while self.producers.len() > PRODUCERS_MAX {
+            let oldest = self
+                .producers
+                .iter()
+                .filter(|(id, _)| **id != producer_id)
+                .min_by_key(|(id, s)| (s.last_seen_ms, **id))
+                .map(|(id, _)| *id);
+            match oldest {
+                Some(id) => {
+                    self.producers.remove(&id);
+                }
+                None => break,
+            }
+        }
+    }
+
+    /// The producer part of applying `entry`, before its records: moves the clock
+    /// and checks the stamp. `Ok(())` to append, or the result every replica gives
+    /// without appending.
+    fn admit(&mut self, entry: &ProduceEntry) -> Result<(), ApplyResult> {
+        self.advance(entry.proposed_ms);
+        match &entry.producer {
+            Some(stamp) => check_producer(self.producer(stamp.producer_id), stamp),
+            None => Ok(()),
+        }
+    }
+
+    /// The producer part of applying `entry` after its `count` records were
+    /// appended at `base..=last`.
+    fn record(&mut self, entry: &ProduceEntry, count: u64, base: u64, last: u64) {
+        if let Some(stamp) = &entry.producer {
+            let prev = self
+                .producers
+                .remove(&stamp.producer_id)
+                .filter(|s| !self.expired(s));
+            let seen = remembered(prev, stamp, count, base, last, self.clock_ms);
+            self.remember(stamp.producer_id, seen);
+        }
+    }
 }
 
 pub use crate::format::names::checkpoint_name;
@@ -165,14 +263,37 @@ impl PartitionStateMachine {
 }
 
 /// Decides an idempotent entry against the producer's last batch: `Ok(())` to append,
-/// or the result every replica gives without appending.
+/// or the result every replica gives without appending. As a node's own producer
+/// table does: a producer this partition does not know (never seen, or expired)
+/// starts at sequence 0, and so does a higher epoch.
 fn check_producer(
     seen: Option<&ProducerSeen>,
     stamp: &super::types::ProducerStamp,
 ) -> Result<(), ApplyResult> {
-    let Some(seen) = seen else { return Ok(()) };
+    let Some(seen) = seen else {
+        if stamp.first_sequence == 0 {
+            return Ok(());
+        }
+        return Err(ApplyResult::Refused {
+            code: ErrorCode::UNKNOWN_PRODUCER.0,
+            message: format!(
+                "producer {} is unknown to this partition (expired or never seen) and its \
+                 batch starts at sequence {}, not 0",
+                stamp.producer_id, stamp.first_sequence
+            ),
+        });
+    };
     if stamp.epoch > seen.epoch {
-        return Ok(());
+        if stamp.first_sequence == 0 {
+            return Ok(());
+        }
+        return Err(ApplyResult::Refused {
+            code: ErrorCode::OUT_OF_ORDER_SEQUENCE.0,
+            message: format!(
+                "producer {} epoch {} starts at sequence {} where 0 was expected",
+                stamp.producer_id, stamp.epoch, stamp.first_sequence
+            ),
+        });
     }
     if stamp.epoch < seen.epoch {
         return Err(ApplyResult::Refused {
@@ -212,14 +333,15 @@ fn check_producer(
 }
 
 /// What a producer's state becomes once its batch of `count` records at
-/// `base..=last` is applied: the batch is the last one, and the batches of the same
-/// epoch before it stay, up to [`BATCHES_KEPT`] in all.
+/// `base..=last` is applied at the log's clock `now_ms`: the batch is the last one,
+/// and the batches of the same epoch before it stay, up to [`BATCHES_KEPT`] in all.
 fn remembered(
     prev: Option<ProducerSeen>,
     stamp: &super::types::ProducerStamp,
     count: u64,
     base: u64,
     last: u64,
+    now_ms: i64,
 ) -> ProducerSeen {
     let earlier = match prev {
         Some(mut prev) if prev.epoch == stamp.epoch => {
@@ -240,6 +362,7 @@ fn remembered(
         next_sequence: stamp.first_sequence.wrapping_add(count as i32),
         base_offset: base,
         last_offset: last,
+        last_seen_ms: now_ms,
         earlier,
     }
 }
@@ -253,10 +376,8 @@ fn apply_entry(
     applied: &mut Applied,
     entry: &ProduceEntry,
 ) -> io::Result<(ApplyResult, Option<crate::engine::broker::DurableWait>)> {
-    if let Some(stamp) = &entry.producer {
-        if let Err(r) = check_producer(applied.producers.get(&stamp.producer_id), stamp) {
-            return Ok((r, None));
-        }
+    if let Err(r) = applied.admit(entry) {
+        return Ok((r, None));
     }
     let count = entry.len() as u64;
     if count == 0 {
@@ -295,13 +416,7 @@ fn apply_entry(
     }
     let last = base + count - 1;
     applied.next_offset = last + 1;
-    if let Some(stamp) = &entry.producer {
-        let prev = applied.producers.remove(&stamp.producer_id);
-        applied.producers.insert(
-            stamp.producer_id,
-            remembered(prev, stamp, count, base, last),
-        );
-    }
+    applied.record(entry, count, base, last);
     Ok((
         ApplyResult::Appended {
             base_offset: base,
@@ -380,6 +495,7 @@ impl RaftStateMachine<TypeConfig> for PartitionStateMachine {
                 None => Ok(()),
             };
             let checkpoint = if outcome.is_ok() && due {
+                applied.expire();
                 broker
                     .flush_partition(&topic, partition)
                     .map_err(other)
@@ -468,6 +584,7 @@ impl PartitionStateMachine {
     /// writes the checkpoint, which becomes the current snapshot. Runs in the state
     /// machine's worker, so no apply runs meanwhile; copies no record.
     async fn take_snapshot(&mut self) -> io::Result<SnapshotBuilder> {
+        self.applied.expire();
         let applied = self.applied.clone();
         let broker = Arc::clone(&self.broker);
         let dir = self.dir.clone();
@@ -555,6 +672,7 @@ impl PartitionStateMachine {
 impl Drop for PartitionStateMachine {
     fn drop(&mut self) {
         if self.applied.last_applied.is_some() {
+            self.applied.expire();
             if let Err(e) = self
                 .broker
                 .flush_partition(&self.topic, self.partition)
@@ -601,6 +719,7 @@ mod tests {
             next_sequence: 15,
             base_offset: 100,
             last_offset: 104,
+            last_seen_ms: 0,
             earlier: vec![EarlierBatch {
                 first_sequence: 7,
                 base_offset: 90,
@@ -617,11 +736,24 @@ mod tests {
         }
     }
 
+    fn refused_with(r: Result<(), ApplyResult>, want: ErrorCode) -> bool {
+        matches!(r, Err(ApplyResult::Refused { code, .. }) if code == want.0)
+    }
+
     #[test]
     fn producer_checks() {
-        assert_eq!(check_producer(None, &stamp(0, 7)), Ok(()));
+        assert_eq!(check_producer(None, &stamp(0, 0)), Ok(()));
         assert_eq!(check_producer(Some(&seen()), &stamp(1, 15)), Ok(()));
         assert_eq!(check_producer(Some(&seen()), &stamp(2, 0)), Ok(()));
+        // An unknown producer, and a higher epoch, start at sequence 0 only.
+        assert!(refused_with(
+            check_producer(None, &stamp(0, 7)),
+            ErrorCode::UNKNOWN_PRODUCER
+        ));
+        assert!(refused_with(
+            check_producer(Some(&seen()), &stamp(2, 15)),
+            ErrorCode::OUT_OF_ORDER_SEQUENCE
+        ));
         assert_eq!(
             check_producer(Some(&seen()), &stamp(1, 10)),
             Err(ApplyResult::Duplicate {
@@ -655,7 +787,14 @@ mod tests {
     fn the_window_keeps_five_batches_of_an_epoch() {
         let mut seen: Option<ProducerSeen> = None;
         for i in 0..8u64 {
-            let s = remembered(seen.take(), &stamp(1, (i * 2) as i32), 2, i * 2, i * 2 + 1);
+            let s = remembered(
+                seen.take(),
+                &stamp(1, (i * 2) as i32),
+                2,
+                i * 2,
+                i * 2 + 1,
+                0,
+            );
             seen = Some(s);
         }
         let s = seen.clone().unwrap();
@@ -682,8 +821,194 @@ mod tests {
             check_producer(Some(&s), &stamp(1, 4)),
             Err(ApplyResult::Refused { code, .. }) if code == ErrorCode::OUT_OF_ORDER_SEQUENCE.0
         ));
-        let bumped = remembered(seen, &stamp(2, 0), 3, 16, 18);
+        let bumped = remembered(seen, &stamp(2, 0), 3, 16, 18, 0);
         assert!(bumped.earlier.is_empty());
         assert_eq!((bumped.epoch, bumped.next_sequence), (2, 3));
+    }
+
+    fn entry(producer_id: u64, epoch: u16, seq: i32, proposed_ms: i64) -> ProduceEntry {
+        ProduceEntry::new(
+            Some(ProducerStamp {
+                producer_id,
+                epoch,
+                first_sequence: seq,
+            }),
+            [NewRecord {
+                key: None,
+                value: b"v",
+                timestamp_ms: 1,
+            }],
+            proposed_ms,
+        )
+    }
+
+    /// Applies `e` as the state machine does, without a data partition: the result,
+    /// and the offset the next entry takes.
+    fn apply_to(applied: &mut Applied, e: &ProduceEntry) -> ApplyResult {
+        if let Err(r) = applied.admit(e) {
+            return r;
+        }
+        let base = applied.next_offset;
+        let last = base + e.len() as u64 - 1;
+        applied.next_offset = last + 1;
+        applied.record(e, e.len() as u64, base, last);
+        ApplyResult::Appended {
+            base_offset: base,
+            last_offset: last,
+        }
+    }
+
+    const DAY: i64 = PRODUCER_EXPIRATION_MS;
+
+    #[test]
+    fn a_producer_expires_by_the_logs_clock_not_the_replicas() {
+        let mut a = Applied::default();
+        let t0 = 1_000_000;
+        assert!(matches!(
+            apply_to(&mut a, &entry(9, 0, 0, t0)),
+            ApplyResult::Appended { .. }
+        ));
+        // Its retry, a day less a millisecond later in the log: still a duplicate.
+        assert!(matches!(
+            apply_to(&mut a, &entry(9, 0, 0, t0 + DAY - 1)),
+            ApplyResult::Duplicate { .. }
+        ));
+        // An entry of another producer a day on moves the clock: producer 9 is
+        // unknown from then on, though it is still in the table (not swept yet).
+        apply_to(&mut a, &entry(10, 0, 0, t0 + DAY));
+        assert!(a.producers.contains_key(&9));
+        assert!(refused_with(
+            a.admit(&entry(9, 0, 1, t0 + DAY)),
+            ErrorCode::UNKNOWN_PRODUCER
+        ));
+        // At sequence 0 it starts again, with a fresh window.
+        assert!(matches!(
+            apply_to(&mut a, &entry(9, 0, 0, t0 + DAY)),
+            ApplyResult::Appended { .. }
+        ));
+        assert_eq!(a.producers[&9].last_seen_ms, t0 + DAY);
+        // A proposer whose clock is behind does not move the clock back.
+        apply_to(&mut a, &entry(11, 0, 0, t0));
+        assert_eq!(a.clock_ms, t0 + DAY);
+        // An entry of an older node (no proposal time) leaves the clock alone.
+        let mut old = entry(12, 0, 0, 0);
+        old.proposed_ms = None;
+        apply_to(&mut a, &old);
+        assert_eq!(a.clock_ms, t0 + DAY);
+        // Producers 9 to 12 were last seen at the clock t0 + DAY (11 and 12 too,
+        // whatever their proposers said). The sweep drops only what has expired.
+        apply_to(&mut a, &entry(13, 0, 0, t0 + 2 * DAY - 1));
+        a.expire();
+        let left: Vec<u64> = a.producers.keys().copied().collect();
+        assert_eq!(left, vec![9, 10, 11, 12, 13]);
+        apply_to(&mut a, &entry(14, 0, 0, t0 + 2 * DAY));
+        a.expire();
+        let left: Vec<u64> = a.producers.keys().copied().collect();
+        assert_eq!(left, vec![13, 14]);
+    }
+
+    /// Replicas sweep expired producers at different entries (each at its own
+    /// checkpoints): every decision, and the producers they remember, stay the same.
+    #[test]
+    fn when_a_replica_sweeps_changes_no_decision() {
+        let mut lazy = Applied::default();
+        let mut eager = Applied::default();
+        let mut next_seq = std::collections::HashMap::<u64, i32>::new();
+        // A seeded walk: producers come and go over several days of log time, some
+        // retry, some go silent past the expiry and come back mid-sequence.
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut step = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut clock = 0i64;
+        let mut expired_seen = 0;
+        for i in 0..4000 {
+            clock += (step() % (DAY as u64 / 20)) as i64;
+            let id = step() % 40;
+            let seq = *next_seq.get(&id).unwrap_or(&0);
+            let seq = match step() % 10 {
+                0 => seq.saturating_sub(1), // a retry
+                1 => seq + 3,               // a gap
+                _ => seq,
+            };
+            let e = entry(id, 0, seq, clock);
+            let r1 = apply_to(&mut lazy, &e);
+            let r2 = apply_to(&mut eager, &e);
+            assert_eq!(r1, r2, "entry {i}");
+            if let ApplyResult::Appended { .. } = r1 {
+                next_seq.insert(id, seq + 1);
+            }
+            if let ApplyResult::Refused { code, .. } = r1 {
+                if code == ErrorCode::UNKNOWN_PRODUCER.0 {
+                    expired_seen += 1;
+                    next_seq.insert(id, 0);
+                }
+            }
+            eager.expire();
+            if step() % 50 == 0 {
+                lazy.expire();
+            }
+        }
+        // The walk did make producers expire, and come back.
+        assert!(expired_seen > 50, "{expired_seen}");
+        lazy.expire();
+        assert_eq!(lazy.producers, eager.producers);
+        assert_eq!(lazy.next_offset, eager.next_offset);
+    }
+
+    #[test]
+    fn past_the_cap_the_producer_seen_longest_ago_is_forgotten() {
+        let mut a = Applied::default();
+        for id in 0..PRODUCERS_MAX as u64 {
+            apply_to(&mut a, &entry(id, 0, 0, 1_000 + id as i64));
+        }
+        assert_eq!(a.producers.len(), PRODUCERS_MAX);
+        // Producer 0 writes again: it is now the newest; producer 1 is the oldest.
+        apply_to(&mut a, &entry(0, 0, 1, 50_000));
+        apply_to(&mut a, &entry(u64::MAX, 0, 0, 50_001));
+        assert_eq!(a.producers.len(), PRODUCERS_MAX);
+        assert!(a.producers.contains_key(&0));
+        assert!(!a.producers.contains_key(&1));
+        assert!(a.producers.contains_key(&u64::MAX));
+        // The forgotten producer's next batch is refused as unknown.
+        assert!(refused_with(
+            a.admit(&entry(1, 0, 1, 50_002)),
+            ErrorCode::UNKNOWN_PRODUCER
+        ));
+    }
+
+    #[test]
+    fn a_full_producer_table_fits_a_checkpoint() {
+        let earlier = EarlierBatch {
+            first_sequence: i32::MIN,
+            base_offset: u64::MAX,
+            last_offset: u64::MAX,
+        };
+        let widest = ProducerSeen {
+            epoch: u16::MAX,
+            first_sequence: i32::MIN,
+            next_sequence: i32::MIN,
+            base_offset: u64::MAX,
+            last_offset: u64::MAX,
+            last_seen_ms: i64::MIN,
+            earlier: vec![earlier; BATCHES_KEPT - 1],
+        };
+        let applied = Applied {
+            next_offset: u64::MAX,
+            clock_ms: i64::MIN,
+            producers: (0..PRODUCERS_MAX as u64)
+                .map(|i| (u64::MAX - i, widest.clone()))
+                .collect(),
+            ..Applied::default()
+        };
+        let bytes = serde_json::to_vec(&applied).unwrap();
+        assert!(
+            (bytes.len() as u64) < CHECKPOINT_BYTES_MAX / 2,
+            "{} bytes",
+            bytes.len()
+        );
     }
 }

@@ -2,6 +2,12 @@
 //! normal entry: one produce request's records, with the idempotent producer's stamp
 //! when it has one.
 //!
+//! An entry's bytes: version u8 (1), flags u8 (1: a producer stamp follows, 2: a
+//! proposal time follows), record count u32; then the stamp (producer id u64, epoch
+//! u16, first sequence i32), the proposal time (i64 ms), and each record (timestamp
+//! i64, key flag u8, key length u32 and bytes when flagged, value length u32 and
+//! bytes). All big-endian.
+//!
 //! Invariants: an entry carries everything its apply needs, so that every replica
 //! applies it the same way (timestamps are fixed by the leader before it proposes,
 //! never by the state machine); [`EntryCodec::decode`] checks every count and length
@@ -38,6 +44,8 @@ pub type Vote = openraft::type_config::alias::VoteOf<TypeConfig>;
 /// The version byte that starts an encoded [`ProduceEntry`].
 pub const ENTRY_VERSION: u8 = 1;
 const FLAG_PRODUCER: u8 = 1;
+/// The entry carries the time its proposer made it ([`ProduceEntry::proposed_ms`]).
+const FLAG_PROPOSED: u8 = 2;
 const FLAG_KEY: u8 = 1;
 /// timestamp, key flag, value length (a key adds its own length and bytes).
 const RECORD_MIN_LEN: usize = 8 + 1 + 4;
@@ -68,6 +76,10 @@ pub struct EntryRecord {
 #[derive(Clone, PartialEq, Eq)]
 pub struct ProduceEntry {
     pub producer: Option<ProducerStamp>,
+    /// The proposer's clock when it made the entry (entries of older nodes have
+    /// none): the time every replica's state machine goes by, so that what expires
+    /// is decided in the log's order, the same on every replica.
+    pub proposed_ms: Option<i64>,
     count: u32,
     /// Each record: timestamp, key flag, key length and bytes when flagged, value
     /// length and bytes; checked by [`ProduceEntry::new`] or [`EntryCodec::decode`].
@@ -75,14 +87,17 @@ pub struct ProduceEntry {
 }
 
 impl ProduceEntry {
-    /// An entry of `records`, in order; a negative timestamp becomes `now_ms` (the
-    /// node proposing fixes every timestamp, so that each replica applies the same).
+    /// An entry of `records`, in order, proposed at `now_ms`; a negative timestamp
+    /// becomes `now_ms` (the node proposing fixes every timestamp, so that each
+    /// replica applies the same).
     pub fn new<'a>(
         producer: Option<ProducerStamp>,
         records: impl IntoIterator<Item = NewRecord<'a>>,
         now_ms: i64,
     ) -> ProduceEntry {
-        Self::encoded(producer, records, Some(now_ms))
+        let mut e = Self::encoded(producer, records, Some(now_ms));
+        e.proposed_ms = Some(now_ms);
+        e
     }
 
     /// An entry of `records`; with `now_ms`, a negative timestamp becomes it.
@@ -113,6 +128,7 @@ impl ProduceEntry {
         }
         ProduceEntry {
             producer,
+            proposed_ms: None,
             count,
             records: bytes::Bytes::from(out),
         }
@@ -189,6 +205,7 @@ impl fmt::Debug for ProduceEntry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ProduceEntry")
             .field("producer", &self.producer)
+            .field("proposed_ms", &self.proposed_ms)
             .field("records", &self.count)
             .field("bytes", &self.records.len())
             .finish()
@@ -200,6 +217,8 @@ impl fmt::Debug for ProduceEntry {
 #[derive(Serialize, Deserialize)]
 struct EntryJson {
     producer: Option<ProducerStamp>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    proposed_ms: Option<i64>,
     records: Vec<EntryRecord>,
 }
 
@@ -207,6 +226,7 @@ impl Serialize for ProduceEntry {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         EntryJson {
             producer: self.producer,
+            proposed_ms: self.proposed_ms,
             records: self
                 .records()
                 .map(|r| EntryRecord {
@@ -241,7 +261,7 @@ impl<'de> Deserialize<'de> for ProduceEntry {
             )));
         }
         // The timestamps were fixed by the proposer: kept as they are.
-        Ok(ProduceEntry::encoded(
+        let mut e = ProduceEntry::encoded(
             j.producer,
             j.records.iter().map(|r| NewRecord {
                 key: r.key.as_deref(),
@@ -249,7 +269,9 @@ impl<'de> Deserialize<'de> for ProduceEntry {
                 timestamp_ms: r.timestamp_ms,
             }),
             None,
-        ))
+        );
+        e.proposed_ms = j.proposed_ms;
+        Ok(e)
     }
 }
 
@@ -276,16 +298,22 @@ pub enum ApplyResult {
 impl EntryCodec for ProduceEntry {
     fn encode(&self, out: &mut Vec<u8>) {
         out.push(ENTRY_VERSION);
-        out.push(if self.producer.is_some() {
-            FLAG_PRODUCER
-        } else {
-            0
-        });
+        let mut flags = 0;
+        if self.producer.is_some() {
+            flags |= FLAG_PRODUCER;
+        }
+        if self.proposed_ms.is_some() {
+            flags |= FLAG_PROPOSED;
+        }
+        out.push(flags);
         out.extend_from_slice(&self.count.to_be_bytes());
         if let Some(p) = &self.producer {
             out.extend_from_slice(&p.producer_id.to_be_bytes());
             out.extend_from_slice(&p.epoch.to_be_bytes());
             out.extend_from_slice(&p.first_sequence.to_be_bytes());
+        }
+        if let Some(t) = self.proposed_ms {
+            out.extend_from_slice(&t.to_be_bytes());
         }
         out.extend_from_slice(&self.records);
     }
@@ -297,7 +325,7 @@ impl EntryCodec for ProduceEntry {
             return Err(EntryCodecError(format!("unknown entry version {version}")));
         }
         let flags = c.u8("flags")?;
-        if flags & !FLAG_PRODUCER != 0 {
+        if flags & !(FLAG_PRODUCER | FLAG_PROPOSED) != 0 {
             return Err(EntryCodecError(format!("unknown entry flags {flags:#x}")));
         }
         let count = c.u32("record count")?;
@@ -312,6 +340,11 @@ impl EntryCodec for ProduceEntry {
                 epoch: c.u16("epoch")?,
                 first_sequence: c.u32("sequence")? as i32,
             })
+        } else {
+            None
+        };
+        let proposed_ms = if flags & FLAG_PROPOSED != 0 {
+            Some(c.u64("proposal time")? as i64)
         } else {
             None
         };
@@ -333,6 +366,7 @@ impl EntryCodec for ProduceEntry {
         }
         Ok(ProduceEntry {
             producer,
+            proposed_ms,
             count,
             records: bytes::Bytes::copy_from_slice(bytes.get(first..).unwrap_or_default()),
         })
@@ -493,13 +527,34 @@ mod tests {
 
     #[test]
     fn golden_bytes() {
-        let e = ProduceEntry::new(None, [rec(1, None, b"v")], 0);
+        let e = ProduceEntry::new(None, [rec(1, None, b"v")], 0x0102);
         let mut out = Vec::new();
         e.encode(&mut out);
         assert_eq!(
             out,
-            [1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, b'v']
+            [
+                1, 2, 0, 0, 0, 1, // version, flags (a proposal time), count
+                0, 0, 0, 0, 0, 0, 1, 2, // proposed at
+                0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, b'v' // the record
+            ]
         );
+    }
+
+    #[test]
+    fn an_entry_without_a_proposal_time_still_decodes() {
+        let old = [
+            1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, b'v',
+        ];
+        let e = ProduceEntry::decode(&old).unwrap();
+        assert_eq!(e.proposed_ms, None);
+        assert_eq!(e.len(), 1);
+        let mut out = Vec::new();
+        e.encode(&mut out);
+        assert_eq!(out, old);
+        // Unknown flags are still refused.
+        let mut bad = old;
+        bad[1] = 4;
+        assert!(ProduceEntry::decode(&bad).is_err());
     }
 
     #[test]
@@ -532,7 +587,7 @@ mod tests {
             let mut out = Vec::new();
             e.encode(&mut out);
             // A timestamp a proposer left negative stays as it is through JSON.
-            out[6..14].copy_from_slice(&(-3i64).to_be_bytes());
+            out[14..22].copy_from_slice(&(-3i64).to_be_bytes());
             out
         })
         .unwrap();
@@ -540,5 +595,6 @@ mod tests {
         assert!(j.contains("\"aGVsbG8=\""), "{j}");
         let back: ProduceEntry = serde_json::from_str(&j).unwrap();
         assert_eq!(back, e);
+        assert_eq!(back.proposed_ms, Some(0));
     }
 }

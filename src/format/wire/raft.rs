@@ -30,9 +30,10 @@ use super::{
     put_str, ProtocolError, Reader, FRAME_BYTES_MAX, LEN_FIELD, MESSAGE_BYTES_MAX, TOPIC_BYTES_MAX,
 };
 
-/// The version of the peer protocol this build speaks (2: [`Rpc::AppendStream`]).
-/// Nodes of different versions refuse each other's hello.
-pub const PEER_VERSION: u16 = 2;
+/// The version of the peer protocol this build speaks (2: [`Rpc::AppendStream`];
+/// 3: normal entries carry their proposal time, which a node of version 2 cannot
+/// decode). Nodes of different versions refuse each other's hello.
+pub const PEER_VERSION: u16 = 3;
 /// `call_id` + `kind`: the smallest peer frame.
 pub const PEER_HEAD_LEN: usize = 8 + 1;
 /// Longest cluster id.
