@@ -238,6 +238,14 @@ pub enum FailureReason {
         last_offset: u64,
         error: Arc<EngineError>,
     },
+    /// A group commit was not run: the producer journal entries of records it would
+    /// have made durable could not be made durable first (the journal failed), and
+    /// records must never be durable before their entries.
+    #[error(
+        "group commit in {} not run: the producer journal entries of its records could not be made durable first ({why})",
+        dir.display()
+    )]
+    JournalNotDurable { dir: PathBuf, why: String },
 }
 
 /// Why an append with a step before its write ([`PartitionLog::append_with`])

@@ -50,3 +50,6 @@ pub static KEEP_BEFORE_MARKER: AtomicBool = AtomicBool::new(false);
 /// partition/append.rs: an append with a step before its write (an idempotent
 /// producer's journal entry) writes the records first, then runs the step.
 pub static WRITE_BEFORE_JOURNAL: AtomicBool = AtomicBool::new(false);
+/// partition/journal.rs: a sync of a partition's data runs without first making the
+/// producer journal durable up to the entries of the records it covers.
+pub static PARTITION_SYNC_BEFORE_JOURNAL: AtomicBool = AtomicBool::new(false);

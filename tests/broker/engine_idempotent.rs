@@ -1,20 +1,24 @@
 //! An idempotent batch and its producer-journal entry across failures: the entry is
 //! written before the records, a batch a crash cut short is cut off whole at the next
-//! start, and a write that fails after the entry fails the partition.
+//! start, a write that fails after the entry fails the partition, and no sync of a
+//! partition's data starts before the journal entries of its records are durable.
 
 use std::fs;
 use std::io;
 use std::path::Path;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use seglog::engine::broker::{AppendError, Broker, BrokerOptions, EngineError, NewRecord};
-use seglog::engine::producers::{Decision, ProducerTable};
+use seglog::engine::broker::{
+    AppendError, Broker, BrokerOptions, DurableWait, EngineError, NewRecord,
+};
+use seglog::engine::producers::{Decision, Durable, ProducerError, ProducerTable};
 use seglog::format::decode_record;
 use seglog::format::record::record_len;
 use seglog::format::topic::TopicConfig;
-use seglog::testkit::storage::{Call, HookStorage};
+use seglog::testkit::storage::{Call, Hook, HookStorage, Op};
 
 use crate::util::storage::{is_log, real};
 
@@ -38,15 +42,19 @@ fn records<'a>(values: &[&'a [u8]]) -> Vec<NewRecord<'a>> {
         .collect()
 }
 
-/// One idempotent batch on t/0 the way the servers write it: checked, journalled
-/// before its records are written, acknowledged once both are durable.
-fn idempotent(
+/// An idempotent batch on t/0 written, not yet acknowledged: its first offset, what
+/// its records' durability waits for, and its entry's completion.
+type Written = (u64, Option<DurableWait>, Durable);
+
+/// One idempotent batch on t/0 written the way the servers write it: checked, then
+/// journalled before its records are written.
+fn journalled(
     b: &Broker,
     table: &ProducerTable,
     (pid, epoch): (u64, u16),
     seq: i32,
     values: &[&[u8]],
-) -> Result<u64, AppendError<seglog::engine::producers::ProducerError>> {
+) -> Result<Written, AppendError<ProducerError>> {
     let count = values.len() as u32;
     assert_eq!(
         table.check(pid, epoch, "t", 0, seq, count).unwrap(),
@@ -63,11 +71,29 @@ fn idempotent(
         }
     };
     table.recorded(&batch);
+    Ok((r.base_offset, wait, journal))
+}
+
+/// Waits until a [`journalled`] batch may be acknowledged: records and entry
+/// durable.
+fn acknowledged(b: &Broker, (base, wait, journal): Written) -> u64 {
     if let Some(w) = wait {
         b.wait_durable_here(w).unwrap();
     }
     journal.blocking_recv().unwrap().unwrap();
-    Ok(r.base_offset)
+    base
+}
+
+/// One idempotent batch on t/0 the way the servers write it: checked, journalled
+/// before its records are written, acknowledged once both are durable.
+fn idempotent(
+    b: &Broker,
+    table: &ProducerTable,
+    id: (u64, u16),
+    seq: i32,
+    values: &[&[u8]],
+) -> Result<u64, AppendError<ProducerError>> {
+    journalled(b, table, id, seq, values).map(|w| acknowledged(b, w))
 }
 
 fn values(b: &Broker) -> Vec<Vec<u8>> {
@@ -234,4 +260,314 @@ fn a_failed_journal_write_writes_no_record() {
         0
     );
     assert_eq!(values(&b), [b"plain".to_vec()]);
+}
+
+/// What a [`SyncOrder`] storage saw, in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Seen {
+    /// The test's note of what it does next.
+    Note(&'static str),
+    /// A write to the file returned.
+    Wrote(PathBuf),
+    /// A sync of the file (`sync_data` or `sync_all`) is about to run.
+    Syncing(PathBuf),
+    /// A sync of the file returned.
+    Synced(PathBuf),
+}
+
+/// The flusher's syncs of the files below `dir` wait while `armed`: the n-th to
+/// arrive goes on once `let_through` reaches n.
+#[derive(Debug, Default)]
+struct Gate {
+    dir: PathBuf,
+    armed: bool,
+    arrived: u64,
+    let_through: u64,
+}
+
+/// A hook that records writes and file syncs in order, can hold the flusher
+/// thread's syncs of one partition at a gate (so that no pass of it makes the
+/// journal durable meanwhile), and can fail the journal's syncs.
+#[derive(Debug, Default)]
+struct SyncOrder {
+    seen: Mutex<Vec<Seen>>,
+    /// Notified at every entry of `seen`.
+    grew: Condvar,
+    gate: Mutex<Gate>,
+    moved: Condvar,
+    fail_journal_syncs: AtomicBool,
+}
+
+impl Hook for SyncOrder {
+    fn before(&self, op: &Op<'_>) -> Option<io::Result<()>> {
+        if !matches!(op.call, Call::SyncData | Call::SyncAll) {
+            return None;
+        }
+        if std::thread::current().name() == Some("seglog-flusher") {
+            let mut g = self.gate.lock().unwrap();
+            if g.armed && op.path.starts_with(&g.dir) {
+                g.arrived += 1;
+                let me = g.arrived;
+                self.moved.notify_all();
+                while g.armed && g.let_through < me {
+                    g = self.moved.wait(g).unwrap();
+                }
+            }
+        }
+        self.seen_now(Seen::Syncing(op.path.to_path_buf()));
+        let journal = op.path.ends_with("producers.journal");
+        (journal && self.fail_journal_syncs.load(Ordering::SeqCst))
+            .then(|| Err(io::Error::other("journal sync refused")))
+    }
+
+    fn after(&self, op: &Op<'_>) {
+        match op.call {
+            Call::WriteAt { .. } => self.seen_now(Seen::Wrote(op.path.to_path_buf())),
+            Call::SyncData | Call::SyncAll => {
+                self.seen_now(Seen::Synced(op.path.to_path_buf()));
+            }
+            _ => {}
+        }
+    }
+}
+
+impl SyncOrder {
+    fn seen_now(&self, s: Seen) {
+        self.seen.lock().unwrap().push(s);
+        self.grew.notify_all();
+    }
+
+    /// Returns once a sync of a file below `dir` has returned after the note `from`.
+    fn wait_synced(&self, from: &'static str, dir: &Path) {
+        let mut seen = self.seen.lock().unwrap();
+        loop {
+            let after = seen.iter().skip_while(|s| **s != Seen::Note(from));
+            if after
+                .into_iter()
+                .any(|s| matches!(s, Seen::Synced(p) if p.starts_with(dir)))
+            {
+                return;
+            }
+            seen = self.grew.wait(seen).unwrap();
+        }
+    }
+
+    fn note(&self, what: &'static str) {
+        self.seen_now(Seen::Note(what));
+    }
+
+    /// From now on the flusher's syncs of files below `dir` wait at the gate.
+    fn hold_flusher(&self, dir: PathBuf) {
+        let mut g = self.gate.lock().unwrap();
+        *g = Gate {
+            dir,
+            armed: true,
+            ..Gate::default()
+        };
+    }
+
+    /// Returns once `n` syncs have arrived at the gate.
+    fn wait_arrived(&self, n: u64) {
+        let mut g = self.gate.lock().unwrap();
+        while g.arrived < n {
+            g = self.moved.wait(g).unwrap();
+        }
+    }
+
+    /// Lets the first `n` syncs at the gate go on; later ones still wait.
+    fn let_through(&self, n: u64) {
+        self.gate.lock().unwrap().let_through = n;
+        self.moved.notify_all();
+    }
+
+    /// Opens the gate for good.
+    fn release(&self) {
+        self.gate.lock().unwrap().armed = false;
+        self.moved.notify_all();
+    }
+
+    /// What was seen after the note `from`.
+    fn seen_after(&self, from: &'static str) -> Vec<Seen> {
+        let seen = self.seen.lock().unwrap();
+        let at = seen
+            .iter()
+            .position(|s| *s == Seen::Note(from))
+            .expect("the note");
+        seen[at + 1..].to_vec()
+    }
+
+    /// After the note `from`: an entry written to `journal`, then records to a file
+    /// below `part`; the first sync of a file below `part` after them starts only once
+    /// a sync of the journal that started after the entry has returned.
+    fn assert_journal_synced_first(&self, from: &'static str, journal: &Path, part: &Path) {
+        let seen = self.seen_after(from);
+        let find = |start: usize, want: &dyn Fn(&Seen) -> bool| {
+            seen.iter().skip(start).position(want).map(|i| i + start)
+        };
+        let entry = find(0, &|s| matches!(s, Seen::Wrote(p) if p == journal)).expect("entry");
+        let recs = find(
+            entry,
+            &|s| matches!(s, Seen::Wrote(p) if p.starts_with(part)),
+        )
+        .expect("records");
+        let data_sync = find(
+            recs,
+            &|s| matches!(s, Seen::Syncing(p) if p.starts_with(part)),
+        )
+        .expect("a sync of the partition");
+        let journal_sync = find(entry, &|s| matches!(s, Seen::Syncing(p) if p == journal))
+            .and_then(|i| find(i, &|s| matches!(s, Seen::Synced(p) if p == journal)));
+        assert!(
+            journal_sync.is_some_and(|j| j < data_sync),
+            "the partition's sync (at {data_sync}) started before the journal entry (at {entry}) was durable: {seen:#?}"
+        );
+    }
+}
+
+/// A broker on `dir` over a [`SyncOrder`] storage, with topic t (two partitions)
+/// and an idempotent producer.
+fn sync_ordered(dir: &Path) -> (Arc<Broker>, Arc<ProducerTable>, (u64, u16), Arc<SyncOrder>) {
+    sync_ordered_with(dir, opts())
+}
+
+fn sync_ordered_with(
+    dir: &Path,
+    opts: BrokerOptions,
+) -> (Arc<Broker>, Arc<ProducerTable>, (u64, u16), Arc<SyncOrder>) {
+    let order = Arc::new(SyncOrder::default());
+    let storage = HookStorage::shared(real(), order.clone());
+    let b = Broker::open(dir, Arc::new(storage), opts).unwrap();
+    b.create_topic("t", 2, TopicConfig::default()).unwrap();
+    let table = b.producers().clone();
+    let (id, init) = table.init(None).unwrap();
+    init.blocking_recv().unwrap().unwrap();
+    (b, table, id, order)
+}
+
+/// Asks the flusher for a pass that fsyncs t/1 (one record written to it first).
+fn flush_other_partition(b: &Broker, value: &[u8]) {
+    let (_, wait) = b.append("t", 1, &records(&[value])).unwrap();
+    b.flush_soon(wait.unwrap());
+}
+
+#[test]
+fn a_produce_commit_makes_the_journal_durable_before_it_syncs_idempotent_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let (b, table, id, order) = sync_ordered(dir.path());
+    // The flusher is held inside a pass (at its fsync of t/1) until the end: no pass
+    // of its makes the journal durable meanwhile.
+    order.hold_flusher(dir.path().join("topics/t/1"));
+    flush_other_partition(&b, b"q");
+    order.wait_arrived(1);
+    order.note("idempotent");
+    let pending = journalled(&b, &table, id, 0, &[b"i0", b"i1"]).unwrap();
+    // A plain produce to the same partition: its group commit, run on this thread,
+    // fsyncs t/0, the idempotent records with it.
+    assert_eq!(
+        b.produce("t", 0, &records(&[b"plain"]))
+            .unwrap()
+            .base_offset,
+        2
+    );
+    order.release();
+    assert_eq!(acknowledged(&b, pending), 0);
+    order.assert_journal_synced_first(
+        "idempotent",
+        &dir.path().join("producers.journal"),
+        &dir.path().join("topics/t/0"),
+    );
+    b.shutdown().unwrap();
+}
+
+#[test]
+fn a_flusher_pass_makes_the_journal_durable_again_for_records_written_after_its_first_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let (b, table, id, order) = sync_ordered(dir.path());
+    order.hold_flusher(dir.path().join("topics/t/1"));
+    // Pass 1 is held at its fsync of t/1 while the next pass's partitions are asked
+    // for: t/1, then t/0.
+    flush_other_partition(&b, b"q0");
+    order.wait_arrived(1);
+    flush_other_partition(&b, b"q1");
+    let (_, wait) = b.append("t", 0, &records(&[b"plain"])).unwrap();
+    b.flush_soon(wait.unwrap());
+    order.let_through(1);
+    // Pass 2 ran its step 1 (the journal) and is held at its fsync of t/1, before
+    // t/0's: the idempotent batch is written between the two steps.
+    order.wait_arrived(2);
+    order.note("idempotent");
+    let pending = journalled(&b, &table, id, 0, &[b"i0", b"i1"]).unwrap();
+    order.release();
+    // The pass's fsync of t/0 covers the batch: no commit of this thread's runs.
+    let part = dir.path().join("topics/t/0");
+    order.wait_synced("idempotent", &part);
+    assert_eq!(acknowledged(&b, pending), 1);
+    order.assert_journal_synced_first("idempotent", &dir.path().join("producers.journal"), &part);
+    b.shutdown().unwrap();
+}
+
+#[test]
+fn the_zero_workers_fsync_makes_the_journal_durable_before_it_writes_out_idempotent_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let zeroing = BrokerOptions {
+        preallocate_bytes: 1 << 20,
+        zero_ahead: true,
+        ..BrokerOptions::default()
+    };
+    let (b, table, id, order) = sync_ordered_with(dir.path(), zeroing);
+    order.hold_flusher(dir.path().join("topics/t/1"));
+    flush_other_partition(&b, b"q");
+    order.wait_arrived(1);
+    // Just short of the 64 KiB from which a segment is zeroed ahead.
+    let plain = vec![b'p'; 60 * 1024];
+    b.produce("t", 0, &records(&[&plain])).unwrap();
+    order.note("idempotent");
+    // The batch takes the segment past it: the zero worker starts, and its fsync of
+    // the file writes out the batch's records as well.
+    let value = vec![b'i'; 8 * 1024];
+    let pending = journalled(&b, &table, id, 0, &[&value]).unwrap();
+    let part = dir.path().join("topics/t/0");
+    order.wait_synced("idempotent", &part);
+    order.release();
+    assert_eq!(acknowledged(&b, pending), 1);
+    order.assert_journal_synced_first("idempotent", &dir.path().join("producers.journal"), &part);
+    b.shutdown().unwrap();
+}
+
+#[test]
+fn a_partition_is_not_synced_when_its_records_entries_cannot_be_made_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    let (b, table, id, order) = sync_ordered(dir.path());
+    order.fail_journal_syncs.store(true, Ordering::SeqCst);
+    order.note("idempotent");
+    let (_, _wait, journal) = journalled(&b, &table, id, 0, &[b"i0"]).unwrap();
+    // The plain produce's group commit would make the idempotent record durable
+    // without its entry: it is not run, and the partition fails.
+    match b.produce("t", 0, &records(&[b"plain"])) {
+        Err(EngineError::PartitionFailed { reason, .. }) => {
+            let why = reason.to_string();
+            assert!(
+                why.contains("not run") && why.contains("journal sync refused"),
+                "{why}"
+            );
+        }
+        other => panic!("expected the partition to fail: {other:?}"),
+    }
+    assert!(journal.blocking_recv().unwrap().is_err());
+    let part = dir.path().join("topics/t/0");
+    let seen = order.seen_after("idempotent");
+    assert!(
+        !seen
+            .iter()
+            .any(|s| matches!(s, Seen::Syncing(p) if p.starts_with(&part))),
+        "{seen:#?}"
+    );
+    // The other partition holds no idempotent records: it goes on.
+    assert_eq!(
+        b.produce("t", 1, &records(&[b"other"]))
+            .unwrap()
+            .base_offset,
+        0
+    );
+    drop(b);
 }

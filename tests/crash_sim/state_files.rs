@@ -4,9 +4,10 @@
 
 use super::*;
 
+use seglog::engine::broker::DurableWait;
 use seglog::engine::groups::offsets::{read_group_file, scan_dir, GroupEntry};
-use seglog::engine::groups::OffsetCommit;
-use seglog::engine::producers::{read_state, Decision, ProducerError};
+use seglog::engine::groups::{OffsetCommit, Waker};
+use seglog::engine::producers::{read_state, Decision, Durable, ProducerError, ProducerTable};
 use seglog::format::group::{group_file_name, GROUPS_DIR};
 use seglog::format::producers::{BATCHES_KEPT, KIND_BATCH};
 
@@ -38,6 +39,8 @@ pub(super) struct StateOracle {
     pub idem: Vec<(bool, IdemBatch)>,
     /// Idempotent batches about to be written (offsets unknown).
     pub idem_intents: Vec<IdemBatch>,
+    /// Producer ids handed out.
+    pub inits_acked: Vec<u64>,
 }
 
 impl StateOracle {
@@ -75,10 +78,16 @@ pub(super) fn check_open(
     if o.group_used {
         check_group(dir, broker, o, v);
     }
-    if o.idem.is_empty() && o.idem_intents.is_empty() {
+    if o.idem.is_empty() && o.idem_intents.is_empty() && o.inits_acked.is_empty() {
         return Vec::new();
     }
     let table = broker.producers();
+    let known = table.describe();
+    for pid in o.inits_acked.iter().filter(|p| !known.contains_key(p)) {
+        v.push(format!(
+            "producer {pid}: its id was handed out, yet it is unknown after recovery (and may be handed out again)"
+        ));
+    }
     let mut written_again = Vec::new();
     for b in &o.idem_intents {
         if let Ok(Decision::Append) = table.check(b.pid, b.epoch, TOPIC, b.p, b.seq, b.count) {
@@ -177,11 +186,13 @@ pub(super) fn check_open(
     written_again
 }
 
-/// After a crash of the process alone (every write before the crash point kept): a
-/// batch whose retry would be written again has none of its records in the
-/// partition, or the retry would duplicate them. (A power loss may keep a batch's
-/// records and lose its journal entry, which was written first but is made durable
-/// by a separate fsync: that case is not checked here.)
+/// After a crash of the process alone (every write before the crash point kept), or
+/// a power loss that kept only what syncs made durable: a batch whose retry would be
+/// written again has none of its records in the partition, or the retry would
+/// duplicate them. (The entry is written before the records, and made durable before
+/// any sync of their partition. A power loss that also keeps writes no sync covered,
+/// as the kernel's writeback may, can keep the records and lose the entry: that case
+/// is not checked here.)
 pub(super) fn check_not_written_again(
     p: u32,
     recs: &[Rec],
@@ -196,7 +207,7 @@ pub(super) fn check_not_written_again(
             .count();
         if there > 0 {
             v.push(format!(
-                "partition {p}: {there} of the {} records of producer {} seq {} are there after a crash of the process, yet a retry of the batch would be written again",
+                "partition {p}: {there} of the {} records of producer {} seq {} are there after a crash that kept every write or only the synced ones, yet a retry of the batch would be written again",
                 b.values.len(),
                 b.pid,
                 b.seq
@@ -301,6 +312,92 @@ pub(super) fn workload_group_commits(root: &Path, rng: &mut Rng) -> Run {
     run
 }
 
+/// Checks and writes one idempotent batch on `p` the way the servers do: its journal
+/// entry, then its records (under the partition's write lock). Marks the intent and
+/// the write; `None` (and a live violation) when it was refused or failed.
+fn write_idempotent(
+    run: &mut Run,
+    b: &Broker,
+    table: &ProducerTable,
+    (pid, epoch): (u64, u16),
+    (p, seq): (u32, i32),
+    values: Vec<Vec<u8>>,
+) -> Option<(IdemBatch, Option<DurableWait>, Durable)> {
+    let count = values.len() as u32;
+    match table.check(pid, epoch, TOPIC, p, seq, count) {
+        Ok(Decision::Append) => {}
+        other => {
+            run.live_violations
+                .push(format!("batch seq {seq}: check said {other:?}"));
+            return None;
+        }
+    }
+    run.mark(Ev::Intent {
+        p,
+        values: values.clone(),
+    });
+    run.mark(Ev::IdemIntent(IdemBatch {
+        pid,
+        epoch,
+        p,
+        seq,
+        count,
+        base: 0,
+        last: 0,
+        values: values.clone(),
+    }));
+    let recs = new_records(&values);
+    let written = b.append_then(TOPIC, p, &recs, |r| {
+        table.journal_batch(
+            pid,
+            epoch,
+            TOPIC,
+            p,
+            seq,
+            count,
+            r.base_offset,
+            r.last_offset,
+        )
+    });
+    let (r, wait, (batch, journal)) = match written {
+        Ok(w) => w,
+        Err(e) => {
+            table.abandoned(pid, epoch, TOPIC, p);
+            run.live_violations.push(format!("append failed: {e:?}"));
+            return None;
+        }
+    };
+    table.recorded(&batch);
+    let batch = IdemBatch {
+        pid,
+        epoch,
+        p,
+        seq,
+        count,
+        base: r.base_offset,
+        last: r.last_offset,
+        values,
+    };
+    run.mark(Ev::Idem {
+        acked: false,
+        b: batch.clone(),
+    });
+    Some((batch, wait, journal))
+}
+
+/// Marks a written idempotent batch acknowledged (its records and entry durable).
+fn mark_acknowledged(run: &mut Run, batch: &IdemBatch) {
+    run.mark(Ev::Ack {
+        p: batch.p,
+        base: batch.base,
+        values: batch.values.clone(),
+    });
+    run.mark(Ev::Idem {
+        acked: true,
+        b: batch.clone(),
+    });
+}
+
 /// Idempotent batches on two partitions the way the server writes them: check
 /// against the table, journal entry then records (under the partition's write
 /// lock), both durable, then acknowledged;
@@ -318,6 +415,7 @@ pub(super) fn workload_idempotent(root: &Path, rng: &mut Rng) -> Run {
         run.live_violations.push("producer init failed".into());
         return run;
     }
+    run.mark(Ev::InitAcked(pid));
     let mut seqs = [0i32; 2];
     for i in 0..8u64 {
         let p = (rng.below(2)) as u32;
@@ -326,79 +424,18 @@ pub(super) fn workload_idempotent(root: &Path, rng: &mut Rng) -> Run {
             .map(|j| value(p, 900 + i * 10 + j, rng))
             .collect();
         let seq = seqs[p as usize];
-        match table.check(pid, epoch, TOPIC, p, seq, count) {
-            Ok(Decision::Append) => {}
-            other => {
-                run.live_violations
-                    .push(format!("batch seq {seq}: check said {other:?}"));
-                continue;
-            }
-        }
-        run.mark(Ev::Intent {
-            p,
-            values: values.clone(),
-        });
-        run.mark(Ev::IdemIntent(IdemBatch {
-            pid,
-            epoch,
-            p,
-            seq,
-            count,
-            base: 0,
-            last: 0,
-            values: values.clone(),
-        }));
-        let recs = new_records(&values);
-        let written = b.append_then(TOPIC, p, &recs, |r| {
-            table.journal_batch(
-                pid,
-                epoch,
-                TOPIC,
-                p,
-                seq,
-                count,
-                r.base_offset,
-                r.last_offset,
-            )
-        });
-        let (r, wait, (batch, journal)) = match written {
-            Ok(w) => w,
-            Err(e) => {
-                table.abandoned(pid, epoch, TOPIC, p);
-                run.live_violations.push(format!("append failed: {e:?}"));
-                continue;
-            }
+        let Some((batch, wait, journal)) =
+            write_idempotent(&mut run, &b, &table, (pid, epoch), (p, seq), values)
+        else {
+            continue;
         };
-        table.recorded(&batch);
-        let batch = IdemBatch {
-            pid,
-            epoch,
-            p,
-            seq,
-            count,
-            base: r.base_offset,
-            last: r.last_offset,
-            values: values.clone(),
-        };
-        run.mark(Ev::Idem {
-            acked: false,
-            b: batch.clone(),
-        });
         seqs[p as usize] += count as i32;
         let data_ok = wait.is_none_or(|w| b.wait_durable_here(w).is_ok());
         let journal_ok = matches!(journal.blocking_recv(), Ok(Ok(())));
         if !(data_ok && journal_ok) {
             continue;
         }
-        run.mark(Ev::Ack {
-            p,
-            base: r.base_offset,
-            values,
-        });
-        run.mark(Ev::Idem {
-            acked: true,
-            b: batch.clone(),
-        });
+        mark_acknowledged(&mut run, &batch);
         if rng.below(3) == 0 {
             // A retry of what was just acknowledged: a duplicate, nothing written.
             match table.check(pid, epoch, TOPIC, p, seq, count) {
@@ -410,6 +447,71 @@ pub(super) fn workload_idempotent(root: &Path, rng: &mut Rng) -> Run {
                     .live_violations
                     .push(format!("retry of seq {seq} answered {other:?}")),
             }
+        }
+    }
+    drop(b);
+    run
+}
+
+/// Idempotent batches whose journal fdatasync comes late: the broker's flusher is
+/// never asked for a pass (as when it is busy), and the workload runs the journal's
+/// group commit itself only after each batch's partition was fsynced, by the
+/// batch's own group commit or by that of a plain produce to the same partition
+/// written after it. Each of those fsyncs must make the journal durable first: a
+/// power loss keeping only what was synced then keeps no batch's records without
+/// its entry (whose retry would write them again).
+pub(super) fn workload_idempotent_late_journal(root: &Path, rng: &mut Rng) -> Run {
+    let evs = setup_topic(root, small_config(), 2, 2, false, rng);
+    let mut run = Run::new(root);
+    run.topic_preexisting = true;
+    replay(&mut run, evs);
+    let storage: StorageRef = Arc::new(run.sim.clone());
+    let b = Broker::open(root, storage, broker_opts()).unwrap();
+    let table = b.producers().clone();
+    table.share_commits(Waker(Box::new(|| {})));
+    let ((pid, epoch), mut init) = table.init(None).unwrap();
+    // The id may be answered only once the pass below made it durable.
+    let early = init.try_recv();
+    if matches!(early, Ok(Ok(()))) {
+        run.mark(Ev::InitAcked(pid));
+    }
+    table.sync_pending();
+    let answered = match &early {
+        Ok(r) => r.is_ok(),
+        Err(_) => matches!(init.blocking_recv(), Ok(Ok(()))),
+    };
+    if !answered {
+        run.live_violations.push("producer init failed".into());
+        return run;
+    }
+    if early.is_err() {
+        run.mark(Ev::InitAcked(pid));
+    }
+    let mut seqs = [0i32; 2];
+    for i in 0..6u64 {
+        let p = (rng.below(2)) as u32;
+        let count = 1 + rng.below(3) as u32;
+        let values: Vec<Vec<u8>> = (0..u64::from(count))
+            .map(|j| value(p, 950 + i * 10 + j, rng))
+            .collect();
+        let seq = seqs[p as usize];
+        let Some((batch, wait, journal)) =
+            write_idempotent(&mut run, &b, &table, (pid, epoch), (p, seq), values)
+        else {
+            continue;
+        };
+        seqs[p as usize] += count as i32;
+        if rng.below(2) == 0 {
+            // Its group commit fsyncs the partition, the batch's records with it.
+            let v = value(p, 990 + i, rng);
+            produce(&mut run, &b, p, vec![v]);
+        }
+        let data_ok = wait.is_none_or(|w| b.wait_durable_here(w).is_ok());
+        // The flusher's pass, late.
+        table.sync_pending();
+        let journal_ok = matches!(journal.blocking_recv(), Ok(Ok(())));
+        if data_ok && journal_ok {
+            mark_acknowledged(&mut run, &batch);
         }
     }
     drop(b);

@@ -13,7 +13,9 @@
 //! batch's entry is written just before its records (under the partition's write
 //! lock) and so before its partition is queued, so the pass that makes the records
 //! durable for its acknowledgement has made the entry durable just before: the
-//! batch waits for one group commit.
+//! batch waits for one group commit. A partition fsynced in step 2 that holds records
+//! written after step 1 (their entries too late for it) runs the journal barrier
+//! first (`partition::journal`): one more fdatasync of the journal, in that case only.
 
 use super::*;
 use crate::engine::groups::{GroupCoordinator, TICK_INTERVAL};

@@ -56,6 +56,10 @@ impl Broker {
         report.extend(notes);
         let (producers, notes) = open_producers(data_dir, &storage, &opts, &topics)?;
         report.extend(notes);
+        // From the first journalled append on, no partition's data is synced before
+        // the entries of its records (`partition::journal`).
+        let journal: Arc<dyn crate::engine::partition::Journal> = producers.clone();
+        let _ = stats.journal.set(journal);
         let flusher = Arc::new(Flusher::new(
             opts.flush_interval,
             producers.clone(),

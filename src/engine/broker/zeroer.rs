@@ -151,11 +151,19 @@ impl Zeroer {
     }
 
     /// fsyncs what was zeroed. A failed fsync fails the partition at its next write:
-    /// the kernel may have dropped the writer's pages of this file too.
+    /// the kernel may have dropped the writer's pages of this file too. The fsync
+    /// writes out the writer's records as well, so the journal barrier runs first;
+    /// when it fails, the zeros are left unsynced and zeroing stops (the partition's
+    /// own next sync fails on the barrier too).
     fn sync(&self, target: &ZeroTarget, bytes: u64) {
         let Ok(h) = target.handle(|| self.storage.open(&target.path)) else {
             return;
         };
+        if let Err(e) = self.stats.journal_barrier(target.journal_need()) {
+            tracing::warn!(path = %target.path.display(), error = %e, "zeroing ahead stopped for this segment");
+            target.turn_off();
+            return;
+        }
         self.stats.fsyncs.fetch_add(1, Ordering::Relaxed);
         match h.sync_data() {
             Ok(()) => {

@@ -102,7 +102,10 @@ impl PartitionLog {
     /// batch's offsets (first, last) are known and before any of it is written: what
     /// it writes (an idempotent producer's journal entry) is in its file before the
     /// records are in theirs, so a process that dies between the two leaves an entry
-    /// whose records are missing, never records without their entry. When it fails,
+    /// whose records are missing, never records without their entry. For a power
+    /// loss, the log's journal need is raised to the journal's written position
+    /// before the records are written: no sync of the log covers them before the
+    /// journal is durable that far ([`super::journal`]). When it fails,
     /// nothing is written and no offset is used. When the write fails after it
     /// succeeded, the log is failed: the offsets it named must not be given to other
     /// records until a restart has dropped what names them.
@@ -167,6 +170,11 @@ impl PartitionLog {
             (None, Some(before_write))
         } else {
             let r = before_write(base, next_offset - 1).map_err(AppendError::Before)?;
+            // Before the records are written: every sync that may cover them makes
+            // the journal durable up to the step's entry first.
+            if names_offsets {
+                self.journal.raise(self.stats.journal_written());
+            }
             (Some(r), None)
         };
         // Announced before the write: the zero worker never claims space below it.
@@ -196,7 +204,11 @@ impl PartitionLog {
         }
         let before = match (before, late) {
             (Some(r), _) => r,
-            (None, Some(step)) => step(base, next_offset - 1).map_err(AppendError::Before)?,
+            (None, Some(step)) => {
+                let r = step(base, next_offset - 1).map_err(AppendError::Before)?;
+                self.journal.raise(self.stats.journal_written());
+                r
+            }
             (None, None) => unreachable!("the step ran or is left"),
         };
         let a = &mut w.active;

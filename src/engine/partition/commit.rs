@@ -173,9 +173,15 @@ impl PartitionLog {
             }
         };
         self.execute(&plan)
-            .map_err(|e| FailureReason::FsyncFailed {
-                dir: self.dir.clone(),
-                error: Arc::new(e),
+            .map_err(|e| match journal::not_durable(&e) {
+                Some(why) => FailureReason::JournalNotDurable {
+                    dir: self.dir.clone(),
+                    why: why.0.clone(),
+                },
+                None => FailureReason::FsyncFailed {
+                    dir: self.dir.clone(),
+                    error: Arc::new(e),
+                },
             })?;
         Ok(plan)
     }
@@ -227,6 +233,9 @@ impl PartitionLog {
     /// step 4 when less than half the window is left.
     ///
     /// Only then may any record below the plan's target be acknowledged or served.
+    /// Each of these file syncs first makes the producer journal durable as far as
+    /// the log's records need ([`super::journal`]): records written after the plan
+    /// was taken may be covered too.
     pub(super) fn execute(&self, plan: &SyncPlan) -> io::Result<()> {
         let mut active_synced = false;
         let window = self

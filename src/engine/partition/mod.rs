@@ -20,6 +20,10 @@
 //! - Lock order: `write` → `sync` → `segments`. Nothing holds `sync` while taking
 //!   `write`, and no fsync runs while `write` is held, except the fsync of a cut after a
 //!   failed write (an error path).
+//! - No sync of a log's file runs before the producer journal is durable as far as
+//!   the log's records need ([`journal`]): a journalled append raises the log's need
+//!   before its records are written, and every file sync helper runs the barrier
+//!   just before its system call. The barrier takes only the journal's locks.
 
 use std::fs::File;
 use std::io;
@@ -66,7 +70,7 @@ pub struct FetchChunk {
     pub bytes: Vec<u8>,
 }
 
-/// Counters shared by every log of a broker.
+/// Counters and state shared by every log of a broker.
 #[derive(Debug, Default)]
 pub struct LogStats {
     pub fsyncs: AtomicU64,
@@ -81,6 +85,9 @@ pub struct LogStats {
     pub write_path: WritePath,
     /// The node's spare segment files.
     pub spares: SparePool,
+    /// The idempotent producers' journal, once the broker opened it: a partition's
+    /// data is never synced before the entries of its records ([`journal`]).
+    pub journal: OnceLock<Arc<dyn Journal>>,
 }
 
 /// Why a log stopped taking requests for good.
@@ -302,6 +309,8 @@ pub struct PartitionLog {
     /// Segments found lost at open (their `.log` gone, their `.index` kept), in
     /// offset order: a fetch never reads across them silently.
     lost: Vec<LostSegment>,
+    /// How far the journal must be durable before this log's data is synced.
+    journal: Arc<JournalNeed>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -345,12 +354,14 @@ impl PartitionLog {
         for base in sealed {
             segments.push(Arc::new(open_sealed(dir, base, &stats.files, &mut notes)?));
         }
+        let journal = Arc::new(JournalNeed::default());
         let (active, next_offset) = open_active(
             &*storage,
             dir,
             active_base,
             &stats.files,
             &stats.write_path,
+            &journal,
             &mut notes,
         )?;
         segments.push(active.seg.clone());
@@ -380,6 +391,7 @@ impl PartitionLog {
             doomed: Mutex::new(Vec::new()),
             rolls_durable: AtomicU64::new(0),
             lost,
+            journal,
         };
         Ok((log, notes))
     }
@@ -488,8 +500,10 @@ impl PartitionLog {
     }
 
     // ----- fsync helpers: each call is one counted system call -----
+    // A file sync may cover records: the journal barrier runs first (see [`journal`]).
 
     fn sync_all(&self, f: &dyn StorageFile) -> io::Result<()> {
+        self.stats.journal_barrier(&self.journal)?;
         self.stats.fsyncs.fetch_add(1, Ordering::Relaxed);
         let began = Instant::now();
         let r = f.sync_all();
@@ -498,6 +512,7 @@ impl PartitionLog {
     }
 
     fn sync_data(&self, f: &dyn StorageFile) -> io::Result<()> {
+        self.stats.journal_barrier(&self.journal)?;
         self.stats.fsyncs.fetch_add(1, Ordering::Relaxed);
         let began = Instant::now();
         let r = f.sync_data();
@@ -516,6 +531,7 @@ pub mod buffers;
 pub mod cleanup;
 mod commit;
 pub mod files;
+pub mod journal;
 mod notify;
 mod open;
 mod read;
@@ -531,6 +547,7 @@ pub mod zero;
 mod tests;
 
 use files::{FileCache, SegmentFile};
+pub use journal::{Journal, JournalNeed, JournalNotDurable};
 pub use open::LostSegment;
 use open::{checked_header, list_segments, open_active, open_sealed, sync_on_open};
 use retention::Doomed;

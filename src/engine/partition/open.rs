@@ -201,6 +201,7 @@ pub(super) fn open_active(
     base: u64,
     cache: &Arc<FileCache>,
     wp: &WritePath,
+    journal: &Arc<JournalNeed>,
     notes: &mut Vec<String>,
 ) -> Result<(Active, u64), EngineError> {
     let path = dir.join(log_file_name(base));
@@ -262,6 +263,7 @@ pub(super) fn open_active(
             scan.data_end,
             len,
             0,
+            journal.clone(),
         )),
     };
     // Recovery kept a zeroed tail (preallocated space) past the data: appends go there.

@@ -196,6 +196,7 @@ impl PartitionLog {
                 HEADER_LEN as u64,
                 old_len,
                 old_len,
+                self.journal.clone(),
             )),
         };
         self.stats.write_path.register(&new.zero);

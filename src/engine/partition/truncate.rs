@@ -178,6 +178,7 @@ impl PartitionLog {
             base,
             &self.stats.files,
             &self.stats.write_path,
+            &self.journal,
             &mut notes,
         );
         let (active, next_offset) = match opened {

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError, Weak};
 use std::time::Duration;
 
-use super::lock;
+use super::{lock, JournalNeed};
 use crate::engine::storage::io::StorageFile;
 
 /// Zeroing of a segment starts once it holds this much data.
@@ -278,6 +278,9 @@ pub struct ZeroTarget {
     failed: OnceLock<Arc<io::Error>>,
     /// Blocks are reserved (`fallocate`, size kept) up to here.
     pub(super) allocated_end: AtomicU64,
+    /// The journal need of the segment's partition: the worker's fsync writes out
+    /// the writer's records too, so it runs the journal barrier first.
+    journal: Arc<JournalNeed>,
 }
 
 /// A piece the worker may zero now.
@@ -296,7 +299,13 @@ impl ZeroTarget {
         lock(&self.state).floor
     }
 
-    pub(super) fn new(path: PathBuf, data_end: u64, file_len: u64, floor: u64) -> Self {
+    pub(super) fn new(
+        path: PathBuf,
+        data_end: u64,
+        file_len: u64,
+        floor: u64,
+        journal: Arc<JournalNeed>,
+    ) -> Self {
         ZeroTarget {
             path,
             state: Mutex::new(ZeroState {
@@ -312,7 +321,14 @@ impl ZeroTarget {
             handle: OnceLock::new(),
             failed: OnceLock::new(),
             allocated_end: AtomicU64::new(0),
+            journal,
         }
+    }
+
+    /// The journal need of the segment's partition, for
+    /// [`super::LogStats::journal_barrier`] before the worker's fsync.
+    pub fn journal_need(&self) -> &JournalNeed {
+        &self.journal
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, ZeroState> {
@@ -481,7 +497,7 @@ mod tests {
 
     #[test]
     fn nothing_before_the_start_threshold_then_fills_a_window() {
-        let t = ZeroTarget::new(PathBuf::from("x"), 32, 32, 0);
+        let t = ZeroTarget::new(PathBuf::from("x"), 32, 32, 0, Arc::default());
         assert_eq!(t.claim(W), None);
         t.before_write(ZERO_START_BYTES, W);
         let mut end = ZERO_START_BYTES + zero_gap(W);
@@ -505,7 +521,7 @@ mod tests {
 
     #[test]
     fn a_writer_asks_for_the_worker_only_when_zeros_are_due() {
-        let t = ZeroTarget::new(PathBuf::from("x"), 32, 32, 0);
+        let t = ZeroTarget::new(PathBuf::from("x"), 32, 32, 0, Arc::default());
         assert!(
             !t.before_write(ZERO_START_BYTES - 1, W),
             "below the start threshold"
@@ -522,7 +538,7 @@ mod tests {
 
     #[test]
     fn a_claim_never_starts_below_the_writer_or_the_floor() {
-        let t = ZeroTarget::new(PathBuf::from("x"), 32, 32, 1 << 20);
+        let t = ZeroTarget::new(PathBuf::from("x"), 32, 32, 1 << 20, Arc::default());
         t.before_write(ZERO_START_BYTES, W);
         let c = t.claim(W).unwrap();
         assert_eq!(c.start, 1 << 20);
@@ -532,7 +548,7 @@ mod tests {
     #[test]
     fn the_first_piece_starts_a_gap_ahead_so_the_next_append_is_not_in_its_way() {
         for window in [W, 64 * 1024] {
-            let t = ZeroTarget::new(PathBuf::from("x"), 32, 32, 0);
+            let t = ZeroTarget::new(PathBuf::from("x"), 32, 32, 0, Arc::default());
             t.before_write(ZERO_START_BYTES, window);
             let c = t.claim(window).unwrap();
             assert_eq!(c.start, ZERO_START_BYTES + zero_gap(window));
@@ -546,7 +562,13 @@ mod tests {
 
     #[test]
     fn a_writer_reaching_into_a_claim_waits_and_turns_zeroing_off() {
-        let t = Arc::new(ZeroTarget::new(PathBuf::from("x"), 32, 32, 0));
+        let t = Arc::new(ZeroTarget::new(
+            PathBuf::from("x"),
+            32,
+            32,
+            0,
+            Arc::default(),
+        ));
         t.before_write(ZERO_START_BYTES, W);
         let c = t.claim(W).unwrap();
         let t2 = t.clone();
@@ -564,7 +586,7 @@ mod tests {
 
     #[test]
     fn overtaking_the_zeros_turns_zeroing_off() {
-        let t = ZeroTarget::new(PathBuf::from("x"), 32, 32, 0);
+        let t = ZeroTarget::new(PathBuf::from("x"), 32, 32, 0, Arc::default());
         t.before_write(ZERO_START_BYTES, W);
         let c = t.claim(W).unwrap();
         t.finish(c, true);

@@ -7,19 +7,24 @@
 //! Durability: every accepted batch and every handed-out id is an entry of
 //! `DATA/producers.journal` ([`crate::format::producers`]), and a batch is
 //! acknowledged only once both its records and its entry are durable. An entry is
-//! written (page cache) when its batch is accepted, right after the batch's records;
-//! entries are group-committed in the broker's flusher passes
-//! ([`ProducerTable::sync_pending`]): each pass fdatasyncs the journal once for every
-//! entry written before it, just before it fsyncs the partitions, so a batch waits
-//! for one group commit. Power loss: an entry is durable no later than its batch is
-//! acknowledged. The records of a batch not yet acknowledged may become durable
-//! before its entry does (a pass that fsyncs the partition after the records were
-//! written and before the entry was); after such a power loss the retry of that
-//! batch is written again. After [`SNAPSHOT_EVERY_ENTRIES`] entries (and at shutdown)
-//! the table is written to `producers.json` (atomic replace) and then the journal is
-//! cut back to its header. Recovery: snapshot, then the journal's entries in order,
-//! dropping entries past a partition's recovered end (their records were lost) and
-//! cutting a torn tail.
+//! written (page cache) when its batch is accepted, just before the batch's records
+//! (under the partition's write lock); entries are group-committed in the broker's
+//! flusher passes ([`ProducerTable::sync_pending`]): each pass fdatasyncs the journal
+//! once for every entry written before it, just before it fsyncs the partitions, so
+//! a batch waits for one group commit. The table is also the partitions' journal
+//! barrier ([`Journal`], [`crate::engine::partition::journal`]): any other sync of a
+//! partition's data (a commit leader's, a roll's, the zero worker's, or a pass's for
+//! records written after its journal step) first makes the journal durable as far as
+//! the partition's records need, by the same coalesced fdatasync. Power loss: an
+//! entry is durable before any sync covers its records, so no power loss keeps a
+//! batch's records without its entry, except pages the kernel writes out on its own
+//! (writeback) and a record written while its partition's fsync already runs; after
+//! such a power loss the retry of that batch is written again.
+//!
+//! After [`SNAPSHOT_EVERY_ENTRIES`] entries (and at shutdown) the table is written to
+//! `producers.json` (atomic replace) and then the journal is cut back to its header.
+//! Recovery: snapshot, then the journal's entries in order, dropping entries past a
+//! partition's recovered end (their records were lost) and cutting a torn tail.
 //!
 //! Invariant: at most one batch per (producer_id, partition) is between its check and
 //! its record in the table (`in_flight`); a second one is told to retry.
@@ -33,6 +38,7 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 
 use crate::engine::groups::Waker;
+use crate::engine::partition::Journal;
 use crate::engine::storage::io::{write_file_atomic, StorageFile, StorageRef};
 use crate::format::producers::{
     decode_snapshot, encode_entry, encode_snapshot, journal_header, scan_journal, JournalEntry,
@@ -145,6 +151,14 @@ pub struct ProducerTable {
     file: Mutex<Option<(Box<dyn StorageFile>, u64)>>,
     /// A second handle of the journal, for the group fdatasync.
     sync_file: Box<dyn StorageFile>,
+    /// [`Journal`] positions: `written` counts the entries written since the table
+    /// opened (raised under `file`, once the write returned), `durable` how many of
+    /// them are known durable. Both only grow; `durable <= written`.
+    written: AtomicU64,
+    durable: AtomicU64,
+    /// Held for each group fdatasync: callers that wait for it find their entries
+    /// covered and make no system call of their own.
+    syncing: Mutex<()>,
     entries_since_snapshot: AtomicU64,
     /// Asks the broker's flusher for a pass (without one, an entry syncs at once).
     wake: Mutex<Option<Waker>>,
@@ -439,6 +453,9 @@ impl ProducerTable {
             next_id: AtomicU64::new(next_id),
             journal: Mutex::new(JournalState::default()),
             sync_file,
+            written: AtomicU64::new(0),
+            durable: AtomicU64::new(0),
+            syncing: Mutex::new(()),
             file: Mutex::new(Some(file)),
             entries_since_snapshot: AtomicU64::new(replayed),
             wake: Mutex::new(None),
@@ -774,6 +791,7 @@ impl ProducerTable {
                 ProducerError::Storage(why)
             })?;
             *end += bytes.len() as u64;
+            self.written.fetch_add(1, Ordering::AcqRel);
         }
         if planted!(ACK_BEFORE_JOURNAL_DURABLE) {
             let _ = tx.send(Ok(()));
@@ -788,8 +806,9 @@ impl ProducerTable {
     }
 
     /// Group commit, one pass: 1. take every waiter (each one's entry was written
-    /// before it was queued), 2. fdatasync once, through a handle of its own so
-    /// writers go on meanwhile, 3. complete the waiters. A failed sync poisons the
+    /// and counted before it was queued), 2. make every entry written so far durable
+    /// ([`ProducerTable::sync_through`]: no system call when a partition's journal
+    /// barrier already did), 3. complete the waiters. A failed sync poisons the
     /// journal: later entries fail too.
     pub fn sync_pending(&self) {
         // 1.
@@ -797,19 +816,8 @@ impl ProducerTable {
         if waiters.is_empty() {
             return;
         }
-        let result = (|| {
-            if let Some(why) = &*lock(&self.poisoned) {
-                return Err(ProducerError::Storage(why.clone()));
-            }
-            // 2.
-            self.sync_file.sync_data().map_err(|e| {
-                let why = format!("syncing {JOURNAL_FILE}: {e}");
-                *lock(&self.poisoned) = Some(why.clone());
-                ProducerError::Storage(why)
-            })?;
-            self.fsyncs.fetch_add(1, Ordering::Relaxed);
-            Ok(())
-        })();
+        // 2.
+        let result = self.sync_through(self.written.load(Ordering::Acquire));
         // 3.
         let n = waiters.len() as u64;
         for w in waiters {
@@ -821,6 +829,46 @@ impl ProducerTable {
         {
             let _ = self.snapshot();
         }
+    }
+
+    /// Makes every entry up to position `upto` durable: at once when they are; else
+    /// one fdatasync, through a handle of its own so writers go on meanwhile, that
+    /// covers every entry counted before it (the count is read under the file lock,
+    /// so no entry is half written). One runs at a time: a caller that waited for
+    /// another's usually finds its entries covered. A failed fdatasync poisons the
+    /// journal; entries durable before it stay durable.
+    fn sync_through(&self, upto: u64) -> Result<(), ProducerError> {
+        if self.durable.load(Ordering::Acquire) >= upto {
+            return Ok(());
+        }
+        let _one = lock(&self.syncing);
+        if self.durable.load(Ordering::Acquire) >= upto {
+            return Ok(());
+        }
+        if let Some(why) = &*lock(&self.poisoned) {
+            return Err(ProducerError::Storage(why.clone()));
+        }
+        let covered = {
+            let _file = lock(&self.file);
+            self.written.load(Ordering::Acquire)
+        };
+        self.sync_file.sync_data().map_err(|e| {
+            let why = format!("syncing {JOURNAL_FILE}: {e}");
+            *lock(&self.poisoned) = Some(why.clone());
+            ProducerError::Storage(why)
+        })?;
+        self.fsyncs.fetch_add(1, Ordering::Relaxed);
+        self.durable.fetch_max(covered, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// Entries written since the table opened, and how many of them are known
+    /// durable ([`Journal`] positions).
+    pub fn positions(&self) -> (u64, u64) {
+        (
+            self.written.load(Ordering::Acquire),
+            self.durable.load(Ordering::Acquire),
+        )
     }
 
     /// Writes `producers.json` (dropping expired producers), then cuts the journal to
@@ -878,6 +926,10 @@ impl ProducerTable {
             f.sync_all().map_err(err)?;
             self.fsyncs.fetch_add(1, Ordering::Relaxed);
             *end = JOURNAL_HEADER_LEN as u64;
+            // What the cut entries recorded is in the durable snapshot (the file lock
+            // keeps the count still).
+            self.durable
+                .fetch_max(self.written.load(Ordering::Acquire), Ordering::AcqRel);
         }
         self.entries_since_snapshot.store(0, Ordering::Relaxed);
         Ok(())
@@ -889,6 +941,18 @@ impl ProducerTable {
             .iter()
             .map(|(id, p)| (*id, (p.epoch, p.partitions.len())))
             .collect()
+    }
+}
+
+/// The partitions' journal barrier ([`crate::engine::partition::journal`]): a
+/// partition's data is synced only once the entries of its records are durable.
+impl Journal for ProducerTable {
+    fn written(&self) -> u64 {
+        self.written.load(Ordering::Acquire)
+    }
+
+    fn sync_to(&self, upto: u64) -> Result<(), String> {
+        self.sync_through(upto).map_err(|e| e.to_string())
     }
 }
 

@@ -382,3 +382,64 @@ fn a_batch_only_partly_in_its_partition_is_cut_off() {
         "{report:?}"
     );
 }
+
+/// The journal barrier's positions: an entry counts as written once its write
+/// returned; one fdatasync makes every entry written before it durable, and a
+/// barrier or pass whose entries are durable already makes no system call.
+#[test]
+fn one_fdatasync_makes_every_entry_written_before_it_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    let (t, _) = open(dir.path(), 100);
+    // No flusher: a pass runs only when the test asks for one.
+    t.share_commits(Waker(Box::new(|| {})));
+    let ((id, epoch), init) = t.init(None).unwrap();
+    assert_eq!(t.positions(), (1, 0));
+    assert_eq!(t.check(id, epoch, "t", 0, 0, 2).unwrap(), Decision::Append);
+    let (batch, entry) = t.journal_batch(id, epoch, "t", 0, 0, 2, 0, 1).unwrap();
+    t.recorded(&batch);
+    assert_eq!(t.positions(), (2, 0));
+    let fsyncs = || t.fsyncs.load(Ordering::Relaxed);
+    let before = fsyncs();
+    // A partition's barrier for the first entry: one fdatasync covers both.
+    t.sync_to(1).unwrap();
+    assert_eq!((t.positions(), fsyncs()), ((2, 2), before + 1));
+    t.sync_to(2).unwrap();
+    // The pass finds its waiters' entries durable.
+    t.sync_pending();
+    assert_eq!(fsyncs(), before + 1);
+    durable(init);
+    durable(entry);
+}
+
+/// A failed fdatasync poisons the journal: a barrier past what is durable fails
+/// (its partition must not be synced), one within it still passes.
+#[test]
+fn a_barrier_past_a_failed_fdatasync_fails() {
+    use crate::testkit::storage::{FailOn, FailingStorage};
+    let dir = tempfile::tempdir().unwrap();
+    // Syncs: the new journal's sync_all and the directory's at open, the init's
+    // fdatasync, then the barrier's, which fails.
+    let storage = FailingStorage::new(Arc::new(RealStorage), 4, FailOn::Sync, false);
+    let (t, _) = ProducerTable::open(
+        dir.path(),
+        Arc::new(storage),
+        PRODUCER_ID_EXPIRATION_DEFAULT,
+        &|_, _| Some(100),
+    )
+    .unwrap();
+    let ((id, epoch), init) = t.init(None).unwrap();
+    durable(init);
+    t.share_commits(Waker(Box::new(|| {})));
+    assert_eq!(t.check(id, epoch, "t", 0, 0, 1).unwrap(), Decision::Append);
+    let (batch, mut entry) = t.journal_batch(id, epoch, "t", 0, 0, 1, 0, 0).unwrap();
+    t.recorded(&batch);
+    assert_eq!(t.positions(), (2, 1));
+    let err = t.sync_to(2).unwrap_err();
+    assert!(err.contains("syncing producers.journal"), "{err}");
+    assert_eq!(t.positions(), (2, 1));
+    t.sync_to(1).unwrap();
+    // The pass fails the entry's waiter too, and later barriers fail at once.
+    t.sync_pending();
+    assert!(entry.try_recv().unwrap().is_err());
+    assert!(t.sync_to(2).is_err());
+}
