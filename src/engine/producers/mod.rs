@@ -114,6 +114,10 @@ struct Batch {
 struct PartitionState {
     batches: VecDeque<Batch>,
     in_flight: bool,
+    /// The in-flight batch once its journal entry is written, until
+    /// [`ProducerTable::recorded`]: a snapshot that cuts the journal meanwhile
+    /// keeps it, so a restart knows it if its records survive.
+    journalled: Option<Batch>,
 }
 
 #[derive(Debug)]
@@ -689,7 +693,21 @@ impl ProducerTable {
             last_offset,
             timestamp_ms: now_ms(),
         };
-        let durable = self.write_entry(&entry)?;
+        let durable = self.write_entry_then(&entry, || {
+            let batch = Batch {
+                base_sequence: entry.base_sequence,
+                last_sequence: entry.last_sequence,
+                base_offset,
+                last_offset,
+            };
+            if let Some(st) = lock(&self.producers)
+                .get_mut(&producer_id)
+                .filter(|p| p.epoch == epoch)
+                .and_then(|p| p.partitions.get_mut(&(topic.to_string(), partition)))
+            {
+                st.journalled = Some(batch);
+            }
+        })?;
         Ok((Journalled(entry), durable))
     }
 
@@ -705,6 +723,7 @@ impl ProducerTable {
             .and_then(|p| p.partitions.get_mut(&(e.topic.clone(), e.partition)))
         {
             st.in_flight = false;
+            st.journalled = None;
             st.batches.push_back(Batch {
                 base_sequence: e.base_sequence,
                 last_sequence: e.last_sequence,
@@ -767,6 +786,17 @@ impl ProducerTable {
     /// Writes the entry at the journal's end now (a crash of the process keeps what
     /// was written), then queues its waiter for the next group fdatasync.
     fn write_entry(&self, e: &JournalEntry) -> Result<Durable, ProducerError> {
+        self.write_entry_then(e, || {})
+    }
+
+    /// [`ProducerTable::write_entry`], running `written` once the entry is written,
+    /// still under the journal's lock: no snapshot cuts the entry before `written`
+    /// has put what it records in the table.
+    fn write_entry_then(
+        &self,
+        e: &JournalEntry,
+        written: impl FnOnce(),
+    ) -> Result<Durable, ProducerError> {
         let (tx, rx) = oneshot::channel();
         let mut bytes = Vec::with_capacity(128);
         encode_entry(&mut bytes, e);
@@ -792,6 +822,7 @@ impl ProducerTable {
             })?;
             *end += bytes.len() as u64;
             self.written.fetch_add(1, Ordering::AcqRel);
+            written();
         }
         if planted!(ACK_BEFORE_JOURNAL_DURABLE) {
             let _ = tx.send(Ok(()));
@@ -890,15 +921,20 @@ impl ProducerTable {
                     batches: p
                         .partitions
                         .iter()
+                        // A batch journalled and not yet recorded is kept too: its
+                        // entry leaves the journal with this cut.
                         .flat_map(|((t, part), st)| {
-                            st.batches.iter().map(move |b| SnapshotBatch {
-                                topic: t.clone(),
-                                partition: *part,
-                                base_sequence: b.base_sequence,
-                                last_sequence: b.last_sequence,
-                                base_offset: b.base_offset,
-                                last_offset: b.last_offset,
-                            })
+                            st.batches
+                                .iter()
+                                .chain(&st.journalled)
+                                .map(move |b| SnapshotBatch {
+                                    topic: t.clone(),
+                                    partition: *part,
+                                    base_sequence: b.base_sequence,
+                                    last_sequence: b.last_sequence,
+                                    base_offset: b.base_offset,
+                                    last_offset: b.last_offset,
+                                })
                         })
                         .collect(),
                 })

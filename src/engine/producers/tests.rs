@@ -443,3 +443,38 @@ fn a_barrier_past_a_failed_fdatasync_fails() {
     assert!(entry.try_recv().unwrap().is_err());
     assert!(t.sync_to(2).is_err());
 }
+
+/// A snapshot taken while a batch's entry is written and its records are being
+/// written (between `journal_batch` and `recorded`) cuts that entry from the
+/// journal: the snapshot keeps the batch, so if its records survive, a restart
+/// answers its retry as a duplicate instead of writing it again.
+#[test]
+fn a_snapshot_keeps_a_batch_journalled_and_not_yet_recorded() {
+    let dir = tempfile::tempdir().unwrap();
+    let (t, _) = open(dir.path(), 0);
+    let ((id, e), rx) = t.init(None).unwrap();
+    durable(rx);
+    assert_eq!(write(&t, id, e, 0, 2, 0), Decision::Append);
+    assert_eq!(t.check(id, e, "t", 0, 2, 3).unwrap(), Decision::Append);
+    let (batch, rx) = t.journal_batch(id, e, "t", 0, 2, 3, 2, 4).unwrap();
+    durable(rx);
+    // Another thread's snapshot, while the records are being written.
+    t.snapshot().unwrap();
+    t.recorded(&batch);
+    // The process dies with the records written (they survive), before the next
+    // journal entry.
+    drop(t);
+    let (t, _) = open(dir.path(), 5);
+    assert_eq!(
+        t.check(id, e, "t", 0, 2, 3).unwrap(),
+        Decision::Duplicate {
+            base_offset: 2,
+            last_offset: 4
+        }
+    );
+    // Its records did not survive: the batch is dropped, and its retry written.
+    drop(t);
+    let (t, report) = open(dir.path(), 2);
+    assert!(report.iter().any(|l| l.contains("dropped 1")), "{report:?}");
+    assert_eq!(t.check(id, e, "t", 0, 2, 3).unwrap(), Decision::Append);
+}
