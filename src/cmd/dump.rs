@@ -66,10 +66,15 @@ State files: PATH may also be DATA/producers.journal (one line per entry: \
 \"last_offset\", \"timestamp_ms\"}, with --header a {\"type\": \"journal_header\"} line first; a torn \
 tail or corrupt entry is a problem line with its byte position), DATA/producers.json (a \
 {\"type\": \"snapshot\"} line, then one {\"type\": \"producer\"} line per producer with its batches), \
-DATA/groups/GROUP.json or DATA/groups (per group a {\"type\": \"group\"} line, then one \
-{\"type\": \"offset\"} line per committed offset, by topic and partition). --json and --canonical \
-apply (the end line counts the entries, producers or offsets); --limit caps those; --from, --to, \
---index and --bytes do not apply."
+DATA/groups/GROUP.json or DATA/groups (per group a {\"type\": \"group\"} line with \"members\" \
+(0 without a stored membership) and, for a Stable group's stored membership, \"protocol\" and \
+\"leader\"; then one {\"type\": \"member\", \"member_id\", \"instance_id\", \"leader\", \
+\"client_id\", \"client_host\", \"session_timeout_ms\", \"rebalance_timeout_ms\", \
+\"assignment_bytes\", \"metadata_bytes\" (of the chosen protocol), \"protocols\"} line per member, \
+byte strings as their sizes; then one {\"type\": \"offset\"} line per committed offset, by topic \
+and partition; a membership the broker refuses is a group_membership_refused problem line). \
+--json and --canonical apply (the end line counts the entries, producers, members and offsets); \
+--limit caps those; --from, --to, --index and --bytes do not apply."
 )]
 pub struct Args {
     /// Data directory, topic directory, partition directory or one .log file.

@@ -37,7 +37,8 @@ a second run finds nothing to do.\n\n\
 A topic whose topic.json is missing or unreadable, or whose partition directories do not \
 match its count, is reported and left alone (the broker keeps it offline); \
 --rebuild-topic-json TOPIC writes a new topic.json for it. Leftover temporary files of \
-atomic replaces are removed.\n\n\
+atomic replaces are removed. A group file whose stored membership is refused is \
+rewritten without it (atomically), its committed offsets kept; its members rejoin.\n\n\
 Exit: 0 consistent afterwards; 2 corruption remains (left in place for an operator); \
 64 not a seglog data directory (nothing is created there); 73 DATA/LOCK is held; \
 74 I/O error. With --dry-run: the code `verify` gives (0 clean, 1 repairable, 2 corrupt)."
@@ -780,6 +781,15 @@ fn action_json(root: &Path, a: &Action, backups: &[PathBuf]) -> Value {
             "index": index.as_ref().map(|i| relative(root, i)),
             "base_offset": base_offset, "reason": reason,
             "to_spares": to_spares.as_ref().map(|d| relative(root, d)),
+        }),
+        Action::RewriteGroupFile {
+            group,
+            offsets,
+            bytes,
+            reason,
+            ..
+        } => json!({
+            "group": group, "offsets": offsets, "file_bytes": bytes, "reason": reason,
         }),
         Action::TrimSeal { reason, .. }
         | Action::CutJournal { reason, .. }

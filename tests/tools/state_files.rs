@@ -2,7 +2,9 @@
 //! `producers.journal`, `producers.json` and `groups/<group>.json` (human, --json,
 //! --canonical), `verify` of a torn journal tail (repairable, at the entry's byte
 //! position) and of a corrupt entry (corrupt, at its position), `recover` cutting
-//! the torn tail, and a broken or leftover group file.
+//! the torn tail, a broken or leftover group file, and a group file's stored
+//! membership: dumped member by member, and, when refused, a repairable problem that
+//! `recover` repairs by rewriting the file without it.
 
 use std::fs;
 use std::path::Path;
@@ -12,6 +14,10 @@ use seglog::engine::broker::{Broker, BrokerOptions, NewRecord};
 use seglog::engine::groups::{GroupCoordinator, GroupOptions, OffsetCommit, TopicLookup};
 use seglog::engine::producers::{Decision, ProducerTable, PRODUCER_ID_EXPIRATION_DEFAULT};
 use seglog::engine::storage::io::RealStorage;
+use seglog::format::group::{
+    decode_group_file, encode_group_file, StoredMember, StoredMembership, StoredProtocol,
+    GROUP_FILE_VERSION, GROUP_ID_BYTES_MAX,
+};
 use seglog::format::producers::{
     ENTRY_FIXED_LEN, JOURNAL_BYTES_MAX, JOURNAL_HEADER_LEN, SNAPSHOT_BYTES_MAX,
 };
@@ -502,4 +508,328 @@ fn dump_shows_group_files_and_their_problems() {
     assert!(!dir.join("groups/.g.json.tmp-1").exists(), "{err}");
     assert!(dir.join("groups/h.json").exists());
     assert!(dir.join("groups/g.json").exists());
+}
+
+/// The problems of a `verify --json` report (not the report's own kind and severity).
+fn verify_problems(out: &str) -> Vec<(String, String, String, Option<u64>)> {
+    let mut found = problems(&json(out));
+    found.retain(|f| f.0 != "data_dir");
+    found
+}
+
+/// A member of the membership [`with_members`] stores.
+fn member(id: &str, instance: Option<&str>, assignment: &[u8]) -> StoredMember {
+    StoredMember {
+        member_id: id.into(),
+        instance_id: instance.map(Into::into),
+        client_id: format!("client {id}"),
+        client_host: "/127.0.0.1".into(),
+        session_timeout_ms: 45_000,
+        rebalance_timeout_ms: 300_000,
+        protocols: vec![
+            StoredProtocol {
+                name: "range".into(),
+                metadata: vec![0, 1, 2],
+            },
+            StoredProtocol {
+                name: "roundrobin".into(),
+                metadata: vec![9; 5],
+            },
+        ],
+        assignment: assignment.to_vec(),
+    }
+}
+
+/// Stores in `groups/g.json` (the broker's, with its two offsets) a Stable
+/// membership of two members, `a` (static, the leader) and `b`, edited by `edit`,
+/// through the crate's encoder; returns the file's text.
+fn with_members(dir: &Path, edit: impl FnOnce(&mut StoredMembership)) -> String {
+    let path = dir.join("groups/g.json");
+    let mut f = decode_group_file(&fs::read(&path).unwrap()).unwrap();
+    let mut m = StoredMembership {
+        protocol: "range".into(),
+        leader: "a".into(),
+        members: vec![
+            member("a", Some("i-a"), &[0, 1, 3]),
+            member("b", None, &[7; 10]),
+        ],
+    };
+    edit(&mut m);
+    // As a Stable group's file: a generation, and never empty.
+    f.generation = 1;
+    f.protocol_type = "consumer".into();
+    f.empty_since_ms = 0;
+    f.version = GROUP_FILE_VERSION;
+    f.membership = Some(m);
+    let bytes = encode_group_file(&f);
+    fs::write(&path, &bytes).unwrap();
+    String::from_utf8(bytes).unwrap()
+}
+
+/// `dump` of a group file with a stored membership: the group line names the
+/// protocol, the leader and the member count, then one line per member (its byte
+/// strings as sizes), counted by --limit as the offsets are; `verify` finds the file
+/// clean.
+#[test]
+fn dump_shows_a_stored_membership_member_by_member() {
+    let d = data();
+    let dir = d.path();
+    let text = with_members(dir, |_| {});
+    assert!(text.contains("\"AAED\""), "{text}");
+    let (code, out, err) = run(&["dump", "--json", &p(dir, "groups/g.json")], dir);
+    assert_eq!(code, 0, "{err}");
+    let lines = json_lines(&out);
+    assert_eq!(lines.len(), 5, "{out}");
+    assert_eq!(lines[0]["type"], "group");
+    assert_eq!(
+        (&lines[0]["members"], &lines[0]["offsets"]),
+        (&Value::from(2), &Value::from(2)),
+        "{out}"
+    );
+    assert_eq!(lines[0]["protocol"], "range");
+    assert_eq!(lines[0]["leader"], "a");
+    let a = &lines[1];
+    assert_eq!(a["type"], "member", "{out}");
+    assert_eq!(a["path"], "groups/g.json");
+    assert_eq!(a["group"], "g");
+    assert_eq!(a["member_id"], "a");
+    assert_eq!(a["instance_id"], "i-a");
+    assert_eq!(a["leader"], true);
+    assert_eq!(a["client_id"], "client a");
+    assert_eq!(a["client_host"], "/127.0.0.1");
+    assert_eq!(a["session_timeout_ms"], 45_000);
+    assert_eq!(a["rebalance_timeout_ms"], 300_000);
+    assert_eq!(a["assignment_bytes"], 3);
+    // The metadata of the chosen protocol, and every protocol offered.
+    assert_eq!(a["metadata_bytes"], 3);
+    assert_eq!(
+        a["protocols"],
+        serde_json::json!([
+            {"name": "range", "metadata_bytes": 3},
+            {"name": "roundrobin", "metadata_bytes": 5}
+        ])
+    );
+    let b = &lines[2];
+    assert_eq!(
+        (&b["type"], &b["member_id"]),
+        (&"member".into(), &"b".into())
+    );
+    assert_eq!(b["instance_id"], Value::Null);
+    assert_eq!(b["leader"], false);
+    assert_eq!(b["assignment_bytes"], 10);
+    // Never the bytes themselves.
+    assert!(!out.contains("AAED") && !out.contains("AAEC"), "{out}");
+    assert_eq!(
+        (&lines[3]["type"], &lines[4]["type"]),
+        (&"offset".into(), &"offset".into())
+    );
+
+    // --limit counts the members, then the offsets.
+    let (code, out, _) = run(
+        &["dump", "--json", "--limit", "3", &p(dir, "groups/g.json")],
+        dir,
+    );
+    assert_eq!(code, 0);
+    let types: Vec<Value> = json_lines(&out).iter().map(|l| l["type"].clone()).collect();
+    assert_eq!(types, ["group", "member", "member", "offset"], "{out}");
+    let (code, out, _) = run(
+        &["dump", "--json", "--limit", "1", &p(dir, "groups/g.json")],
+        dir,
+    );
+    assert_eq!(code, 0);
+    let types: Vec<Value> = json_lines(&out).iter().map(|l| l["type"].clone()).collect();
+    assert_eq!(types, ["group", "member"], "{out}");
+    let (code, canon, _) = run(&["dump", "--canonical", &p(dir, "groups")], dir);
+    assert_eq!(code, 0);
+    assert_eq!(
+        canon.lines().last().unwrap(),
+        r#"{"type":"end","records":4,"severity":"clean"}"#
+    );
+
+    let (code, human, err) = run(&["dump", &p(dir, "groups/g.json")], dir);
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<&str> = human.lines().collect();
+    assert_eq!(
+        lines[0], "# group g (groups/g.json): generation 1, protocol type \"consumer\", 2 offsets",
+        "{human}"
+    );
+    assert_eq!(
+        lines[1], "# membership: protocol \"range\", leader \"a\", 2 members",
+        "{human}"
+    );
+    assert_eq!(
+        lines[2],
+        "member \"a\"  instance \"i-a\"  client \"client a\" \"/127.0.0.1\"  session 45000 ms  \
+         rebalance 300000 ms  assignment 3 bytes  metadata 3 bytes  \
+         protocols \"range\" 3 bytes, \"roundrobin\" 5 bytes",
+        "{human}"
+    );
+    assert!(
+        lines[3].starts_with("member \"b\"  client \"client b\" ")
+            && lines[3].contains("  assignment 10 bytes  "),
+        "{human}"
+    );
+    assert!(lines[4].starts_with("t/1  7  m  "), "{human}");
+
+    for args in [&["verify"][..], &["verify", "--json"]] {
+        let mut args = args.to_vec();
+        args.push(dir.to_str().unwrap());
+        let (code, out, err) = run(&args, dir);
+        assert_eq!(code, 0, "{out} {err}");
+    }
+    let (_, out, _) = run(&["verify", "--json", dir.to_str().unwrap()], dir);
+    assert_eq!(json(&out)["severity"], "clean", "{out}");
+    assert!(verify_problems(&out).is_empty(), "{out}");
+}
+
+/// A stored membership that fails its checks (here: an assignment that is not
+/// base64) is a repairable problem of the group file: verify and dump report it and
+/// exit 1, and recover rewrites the file without the membership, its offsets kept
+/// (planned by --dry-run, which changes nothing; the old file backed up).
+#[test]
+fn a_refused_membership_is_repairable_and_recover_rewrites_the_file() {
+    let d = data();
+    let dir = d.path();
+    let data_dir = dir.to_str().unwrap();
+    let path = dir.join("groups/g.json");
+    let offsets_before = decode_group_file(&fs::read(&path).unwrap())
+        .unwrap()
+        .offsets;
+    let text = with_members(dir, |_| {});
+    let bad = text.replacen("\"AAED\"", "\"A*ED\"", 1);
+    assert_ne!(bad, text);
+    fs::write(&path, &bad).unwrap();
+    let want = (
+        "group_membership_refused".to_string(),
+        "repairable".to_string(),
+        "groups/g.json".to_string(),
+        None,
+    );
+
+    let (code, out, _) = run(&["verify", "--json", data_dir], dir);
+    assert_eq!(code, 1, "{out}");
+    assert_eq!(json(&out)["severity"], "repairable", "{out}");
+    assert_eq!(verify_problems(&out), [want], "{out}");
+    assert!(
+        out.contains("member \\\"a\\\": assignment is not valid base64"),
+        "{out}"
+    );
+    let (code, out, err) = run(&["verify", data_dir], dir);
+    assert_eq!(code, 1, "{out} {err}");
+    assert!(out.contains("group_membership_refused"), "{out}");
+    assert!(out.contains("groups/g.json"), "{out}");
+
+    // dump: the problem, then the group with its offsets and no members.
+    for target in ["groups/g.json", "groups"] {
+        let (code, out, _) = run(&["dump", "--json", &p(dir, target)], dir);
+        assert_eq!(code, 1, "{target}: {out}");
+        let lines = json_lines(&out);
+        let types: Vec<Value> = lines.iter().map(|l| l["type"].clone()).collect();
+        assert_eq!(types, ["problem", "group", "offset", "offset"], "{out}");
+        assert_eq!(lines[0]["kind"], "group_membership_refused");
+        assert_eq!(lines[0]["severity"], "repairable");
+        assert_eq!(lines[0]["path"], "groups/g.json");
+        assert_eq!(lines[1]["members"], 0);
+        assert_eq!(lines[1]["protocol"], Value::Null);
+    }
+    let (code, out, err) = run(&["dump", &p(dir, "groups/g.json")], dir);
+    assert_eq!(code, 1);
+    assert!(err.contains("not valid base64"), "{err}");
+    assert!(!out.contains("membership"), "{out}");
+
+    // recover --dry-run plans the rewrite and changes nothing.
+    let (code, out, err) = run(&["recover", "--dry-run", data_dir], dir);
+    assert_eq!(code, 1, "{out} {err}");
+    assert!(
+        out.contains(&format!(
+            ".: would rewrite groups/g.json ({} bytes) without its membership, keeping its 2 committed offset(s): membership of group g: member \"a\": assignment is not valid base64",
+            bad.len()
+        )),
+        "{out}"
+    );
+    let (code, out, _) = run(&["recover", "--dry-run", "--json", data_dir], dir);
+    assert_eq!(code, 1, "{out}");
+    let v = json(&out);
+    let is_rewrite = |a: &Value| {
+        a["kind"] == "rewrite_group_file"
+            && a["path"] == "groups/g.json"
+            && a["group"] == "g"
+            && a["offsets"] == 2
+    };
+    assert!(
+        v["actions"].as_array().unwrap().iter().any(is_rewrite),
+        "{out}"
+    );
+    assert_eq!(v["severity_before"], "repairable", "{out}");
+    assert_eq!(fs::read_to_string(&path).unwrap(), bad);
+
+    let backup = tempfile::tempdir().unwrap();
+    let backup_dir = backup.path().join("b");
+    let (code, out, err) = run(
+        &[
+            "recover",
+            "--json",
+            "--backup-dir",
+            backup_dir.to_str().unwrap(),
+            data_dir,
+        ],
+        dir,
+    );
+    assert_eq!(code, 0, "{out} {err}");
+    let v = json(&out);
+    let done = v["actions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| is_rewrite(a))
+        .expect(&out);
+    let copy = backup_dir.join("groups/g.json");
+    assert_eq!(
+        done["backups"][0].as_str(),
+        Some(copy.to_str().unwrap()),
+        "{out}"
+    );
+    assert_eq!(fs::read_to_string(&copy).unwrap(), bad);
+    let after = decode_group_file(&fs::read(&path).unwrap()).unwrap();
+    assert_eq!((after.version, after.membership), (1, None));
+    assert_eq!(after.offsets, offsets_before);
+    assert_eq!(after.group, "g");
+    let (code, out, _) = run(&["verify", "--json", data_dir], dir);
+    assert_eq!(code, 0, "{out}");
+    assert!(verify_problems(&out).is_empty(), "{out}");
+    // Done: a second run finds nothing.
+    let (code, out, _) = run(&["recover", data_dir], dir);
+    assert_eq!((code, out.trim()), (0, "nothing to do"));
+}
+
+/// A membership over a limit is refused as well, and the broker's startup (the same
+/// recovery) rewrites the file: the group comes back with its offsets.
+#[test]
+fn a_membership_over_a_limit_is_refused_and_the_broker_startup_rewrites_it() {
+    let d = data();
+    let dir = d.path();
+    let long = "c".repeat(GROUP_ID_BYTES_MAX + 1);
+    with_members(dir, |m| m.members[1].client_id = long.clone());
+    let (code, out, _) = run(&["verify", "--json", dir.to_str().unwrap()], dir);
+    assert_eq!(code, 1, "{out}");
+    assert_eq!(
+        verify_problems(&out),
+        [(
+            "group_membership_refused".to_string(),
+            "repairable".to_string(),
+            "groups/g.json".to_string(),
+            None
+        )],
+        "{out}"
+    );
+    assert!(
+        out.contains("client id is 256 bytes, over the limit of 255"),
+        "{out}"
+    );
+    let b = Broker::open(dir, Arc::new(RealStorage), BrokerOptions::default()).unwrap();
+    drop(b);
+    let f = decode_group_file(&fs::read(dir.join("groups/g.json")).unwrap()).unwrap();
+    assert_eq!((f.membership, f.offsets.len()), (None, 2));
+    let (code, out, _) = run(&["verify", dir.to_str().unwrap()], dir);
+    assert_eq!(code, 0, "{out}");
 }

@@ -1,7 +1,8 @@
 //! `seglog dump` of the state files beside the topics: `producers.journal` (its
 //! entries in order, each with its byte position), `producers.json` (the snapshot
 //! the journal is cut after), and a group's `groups/<group>.json` or the whole
-//! `groups/` directory (each group, then its committed offsets). Problems are the
+//! `groups/` directory (each group, its stored membership and members, then its
+//! committed offsets; a member's byte strings as their sizes). Problems are the
 //! ones `verify` reports for these files, as `{"type": "problem"}` lines (on stderr
 //! without --json); the exit code is verify's for what was met.
 
@@ -15,10 +16,12 @@ use crate::cmd::verify::{exit_code, problem_json, problem_line};
 use crate::engine::error::counted;
 use crate::engine::groups::offsets::{read_group_file, scan_dir, GroupEntry, Loaded};
 use crate::engine::maintenance::check::{Problem, ProblemKind, Severity};
-use crate::engine::maintenance::state::{group_entry_problem, state_problems};
+use crate::engine::maintenance::state::{
+    group_entry_problem, group_membership_problem, state_problems,
+};
 use crate::engine::producers::read_state_file;
 use crate::engine::storage::layout::{Target, TargetKind};
-use crate::format::group::GROUPS_DIR;
+use crate::format::group::{StoredMembership, GROUPS_DIR};
 use crate::format::names::TOPICS_DIR;
 use crate::format::producers::{
     decode_entry, decode_snapshot, JournalEntry, JOURNAL_BYTES_MAX, JOURNAL_FILE,
@@ -108,7 +111,12 @@ pub(super) fn dump_state(
         StateFile::Journal => d.journal(&args.path)?,
         StateFile::Snapshot => d.snapshot(&args.path)?,
         StateFile::Group => match read_group_file(&args.path) {
-            Ok((group, loaded)) => d.group(&args.path, &group, &loaded)?,
+            Ok((group, loaded)) => {
+                if let Some(tp) = group_membership_problem(&args.path, &loaded) {
+                    d.problem(&tp.problem)?;
+                }
+                d.group(&args.path, &group, &loaded)?;
+            }
             Err(p) => {
                 let problem = Problem {
                     kind: ProblemKind::GroupFileUnreadable,
@@ -370,7 +378,13 @@ impl<W: Write> StateDumper<'_, W> {
                 "protocol_type": l.protocol_type,
                 "empty_since_ms": l.empty_since_ms,
                 "offsets": l.offsets.len(),
+                "members": l.membership.as_ref().map_or(0, |m| m.members.len()),
             });
+            let mut v = v;
+            if let Some(m) = &l.membership {
+                v["protocol"] = json!(m.protocol);
+                v["leader"] = json!(m.leader);
+            }
             write_json(&mut self.out, &v)?;
         } else {
             let empty = if l.empty_since_ms > 0 {
@@ -385,6 +399,9 @@ impl<W: Write> StateDumper<'_, W> {
                 l.protocol_type,
                 counted(l.offsets.len() as u64, "offset", "offsets")
             )?;
+        }
+        if let Some(m) = &l.membership {
+            self.members(&rel, group, m)?;
         }
         let mut offsets = l.offsets.clone();
         offsets.sort_by(|a, b| (&a.topic, a.partition).cmp(&(&b.topic, b.partition)));
@@ -418,6 +435,86 @@ impl<W: Write> StateDumper<'_, W> {
                     o.partition,
                     o.offset,
                     format_timestamp_ms(o.commit_ms)
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A Stable group's stored membership: in text a line with the protocol and the
+    /// leader, then a line per member; in JSON a line per member (the group line
+    /// holds the protocol and the leader). Counted as offsets are.
+    fn members(&mut self, rel: &str, group: &str, m: &StoredMembership) -> anyhow::Result<()> {
+        if !self.args.json {
+            writeln!(
+                self.out,
+                "# membership: protocol {:?}, leader {:?}, {}",
+                m.protocol,
+                m.leader,
+                counted(m.members.len() as u64, "member", "members")
+            )?;
+        }
+        for x in &m.members {
+            if self.done() {
+                break;
+            }
+            self.printed += 1;
+            // The metadata the member joined the chosen protocol with.
+            let metadata = x
+                .protocols
+                .iter()
+                .find(|p| p.name == m.protocol)
+                .map_or(0, |p| p.metadata.len());
+            if self.args.json {
+                let protocols: Vec<_> = x
+                    .protocols
+                    .iter()
+                    .map(|p| json!({"name": p.name, "metadata_bytes": p.metadata.len()}))
+                    .collect();
+                let v = json!({
+                    "type": "member",
+                    "path": rel,
+                    "group": group,
+                    "member_id": x.member_id,
+                    "instance_id": x.instance_id,
+                    "leader": x.member_id == m.leader,
+                    "client_id": x.client_id,
+                    "client_host": x.client_host,
+                    "session_timeout_ms": x.session_timeout_ms,
+                    "rebalance_timeout_ms": x.rebalance_timeout_ms,
+                    "assignment_bytes": x.assignment.len(),
+                    "metadata_bytes": metadata,
+                    "protocols": protocols,
+                });
+                write_json(&mut self.out, &v)?;
+            } else {
+                let instance = x
+                    .instance_id
+                    .as_ref()
+                    .map(|i| format!("  instance {i:?}"))
+                    .unwrap_or_default();
+                let protocols: Vec<String> = x
+                    .protocols
+                    .iter()
+                    .map(|p| {
+                        format!(
+                            "{:?} {}",
+                            p.name,
+                            counted(p.metadata.len() as u64, "byte", "bytes")
+                        )
+                    })
+                    .collect();
+                writeln!(
+                    self.out,
+                    "member {:?}{instance}  client {:?} {:?}  session {} ms  rebalance {} ms  assignment {}  metadata {}  protocols {}",
+                    x.member_id,
+                    x.client_id,
+                    x.client_host,
+                    x.session_timeout_ms,
+                    x.rebalance_timeout_ms,
+                    counted(x.assignment.len() as u64, "byte", "bytes"),
+                    counted(metadata as u64, "byte", "bytes"),
+                    protocols.join(", ")
                 )?;
             }
         }

@@ -143,6 +143,10 @@ pub enum ProblemKind {
     WrongIndexLength,
     /// A `groups/<group>.json` that cannot be read or fails its checks.
     GroupFileUnreadable,
+    /// A `groups/<group>.json` whose offsets are good but whose stored membership
+    /// fails its checks: the broker loads the group without members, who rejoin;
+    /// recover rewrites the file without the membership.
+    GroupMembershipRefused,
     /// `producers.journal` ends in an entry cut short (recover cuts it).
     JournalTornTail,
     /// A file in `DATA/spares/` named as a spare whose header does not decode (or
@@ -193,6 +197,7 @@ impl ProblemKind {
             ProblemKind::WrongIndexEntry => "wrong_index_entry",
             ProblemKind::WrongIndexLength => "wrong_index_length",
             ProblemKind::GroupFileUnreadable => "group_file_unreadable",
+            ProblemKind::GroupMembershipRefused => "group_membership_refused",
             ProblemKind::JournalTornTail => "journal_torn_tail",
             ProblemKind::BadSpareHeader => "bad_spare_header",
             ProblemKind::JournalCorrupt => "journal_corrupt",
@@ -220,6 +225,7 @@ impl ProblemKind {
             | ProblemKind::IndexPastData
             | ProblemKind::WrongIndexEntry
             | ProblemKind::WrongIndexLength
+            | ProblemKind::GroupMembershipRefused
             | ProblemKind::JournalTornTail => Severity::Repairable,
             ProblemKind::TopicJsonMissing
             | ProblemKind::TopicJsonUnreadable

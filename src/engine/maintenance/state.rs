@@ -1,14 +1,15 @@
 //! The data directory's state files beside the topics: `groups/*.json`,
 //! `producers.journal` and `producers.json`. `verify` reports their problems (with
 //! the journal entry's byte position); recovery plans the cut of a torn journal tail
+//! and the rewrite of a group file whose stored membership is refused
 //! (`recovery::plan_topics`), and the broker does both at startup.
 
 use std::path::Path;
 
 use super::check::{Problem, ProblemKind, TopicProblem};
-use crate::engine::groups::offsets::{scan_dir, GroupEntry};
+use crate::engine::groups::offsets::{scan_dir, GroupEntry, Loaded};
 use crate::engine::producers::read_state;
-use crate::format::group::GROUPS_DIR;
+use crate::format::group::{group_file_name, GROUPS_DIR};
 use crate::format::producers::{JournalError, JOURNAL_FILE};
 
 fn problem(kind: ProblemKind, path: &Path, position: Option<u64>, detail: String) -> TopicProblem {
@@ -26,10 +27,25 @@ fn problem(kind: ProblemKind, path: &Path, position: Option<u64>, detail: String
     }
 }
 
+/// The problem of the group file `path` that was read as `l`: a refused membership
+/// (the offsets are good), if it has one.
+pub fn group_membership_problem(path: &Path, l: &Loaded) -> Option<TopicProblem> {
+    let p = l.membership_problem.as_ref()?;
+    Some(problem(
+        ProblemKind::GroupMembershipRefused,
+        path,
+        None,
+        format!(
+            "{p}; the broker loads the group's {} committed offset(s) without members, who rejoin (recover rewrites the file without the membership)",
+            l.offsets.len()
+        ),
+    ))
+}
+
 /// The problem of one entry of `DATA/groups/` (`groups`), if it has one.
 pub fn group_entry_problem(groups: &Path, e: &GroupEntry) -> Option<TopicProblem> {
     match e {
-        GroupEntry::Group(..) => None,
+        GroupEntry::Group(g, l) => group_membership_problem(&groups.join(group_file_name(g)), l),
         GroupEntry::Leftover(name) => Some(problem(
             ProblemKind::LeftoverTempFile,
             &groups.join(name),

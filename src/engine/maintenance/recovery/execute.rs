@@ -118,6 +118,9 @@ pub(super) fn run_action(
                     .map_err(wrap)?,
             }
         }
+        Action::RewriteGroupFile { path, .. } => {
+            rewrite_group_file(storage, path, backup, &mut backups).map_err(wrap)?;
+        }
         Action::CutTail { log, from, to, .. }
         | Action::TrimSeal { log, from, to, .. }
         | Action::CutJournal {
@@ -236,4 +239,52 @@ pub(super) fn cut(
     }
     // 3. fsync: the cut is durable before anything new is appended.
     f.sync_all()
+}
+
+/// Rewrites the group file `path` without its refused membership: 1. the whole file
+/// backed up (if asked), fsynced; 2. the same group, generation, protocol type,
+/// empty-since time and committed offsets, without membership (so as version 1),
+/// written atomically (temporary file, fsync, rename, fsync of `groups/`). A file
+/// already gone, or whose membership is no longer refused, is left as it is (an
+/// earlier run got that far); one that no longer reads is an error.
+pub(super) fn rewrite_group_file(
+    storage: &dyn Storage,
+    path: &Path,
+    backup: Option<Backup<'_>>,
+    backups: &mut Vec<PathBuf>,
+) -> io::Result<()> {
+    use crate::engine::groups::offsets::{read_group_file, GroupFileProblem};
+    use crate::engine::storage::io::write_file_atomic;
+    use crate::format::group::{encode_group_file, group_file_name, GroupFile};
+    let (group, l) = match read_group_file(path) {
+        Ok(x) => x,
+        Err(GroupFileProblem::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => {
+            return Ok(())
+        }
+        Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, e.to_string())),
+    };
+    if l.membership_problem.is_none() {
+        return Ok(());
+    }
+    // 1.
+    if let Some(b) = backup {
+        backups.push(b.copy(storage, path, 0, file_len(path), true)?);
+    }
+    // 2.
+    let file = GroupFile {
+        version: GroupFile::version_for(None),
+        generation: l.generation,
+        protocol_type: l.protocol_type,
+        empty_since_ms: l.empty_since_ms,
+        offsets: l.offsets,
+        membership: None,
+        group,
+    };
+    let dir = path.parent().unwrap_or(Path::new("."));
+    write_file_atomic(
+        storage,
+        dir,
+        &group_file_name(&file.group),
+        &encode_group_file(&file),
+    )
 }

@@ -178,6 +178,19 @@ pub enum Action {
         to: u64,
         reason: String,
     },
+    /// Replace a group file whose stored membership is refused with one holding the
+    /// same group, generation and committed offsets and no membership (written
+    /// atomically, as the broker writes group files). The members rejoin, as they
+    /// would after the broker loaded the file.
+    RewriteGroupFile {
+        path: PathBuf,
+        group: String,
+        /// The committed offsets the file holds, all kept.
+        offsets: usize,
+        /// The file length when planned.
+        bytes: u64,
+        reason: String,
+    },
     /// Cut an unfinished seal (zeros or stale records) off a sealed segment.
     TrimSeal {
         log: PathBuf,
@@ -211,6 +224,7 @@ impl Action {
             Action::CutTail { .. } => "cut_tail",
             Action::TrimSeal { .. } => "trim_seal",
             Action::CutJournal { .. } => "cut_journal",
+            Action::RewriteGroupFile { .. } => "rewrite_group_file",
             Action::RemoveNeverDurable { .. } => "remove_never_durable",
         }
     }
@@ -222,7 +236,8 @@ impl Action {
             Action::RemoveMarker { path, .. }
             | Action::RemoveTempFile { path, .. }
             | Action::RemoveOrphanIndex { path, .. }
-            | Action::CutJournal { path, .. } => path,
+            | Action::CutJournal { path, .. }
+            | Action::RewriteGroupFile { path, .. } => path,
             Action::RebuildIndex { index, .. } => index,
             Action::CutTail { log, .. }
             | Action::TrimSeal { log, .. }
@@ -240,7 +255,10 @@ impl Action {
             Action::CutTail { from, to, .. }
             | Action::TrimSeal { from, to, .. }
             | Action::CutJournal { from, to, .. } => Some((*from, *to)),
-            Action::FinishCompaction { .. } | Action::RebuildIndex { .. } => None,
+            // A replaced file: nothing is cut.
+            Action::FinishCompaction { .. }
+            | Action::RebuildIndex { .. }
+            | Action::RewriteGroupFile { .. } => None,
         }
     }
 
@@ -319,6 +337,16 @@ impl Action {
                 "cut {} bytes {from}..{to} ({} bytes): {reason}",
                 rel(path),
                 to - from
+            ),
+            Action::RewriteGroupFile {
+                path,
+                offsets,
+                bytes,
+                reason,
+                ..
+            } => format!(
+                "rewrite {} ({bytes} bytes) without its membership, keeping its {offsets} committed offset(s): {reason}",
+                rel(path)
             ),
             Action::RemoveNeverDurable {
                 log,

@@ -464,6 +464,7 @@ pub(super) fn tail_step(active: bool, kind: Option<ProblemKind>, end: &ScanEnd) 
         | K::WrongIndexEntry
         | K::WrongIndexLength
         | K::GroupFileUnreadable
+        | K::GroupMembershipRefused
         | K::JournalTornTail
         | K::JournalCorrupt
         | K::BadSpareHeader => other(),

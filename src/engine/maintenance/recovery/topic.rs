@@ -2,10 +2,12 @@
 //! files of atomic replaces are removed; a topic whose metadata has a problem is
 //! reported and left alone (its files untouched, its partitions not recovered) until
 //! an operator rebuilds its `topic.json` ([`rebuild_topic_json`]) or repairs it. In the
-//! data directory itself, a torn tail of `producers.journal` is cut (the broker's
-//! startup cuts it too).
+//! data directory itself, a torn tail of `producers.journal` is cut, and a group file
+//! whose stored membership is refused is rewritten without it, its offsets kept (the
+//! broker's startup does both too).
 
 use super::*;
+use crate::engine::groups::offsets::read_group_file;
 use crate::engine::maintenance::check::topic_problems;
 use crate::engine::storage::io::write_file_atomic;
 use crate::engine::storage::layout::{inspect_topic, TopicListing};
@@ -18,7 +20,8 @@ use crate::format::topic::{TopicConfig, TopicMeta, PARTITIONS_MAX};
 pub struct TopicPlan {
     /// The topic's name, `None` for the data directory itself.
     pub topic: Option<String>,
-    /// Removals of leftover temporary files; the cut of a torn journal tail.
+    /// Removals of leftover temporary files; the cut of a torn journal tail; the
+    /// rewrite of a group file whose membership is refused.
     pub actions: Vec<Action>,
     /// Metadata problems left for an operator: the topic stays offline.
     pub offline: Vec<Problem>,
@@ -89,6 +92,24 @@ pub fn plan_topics(target: &Target) -> Vec<TopicPlan> {
                 reason: "the last entry of the producer journal is cut short (never acknowledged)"
                     .to_string(),
             });
+        } else if tp.problem.kind == ProblemKind::GroupMembershipRefused {
+            // Read again for what the rewrite keeps; a file that no longer reads as
+            // it did is left for the operator.
+            match read_group_file(&tp.problem.file) {
+                Ok((group, l)) if l.membership_problem.is_some() => {
+                    plan.actions.push(Action::RewriteGroupFile {
+                        bytes: file_len(&tp.problem.file),
+                        path: tp.problem.file,
+                        group,
+                        offsets: l.offsets.len(),
+                        reason: l
+                            .membership_problem
+                            .map(|p| p.to_string())
+                            .unwrap_or_default(),
+                    })
+                }
+                _ => plan.offline.push(tp.problem),
+            }
         } else if tp.problem.kind == ProblemKind::LeftoverTempFile {
             plan.actions.push(Action::RemoveTempFile {
                 bytes: file_len(&tp.problem.file),
@@ -102,8 +123,8 @@ pub fn plan_topics(target: &Target) -> Vec<TopicPlan> {
     out
 }
 
-/// Executes a topic plan: each removal or cut backed up first (if asked), then the
-/// directory (or the cut file) fsynced.
+/// Executes a topic plan: each removal, cut or rewritten file backed up first (if
+/// asked), then the directory (or the cut file) fsynced.
 pub fn execute_topic(
     storage: &dyn Storage,
     plan: &TopicPlan,
@@ -118,6 +139,9 @@ pub fn execute_topic(
             // The cut range backed up first (if asked), then cut and fsynced.
             Action::CutJournal { from, to, .. } => {
                 execute::cut(storage, path, *from, *to, backup, &mut backups)
+            }
+            Action::RewriteGroupFile { .. } => {
+                execute::rewrite_group_file(storage, path, backup, &mut backups)
             }
             _ => execute::remove_files(storage, dir, &[path], backup, &mut backups),
         }
