@@ -106,7 +106,7 @@ pub fn plan_topics(target: &Target) -> Vec<TopicPlan> {
                             .membership_problem
                             .map(|p| p.to_string())
                             .unwrap_or_default(),
-                    })
+                    });
                 }
                 _ => plan.offline.push(tp.problem),
             }
