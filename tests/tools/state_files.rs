@@ -494,7 +494,7 @@ fn dump_shows_group_files_and_their_problems() {
     assert!(
         found
             .iter()
-            .any(|f| f.0 == "group_file_unreadable" && f.1 == "corrupt"),
+            .any(|f| f.0 == "group_file_unreadable" && f.1 == "corrupt" && f.2 == "groups/h.json"),
         "{found:?}"
     );
     assert!(

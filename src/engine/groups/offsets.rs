@@ -55,6 +55,17 @@ pub enum GroupFileProblem {
     NameMismatch { file: String, inside: String },
 }
 
+impl GroupFileProblem {
+    /// The name of the file in the groups directory.
+    pub fn file(&self) -> &str {
+        match self {
+            GroupFileProblem::Io { file, .. }
+            | GroupFileProblem::Bad { file, .. }
+            | GroupFileProblem::NameMismatch { file, .. } => file,
+        }
+    }
+}
+
 /// One entry of `DATA/groups/` as a tool sees it.
 #[derive(Debug)]
 pub enum GroupEntry {

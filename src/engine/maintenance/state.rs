@@ -54,7 +54,7 @@ pub fn group_entry_problem(groups: &Path, e: &GroupEntry) -> Option<TopicProblem
         )),
         GroupEntry::Problem(p) => Some(problem(
             ProblemKind::GroupFileUnreadable,
-            groups,
+            &groups.join(p.file()),
             None,
             format!("{p}; the broker refuses this group until it is repaired"),
         )),
