@@ -15,6 +15,7 @@
 //! not means over all runs: this machine's virtual disk is fast for a burst of a few
 //! GB and then throttled, and whichever configuration ran in the throttled phase
 //! would look slower.
+//! `SEGLOG_BENCH_PARTITIONS=N` runs topics of N partitions only (default: 1, then 4).
 //! This measures; it asserts only that every run worked.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -185,7 +186,14 @@ fn produce_with_and_without_a_schema() {
         "{:>5} | {:>14} {:>14} | {:>7}",
         "parts", "no schema r/s", "schema r/s", "ratio"
     );
-    for partitions in [1u32, 4] {
+    // `SEGLOG_BENCH_PARTITIONS=4` runs one of the two topic shapes only.
+    let shapes: Vec<u32> = match std::env::var("SEGLOG_BENCH_PARTITIONS") {
+        Ok(p) => vec![p
+            .parse()
+            .expect("SEGLOG_BENCH_PARTITIONS: a partition count")],
+        Err(_) => vec![1, 4],
+    };
+    for partitions in shapes {
         let (plain, checked) = (
             format!("plain-{partitions}"),
             format!("checked-{partitions}"),

@@ -145,6 +145,45 @@ fn produce_is_validated_and_a_refused_request_writes_nothing() {
             "{bad}: nothing written"
         );
     }
+    // A request large enough to be checked on the checker threads: the same refusal,
+    // naming the record.
+    let before = end_offsets(&mut c, "people");
+    let many: Vec<&str> = (0..48)
+        .map(|i| if i == 41 { r#"{"name":7}"# } else { OK })
+        .collect();
+    let batches = vec![
+        PartitionBatch {
+            partition: 0,
+            records: records(&many[..2]),
+        },
+        PartitionBatch {
+            partition: 1,
+            records: records(&many),
+        },
+    ];
+    match c.produce("people", batches) {
+        Err(ClientError::Refused { code, message, .. }) => {
+            assert_eq!(code, ErrorCode::SCHEMA_VIOLATION, "{message}");
+            assert!(
+                message.starts_with("record 41 of partition 1 ") && message.contains("\"/name\""),
+                "{message}"
+            );
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert_eq!(end_offsets(&mut c, "people"), before, "nothing written");
+    let acks = c
+        .produce(
+            "people",
+            vec![PartitionBatch {
+                partition: 1,
+                records: records(&[OK; 48]),
+            }],
+        )
+        .unwrap();
+    assert!(acks.iter().all(|a| a.result.is_ok()), "{acks:?}");
+    assert_eq!(end_offsets(&mut c, "people")[1], before[1] + 48);
+
     // A topic without a schema takes anything.
     b.ok(&["topics", "create", "free"]);
     b.ok(&["produce", "free", "--value", "not json"]);

@@ -354,24 +354,35 @@ fn a_crash_while_replacing_leaves_old_or_new() {
     assert!(states > n);
 }
 
-/// Off the event loop, a large request is checked in parts on other threads; the
-/// failure reported is still the first in request order, and tombstones are skipped.
+/// Off the event loop, a request is checked on the checker threads, a large one in
+/// parts; with no checker, on the calling thread. The failure reported is still the
+/// first in request order, and tombstones are skipped.
 #[test]
 fn off_thread_checks_report_the_first_failure_in_order() {
+    for threads in [3, 1, 0] {
+        off_thread_checks(threads, SPLIT_RECORDS_MIN / 2 + 8);
+        off_thread_checks(threads, OFF_THREAD_RECORDS_MIN / 2 + 8);
+    }
+}
+
+/// Requests of two partitions of `per_partition` records each, checked by a pool of
+/// `threads` checkers.
+fn off_thread_checks(threads: usize, per_partition: usize) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
     let c = Arc::new(compile(&person(None), 3).unwrap());
-    // Two partitions of this many records make a request large enough to leave the
-    // calling thread; bad records sit near both ends of each.
-    const PER_PARTITION: usize = OFF_THREAD_RECORDS_MIN / 2 + 8;
-    let last = PER_PARTITION - 1;
+    let checkers = super::pool::CheckPool::with_threads(threads);
+    assert_eq!(checkers.busy(), threads == 0);
+    // Bad records sit near both ends of each partition.
+    let per = per_partition;
+    let (mid, last) = (per / 2 + 1, per - 1);
     let good = br#"{"name": "x", "age": 1}"#.as_slice();
     let make = |bad: &[(u32, usize)]| -> Vec<PartitionBatch<'static>> {
         (0..2u32)
             .map(|partition| PartitionBatch {
                 partition,
-                records: (0..PER_PARTITION)
+                records: (0..per)
                     .map(|i| WireRecord {
                         timestamp_ms: -1,
                         key: (i == 7).then_some(b"k".as_slice()),
@@ -390,14 +401,18 @@ fn off_thread_checks_report_the_first_failure_in_order() {
     let check = |bad: &[(u32, usize)]| {
         let batches = make(bad);
         let one = c.check_batches(&batches);
-        let off = rt.block_on(c.check_batches_off_thread(&batches));
-        assert_eq!(format!("{one:?}"), format!("{off:?}"), "{bad:?}");
+        let off = rt.block_on(c.check_batches_off_thread(&checkers, &batches));
+        assert_eq!(
+            format!("{one:?}"),
+            format!("{off:?}"),
+            "{threads} {per} {bad:?}"
+        );
         off
     };
     assert!(check(&[]).is_ok());
     for bad in [
-        vec![(0, 5), (1, 30)],
-        vec![(1, 30)],
+        vec![(0, 5), (1, mid)],
+        vec![(1, mid)],
         vec![(1, last), (1, 2)],
         vec![(0, last)],
         vec![(1, last)],

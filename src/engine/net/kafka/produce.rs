@@ -159,8 +159,9 @@ fn new_records(batch: &[Record]) -> Vec<NewRecord<'_>> {
         .collect()
 }
 
-/// Values are checked against the topic's schema the way the native path checks them.
-fn check_schema(
+/// Values are checked against the topic's schema the way the native path checks them
+/// (a large request on the node's checker threads, while the loop serves others).
+async fn check_schema(
     broker: &Broker,
     topic: &str,
     partition: u32,
@@ -182,7 +183,8 @@ fn check_schema(
         .collect();
     broker
         .schemas()
-        .check_produce(topic, &wire)
+        .check_produce_off_thread(topic, &wire)
+        .await
         .map_err(|e| crate::engine::schemas::net::wire_error(e, PROTOCOL_VERSION))
         .map_err(|(_, msg)| (code::INVALID_RECORD, msg))
 }
@@ -355,7 +357,7 @@ async fn propose(
     })?;
     ctx.check_leader(topic, p)?;
     let batches = decode_batches(records)?;
-    check_schema(&ctx.broker, topic, p, &batches)?;
+    check_schema(&ctx.broker, topic, p, &batches).await?;
     let entries = batches
         .iter()
         .map(|b| entry(b))
@@ -410,7 +412,7 @@ async fn first_applied(
 }
 
 /// One partition: decode, check, then every batch appended in order.
-fn partition(
+async fn partition(
     ctx: &Ctx,
     topic: &str,
     index: i32,
@@ -431,7 +433,7 @@ fn partition(
         )
     })?;
     let batches = decode_batches(records)?;
-    check_schema(&ctx.broker, topic, p, &batches)?;
+    check_schema(&ctx.broker, topic, p, &batches).await?;
     let mut base = None;
     for b in &batches {
         let at = append_one(ctx, topic, p, b, waits, idempotent)?;
@@ -487,14 +489,17 @@ pub(crate) async fn produce(ctx: &Ctx, r: ProduceRequest, version: i16, defer: b
                         Err(e) => Err(e),
                     }
                 }
-                (None, None) => partition(
-                    ctx,
-                    topic,
-                    p.index,
-                    p.records.clone(),
-                    &mut waits,
-                    &mut idempotent,
-                ),
+                (None, None) => {
+                    partition(
+                        ctx,
+                        topic,
+                        p.index,
+                        p.records.clone(),
+                        &mut waits,
+                        &mut idempotent,
+                    )
+                    .await
+                }
             };
             answers.push((ti, p.index, a, first_wait));
         }

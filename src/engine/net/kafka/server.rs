@@ -1019,6 +1019,86 @@ mod tests {
         request(ApiKey::Produce, 9, &p)
     }
 
+    /// A Produce request (acks -1) for topic "t", partition 0, of one uncompressed
+    /// batch holding `values`.
+    fn produce_values(values: &[&[u8]]) -> Vec<u8> {
+        use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+        use kafka_protocol::messages::{ProduceRequest, TopicName};
+        use kafka_protocol::records::{
+            Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
+        };
+        let records: Vec<Record> = (0i32..)
+            .zip(values)
+            .map(|(i, v)| Record {
+                transactional: false,
+                control: false,
+                delete_horizon: false,
+                partition_leader_epoch: 0,
+                producer_id: -1,
+                producer_epoch: -1,
+                timestamp_type: TimestampType::Creation,
+                offset: i64::from(i),
+                sequence: i,
+                timestamp: 1000,
+                key: None,
+                value: Some(Bytes::copy_from_slice(v)),
+                headers: Default::default(),
+            })
+            .collect();
+        let mut batch = BytesMut::new();
+        let options = RecordEncodeOptions {
+            version: 2,
+            compression: Compression::None,
+        };
+        RecordBatchEncoder::encode(&mut batch, records.iter(), &options).unwrap();
+        let mut p = ProduceRequest::default();
+        p.acks = -1;
+        p.timeout_ms = 30_000;
+        let mut part = PartitionProduceData::default();
+        part.records = Some(batch.freeze());
+        let mut t = TopicProduceData::default();
+        t.name = TopicName(crate::engine::net::kafka::sb("t"));
+        t.partition_data = vec![part];
+        p.topic_data = vec![t];
+        request(ApiKey::Produce, 9, &p)
+    }
+
+    /// A topic's schema refuses a Kafka produce whole, naming the record, whether the
+    /// request is checked on the event loop (a few records) or on the checker threads
+    /// (many); a request of valid values is stored.
+    #[test]
+    fn a_schema_refuses_a_kafka_produce_naming_the_record() {
+        let (dir, broker) = broker_with_t();
+        broker
+            .register_schema(
+                "t",
+                &serde_json::json!({"type": "object", "required": ["n"],
+                    "properties": {"n": {"type": "integer"}}}),
+                None,
+            )
+            .unwrap();
+        let (addr, stop, t) = serve_kafka(Arc::clone(&broker), None);
+        let n = crate::engine::schemas::OFF_THREAD_RECORDS_MIN + 8;
+        for (count, bad) in [(3, 1), (n, n - 3)] {
+            let mut values: Vec<&[u8]> = vec![br#"{"n": 1}"#; count];
+            values[bad] = br#"{"n": "one"}"#;
+            let (code, msg, _) = produce_answer(&addr, &produce_values(&values));
+            assert_eq!(code, code::INVALID_RECORD, "{count}: {msg}");
+            assert!(
+                msg.starts_with(&format!("record {bad} of partition 0 ")) && msg.contains("\"/n\""),
+                "{count}: {msg}"
+            );
+        }
+        assert_eq!(broker.offsets("t", 0).unwrap().1, 0, "nothing written");
+        let good: Vec<&[u8]> = vec![br#"{"n": 2}"#; n];
+        assert_eq!(produce_answer(&addr, &produce_values(&good)).0, code::NONE);
+        assert_eq!(broker.offsets("t", 0).unwrap().1, n as u64);
+        stop.store(true, Ordering::SeqCst);
+        t.join().unwrap();
+        broker.shutdown().unwrap();
+        drop(dir);
+    }
+
     /// (error code, error message, base offset) of the one partition answered.
     fn produce_answer(addr: &str, frame: &[u8]) -> (i16, String, i64) {
         use kafka_protocol::messages::ProduceResponse;
