@@ -59,8 +59,14 @@ const CHECKPOINT_BYTES_MAX: u64 = 16 << 20;
 /// A replicated partition forgets an idempotent producer whose last batch is this
 /// far behind the log's clock (a fixed value, not `--producer-id-expiration`: every
 /// replica must forget at the same entry). A batch of it at a sequence other than 0
-/// is then refused as UNKNOWN_PRODUCER, and the client asks for a new id.
-pub const PRODUCER_EXPIRATION_MS: i64 = 24 * 3600 * 1000;
+/// is then refused as UNKNOWN_PRODUCER, and the client asks for a new id. The value
+/// is the flag's default, a day.
+#[expect(
+    clippy::cast_possible_truncation,
+    reason = "a day in milliseconds fits an i64"
+)]
+pub const PRODUCER_EXPIRATION_MS: i64 =
+    crate::engine::producers::PRODUCER_ID_EXPIRATION_DEFAULT.as_millis() as i64;
 /// Most idempotent producers a replicated partition remembers.
 pub const PRODUCERS_MAX: usize = 10_000;
 
