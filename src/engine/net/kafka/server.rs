@@ -980,52 +980,27 @@ mod tests {
 
     /// [`produce_gzip`] with `acks`, to `partition`.
     fn produce_gzip_to(value: Bytes, acks: i16, partition: i32) -> Vec<u8> {
-        use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
-        use kafka_protocol::messages::{ProduceRequest, TopicName};
-        use kafka_protocol::records::{
-            Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
-        };
-        let record = Record {
-            transactional: false,
-            control: false,
-            delete_horizon: false,
-            partition_leader_epoch: 0,
-            producer_id: -1,
-            producer_epoch: -1,
-            timestamp_type: TimestampType::Creation,
-            offset: 0,
-            sequence: 0,
-            timestamp: 1000,
-            key: None,
-            value: Some(value),
-            headers: Default::default(),
-        };
-        let mut batch = BytesMut::new();
-        let options = RecordEncodeOptions {
-            version: 2,
-            compression: Compression::Gzip,
-        };
-        RecordBatchEncoder::encode(&mut batch, [record].iter(), &options).unwrap();
-        let mut p = ProduceRequest::default();
-        p.acks = acks;
-        p.timeout_ms = 30_000;
-        let mut part = PartitionProduceData::default();
-        part.index = partition;
-        part.records = Some(batch.freeze());
-        let mut t = TopicProduceData::default();
-        t.name = TopicName(crate::engine::net::kafka::sb("t"));
-        t.partition_data = vec![part];
-        p.topic_data = vec![t];
-        request(ApiKey::Produce, 9, &p)
+        let compression = kafka_protocol::records::Compression::Gzip;
+        produce_request(&[&value], compression, acks, partition)
     }
 
     /// A Produce request (acks -1) for topic "t", partition 0, of one uncompressed
     /// batch holding `values`.
     fn produce_values(values: &[&[u8]]) -> Vec<u8> {
+        produce_request(values, kafka_protocol::records::Compression::None, -1, 0)
+    }
+
+    /// A Produce request for topic "t", `partition`, of one batch holding `values`.
+    fn produce_request(
+        values: &[&[u8]],
+        compression: kafka_protocol::records::Compression,
+        acks: i16,
+        partition: i32,
+    ) -> Vec<u8> {
         use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
         use kafka_protocol::messages::{ProduceRequest, TopicName};
         use kafka_protocol::records::{
-            Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
+            Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
         };
         let records: Vec<Record> = (0i32..)
             .zip(values)
@@ -1048,13 +1023,14 @@ mod tests {
         let mut batch = BytesMut::new();
         let options = RecordEncodeOptions {
             version: 2,
-            compression: Compression::None,
+            compression,
         };
         RecordBatchEncoder::encode(&mut batch, records.iter(), &options).unwrap();
         let mut p = ProduceRequest::default();
-        p.acks = -1;
+        p.acks = acks;
         p.timeout_ms = 30_000;
         let mut part = PartitionProduceData::default();
+        part.index = partition;
         part.records = Some(batch.freeze());
         let mut t = TopicProduceData::default();
         t.name = TopicName(crate::engine::net::kafka::sb("t"));
