@@ -184,10 +184,11 @@ impl Compiled {
     }
 }
 
-/// Requests with fewer records to check are checked on the calling thread: below
-/// this, a hand-off to a checker thread ([`pool`]) costs about as much as the check.
-/// A request that arrives while every checker has a job is checked there too, so the
-/// loop and the checkers share the work of a burst.
+/// Requests with fewer records to check are checked on the calling thread: their
+/// check is short, and a hand-off to a checker thread ([`pool`]) costs two wake-ups
+/// and a copy of the values. A request below [`SPLIT_RECORDS_MIN`] that arrives
+/// while every checker has a job is checked there too, so the loop and the checkers
+/// share the work of a burst.
 pub const OFF_THREAD_RECORDS_MIN: usize = 32;
 
 /// Requests with at least this many records to check are split between the checker
@@ -221,8 +222,8 @@ impl Compiled {
     /// loop): the values are copied out and checked on the node's checker threads, a
     /// request of [`SPLIT_RECORDS_MIN`] records or more in contiguous parts, one per
     /// checker. The first failure in request order is the one reported, as on one
-    /// thread. Small requests, and any request while every checker is busy, are
-    /// checked here.
+    /// thread. Small requests, and requests below [`SPLIT_RECORDS_MIN`] while every
+    /// checker is busy, are checked here.
     async fn check_batches_off_thread<'b, 'r: 'b>(
         self: &Arc<Self>,
         checkers: &CheckPool,
