@@ -35,6 +35,24 @@ impl TopicLookup for Topics {
 
 /// A data directory (made by a broker) whose journal holds an init and two batches
 /// of producer 1 on t/0 and whose group `g` committed t/1 at 7 and t/3 at 2.
+/// `recover --json --backup-dir BACKUP_DIR DATA_DIR`, which must succeed: its output
+/// and the output parsed.
+fn recover_with_backup(data_dir: &str, dir: &Path, backup_dir: &Path) -> (String, Value) {
+    let (code, out, err) = run(
+        &[
+            "recover",
+            "--json",
+            "--backup-dir",
+            backup_dir.to_str().unwrap(),
+            data_dir,
+        ],
+        dir,
+    );
+    assert_eq!(code, 0, "{out} {err}");
+    let v = json(&out);
+    (out, v)
+}
+
 fn data() -> tempfile::TempDir {
     let tmp = tempfile::tempdir().unwrap();
     let b = Broker::open(tmp.path(), Arc::new(RealStorage), BrokerOptions::default()).unwrap();
@@ -286,18 +304,7 @@ fn recover_plans_reports_and_backs_up_the_journal_cut() {
 
     let backup = tempfile::tempdir().unwrap();
     let backup_dir = backup.path().join("b");
-    let (code, out, err) = run(
-        &[
-            "recover",
-            "--json",
-            "--backup-dir",
-            backup_dir.to_str().unwrap(),
-            data_dir,
-        ],
-        dir,
-    );
-    assert_eq!(code, 0, "{out} {err}");
-    let v = json(&out);
+    let (out, v) = recover_with_backup(data_dir, dir, &backup_dir);
     let actions = v["actions"].as_array().unwrap();
     let cut = actions.iter().find(|a| is_cut(a)).expect(&out);
     let copy = backup_dir.join(format!("producers.journal.bytes-{last}-{torn}"));
@@ -765,18 +772,7 @@ fn a_refused_membership_is_repairable_and_recover_rewrites_the_file() {
 
     let backup = tempfile::tempdir().unwrap();
     let backup_dir = backup.path().join("b");
-    let (code, out, err) = run(
-        &[
-            "recover",
-            "--json",
-            "--backup-dir",
-            backup_dir.to_str().unwrap(),
-            data_dir,
-        ],
-        dir,
-    );
-    assert_eq!(code, 0, "{out} {err}");
-    let v = json(&out);
+    let (out, v) = recover_with_backup(data_dir, dir, &backup_dir);
     let done = v["actions"]
         .as_array()
         .unwrap()
