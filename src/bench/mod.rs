@@ -103,6 +103,8 @@ pub struct WriteOptions {
     pub preallocate_bytes: Option<u64>,
     /// Embedded broker: zero-ahead on or off (default: on, as serve).
     pub zero_ahead: Option<bool>,
+    /// Embedded broker: the zero-ahead worker's bytes per second (default: serve's).
+    pub zero_rate: Option<u64>,
     /// Produce: records per second over all connections (default: as fast as acked).
     pub rate: Option<u64>,
 }
@@ -288,6 +290,9 @@ impl Embedded {
             flush_every_records,
             preallocate_bytes: write.preallocate_bytes.unwrap_or(PREALLOCATE_BYTES_DEFAULT),
             zero_ahead: write.zero_ahead.unwrap_or(true),
+            zero_rate: write
+                .zero_rate
+                .unwrap_or(crate::engine::partition::zero::ZERO_RATE_DEFAULT),
             spares_per_partition: crate::engine::partition::spares::SPARES_PER_PARTITION_DEFAULT,
             ..BrokerOptions::default()
         };

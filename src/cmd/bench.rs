@@ -86,6 +86,10 @@ pub struct Args {
     /// seglog serve, 0: off).
     #[arg(long, value_parser = clap::value_parser!(u64).range(0..=1 << 30))]
     pub preallocate_bytes: Option<u64>,
+    /// Embedded broker only: bytes per second the zero-ahead worker writes (default
+    /// as seglog serve).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub zero_rate: Option<u64>,
     /// Produce only: send this many records per second over all connections
     /// (default: each connection sends its next request once the last is acked).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
@@ -116,9 +120,13 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
             "--flush-every-records applies to --embedded only (set it on seglog serve)",
         ));
     }
-    if args.embedded.is_none() && (args.zero_ahead.is_some() || args.preallocate_bytes.is_some()) {
+    if args.embedded.is_none()
+        && (args.zero_ahead.is_some()
+            || args.preallocate_bytes.is_some()
+            || args.zero_rate.is_some())
+    {
         return Err(ExitError::usage(
-            "--zero-ahead and --preallocate-bytes apply to --embedded only (set them on seglog serve)",
+            "--zero-ahead, --zero-rate and --preallocate-bytes apply to --embedded only (set them on seglog serve)",
         ));
     }
     if args.mode == Mode::Consume && args.in_flight != 1 {
@@ -168,6 +176,7 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
             segment_bytes: args.segment_bytes,
             preallocate_bytes: args.preallocate_bytes,
             zero_ahead: args.zero_ahead.map(|z| z == OnOff::On),
+            zero_rate: args.zero_rate,
             rate: args.rate,
         },
         idempotent: args.idempotent,

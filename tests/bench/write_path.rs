@@ -210,6 +210,13 @@ fn zero_ahead_fsync_p50_and_roll_stalls() {
 #[ignore]
 fn durable_against_non_durable() {
     let rounds = env_or("SEGLOG_BENCH_ROUNDS", 3);
+    // SEGLOG_BENCH_ZERO_RATE=N: both runs of each pair with `--zero-rate N` (the
+    // default 64 MiB/s is overtaken by a writer faster than that, and its fsyncs then
+    // pay for new blocks).
+    let zero_rate = std::env::var("SEGLOG_BENCH_ZERO_RATE").ok();
+    if let Some(r) = &zero_rate {
+        println!("--zero-rate {r}");
+    }
     // One request in flight per connection, then five (a Kafka producer's default
     // max.in.flight.requests.per.connection; the broker pipelines them).
     for in_flight in ["1", "5"] {
@@ -236,6 +243,9 @@ fn durable_against_non_durable() {
                 for (flush, out) in order {
                     let mut args = base.to_vec();
                     args.extend(["--flush-every-records", flush]);
+                    if let Some(r) = &zero_rate {
+                        args.extend(["--zero-rate", r.as_str()]);
+                    }
                     let v = bench(&args);
                     println!(
                         "round {round} batch {batch:>3} in flight {in_flight} flush every {flush:>6}: {} records/s, fsyncs {}, p99 {:.3} ms",

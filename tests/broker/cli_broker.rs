@@ -630,6 +630,8 @@ fn embedded_bench_reports_its_fields() {
             "2",
             "--partitions",
             "2",
+            "--zero-rate",
+            "1073741824",
             "--json",
             "--embedded",
         ])
@@ -724,6 +726,17 @@ fn bench_with_requests_in_flight_writes_every_record_once() {
         .unwrap();
     assert_eq!(out.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--in-flight"));
+    // The embedded broker's write-path settings are refused against a running one.
+    for flag in [["--zero-rate", "1073741824"], ["--zero-ahead", "off"]] {
+        let out = Command::new(BIN)
+            .args(["bench", "produce", "--broker", &b.addr])
+            .args(flag)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{flag:?}: {err}");
+        assert!(err.contains(flag[0]), "{flag:?}: {err}");
+    }
 }
 
 /// Against a running broker (protocol version 3) the bench reports the write path's
