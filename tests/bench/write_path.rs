@@ -199,8 +199,17 @@ fn zero_ahead_fsync_p50_and_roll_stalls() {
         med(&small, "p99_ms"),
         med(&large, "p99_ms"),
     );
+    // The goal is on the longest stall: the median of the runs' maxima hides a run
+    // whose longest stall is far above the others', so the longest of all is shown
+    // beside it, with how many runs passed 1 ms.
+    let maxima: Vec<f64> = small
+        .iter()
+        .map(|x| field(x, "roll_stall_max_ms"))
+        .collect();
+    let longest = maxima.iter().copied().fold(0.0, f64::max);
+    let over = maxima.iter().filter(|m| **m > 1.0).count();
     println!(
-        "1 MiB segments: roll stall max {stall:.3} ms (median of {rounds}); p99 {p99_small:.3} ms vs {p99_large:.3} ms with 1 GiB, ratio {:.2}",
+        "1 MiB segments: roll stall max {stall:.3} ms (median of {rounds}), longest of all {longest:.3} ms, {over} of {rounds} runs above 1 ms; p99 {p99_small:.3} ms vs {p99_large:.3} ms with 1 GiB, ratio {:.2}",
         p99_small / p99_large.max(1e-9)
     );
     assert!(med(&small, "rolls") > 0.0, "1 MiB segments rolled");
