@@ -1352,9 +1352,12 @@ fn workload_retention(root: &Path, rng: &mut Rng) -> Run {
 }
 
 /// The broker's options with the spare pool on (docs/FORMAT.md, Spares).
+/// No spare maker thread: its writes would interleave with the traced ones at
+/// random; the spares workload makes empty spares itself, at fixed points.
 fn spare_opts() -> BrokerOptions {
     BrokerOptions {
         spares_per_partition: 4,
+        new_spares: 0,
         ..broker_opts()
     }
 }
@@ -1364,7 +1367,9 @@ fn spare_opts() -> BrokerOptions {
 /// re-stamp, appends with a group commit after each while the active segment is
 /// less than half full and none after, over rolls that take spares (so the outgoing
 /// segment's last records are not yet durable at every roll, whatever the seed), and
-/// retention handing the oldest segments back to the pool, twice.
+/// retention handing the oldest segments back to the pool, twice. The spare maker's
+/// step runs before every append: once the reused files are taken it makes empty
+/// spares, which later rolls take and which retention's segments evict.
 fn workload_spares(root: &Path, rng: &mut Rng) -> Run {
     let config = retention_config();
     let b = Broker::open(root, Arc::new(RealStorage), spare_opts()).unwrap();
@@ -1397,13 +1402,15 @@ fn workload_spares(root: &Path, rng: &mut Rng) -> Run {
     let stats = Arc::new(LogStats::default());
     stats.spares.configure(root, 4);
     stats.spares.set_partitions(1);
+    stats.spares.set_new_target(2);
     stats.spares.restamp(&*storage).unwrap();
     let dir = root.join(TOPICS_DIR).join(TOPIC).join("0");
-    let (log, _) = PartitionLog::open(TOPIC, 0, &dir, storage, stats.clone()).unwrap();
+    let (log, _) = PartitionLog::open(TOPIC, 0, &dir, storage.clone(), stats.clone()).unwrap();
     let mut unacked: Vec<(u64, Vec<Vec<u8>>)> = Vec::new();
     let mut n = 0u64;
     for round in 0..2 {
         for i in 0..12 {
+            stats.spares.refill(&*storage).unwrap();
             let count = 1 + rng.below(2);
             let values: Vec<Vec<u8>> = (0..count)
                 .map(|_| {
@@ -1455,6 +1462,10 @@ fn workload_spares(root: &Path, rng: &mut Rng) -> Run {
     assert!(
         stats.spares.taken.load(Ordering::Relaxed) > 0,
         "rolls take spares"
+    );
+    assert!(
+        stats.spares.made.load(Ordering::Relaxed) > 0,
+        "the maker's step made empty spares"
     );
     drop(log);
     run

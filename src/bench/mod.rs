@@ -105,6 +105,8 @@ pub struct WriteOptions {
     pub zero_ahead: Option<bool>,
     /// Embedded broker: the zero-ahead worker's bytes per second (default: serve's).
     pub zero_rate: Option<u64>,
+    /// Embedded broker: empty spares kept ready for rolls (default: serve's).
+    pub new_spares: Option<u64>,
     /// Produce: records per second over all connections (default: as fast as acked).
     pub rate: Option<u64>,
 }
@@ -294,6 +296,9 @@ impl Embedded {
                 .zero_rate
                 .unwrap_or(crate::engine::partition::zero::ZERO_RATE_DEFAULT),
             spares_per_partition: crate::engine::partition::spares::SPARES_PER_PARTITION_DEFAULT,
+            new_spares: write
+                .new_spares
+                .unwrap_or(crate::engine::partition::spares::NEW_SPARES_DEFAULT),
             ..BrokerOptions::default()
         };
         let broker = Broker::open(dir, Arc::new(RealStorage), opts).map_err(|e| match e {

@@ -90,6 +90,10 @@ pub struct Args {
     /// as seglog serve).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub zero_rate: Option<u64>,
+    /// Embedded broker only: empty spare files kept ready for rolls (default as
+    /// seglog serve, 0: none; rolls then create their files).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=1024))]
+    pub new_spares: Option<u64>,
     /// Produce only: send this many records per second over all connections
     /// (default: each connection sends its next request once the last is acked).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
@@ -123,10 +127,11 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
     if args.embedded.is_none()
         && (args.zero_ahead.is_some()
             || args.preallocate_bytes.is_some()
-            || args.zero_rate.is_some())
+            || args.zero_rate.is_some()
+            || args.new_spares.is_some())
     {
         return Err(ExitError::usage(
-            "--zero-ahead, --zero-rate and --preallocate-bytes apply to --embedded only (set them on seglog serve)",
+            "--zero-ahead, --zero-rate, --new-spares and --preallocate-bytes apply to --embedded only (set them on seglog serve)",
         ));
     }
     if args.mode == Mode::Consume && args.in_flight != 1 {
@@ -177,6 +182,7 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
             preallocate_bytes: args.preallocate_bytes,
             zero_ahead: args.zero_ahead.map(|z| z == OnOff::On),
             zero_rate: args.zero_rate,
+            new_spares: args.new_spares,
             rate: args.rate,
         },
         idempotent: args.idempotent,

@@ -108,6 +108,12 @@ pub struct Args {
     #[arg(long, default_value_t = crate::engine::partition::spares::SPARES_PER_PARTITION_DEFAULT,
           value_parser = clap::value_parser!(u64).range(0..=1024))]
     pub spares_per_partition: u64,
+    /// Empty spare files kept ready in DATA/spares/ for rolls, made when retention
+    /// and compaction return too few (they count against --spares-per-partition,
+    /// and give up their place to a returned segment); 0 makes none.
+    #[arg(long, default_value_t = crate::engine::partition::spares::NEW_SPARES_DEFAULT,
+          value_parser = clap::value_parser!(u64).range(0..=1024))]
+    pub new_spares: u64,
     /// Format of the broker log on stderr: text or json (one object per line).
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -639,6 +645,7 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
         zero_ahead: args.zero_ahead == OnOff::On,
         zero_rate: args.zero_rate,
         spares_per_partition: args.spares_per_partition,
+        new_spares: args.new_spares,
         groups: crate::engine::groups::GroupOptions {
             session_timeout_min: args.group_min_session_timeout,
             session_timeout_max: args.group_max_session_timeout,

@@ -18,9 +18,12 @@ use seglog::testkit::storage::{Call, Hook, HookStorage, Op};
 
 use crate::util::storage::real;
 
+/// The pool on, without empty spares made ahead: these tests count the segments
+/// retention and compaction return.
 fn opts() -> BrokerOptions {
     BrokerOptions {
         spares_per_partition: 4,
+        new_spares: 0,
         retention_check_interval: Duration::from_secs(3600),
         ..BrokerOptions::default()
     }
@@ -605,4 +608,72 @@ fn entries_at_once_never_pass_the_pool_cap() {
     assert_eq!(pool.from_partition("t", 0), 1);
     assert!(dir.join("00000000000000000010.log").exists());
     assert_eq!(fs::read_dir(data.path().join("spares")).unwrap().count(), 1);
+}
+
+/// Waits (at most 20 s) until `DATA/spares/` holds exactly `want` files.
+fn wait_for_spares(dir: &Path, want: usize) -> Vec<(u64, u64)> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let headers = spare_headers(dir);
+        if headers.len() == want {
+            return headers;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "spares/ holds {headers:?}, not {want} spares"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn empty_spares_are_made_ahead_taken_by_rolls_and_give_way_to_returned_segments() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = BrokerOptions {
+        new_spares: 2,
+        ..opts()
+    };
+    let b = Broker::open(dir.path(), real(), opts.clone()).unwrap();
+    // No partition yet: the cap is 0, and nothing is made.
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(spare_headers(dir.path()).is_empty());
+    // One partition: a cap of 4, and 2 empty spares made at once (not at the next
+    // cleaner round), each an unassigned spare of generation 0 holding no record.
+    b.create_topic("t", 1, config()).unwrap();
+    let made = wait_for_spares(dir.path(), 2);
+    assert!(made.iter().all(|h| *h == (u64::MAX, 0)), "{made:?}");
+    assert!(spares_of(dir.path())
+        .iter()
+        .all(|p| fs::metadata(p).unwrap().len() == 32));
+    // Rolls take them (records of generation 0, in files renamed into place) and the
+    // maker makes more.
+    let mut acked = produce(&b, 0, 60);
+    assert_eq!(acked.len(), 60);
+    let s = b.stats();
+    assert!(s.rolls >= 5 && s.spares_taken >= 5, "{s:?}");
+    assert_acked_kept(&b, &acked);
+    wait_for_spares(dir.path(), 2);
+    // Retention returns more segments than the pool has free places: the empty
+    // spares give way, and the pool holds 4 reused files, none empty.
+    assert!(b.run_retention().is_empty());
+    let s = b.stats();
+    assert!(s.spares_returned >= 4, "{s:?}");
+    let headers = spare_headers(dir.path());
+    assert_eq!(headers.len(), 4, "{headers:?}");
+    assert!(headers.iter().all(|h| *h == (u64::MAX, 1)), "{headers:?}");
+    // The next roll takes a reused file before an empty one would be made.
+    acked.extend(produce(&b, 60, 20));
+    assert_acked_kept(&b, &acked);
+    b.shutdown().unwrap();
+    drop(b);
+    // verify calls the directory clean (spares are information at most), and a
+    // restart re-stamps every spare and keeps every record.
+    let data = dir.path().to_str().unwrap();
+    let (code, out, err) = crate::util::bin::run(&["verify", data], dir.path());
+    assert_eq!(code, 0, "{out}{err}");
+    let b = Broker::open(dir.path(), real(), opts).unwrap();
+    assert_acked_kept(&b, &acked);
+    acked.extend(produce(&b, 80, 20));
+    assert_acked_kept(&b, &acked);
+    b.shutdown().unwrap();
 }

@@ -37,6 +37,7 @@ mod open;
 mod replicated;
 mod requests;
 mod schemas;
+mod spare_maker;
 mod topics;
 mod zeroer;
 
@@ -45,6 +46,7 @@ use committer::*;
 use flusher::*;
 use open::*;
 pub use requests::{Commit, CommitLead, DurableWait};
+use spare_maker::SpareMaker;
 use zeroer::Zeroer;
 
 use crate::format::names::{
@@ -78,6 +80,9 @@ pub struct BrokerOptions {
     /// Spare segment files kept in `DATA/spares/` per partition of the node (0: none;
     /// segments retention removes are deleted).
     pub spares_per_partition: u64,
+    /// Spares kept ready for rolls, made new (empty) when retention and compaction
+    /// return too few; within `spares_per_partition` (0: none made).
+    pub new_spares: u64,
     /// The group coordinator's timeouts and limits.
     pub groups: crate::engine::groups::GroupOptions,
     /// How long an idempotent producer unseen is remembered.
@@ -97,6 +102,7 @@ impl Default for BrokerOptions {
             zero_ahead: false,
             zero_rate: crate::engine::partition::zero::ZERO_RATE_DEFAULT,
             spares_per_partition: 0,
+            new_spares: crate::engine::partition::spares::NEW_SPARES_DEFAULT,
             groups: crate::engine::groups::GroupOptions::default(),
             producer_id_expiration: crate::engine::producers::PRODUCER_ID_EXPIRATION_DEFAULT,
         }
@@ -277,6 +283,8 @@ pub struct Broker {
     committer: Arc<Committer>,
     zeroer: Arc<Zeroer>,
     zeroer_thread: Mutex<Option<JoinHandle<()>>>,
+    spare_maker: Arc<SpareMaker>,
+    spare_maker_thread: Mutex<Option<JoinHandle<()>>>,
     cleaner: Arc<Cleaner>,
     cleaner_threads: Mutex<Vec<JoinHandle<()>>>,
     dir_lock: Mutex<Option<DirLock>>,

@@ -97,6 +97,27 @@ impl Broker {
         } else {
             None
         };
+        let spare_maker = Arc::new(SpareMaker::new(stats.clone(), storage.clone()));
+        let pool_on = stats.spares.dir().is_some();
+        stats
+            .spares
+            .set_new_target(if pool_on { opts.new_spares } else { 0 });
+        let spare_maker_thread = match (pool_on && opts.new_spares > 0)
+            .then(|| spare_maker.clone().start())
+            .transpose()
+        {
+            Ok(t) => t,
+            Err(e) => {
+                groups.shutdown();
+                flusher.stop();
+                zeroer.stop();
+                let _ = thread.join();
+                if let Some(t) = zeroer_thread {
+                    let _ = t.join();
+                }
+                return Err(e);
+            }
+        };
         let mut cleaner_threads = Vec::new();
         for (kind, interval) in [
             (CleanupKind::Retention, opts.retention_check_interval),
@@ -109,8 +130,12 @@ impl Broker {
                     cleaner.stop();
                     flusher.stop();
                     zeroer.stop();
+                    spare_maker.stop();
                     let _ = thread.join();
                     if let Some(t) = zeroer_thread {
+                        let _ = t.join();
+                    }
+                    if let Some(t) = spare_maker_thread {
                         let _ = t.join();
                     }
                     for t in cleaner_threads {
@@ -136,6 +161,8 @@ impl Broker {
             committer: Arc::default(),
             zeroer,
             zeroer_thread: Mutex::new(zeroer_thread),
+            spare_maker,
+            spare_maker_thread: Mutex::new(spare_maker_thread),
             cleaner,
             cleaner_threads: Mutex::new(cleaner_threads),
             dir_lock: Mutex::new(Some(dir_lock)),

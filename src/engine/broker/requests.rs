@@ -408,6 +408,10 @@ impl Broker {
         if let Some(handle) = lock(&self.zeroer_thread).take() {
             let _ = handle.join();
         }
+        self.spare_maker.stop();
+        if let Some(handle) = lock(&self.spare_maker_thread).take() {
+            let _ = handle.join();
+        }
         let mut first_error = None;
         let topics: Vec<Arc<Topic>> = read(&self.topics).values().cloned().collect();
         for log in topics.iter().flat_map(|t| t.logs()) {

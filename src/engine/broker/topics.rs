@@ -98,7 +98,18 @@ impl Broker {
         let mut notes = Vec::new();
         let topic = load_topic(&self.storage, name, &dir, &self.stats, &mut notes)?;
         write(&self.topics).insert(name.to_string(), Arc::new(topic));
+        self.count_partitions_for_spares();
         Ok(())
+    }
+
+    /// Tells the spare pool how many partitions the node has (its cap), at once
+    /// rather than at the next cleaner round.
+    fn count_partitions_for_spares(&self) {
+        let n = read(&self.topics)
+            .values()
+            .map(|t| t.partitions.len() as u64)
+            .sum();
+        self.stats.spares.set_partitions(n);
     }
 
     /// Builds the topic under `<name>~new` and renames it into place:
@@ -180,6 +191,7 @@ impl Broker {
             return Err(e);
         }
         self.drop_schemas(name);
+        self.count_partitions_for_spares();
         Ok(())
     }
 

@@ -286,9 +286,12 @@ impl PartitionLog {
             // 1.
             a.log.set_len(a.data_end)?;
             a.index.set_len(a.index_len)?;
-            // 2.
+            // 2. (an index whose file the roll's commit has yet to create is in memory)
             self.sync_all(&*a.log)?;
-            self.sync_all(&*a.index)
+            match a.index.file() {
+                Some(index) => self.sync_all(&**index),
+                None => Ok(()),
+            }
         })();
         match cut {
             Ok(()) => EngineError::io(

@@ -217,13 +217,28 @@ impl PartitionLog {
         }
     }
 
+    /// Creates the index file of the active segment whose log is `log` (a roll onto
+    /// a spare left it to this commit) and writes the index bytes appended so far.
+    fn create_active_index(&self, log: &Arc<dyn StorageFile>, path: &Path) -> io::Result<()> {
+        let index: Arc<dyn StorageFile> = Arc::from(self.storage.create(path)?);
+        let w = lock(&self.write);
+        // A roll starts only once this one is durable: the log is still the active one.
+        assert!(
+            Arc::ptr_eq(&w.active.log, log),
+            "the active segment changed before its roll was durable"
+        );
+        w.active.index.install(index)
+    }
+
     /// The fsync ordering of a group commit:
     /// 1. truncate the outgoing log of a pending roll to the end of its data (its
     ///    zero tail and reserved blocks) and `sync_all` it (its last data and the
     ///    truncation), then its index;
-    /// 2. only then write the new segment's header (the roll's commit record: it must
-    ///    never reach the disk before the records below its base) and `sync_all` the
-    ///    new log;
+    /// 2. only then, for a roll that took a spare, rename it from `spares/` to the
+    ///    new segment's name; write the new segment's header (the roll's commit
+    ///    record: it must never reach the disk before the records below its base) and
+    ///    `sync_all` the new log; for a spare, create the new index (and write the
+    ///    index bytes appended meanwhile);
     /// 3. fsync the partition directory (the new segment's names);
     /// 4. `sync_data` the active log, covering every record written before the plan
     ///    (already done by step 2 when the active log is the roll's new log).
@@ -251,10 +266,26 @@ impl PartitionLog {
             self.sync_all(&*roll.outgoing_log)?;
             self.sync_all(&*roll.outgoing_index)?;
             // 2.
+            if let Some(place) = &roll.place {
+                self.storage.rename(&place.from, &place.to).map_err(|e| {
+                    io::Error::new(
+                        e.kind(),
+                        format!(
+                            "renaming spare {} to {}: {e}",
+                            place.from.display(),
+                            place.to.display()
+                        ),
+                    )
+                })?;
+                roll.new_zero.named();
+            }
             roll.new_log.write_at(&roll.header, 0)?;
             zero::preallocate(&*roll.new_log, &roll.new_zero, HEADER_LEN as u64, window);
             self.sync_all(&*roll.new_log)?;
             active_synced = Arc::ptr_eq(&roll.new_log, &plan.active_log);
+            if let Some(place) = &roll.place {
+                self.create_active_index(&roll.new_log, &place.index)?;
+            }
             // 3. (and the spare directory a reused file came from)
             if !planted!(SKIP_ROLL_DIR_FSYNC) {
                 self.sync_dir()?;
@@ -262,6 +293,10 @@ impl PartitionLog {
                     self.stats.fsyncs.fetch_add(1, Ordering::Relaxed);
                     self.storage.sync_dir(dir)?;
                 }
+            }
+            if roll.spares_dir.is_some() {
+                // The roll took a spare: the maker may make the next one now.
+                self.stats.spares.wake_maker_if_low();
             }
         }
         // 4.

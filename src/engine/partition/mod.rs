@@ -133,21 +133,23 @@ pub struct Segment {
 }
 
 impl Segment {
+    /// A new segment at `path`, its file opened at `open_at` (a spare's name until
+    /// the roll's group commit renames it to `path`).
     fn new(
         base_offset: u64,
         generation: u64,
         path: PathBuf,
-        index: Vec<IndexEntry>,
+        open_at: &Path,
         data_end: u64,
         cache: &Arc<FileCache>,
     ) -> io::Result<Self> {
-        let file = SegmentFile::held(path.clone(), File::open(&path)?, cache.clone());
+        let file = SegmentFile::held(path.clone(), File::open(open_at)?, cache.clone());
         Ok(Segment {
             base_offset,
             generation,
             path,
             file,
-            index: RwLock::new(index),
+            index: RwLock::new(Vec::new()),
             written_end: AtomicU64::new(data_end),
             readable_end: AtomicU64::new(data_end),
             max_timestamp: OnceLock::new(),
@@ -207,7 +209,7 @@ impl Segment {
 struct Active {
     seg: Arc<Segment>,
     log: Arc<dyn StorageFile>,
-    index: Arc<dyn StorageFile>,
+    index: ActiveIndex,
     /// End of the valid data: the next record goes here.
     data_end: u64,
     /// Length of the log file (may exceed `data_end` by a zero tail).
@@ -230,14 +232,27 @@ struct PendingRoll {
     outgoing_log: Arc<dyn StorageFile>,
     cut_to: Option<u64>,
     outgoing_index: Arc<dyn StorageFile>,
-    /// Created with a zero header; `header` is written to it only once the outgoing
-    /// segment is durable, then fsynced, then the directory.
+    /// Created with a zero header (or a spare's); `header` is written to it only
+    /// once the outgoing segment is durable, then fsynced, then the directory.
     new_log: Arc<dyn StorageFile>,
+    /// A spare the roll took, still in `spares/` under its own name: the commit
+    /// renames it to the new segment's name (after the outgoing segment is durable,
+    /// before the header), and creates `new_index`.
+    place: Option<PlaceSpare>,
     new_zero: Arc<ZeroTarget>,
     header: [u8; HEADER_LEN],
     /// The spare directory the new log was renamed from (fsynced with the
     /// partition directory), when the roll took a spare.
     spares_dir: Option<PathBuf>,
+}
+
+/// A spare a roll took: renamed from `from` (in `spares/`) to `to` (`<base>.log`) by
+/// the roll's group commit, which also creates `index` (`<base>.index`).
+#[derive(Debug)]
+struct PlaceSpare {
+    from: PathBuf,
+    to: PathBuf,
+    index: PathBuf,
 }
 
 /// Syncs that a roll left for the next group commit.
@@ -526,6 +541,7 @@ impl PartitionLog {
     }
 }
 
+mod active_index;
 mod append;
 pub mod buffers;
 pub mod cleanup;
@@ -546,6 +562,7 @@ pub mod zero;
 #[expect(clippy::unwrap_used, clippy::indexing_slicing, reason = "tests")]
 mod tests;
 
+use active_index::ActiveIndex;
 use files::{FileCache, SegmentFile};
 pub use journal::{Journal, JournalNeed, JournalNotDurable};
 pub use open::LostSegment;

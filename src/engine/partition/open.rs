@@ -250,7 +250,7 @@ pub(super) fn open_active(
     let active = Active {
         seg: Arc::new(seg),
         log,
-        index,
+        index: ActiveIndex::open(index),
         data_end: scan.data_end,
         file_len: len,
         index_len: (scan.index.len() * INDEX_ENTRY_LEN) as u64,

@@ -1,19 +1,30 @@
-//! Rolling: the outgoing segment is sealed and a new active segment is created with a
-//! zero header; the next group commit makes the outgoing segment durable, then writes
-//! the new header (the roll's commit record) and makes it and the new name durable
-//! (docs/FORMAT.md, Segment states). A roll starts only once the previous roll is
-//! durable, so at most one segment, the newest, can lack its header after a crash.
+//! Rolling: the outgoing segment is sealed and a new active segment starts, either in
+//! a spare from the node's pool (opened where it lies in `spares/`, its header still
+//! the spare's) or in a new file with a zero header; the next group commit makes the
+//! outgoing segment durable, then (for a spare) renames it into place, writes the
+//! new header (the roll's commit record), creates the index a spare lacks, and makes
+//! the new names durable (docs/FORMAT.md, Segment states and Spares). So a roll onto
+//! a spare makes no system call while writers wait. A roll starts only once the
+//! previous roll is durable, so at most one segment, the newest, can lack its header
+//! after a crash.
 
 use super::*;
 
 // ----- rolling -----
 
-/// A new segment's log, its index, and the spare the log was taken from, if any.
-type NewSegmentFiles = (
-    Arc<dyn StorageFile>,
-    Arc<dyn StorageFile>,
-    Option<spares::Spare>,
-);
+/// A new segment's files at a roll.
+struct NewSegmentFiles {
+    log: Arc<dyn StorageFile>,
+    index: ActiveIndex,
+    /// Where the log is now: `<base>.log`, or a spare's name in `spares/` until the
+    /// roll's group commit renames it.
+    open_at: PathBuf,
+    /// What the roll's group commit renames and creates, for a spare still in
+    /// `spares/`.
+    place: Option<PlaceSpare>,
+    /// The spare the log is, if any.
+    spare: Option<spares::Spare>,
+}
 
 /// Creates `<base>.log` starting with `header` (a generation-0 header, or 32 zero
 /// bytes at a roll) and an empty `<base>.index`. Nothing is fsynced here; on failure,
@@ -67,39 +78,85 @@ impl PartitionLog {
         }
     }
 
-    /// The new segment's files at a roll: a spare from the node's pool renamed to
-    /// `path` (its header still the spare's), else a new file with its 32 header
-    /// bytes zero; and a new, empty index. Nothing is fsynced here.
+    /// The new segment's files at a roll: a spare from the node's pool, opened where
+    /// it is (its header still the spare's; the roll's group commit renames it to
+    /// `path` and creates the index, so the roll itself touches no directory), else
+    /// a new file at `path` with its 32 header bytes zero and a new, empty index.
+    /// Nothing is fsynced here.
     fn new_segment_files(&self, base: u64, path: &Path) -> io::Result<NewSegmentFiles> {
-        let Some(spare) = self.stats.spares.take(&*self.storage, path) else {
-            let first_bytes = if planted!(ROLL_BEFORE_DATA_DURABLE) {
-                SegmentHeader::new(base).encode()
-            } else {
-                [0; HEADER_LEN]
-            };
-            let (log, index) = create_segment_files(&*self.storage, &self.dir, base, &first_bytes)?;
-            return Ok((log, index, None));
-        };
         let index_path = self.dir.join(index_file_name(base));
+        if let Some(spare) = self.stats.spares.take() {
+            if planted!(SPARE_BASE_BEFORE_DATA_DURABLE) {
+                return self.place_spare_now(spare, base, path, &index_path);
+            }
+            match self.storage.open(&spare.path) {
+                Ok(log) => {
+                    return Ok(NewSegmentFiles {
+                        log: Arc::from(log),
+                        index: ActiveIndex::later(),
+                        open_at: spare.path.clone(),
+                        place: Some(PlaceSpare {
+                            from: spare.path.clone(),
+                            to: path.to_path_buf(),
+                            index: index_path,
+                        }),
+                        spare: Some(spare),
+                    });
+                }
+                // Out of the pool; the next start re-stamps or removes it.
+                Err(e) => {
+                    tracing::warn!(spare = %spare.path.display(), error = %e, "taking a spare failed");
+                }
+            }
+        }
+        let first_bytes = if planted!(ROLL_BEFORE_DATA_DURABLE) {
+            SegmentHeader::new(base).encode()
+        } else {
+            [0; HEADER_LEN]
+        };
+        let (log, index) = create_segment_files(&*self.storage, &self.dir, base, &first_bytes)?;
+        Ok(NewSegmentFiles {
+            log,
+            index: ActiveIndex::open(index),
+            open_at: path.to_path_buf(),
+            place: None,
+            spare: None,
+        })
+    }
+
+    /// The planted bug `SPARE_BASE_BEFORE_DATA_DURABLE`: the spare is renamed at the
+    /// roll and its header gets the new base at once, before the outgoing segment is
+    /// durable.
+    fn place_spare_now(
+        &self,
+        spare: spares::Spare,
+        base: u64,
+        path: &Path,
+        index_path: &Path,
+    ) -> io::Result<NewSegmentFiles> {
+        self.storage.rename(&spare.path, path)?;
         let made = (|| {
             let log: Arc<dyn StorageFile> = Arc::from(self.storage.open(path)?);
-            if planted!(SPARE_BASE_BEFORE_DATA_DURABLE) {
-                let header = SegmentHeader {
-                    base_offset: base,
-                    generation: spare.generation,
-                    flags: 0,
-                };
-                log.write_at(&header.encode(), 0)?;
-            }
-            let index: Arc<dyn StorageFile> = Arc::from(self.storage.create(&index_path)?);
+            let header = SegmentHeader {
+                base_offset: base,
+                generation: spare.generation,
+                flags: 0,
+            };
+            log.write_at(&header.encode(), 0)?;
+            let index: Arc<dyn StorageFile> = Arc::from(self.storage.create(index_path)?);
             Ok((log, index))
         })();
         match made {
-            Ok((log, index)) => Ok((log, index, Some(spare))),
+            Ok((log, index)) => Ok(NewSegmentFiles {
+                log,
+                index: ActiveIndex::open(index),
+                open_at: path.to_path_buf(),
+                place: None,
+                spare: Some(spare),
+            }),
             Err(e) => {
-                // Its header still marks a spare: recovery would remove it too.
                 let _ = self.storage.remove_file(path);
-                let _ = self.storage.remove_file(&index_path);
+                let _ = self.storage.remove_file(index_path);
                 Err(e)
             }
         }
@@ -110,8 +167,9 @@ impl PartitionLog {
     /// 1. stop zeroing the outgoing log and note where its data ends: the next group
     ///    commit truncates it there (a truncation waits for the file system's journal,
     ///    so it is kept off the writer's lock);
-    /// 2. create the new log with its 32 header bytes zero (or take a spare, whose
-    ///    header still marks it unassigned), and its index;
+    /// 2. take a spare, opened where it lies (its header still marks it unassigned;
+    ///    the commit renames it and creates its index), or create the new log with
+    ///    its 32 header bytes zero, and its index;
     /// 3. leave the rest to the next group commit (see [`PartitionLog::execute`]):
     ///    fsync the outgoing log and index, then write and fsync the new header, then
     ///    fsync the directory, before any record of the new segment is acknowledged or
@@ -129,6 +187,13 @@ impl PartitionLog {
         let old = &w.active;
         // Only a segment that holds records is rolled: the new base is above the old.
         assert!(base > old.seg.base_offset && old.data_end > HEADER_LEN as u64);
+        // The previous roll's commit created the outgoing index (it is durable).
+        let outgoing_index = old.index.file().cloned().ok_or_else(|| {
+            EngineError::io(
+                format!("rolling {}", self.dir.display()),
+                io::Error::other("the outgoing segment's index file was never created"),
+            )
+        })?;
         // 1. (no zeros may be in flight once it is cut: the worker stops first)
         let zeroed_end = old.zero.seal();
         let reserved = old.zero.allocated_end.load(Ordering::Acquire);
@@ -136,7 +201,7 @@ impl PartitionLog {
             (old.file_len.max(zeroed_end).max(reserved) > old.data_end).then_some(old.data_end);
         // 2.
         let path = self.dir.join(log_file_name(base));
-        let (log, index, spare) = self.new_segment_files(base, &path).map_err(|e| {
+        let new_files = self.new_segment_files(base, &path).map_err(|e| {
             EngineError::io(
                 format!(
                     "creating segment {} in {}",
@@ -146,6 +211,13 @@ impl PartitionLog {
                 e,
             )
         })?;
+        let NewSegmentFiles {
+            log,
+            index,
+            open_at,
+            place,
+            spare,
+        } = new_files;
         let generation = spare.as_ref().map_or(0, |s| s.generation);
         // A reused file's old bytes are records of an older generation: zeroing
         // starts past them.
@@ -160,21 +232,26 @@ impl PartitionLog {
             base,
             generation,
             path.clone(),
-            Vec::new(),
+            &open_at,
             HEADER_LEN as u64,
             &self.stats.files,
         );
         let seg = match seg {
             Ok(s) => Arc::new(s),
             Err(e) => {
-                let removed = self.storage.remove_file(&path).and_then(|()| {
-                    self.storage
-                        .remove_file(&path.with_extension(crate::format::names::INDEX_EXT))
-                });
+                // A spare not yet renamed is removed where it is (its header still
+                // marks a spare; the next start would re-stamp it).
+                let removed = match &place {
+                    Some(p) => self.storage.remove_file(&p.from),
+                    None => self.storage.remove_file(&path).and_then(|()| {
+                        self.storage
+                            .remove_file(&path.with_extension(crate::format::names::INDEX_EXT))
+                    }),
+                };
                 return Err(match removed {
-                    Ok(()) => EngineError::io(format!("opening {}", path.display()), e),
+                    Ok(()) => EngineError::io(format!("opening {}", open_at.display()), e),
                     Err(r) => self.fail(FailureReason::NewSegmentStuck {
-                        path: path.clone(),
+                        path: open_at.clone(),
                         open: Arc::new(e),
                         remove: Arc::new(r),
                     }),
@@ -199,6 +276,11 @@ impl PartitionLog {
                 self.journal.clone(),
             )),
         };
+        if place.is_some() {
+            // The zero worker opens the file by its segment name: not before the
+            // commit renamed it.
+            new.zero.wait_for_name();
+        }
         self.stats.write_path.register(&new.zero);
         let new_zero = new.zero.clone();
         let old = std::mem::replace(&mut w.active, new);
@@ -210,8 +292,9 @@ impl PartitionLog {
         w.pending.roll = Some(PendingRoll {
             outgoing_log: old.log,
             cut_to,
-            outgoing_index: old.index,
+            outgoing_index,
             new_log: log,
+            place,
             new_zero,
             header,
             spares_dir: spare.and(self.stats.spares.dir()),

@@ -18,8 +18,9 @@
 //!   An entry holds its place from its check to its listing (retention's and a
 //!   compaction's entries run on different threads), so entries at once never pass it.
 //! - Entry runs on the cleaner thread, never on a writer's path; taking a spare at a
-//!   roll is one rename (made durable by the roll's group commit, which fsyncs both
-//!   directories before any record of the new segment is acknowledged).
+//!   roll is no system call at all: the roll's group commit renames it (once the
+//!   outgoing segment is durable) and fsyncs both directories before any record of
+//!   the new segment is acknowledged.
 //! - A segment enters only when no reader holds it or maps it (the caller checks its
 //!   handles; [`SparePool::enter`] takes an exclusive `flock` on a fresh open).
 //! - Every change goes through the I/O seam.
@@ -28,7 +29,8 @@ use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Condvar, Mutex, PoisonError};
+use std::time::Duration;
 
 use super::lock;
 use crate::engine::storage::io::{Storage, StorageFile};
@@ -38,6 +40,9 @@ use crate::format::{SegmentHeader, HEADER_LEN};
 
 /// Default `serve --spares-per-partition`.
 pub const SPARES_PER_PARTITION_DEFAULT: u64 = 4;
+/// Default `serve --new-spares`: spares kept ready for rolls, made new when
+/// retention and compaction return too few.
+pub const NEW_SPARES_DEFAULT: u64 = 2;
 
 /// A spare ready to be taken.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -47,8 +52,17 @@ pub struct Spare {
     pub generation: u64,
     /// Its length: bytes up to here hold an older generation's records.
     pub len: u64,
-    /// The partition (topic, number) it came from; `None` for one found at startup.
+    /// The partition (topic, number) it came from; `None` for one found at startup
+    /// or made new.
     pub origin: Option<(String, u32)>,
+}
+
+impl Spare {
+    /// A spare that holds no old records (made new, or emptied): its blocks are not
+    /// yet written, so it is worth less than a reused segment.
+    pub fn is_empty(&self) -> bool {
+        self.len <= HEADER_LEN as u64
+    }
 }
 
 #[derive(Debug, Default)]
@@ -62,6 +76,11 @@ struct PoolState {
     entering: u64,
     /// Next file name's sequence number.
     next_seq: u64,
+    /// Spares to keep ready, made new when too few are returned (0: none made).
+    new_target: u64,
+    /// The spare maker is to look at the pool (a roll took a spare, the cap grew,
+    /// or the maker is to stop).
+    maker_due: bool,
 }
 
 /// The node's spares and their counters, shared by every log of a broker.
@@ -72,6 +91,11 @@ pub struct SparePool {
     pub taken: AtomicU64,
     /// Segments that entered the pool.
     pub returned: AtomicU64,
+    /// New, empty spares the spare maker made.
+    pub made: AtomicU64,
+    /// Empty spares deleted to make room for a returned segment.
+    pub evicted: AtomicU64,
+    maker_wake: Condvar,
 }
 
 /// What startup found in `spares/`.
@@ -99,7 +123,40 @@ impl SparePool {
 
     /// Partitions on the node (the cap is `per_partition` times this).
     pub fn set_partitions(&self, n: u64) {
-        lock(&self.state).partitions = n;
+        let grew = {
+            let mut s = lock(&self.state);
+            let grew = n > s.partitions;
+            s.partitions = n;
+            grew
+        };
+        if grew {
+            self.wake_maker();
+        }
+    }
+
+    /// How many spares the spare maker keeps ready (made new when retention and
+    /// compaction return too few); 0: it makes none.
+    pub fn set_new_target(&self, n: u64) {
+        lock(&self.state).new_target = n;
+        self.wake_maker();
+    }
+
+    /// Wakes the spare maker: a spare was taken, the cap grew, or it is to stop.
+    pub fn wake_maker(&self) {
+        let mut s = lock(&self.state);
+        if !std::mem::replace(&mut s.maker_due, true) {
+            self.maker_wake.notify_one();
+        }
+    }
+
+    /// The spare maker's sleep: until [`SparePool::wake_maker`] or `timeout`.
+    pub fn wait_maker_due(&self, timeout: Duration) {
+        let s = lock(&self.state);
+        let (mut s, _) = self
+            .maker_wake
+            .wait_timeout_while(s, timeout, |s| !s.maker_due)
+            .unwrap_or_else(PoisonError::into_inner);
+        s.maker_due = false;
     }
 
     /// Spares ready now.
@@ -134,7 +191,8 @@ impl SparePool {
         (s.ready.len() as u64).saturating_add(s.entering)
     }
 
-    /// Takes a place for an entry when the pool is on and has room; `None` otherwise.
+    /// Takes a place for a new spare when the pool is on and has room; `None`
+    /// otherwise.
     fn claim_place(&self, s: &mut PoolState) -> Option<Place<'_>> {
         s.dir.as_ref()?;
         if Self::taken_places(s) >= Self::cap(s) {
@@ -142,6 +200,86 @@ impl SparePool {
         }
         s.entering += 1;
         Some(Place { pool: self })
+    }
+
+    /// Takes a place for a returned segment: when the pool is full, an empty spare
+    /// (made new, its blocks never written) gives up its place, and its path is
+    /// returned for the caller to delete: a reused segment is worth more.
+    fn claim_place_evicting(&self, s: &mut PoolState) -> Option<(Place<'_>, Option<PathBuf>)> {
+        s.dir.as_ref()?;
+        let mut evicted = None;
+        if Self::taken_places(s) >= Self::cap(s) {
+            let i = s.ready.iter().position(Spare::is_empty)?;
+            evicted = Some(s.ready.remove(i).path);
+            self.evicted.fetch_add(1, Ordering::Relaxed);
+        }
+        s.entering += 1;
+        Some((Place { pool: self }, evicted))
+    }
+
+    /// Deletes an empty spare that gave up its place (no directory fsync: if it
+    /// comes back after a crash, the next start re-stamps it or removes it over the
+    /// cap).
+    fn delete_evicted(storage: &dyn Storage, evicted: Option<PathBuf>) {
+        if let Some(path) = evicted {
+            if let Err(e) = storage.remove_file(&path) {
+                tracing::warn!(spare = %path.display(), error = %e, "removing an empty spare failed; the next start removes it over the cap");
+            }
+        }
+    }
+
+    /// Makes new, empty spares until `new_target` are ready or the pool is full:
+    /// each is created in `spares/` with a spare's header (`base_offset = u64::MAX`,
+    /// generation 0) and fsynced, then the directory, and only then listed. Runs on
+    /// the spare maker's thread, never on a writer's path. Returns how many it made.
+    /// A failure removes the file it was making.
+    pub fn refill(&self, storage: &dyn Storage) -> io::Result<u64> {
+        let mut made = 0;
+        loop {
+            let (dir, seq, place) = {
+                let mut s = lock(&self.state);
+                let Some(dir) = s.dir.clone() else {
+                    return Ok(made);
+                };
+                if Self::taken_places(&s) >= s.new_target {
+                    return Ok(made);
+                }
+                let Some(place) = self.claim_place(&mut s) else {
+                    return Ok(made);
+                };
+                let seq = s.next_seq;
+                s.next_seq += 1;
+                (dir, seq, place)
+            };
+            let path = dir.join(spare_file_name(seq));
+            let header = SegmentHeader {
+                base_offset: crate::format::header::SPARE_BASE_OFFSET,
+                generation: 0,
+                flags: 0,
+            };
+            let result = (|| {
+                let f = storage.create(&path)?;
+                f.write_at(&header.encode(), 0)?;
+                f.sync_all()?;
+                storage.sync_dir(&dir)
+            })();
+            if let Err(e) = result {
+                let _ = storage.remove_file(&path);
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!("making spare {}: {e}", path.display()),
+                ));
+            }
+            lock(&self.state).ready.push(Spare {
+                path,
+                generation: 0,
+                len: HEADER_LEN as u64,
+                origin: None,
+            });
+            drop(place);
+            self.made.fetch_add(1, Ordering::Relaxed);
+            made += 1;
+        }
     }
 
     /// Startup (rule 2): every file in `spares/` gets its header rewritten with
@@ -243,28 +381,37 @@ impl SparePool {
         }
     }
 
-    /// Takes a spare for a new segment at `to` (a roll): renames it there. The new
-    /// name and the spare directory's removal are made durable by the roll's group
-    /// commit. `None` when the pool is off or empty, or the rename failed (the file
-    /// stays where it was and is re-stamped at the next start).
-    pub fn take(&self, storage: &dyn Storage, to: &Path) -> Option<Spare> {
+    /// Takes a spare for a new segment (a roll). The caller renames it to the
+    /// segment's name, and the roll's group commit makes the new name and the spare
+    /// directory's removal durable. `None` when the pool is off or empty.
+    ///
+    /// A reused segment is taken before an empty spare (its blocks are written, so
+    /// the writer's fsyncs do not allocate). The caller wakes the spare maker
+    /// ([`SparePool::wake_maker_if_low`]) once the roll is durable, so that the
+    /// maker's fsyncs do not run beside the roll's.
+    pub fn take(&self) -> Option<Spare> {
         let spare = {
             let mut s = lock(&self.state);
             s.dir.as_ref()?;
-            s.ready.pop()?
+            let i = s
+                .ready
+                .iter()
+                .rposition(|sp| !sp.is_empty())
+                .or_else(|| s.ready.len().checked_sub(1))?;
+            s.ready.remove(i)
         };
-        match storage.rename(&spare.path, to) {
-            Ok(()) => {
-                self.taken.fetch_add(1, Ordering::Relaxed);
-                Some(Spare {
-                    path: to.to_path_buf(),
-                    ..spare
-                })
-            }
-            Err(e) => {
-                tracing::warn!(spare = %spare.path.display(), error = %e, "taking a spare failed");
-                None
-            }
+        self.taken.fetch_add(1, Ordering::Relaxed);
+        Some(spare)
+    }
+
+    /// Wakes the spare maker when fewer spares than its target are ready.
+    pub fn wake_maker_if_low(&self) {
+        let low = {
+            let s = lock(&self.state);
+            s.dir.is_some() && Self::taken_places(&s) < s.new_target
+        };
+        if low {
+            self.wake_maker();
         }
     }
 
@@ -287,18 +434,19 @@ impl SparePool {
         generation: u64,
         origin: (String, u32),
     ) -> io::Result<bool> {
-        let (dir, seq, _place) = {
+        let (dir, seq, _place, evicted) = {
             let mut s = lock(&self.state);
             let Some(dir) = s.dir.clone() else {
                 return Ok(false);
             };
-            let Some(place) = self.claim_place(&mut s) else {
+            let Some((place, evicted)) = self.claim_place_evicting(&mut s) else {
                 return Ok(false);
             };
             let seq = s.next_seq;
             s.next_seq += 1;
-            (dir, seq, place)
+            (dir, seq, place, evicted)
         };
+        Self::delete_evicted(storage, evicted);
         let Some(next_generation) = generation.checked_add(1) else {
             return Ok(false);
         };
@@ -379,7 +527,9 @@ impl SparePool {
         let Some(dir) = s.dir.clone() else {
             return (None, Vec::new());
         };
-        let room = Self::cap(&s).saturating_sub(Self::taken_places(&s));
+        // Empty spares give up their places to returned segments (see `admit`).
+        let empty = s.ready.iter().filter(|sp| sp.is_empty()).count() as u64;
+        let room = Self::cap(&s).saturating_sub(Self::taken_places(&s).saturating_sub(empty));
         let k = (n as u64).min(room);
         let names = (0..k)
             .map(|i| dir.join(spare_file_name(s.next_seq + i)))
@@ -402,9 +552,10 @@ impl SparePool {
         generation: u64,
         origin: (String, u32),
     ) -> io::Result<bool> {
-        let Some(_place) = self.claim_place(&mut lock(&self.state)) else {
+        let Some((_place, evicted)) = self.claim_place_evicting(&mut lock(&self.state)) else {
             return Ok(false);
         };
+        Self::delete_evicted(storage, evicted);
         let Some(next_generation) = generation.checked_add(1) else {
             return Ok(false);
         };

@@ -530,3 +530,109 @@ fn a_wrong_middle_index_entry_skips_no_record() {
         }
     }
 }
+
+/// A roll onto a spare makes no directory change while writers wait: the spare
+/// stays in `spares/` under its own name and no index is created until the roll's
+/// group commit, which renames it only after the outgoing log is durable, then
+/// writes the header, creates the index with the entries appended meanwhile, and
+/// fsyncs both directories.
+#[test]
+fn a_roll_onto_a_spare_leaves_every_directory_change_to_its_commit() {
+    let data = tempfile::tempdir().unwrap();
+    let dir = data.path().join("topics/t/0");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::create_dir_all(data.path().join(crate::format::names::SPARES_DIR)).unwrap();
+    let ops: Arc<Mutex<Vec<(OpKind, String)>>> = Arc::default();
+    let seen = ops.clone();
+    let storage: StorageRef = Arc::new(HookStorage::from_fn(Arc::new(RealStorage), move |op| {
+        seen.lock().unwrap().push((op.kind(), file_name(op.path)));
+        None
+    }));
+    let stats = Arc::new(LogStats::default());
+    stats.spares.configure(data.path(), 4);
+    stats.spares.set_partitions(1);
+    stats.spares.set_new_target(1);
+    assert_eq!(stats.spares.refill(&*storage).unwrap(), 1);
+    let spare = std::fs::read_dir(stats.spares.dir().unwrap())
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    create_first_segment(&*storage, &dir, &stats).unwrap();
+    let log = PartitionLog::open("t", 0, &dir, storage, stats.clone())
+        .unwrap()
+        .0;
+    let config = config(64 * 1024);
+    let v = vec![5u8; 1000];
+    let rec = [NewRecord {
+        key: None,
+        value: &v,
+        timestamp_ms: 1,
+    }];
+    // Durable appends until one rolls; that one and 9 more (over two index
+    // intervals) without a commit.
+    let mut last;
+    loop {
+        ops.lock().unwrap().clear();
+        let a = log.append(&rec, &config).unwrap();
+        last = a.last_offset;
+        if stats.write_path.rolls.load(Ordering::Relaxed) > 0 {
+            break;
+        }
+        log.wait_durable(a.last_offset + 1).unwrap();
+    }
+    for _ in 0..9 {
+        last = log.append(&rec, &config).unwrap().last_offset;
+    }
+    let new = log.snapshot().last().unwrap().clone();
+    let base = new.base_offset;
+    let (log_name, index_name) = (log_file_name(base), index_file_name(base));
+    let during: Vec<(OpKind, String)> = ops.lock().unwrap().clone();
+    assert!(
+        during
+            .iter()
+            .all(|(k, _)| matches!(k, OpKind::WriteAt | OpKind::Allocate)),
+        "the roll and the appends after it only write: {during:?}"
+    );
+    assert!(spare.exists(), "the spare keeps its name until the commit");
+    assert!(!dir.join(&log_name).exists() && !dir.join(&index_name).exists());
+    let entries = new.index_bytes();
+    assert!(entries.len() >= 2 * INDEX_ENTRY_LEN, "{}", entries.len());
+    // The commit.
+    ops.lock().unwrap().clear();
+    log.wait_durable(last + 1).unwrap();
+    let commit: Vec<(OpKind, String)> = ops.lock().unwrap().clone();
+    let at = |kind: OpKind, name: &str| {
+        commit
+            .iter()
+            .position(|(k, n)| *k == kind && n == name)
+            .unwrap_or_else(|| panic!("no {kind:?} of {name} in {commit:?}"))
+    };
+    let outgoing = log_file_name(log.snapshot()[0].base_offset);
+    let spare_name = file_name(&spare);
+    assert!(at(OpKind::SyncAll, &outgoing) < at(OpKind::Rename, &spare_name));
+    assert!(at(OpKind::Rename, &spare_name) < at(OpKind::SyncAll, &spare_name));
+    assert!(at(OpKind::SyncAll, &spare_name) < at(OpKind::Create, &index_name));
+    assert!(at(OpKind::Create, &index_name) < at(OpKind::SyncDir, "0"));
+    assert!(at(OpKind::SyncDir, "0") < at(OpKind::SyncDir, "spares"));
+    assert!(!spare.exists());
+    let (f, len) = crate::engine::storage::reader::open_log(&dir.join(&log_name)).unwrap();
+    let header = read_header(&f, len).unwrap().unwrap();
+    assert_eq!((header.base_offset, header.generation), (base, 0));
+    assert_eq!(std::fs::read(dir.join(&index_name)).unwrap(), entries);
+    // Every record reads back, after a reopen too.
+    let want: Vec<(u64, usize)> = (0..=last).map(|o| (o, 1000)).collect();
+    let mut got = Vec::new();
+    while got.len() < want.len() {
+        let from = got.last().map_or(0, |(o, _): &(u64, usize)| o + 1);
+        got.extend(value_of(&log, from, 1 << 20));
+    }
+    assert_eq!(got, want);
+    drop(log);
+    let stats = Arc::new(LogStats::default());
+    let log = PartitionLog::open("t", 0, &dir, Arc::new(RealStorage), stats)
+        .unwrap()
+        .0;
+    assert_eq!(value_of(&log, base, 1 << 20).len() as u64, last + 1 - base);
+}

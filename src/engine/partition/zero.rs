@@ -263,6 +263,9 @@ struct ZeroState {
     /// The worker has zeroed something.
     started: bool,
     off: bool,
+    /// The file is not yet under its segment name (a spare the roll's commit has
+    /// yet to rename): the worker, which opens it by that name, waits.
+    unnamed: bool,
 }
 
 /// The zero state of one active segment.
@@ -294,6 +297,17 @@ impl ZeroTarget {
     /// The zero state of a segment whose data ends at `data_end` in a file of
     /// `file_len` bytes (the bytes past the data are zeros or, below `floor`, may be
     /// an older generation's records).
+    /// The file is not yet under its segment name: no zeros until
+    /// [`ZeroTarget::named`].
+    pub(super) fn wait_for_name(&self) {
+        self.state().unnamed = true;
+    }
+
+    /// The file is under its segment name now: the worker may open it.
+    pub(super) fn named(&self) {
+        self.state().unnamed = false;
+    }
+
     /// A reused file's old end: older bytes may lie below it past the data.
     pub(super) fn floor(&self) -> u64 {
         lock(&self.state).floor
@@ -316,6 +330,7 @@ impl ZeroTarget {
                 filling: false,
                 started: false,
                 off: false,
+                unnamed: false,
             }),
             idle: Condvar::new(),
             handle: OnceLock::new(),
@@ -391,7 +406,12 @@ impl ZeroTarget {
     /// of the writer) falls below half the window it fills up to a full window.
     pub fn claim(&self, window: u64) -> Option<Claim> {
         let mut s = self.state();
-        if s.off || s.in_flight.is_some() || s.writer_end < ZERO_START_BYTES || window == 0 {
+        if s.off
+            || s.unnamed
+            || s.in_flight.is_some()
+            || s.writer_end < ZERO_START_BYTES
+            || window == 0
+        {
             return None;
         }
         let lead = s.zeroed_end.saturating_sub(s.writer_end);
