@@ -257,12 +257,17 @@ impl SparePool {
                 generation: 0,
                 flags: 0,
             };
+            // Only a file this call created is removed on failure: the name may be
+            // taken by something that is no spare (left in place, see `restamp`).
+            let f = storage.create(&path).map_err(|e| {
+                io::Error::new(e.kind(), format!("making spare {}: {e}", path.display()))
+            })?;
             let result = (|| {
-                let f = storage.create(&path)?;
                 f.write_at(&header.encode(), 0)?;
                 f.sync_all()?;
                 storage.sync_dir(&dir)
             })();
+            drop(f);
             if let Err(e) = result {
                 let _ = storage.remove_file(&path);
                 return Err(io::Error::new(
@@ -295,8 +300,14 @@ impl SparePool {
             return Ok(Restamped::default());
         };
         let mut names: Vec<(Option<u64>, PathBuf)> = Vec::new();
+        // New names (entries, new spares) follow every name in `spares/`, whatever it
+        // is: `create` never reuses one.
+        let mut next_seq = 0u64;
         for entry in std::fs::read_dir(&dir)? {
             let entry = entry?;
+            if let Some(seq) = entry.file_name().to_str().and_then(parse_spare_file_name) {
+                next_seq = next_seq.max(seq.saturating_add(1));
+            }
             if !entry.file_type()?.is_file() {
                 tracing::warn!(
                     path = %entry.path().display(),
@@ -312,9 +323,7 @@ impl SparePool {
         let mut done = Restamped::default();
         let mut ready = Vec::new();
         let cap = Self::cap(&lock(&self.state));
-        let mut next_seq = 0u64;
         for (seq, path) in names {
-            next_seq = next_seq.max(seq.map_or(0, |s| s.saturating_add(1)));
             let kept = match seq {
                 Some(_) if (ready.len() as u64) < cap => restamp_file(storage, &path)?,
                 _ => None,
