@@ -235,10 +235,10 @@ impl PartitionLog {
     ///    zero tail and reserved blocks) and `sync_all` it (its last data and the
     ///    truncation), then its index;
     /// 2. only then, for a roll that took a spare, rename it from `spares/` to the
-    ///    new segment's name; write the new segment's header (the roll's commit
+    ///    new segment's name and create the new index (and write the index bytes
+    ///    appended meanwhile); write the new segment's header (the roll's commit
     ///    record: it must never reach the disk before the records below its base) and
-    ///    `sync_all` the new log; for a spare, create the new index (and write the
-    ///    index bytes appended meanwhile);
+    ///    `sync_all` the new log;
     /// 3. fsync the partition directory (the new segment's names);
     /// 4. `sync_data` the active log, covering every record written before the plan
     ///    (already done by step 2 when the active log is the roll's new log).
@@ -278,14 +278,13 @@ impl PartitionLog {
                     )
                 })?;
                 roll.new_zero.named();
+                // Before the new log's sync, which then commits both names at once.
+                self.create_active_index(&roll.new_log, &place.index)?;
             }
             roll.new_log.write_at(&roll.header, 0)?;
             zero::preallocate(&*roll.new_log, &roll.new_zero, HEADER_LEN as u64, window);
             self.sync_all(&*roll.new_log)?;
             active_synced = Arc::ptr_eq(&roll.new_log, &plan.active_log);
-            if let Some(place) = &roll.place {
-                self.create_active_index(&roll.new_log, &place.index)?;
-            }
             // 3. (and the spare directory a reused file came from)
             if !planted!(SKIP_ROLL_DIR_FSYNC) {
                 self.sync_dir()?;

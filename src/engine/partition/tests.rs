@@ -533,9 +533,9 @@ fn a_wrong_middle_index_entry_skips_no_record() {
 
 /// A roll onto a spare makes no directory change while writers wait: the spare
 /// stays in `spares/` under its own name and no index is created until the roll's
-/// group commit, which renames it only after the outgoing log is durable, then
-/// writes the header, creates the index with the entries appended meanwhile, and
-/// fsyncs both directories.
+/// group commit, which renames it only after the outgoing log is durable, creates
+/// the index with the entries appended meanwhile, writes the header, and fsyncs the
+/// log and both directories.
 #[test]
 fn a_roll_onto_a_spare_leaves_every_directory_change_to_its_commit() {
     let data = tempfile::tempdir().unwrap();
@@ -612,9 +612,9 @@ fn a_roll_onto_a_spare_leaves_every_directory_change_to_its_commit() {
     let outgoing = log_file_name(log.snapshot()[0].base_offset);
     let spare_name = file_name(&spare);
     assert!(at(OpKind::SyncAll, &outgoing) < at(OpKind::Rename, &spare_name));
-    assert!(at(OpKind::Rename, &spare_name) < at(OpKind::SyncAll, &spare_name));
-    assert!(at(OpKind::SyncAll, &spare_name) < at(OpKind::Create, &index_name));
-    assert!(at(OpKind::Create, &index_name) < at(OpKind::SyncDir, "0"));
+    assert!(at(OpKind::Rename, &spare_name) < at(OpKind::Create, &index_name));
+    assert!(at(OpKind::Create, &index_name) < at(OpKind::SyncAll, &spare_name));
+    assert!(at(OpKind::SyncAll, &spare_name) < at(OpKind::SyncDir, "0"));
     assert!(at(OpKind::SyncDir, "0") < at(OpKind::SyncDir, "spares"));
     assert!(!spare.exists());
     let (f, len) = crate::engine::storage::reader::open_log(&dir.join(&log_name)).unwrap();
