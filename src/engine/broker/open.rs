@@ -67,14 +67,6 @@ impl Broker {
         ));
         share_commits(&flusher, &groups, &producers);
         let topics = Arc::new(RwLock::new(topics));
-        let thread = match flusher.clone().start(topics.clone()) {
-            Ok(t) => t,
-            Err(e) => {
-                groups.shutdown();
-                producers.shutdown();
-                return Err(e);
-            }
-        };
         let cleaner = Arc::new(Cleaner {
             topics: topics.clone(),
             storage: storage.clone(),
@@ -85,36 +77,50 @@ impl Broker {
             spares: stats.clone(),
         });
         let zeroer = Arc::new(Zeroer::new(stats.clone(), storage.clone(), opts.zero_rate));
-        let zeroer_thread = if zero_ahead {
-            match zeroer.clone().start() {
-                Ok(t) => Some(t),
-                Err(e) => {
-                    flusher.stop();
-                    let _ = thread.join();
-                    return Err(e);
-                }
-            }
-        } else {
-            None
-        };
         let spare_maker = Arc::new(SpareMaker::new(stats.clone(), storage.clone()));
         let pool_on = stats.spares.dir().is_some();
         stats
             .spares
             .set_new_target(if pool_on { opts.new_spares } else { 0 });
+        // When a thread fails to start: stop and join those started, then close the
+        // groups and producers.
+        let abandon = |started: Vec<JoinHandle<()>>| {
+            cleaner.stop();
+            flusher.stop();
+            zeroer.stop();
+            spare_maker.stop();
+            for t in started {
+                let _ = t.join();
+            }
+            groups.shutdown();
+            producers.shutdown();
+        };
+        let thread = match flusher.clone().start(topics.clone()) {
+            Ok(t) => t,
+            Err(e) => {
+                abandon(Vec::new());
+                return Err(e);
+            }
+        };
+        let zeroer_thread = match zero_ahead.then(|| zeroer.clone().start()).transpose() {
+            Ok(t) => t,
+            Err(e) => {
+                abandon(vec![thread]);
+                return Err(e);
+            }
+        };
         let spare_maker_thread = match (pool_on && opts.new_spares > 0)
             .then(|| spare_maker.clone().start())
             .transpose()
         {
             Ok(t) => t,
             Err(e) => {
-                groups.shutdown();
-                flusher.stop();
-                zeroer.stop();
-                let _ = thread.join();
-                if let Some(t) = zeroer_thread {
-                    let _ = t.join();
-                }
+                abandon(
+                    [Some(thread), zeroer_thread]
+                        .into_iter()
+                        .flatten()
+                        .collect(),
+                );
                 return Err(e);
             }
         };
@@ -126,21 +132,13 @@ impl Broker {
             match cleaner.clone().start(kind, interval) {
                 Ok(t) => cleaner_threads.push(t),
                 Err(e) => {
-                    groups.shutdown();
-                    cleaner.stop();
-                    flusher.stop();
-                    zeroer.stop();
-                    spare_maker.stop();
-                    let _ = thread.join();
-                    if let Some(t) = zeroer_thread {
-                        let _ = t.join();
-                    }
-                    if let Some(t) = spare_maker_thread {
-                        let _ = t.join();
-                    }
-                    for t in cleaner_threads {
-                        let _ = t.join();
-                    }
+                    abandon(
+                        [Some(thread), zeroer_thread, spare_maker_thread]
+                            .into_iter()
+                            .flatten()
+                            .chain(cleaner_threads)
+                            .collect(),
+                    );
                     return Err(e);
                 }
             }

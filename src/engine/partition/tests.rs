@@ -310,16 +310,23 @@ fn health_counts_records_through_rolls_reopen_and_damage() {
     );
 }
 
-#[test]
-fn a_reused_files_stale_tail_is_never_served() {
+/// A data directory with `topics/t/0` and `spares/`, and stats whose spare pool is on
+/// there for one partition (4 spares).
+fn with_spare_pool() -> (tempfile::TempDir, PathBuf, Arc<LogStats>) {
     let data = tempfile::tempdir().unwrap();
     let dir = data.path().join("topics/t/0");
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::create_dir_all(data.path().join(crate::format::names::SPARES_DIR)).unwrap();
-    let storage: StorageRef = Arc::new(RealStorage);
     let stats = Arc::new(LogStats::default());
     stats.spares.configure(data.path(), 4);
     stats.spares.set_partitions(1);
+    (data, dir, stats)
+}
+
+#[test]
+fn a_reused_files_stale_tail_is_never_served() {
+    let (_data, dir, stats) = with_spare_pool();
+    let storage: StorageRef = Arc::new(RealStorage);
     create_first_segment(&*storage, &dir, &stats).unwrap();
     let log = PartitionLog::open("t", 0, &dir, storage, stats.clone())
         .unwrap()
@@ -538,19 +545,13 @@ fn a_wrong_middle_index_entry_skips_no_record() {
 /// log and both directories.
 #[test]
 fn a_roll_onto_a_spare_leaves_every_directory_change_to_its_commit() {
-    let data = tempfile::tempdir().unwrap();
-    let dir = data.path().join("topics/t/0");
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::create_dir_all(data.path().join(crate::format::names::SPARES_DIR)).unwrap();
+    let (_data, dir, stats) = with_spare_pool();
     let ops: Arc<Mutex<Vec<(OpKind, String)>>> = Arc::default();
     let seen = ops.clone();
     let storage: StorageRef = Arc::new(HookStorage::from_fn(Arc::new(RealStorage), move |op| {
         seen.lock().unwrap().push((op.kind(), file_name(op.path)));
         None
     }));
-    let stats = Arc::new(LogStats::default());
-    stats.spares.configure(data.path(), 4);
-    stats.spares.set_partitions(1);
     stats.spares.set_new_target(1);
     assert_eq!(stats.spares.refill(&*storage).unwrap(), 1);
     let spare = std::fs::read_dir(stats.spares.dir().unwrap())
