@@ -177,6 +177,11 @@ impl PartitionLog {
             }
             (Some(r), None)
         };
+        // The segment rolls before its data passes `segment_bytes` (or after this
+        // write, when one batch is larger): nothing past that is reserved or zeroed.
+        w.active
+            .zero
+            .cap_at(config.segment_bytes.max(w.active.data_end + batch_len));
         // Announced before the write: the zero worker never claims space below it.
         let window = self
             .stats

@@ -281,6 +281,11 @@ pub struct ZeroTarget {
     failed: OnceLock<Arc<io::Error>>,
     /// Blocks are reserved (`fallocate`, size kept) up to here.
     pub(super) allocated_end: AtomicU64,
+    /// Neither reservations nor zeros go past this: the segment rolls before its data
+    /// reaches it (its topic's `segment_bytes`, set by every append), and a roll cuts
+    /// whatever lies past the data, so space past it would be allocated and zeroed
+    /// only to be freed again by the roll's truncation.
+    end_cap: AtomicU64,
     /// The journal need of the segment's partition: the worker's fsync writes out
     /// the writer's records too, so it runs the journal barrier first.
     journal: Arc<JournalNeed>,
@@ -297,6 +302,16 @@ impl ZeroTarget {
     /// The zero state of a segment whose data ends at `data_end` in a file of
     /// `file_len` bytes (the bytes past the data are zeros or, below `floor`, may be
     /// an older generation's records).
+    /// Caps reservations and zeros at `end` (the segment's roll size, or the end of a
+    /// write past it).
+    pub(super) fn cap_at(&self, end: u64) {
+        self.end_cap.store(end, Ordering::Release);
+    }
+
+    fn end_cap(&self) -> u64 {
+        self.end_cap.load(Ordering::Acquire)
+    }
+
     /// The file is not yet under its segment name: no zeros until
     /// [`ZeroTarget::named`].
     pub(super) fn wait_for_name(&self) {
@@ -336,6 +351,7 @@ impl ZeroTarget {
             handle: OnceLock::new(),
             failed: OnceLock::new(),
             allocated_end: AtomicU64::new(0),
+            end_cap: AtomicU64::new(u64::MAX),
             journal,
         }
     }
@@ -382,7 +398,8 @@ impl ZeroTarget {
         }
         s.writer_end = s.writer_end.max(end);
         let lead = s.zeroed_end.saturating_sub(s.writer_end);
-        !s.off && !s.filling && s.writer_end >= ZERO_START_BYTES && lead < window / 2
+        let capped = s.zeroed_end >= self.end_cap();
+        !s.off && !s.filling && !capped && s.writer_end >= ZERO_START_BYTES && lead < window / 2
     }
 
     /// The segment is being sealed: no more zeros, and none in flight once this
@@ -418,7 +435,7 @@ impl ZeroTarget {
         if !s.filling && lead < window / 2 {
             s.filling = true;
         }
-        let target = s.writer_end.saturating_add(window);
+        let target = s.writer_end.saturating_add(window).min(self.end_cap());
         let start = if planted!(ZEROS_OVER_LIVE_DATA) {
             // The first piece page-aligned below the writer: zeros on live data.
             if s.zeroed_end > s.writer_end {
@@ -484,18 +501,19 @@ impl ZeroTarget {
     }
 }
 
-/// Reserves blocks up to `end + window` when fewer than half a window are reserved
-/// ahead of `end` (no-op for a window of 0). A failed reservation is only logged:
+/// Reserves blocks up to `end + window` (at most up to the target's cap) when fewer
+/// than half a window are reserved ahead of `end` and the cap is not reached (no-op
+/// for a window of 0). A failed reservation is only logged:
 /// preallocation makes fsyncs cheaper, never data safer.
 pub(super) fn preallocate(file: &dyn StorageFile, zero: &ZeroTarget, end: u64, window: u64) {
     if window == 0 {
         return;
     }
+    let want = end.saturating_add(window).min(zero.end_cap());
     let reserved = zero.allocated_end.load(Ordering::Acquire);
-    if reserved >= end.saturating_add(window / 2) {
+    if want <= end || reserved >= want.min(end.saturating_add(window / 2)) {
         return;
     }
-    let want = end.saturating_add(window);
     match file.allocate(want) {
         Ok(()) => {
             zero.allocated_end.fetch_max(want, Ordering::AcqRel);
@@ -537,6 +555,37 @@ mod tests {
         let c = t.claim(W).unwrap();
         assert_eq!(c.start, ZERO_START_BYTES + W);
         t.finish(c, true);
+    }
+
+    /// A segment rolls before its data passes its `segment_bytes`, and the roll cuts
+    /// what lies past the data: nothing is zeroed or reserved past that.
+    #[test]
+    fn nothing_is_zeroed_or_reserved_past_the_segments_roll_size() {
+        const CAP: u64 = 1024 * 1024;
+        let t = ZeroTarget::new(PathBuf::from("x"), 32, 32, 0, Arc::default());
+        t.cap_at(CAP);
+        assert!(t.before_write(ZERO_START_BYTES, W), "zeros are due");
+        let mut end = 0;
+        while let Some(c) = t.claim(W) {
+            end = c.start + c.len;
+            t.finish(c, true);
+        }
+        assert_eq!(end, CAP, "a window would reach {}", ZERO_START_BYTES + W);
+        // Zeros reach the cap: a writer no longer wakes the worker.
+        assert!(!t.before_write(CAP / 2 + 1, W));
+        assert_eq!(t.claim(W), None);
+        let dir = tempfile::tempdir().unwrap();
+        let file = crate::engine::storage::io::Storage::create(
+            &crate::engine::storage::io::RealStorage,
+            &dir.path().join("x"),
+        )
+        .unwrap();
+        preallocate(&*file, &t, 32, W);
+        assert_eq!(t.allocated_end.load(Ordering::Acquire), CAP);
+        // Past the cap (one batch larger than the segment): nothing more.
+        t.cap_at(CAP + 10);
+        preallocate(&*file, &t, CAP + 10, W);
+        assert_eq!(t.allocated_end.load(Ordering::Acquire), CAP);
     }
 
     #[test]
