@@ -93,8 +93,6 @@ pub struct SparePool {
     pub returned: AtomicU64,
     /// New, empty spares the spare maker made.
     pub made: AtomicU64,
-    /// Empty spares deleted to make room for a returned segment.
-    pub evicted: AtomicU64,
     maker_wake: Condvar,
 }
 
@@ -211,7 +209,6 @@ impl SparePool {
         if Self::taken_places(s) >= Self::cap(s) {
             let i = s.ready.iter().position(Spare::is_empty)?;
             evicted = Some(s.ready.remove(i).path);
-            self.evicted.fetch_add(1, Ordering::Relaxed);
         }
         s.entering += 1;
         Some((Place { pool: self }, evicted))
