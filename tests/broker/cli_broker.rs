@@ -632,6 +632,8 @@ fn embedded_bench_reports_its_fields() {
             "2",
             "--zero-rate",
             "1073741824",
+            "--new-spares",
+            "1",
             "--json",
             "--embedded",
         ])
@@ -727,7 +729,11 @@ fn bench_with_requests_in_flight_writes_every_record_once() {
     assert_eq!(out.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--in-flight"));
     // The embedded broker's write-path settings are refused against a running one.
-    for flag in [["--zero-rate", "1073741824"], ["--zero-ahead", "off"]] {
+    for flag in [
+        ["--zero-rate", "1073741824"],
+        ["--zero-ahead", "off"],
+        ["--new-spares", "0"],
+    ] {
         let out = Command::new(BIN)
             .args(["bench", "produce", "--broker", &b.addr])
             .args(flag)
