@@ -1,7 +1,8 @@
 //! Spare segment files (docs/FORMAT.md, Spares) through the engine: retention hands
 //! segments to the node's pool, rolls take them, startup re-stamps them, and a failure
-//! at every step of that which writes (rename, directory fsync, header rewrite) leaves
-//! a directory that recovers with nothing acknowledged lost.
+//! at every step of that which writes (the spare maker's creation, rename, directory
+//! fsync, header rewrite) leaves a directory that recovers with nothing acknowledged
+//! lost.
 
 use std::fs;
 use std::io;
@@ -263,10 +264,13 @@ fn big_config() -> TopicConfig {
 }
 
 /// Fails the `n`-th call (1-based) of the spare steps that write: a rename, a
-/// directory fsync, or a write or fsync of a file in `spares/` or renamed from there.
+/// directory fsync, or a write or fsync of a file in `spares/` or renamed from there;
+/// with `count_creates`, a file's creation in `spares/` too.
 #[derive(Debug, Default)]
 struct FailSpareStep {
     armed: AtomicBool,
+    /// Also count file creations in `spares/` (the spare maker's first step).
+    count_creates: AtomicBool,
     n: AtomicU64,
     seen: AtomicU64,
     failed: AtomicBool,
@@ -282,6 +286,7 @@ impl Hook for FailSpareStep {
             Call::Rename { to } => in_spares || to.components().any(|c| c.as_os_str() == "spares"),
             Call::SyncDir => true,
             Call::WriteAt { .. } | Call::SyncAll => in_spares,
+            Call::Create => in_spares && self.count_creates.load(Ordering::SeqCst),
             _ => false,
         };
         if !counted {
@@ -676,4 +681,75 @@ fn empty_spares_are_made_ahead_taken_by_rolls_and_give_way_to_returned_segments(
     acked.extend(produce(&b, 80, 20));
     assert_acked_kept(&b, &acked);
     b.shutdown().unwrap();
+}
+
+/// Waits up to `ms` for `DATA/spares/` to hold `want` files, or for `hook` to have
+/// failed a step; returns whether the spares are there.
+fn spares_or_failure(dir: &Path, want: usize, hook: &FailSpareStep, ms: u64) -> bool {
+    let deadline = std::time::Instant::now() + Duration::from_millis(ms);
+    while std::time::Instant::now() < deadline {
+        if spares_of(dir).len() >= want {
+            return true;
+        }
+        if hook.failed.load(Ordering::SeqCst) {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    false
+}
+
+/// The spare maker's steps (create, header write, fsync, directory fsync) and the
+/// roll commit's placing of an empty spare (rename, directory fsyncs), each failed
+/// once in turn: the broker goes on or stops, and a restart on real storage keeps
+/// every acknowledged record, leaves only unassigned spares, verifies clean and
+/// takes writes.
+#[test]
+fn a_failure_at_every_step_of_making_and_placing_an_empty_spare_loses_nothing() {
+    let opts = BrokerOptions {
+        new_spares: 2,
+        ..opts()
+    };
+    let mut n = 1;
+    loop {
+        let dir = tempfile::tempdir().unwrap();
+        let hook = Arc::new(FailSpareStep::default());
+        hook.n.store(n, Ordering::SeqCst);
+        // Creations in `spares/` count too: they are the maker's first step.
+        hook.count_creates.store(true, Ordering::SeqCst);
+        let storage = Arc::new(HookStorage::shared(real(), hook.clone()));
+        let b = Broker::open(dir.path(), storage, opts.clone()).unwrap();
+        b.create_topic("t", 1, big_config()).unwrap();
+        hook.armed.store(true, Ordering::SeqCst);
+        spares_or_failure(dir.path(), 2, &hook, 2000);
+        // Rolls take the empty spares (or create their files when none is ready);
+        // the maker makes more meanwhile.
+        let mut acked = produce(&b, 0, 40);
+        spares_or_failure(dir.path(), 2, &hook, 300);
+        acked.extend(produce(&b, 100, 20));
+        hook.armed.store(false, Ordering::SeqCst);
+        let failed = hook.failed.load(Ordering::SeqCst);
+        let _ = b.shutdown();
+        drop(b);
+        let b = Broker::open(dir.path(), real(), opts.clone()).unwrap();
+        assert_acked_kept(&b, &acked);
+        assert!(
+            spare_headers(dir.path()).iter().all(|h| h.0 == u64::MAX),
+            "step {n}: every spare unassigned"
+        );
+        let more = produce(&b, 1000, 8);
+        assert_eq!(more.len(), 8, "step {n}: the partition takes writes");
+        acked.extend(more);
+        assert_acked_kept(&b, &acked);
+        b.shutdown().unwrap();
+        drop(b);
+        let data = dir.path().to_str().unwrap();
+        let (code, out, err) = crate::util::bin::run(&["verify", data], dir.path());
+        assert_eq!(code, 0, "step {n}: {out}{err}");
+        if !failed {
+            assert!(n > 8, "the workload made only {} spare steps", n - 1);
+            break;
+        }
+        n += 1;
+    }
 }
