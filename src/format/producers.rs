@@ -227,6 +227,12 @@ pub fn decode_entry(bytes: &[u8], at: usize) -> Result<(JournalEntry, usize), Jo
 
 /// What a journal holds: its entries up to the first problem, the byte length of the
 /// good prefix, and that problem (`Torn` = a tail to cut, anything else corruption).
+///
+/// Zeros from an entry's position to the end of the file are the journal's zero
+/// tail (space the broker wrote ahead of its entries, so that appending does not grow
+/// the file): the entries end there, and that is no problem. An entry that fails its
+/// checks and is followed by zeros only, its own bytes ending in zeros, is an entry
+/// written in part before a crash: `Torn`, like one the file's end cuts short.
 pub fn scan_journal(bytes: &[u8]) -> (Vec<JournalEntry>, usize, Option<JournalError>) {
     if let Err(e) = check_journal_header(bytes) {
         return (Vec::new(), 0, Some(e));
@@ -239,10 +245,39 @@ pub fn scan_journal(bytes: &[u8]) -> (Vec<JournalEntry>, usize, Option<JournalEr
                 out.push(e);
                 at += n;
             }
-            Err(e) => return (out, at, Some(e)),
+            Err(e) => {
+                let rest = bytes.get(at..).unwrap_or(&[]);
+                if rest.iter().all(|&b| b == 0) {
+                    return (out, at, None);
+                }
+                let e = match e {
+                    JournalError::Checksum { position, .. }
+                    | JournalError::BadField { position, .. }
+                        if written_in_part(rest) =>
+                    {
+                        JournalError::Torn { position }
+                    }
+                    e => e,
+                };
+                return (out, at, Some(e));
+            }
         }
     }
     (out, at, None)
+}
+
+/// Whether `rest`, an entry that fails its checks and what follows it, looks like an
+/// entry whose write stopped part-way before a zero tail: its length is valid, it
+/// ends in a zero byte, and every byte after it is zero.
+fn written_in_part(rest: &[u8]) -> bool {
+    let Some(len) = rest.get(..4).map(|b| u32::from_be_bytes(be(b, 0)) as usize) else {
+        return false;
+    };
+    if !(ENTRY_FIXED_LEN - 4..=ENTRY_LEN_MAX).contains(&len) {
+        return false;
+    }
+    let end = 4 + len;
+    rest.get(end - 1) == Some(&0) && rest.get(end..).is_some_and(|t| t.iter().all(|&b| b == 0))
 }
 
 /// One batch in the snapshot.
@@ -338,6 +373,11 @@ mod tests {
             let (es, good, problem) = scan_journal(&bytes[..cut]);
             assert!(es.is_empty());
             assert_eq!(good, JOURNAL_HEADER_LEN);
+            if bytes[JOURNAL_HEADER_LEN..cut].iter().all(|&b| b == 0) {
+                // The length's high bytes alone: zeros, read as the zero tail.
+                assert_eq!(problem, None, "cut at {cut}");
+                continue;
+            }
             assert!(
                 matches!(
                     problem,
@@ -350,6 +390,43 @@ mod tests {
             scan_journal(b"SEGX\0\x01\0\0").2,
             Some(JournalError::BadHeader)
         ));
+    }
+
+    #[test]
+    fn a_zero_tail_ends_the_entries_and_a_write_cut_short_before_it_is_torn() {
+        let mut bytes = journal_header().to_vec();
+        encode_entry(&mut bytes, &entry());
+        let one = bytes.len();
+        encode_entry(&mut bytes, &entry());
+        let two = bytes.len();
+        // Entries, then zeros: both entries, no problem.
+        let mut z = bytes.clone();
+        z.resize(two + 4096, 0);
+        assert_eq!(scan_journal(&z), (vec![entry(), entry()], two, None));
+        // The second entry written only in part (its end still zeros), zeros after.
+        for kept in 4..two - one {
+            let mut t = bytes[..one + kept].to_vec();
+            t.resize(two + 100, 0);
+            let (es, good, problem) = scan_journal(&t);
+            assert_eq!((es.len(), good), (1, one), "kept {kept}");
+            assert!(
+                matches!(problem, Some(JournalError::Torn { position }) if position == one as u64),
+                "kept {kept}: {problem:?}"
+            );
+        }
+        // A whole entry that fails its checksum, zeros after: corruption, not a tail.
+        let mut c = z.clone();
+        c[one + 10] ^= 1;
+        assert!(matches!(
+            scan_journal(&c).2,
+            Some(JournalError::Checksum { .. })
+        ));
+        // Zeros, then something that is not zero: a problem where the zeros start.
+        let mut g = z.clone();
+        g[two + 200] = 7;
+        let (es, good, problem) = scan_journal(&g);
+        assert_eq!((es.len(), good), (2, two));
+        assert!(matches!(problem, Some(JournalError::BadLength { .. })));
     }
 
     #[test]

@@ -214,20 +214,28 @@ fn dump_shows_journal_entries_with_their_positions() {
     assert_eq!(json_lines(&limited).len(), 1);
 }
 
+/// Where the journal's entries end: the broker writes zeros ahead of them.
+fn entries_end(journal: &Path) -> u64 {
+    let bytes = fs::read(journal).unwrap();
+    let (_, good, problem) = seglog::format::producers::scan_journal(&bytes);
+    assert_eq!(problem, None);
+    assert!(bytes[good..].iter().all(|&b| b == 0));
+    good as u64
+}
+
 #[test]
 fn a_torn_journal_tail_is_repairable_and_recover_cuts_it() {
     let d = data();
     let dir = d.path();
     let journal = dir.join("producers.journal");
-    let good = fs::metadata(&journal).unwrap().len();
+    let good = entries_end(&journal);
+    assert!(fs::metadata(&journal).unwrap().len() > good, "a zero tail");
     let last = good - ENTRY_T as u64;
-    // The last entry cut short.
-    fs::OpenOptions::new()
-        .write(true)
-        .open(&journal)
-        .unwrap()
-        .set_len(good - 3)
-        .unwrap();
+    // The last entry written only in part: its last bytes are still the zeros
+    // written ahead of it.
+    let mut bytes = fs::read(&journal).unwrap();
+    bytes[good as usize - 3..good as usize].fill(0);
+    fs::write(&journal, &bytes).unwrap();
     let (code, out, _) = run(&["verify", "--json", dir.to_str().unwrap()], dir);
     assert_eq!(code, 1, "{out}");
     let found = problems(&json(&out));
@@ -268,7 +276,8 @@ fn recover_plans_reports_and_backs_up_the_journal_cut() {
     let dir = d.path();
     let data_dir = dir.to_str().unwrap();
     let journal = dir.join("producers.journal");
-    let good = fs::metadata(&journal).unwrap().len();
+    // The last entry cut short by the file's end (a journal without a zero tail).
+    let good = entries_end(&journal);
     let last = good - ENTRY_T as u64;
     let torn = good - 3;
     fs::OpenOptions::new()

@@ -112,11 +112,14 @@ fn replay_drops_entries_past_the_end_and_cuts_a_torn_tail() {
         write(&t, id, e, i * 2, 2, u64::from(i as u32) * 2);
     }
     drop(t);
-    // A torn tail: half an entry appended.
+    // A torn tail: half an entry written at the entries' end, over the zero tail.
     let path = dir.path().join(JOURNAL_FILE);
     let mut bytes = std::fs::read(&path).unwrap();
-    let good = bytes.len();
-    bytes.extend_from_slice(&[0, 0, 0, 57, 1, 2, 3]);
+    let (_, good, problem) = crate::format::producers::scan_journal(&bytes);
+    assert_eq!(problem, None);
+    assert!(bytes.len() > good, "zeros written ahead of the entries");
+    assert!(bytes[good..].iter().all(|&b| b == 0));
+    bytes[good..good + 7].copy_from_slice(&[0, 0, 0, 57, 1, 2, 3]);
     std::fs::write(&path, &bytes).unwrap();
     // Every batch recovered: only the torn tail is cut.
     let (t, report) = open(dir.path(), 12);
