@@ -232,6 +232,16 @@ impl<C: RaftLogTypes> RaftLog<C> {
         storage: StorageRef,
         stats: Arc<LogStats>,
     ) -> Result<Self, RaftLogError> {
+        Self::open_with(dir, storage, stats, raft_log_config())
+    }
+
+    /// [`RaftLog::open`] with the segment settings `config` (tests: small segments).
+    pub(crate) fn open_with(
+        dir: &Path,
+        storage: StorageRef,
+        stats: Arc<LogStats>,
+        config: TopicConfig,
+    ) -> Result<Self, RaftLogError> {
         let log_dir = dir.join(super::LOG_DIR);
         storage
             .create_dir_all(&log_dir)
@@ -274,7 +284,7 @@ impl<C: RaftLogTypes> RaftLog<C> {
                 dir: dir.to_path_buf(),
                 storage,
                 log,
-                config: raft_log_config(),
+                config,
                 shared,
                 jobs: Mutex::new(tx),
             }),
@@ -650,15 +660,28 @@ impl<C: RaftLogTypes> RaftLogStorage<C> for RaftLog<C> {
             log.restart_at(next).map_err(io_err)?;
             return Ok(());
         }
-        // 2. Whole sealed segments wholly at or below the purge point go.
-        let segments = log.snapshot();
-        let bases: Vec<u64> = segments
-            .windows(2)
-            .take_while(|p| matches!(p, [_, b] if b.base_offset <= next))
-            .filter_map(|p| p.first().map(|s| s.base_offset))
-            .collect();
+        // 2. Whole sealed segments wholly at or below the purge point go. Like
+        // retention's, they become spares while the node's pool has room (a spare
+        // is never longer than a segment plus the preallocation): deleting them
+        // frees their blocks, and on a file system mounted with `discard` the next
+        // journal commit, which every fsync of the node waits for, discards them
+        // first (170 ms stalls of replicated produce measured at each purge).
+        let bases: Vec<u64> = {
+            let segments = log.snapshot();
+            segments
+                .windows(2)
+                .take_while(|p| matches!(p, [_, b] if b.base_offset <= next))
+                .filter_map(|p| p.first().map(|s| s.base_offset))
+                .collect()
+        };
         if !bases.is_empty() {
-            log.remove_oldest(&bases).map_err(io_err)?;
+            let spare_bytes_max = self
+                .inner
+                .config
+                .segment_bytes
+                .saturating_add(log.preallocate_window());
+            log.retire_oldest_within(&bases, spare_bytes_max)
+                .map_err(io_err)?;
         }
         Ok(())
     }

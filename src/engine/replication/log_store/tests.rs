@@ -454,3 +454,82 @@ fn every_crash_state_keeps_flushed_entries_and_an_old_or_new_vote() {
     }
     assert!(states > n);
 }
+
+/// A purge hands the whole segments it removes to the node's spare pool while the
+/// pool has room, as retention does: no block is freed (on a file system mounted
+/// with `discard`, freed blocks are discarded in the journal commit every fsync
+/// waits for), and what the pool cannot take is deleted. The log reads on after
+/// the purge point, across a restart too.
+#[test]
+fn a_purge_hands_whole_segments_to_the_spare_pool() {
+    let data = tempfile::tempdir().unwrap();
+    let spares = data.path().join(crate::format::names::SPARES_DIR);
+    std::fs::create_dir_all(&spares).unwrap();
+    let stats = Arc::new(LogStats::default());
+    // Room for 2 spares.
+    stats.spares.configure(data.path(), 2);
+    stats.spares.set_partitions(1);
+    let g = data.path().join("raft").join("t").join("0");
+    let config = crate::format::topic::TopicConfig {
+        segment_bytes: 400,
+        ..raft_log_config()
+    };
+    let open = |stats: Arc<LogStats>| {
+        RaftLog::<TestConfig>::open_with(&g, Arc::new(RealStorage), stats, config.clone()).unwrap()
+    };
+    let spare_names = || {
+        let mut v: Vec<String> = std::fs::read_dir(&spares)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    runtime().block_on(async {
+        let mut log = open(stats.clone());
+        for i in 0..40 {
+            append_flushed(&mut log, vec![normal(1, i)]).await;
+        }
+        let before = log.partition_log().snapshot().len();
+        assert!(before >= 6, "{before} segments");
+        log.purge(normal(1, 29).log_id).await.unwrap();
+        let after = log.partition_log().snapshot();
+        let removed = before - after.len();
+        assert!(removed >= 3, "{removed} segments purged");
+        // Two became spares (the pool's room), the others were deleted.
+        assert_eq!(stats.spares.len(), 2);
+        assert_eq!(spare_names().len(), 2, "{:?}", spare_names());
+        let on_disk = std::fs::read_dir(g.join(super::LOG_DIR))
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .path()
+                    .extension()
+                    .is_some_and(|x| x == "log")
+            })
+            .count();
+        assert_eq!(on_disk, after.len());
+        let kept = |got: &[TestEntry]| {
+            got.iter()
+                .filter(|e| e.log_id.index >= 30)
+                .cloned()
+                .collect::<Vec<_>>()
+        };
+        let want: Vec<TestEntry> = (30..40).map(|i| normal(1, i)).collect();
+        assert_eq!(kept(&all_entries(&mut log).await), want);
+    });
+    // A restart (the spares are re-stamped by the broker, not read by the log)
+    // reads the same entries after the purge point.
+    runtime().block_on(async {
+        let mut log = open(Arc::new(LogStats::default()));
+        let got = all_entries(&mut log).await;
+        let want: Vec<TestEntry> = (30..40).map(|i| normal(1, i)).collect();
+        assert_eq!(
+            got.into_iter()
+                .filter(|e| e.log_id.index >= 30)
+                .collect::<Vec<_>>(),
+            want
+        );
+    });
+}
