@@ -311,6 +311,23 @@ impl Hook for FailSpareStep {
     }
 }
 
+/// Restarts a broker on `dir` on real storage, without the spare maker (so that
+/// `spares/` holds still): every acknowledged record is there, every spare is
+/// unassigned, and the partition takes writes (added to `acked`). Stops it again.
+fn restart_keeps_every_acknowledged_record(dir: &Path, acked: &mut Vec<(u64, u64)>, step: u64) {
+    let b = Broker::open(dir, real(), opts()).unwrap();
+    assert_acked_kept(&b, acked);
+    assert!(
+        spare_headers(dir).iter().all(|h| h.0 == u64::MAX),
+        "step {step}: every spare unassigned"
+    );
+    let more = produce(&b, 1000, 8);
+    assert_eq!(more.len(), 8, "step {step}: the partition takes writes");
+    acked.extend(more);
+    assert_acked_kept(&b, acked);
+    b.shutdown().unwrap();
+}
+
 #[test]
 fn a_failure_at_every_spare_step_recovers_with_nothing_acknowledged_lost() {
     let mut n = 1;
@@ -335,17 +352,7 @@ fn a_failure_at_every_spare_step_recovers_with_nothing_acknowledged_lost() {
         drop(b);
         // Restart on real storage: recovery, re-stamp, then every acknowledged
         // record is there and the partition takes writes.
-        let b = Broker::open(dir.path(), real(), opts()).unwrap();
-        assert_acked_kept(&b, &acked);
-        assert!(
-            spare_headers(dir.path()).iter().all(|h| h.0 == u64::MAX),
-            "step {n}: every spare unassigned"
-        );
-        let more = produce(&b, 1000, 8);
-        assert_eq!(more.len(), 8, "step {n}: the partition takes writes");
-        acked.extend(more);
-        assert_acked_kept(&b, &acked);
-        b.shutdown().unwrap();
+        restart_keeps_every_acknowledged_record(dir.path(), &mut acked, n);
         if !failed {
             // Every step was failed once.
             assert!(n > 10, "the workload made only {} spare steps", n - 1);
@@ -737,19 +744,7 @@ fn a_failure_at_every_step_of_making_and_placing_an_empty_spare_loses_nothing() 
         let failed = hook.failed.load(Ordering::SeqCst);
         let _ = b.shutdown();
         drop(b);
-        // The restart makes no spares, so that `spares/` holds still for the checks.
-        let b = Broker::open(dir.path(), real(), opts()).unwrap();
-        assert_acked_kept(&b, &acked);
-        assert!(
-            spare_headers(dir.path()).iter().all(|h| h.0 == u64::MAX),
-            "step {n}: every spare unassigned"
-        );
-        let more = produce(&b, 1000, 8);
-        assert_eq!(more.len(), 8, "step {n}: the partition takes writes");
-        acked.extend(more);
-        assert_acked_kept(&b, &acked);
-        b.shutdown().unwrap();
-        drop(b);
+        restart_keeps_every_acknowledged_record(dir.path(), &mut acked, n);
         let data = dir.path().to_str().unwrap();
         let (code, out, err) = crate::util::bin::run(&["verify", data], dir.path());
         assert_eq!(code, 0, "step {n}: {out}{err}");
