@@ -279,9 +279,7 @@ impl Visit<'_> {
             // may still be held here.
             drop(due);
             drop(settled);
-            // Rule 4: a spare is never longer than a segment plus the preallocation.
-            let window = self.log.preallocate_window();
-            let spare_bytes_max = config.segment_bytes.saturating_add(window);
+            let spare_bytes_max = self.log.spare_bytes_max(config.segment_bytes);
             done.bytes = self.log.retire_oldest_within(&bases, spare_bytes_max)?;
         }
         tracing::info!(
@@ -386,10 +384,7 @@ impl Visit<'_> {
         // those within rule 4's size, as many as the pool has room for. The swap
         // moves them to `spares/`; they enter the pool once the swap is durable and
         // published, if nobody holds them by then.
-        let spare_bytes_max = self
-            .config
-            .segment_bytes
-            .saturating_add(log.preallocate_window());
+        let spare_bytes_max = log.spare_bytes_max(self.config.segment_bytes);
         let replaced_segs: Vec<Arc<Segment>> = log
             .snapshot()
             .iter()

@@ -706,6 +706,12 @@ impl super::PartitionLog {
             .load(Ordering::Relaxed)
     }
 
+    /// The longest log that may become a spare, for segments of `segment_bytes`
+    /// (docs/FORMAT.md, Spare files, rule 4: a segment plus the preallocation).
+    pub fn spare_bytes_max(&self, segment_bytes: u64) -> u64 {
+        segment_bytes.saturating_add(self.preallocate_window())
+    }
+
     /// Spares in the node's pool that came from this partition.
     pub fn spares(&self) -> u64 {
         self.stats

@@ -661,8 +661,7 @@ impl<C: RaftLogTypes> RaftLogStorage<C> for RaftLog<C> {
             return Ok(());
         }
         // 2. Whole sealed segments wholly at or below the purge point go. Like
-        // retention's, they become spares while the node's pool has room (a spare
-        // is never longer than a segment plus the preallocation): deleting them
+        // retention's, they become spares while the node's pool has room: deleting them
         // frees their blocks, and on a file system mounted with `discard` the next
         // journal commit, which every fsync of the node waits for, discards them
         // first (170 ms stalls of replicated produce measured at each purge).
@@ -675,11 +674,7 @@ impl<C: RaftLogTypes> RaftLogStorage<C> for RaftLog<C> {
                 .collect()
         };
         if !bases.is_empty() {
-            let spare_bytes_max = self
-                .inner
-                .config
-                .segment_bytes
-                .saturating_add(log.preallocate_window());
+            let spare_bytes_max = log.spare_bytes_max(self.inner.config.segment_bytes);
             log.retire_oldest_within(&bases, spare_bytes_max)
                 .map_err(io_err)?;
         }
