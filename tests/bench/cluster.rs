@@ -5,10 +5,11 @@
 //! from SIGKILL of a partition's leader to the first acknowledged produce on the new
 //! leader, over 20 kills. `SEGLOG_BENCH_SECS` (default 10) sets each produce case's
 //! length, `SEGLOG_BENCH_ROUNDS` (default 3) the pairs of standalone and factor-3
-//! runs, whose first alternates. The produce cases also print the bytes their data directories hold per
-//! record produced: every node writes each record to its Raft log and to its data
-//! partition, so a factor-3 partition puts about six times a standalone broker's bytes
-//! on a disk that all three nodes share here.
+//! runs, whose first alternates; every run has a broker or a cluster of its own, in
+//! fresh directories. The produce cases also print the bytes their data directories
+//! hold per record produced: every node writes each record to its Raft log and to its
+//! data partition (the Raft log is purged behind its snapshots), on a disk that all
+//! three nodes share here.
 
 use std::path::Path;
 use std::process::Command;
@@ -129,6 +130,41 @@ fn row(name: &str, r: &serde_json::Value, base: f64) {
     );
 }
 
+/// One `bench_produce` run on a standalone broker started for it in a fresh
+/// directory: its report, what the broker used, and the bytes it left on disk.
+fn standalone_run(secs: u64) -> (serde_json::Value, Usage, u64) {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let single = Serve::start(dir.path());
+    let (r, used) = measured(&[single.pid()], || bench_produce(&single.addr, "rf1", secs));
+    let bytes = dir_bytes(dir.path());
+    single.stop();
+    (r, used[0], bytes)
+}
+
+/// One `bench_produce` run on a replication-factor-3 topic of a 3-node cluster
+/// started for it: its report, what each node used (the leader first, then the
+/// followers) and the bytes the nodes left on disk.
+fn replicated_run(secs: u64) -> (serde_json::Value, Vec<Usage>, u64) {
+    // The nodes talk to each other directly: the tests' fault-injecting proxies
+    // would add a copy and a hop to every Raft message.
+    let mut c = Cluster::start_direct(3);
+    c.create_topic("rf3", 1, 3);
+    let leader = c.wait_leader("rf3", 0);
+    let leader_addr = c.node(leader).client_addr.clone();
+    let mut nodes: Vec<&_> = c.nodes.iter().collect();
+    nodes.sort_by_key(|n| n.id != leader);
+    let pids: Vec<u32> = nodes.iter().map(|n| n.serve().pid()).collect();
+    let (r, used) = measured(&pids, || {
+        let r = bench_produce(&leader_addr, "rf3", secs);
+        // The followers apply what is committed before the run counts as over.
+        c.wait_caught_up("rf3", 1);
+        r
+    });
+    let bytes = c.nodes.iter().map(|n| dir_bytes(&n.dir)).sum();
+    c.stop_all();
+    (r, used, bytes)
+}
+
 #[test]
 #[ignore = "benchmark"]
 fn replicated_produce_beside_one_replica() {
@@ -137,42 +173,32 @@ fn replicated_produce_beside_one_replica() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(3usize);
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let single = Serve::start(dir.path());
-    // The nodes talk to each other directly: the tests' fault-injecting proxies
-    // would add a copy and a hop to every Raft message.
-    let mut c = Cluster::start_direct(3);
-    c.create_topic("rf3", 1, 3);
-    c.create_topic("c1", 1, 1);
-    let leader = c.wait_leader("rf3", 0);
-    let leader_addr = c.node(leader).client_addr.clone();
-
-    // Pairs of adjacent runs whose first alternates: this machine's virtual disk is
-    // fast for a burst of a few GB of fsynced writes and then much slower, so runs
-    // of one case after all runs of the other would compare two different disks.
+    // Every run starts its broker or its cluster in fresh directories, removed after
+    // it. On this virtual machine, writes that grow the page cache past a few GB
+    // touch memory the host has not backed yet and cost several times more kernel
+    // CPU (measured: a standalone broker fell from 1.7M to 0.8M records/s after
+    // about 6 GB of page cache, and stayed at 1.7-2.0M with the cache already full).
+    // Runs that kept their data would put the later runs, and the case writing more
+    // bytes per record, in that slower state. The first run of each pair alternates.
     // Each node's CPU and written bytes are taken around each run, for what three
     // machines would do: there each node has its own cores and disk, so the busiest
     // node's cost per record bounds the cluster (see the end of the output).
-    let node_pids: Vec<u32> = c.nodes.iter().map(|n| n.serve().pid()).collect();
-    let leader_index = c.nodes.iter().position(|n| n.id == leader).unwrap_or(0);
     let (mut rf1_runs, mut rf3_runs) = (Vec::new(), Vec::new());
     let (mut rf1_used, mut rf3_used) = (Usage::default(), vec![Usage::default(); 3]);
+    let (mut rf1_disk, mut rf3_disk) = (0u64, 0u64);
     for round in 0..rounds {
         let mut standalone = || {
-            let (r, used) = measured(&[single.pid()], || bench_produce(&single.addr, "rf1", secs));
-            rf1_used = rf1_used.add(used[0]);
+            let (r, used, bytes) = standalone_run(secs);
+            rf1_used = rf1_used.add(used);
+            rf1_disk += bytes;
             r
         };
         let mut replicated = || {
-            let (r, used) = measured(&node_pids, || {
-                let r = bench_produce(&leader_addr, "rf3", secs);
-                // The followers apply what is committed before the next run.
-                c.wait_caught_up("rf3", 1);
-                r
-            });
+            let (r, used, bytes) = replicated_run(secs);
             for (total, u) in rf3_used.iter_mut().zip(used) {
                 *total = total.add(u);
             }
+            rf3_disk += bytes;
             r
         };
         if round % 2 == 0 {
@@ -188,21 +214,23 @@ fn replicated_produce_beside_one_replica() {
             .map(|r| r["records"].as_f64().unwrap_or(f64::NAN))
             .sum::<f64>()
     };
-    let rf1_bytes = dir_bytes(dir.path()) as f64 / records(&rf1_runs);
-    let rf3_bytes =
-        c.nodes.iter().map(|n| dir_bytes(&n.dir)).sum::<u64>() as f64 / records(&rf3_runs);
-    single.stop();
+    let rf1_bytes = rf1_disk as f64 / records(&rf1_runs);
+    let rf3_bytes = rf3_disk as f64 / records(&rf3_runs);
     // A factor-1 topic is no Raft group: it lives on one node, the one holding its
-    // directory. It runs once, after the pairs.
-    let host = c
-        .nodes
-        .iter()
-        .find(|n| n.dir.join("topics").join("c1").is_dir())
-        .map(|n| n.client_addr.clone())
-        .expect("a node holds the factor-1 topic");
-    let c1 = bench_produce(&host, "c1", secs);
-    let c_ids: Vec<u64> = c.nodes.iter().map(|n| n.id).collect();
-    c.stop_all();
+    // directory. It runs once, after the pairs, on a cluster of its own.
+    let c1 = {
+        let mut c = Cluster::start_direct(3);
+        c.create_topic("c1", 1, 1);
+        let host = c
+            .nodes
+            .iter()
+            .find(|n| n.dir.join("topics").join("c1").is_dir())
+            .map(|n| n.client_addr.clone())
+            .expect("a node holds the factor-1 topic");
+        let r = bench_produce(&host, "c1", secs);
+        c.stop_all();
+        r
+    };
 
     let rate = |r: &serde_json::Value| r["records_per_sec"].as_f64().unwrap_or(f64::NAN);
     println!();
@@ -248,12 +276,8 @@ fn replicated_produce_beside_one_replica() {
     for (i, u) in rf3_used.iter().enumerate() {
         let (cpu, w) = per(*u, n3);
         busiest = busiest.max(cpu);
-        let role = if i == leader_index {
-            "leader"
-        } else {
-            "follower"
-        };
-        println!("  RF3 node {} ({role}): {cpu:.2} us, {w:.0} B", c_ids[i]);
+        let role = if i == 0 { "the leader" } else { "a follower" };
+        println!("  RF3 {role}: {cpu:.2} us, {w:.0} B");
     }
     let total: f64 = rf3_used.iter().map(|u| u.cpu_s).sum::<f64>() * 1e6 / n3;
     println!(
