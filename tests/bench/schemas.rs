@@ -12,9 +12,9 @@
 //! adjacent runs (`SEGLOG_BENCH_ROUNDS`, default 5) whose first run alternates. Each
 //! pair's ratio is printed, then the median over the pairs, of records/s and of the
 //! process's CPU time per record (steadier than records/s on a shared machine). Pairs,
-//! not means over all runs: this machine's virtual disk is fast for a burst of a few
-//! GB and then throttled, and whichever configuration ran in the throttled phase
-//! would look slower.
+//! not means over all runs: on this virtual machine writes slow down once the page
+//! cache grows past a few GB (into memory the host has not backed yet; see
+//! cluster.rs), and whichever configuration ran in the slower phase would look slower.
 //! `SEGLOG_BENCH_PARTITIONS=N` runs topics of N partitions only (default: 1, then 4);
 //! `SEGLOG_BENCH_FLUSH_EVERY_RECORDS=N` flushes every N records instead of before every
 //! acknowledgement, to compare the two without the disk's fsyncs.
@@ -213,8 +213,8 @@ fn produce_with_and_without_a_schema() {
         }
         broker.register_schema(&checked, &schema(), None).unwrap();
         // Pairs of adjacent runs, the first of each pair alternating, so that both
-        // configurations see the same state of the disk: a virtual disk that is fast
-        // for a burst and then throttled would otherwise favour whichever ran first.
+        // configurations see the same state of the machine: writes that slow down
+        // once the page cache has grown would otherwise favour whichever ran first.
         let mut pairs = Vec::new();
         for round in 0..rounds {
             let run = |topic: &str| load(&broker, &addr, topic, partitions, &values, secs);

@@ -242,9 +242,10 @@ fn durable_against_non_durable() {
             ];
             let (mut durable, mut loose) = (Vec::new(), Vec::new());
             for round in 0..rounds {
-                // The first run of each pair alternates: this machine's virtual disk is
-                // fast for a burst of a few GB, then throttled, and a fixed order would
-                // put one setting in the throttled phase more often.
+                // The first run of each pair alternates, and each run has a fresh
+                // directory, removed after it: on this virtual machine writes slow
+                // down once the page cache grows past a few GB (see cluster.rs), and
+                // a fixed order would put one setting in the slower phase more often.
                 let mut order = [("1", &mut durable), ("100000", &mut loose)];
                 if round % 2 == 1 {
                     order.reverse();
