@@ -285,7 +285,7 @@ fn replicated_produce_beside_one_replica() {
     // this one each node would have them all, and the busiest node's CPU per record
     // caps the partition's rate; RF1's broker is not CPU-bound (it waits for its
     // fsyncs), so the cap is set beside RF1's rate, not beside its CPU.
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get) as f64;
     let cap = cores * 1e6 / busiest;
     println!(
         "  RF1's broker kept {:.2} of the {cores} cores busy. On three machines like this \
