@@ -396,7 +396,7 @@ impl Visit<'_> {
             .filter(|s| s.bytes() <= spare_bytes_max)
             .map(|s| s.base_offset)
             .collect();
-        let (spares_dir, names) = log.stats.spares.reserve(fitting.len());
+        let (spares_dir, names) = log.stats.spares.reserve(fitting.len(), log.dir());
         let kept = Kept {
             dir: spares_dir,
             logs: fitting.into_iter().zip(names).collect(),

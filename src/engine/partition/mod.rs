@@ -326,6 +326,9 @@ pub struct PartitionLog {
     lost: Vec<LostSegment>,
     /// How far the journal must be durable before this log's data is synced.
     journal: Arc<JournalNeed>,
+    /// The file system holding `dir`, read once at open: a roll takes a spare only
+    /// from a pool on the same one ([`spares::SparePool::take`]).
+    file_system: Option<u64>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -407,6 +410,7 @@ impl PartitionLog {
             rolls_durable: AtomicU64::new(0),
             lost,
             journal,
+            file_system: spares::file_system_of(dir),
         };
         Ok((log, notes))
     }

@@ -85,7 +85,7 @@ impl PartitionLog {
     /// Nothing is fsynced here.
     fn new_segment_files(&self, base: u64, path: &Path) -> io::Result<NewSegmentFiles> {
         let index_path = self.dir.join(index_file_name(base));
-        if let Some(spare) = self.stats.spares.take() {
+        if let Some(spare) = self.stats.spares.take(self.file_system) {
             if planted!(SPARE_BASE_BEFORE_DATA_DURABLE) {
                 return self.place_spare_now(spare, base, path, &index_path);
             }

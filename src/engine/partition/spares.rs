@@ -69,6 +69,10 @@ impl Spare {
 struct PoolState {
     /// `DATA/spares`; `None`: the pool is off.
     dir: Option<PathBuf>,
+    /// The file system holding `dir` (its device id), when it could be read. A
+    /// spare moves by `rename`, which cannot cross file systems: a log whose
+    /// directory is on another one neither takes nor gives spares.
+    file_system: Option<u64>,
     per_partition: u64,
     partitions: u64,
     ready: Vec<Spare>,
@@ -112,6 +116,17 @@ impl SparePool {
         let mut s = lock(&self.state);
         s.per_partition = per_partition;
         s.dir = (per_partition > 0).then(|| data_dir.join(SPARES_DIR));
+        s.file_system = s
+            .dir
+            .as_deref()
+            .and_then(file_system_of)
+            .or_else(|| file_system_of(data_dir));
+    }
+
+    /// True when a log whose directory is on file system `fs` cannot move files to
+    /// or from the pool's directory (both known and different).
+    fn elsewhere(s: &PoolState, fs: Option<u64>) -> bool {
+        matches!((s.file_system, fs), (Some(a), Some(b)) if a != b)
     }
 
     /// The pool's directory, when it is on.
@@ -395,10 +410,17 @@ impl SparePool {
     /// the writer's fsyncs do not allocate). The caller wakes the spare maker
     /// ([`SparePool::wake_maker_if_low`]) once the roll is durable, so that the
     /// maker's fsyncs do not run beside the roll's.
-    pub fn take(&self) -> Option<Spare> {
+    ///
+    /// `fs` is the file system of the taking log's directory ([`file_system_of`]):
+    /// a log on another file system than `spares/` gets `None`, since the rename
+    /// at its roll's commit would fail.
+    pub fn take(&self, fs: Option<u64>) -> Option<Spare> {
         let spare = {
             let mut s = lock(&self.state);
             s.dir.as_ref()?;
+            if Self::elsewhere(&s, fs) {
+                return None;
+            }
             let i = s
                 .ready
                 .iter()
@@ -428,9 +450,10 @@ impl SparePool {
     /// 3. rewrite its header with `base_offset = u64::MAX` and `generation + 1`;
     /// 4. fsync the file; only then is it in the pool.
     ///
-    /// Returns false, having changed nothing, when the pool is off or full, the
-    /// generation cannot grow, or someone holds a lock on the file (a reader maps
-    /// it): the caller deletes it instead. A failure after step 1 leaves the file in
+    /// Returns false, having changed nothing, when the pool is off or full,
+    /// `partition_dir` is on another file system than `spares/`, the generation
+    /// cannot grow, or someone holds a lock on the file (a reader maps it): the
+    /// caller deletes it instead. A failure after step 1 leaves the file in
     /// `spares/`, outside the pool until the next start re-stamps it.
     pub fn enter(
         &self,
@@ -440,11 +463,15 @@ impl SparePool {
         generation: u64,
         origin: (String, u32),
     ) -> io::Result<bool> {
+        let fs = file_system_of(partition_dir);
         let (dir, seq, _place, evicted) = {
             let mut s = lock(&self.state);
             let Some(dir) = s.dir.clone() else {
                 return Ok(false);
             };
+            if Self::elsewhere(&s, fs) {
+                return Ok(false);
+            }
             let Some((place, evicted)) = self.claim_place_evicting(&mut s) else {
                 return Ok(false);
             };
@@ -527,12 +554,17 @@ impl SparePool {
     /// Names in `spares/` for up to `n` segments a compaction swap is to move there
     /// itself (steps 1 and 2 of the entry, see
     /// `PreparedCompaction::swap_keeping`): as many as the pool has room for now.
-    /// Returns the directory and the names (none when the pool is off or full).
-    pub fn reserve(&self, n: usize) -> (Option<PathBuf>, Vec<PathBuf>) {
+    /// Returns the directory and the names (none when the pool is off or full, or
+    /// `partition_dir` is on another file system than `spares/`).
+    pub fn reserve(&self, n: usize, partition_dir: &Path) -> (Option<PathBuf>, Vec<PathBuf>) {
+        let fs = file_system_of(partition_dir);
         let mut s = lock(&self.state);
         let Some(dir) = s.dir.clone() else {
             return (None, Vec::new());
         };
+        if Self::elsewhere(&s, fs) {
+            return (None, Vec::new());
+        }
         // Empty spares give up their places to returned segments (see `admit`).
         let empty = s.ready.iter().filter(|sp| sp.is_empty()).count() as u64;
         let room = Self::cap(&s).saturating_sub(Self::taken_places(&s).saturating_sub(empty));
@@ -601,6 +633,13 @@ impl Drop for Place<'_> {
 /// Rewrites one spare's header (base `u64::MAX`, generation + 1) and fsyncs it: at
 /// startup, and by recovery when a reused file goes back to the pool. `None` when its
 /// header does not decode or its generation cannot grow.
+/// The file system holding `path` (its device id), or `None` when it cannot be
+/// read (then nothing is refused for it: a rename reports its own error).
+pub(crate) fn file_system_of(path: &Path) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| m.dev())
+}
+
 pub(crate) fn restamp_file(storage: &dyn Storage, path: &Path) -> io::Result<Option<Spare>> {
     let file = File::open(path)?;
     let len = file.metadata()?.len();

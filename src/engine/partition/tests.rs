@@ -323,6 +323,76 @@ fn with_spare_pool() -> (tempfile::TempDir, PathBuf, Arc<LogStats>) {
     (data, dir, stats)
 }
 
+/// A log whose directory is on another file system than `spares/` (an operator's
+/// mount or symlink inside the data directory) neither takes a spare at its rolls
+/// nor gives its retired segments to the pool: a `rename` cannot cross file systems,
+/// and a failed rename at a roll's commit would stop the partition. Needs `/dev/shm`
+/// on another file system than the temporary directory.
+#[test]
+fn a_log_on_another_file_system_neither_takes_nor_gives_spares() {
+    let (_data, dir, stats) = with_spare_pool();
+    let Ok(other) = tempfile::tempdir_in("/dev/shm") else {
+        println!("skipped: no /dev/shm");
+        return;
+    };
+    let (here, there) = (
+        spares::file_system_of(&dir),
+        spares::file_system_of(other.path()),
+    );
+    if here.is_none() || here == there {
+        println!("skipped: /dev/shm is on the temporary directory's file system");
+        return;
+    }
+    let storage: StorageRef = Arc::new(RealStorage);
+    let append = |log: &PartitionLog, fill: u8| {
+        let v = vec![fill; 300];
+        let record = NewRecord {
+            key: None,
+            value: &v,
+            timestamp_ms: 1,
+        };
+        let a = log.append(&[record], &config(1024)).unwrap();
+        log.wait_durable(a.last_offset + 1).unwrap();
+    };
+    // A log beside the pool gives it one spare.
+    create_first_segment(&*storage, &dir, &stats).unwrap();
+    let near = PartitionLog::open("t", 0, &dir, storage.clone(), stats.clone())
+        .unwrap()
+        .0;
+    for _ in 0..12 {
+        append(&near, 1);
+    }
+    let oldest = near.settled_segments()[0].base_offset;
+    near.retire_oldest(&[oldest]).unwrap();
+    assert_eq!(stats.spares.len(), 1);
+
+    // The log on the other file system rolls onto new files and keeps taking writes.
+    let far_dir = other.path().join("t-1");
+    std::fs::create_dir_all(&far_dir).unwrap();
+    create_first_segment(&*storage, &far_dir, &stats).unwrap();
+    let far = PartitionLog::open("t", 1, &far_dir, storage.clone(), stats.clone())
+        .unwrap()
+        .0;
+    for _ in 0..24 {
+        append(&far, 2);
+    }
+    assert!(far.snapshot().len() >= 4, "the log rolled");
+    assert_eq!(stats.spares.taken.load(Ordering::Relaxed), 0);
+    assert_eq!(stats.spares.len(), 1, "the spare is still in the pool");
+    // Its retired segments are deleted, not moved to `spares/`.
+    let oldest = far.settled_segments()[0].base_offset;
+    let path = far.snapshot()[0].path().to_path_buf();
+    far.retire_oldest(&[oldest]).unwrap();
+    assert!(!path.exists(), "{} is deleted", path.display());
+    assert_eq!(stats.spares.len(), 1);
+    assert_eq!(stats.spares.returned.load(Ordering::Relaxed), 1);
+    // The log beside the pool still takes the spare at its next roll.
+    while stats.spares.taken.load(Ordering::Relaxed) == 0 {
+        append(&near, 3);
+    }
+    append(&far, 4);
+}
+
 #[test]
 fn a_reused_files_stale_tail_is_never_served() {
     let (_data, dir, stats) = with_spare_pool();
