@@ -354,11 +354,14 @@ fn a_log_on_another_file_system_neither_takes_nor_gives_spares() {
         let a = log.append(&[record], &config(1024)).unwrap();
         log.wait_durable(a.last_offset + 1).unwrap();
     };
+    let open = |partition: u32, dir: &Path| {
+        create_first_segment(&*storage, dir, &stats).unwrap();
+        PartitionLog::open("t", partition, dir, storage.clone(), stats.clone())
+            .unwrap()
+            .0
+    };
     // A log beside the pool gives it one spare.
-    create_first_segment(&*storage, &dir, &stats).unwrap();
-    let near = PartitionLog::open("t", 0, &dir, storage.clone(), stats.clone())
-        .unwrap()
-        .0;
+    let near = open(0, &dir);
     for _ in 0..12 {
         append(&near, 1);
     }
@@ -369,10 +372,7 @@ fn a_log_on_another_file_system_neither_takes_nor_gives_spares() {
     // The log on the other file system rolls onto new files and keeps taking writes.
     let far_dir = other.path().join("t-1");
     std::fs::create_dir_all(&far_dir).unwrap();
-    create_first_segment(&*storage, &far_dir, &stats).unwrap();
-    let far = PartitionLog::open("t", 1, &far_dir, storage.clone(), stats.clone())
-        .unwrap()
-        .0;
+    let far = open(1, &far_dir);
     for _ in 0..24 {
         append(&far, 2);
     }
