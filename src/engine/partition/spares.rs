@@ -630,9 +630,6 @@ impl Drop for Place<'_> {
     }
 }
 
-/// Rewrites one spare's header (base `u64::MAX`, generation + 1) and fsyncs it: at
-/// startup, and by recovery when a reused file goes back to the pool. `None` when its
-/// header does not decode or its generation cannot grow.
 /// The file system holding `path` (its device id), or `None` when it cannot be
 /// read (then nothing is refused for it: a rename reports its own error).
 pub(crate) fn file_system_of(path: &Path) -> Option<u64> {
@@ -640,6 +637,9 @@ pub(crate) fn file_system_of(path: &Path) -> Option<u64> {
     std::fs::metadata(path).ok().map(|m| m.dev())
 }
 
+/// Rewrites one spare's header (base `u64::MAX`, generation + 1) and fsyncs it: at
+/// startup, and by recovery when a reused file goes back to the pool. `None` when its
+/// header does not decode or its generation cannot grow.
 pub(crate) fn restamp_file(storage: &dyn Storage, path: &Path) -> io::Result<Option<Spare>> {
     let file = File::open(path)?;
     let len = file.metadata()?.len();
