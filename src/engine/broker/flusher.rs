@@ -7,15 +7,18 @@
 //! waiters only.
 //!
 //! The producer journal and the group files share these passes (no fsync thread of
-//! their own): a pass 1. fdatasyncs the journal once for every entry written before
-//! it, 2. fsyncs the partitions asked for, 3. moves the group coordinator's time on
-//! (every [`TICK_INTERVAL`]) and replaces every dirty group file once. An idempotent
-//! batch's entry is written just before its records (under the partition's write
-//! lock) and so before its partition is queued, so the pass that makes the records
-//! durable for its acknowledgement has made the entry durable just before: the
-//! batch waits for one group commit. A partition fsynced in step 2 that holds records
-//! written after step 1 (their entries too late for it) runs the journal barrier
-//! first (`partition::journal`): one more fdatasync of the journal, in that case only.
+//! their own): a pass 1. makes durable every journal entry written before it and
+//! completes their waiters, 2. fsyncs the partitions asked for, 3. moves the group
+//! coordinator's time on (every [`TICK_INTERVAL`]) and replaces every dirty group
+//! file once. Step 1 ends after step 2: a partition's fsync first runs the journal
+//! barrier (`partition::journal`), one fdatasync of the journal covering every entry
+//! written until then, so the pass's own entries are usually durable by the time
+//! step 1 looks, and it makes no system call. (Run first, step 1's fdatasync would be
+//! followed by a barrier's for the entries written while it ran: two in series.) An
+//! idempotent batch's entry is written just before its records (under the
+//! partition's write lock) and so before its partition is queued: the pass that
+//! makes the records durable for its acknowledgement makes the entry durable first,
+//! and the batch waits for one group commit.
 
 use super::*;
 use crate::engine::groups::{GroupCoordinator, TICK_INTERVAL};
@@ -124,12 +127,19 @@ impl Flusher {
         let mut deadline = Instant::now() + self.interval;
         let mut tick_at = Instant::now() + TICK_INTERVAL;
         while let Some(batch) = self.next_batch(deadline.min(tick_at)) {
-            // 1. Before the partitions: an entry is never made durable after the
-            // records it covers by the same pass.
-            self.producers.sync_pending();
-            // 2.
-            for log in batch {
-                let _ = log.flush();
+            // 1. The entries written before the pass; their waiters are completed
+            // after the partitions' fsyncs, whose journal barriers make them durable
+            // first (one fdatasync covering every entry written until then).
+            let entries = self.producers.positions().0;
+            // 2. The partitions' waiters are woken once, after step 1: an idempotent
+            // batch's answer waits for both.
+            for log in &batch {
+                let _ = log.flush_quiet();
+            }
+            // 1. (an fdatasync of its own only when no barrier covered them)
+            self.producers.sync_pending_through(entries);
+            for log in &batch {
+                log.wake_waiters();
             }
             let now = Instant::now();
             if now >= deadline {

@@ -117,6 +117,14 @@ impl PartitionLog {
         self.wait_durable(target)
     }
 
+    /// [`PartitionLog::flush`] without waking the async waiters (see
+    /// [`PartitionLog::wait_durable_quiet`]): the caller wakes them with
+    /// [`PartitionLog::wake_waiters`] once it has done what they also wait for.
+    pub fn flush_quiet(&self) -> Result<(), EngineError> {
+        let target = self.written_end();
+        self.wait_durable_quiet(target)
+    }
+
     /// At a clean stop, after [`PartitionLog::flush`]: cuts a reused active segment's
     /// file to the end of its data when the older generation's bytes past it do not
     /// start with a whole record of that generation. The writer's data ends anywhere

@@ -9,13 +9,14 @@
 //! acknowledged only once both its records and its entry are durable. An entry is
 //! written (page cache) when its batch is accepted, just before the batch's records
 //! (under the partition's write lock); entries are group-committed in the broker's
-//! flusher passes ([`ProducerTable::sync_pending`]): each pass fdatasyncs the journal
-//! once for every entry written before it, just before it fsyncs the partitions, so
-//! a batch waits for one group commit. The table is also the partitions' journal
-//! barrier ([`Journal`], [`crate::engine::partition::journal`]): any other sync of a
-//! partition's data (a commit leader's, a roll's, the zero worker's, or a pass's for
-//! records written after its journal step) first makes the journal durable as far as
-//! the partition's records need, by the same coalesced fdatasync. Power loss: an
+//! flusher passes ([`ProducerTable::sync_pending_through`]): each pass makes every
+//! entry written before it durable, by one fdatasync shared with the partitions it
+//! fsyncs, so a batch waits for one group commit. The table is also the partitions'
+//! journal barrier ([`Journal`], [`crate::engine::partition::journal`]): every sync
+//! of a partition's data (a pass's, a commit leader's, a roll's, the zero worker's)
+//! first makes the journal durable as far as the partition's records need, by the
+//! same coalesced fdatasync, and a pass completes its entries' waiters after its
+//! partitions' fsyncs, usually finding them durable already. Power loss: an
 //! entry is durable before any sync covers its records, so no power loss keeps a
 //! batch's records without its entry, except pages the kernel writes out on its own
 //! (writeback) and a record written while its partition's fsync already runs; after
@@ -180,7 +181,8 @@ impl JournalFile {
 
 #[derive(Debug, Default)]
 struct JournalState {
-    waiters: Vec<oneshot::Sender<Result<(), ProducerError>>>,
+    /// Each waiter with its entry's [`Journal`] position.
+    waiters: Vec<(u64, oneshot::Sender<Result<(), ProducerError>>)>,
 }
 
 /// The producer-state table and its journal.
@@ -849,6 +851,7 @@ impl ProducerTable {
         let (tx, rx) = oneshot::channel();
         let mut bytes = Vec::with_capacity(128);
         encode_entry(&mut bytes, e);
+        let position;
         {
             let mut file = lock(&self.file);
             if let Some(why) = &*lock(&self.poisoned) {
@@ -873,13 +876,13 @@ impl ProducerTable {
             })?;
             jf.end += bytes.len() as u64;
             jf.zeroed = jf.zeroed.max(jf.end);
-            self.written.fetch_add(1, Ordering::AcqRel);
+            position = self.written.fetch_add(1, Ordering::AcqRel) + 1;
             written();
         }
         if planted!(ACK_BEFORE_JOURNAL_DURABLE) {
             let _ = tx.send(Ok(()));
         } else {
-            lock(&self.journal).waiters.push(tx);
+            lock(&self.journal).waiters.push((position, tx));
         }
         match &*lock(&self.wake) {
             Some(w) => w.wake(),
@@ -888,23 +891,44 @@ impl ProducerTable {
         Ok(rx)
     }
 
-    /// Group commit, one pass: 1. take every waiter (each one's entry was written
-    /// and counted before it was queued), 2. make every entry written so far durable
-    /// ([`ProducerTable::sync_through`]: no system call when a partition's journal
-    /// barrier already did), 3. complete the waiters. A failed sync poisons the
-    /// journal: later entries fail too.
+    /// Group commit for every entry written so far: makes them durable and
+    /// completes their waiters ([`ProducerTable::sync_pending_through`]).
     pub fn sync_pending(&self) {
+        self.sync_pending_through(self.written.load(Ordering::Acquire));
+    }
+
+    /// Group commit, one pass: 1. take the waiters whose entries are at positions up
+    /// to `upto` or already durable (each one's entry was written and counted before
+    /// it was queued), 2. make the entries up to `upto` durable
+    /// ([`ProducerTable::sync_through`]: no system call when a partition's journal
+    /// barrier already did), 3. complete the waiters. A waiter of a later entry not
+    /// yet durable stays queued for the next pass (its writer asked for one after
+    /// writing it). A failed sync poisons the journal: later entries fail too.
+    pub fn sync_pending_through(&self, upto: u64) {
         // 1.
-        let waiters = std::mem::take(&mut lock(&self.journal).waiters);
+        let reach = upto.max(self.durable.load(Ordering::Acquire));
+        let waiters: Vec<_> = {
+            let mut j = lock(&self.journal);
+            if j.waiters.iter().all(|(p, _)| *p <= reach) {
+                std::mem::take(&mut j.waiters)
+            } else {
+                let (now, later) = std::mem::take(&mut j.waiters)
+                    .into_iter()
+                    .partition(|(p, _)| *p <= reach);
+                j.waiters = later;
+                now
+            }
+        };
         if waiters.is_empty() {
             return;
         }
         // 2.
-        let result = self.sync_through(self.written.load(Ordering::Acquire));
+        let result = self.sync_through(upto);
         // 3.
+        let durable = self.durable.load(Ordering::Acquire);
         let n = waiters.len() as u64;
-        for w in waiters {
-            let _ = w.send(result.clone());
+        for (p, w) in waiters {
+            let _ = w.send(if p <= durable { Ok(()) } else { result.clone() });
         }
         if result.is_ok()
             && self.entries_since_snapshot.fetch_add(n, Ordering::Relaxed) + n

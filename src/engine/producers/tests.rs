@@ -414,6 +414,49 @@ fn one_fdatasync_makes_every_entry_written_before_it_durable() {
     durable(entry);
 }
 
+/// A flusher pass answers the waiters of the entries written before it and of those
+/// already durable: an entry written during the pass (after it took its position)
+/// and not yet durable waits for the next one, and a pass whose entries a
+/// partition's barrier made durable makes no system call of its own.
+#[test]
+fn a_pass_completes_the_entries_written_before_it_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let (t, _) = open(dir.path(), 100);
+    t.share_commits(Waker(Box::new(|| {})));
+    let ((id, epoch), init) = t.init(None).unwrap();
+    let pass = t.positions().0;
+    assert_eq!(t.check(id, epoch, "t", 0, 0, 2).unwrap(), Decision::Append);
+    let (batch, mut entry) = t.journal_batch(id, epoch, "t", 0, 0, 2, 0, 1).unwrap();
+    t.recorded(&batch);
+    assert_eq!(t.positions(), (2, 0));
+    let fsyncs = || t.fsyncs.load(Ordering::Relaxed);
+    let before = fsyncs();
+    // The pass's own fdatasync (no barrier ran) covers both entries, but answers
+    // only the one written before the pass.
+    t.sync_pending_through(pass);
+    assert_eq!((t.positions(), fsyncs()), ((2, 2), before + 1));
+    durable(init);
+    assert!(
+        entry.try_recv().is_err(),
+        "the later entry waits for its pass"
+    );
+    // The next pass finds it durable: no system call.
+    t.sync_pending_through(t.positions().0);
+    assert_eq!(fsyncs(), before + 1);
+    durable(entry);
+    // An entry written during a pass that a partition's barrier made durable before
+    // the pass looked is answered by that pass, with no system call of its own.
+    let pass = t.positions().0;
+    assert_eq!(t.check(id, epoch, "t", 0, 2, 1).unwrap(), Decision::Append);
+    let (batch, entry) = t.journal_batch(id, epoch, "t", 0, 2, 1, 2, 2).unwrap();
+    t.recorded(&batch);
+    t.sync_to(3).unwrap();
+    assert_eq!(fsyncs(), before + 2);
+    t.sync_pending_through(pass);
+    assert_eq!(fsyncs(), before + 2);
+    durable(entry);
+}
+
 /// A failed fdatasync poisons the journal: a barrier past what is durable fails
 /// (its partition must not be synced), one within it still passes.
 #[test]
