@@ -386,14 +386,12 @@ fn a_batch_only_partly_in_its_partition_is_cut_off() {
     );
 }
 
-/// The journal barrier's positions: an entry counts as written once its write
-/// returned; one fdatasync makes every entry written before it durable, and a
-/// barrier or pass whose entries are durable already makes no system call.
-#[test]
-fn one_fdatasync_makes_every_entry_written_before_it_durable() {
-    let dir = tempfile::tempdir().unwrap();
-    let (t, _) = open(dir.path(), 100);
-    // No flusher: a pass runs only when the test asks for one.
+/// A table with no flusher (a pass runs only when the test asks for one), a new
+/// producer's init entry (position 1) and one batch of it, 2 records at offset 0
+/// (position 2), neither durable yet. Returns the table, the producer's id and
+/// epoch, and both entries' waiters.
+fn init_and_batch(dir: &Path) -> (ProducerTable, (u64, u16), Durable, Durable) {
+    let (t, _) = open(dir, 100);
     t.share_commits(Waker(Box::new(|| {})));
     let ((id, epoch), init) = t.init(None).unwrap();
     assert_eq!(t.positions(), (1, 0));
@@ -401,6 +399,16 @@ fn one_fdatasync_makes_every_entry_written_before_it_durable() {
     let (batch, entry) = t.journal_batch(id, epoch, "t", 0, 0, 2, 0, 1).unwrap();
     t.recorded(&batch);
     assert_eq!(t.positions(), (2, 0));
+    (t, (id, epoch), init, entry)
+}
+
+/// The journal barrier's positions: an entry counts as written once its write
+/// returned; one fdatasync makes every entry written before it durable, and a
+/// barrier or pass whose entries are durable already makes no system call.
+#[test]
+fn one_fdatasync_makes_every_entry_written_before_it_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    let (t, _, init, entry) = init_and_batch(dir.path());
     let fsyncs = || t.fsyncs.load(Ordering::Relaxed);
     let before = fsyncs();
     // A partition's barrier for the first entry: one fdatasync covers both.
@@ -421,14 +429,9 @@ fn one_fdatasync_makes_every_entry_written_before_it_durable() {
 #[test]
 fn a_pass_completes_the_entries_written_before_it_only() {
     let dir = tempfile::tempdir().unwrap();
-    let (t, _) = open(dir.path(), 100);
-    t.share_commits(Waker(Box::new(|| {})));
-    let ((id, epoch), init) = t.init(None).unwrap();
-    let pass = t.positions().0;
-    assert_eq!(t.check(id, epoch, "t", 0, 0, 2).unwrap(), Decision::Append);
-    let (batch, mut entry) = t.journal_batch(id, epoch, "t", 0, 0, 2, 0, 1).unwrap();
-    t.recorded(&batch);
-    assert_eq!(t.positions(), (2, 0));
+    let (t, (id, epoch), init, mut entry) = init_and_batch(dir.path());
+    // The pass took its position after the init's entry, before the batch's.
+    let pass = 1;
     let fsyncs = || t.fsyncs.load(Ordering::Relaxed);
     let before = fsyncs();
     // The pass's own fdatasync (no barrier ran) covers both entries, but answers
