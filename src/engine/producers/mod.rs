@@ -156,6 +156,37 @@ struct JournalFile {
 }
 
 impl JournalFile {
+    /// After the entry write at `end` of `len` bytes failed (`e`): it may still have
+    /// written part or all of the entry, and a whole entry there would be replayed
+    /// at the next start, a batch the broker refused counted as written. So its bytes
+    /// are zeroed (a zero tail is legal); the journal then goes on at `end`. When the
+    /// zeros cannot be written either, the journal fails (`poisoned`): no later entry
+    /// is written and no fdatasync runs, so that the refused entry is not made
+    /// durable by this process. Returns why the entry failed.
+    fn undo_failed_write(
+        &mut self,
+        poisoned: &Mutex<Option<String>>,
+        end: u64,
+        len: usize,
+        e: &std::io::Error,
+    ) -> String {
+        let why = format!("writing {JOURNAL_FILE} at byte {end}: {e}");
+        match self.f.write_at(&vec![0; len], end) {
+            Ok(()) => {
+                self.zeroed = self.zeroed.max(end + len as u64);
+                tracing::warn!("{why}; the entry's bytes were zeroed, the journal goes on");
+                why
+            }
+            Err(z) => {
+                let why = format!(
+                    "{why}; zeroing its bytes failed too ({z}): the journal fails until a restart"
+                );
+                *lock(poisoned) = Some(why.clone());
+                why
+            }
+        }
+    }
+
     /// Writes zeros ahead of `end` when the entry of `len` bytes would pass them
     /// (up to [`JOURNAL_BYTES_MAX`]). A failure only stops zeroing: the entry is
     /// written past the zeros, and the file grows with it.
@@ -869,11 +900,14 @@ impl ProducerTable {
                 )));
             }
             jf.zero_ahead(bytes.len() as u64);
-            jf.f.write_at(&bytes, end).map_err(|e| {
-                let why = format!("writing {JOURNAL_FILE}: {e}");
-                *lock(&self.poisoned) = Some(why.clone());
-                ProducerError::Storage(why)
-            })?;
+            if let Err(e) = jf.f.write_at(&bytes, end) {
+                return Err(ProducerError::Storage(jf.undo_failed_write(
+                    &self.poisoned,
+                    end,
+                    bytes.len(),
+                    &e,
+                )));
+            }
             jf.end += bytes.len() as u64;
             jf.zeroed = jf.zeroed.max(jf.end);
             position = self.written.fetch_add(1, Ordering::AcqRel) + 1;

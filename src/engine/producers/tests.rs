@@ -493,6 +493,108 @@ fn a_barrier_past_a_failed_fdatasync_fails() {
     assert!(t.sync_to(2).is_err());
 }
 
+/// Opens a table on storage whose journal entry writes fail while `armed`: the failed
+/// write first writes the whole entry, as a write that fails late may. Without
+/// `zeros_fail`, one entry write fails (the failure disarms); with it, the zeros
+/// written meanwhile fail too, until the test disarms.
+fn failing_entry_writes(dir: &Path, armed: Arc<AtomicBool>, zeros_fail: bool) -> ProducerTable {
+    use crate::testkit::storage::{Call, HookStorage};
+    let storage = HookStorage::from_fn(Arc::new(RealStorage), move |op| {
+        let Call::WriteAt { buf, pos } = op.call else {
+            return None;
+        };
+        if !op.path.ends_with(JOURNAL_FILE) || !armed.load(Ordering::SeqCst) {
+            return None;
+        }
+        if buf.iter().all(|b| *b == 0) {
+            return zeros_fail.then(|| Err(std::io::Error::other("injected: zeros")));
+        }
+        if !zeros_fail {
+            armed.store(false, Ordering::SeqCst);
+        }
+        op.file?.write_at(buf, pos).unwrap();
+        Some(Err(std::io::Error::other("injected: no space left")))
+    });
+    ProducerTable::open(
+        dir,
+        Arc::new(storage),
+        PRODUCER_ID_EXPIRATION_DEFAULT,
+        &|_, _| Some(100),
+    )
+    .unwrap()
+    .0
+}
+
+/// A journal entry whose write failed after writing it whole is zeroed: the journal
+/// goes on (later entries are written and synced), and a restart does not replay
+/// the refused batch, whose retry is then written, not answered as a duplicate.
+#[test]
+fn a_failed_entry_write_is_zeroed_and_the_journal_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let armed = Arc::new(AtomicBool::new(false));
+    let t = failing_entry_writes(dir.path(), Arc::clone(&armed), false);
+    let ((id, epoch), init) = t.init(None).unwrap();
+    durable(init);
+    armed.store(true, Ordering::SeqCst);
+    let err = t.journal_batch(id, epoch, "t", 0, 0, 2, 0, 1).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("writing producers.journal at byte"),
+        "{err}"
+    );
+    assert_eq!(t.positions(), (1, 1));
+    // The journal goes on: another producer's batch is journalled and made durable.
+    let ((other, other_epoch), init) = t.init(None).unwrap();
+    durable(init);
+    assert_eq!(write(&t, other, other_epoch, 0, 1, 2), Decision::Append);
+    assert_eq!(t.positions(), (3, 3));
+    drop(t);
+    let (t, _) = open(dir.path(), 100);
+    assert_eq!(
+        t.check(id, epoch, "t", 0, 0, 2).unwrap(),
+        Decision::Append,
+        "the refused batch must not be replayed"
+    );
+    assert_eq!(
+        t.check(other, other_epoch, "t", 0, 0, 1).unwrap(),
+        Decision::Duplicate {
+            base_offset: 2,
+            last_offset: 2
+        }
+    );
+}
+
+/// When the zeros over a failed entry cannot be written either, the journal fails:
+/// no later entry is written and no fdatasync runs (it would make the refused entry
+/// durable); entries made durable before stay durable.
+#[test]
+fn a_failed_entry_write_that_cannot_be_zeroed_fails_the_journal() {
+    let dir = tempfile::tempdir().unwrap();
+    let armed = Arc::new(AtomicBool::new(false));
+    let t = failing_entry_writes(dir.path(), Arc::clone(&armed), true);
+    let ((id, epoch), init) = t.init(None).unwrap();
+    durable(init);
+    t.share_commits(Waker(Box::new(|| {})));
+    // Written, not yet durable.
+    assert_eq!(t.check(id, epoch, "t", 0, 0, 1).unwrap(), Decision::Append);
+    let (batch, mut entry) = t.journal_batch(id, epoch, "t", 0, 0, 1, 0, 0).unwrap();
+    t.recorded(&batch);
+    armed.store(true, Ordering::SeqCst);
+    let err = t.journal_batch(id, epoch, "t", 0, 1, 1, 1, 1).unwrap_err();
+    assert!(
+        err.to_string().contains("zeroing its bytes failed too"),
+        "{err}"
+    );
+    armed.store(false, Ordering::SeqCst);
+    assert!(t.journal_batch(id, epoch, "t", 0, 1, 1, 1, 1).is_err());
+    let fsyncs = t.fsyncs.load(Ordering::Relaxed);
+    assert!(t.sync_to(2).is_err());
+    t.sync_to(1).unwrap();
+    t.sync_pending();
+    assert!(entry.try_recv().unwrap().is_err());
+    assert_eq!(t.fsyncs.load(Ordering::Relaxed), fsyncs);
+}
+
 /// A snapshot taken while a batch's entry is written and its records are being
 /// written (between `journal_batch` and `recorded`) cuts that entry from the
 /// journal: the snapshot keeps the batch, so if its records survive, a restart
