@@ -838,6 +838,38 @@ fn cli_reports_the_numbers_and_leaves_a_clean_partition() {
     assert_eq!(doc["partitions"][0]["skipped"], true);
 }
 
+/// A marker that replaces the newest segment was written by no swap (compaction
+/// replaces sealed segments only): recover removes it and keeps every segment.
+#[test]
+fn a_marker_replacing_the_newest_segment_is_removed_and_every_segment_kept() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path();
+    let case = Case::generate(11);
+    let part = data_dir_with(data, "kv", CleanupPolicy::Compact, &case, 11);
+    let records = read_partition(&part);
+    let segments = list_partition(&part).unwrap().segments;
+    assert!(segments.len() >= 2, "{segments:?}");
+    let [.., before_newest, newest] = &segments[..] else {
+        unreachable!()
+    };
+    let marker = format!(
+        r#"{{"version":1,"new":["{:020}"],"replaced":["{:020}","{:020}"]}}"#,
+        before_newest.base_offset, before_newest.base_offset, newest.base_offset
+    );
+    fs::write(part.join(COMPACTION_MARKER), marker).unwrap();
+    let out = seglog().arg("verify").arg(data).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("no segment follows the replaced range"),
+        "{text}"
+    );
+    let out = seglog().arg("recover").arg(data).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(!part.join(COMPACTION_MARKER).exists());
+    assert_eq!(list_partition(&part).unwrap().segments, segments);
+    assert_eq!(read_partition(&part), records);
+}
+
 #[test]
 fn cli_dry_run_changes_nothing_and_takes_no_lock() {
     let tmp = tempfile::tempdir().unwrap();
@@ -886,6 +918,18 @@ fn cli_exits_73_while_the_lock_is_held() {
     assert_eq!(out.status.code(), Some(73));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("LOCK") && err.lines().count() == 1, "{err}");
+    // A relative path finds the data directory above it, and its lock, too.
+    let topic_dir = part.parent().unwrap();
+    for (cwd, arg) in [
+        (&part, "."),
+        (&part, "../0"),
+        (&topic_dir.to_path_buf(), "0"),
+    ] {
+        for cmd in ["compact", "recover", "reindex"] {
+            let out = seglog().current_dir(cwd).args([cmd, arg]).output().unwrap();
+            assert_eq!(out.status.code(), Some(73), "{cmd} {arg}: {out:?}");
+        }
+    }
     assert_eq!(files(&part), before);
     drop(held);
     seglog().arg("compact").arg(data).assert().code(0);

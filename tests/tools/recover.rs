@@ -252,6 +252,36 @@ fn damage_inside_the_active_segment_cuts_and_names_the_records_behind_it() {
     assert_eq!(offsets(&d.part), (0..5).collect::<Vec<_>>());
 }
 
+/// Damage that leaves no length to step over (a length field made huge, a zeroed
+/// sector): the records behind it are found where they resume, and named.
+#[test]
+fn records_behind_damaged_lengths_or_zeros_are_named() {
+    for zeros in [false, true] {
+        let d = Data::new();
+        let s = seg(0, 0, 0..12);
+        let mut log = s.log.clone();
+        let (_, pos5, _) = s.records[5];
+        let (_, pos7, _) = s.records[7];
+        if zeros {
+            log[pos5 as usize..pos7 as usize].fill(0);
+        } else {
+            log[pos5 as usize] = 0x7f;
+        }
+        d.put(0, &log, Some(&s.index));
+        let v = recover_twice(&d, 0);
+        let a = &v["actions"][0];
+        assert_eq!(a["kind"], "cut_tail", "{v:#}");
+        assert_eq!(a["from"], pos5);
+        let first = if zeros { 7 } else { 6 };
+        assert_eq!(
+            a["records_cut"],
+            serde_json::json!({"first_offset": first, "last_offset": 11, "count": 12 - first}),
+            "zeros: {zeros}"
+        );
+        assert_eq!(offsets(&d.part), (0..5).collect::<Vec<_>>());
+    }
+}
+
 #[test]
 fn an_index_that_covered_the_cut_range_is_rebuilt_after_the_cut() {
     let d = Data::new();

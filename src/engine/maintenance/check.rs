@@ -1036,12 +1036,19 @@ fn read_marker(path: &Path) -> Result<CompactionMarker, MarkerError> {
 /// Whether a marker that parses can be the swap of the segments listed (`bases`):
 /// its new segments' logs (or their `.tmp`) exist, the first new segment takes the
 /// first replaced one's base, and the last new segment ends where the replaced range
-/// ended, just below the next segment on disk (FORMAT, Compaction). A marker that
-/// fails is no swap's: finishing it could delete the only copy of a replaced
-/// segment, so it is treated as one that never started (its segments are kept).
+/// ended, just below the next segment on disk, which must exist: compaction replaces
+/// sealed segments only, and keeps the last record of their range (FORMAT,
+/// Compaction). A marker that fails is no swap's: finishing it could delete the only
+/// copy of a replaced segment, so it is treated as one that never started (its
+/// segments are kept).
 fn marker_fits(dir: &Path, m: &CompactionMarker, bases: &[u64]) -> io::Result<Result<(), String>> {
     let (Some(&first_new), Some(&last_new)) = (m.new.iter().min(), m.new.iter().max()) else {
-        return Ok(Ok(()));
+        // Compaction always keeps the last record of the replaced range.
+        return Ok(if m.replaced.is_empty() {
+            Ok(())
+        } else {
+            Err("it replaces segments with no new one".to_string())
+        });
     };
     let stem = |b: u64| format!("{b:020}");
     for &n in &m.new {
@@ -1063,8 +1070,12 @@ fn marker_fits(dir: &Path, m: &CompactionMarker, bases: &[u64]) -> io::Result<Re
         }
     }
     let top = m.replaced.iter().copied().max().unwrap_or(0).max(last_new);
+    // Compaction replaces sealed segments only: the active one always follows them.
     let Some(next) = bases.iter().copied().filter(|&b| b > top).min() else {
-        return Ok(Ok(()));
+        return Ok(Err(format!(
+            "no segment follows the replaced range (up to {}), but compaction replaces sealed segments only",
+            stem(top)
+        )));
     };
     let tmp = dir.join(tmp_file_name(&log_file_name(last_new)));
     let path = if tmp.exists() {

@@ -446,7 +446,10 @@ pub fn data_dir_raft_logs(data_dir: &Path) -> Result<Vec<PartitionRef>, LayoutEr
     Ok(out)
 }
 
-/// Works out what `path` names and lists the partitions below it.
+/// Works out what `path` names and lists the partitions below it. A relative path,
+/// or one with a `..`, is made absolute first (symbolic links resolved): the data
+/// directory above a partition or topic named as `.`, `0` or `../0` is found, and
+/// with it `LOCK`.
 pub fn resolve(path: &Path) -> Result<Target, LayoutError> {
     let meta = fs::metadata(path).map_err(|e| match e.kind() {
         io::ErrorKind::NotFound => LayoutError::NotFound { path: path.into() },
@@ -455,6 +458,17 @@ pub fn resolve(path: &Path) -> Result<Target, LayoutError> {
             source: e,
         },
     })?;
+    let absolute;
+    let path = if path.is_relative()
+        || path
+            .components()
+            .any(|c| c == std::path::Component::ParentDir)
+    {
+        absolute = fs::canonicalize(path).map_err(io_err(path))?;
+        absolute.as_path()
+    } else {
+        path
+    };
     if meta.is_file() {
         return resolve_log_file(path);
     }
@@ -622,6 +636,13 @@ pub fn list_partition(dir: &Path) -> io::Result<PartitionListing> {
         match classify_partition_file(&entry.file_name().to_string_lossy()) {
             PartitionFile::Log(b) => logs.push(b),
             PartitionFile::Index(b) => indexes.push(b),
+            // A directory with a temporary file's name is nothing seglog wrote: left
+            // alone, as any unknown entry (removing it would fail, and block recovery).
+            PartitionFile::LogTmp(_) | PartitionFile::IndexTmp(_) | PartitionFile::OtherTmp
+                if entry.file_type()?.is_dir() =>
+            {
+                out.unknown.push(path);
+            }
             PartitionFile::LogTmp(_) | PartitionFile::IndexTmp(_) | PartitionFile::OtherTmp => {
                 out.temp_files.push(path);
             }

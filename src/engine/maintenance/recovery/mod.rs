@@ -47,7 +47,7 @@ use crate::engine::maintenance::reindex::{index_bytes, write_index};
 use crate::engine::storage::io::Storage;
 use crate::engine::storage::layout::{resolve, LayoutError, PartitionRef, SegmentFiles, Target};
 use crate::engine::storage::reader::{
-    open_log, read_full_at, read_header, Next, RecordReader, ScanEnd,
+    open_log, read_full_at, read_header, resync, Next, RecordReader, ScanEnd,
 };
 
 mod execute;

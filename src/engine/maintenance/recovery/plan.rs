@@ -79,52 +79,72 @@ pub fn plan_partition(p: &PartitionRef) -> Result<PartitionPlan, RecoveryError> 
             log,
             from,
             to,
+            next_offset,
             kind: Some(ProblemKind::TornTail),
             records_cut,
             ..
         } = a
         {
-            *records_cut =
-                records_behind(log, *from, *to).map_err(|source| RecoveryError::Check {
+            *records_cut = records_behind(log, *from, *to, *next_offset).map_err(|source| {
+                RecoveryError::Check {
                     dir: p.dir.clone(),
                     source,
-                })?;
+                }
+            })?;
         }
     }
     Ok(plan)
 }
 
 /// The valid records of the segment's generation that follow the damaged record at
-/// `from` (stepping over it by its claimed length), up to `to`.
-pub(super) fn records_behind(log: &Path, from: u64, to: u64) -> io::Result<Option<RecordsCut>> {
+/// `from` (where offset `next_offset` would start), up to `to`: stepping over it by
+/// its claimed length, else, when that length is damaged too (or finds nothing),
+/// from the first position after it where a record of an offset from `next_offset`
+/// on decodes (docs/FORMAT.md, Reading around damage). Zeros or a torn write at the
+/// tail find none.
+pub(super) fn records_behind(
+    log: &Path,
+    from: u64,
+    to: u64,
+    next_offset: u64,
+) -> io::Result<Option<RecordsCut>> {
     let (file, len) = open_log(log)?;
     let Ok(header) = read_header(&file, len)? else {
         return Ok(None);
     };
+    let limit = to.min(len);
+    let records_from = |at: u64| -> io::Result<Option<RecordsCut>> {
+        let mut reader = RecordReader::new(&file, header.generation, at, limit);
+        let mut found: Option<RecordsCut> = None;
+        while let Next::Record { record, .. } = reader.next_record()? {
+            match &mut found {
+                None => {
+                    found = Some(RecordsCut {
+                        first_offset: record.offset,
+                        last_offset: record.offset,
+                        count: 1,
+                    });
+                }
+                Some(r) if record.offset > r.last_offset => {
+                    r.last_offset = record.offset;
+                    r.count += 1;
+                }
+                Some(_) => break,
+            }
+        }
+        Ok(found)
+    };
     let mut len_field = [0u8; LEN_FIELD];
     let n = read_full_at(&file, &mut len_field, from)?;
-    let Some(claimed) = claimed_encoded_len(len_field.get(..n).unwrap_or(&[])) else {
-        return Ok(None);
-    };
-    let mut reader = RecordReader::new(&file, header.generation, from + claimed, to.min(len));
-    let mut found: Option<RecordsCut> = None;
-    while let Next::Record { record, .. } = reader.next_record()? {
-        match &mut found {
-            None => {
-                found = Some(RecordsCut {
-                    first_offset: record.offset,
-                    last_offset: record.offset,
-                    count: 1,
-                });
-            }
-            Some(r) if record.offset > r.last_offset => {
-                r.last_offset = record.offset;
-                r.count += 1;
-            }
-            Some(_) => break,
+    if let Some(claimed) = claimed_encoded_len(len_field.get(..n).unwrap_or(&[])) {
+        if let Some(found) = records_from(from + claimed)? {
+            return Ok(Some(found));
         }
     }
-    Ok(found)
+    match resync(&file, header.generation, from + 1, limit, next_offset, None)? {
+        Some(r) => records_from(r.position),
+        None => Ok(None),
+    }
 }
 
 /// How many of the newest segments never became durable: the newest one when its
