@@ -308,6 +308,20 @@ pub fn parse_broker_addrs(text: &str) -> Result<String, String> {
     Ok(text.to_string())
 }
 
+/// Checks a listen address (`serve --listen` and the other listeners): `HOST:PORT`,
+/// a port of 0 (a free one) to 65535. A value that is no address is a usage error
+/// (64); one that cannot be bound is told when binding (74).
+pub fn parse_listen_addr(text: &str) -> Result<String, String> {
+    let ok = text.rsplit_once(':').is_some_and(|(host, port)| {
+        !host.is_empty() && !host.contains(char::is_whitespace) && port.parse::<u16>().is_ok()
+    });
+    if ok {
+        Ok(text.to_string())
+    } else {
+        Err(format!("{text:?} is not HOST:PORT"))
+    }
+}
+
 /// Exit 64 for a request that cannot be encoded or that the broker refuses as an
 /// invalid argument ([`refusal_exit`]), 74 for a record that fails its check, 69
 /// otherwise (unreachable or failing broker; the message names the address).
@@ -490,6 +504,29 @@ mod tests {
             "h:x",
         ] {
             assert!(parse_broker_addrs(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn listen_addresses() {
+        for ok in [
+            "127.0.0.1:0",
+            "0.0.0.0:9494",
+            "[::1]:9092",
+            "localhost:65535",
+        ] {
+            assert!(parse_listen_addr(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            "bogus",
+            "host:",
+            ":9",
+            "127.0.0.1:99999",
+            "x:y",
+            "a b:1",
+        ] {
+            assert!(parse_listen_addr(bad).is_err(), "{bad}");
         }
     }
 

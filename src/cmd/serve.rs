@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::connect::parse_positive_duration;
+use super::connect::{parse_listen_addr, parse_positive_duration};
 use super::{exit, ExitError, Global};
 use crate::engine::broker::{Broker, BrokerOptions};
 use crate::engine::error::EngineError;
@@ -38,12 +38,12 @@ pub struct Args {
     pub data_dir: PathBuf,
     /// Address to listen on; port 0 picks a free port. The bound address is printed on
     /// stderr as `seglog: listening on ADDR`, also with --quiet.
-    #[arg(long, default_value = "127.0.0.1:9494")]
+    #[arg(long, default_value = "127.0.0.1:9494", value_parser = parse_listen_addr)]
     pub listen: String,
     /// Serve Prometheus metrics at http://ADDR/metrics (off by default); port 0 picks
     /// a free port, printed on stderr as `seglog: metrics listening on ADDR`. Every
     /// other path answers 404.
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", value_parser = parse_listen_addr)]
     pub metrics_listen: Option<String>,
     /// required: every connection logs in with an API key (`seglog keys`); off: no
     /// login, every request allowed. Default: required as soon as DATA/api_keys.json
@@ -53,7 +53,7 @@ pub struct Args {
     /// Also speak the Kafka protocol on ADDR (off by default; 127.0.0.1:9092 is the
     /// usual choice); port 0 picks a free port, printed on stderr as `seglog: kafka
     /// listening on ADDR`.
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", value_parser = parse_listen_addr)]
     pub kafka_listen: Option<String>,
     /// HOST:PORT given to Kafka clients in Metadata and FindCoordinator (default: the
     /// address --kafka-listen bound).
@@ -156,7 +156,8 @@ pub struct Args {
     pub node_id: Option<u64>,
     /// Address the other nodes' Raft connections come to; port 0 picks a free port,
     /// printed on stderr as `seglog: raft listening on ADDR`.
-    #[arg(long, value_name = "ADDR", requires_all = ["node_id", "peers"], help_heading = "Cluster")]
+    #[arg(long, value_name = "ADDR", requires_all = ["node_id", "peers"], help_heading = "Cluster",
+          value_parser = parse_listen_addr)]
     pub raft_listen: Option<String>,
     /// Every node of the cluster, this one included: ID=HOST:PORT,... (Raft
     /// addresses). This node reaches node ID at the address given here.

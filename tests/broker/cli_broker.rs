@@ -848,6 +848,29 @@ fn invalid_arguments_exit_64_whichever_side_finds_them() {
     b.stop();
 }
 
+/// A listen address that is no HOST:PORT is a usage error (64), told apart from one
+/// that cannot be bound (74); nothing is created.
+#[test]
+fn a_listen_value_that_is_no_address_is_a_usage_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    for flag in ["--listen", "--kafka-listen", "--metrics-listen"] {
+        for bad in ["bogus", "", "127.0.0.1:99999", "x:y"] {
+            let out = Command::new(BIN)
+                .args(["serve", "--data-dir"])
+                .arg(&data)
+                .args([flag, bad])
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(64), "{flag} {bad:?}: {err}");
+            assert_eq!(err.lines().count(), 1, "{err}");
+            assert!(err.contains(flag), "{err}");
+        }
+    }
+    assert!(!data.exists());
+}
+
 /// A zero `serve` interval is a usage error (64) in one line with a --help hint, and
 /// nothing is created.
 #[test]

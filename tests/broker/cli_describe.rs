@@ -66,8 +66,21 @@ fn describe_counts_the_records_present_in_a_compacted_topic() {
         assert!(p["detail"].is_null(), "{p}");
         assert_eq!(p["spares"], 0, "{p}");
         // The active segment's reservation past its data: serve's default
-        // --preallocate-bytes.
-        assert_eq!(p["preallocated_bytes"], 8 * 1024 * 1024, "{p}");
+        // --preallocate-bytes (8 MiB), stopped at the topic's segment_bytes.
+        let pdir = data.join(format!("topics/users/{n}"));
+        let meta: Value =
+            serde_json::from_slice(&std::fs::read(data.join("topics/users/topic.json")).unwrap())
+                .unwrap();
+        let segment_bytes = meta["config"]["segment_bytes"].as_u64().unwrap();
+        let active = std::fs::read_dir(&pdir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "log"))
+            .max()
+            .unwrap();
+        let data_len = std::fs::metadata(&active).unwrap().len();
+        assert!(segment_bytes < 8 * 1024 * 1024);
+        assert_eq!(p["preallocated_bytes"], segment_bytes - data_len, "{p}");
         // The existing keys stay.
         for key in ["start_offset", "end_offset", "segments", "bytes", "cleanup"] {
             assert!(p.get(key).is_some(), "{key} missing: {p}");
@@ -460,5 +473,31 @@ fn describe_counts_only_durable_records() {
     let p = &d["partitions"][0];
     assert_eq!(p["end_offset"], 5, "{p}");
     assert_eq!(p["records"], 5, "{p}");
+    s.stop();
+}
+
+/// The active segment's reservation never passes its topic's `segment_bytes`: not at
+/// creation, not after a restart (the default window is 8 MiB).
+#[test]
+fn the_reservation_stops_at_the_topics_segment_bytes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("d");
+    let reserved = |s: &Serve| describe(s, "small")["partitions"][0]["preallocated_bytes"].as_u64();
+    let s = Serve::start(&data);
+    s.ok(&[
+        "topics",
+        "create",
+        "small",
+        "--config",
+        "segment_bytes=4096",
+    ]);
+    assert!(reserved(&s).is_some_and(|b| b < 4096), "{:?}", reserved(&s));
+    s.ok(&["produce", "small", "--value", "a"]);
+    assert!(reserved(&s).is_some_and(|b| b < 4096), "{:?}", reserved(&s));
+    s.stop();
+    let s = Serve::start(&data);
+    assert!(reserved(&s).is_some_and(|b| b < 4096), "{:?}", reserved(&s));
+    let log = data.join("topics/small/0/00000000000000000000.log");
+    assert!(std::fs::metadata(&log).unwrap().len() <= 4096);
     s.stop();
 }

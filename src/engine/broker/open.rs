@@ -440,7 +440,14 @@ pub(super) fn load_topic(
     for p in 0..meta.partitions {
         let pdir = dir.join(p.to_string());
         let slot = if pdir.is_dir() {
-            match PartitionLog::open(name, p, &pdir, storage.clone(), stats.clone()) {
+            match PartitionLog::open_capped(
+                name,
+                p,
+                &pdir,
+                storage.clone(),
+                stats.clone(),
+                meta.config.segment_bytes,
+            ) {
                 Ok((log, more)) => {
                     for note in &more {
                         tracing::warn!(topic = name, partition = p, "{note}");

@@ -355,6 +355,20 @@ impl PartitionLog {
         storage: StorageRef,
         stats: Arc<LogStats>,
     ) -> Result<(PartitionLog, Vec<String>), EngineError> {
+        Self::open_capped(topic, partition, dir, storage, stats, u64::MAX)
+    }
+
+    /// [`PartitionLog::open`] for a topic whose segments roll at `segment_bytes`: the
+    /// active segment's reservation stops there, as it does once appends run (an
+    /// append past it rolls).
+    pub fn open_capped(
+        topic: &str,
+        partition: u32,
+        dir: &Path,
+        storage: StorageRef,
+        stats: Arc<LogStats>,
+        segment_bytes: u64,
+    ) -> Result<(PartitionLog, Vec<String>), EngineError> {
         let mut notes = Vec::new();
         let (bases, lost) = list_segments(dir)?;
         let (sealed, active_base) = match bases.split_last() {
@@ -380,6 +394,7 @@ impl PartitionLog {
             &stats.files,
             &stats.write_path,
             &journal,
+            segment_bytes,
             &mut notes,
         )?;
         segments.push(active.seg.clone());

@@ -194,7 +194,12 @@ pub(super) fn open_sealed(
 }
 
 /// Opens the active segment: scans it in full, refuses a torn or corrupt tail,
-/// brings its index file in line with the scan. Returns it and the next offset.
+/// brings its index file in line with the scan; reserves space ahead of its data up
+/// to `segment_bytes` at most. Returns it and the next offset.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the log's shared parts, passed in"
+)]
 pub(super) fn open_active(
     storage: &dyn Storage,
     dir: &Path,
@@ -202,6 +207,7 @@ pub(super) fn open_active(
     cache: &Arc<FileCache>,
     wp: &WritePath,
     journal: &Arc<JournalNeed>,
+    segment_bytes: u64,
     notes: &mut Vec<String>,
 ) -> Result<(Active, u64), EngineError> {
     let path = dir.join(log_file_name(base));
@@ -267,6 +273,8 @@ pub(super) fn open_active(
         )),
     };
     // Recovery kept a zeroed tail (preallocated space) past the data: appends go there.
+    // Nothing is reserved past the topic's `segment_bytes` (the next append rolls).
+    active.zero.cap_at(segment_bytes.max(active.data_end));
     zero::preallocate(
         &*active.log,
         &active.zero,

@@ -179,6 +179,7 @@ impl PartitionLog {
             &self.stats.files,
             &self.stats.write_path,
             &self.journal,
+            w.active.zero.end_cap(),
             &mut notes,
         );
         let (active, next_offset) = match opened {

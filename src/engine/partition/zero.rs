@@ -308,7 +308,7 @@ impl ZeroTarget {
         self.end_cap.store(end, Ordering::Release);
     }
 
-    fn end_cap(&self) -> u64 {
+    pub(super) fn end_cap(&self) -> u64 {
         self.end_cap.load(Ordering::Acquire)
     }
 
