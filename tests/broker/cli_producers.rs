@@ -272,3 +272,35 @@ fn kill_9_during_idempotent_production_loses_and_duplicates_nothing() {
     assert_eq!(counts.len(), total);
     server.stop();
 }
+
+/// A batch only partly in its partition after a crash (its last record torn, cut by
+/// recovery) is cut off the partition at the next start, and the broker's log says
+/// so.
+#[test]
+fn a_batch_cut_off_at_startup_is_logged() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("d");
+    let s = Serve::start(&data);
+    s.ok(&["topics", "create", "t"]);
+    let input: String = (0..30).map(|i| format!("record {i}\n")).collect();
+    s.ok_with_stdin(&["produce", "t", "--batch", "10", "-q"], &input);
+    s.stop();
+    let log = data.join("topics/t/0/00000000000000000000.log");
+    let f = std::fs::OpenOptions::new().write(true).open(&log).unwrap();
+    // The last record's end: the data is followed by a zero tail, or not.
+    let bytes = std::fs::read(&log).unwrap();
+    let end = bytes.iter().rposition(|b| *b != 0).unwrap() as u64 + 1;
+    f.set_len(end - 6).unwrap();
+    drop(f);
+    let out = std::process::Command::new(crate::util::bin::BIN)
+        .args(["recover", "-q"])
+        .arg(&data)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let s = Serve::start(&data);
+    assert!(s.stderr_gets("is only partly in t/0"), "{}", s.stderr());
+    let out = s.ok(&["consume", "t", "--from", "0", "--timeout", "1s"]);
+    assert_eq!(out.lines().count(), 20, "{out}");
+    s.stop();
+}

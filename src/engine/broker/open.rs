@@ -53,9 +53,14 @@ impl Broker {
         let keys = crate::engine::keys::KeyStore::open(storage.clone(), data_dir)
             .map_err(keys_open_error)?;
         let (groups, notes) = open_groups(data_dir, &storage, &opts)?;
+        let (producers, more) = open_producers(data_dir, &storage, &opts, &topics)?;
+        // What the groups' and producers' state files needed (a cut journal, a batch
+        // cut off its partition) goes to the log too, as recovery's actions do.
+        for line in notes.iter().chain(&more) {
+            tracing::warn!(data_dir = %data_dir.display(), "{line}");
+        }
         report.extend(notes);
-        let (producers, notes) = open_producers(data_dir, &storage, &opts, &topics)?;
-        report.extend(notes);
+        report.extend(more);
         // From the first journalled append on, no partition's data is synced before
         // the entries of its records (`partition::journal`).
         let journal: Arc<dyn crate::engine::partition::Journal> = producers.clone();
