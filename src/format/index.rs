@@ -58,6 +58,9 @@ pub enum IndexError {
     /// segment size limit gives one this long).
     #[error("index file is {len} bytes, more than the {max} any index may have")]
     TooLarge { len: u64, max: u64 },
+    /// A directory, FIFO or other special file where the index should be: not read.
+    #[error("the index is a {what}, not a regular file")]
+    NotRegularFile { what: &'static str },
 }
 
 impl IndexError {
@@ -70,6 +73,7 @@ impl IndexError {
             | IndexError::WrongEntry { at, .. }
             | IndexError::WrongCount { at, .. } => at,
             IndexError::TooLarge { max, .. } => max,
+            IndexError::NotRegularFile { .. } => 0,
         }
     }
 
@@ -80,7 +84,9 @@ impl IndexError {
             IndexError::NotIncreasing { .. } => "index_not_increasing",
             IndexError::PastData { .. } => "index_past_data",
             IndexError::WrongEntry { .. } => "wrong_index_entry",
-            IndexError::WrongCount { .. } | IndexError::TooLarge { .. } => "wrong_index_length",
+            IndexError::WrongCount { .. }
+            | IndexError::TooLarge { .. }
+            | IndexError::NotRegularFile { .. } => "wrong_index_length",
         }
     }
 }

@@ -298,8 +298,13 @@ impl TopicMeta {
             Some(p) if (1..=u64::from(PARTITIONS_MAX)).contains(&p) => p as u32,
             other => {
                 return Err(TopicError::Partitions {
-                    value: other
-                        .map_or_else(|| format!("{:?}", obj.get("partitions")), |p| p.to_string()),
+                    value: other.map_or_else(
+                        || {
+                            obj.get("partitions")
+                                .map_or_else(|| "no \"partitions\" field".into(), |v| v.to_string())
+                        },
+                        |p| p.to_string(),
+                    ),
                 })
             }
         };

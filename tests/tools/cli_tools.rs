@@ -1745,3 +1745,28 @@ fn a_fifo_named_like_an_index_blocks_no_tool() {
         );
     }
 }
+
+/// An index that is a directory is a bad index of its segment, not an I/O error that
+/// stops the tools: `verify --json` reports it and checks every other partition,
+/// and `dump` reads the segment from its log.
+#[test]
+fn an_index_that_is_a_directory_is_reported_and_the_rest_checked() {
+    let (_tmp, data) = copy("clean");
+    let index = data.join(P).join("00000000000000000000.index");
+    fs::remove_file(&index).unwrap();
+    fs::create_dir(&index).unwrap();
+    let d = data.to_str().unwrap();
+    let (code, out, err) = run(&["verify", "--json", d], &data);
+    assert_eq!(code, 1, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert!(
+        out.contains("the index is a directory, not a regular file"),
+        "{v:#}"
+    );
+    assert!(
+        out.contains("users"),
+        "the other topic is checked too: {v:#}"
+    );
+    let (code, _, err) = run(&["dump", d], &data);
+    assert_eq!(code, 1, "{err}");
+}

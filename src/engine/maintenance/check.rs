@@ -275,9 +275,9 @@ impl ProblemKind {
             IndexError::NotIncreasing { .. } => ProblemKind::IndexNotIncreasing,
             IndexError::PastData { .. } => ProblemKind::IndexPastData,
             IndexError::WrongEntry { .. } => ProblemKind::WrongIndexEntry,
-            IndexError::WrongCount { .. } | IndexError::TooLarge { .. } => {
-                ProblemKind::WrongIndexLength
-            }
+            IndexError::WrongCount { .. }
+            | IndexError::TooLarge { .. }
+            | IndexError::NotRegularFile { .. } => ProblemKind::WrongIndexLength,
         }
     }
 
@@ -1116,7 +1116,12 @@ pub fn read_index_bytes(path: &Path) -> io::Result<Option<IndexBytes>> {
     let (file, len) = match open_log(path) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e),
+        Err(e) => {
+            return match not_regular_file(&e) {
+                Some(n) => Ok(Some(Err(IndexError::NotRegularFile { what: n.what }))),
+                None => Err(e),
+            }
+        }
     };
     if len > INDEX_BYTES_MAX {
         return Ok(Some(Err(IndexError::TooLarge {
@@ -1538,12 +1543,14 @@ pub fn quick_check(
 pub const QUICK_WINDOW_BYTES: usize = 8 * 1024;
 
 /// The first and last entries of an index file, read without the rest: `None` when
-/// the file is missing or empty, its length is not a multiple of 16, or the two
-/// entries are not in order inside `..file_len`.
+/// the file is missing, empty or no regular file, its length is not a multiple of 16,
+/// or the two entries are not in order inside `..file_len`.
 pub fn read_index_ends(path: &Path, file_len: u64) -> io::Result<Option<(IndexEntry, IndexEntry)>> {
     let (file, len) = match open_log(path) {
         Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.kind() == io::ErrorKind::NotFound || not_regular_file(&e).is_some() => {
+            return Ok(None)
+        }
         Err(e) => return Err(e),
     };
     let entry_len = INDEX_ENTRY_LEN as u64;
