@@ -52,6 +52,9 @@ pub(super) struct Readers<'a> {
     others: std::collections::HashMap<String, Client>,
     /// Retries of a partition's read since its last success.
     follows: std::collections::HashMap<u32, u32>,
+    /// Whether a lost connection to a standalone broker is made again (`--follow`
+    /// goes on across a broker's restart, as a Kafka consumer does).
+    reconnect: bool,
 }
 
 impl<'a> Readers<'a> {
@@ -71,7 +74,15 @@ impl<'a> Readers<'a> {
             leaders,
             others: std::collections::HashMap::new(),
             follows: std::collections::HashMap::new(),
+            reconnect: false,
         }
+    }
+
+    /// A lost connection is made again, within the retries of [`Readers::follow`],
+    /// also to a standalone broker (`--follow`: a broker restarted meanwhile).
+    pub(super) fn reconnecting(mut self) -> Readers<'a> {
+        self.reconnect = true;
+        self
     }
 
     /// The address `partition` is read from: its leader's, else the first node's.
@@ -141,7 +152,7 @@ impl<'a> Readers<'a> {
             | ClientError::Timeout { .. }
             | ClientError::Connect { .. }
             | ClientError::Closed { .. }
-                if self.cluster =>
+                if self.cluster || self.reconnect =>
             {
                 None
             }
@@ -173,9 +184,11 @@ impl<'a> Readers<'a> {
                 } else {
                     self.others.remove(&lost);
                 }
-                let known = super::connect::leader_addrs(&mut self.first, &self.topic);
-                if !known.is_empty() {
-                    self.leaders = known;
+                if self.cluster {
+                    let known = super::connect::leader_addrs(&mut self.first, &self.topic);
+                    if !known.is_empty() {
+                        self.leaders = known;
+                    }
                 }
             }
         }
@@ -235,7 +248,8 @@ pub struct Args {
     /// Stop after this many records.
     #[arg(long, value_parser = parse_count, allow_negative_numbers = true)]
     pub count: Option<u64>,
-    /// Keep waiting for new records instead of stopping at the end of the log.
+    /// Keep waiting for new records instead of stopping at the end of the log; a lost
+    /// connection is made again (a broker restarting), for about 10 s at most.
     #[arg(long)]
     pub follow: bool,
     /// Print JSON Lines {"type": "record", "partition", "offset", "timestamp_ms", "key", "value"}.
@@ -277,7 +291,7 @@ pub struct Args {
     #[arg(long, value_name = "GROUP", conflicts_with_all = ["partition", "from_time", "follow"])]
     pub group: Option<String>,
     /// With --group: how often to commit what was read (also on a clean exit).
-    #[arg(long, default_value = "5s", value_parser = parse_positive_duration)]
+    #[arg(long, default_value = "5s", value_parser = parse_positive_duration, requires = "group")]
     pub commit_interval: Duration,
     /// With --group: how the group's leader splits partitions between members.
     #[arg(long, value_enum, default_value_t = Assignor::Range)]
@@ -569,7 +583,7 @@ fn follow(
         thread::spawn(move || {
             let mut run = || -> anyhow::Result<()> {
                 let (first, _) = broker.connect_leader(&topic, partition)?;
-                let mut readers = Readers::new(&broker, &topic, first);
+                let mut readers = Readers::new(&broker, &topic, first).reconnecting();
                 loop {
                     let fetched = readers.fetch(partition, pos, max_bytes, FOLLOW_WAIT);
                     match &fetched {

@@ -33,7 +33,8 @@ use crate::format::names::{
 #[command(
     after_help = "Runs exactly the recovery the broker runs at startup (docs/FORMAT.md, Recovery) \
 and reports every action with its file, byte range and offsets. Every action is idempotent: \
-a second run finds nothing to do.\n\n\
+a second run finds nothing to do. (An idempotent batch that a crash left only partly in its \
+partition is cut off it by the producer journal at the broker's next start, not here.)\n\n\
 A topic whose topic.json is missing or unreadable, or whose partition directories do not \
 match its count, is reported and left alone (the broker keeps it offline); \
 --rebuild-topic-json TOPIC writes a new topic.json for it. Leftover temporary files of \

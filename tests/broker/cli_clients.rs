@@ -485,3 +485,53 @@ fn a_partition_past_the_end_is_named_with_the_right_plural() {
     }
     b.stop();
 }
+
+/// `consume --follow` goes on across a restart of a standalone broker: the lost
+/// connection is made again, and records produced after the restart are printed.
+#[test]
+fn follow_goes_on_across_a_broker_restart() {
+    use std::io::{BufRead, BufReader};
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("d");
+    let addr = format!("127.0.0.1:{}", crate::util::port::free_port());
+    let serve = || {
+        let mut cmd = std::process::Command::new(crate::util::bin::BIN);
+        cmd.args(["serve", "--listen", &addr, "--data-dir"]).arg(&data);
+        Serve::spawn(cmd)
+    };
+    let s = serve();
+    s.ok(&["topics", "create", "t"]);
+    s.ok(&["produce", "t", "--value", "before"]);
+    let mut child = s
+        .cmd()
+        .args(["consume", "t", "--follow"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let wait = std::time::Duration::from_secs(30);
+    assert_eq!(rx.recv_timeout(wait).unwrap(), "before");
+    s.stop();
+    let s = serve();
+    s.ok(&["produce", "t", "--value", "after"]);
+    let line = rx.recv_timeout(wait);
+    let _ = child.kill();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        line.as_deref(),
+        Ok("after"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    s.stop();
+}

@@ -944,6 +944,13 @@ impl GroupCoordinator {
             })?;
         for e in entries {
             check_metadata(&e.metadata)?;
+            // Kafka's offsets are i64: a larger one could not be told to its clients.
+            if e.offset > i64::MAX as u64 {
+                return Err(GroupError::TooLarge {
+                    what: "committed offset",
+                    max: i64::MAX as usize,
+                });
+            }
             if e.partition >= partitions {
                 return Err(GroupError::UnknownPartition {
                     topic: topic.to_string(),

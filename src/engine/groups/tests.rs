@@ -245,6 +245,17 @@ fn admin_commit_and_retention() {
     }];
     done(c.commit(&Topics, "g", -1, "", None, "t", &reset).unwrap()).unwrap();
     assert_eq!(c.fetch_offsets("g", Some("t"), None).unwrap()[0].offset, 9);
+    // An offset past i64::MAX (Kafka's offsets are i64) is refused, and nothing changes.
+    let past = [OffsetCommit {
+        partition: 1,
+        offset: i64::MAX as u64 + 1,
+        metadata: String::new(),
+    }];
+    assert!(matches!(
+        c.commit(&Topics, "g", -1, "", None, "t", &past),
+        Err(GroupError::TooLarge { .. })
+    ));
+    assert_eq!(c.fetch_offsets("g", Some("t"), None).unwrap()[0].offset, 9);
     std::thread::sleep(Duration::from_millis(5));
     c.tick(Instant::now(), None);
     assert!(c.fetch_offsets("g", None, None).unwrap().is_empty());

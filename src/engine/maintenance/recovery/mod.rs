@@ -36,7 +36,7 @@ use std::path::{Path, PathBuf};
 
 use crate::format::marker::CompactionMarker;
 use crate::format::names::segment_stem;
-use crate::format::record::{claimed_encoded_len, LEN_FIELD};
+use crate::format::record::{claimed_encoded_len, LEN_FIELD, MAX_RECORD_LEN};
 use crate::format::{IndexEntry, INDEX_ENTRY_LEN};
 
 use crate::engine::maintenance::check::{

@@ -100,8 +100,8 @@ pub fn plan_partition(p: &PartitionRef) -> Result<PartitionPlan, RecoveryError> 
 /// `from` (where offset `next_offset` would start), up to `to`: stepping over it by
 /// its claimed length, else, when that length is damaged too (or finds nothing),
 /// from the first position after it where a record of an offset from `next_offset`
-/// on decodes (docs/FORMAT.md, Reading around damage). Zeros or a torn write at the
-/// tail find none.
+/// on decodes (docs/FORMAT.md, Reading around damage), searched for within
+/// [`MAX_RECORD_LEN`] bytes of the damage. Zeros or a torn write at the tail find none.
 pub(super) fn records_behind(
     log: &Path,
     from: u64,
@@ -141,7 +141,17 @@ pub(super) fn records_behind(
             return Ok(Some(found));
         }
     }
-    match resync(&file, header.generation, from + 1, limit, next_offset, None)? {
+    // Searched for within one largest record past the damage: a preallocated or
+    // reused tail can be long, and this only names what the cut takes.
+    let search_end = limit.min(from.saturating_add(u64::from(MAX_RECORD_LEN)));
+    match resync(
+        &file,
+        header.generation,
+        from + 1,
+        search_end,
+        next_offset,
+        None,
+    )? {
         Some(r) => records_from(r.position),
         None => Ok(None),
     }
