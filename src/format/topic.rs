@@ -300,8 +300,10 @@ impl TopicMeta {
                 return Err(TopicError::Partitions {
                     value: other.map_or_else(
                         || {
-                            obj.get("partitions")
-                                .map_or_else(|| "no \"partitions\" field".into(), |v| v.to_string())
+                            obj.get("partitions").map_or_else(
+                                || "no \"partitions\" field".into(),
+                                std::string::ToString::to_string,
+                            )
                         },
                         |p| p.to_string(),
                     ),

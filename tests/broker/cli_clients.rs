@@ -496,7 +496,8 @@ fn follow_goes_on_across_a_broker_restart() {
     let addr = format!("127.0.0.1:{}", crate::util::port::free_port());
     let serve = || {
         let mut cmd = std::process::Command::new(crate::util::bin::BIN);
-        cmd.args(["serve", "--listen", &addr, "--data-dir"]).arg(&data);
+        cmd.args(["serve", "--listen", &addr, "--data-dir"])
+            .arg(&data);
         Serve::spawn(cmd)
     };
     let s = serve();
