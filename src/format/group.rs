@@ -7,6 +7,7 @@
 //!  "offsets": [{"topic": "t", "partition": 0, "offset": 42, "metadata": "",
 //!               "commit_ms": 1700000000000}],
 //!  "membership": {"protocol": "range", "leader": "c-1700000000000-1",
+//!    "listener": "kafka",
 //!    "members": [{"member_id": "c-1700000000000-1", "instance_id": "i-1",
 //!                 "client_id": "c", "client_host": "/127.0.0.1",
 //!                 "session_timeout_ms": 45000, "rebalance_timeout_ms": 300000,
@@ -20,7 +21,10 @@
 //! rebalancing is written without it, and its members rejoin. Byte strings
 //! (`metadata`, `assignment`) are standard base64 with padding. A file without
 //! `membership` is written as version 1 (which older brokers read); one with it as
-//! version 2; members are written in member-id order.
+//! version 2; members are written in member-id order. `listener` (`native` or
+//! `kafka`) is the listener the members joined through, so that after a restart the
+//! group still refuses members of the other one; a membership without it (written
+//! before it was stored) loads with the listener unknown, and the next join sets it.
 //!
 //! Invariants checked on decode: the file is at most [`GROUP_FILE_BYTES_MAX`] bytes,
 //! `version` is 1 or 2, the group name and every topic name are valid names, `group`
@@ -31,7 +35,8 @@
 //! client ids and hosts and protocol names at most [`GROUP_ID_BYTES_MAX`] bytes; 1 to
 //! [`GROUP_PROTOCOLS_MAX`] protocols per member, each offered once; every byte string
 //! at most [`GROUP_BLOB_BYTES_MAX`] bytes once decoded (its text is checked before it
-//! is decoded); the leader is a member, and every member offers the chosen protocol.
+//! is decoded); the leader is a member, every member offers the chosen protocol, and
+//! `listener`, when present, is `native` or `kafka`.
 //! A membership that fails these checks is refused on its own
 //! ([`decode_group_file_keeping_offsets`]): the offsets stay readable.
 
@@ -111,6 +116,36 @@ pub struct StoredMember {
     pub assignment: Vec<u8>,
 }
 
+/// The listener a group's members joined through. Native consumers and Kafka
+/// consumers encode subscriptions and assignments differently, so a group's members
+/// all come through one of them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GroupListener {
+    /// The native protocol (`seglog consume --group`).
+    Native,
+    /// The Kafka listener (`serve --kafka-listen`).
+    Kafka,
+}
+
+impl GroupListener {
+    /// The listener as the group file names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            GroupListener::Native => "native",
+            GroupListener::Kafka => "kafka",
+        }
+    }
+
+    /// The listener as a message names it.
+    pub fn described(self) -> &'static str {
+        match self {
+            GroupListener::Native => "the native protocol",
+            GroupListener::Kafka => "the Kafka listener",
+        }
+    }
+}
+
 /// The membership of a Stable group.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct StoredMembership {
@@ -118,6 +153,10 @@ pub struct StoredMembership {
     pub protocol: String,
     /// The leader's member id.
     pub leader: String,
+    /// The listener the members joined through; `None` in files written before it
+    /// was stored.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listener: Option<GroupListener>,
     /// In member-id order.
     pub members: Vec<StoredMember>,
 }
@@ -173,6 +212,8 @@ struct RawGroupFile {
 struct RawMembership {
     protocol: String,
     leader: String,
+    #[serde(default)]
+    listener: Option<GroupListener>,
     members: Vec<RawMember>,
 }
 
@@ -474,6 +515,7 @@ fn decode_membership(v: serde_json::Value) -> Result<StoredMembership, Membershi
     Ok(StoredMembership {
         protocol: raw.protocol,
         leader: raw.leader,
+        listener: raw.listener,
         members,
     })
 }
@@ -591,6 +633,7 @@ mod tests {
             membership: Some(StoredMembership {
                 protocol: "range".into(),
                 leader: "a".into(),
+                listener: Some(GroupListener::Kafka),
                 members: vec![member("a", Some("i-a")), member("b", None)],
             }),
             ..sample()
@@ -626,6 +669,30 @@ mod tests {
         assert_eq!(text.matches("instance_id").count(), 1, "{text}");
         assert_eq!(GroupFile::version_for(f.membership.as_ref()), 2);
         assert_eq!(GroupFile::version_for(None), 1);
+    }
+
+    /// The listener the members joined through is stored; a membership without it
+    /// (written before it was) loads with the listener unknown; another value is
+    /// refused as the membership's problem.
+    #[test]
+    fn membership_stores_the_listener() {
+        let mut f = with_members();
+        let text = String::from_utf8(encode_group_file(&f)).unwrap();
+        assert!(text.contains("\"listener\": \"kafka\""), "{text}");
+        f.membership.as_mut().unwrap().listener = Some(GroupListener::Native);
+        let bytes = encode_group_file(&f);
+        assert_eq!(decode_group_file(&bytes).unwrap(), f);
+        f.membership.as_mut().unwrap().listener = None;
+        let text = String::from_utf8(encode_group_file(&f)).unwrap();
+        assert!(!text.contains("listener"), "{text}");
+        assert_eq!(decode_group_file(text.as_bytes()).unwrap(), f);
+        let mut bad: serde_json::Value = serde_json::from_str(&text).unwrap();
+        bad["membership"]["listener"] = "http".into();
+        let bad = bad.to_string();
+        let (kept, problem) = decode_group_file_keeping_offsets(bad.as_bytes()).unwrap();
+        assert_eq!(kept.membership, None);
+        let problem = problem.expect("a membership problem").to_string();
+        assert!(problem.contains("http"), "{problem}");
     }
 
     #[test]

@@ -558,3 +558,122 @@ fn groups_describe_prints_a_table() {
     assert_eq!(cells(row), ["", "t", "0", "2", "3", "1", "-", ""], "{out}");
     server.stop();
 }
+
+/// One JoinGroup (version 5) on the Kafka listener at `addr`, on a connection of its
+/// own (kept open in the result, so the member is not dropped with it): the error
+/// code and the member id.
+fn kafka_join(addr: &str, group: &str) -> (i16, String, std::net::TcpStream) {
+    use kafka_protocol::messages::join_group_request::JoinGroupRequestProtocol;
+    use kafka_protocol::messages::{
+        ApiKey, GroupId, JoinGroupRequest, JoinGroupResponse, RequestHeader, ResponseHeader,
+    };
+    use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
+    use std::io::{Read, Write};
+
+    let version = 5;
+    let mut b = bytes::BytesMut::new();
+    RequestHeader::default()
+        .with_request_api_key(ApiKey::JoinGroup as i16)
+        .with_request_api_version(version)
+        .with_correlation_id(1)
+        .with_client_id(Some(StrBytes::from_static_str("kafka-test")))
+        .encode(&mut b, ApiKey::JoinGroup.request_header_version(version))
+        .unwrap();
+    JoinGroupRequest::default()
+        .with_group_id(GroupId(StrBytes::from_string(group.to_string())))
+        .with_session_timeout_ms(30_000)
+        .with_rebalance_timeout_ms(30_000)
+        .with_protocol_type(StrBytes::from_static_str("consumer"))
+        .with_protocols(vec![JoinGroupRequestProtocol::default()
+            .with_name(StrBytes::from_static_str("range"))
+            // Kafka's ConsumerProtocol subscription, version 0, of topic t.
+            .with_metadata(bytes::Bytes::from_static(&[
+                0, 0, 0, 0, 0, 1, 0, 1, b't', 0xff, 0xff, 0xff, 0xff,
+            ]))])
+        .encode(&mut b, version)
+        .unwrap();
+    let mut conn = std::net::TcpStream::connect(addr).unwrap();
+    conn.set_read_timeout(Some(PATIENCE)).unwrap();
+    conn.write_all(&u32::try_from(b.len()).unwrap().to_be_bytes())
+        .unwrap();
+    conn.write_all(&b).unwrap();
+    let mut len = [0u8; 4];
+    conn.read_exact(&mut len).unwrap();
+    let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
+    conn.read_exact(&mut body).unwrap();
+    let mut body = bytes::Bytes::from(body);
+    ResponseHeader::decode(
+        &mut body,
+        ApiKey::JoinGroup.response_header_version(version),
+    )
+    .unwrap();
+    let r = JoinGroupResponse::decode(&mut body, version).unwrap();
+    (r.error_code, r.member_id.as_str().to_string(), conn)
+}
+
+/// Native and Kafka consumers join with the same protocol type and names but encode
+/// subscriptions and assignments differently: a group with members refuses the
+/// other listener's join with INCONSISTENT_GROUP_PROTOCOL (Kafka's 23; `consume
+/// --group` exits 69 with one line naming the group and why), its members untouched.
+/// Committed offsets alone let either in.
+#[test]
+fn native_and_kafka_members_do_not_share_a_group() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Serve::start_with(dir.path(), &["--kafka-listen", "127.0.0.1:0"]);
+    let kafka = server.kafka_addr.clone().expect("kafka listening line");
+    server.ok(&["topics", "create", "t", "--partitions", "2"]);
+
+    // A native member, Stable: a Kafka join is refused with 23.
+    let mut c = Client::connect(&server.addr, PATIENCE).unwrap();
+    let j = c
+        .join_group(
+            "native",
+            "",
+            "test",
+            Duration::from_secs(30),
+            Duration::from_secs(30),
+            "consumer",
+            &[("range", b"")],
+        )
+        .unwrap();
+    c.sync_group("native", j.generation, &j.member_id, &[], Duration::ZERO)
+        .unwrap();
+    c.commit_offsets("native", j.generation, &j.member_id, "t", &[(0, 0, "")])
+        .unwrap();
+    let (code, _, _conn) = kafka_join(&kafka, "native");
+    assert_eq!(code, 23, "INCONSISTENT_GROUP_PROTOCOL");
+    let d = json(&server.ok(&["groups", "describe", "native", "--json"]));
+    assert_eq!(d["state"], "Stable", "{d}");
+    assert_eq!(d["members"].as_array().unwrap().len(), 1, "{d}");
+    c.heartbeat("native", j.generation, &j.member_id).unwrap();
+    // Once it leaves, its committed offsets do not keep a Kafka member out.
+    c.leave_group("native", &j.member_id).unwrap();
+    let (code, _, _taken) = kafka_join(&kafka, "native");
+    assert_eq!(code, 0);
+
+    // A Kafka member: `consume --group` is refused, in one line, and exits 69.
+    let (code, member, _kept) = kafka_join(&kafka, "kafka");
+    assert_eq!(code, 0);
+    assert!(!member.is_empty());
+    let o = server.run(&["consume", "t", "--group", "kafka", "--count", "1"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(69), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(
+        err.contains(
+            "group kafka: its members joined through the Kafka listener, and a member cannot \
+             join it through the native protocol"
+        ),
+        "{err}"
+    );
+    assert!(err.contains("[inconsistent_group_protocol"), "{err}");
+    let d = json(&server.ok(&["groups", "describe", "kafka", "--json"]));
+    let ids: Vec<&str> = d["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["member_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, [member.as_str()], "{d}");
+    server.stop();
+}

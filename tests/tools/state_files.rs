@@ -15,8 +15,8 @@ use seglog::engine::groups::{GroupCoordinator, GroupOptions, OffsetCommit, Topic
 use seglog::engine::producers::{Decision, ProducerTable, PRODUCER_ID_EXPIRATION_DEFAULT};
 use seglog::engine::storage::io::RealStorage;
 use seglog::format::group::{
-    decode_group_file, encode_group_file, StoredMember, StoredMembership, StoredProtocol,
-    GROUP_FILE_VERSION, GROUP_ID_BYTES_MAX,
+    decode_group_file, encode_group_file, GroupListener, StoredMember, StoredMembership,
+    StoredProtocol, GROUP_FILE_VERSION, GROUP_ID_BYTES_MAX,
 };
 use seglog::format::producers::{
     ENTRY_FIXED_LEN, JOURNAL_BYTES_MAX, JOURNAL_HEADER_LEN, SNAPSHOT_BYTES_MAX,
@@ -565,6 +565,7 @@ fn with_members(dir: &Path, edit: impl FnOnce(&mut StoredMembership)) -> String 
     let mut m = StoredMembership {
         protocol: "range".into(),
         leader: "a".into(),
+        listener: Some(GroupListener::Kafka),
         members: vec![
             member("a", Some("i-a"), &[0, 1, 3]),
             member("b", None, &[7; 10]),

@@ -80,6 +80,9 @@ pub(super) struct Group {
     pub(super) state: GroupState,
     pub(super) generation: i32,
     protocol_type: String,
+    /// The listener the members joined through (`None`: not known, for a group
+    /// loaded from a file that does not say; the next join sets it).
+    listener: Option<GroupListener>,
     protocol: String,
     leader: String,
     members: BTreeMap<String, Member>,
@@ -102,6 +105,7 @@ impl Group {
             state: GroupState::Empty,
             generation: 0,
             protocol_type: String::new(),
+            listener: None,
             protocol: String::new(),
             leader: String::new(),
             members: BTreeMap::new(),
@@ -136,6 +140,7 @@ impl Group {
             g.state = GroupState::Stable;
             g.protocol = m.protocol;
             g.leader = m.leader;
+            g.listener = m.listener;
             g.members = m
                 .members
                 .into_iter()
@@ -171,6 +176,7 @@ impl Group {
         Some(StoredMembership {
             protocol: self.protocol.clone(),
             leader: self.leader.clone(),
+            listener: self.listener,
             members: self
                 .members
                 .iter()
@@ -606,6 +612,26 @@ impl GroupCoordinator {
             }));
             return rx;
         }
+        if let Some(theirs) = g
+            .listener
+            .filter(|l| *l != req.listener && !g.members.is_empty())
+        {
+            // The members' subscriptions and assignments would not decode: refuse, as
+            // Kafka refuses a member whose protocols the group cannot use.
+            tracing::info!(group = %req.group, members = theirs.name(), joining = req.listener.name(),
+                "join refused: the group's members joined through the other listener");
+            let _ = tx.send(Err(GroupError::InconsistentProtocol {
+                group: req.group.clone(),
+                detail: format!(
+                    "its members joined through {}, and a member cannot join it through {} \
+                     (the two encode subscriptions and assignments differently); use another \
+                     group, or join once it has no members",
+                    theirs.described(),
+                    req.listener.described()
+                ),
+            }));
+            return rx;
+        }
         let is_new = req.member_id.is_empty();
         let instance = req.group_instance_id.as_deref();
         // A static member rejoining without its member id takes the place of the
@@ -701,6 +727,7 @@ impl GroupCoordinator {
             req.member_id.clone()
         };
         g.protocol_type.clone_from(&req.protocol_type);
+        g.listener = Some(req.listener);
         let is_leader = g.leader == member_id;
         let Some(m) = g.members.get_mut(&member_id) else {
             return rx;

@@ -35,6 +35,7 @@ use crate::format::names::validate_name;
 mod coordinator;
 pub mod offsets;
 
+pub use crate::format::group::GroupListener;
 pub use coordinator::GroupState;
 
 /// Default per-member session timeout (Kafka's `session.timeout.ms`).
@@ -178,6 +179,10 @@ pub struct JoinRequest {
     /// member that joins with a known one and no member id takes the place of the
     /// member that had it. `None` for a dynamic member (and on the native protocol).
     pub group_instance_id: Option<String>,
+    /// The listener the request came through. A group with members takes joins from
+    /// its members' listener only: native and Kafka consumers encode subscriptions
+    /// and assignments differently (Kafka's INCONSISTENT_GROUP_PROTOCOL otherwise).
+    pub listener: GroupListener,
 }
 
 /// A member's host as Kafka's DescribeGroups shows it: its connection's peer address

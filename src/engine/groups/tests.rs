@@ -34,6 +34,7 @@ fn join_req(member: &str, session_ms: u32) -> JoinRequest {
         protocol_type: "consumer".into(),
         protocols: vec![("range".into(), b"meta".to_vec())],
         group_instance_id: None,
+        listener: GroupListener::Kafka,
     }
 }
 
@@ -338,6 +339,7 @@ fn failed_replace_leaves_offsets_as_they_were() {
 fn static_req(member: &str, instance: &str, session_ms: u32) -> JoinRequest {
     JoinRequest {
         group_instance_id: Some(instance.into()),
+        listener: GroupListener::Kafka,
         ..join_req(member, session_ms)
     }
 }
@@ -648,4 +650,118 @@ fn a_bad_membership_loads_the_offsets_without_members() {
     assert_eq!((d.state, d.generation), (GroupState::Empty, 2));
     assert!(d.members.is_empty());
     assert_eq!(d.offsets.len(), 1);
+}
+
+fn native_req(member: &str, session_ms: u32) -> JoinRequest {
+    JoinRequest {
+        listener: GroupListener::Native,
+        ..join_req(member, session_ms)
+    }
+}
+
+/// The message of a join refused because the group's members joined through the
+/// other listener.
+fn refused_listener(r: Result<JoinResponse, GroupError>) -> String {
+    match r {
+        Err(e @ GroupError::InconsistentProtocol { .. }) => e.to_string(),
+        other => panic!("not refused: {other:?}"),
+    }
+}
+
+/// Native and Kafka consumers both join with protocol type `consumer` and the same
+/// protocol names but encode subscriptions and assignments differently: a group with
+/// members takes joins through its members' listener only (Kafka's
+/// INCONSISTENT_GROUP_PROTOCOL for the other), and leaves its members as they were.
+/// An empty group, committed offsets or not, is taken by either.
+#[test]
+fn a_group_with_members_takes_joins_through_their_listener_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = coordinator(dir.path());
+    let n = done(c.join(native_req("", 60_000))).unwrap();
+    done(c.sync("g", 1, &n.member_id, None, vec![])).unwrap();
+    let msg = refused_listener(done(c.join(join_req("", 60_000))));
+    assert_eq!(
+        msg,
+        "group g: its members joined through the native protocol, and a member cannot join \
+         it through the Kafka listener (the two encode subscriptions and assignments \
+         differently); use another group, or join once it has no members"
+    );
+    // Nothing changed for the member: no rebalance, no second member.
+    c.heartbeat("g", 1, &n.member_id, None).unwrap();
+    let d = c.describe("g").unwrap();
+    assert_eq!(
+        (d.state, d.generation, d.members.len()),
+        (GroupState::Stable, 1, 1)
+    );
+    // A rebalancing group refuses too (its member rejoins, alone).
+    let mut again = c.join(native_req("", 60_000));
+    assert!(again.try_recv().is_err(), "waits for the first member");
+    let msg = refused_listener(done(c.join(join_req("", 60_000))));
+    assert!(msg.contains("through the native protocol"), "{msg}");
+    c.leave("g", &n.member_id, None).unwrap();
+    let second = done(again).unwrap();
+    c.leave("g", &second.member_id, None).unwrap();
+    assert_eq!(c.describe("g").unwrap().state, GroupState::Empty);
+
+    // Empty, with committed offsets: a Kafka member takes it.
+    let offset = [OffsetCommit {
+        partition: 0,
+        offset: 5,
+        metadata: String::new(),
+    }];
+    done(c.commit(&Topics, "g", -1, "", None, "t", &offset).unwrap()).unwrap();
+    let k = done(c.join(join_req("", 60_000))).unwrap();
+    done(c.sync("g", k.generation, &k.member_id, None, vec![])).unwrap();
+    let msg = refused_listener(done(c.join(native_req("", 60_000))));
+    assert!(
+        msg.contains("its members joined through the Kafka listener, and a member cannot join it through the native protocol"),
+        "{msg}"
+    );
+    // A native member that names a Kafka member's id is refused the same way.
+    let msg = refused_listener(done(c.join(native_req(&k.member_id, 60_000))));
+    assert!(msg.contains("the Kafka listener"), "{msg}");
+    assert_eq!(c.describe("g").unwrap().members.len(), 1);
+    // Once the Kafka member leaves, a native one takes the group and its offsets.
+    c.leave("g", &k.member_id, None).unwrap();
+    let n = done(c.join(native_req("", 60_000))).unwrap();
+    assert_eq!(n.leader, n.member_id);
+    let offsets = c
+        .fetch_offsets("g", Some("t"), Some((&n.member_id, n.generation)))
+        .unwrap();
+    assert_eq!(offsets[0].offset, 5);
+}
+
+/// The listener of a Stable group's members is stored with its membership: after a
+/// restart the group still refuses the other listener. A membership stored without
+/// it loads with the listener unknown, and the next join sets it.
+#[test]
+fn the_members_listener_survives_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = coordinator(dir.path());
+    let (a, b) = stable_pair_with_offset(&c, None);
+    drop(c);
+    let path = dir.path().join("groups/g.json");
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(text.contains("\"listener\": \"kafka\""), "{text}");
+
+    let c = coordinator(dir.path());
+    let msg = refused_listener(done(c.join(native_req("", 60_000))));
+    assert!(msg.contains("through the Kafka listener"), "{msg}");
+    c.heartbeat("g", 2, &a, None).unwrap();
+    drop(c);
+
+    let mut old: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert!(old["membership"]
+        .as_object_mut()
+        .unwrap()
+        .remove("listener")
+        .is_some());
+    std::fs::write(&path, old.to_string()).unwrap();
+    let c = coordinator(dir.path());
+    assert_eq!(c.describe("g").unwrap().members.len(), 2);
+    // b rejoins through the Kafka listener, as it always did: the group is Kafka's.
+    let j = done(c.join(join_req(&b, 60_000))).unwrap();
+    assert_eq!(j.generation, 2);
+    let msg = refused_listener(done(c.join(native_req("", 60_000))));
+    assert!(msg.contains("through the Kafka listener"), "{msg}");
 }

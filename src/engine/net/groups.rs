@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use crate::engine::broker::Broker;
-use crate::engine::groups::{Completion, GroupError, JoinRequest, OffsetCommit};
+use crate::engine::groups::{Completion, GroupError, GroupListener, JoinRequest, OffsetCommit};
 use crate::format::group::CommittedOffset;
 use crate::format::wire::groups::{GroupRequest, GroupResponse, MemberEntry, OffsetEntry};
 use crate::format::wire::{encode_error, encode_response, ErrorCode, ResponseBody, GROUPS_VERSION};
@@ -124,6 +124,7 @@ pub async fn serve(
                             .map(|(n, m)| ((*n).to_string(), m.to_vec()))
                             .collect(),
                         group_instance_id: None,
+                        listener: GroupListener::Native,
                     }),
                     stop,
                 )

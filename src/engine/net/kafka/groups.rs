@@ -18,7 +18,7 @@ use kafka_protocol::messages::{
 
 use super::server::{Ctx, Outcome, POLL_INTERVAL};
 use super::{code, sb};
-use crate::engine::groups::{Completion, GroupError, JoinRequest};
+use crate::engine::groups::{Completion, GroupError, GroupListener, JoinRequest};
 
 /// The Kafka code and message of a group error.
 pub(crate) fn group_code(e: &GroupError) -> (i16, String) {
@@ -111,6 +111,7 @@ pub(crate) async fn join(
             .map(|p| (p.name.as_str().to_string(), p.metadata.to_vec()))
             .collect(),
         group_instance_id: instance_id(r.group_instance_id.as_ref()).map(str::to_string),
+        listener: GroupListener::Kafka,
     };
     match wait(ctx.broker.groups().join(req), &ctx.stop).await {
         Ok(j) => {
