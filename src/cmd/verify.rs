@@ -14,9 +14,10 @@ use super::{exit, ExitError, Global};
 use crate::engine::error::counted;
 use crate::engine::maintenance::check::{
     check_partition_with, topic_problems, CheckMode, IndexState, PartitionCheck, Problem,
-    SegmentCheck, Severity, TopicProblem,
+    ProblemKind, SegmentCheck, Severity, TopicProblem,
 };
 use crate::engine::storage::layout::{list_partition, resolve, LayoutError, Target, TargetKind};
+use crate::engine::storage::lock::DirLock;
 
 /// Data larger than this gets a progress bar (when stderr is a terminal).
 pub const PROGRESS_BYTES_MIN: u64 = 256 * 1024 * 1024;
@@ -26,7 +27,9 @@ pub const PROGRESS_BYTES_MIN: u64 = 256 * 1024 * 1024;
 #[command(
     after_long_help = "Checks every segment header, record and CRC, every index file, segment \
 continuity, leftover temporary files and compaction markers. Read-only: opens nothing for \
-writing and may run beside a live broker.\n\n\
+writing and may run beside a live broker; while a broker holds LOCK, bytes past an \
+active segment's data that do not read as a record (a record being written, a reused \
+file's old bytes) are info, not a torn tail.\n\n\
 Damage inside a sealed segment hides only the records it touches: reading resumes at the \
 next whole record of the segment's generation (docs/FORMAT.md, Reading around damage), the \
 records after it count as read, and the problem names the range (in --json also \
@@ -250,6 +253,26 @@ pub fn check_target(
     Ok(checks)
 }
 
+/// While a broker holds `LOCK` it is appending to each active segment: a record being
+/// written there reads as a torn one, and a reused file's old bytes after the new
+/// data as damage. Its startup recovery already cut any tail a crash left, so such a
+/// tail is information, not a repair to make (`recover` would wait for the lock).
+fn excuse_live_writers(checks: &mut [PartitionCheck]) {
+    for seg in checks.iter_mut().flat_map(|c| c.segments.iter_mut()) {
+        if !seg.active {
+            continue;
+        }
+        for p in &mut seg.problems {
+            if p.kind == ProblemKind::TornTail && p.severity == Severity::Repairable {
+                p.severity = Severity::Info;
+                p.detail.push_str(
+                    " (LOCK is held: a broker is writing here; its startup recovery cut any tail a crash left)",
+                );
+            }
+        }
+    }
+}
+
 pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
     let target = resolve_target(&args.path)?;
     let mode = if args.quick {
@@ -257,7 +280,10 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
     } else {
         CheckMode::Full
     };
-    let checks = check_target(&target, mode, global)?;
+    let mut checks = check_target(&target, mode, global)?;
+    if target.root_is_data_dir && DirLock::is_held(&target.root) {
+        excuse_live_writers(&mut checks);
+    }
     let topics = topic_problems(&target);
     let worst = checks
         .iter()

@@ -947,3 +947,41 @@ fn cluster_status_of_a_standalone_broker_shows_one_node() {
     assert_eq!(v["partitions"], serde_json::json!([]), "{v}");
     s.stop();
 }
+
+/// `verify` beside a running broker: bytes past the active segment's data that do
+/// not read as a record (a record being written, a reused file's old bytes) are
+/// information while the broker holds `LOCK`; the same bytes with no broker are a
+/// torn tail to repair (exit 1).
+#[test]
+fn verify_beside_a_running_broker_takes_the_active_tail_for_information() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("d");
+    let log = data.join("topics/t/0/00000000000000000000.log");
+    let garble = || {
+        let bytes = std::fs::read(&log).unwrap();
+        let end = bytes.iter().rposition(|b| *b != 0).unwrap() as u64 + 1;
+        let f = std::fs::OpenOptions::new().write(true).open(&log).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&f, &[0x7f; 20], end).unwrap();
+    };
+    let verify = || {
+        let out = Command::new(BIN)
+            .args(["verify", "--json"])
+            .arg(&data)
+            .output()
+            .unwrap();
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        (out.status.code(), v)
+    };
+    let s = Serve::start(&data);
+    s.ok(&["topics", "create", "t"]);
+    s.ok(&["produce", "t", "--value", "a"]);
+    garble();
+    let (code, v) = verify();
+    assert_eq!(code, Some(0), "{v:#}");
+    assert!(v.to_string().contains("LOCK is held"), "{v:#}");
+    s.stop();
+    garble();
+    let (code, v) = verify();
+    assert_eq!(code, Some(1), "{v:#}");
+    assert!(!v.to_string().contains("LOCK is held"), "{v:#}");
+}

@@ -30,6 +30,19 @@ const LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_millis(500)
 const LOCK_TRIES: u32 = 25;
 
 impl DirLock {
+    /// Whether `data_dir/LOCK` is held now (by a running broker, or a tool that
+    /// changes the directory), tested without taking it for longer than the test
+    /// and without creating it. `false` when it cannot be told (no `LOCK`).
+    pub fn is_held(data_dir: &Path) -> bool {
+        let Ok(file) = std::fs::File::open(data_dir.join(LOCK_FILE)) else {
+            return false;
+        };
+        matches!(
+            rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockShared),
+            Err(e) if e == rustix::io::Errno::WOULDBLOCK
+        )
+    }
+
     /// Takes `data_dir/LOCK` exclusively, waiting at most `LOCK_PATIENCE`. The lock file is created
     /// (mode 0600) if missing; it holds no data, so it is not a storage mutation.
     pub fn acquire(data_dir: &Path) -> Result<DirLock, LockError> {
