@@ -564,50 +564,26 @@ fn groups_describe_prints_a_table() {
 /// code and the member id.
 fn kafka_join(addr: &str, group: &str) -> (i16, String, std::net::TcpStream) {
     use kafka_protocol::messages::join_group_request::JoinGroupRequestProtocol;
-    use kafka_protocol::messages::{
-        ApiKey, GroupId, JoinGroupRequest, JoinGroupResponse, RequestHeader, ResponseHeader,
-    };
+    use kafka_protocol::messages::{ApiKey, GroupId, JoinGroupRequest, JoinGroupResponse};
     use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
-    use std::io::{Read, Write};
 
-    let version = 5;
-    let mut b = bytes::BytesMut::new();
-    RequestHeader::default()
-        .with_request_api_key(ApiKey::JoinGroup as i16)
-        .with_request_api_version(version)
-        .with_correlation_id(1)
-        .with_client_id(Some(StrBytes::from_static_str("kafka-test")))
-        .encode(&mut b, ApiKey::JoinGroup.request_header_version(version))
-        .unwrap();
-    JoinGroupRequest::default()
-        .with_group_id(GroupId(StrBytes::from_string(group.to_string())))
-        .with_session_timeout_ms(30_000)
-        .with_rebalance_timeout_ms(30_000)
-        .with_protocol_type(StrBytes::from_static_str("consumer"))
-        .with_protocols(vec![JoinGroupRequestProtocol::default()
-            .with_name(StrBytes::from_static_str("range"))
-            // Kafka's ConsumerProtocol subscription, version 0, of topic t.
-            .with_metadata(bytes::Bytes::from_static(&[
-                0, 0, 0, 0, 0, 1, 0, 1, b't', 0xff, 0xff, 0xff, 0xff,
-            ]))])
-        .encode(&mut b, version)
-        .unwrap();
     let mut conn = std::net::TcpStream::connect(addr).unwrap();
-    conn.set_read_timeout(Some(PATIENCE)).unwrap();
-    conn.write_all(&u32::try_from(b.len()).unwrap().to_be_bytes())
-        .unwrap();
-    conn.write_all(&b).unwrap();
-    let mut len = [0u8; 4];
-    conn.read_exact(&mut len).unwrap();
-    let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
-    conn.read_exact(&mut body).unwrap();
-    let mut body = bytes::Bytes::from(body);
-    ResponseHeader::decode(
-        &mut body,
-        ApiKey::JoinGroup.response_header_version(version),
-    )
-    .unwrap();
-    let r = JoinGroupResponse::decode(&mut body, version).unwrap();
+    let mut body = crate::util::kafka_raw::call(&mut conn, ApiKey::JoinGroup, 5, |b, v| {
+        JoinGroupRequest::default()
+            .with_group_id(GroupId(StrBytes::from_string(group.to_string())))
+            .with_session_timeout_ms(30_000)
+            .with_rebalance_timeout_ms(30_000)
+            .with_protocol_type(StrBytes::from_static_str("consumer"))
+            .with_protocols(vec![JoinGroupRequestProtocol::default()
+                .with_name(StrBytes::from_static_str("range"))
+                // Kafka's ConsumerProtocol subscription, version 0, of topic t.
+                .with_metadata(bytes::Bytes::from_static(&[
+                    0, 0, 0, 0, 0, 1, 0, 1, b't', 0xff, 0xff, 0xff, 0xff,
+                ]))])
+            .encode(b, v)
+            .unwrap();
+    });
+    let r = JoinGroupResponse::decode(&mut body, 5).unwrap();
     (r.error_code, r.member_id.as_str().to_string(), conn)
 }
 

@@ -267,41 +267,19 @@ fn kafka_metadata_of_a_topic_on_fewer_nodes_names_every_leader_from_every_node()
 /// answers itself, on one connection.
 fn direct_leaders(addr: &str, topic: &str) -> BTreeMap<i32, i32> {
     use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
-    use kafka_protocol::messages::{
-        ApiKey, MetadataRequest, MetadataResponse, RequestHeader, ResponseHeader, TopicName,
-    };
+    use kafka_protocol::messages::{ApiKey, MetadataRequest, MetadataResponse, TopicName};
     use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
-    use std::io::Read;
 
-    let version = 9;
-    let mut b = bytes::BytesMut::new();
-    RequestHeader::default()
-        .with_request_api_key(ApiKey::Metadata as i16)
-        .with_request_api_version(version)
-        .with_correlation_id(1)
-        .with_client_id(Some(StrBytes::from_static_str("test")))
-        .encode(&mut b, ApiKey::Metadata.request_header_version(version))
-        .unwrap();
-    MetadataRequest::default()
-        .with_topics(Some(vec![MetadataRequestTopic::default().with_name(Some(
-            TopicName(StrBytes::from_string(topic.to_string())),
-        ))]))
-        .encode(&mut b, version)
-        .unwrap();
     let mut conn = std::net::TcpStream::connect(addr).unwrap();
-    conn.set_read_timeout(Some(PATIENCE)).unwrap();
-    conn.write_all(&u32::try_from(b.len()).unwrap().to_be_bytes())
-        .unwrap();
-    conn.write_all(&b).unwrap();
-    let mut len = [0u8; 4];
-    conn.read_exact(&mut len).unwrap();
-    let n = u32::from_be_bytes(len) as usize;
-    assert!(n <= 1 << 20, "a {n}-byte Metadata response");
-    let mut body = vec![0u8; n];
-    conn.read_exact(&mut body).unwrap();
-    let mut body = bytes::Bytes::from(body);
-    ResponseHeader::decode(&mut body, ApiKey::Metadata.response_header_version(version)).unwrap();
-    let m = MetadataResponse::decode(&mut body, version).unwrap();
+    let mut body = crate::util::kafka_raw::call(&mut conn, ApiKey::Metadata, 9, |b, v| {
+        MetadataRequest::default()
+            .with_topics(Some(vec![MetadataRequestTopic::default().with_name(Some(
+                TopicName(StrBytes::from_string(topic.to_string())),
+            ))]))
+            .encode(b, v)
+            .unwrap();
+    });
+    let m = MetadataResponse::decode(&mut body, 9).unwrap();
     m.topics
         .iter()
         .flat_map(|t| &t.partitions)

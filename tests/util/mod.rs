@@ -2,7 +2,7 @@
 //! segment, partition and data-directory builders over `seglog::format` ([`build`]),
 //! the real binary run and compared ([`bin`]), `seglog serve` as a child process
 //! ([`serve`]), helpers over the testkit storages ([`storage`]), and file-tree
-//! helpers ([`fs`]), ports outside the kernel's ephemeral range for processes on a fixed
+//! helpers ([`fs`]), one hand-made Kafka request ([`kafka_raw`]), ports outside the kernel's ephemeral range for processes on a fixed
 //! address ([`port`]); for replication, a fault-injecting TCP proxy ([`proxy`]), a
 //! multi-process cluster ([`cluster`]) and the replica checker ([`replica_check`]).
 //!
@@ -14,6 +14,7 @@ pub mod bin;
 pub mod build;
 pub mod cluster;
 pub mod fs;
+pub mod kafka_raw;
 pub mod port;
 pub mod proxy;
 pub mod replica_check;

@@ -496,9 +496,15 @@ fn a_barrier_past_a_failed_fdatasync_fails() {
 /// Opens a table on storage whose journal entry writes fail while `armed`: the failed
 /// write first writes the whole entry, as a write that fails late may. Without
 /// `zeros_fail`, one entry write fails (the failure disarms); with it, the zeros
-/// written meanwhile fail too, until the test disarms.
-fn failing_entry_writes(dir: &Path, armed: Arc<AtomicBool>, zeros_fail: bool) -> ProducerTable {
+/// written meanwhile fail too, until the test disarms. Returns the table, a producer
+/// initialised (its entry durable) and the switch.
+fn failing_entry_writes(
+    dir: &Path,
+    zeros_fail: bool,
+) -> (ProducerTable, (u64, u16), Arc<AtomicBool>) {
     use crate::testkit::storage::{Call, HookStorage};
+    let armed = Arc::new(AtomicBool::new(false));
+    let switch = Arc::clone(&armed);
     let storage = HookStorage::from_fn(Arc::new(RealStorage), move |op| {
         let Call::WriteAt { buf, pos } = op.call else {
             return None;
@@ -515,14 +521,16 @@ fn failing_entry_writes(dir: &Path, armed: Arc<AtomicBool>, zeros_fail: bool) ->
         op.file?.write_at(buf, pos).unwrap();
         Some(Err(std::io::Error::other("injected: no space left")))
     });
-    ProducerTable::open(
+    let (t, _) = ProducerTable::open(
         dir,
         Arc::new(storage),
         PRODUCER_ID_EXPIRATION_DEFAULT,
         &|_, _| Some(100),
     )
-    .unwrap()
-    .0
+    .unwrap();
+    let (producer, init) = t.init(None).unwrap();
+    durable(init);
+    (t, producer, switch)
 }
 
 /// A journal entry whose write failed after writing it whole is zeroed: the journal
@@ -531,10 +539,7 @@ fn failing_entry_writes(dir: &Path, armed: Arc<AtomicBool>, zeros_fail: bool) ->
 #[test]
 fn a_failed_entry_write_is_zeroed_and_the_journal_goes_on() {
     let dir = tempfile::tempdir().unwrap();
-    let armed = Arc::new(AtomicBool::new(false));
-    let t = failing_entry_writes(dir.path(), Arc::clone(&armed), false);
-    let ((id, epoch), init) = t.init(None).unwrap();
-    durable(init);
+    let (t, (id, epoch), armed) = failing_entry_writes(dir.path(), false);
     armed.store(true, Ordering::SeqCst);
     let err = t.journal_batch(id, epoch, "t", 0, 0, 2, 0, 1).unwrap_err();
     assert!(
@@ -570,10 +575,7 @@ fn a_failed_entry_write_is_zeroed_and_the_journal_goes_on() {
 #[test]
 fn a_failed_entry_write_that_cannot_be_zeroed_fails_the_journal() {
     let dir = tempfile::tempdir().unwrap();
-    let armed = Arc::new(AtomicBool::new(false));
-    let t = failing_entry_writes(dir.path(), Arc::clone(&armed), true);
-    let ((id, epoch), init) = t.init(None).unwrap();
-    durable(init);
+    let (t, (id, epoch), armed) = failing_entry_writes(dir.path(), true);
     t.share_commits(Waker(Box::new(|| {})));
     // Written, not yet durable.
     assert_eq!(t.check(id, epoch, "t", 0, 0, 1).unwrap(), Decision::Append);
