@@ -523,6 +523,13 @@ impl GroupCoordinator {
             check_len("group instance id", i)?;
         }
         check_len("protocol type", &req.protocol_type)?;
+        if req.protocol_type.is_empty() {
+            // As Kafka: a member must say what kind of group it joins.
+            return Err(GroupError::InconsistentProtocol {
+                group: req.group.clone(),
+                detail: "a join names no protocol type".into(),
+            });
+        }
         let ms = u64::from(req.session_timeout_ms);
         let (min, max) = (
             self.opts.session_timeout_min.as_millis() as u64,

@@ -659,9 +659,8 @@ fn native_req(member: &str, session_ms: u32) -> JoinRequest {
     }
 }
 
-/// The message of a join refused because the group's members joined through the
-/// other listener.
-fn refused_listener(r: Result<JoinResponse, GroupError>) -> String {
+/// The message of a join refused with INCONSISTENT_GROUP_PROTOCOL.
+fn refused_inconsistent(r: Result<JoinResponse, GroupError>) -> String {
     match r {
         Err(e @ GroupError::InconsistentProtocol { .. }) => e.to_string(),
         other => panic!("not refused: {other:?}"),
@@ -679,7 +678,7 @@ fn a_group_with_members_takes_joins_through_their_listener_only() {
     let c = coordinator(dir.path());
     let n = done(c.join(native_req("", 60_000))).unwrap();
     done(c.sync("g", 1, &n.member_id, None, vec![])).unwrap();
-    let msg = refused_listener(done(c.join(join_req("", 60_000))));
+    let msg = refused_inconsistent(done(c.join(join_req("", 60_000))));
     assert_eq!(
         msg,
         "group g: its members joined through the native protocol, and a member cannot join \
@@ -696,7 +695,7 @@ fn a_group_with_members_takes_joins_through_their_listener_only() {
     // A rebalancing group refuses too (its member rejoins, alone).
     let mut again = c.join(native_req("", 60_000));
     assert!(again.try_recv().is_err(), "waits for the first member");
-    let msg = refused_listener(done(c.join(join_req("", 60_000))));
+    let msg = refused_inconsistent(done(c.join(join_req("", 60_000))));
     assert!(msg.contains("through the native protocol"), "{msg}");
     c.leave("g", &n.member_id, None).unwrap();
     let second = done(again).unwrap();
@@ -712,13 +711,13 @@ fn a_group_with_members_takes_joins_through_their_listener_only() {
     done(c.commit(&Topics, "g", -1, "", None, "t", &offset).unwrap()).unwrap();
     let k = done(c.join(join_req("", 60_000))).unwrap();
     done(c.sync("g", k.generation, &k.member_id, None, vec![])).unwrap();
-    let msg = refused_listener(done(c.join(native_req("", 60_000))));
+    let msg = refused_inconsistent(done(c.join(native_req("", 60_000))));
     assert!(
         msg.contains("its members joined through the Kafka listener, and a member cannot join it through the native protocol"),
         "{msg}"
     );
     // A native member that names a Kafka member's id is refused the same way.
-    let msg = refused_listener(done(c.join(native_req(&k.member_id, 60_000))));
+    let msg = refused_inconsistent(done(c.join(native_req(&k.member_id, 60_000))));
     assert!(msg.contains("the Kafka listener"), "{msg}");
     assert_eq!(c.describe("g").unwrap().members.len(), 1);
     // Once the Kafka member leaves, a native one takes the group and its offsets.
@@ -745,7 +744,7 @@ fn the_members_listener_survives_a_restart() {
     assert!(text.contains("\"listener\": \"kafka\""), "{text}");
 
     let c = coordinator(dir.path());
-    let msg = refused_listener(done(c.join(native_req("", 60_000))));
+    let msg = refused_inconsistent(done(c.join(native_req("", 60_000))));
     assert!(msg.contains("through the Kafka listener"), "{msg}");
     c.heartbeat("g", 2, &a, None).unwrap();
     drop(c);
@@ -762,6 +761,24 @@ fn the_members_listener_survives_a_restart() {
     // b rejoins through the Kafka listener, as it always did: the group is Kafka's.
     let j = done(c.join(join_req(&b, 60_000))).unwrap();
     assert_eq!(j.generation, 2);
-    let msg = refused_listener(done(c.join(native_req("", 60_000))));
+    let msg = refused_inconsistent(done(c.join(native_req("", 60_000))));
     assert!(msg.contains("through the Kafka listener"), "{msg}");
+}
+
+/// A join that names no protocol type is refused (Kafka's INCONSISTENT_GROUP_PROTOCOL)
+/// and makes no group.
+#[test]
+fn a_join_without_a_protocol_type_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = coordinator(dir.path());
+    let req = JoinRequest {
+        protocol_type: String::new(),
+        ..join_req("", 60_000)
+    };
+    let msg = refused_inconsistent(done(c.join(req)));
+    assert!(msg.contains("names no protocol type"), "{msg}");
+    assert!(matches!(
+        c.describe("g"),
+        Err(GroupError::UnknownGroup { .. })
+    ));
 }
