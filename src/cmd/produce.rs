@@ -374,7 +374,7 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
     };
     if let Some(value) = single {
         let one = [Pending { key, value }];
-        send(
+        let total = send(
             &mut session,
             &args.topic,
             0,
@@ -383,6 +383,8 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
             args.json,
             &mut out,
         )?;
+        out.flush()?;
+        report_total(&global, &args, total, &session);
         return Ok(exit::OK);
     }
 
@@ -464,6 +466,12 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
         pending.clear();
     }
     out.flush()?;
+    report_total(&global, &args, total, &session);
+    Ok(exit::OK)
+}
+
+/// The closing line on stderr: how many records which broker acknowledged.
+fn report_total(global: &Global, args: &Args, total: u64, session: &Session) {
     if !global.quiet && !args.json {
         eprintln!(
             "seglog: {total} record{} acknowledged by {}",
@@ -471,7 +479,6 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
             session.answered_by()
         );
     }
-    Ok(exit::OK)
 }
 
 /// Longest wait between two retries (the backoff doubles up to it).

@@ -109,6 +109,11 @@ fn round_trip_on_several_partitions() {
         (last["key"].as_str(), last["value"].as_str()),
         (Some("k"), Some("one"))
     );
+    // Without --json, --value says on stderr what was acknowledged, as stdin does.
+    let out = b.run(&["produce", "events", "--partition", "2", "--value", "two"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("seglog: 1 record acknowledged by"), "{err}");
     // A partition that does not exist.
     let out = b.run(&["produce", "events", "--partition", "3", "--value", "x"]);
     assert_eq!(

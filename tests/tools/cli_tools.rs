@@ -1764,9 +1764,25 @@ fn an_index_that_is_a_directory_is_reported_and_the_rest_checked() {
         "{v:#}"
     );
     assert!(
+        out.contains("move it away, then `seglog reindex` rebuilds the index"),
+        "the hint says what to do with a directory: {v:#}"
+    );
+    assert!(
         out.contains("users"),
         "the other topic is checked too: {v:#}"
     );
     let (code, _, err) = run(&["dump", d], &data);
     assert_eq!(code, 1, "{err}");
+    // recover and reindex never remove a directory: they stop, naming it and what to do.
+    for cmd in ["recover", "reindex"] {
+        let (code, _, err) = run(&[cmd, d], &data);
+        assert_eq!(code, 74, "{cmd}: {err}");
+        assert!(
+            err.contains("00000000000000000000.index")
+                && err.contains("the index is a directory; move it away and run again")
+                && err.lines().count() == 1,
+            "{cmd}: {err}"
+        );
+        assert!(index.is_dir(), "{cmd} left the directory alone");
+    }
 }

@@ -1719,8 +1719,14 @@ fn index_problem(state: &IndexState, files: &SegmentFiles, active: bool) -> Opti
             Some(e.position()),
             None,
             // recover rebuilds it only when the startup check's reads (the first and
-            // last entries) meet the damage; reindex always does.
-            format!("{e} (`seglog reindex` rebuilds it)"),
+            // last entries) meet the damage; reindex always does. Neither removes a
+            // directory or other special file: that is the operator's to move away.
+            match e {
+                IndexError::NotRegularFile { .. } => {
+                    format!("{e} (move it away, then `seglog reindex` rebuilds the index)")
+                }
+                _ => format!("{e} (`seglog reindex` rebuilds it)"),
+            },
         )),
     }
 }

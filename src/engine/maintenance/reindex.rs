@@ -210,6 +210,21 @@ pub fn temp_path(files: &SegmentFiles) -> PathBuf {
 pub fn write_index(storage: &dyn Storage, files: &SegmentFiles, bytes: &[u8]) -> io::Result<()> {
     let tmp = temp_path(files);
     let dir = files.index.parent().unwrap_or(Path::new("."));
+    // 0. A directory or other special file where the index belongs is never removed
+    //    (it may hold anything): the operator moves it away.
+    if let Ok(meta) = std::fs::symlink_metadata(&files.index) {
+        if !meta.file_type().is_file() {
+            let what = if meta.is_dir() {
+                "a directory"
+            } else {
+                "not a regular file"
+            };
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("the index is {what}; move it away and run again"),
+            ));
+        }
+    }
     // 1. Remove a temporary file a crashed rebuild left (no marker owns it: callers
     //    skip partitions with a compaction marker).
     if tmp.exists() {
