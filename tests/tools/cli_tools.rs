@@ -1099,6 +1099,8 @@ fn garbage_spares_and_stray_topic_entries_are_reported_and_kept() {
     fs::create_dir(topic.join("01")).unwrap();
     fs::create_dir(topic.join("abc")).unwrap();
     fs::write(topic.join("applied-0.json"), b"{}").unwrap();
+    // A replicated topic's replica placement is the broker's own file too.
+    fs::write(topic.join("replication.json"), b"{}").unwrap();
     drop(DirLock::acquire(&data).unwrap()); // LOCK exists before the snapshot
     let before = snapshot(&data);
     let (code, v) = verify_json(&data, &[]);

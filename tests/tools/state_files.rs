@@ -12,7 +12,9 @@ use std::sync::Arc;
 
 use seglog::engine::broker::{Broker, BrokerOptions, NewRecord};
 use seglog::engine::groups::{GroupCoordinator, GroupOptions, OffsetCommit, TopicLookup};
-use seglog::engine::producers::{Decision, ProducerTable, PRODUCER_ID_EXPIRATION_DEFAULT};
+use seglog::engine::producers::{
+    Decision, PartitionEnd, ProducerTable, PRODUCER_ID_EXPIRATION_DEFAULT,
+};
 use seglog::engine::storage::io::RealStorage;
 use seglog::format::group::{
     decode_group_file, encode_group_file, GroupListener, StoredMember, StoredMembership,
@@ -73,7 +75,7 @@ fn data() -> tempfile::TempDir {
         tmp.path(),
         Arc::new(RealStorage),
         PRODUCER_ID_EXPIRATION_DEFAULT,
-        &|_, _| Some(10),
+        &|_, _| PartitionEnd::At(10),
     )
     .unwrap();
     let ((id, epoch), _) = table.init(None).unwrap();

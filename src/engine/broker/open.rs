@@ -530,10 +530,20 @@ fn open_producers(
     opts: &BrokerOptions,
     topics: &TopicMap,
 ) -> Result<(Arc<crate::engine::producers::ProducerTable>, Vec<String>), EngineError> {
-    let end_of = |topic: &str, partition: u32| -> Option<u64> {
-        match topics.get(topic)?.partitions.get(partition as usize)? {
-            Slot::Open(log) => Some(log.durable_end()),
-            Slot::Unavailable(_) => None,
+    use crate::engine::producers::PartitionEnd;
+    let end_of = |topic: &str, partition: u32| -> PartitionEnd {
+        let Some(t) = topics.get(topic) else {
+            return PartitionEnd::Gone;
+        };
+        // An offline topic's files are never judged: its batches wait for the start
+        // that opens it.
+        if t.offline.is_some() {
+            return PartitionEnd::Unknown;
+        }
+        match t.partitions.get(partition as usize) {
+            Some(Slot::Open(log)) => PartitionEnd::At(log.durable_end()),
+            Some(Slot::Unavailable(_)) => PartitionEnd::Unknown,
+            None => PartitionEnd::Gone,
         }
     };
     // A batch cut short by a crash (its first records written, its entry too) is cut

@@ -181,7 +181,15 @@ impl Broker {
         // Background work in progress on its partitions finishes first (it changes
         // nothing more: the logs are closed), and none starts while the files go.
         let _busy: Vec<_> = topic.cleanup.iter().map(|c| c.exclusive()).collect();
-        if let Err(e) = self.remove_topic_dir(&topic.dir) {
+        // The idempotent producers forget the topic's batches durably before its files
+        // go: a topic created again under this name starts with none of them.
+        let forgotten = self.producers.forget_topic(name).map_err(|e| {
+            EngineError::io(
+                format!("deleting topic {name}: writing the producers' state"),
+                std::io::Error::other(e),
+            )
+        });
+        if let Err(e) = forgotten.and_then(|()| self.remove_topic_dir(&topic.dir)) {
             // Still in place: bring the topic back as it is on disk.
             let mut notes = Vec::new();
             if let Ok(t) = load_topic(&self.storage, name, &topic.dir, &self.stats, &mut notes) {

@@ -250,6 +250,20 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// What the replay of the producers' batches knows of a partition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PartitionEnd {
+    /// Recovered: its records end just before this offset.
+    At(u64),
+    /// No such partition (its topic was deleted, or has fewer partitions): its
+    /// batches are dropped.
+    Gone,
+    /// Its files are there but were not opened (an offline topic, an unavailable
+    /// partition): its batches are kept as they are, for the start that opens it.
+    /// Dropping them would lose the duplicate detection of its producers for good.
+    Unknown,
+}
+
 /// A batch past its partition's recovered `end` (`at`: topic, partition, first and
 /// last offset) that starts below it was cut short: its first records are cut off
 /// the partition, so that a retry does not write them twice.
@@ -258,7 +272,7 @@ fn cut_partial(
     end: Option<u64>,
     producer_id: u64,
     at: (&str, u32, u64, u64),
-    report: &mut Report,
+    out: &mut Replay,
 ) {
     let (topic, partition, base, last) = at;
     let Some(end) = end.filter(|end| base < *end) else {
@@ -267,7 +281,7 @@ fn cut_partial(
     let what = format!(
         "producer {producer_id}'s batch at offsets {base}..={last} is only partly in {topic}/{partition} (its end is {end})"
     );
-    report.push(match cut(topic, partition, base) {
+    out.report.push(match cut(topic, partition, base) {
         Ok(()) => format!("{JOURNAL_FILE}: {what}: cut the partition back to offset {base}"),
         Err(e) => format!(
             "{JOURNAL_FILE}: {what}, and cutting it back to offset {base} failed ({e}): a retry of the batch writes its first {} again",
@@ -351,17 +365,155 @@ pub fn read_state(data_dir: &Path) -> Result<State, StateFileError> {
     }
 }
 
+/// What replaying a snapshot and journal gives: the producers' state, the next
+/// producer id, how many batches were dropped (past their partition's end) and what
+/// was done, as report lines.
+#[derive(Debug)]
+struct Replay {
+    producers: HashMap<u64, Producer>,
+    next_id: u64,
+    dropped: u64,
+    report: Report,
+}
+
+/// Replays the snapshot, then the journal's entries in order (docs/FORMAT.md,
+/// Idempotent producers, Recovery). `end_of(topic, partition)` is the partition's
+/// recovered end (`None`: no such partition); a batch at or past it is dropped, and
+/// one that starts below it is cut off its partition with `cut(topic, partition,
+/// base_offset)` first. The broker replays at startup, after its partitions are
+/// recovered. Touches no file: `cut` does.
+fn replay(
+    snap: Option<Snapshot>,
+    entries: Vec<JournalEntry>,
+    end_of: &dyn Fn(&str, u32) -> PartitionEnd,
+    cut: &dyn Fn(&str, u32, u64) -> Result<(), String>,
+) -> Replay {
+    let mut out = Replay {
+        producers: HashMap::new(),
+        next_id: 1,
+        dropped: 0,
+        report: Vec::new(),
+    };
+    if let Some(s) = snap {
+        out.next_id = s.next_producer_id.max(1);
+        for p in s.producers {
+            let mut partitions: HashMap<(String, u32), PartitionState> = HashMap::new();
+            for b in p.batches {
+                // A snapshot may be taken while a batch's records are not yet
+                // durable: one past the recovered end is dropped like an entry.
+                let end = match end_of(&b.topic, b.partition) {
+                    PartitionEnd::At(end) => Some(end),
+                    PartitionEnd::Gone => None,
+                    // Kept: no offset is past an unknown end.
+                    PartitionEnd::Unknown => Some(u64::MAX),
+                };
+                if end.is_none_or(|end| b.last_offset >= end) {
+                    let at = (b.topic.as_str(), b.partition, b.base_offset, b.last_offset);
+                    cut_partial(cut, end, p.producer_id, at, &mut out);
+                    out.dropped += 1;
+                    continue;
+                }
+                partitions
+                    .entry((b.topic, b.partition))
+                    .or_default()
+                    .batches
+                    .push_back(Batch {
+                        base_sequence: b.base_sequence,
+                        last_sequence: b.last_sequence,
+                        base_offset: b.base_offset,
+                        last_offset: b.last_offset,
+                    });
+            }
+            out.producers.insert(
+                p.producer_id,
+                Producer {
+                    epoch: p.epoch,
+                    last_seen_ms: p.last_seen_ms,
+                    partitions,
+                },
+            );
+        }
+    }
+    for e in entries {
+        out.next_id = out.next_id.max(e.producer_id + 1);
+        let p = out
+            .producers
+            .entry(e.producer_id)
+            .or_insert_with(|| Producer {
+                epoch: e.epoch,
+                last_seen_ms: e.timestamp_ms,
+                partitions: HashMap::new(),
+            });
+        if e.epoch > p.epoch {
+            // A bumped epoch (an init, or a batch that bumped it) starts its
+            // sequences again.
+            p.epoch = e.epoch;
+            p.partitions.clear();
+        } else if e.epoch < p.epoch {
+            // A batch of a fenced epoch, accepted while the bump was being made:
+            // its records were written, but it is no part of the current
+            // epoch's sequences (in memory it was not recorded either).
+            continue;
+        }
+        p.last_seen_ms = p.last_seen_ms.max(e.timestamp_ms);
+        if e.kind != KIND_BATCH {
+            continue;
+        }
+        let end = match end_of(&e.topic, e.partition) {
+            PartitionEnd::At(end) => Some(end),
+            PartitionEnd::Gone => None,
+            // Kept: no offset is past an unknown end.
+            PartitionEnd::Unknown => Some(u64::MAX),
+        };
+        let past_end = end.is_none_or(|end| e.last_offset >= end);
+        if past_end && !planted!(REPLAY_PAST_RECOVERED_END) {
+            let at = (e.topic.as_str(), e.partition, e.base_offset, e.last_offset);
+            cut_partial(cut, end, e.producer_id, at, &mut out);
+            out.dropped += 1;
+            continue;
+        }
+        let st = p
+            .partitions
+            .entry((e.topic.clone(), e.partition))
+            .or_default();
+        let b = Batch {
+            base_sequence: e.base_sequence,
+            last_sequence: e.last_sequence,
+            base_offset: e.base_offset,
+            last_offset: e.last_offset,
+        };
+        if !st
+            .batches
+            .iter()
+            .any(|x| x.base_sequence == b.base_sequence)
+        {
+            st.batches.push_back(b);
+            while st.batches.len() > BATCHES_KEPT {
+                st.batches.pop_front();
+            }
+        }
+    }
+    if out.dropped > 0 {
+        let dropped = out.dropped;
+        out.report.push(format!(
+            "{JOURNAL_FILE}: dropped {dropped} entries past their partition's recovered end"
+        ));
+    }
+    out
+}
+
 impl ProducerTable {
-    /// Rebuilds the table from snapshot + journal. `end_of(topic, partition)` is the
-    /// partition's recovered end offset (`None`: no such partition); entries at or
-    /// past it are dropped. A torn journal tail is cut; a corrupt entry stops the
+    /// Rebuilds the table from snapshot + journal. `end_of(topic, partition)` is what
+    /// is known of the partition ([`PartitionEnd`]): entries at or past its recovered
+    /// end, or of a partition that is gone, are dropped; those of a partition not
+    /// opened are kept. A torn journal tail is cut; a corrupt entry stops the
     /// replay there and is reported with its position (the rest is cut too, after
     /// the report: the batches it covered can be retried as new).
     pub fn open(
         data_dir: &Path,
         storage: StorageRef,
         expiration: Duration,
-        end_of: &dyn Fn(&str, u32) -> Option<u64>,
+        end_of: &dyn Fn(&str, u32) -> PartitionEnd,
     ) -> Result<(ProducerTable, Report), ProducerError> {
         Self::open_cutting(data_dir, storage, expiration, end_of, &|_, _, _| {
             Err("nothing may be cut here".into())
@@ -379,110 +531,22 @@ impl ProducerTable {
         data_dir: &Path,
         storage: StorageRef,
         expiration: Duration,
-        end_of: &dyn Fn(&str, u32) -> Option<u64>,
+        end_of: &dyn Fn(&str, u32) -> PartitionEnd,
         cut: &dyn Fn(&str, u32, u64) -> Result<(), String>,
     ) -> Result<(ProducerTable, Report), ProducerError> {
         let io = |what: &str, e: std::io::Error| ProducerError::Storage(format!("{what}: {e}"));
-        let mut report = Vec::new();
         let (snap, entries, good, problem, exists) =
             read_state(data_dir).map_err(|e| ProducerError::Storage(e.to_string()))?;
         // Entries already in the journal count towards the next snapshot: without
         // them, restarts could let the journal grow past `JOURNAL_BYTES_MAX`.
         let replayed = entries.len() as u64;
-        let mut producers: HashMap<u64, Producer> = HashMap::new();
-        let mut next_id = 1;
-        let mut dropped = 0u64;
-        if let Some(s) = snap {
-            next_id = s.next_producer_id.max(1);
-            for p in s.producers {
-                let mut partitions: HashMap<(String, u32), PartitionState> = HashMap::new();
-                for b in p.batches {
-                    // A snapshot may be taken while a batch's records are not yet
-                    // durable: one past the recovered end is dropped like an entry.
-                    let end = end_of(&b.topic, b.partition);
-                    if end.is_none_or(|end| b.last_offset >= end) {
-                        let at = (b.topic.as_str(), b.partition, b.base_offset, b.last_offset);
-                        cut_partial(cut, end, p.producer_id, at, &mut report);
-                        dropped += 1;
-                        continue;
-                    }
-                    partitions
-                        .entry((b.topic, b.partition))
-                        .or_default()
-                        .batches
-                        .push_back(Batch {
-                            base_sequence: b.base_sequence,
-                            last_sequence: b.last_sequence,
-                            base_offset: b.base_offset,
-                            last_offset: b.last_offset,
-                        });
-                }
-                producers.insert(
-                    p.producer_id,
-                    Producer {
-                        epoch: p.epoch,
-                        last_seen_ms: p.last_seen_ms,
-                        partitions,
-                    },
-                );
-            }
-        }
-        for e in entries {
-            next_id = next_id.max(e.producer_id + 1);
-            let p = producers.entry(e.producer_id).or_insert_with(|| Producer {
-                epoch: e.epoch,
-                last_seen_ms: e.timestamp_ms,
-                partitions: HashMap::new(),
-            });
-            if e.epoch > p.epoch {
-                // A bumped epoch (an init, or a batch that bumped it) starts its
-                // sequences again.
-                p.epoch = e.epoch;
-                p.partitions.clear();
-            } else if e.epoch < p.epoch {
-                // A batch of a fenced epoch, accepted while the bump was being made:
-                // its records were written, but it is no part of the current
-                // epoch's sequences (in memory it was not recorded either).
-                continue;
-            }
-            p.last_seen_ms = p.last_seen_ms.max(e.timestamp_ms);
-            if e.kind != KIND_BATCH {
-                continue;
-            }
-            let end = end_of(&e.topic, e.partition);
-            let past_end = end.is_none_or(|end| e.last_offset >= end);
-            if past_end && !planted!(REPLAY_PAST_RECOVERED_END) {
-                let at = (e.topic.as_str(), e.partition, e.base_offset, e.last_offset);
-                cut_partial(cut, end, e.producer_id, at, &mut report);
-                dropped += 1;
-                continue;
-            }
-            let st = p
-                .partitions
-                .entry((e.topic.clone(), e.partition))
-                .or_default();
-            let b = Batch {
-                base_sequence: e.base_sequence,
-                last_sequence: e.last_sequence,
-                base_offset: e.base_offset,
-                last_offset: e.last_offset,
-            };
-            if !st
-                .batches
-                .iter()
-                .any(|x| x.base_sequence == b.base_sequence)
-            {
-                st.batches.push_back(b);
-                while st.batches.len() > BATCHES_KEPT {
-                    st.batches.pop_front();
-                }
-            }
-        }
-        if dropped > 0 {
-            report.push(format!(
-                "{JOURNAL_FILE}: dropped {dropped} entries past their partition's recovered end"
-            ));
-        }
+        let Replay {
+            producers,
+            next_id,
+            dropped,
+            mut report,
+            ..
+        } = replay(snap, entries, end_of, cut);
         let path = data_dir.join(JOURNAL_FILE);
         let file = if exists && good >= JOURNAL_HEADER_LEN {
             let f = storage
@@ -1080,6 +1144,19 @@ impl ProducerTable {
         }
         self.entries_since_snapshot.store(0, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Forgets every batch of `topic` and makes that durable with a snapshot (which
+    /// also cuts the journal), before the topic's files are deleted. Without it a
+    /// topic created again under the same name would meet the old topic's batches
+    /// at the next start, and recovery would take the new records for a batch only
+    /// partly written and cut them (acknowledged records lost). The topic's logs are
+    /// closed first, so no batch of it is being journalled.
+    pub fn forget_topic(&self, topic: &str) -> Result<(), ProducerError> {
+        for p in lock(&self.producers).values_mut() {
+            p.partitions.retain(|(t, _), _| t != topic);
+        }
+        self.snapshot()
     }
 
     /// Producers known: id → (epoch, partitions with state).

@@ -10,7 +10,11 @@ fn open(dir: &Path, end: u64) -> (ProducerTable, Report) {
         dir,
         Arc::new(RealStorage),
         PRODUCER_ID_EXPIRATION_DEFAULT,
-        &move |t, p| (t == "t" && p == 0).then_some(end),
+        &move |t, p| {
+            (t == "t" && p == 0)
+                .then_some(end)
+                .map_or(PartitionEnd::Gone, PartitionEnd::At)
+        },
     )
     .unwrap()
 }
@@ -332,7 +336,11 @@ fn a_batch_only_partly_in_its_partition_is_cut_off() {
             Arc::new(RealStorage),
             PRODUCER_ID_EXPIRATION_DEFAULT,
             // The second batch (offsets 2..=4) ends past the end, 4.
-            &|topic, p| (topic == "t" && p == 0).then_some(4),
+            &|topic, p| {
+                (topic == "t" && p == 0)
+                    .then_some(4)
+                    .map_or(PartitionEnd::Gone, PartitionEnd::At)
+            },
             &|topic, p, base| {
                 cuts.lock().unwrap().push((topic.to_string(), p, base));
                 Ok(())
@@ -369,7 +377,7 @@ fn a_batch_only_partly_in_its_partition_is_cut_off() {
         dir.path(),
         Arc::new(RealStorage),
         PRODUCER_ID_EXPIRATION_DEFAULT,
-        &|_, _| Some(2),
+        &|_, _| PartitionEnd::At(2),
         &|_, _, _| panic!("nothing to cut"),
     )
     .unwrap();
@@ -473,7 +481,7 @@ fn a_barrier_past_a_failed_fdatasync_fails() {
         dir.path(),
         Arc::new(storage),
         PRODUCER_ID_EXPIRATION_DEFAULT,
-        &|_, _| Some(100),
+        &|_, _| PartitionEnd::At(100),
     )
     .unwrap();
     let ((id, epoch), init) = t.init(None).unwrap();
@@ -525,7 +533,7 @@ fn failing_entry_writes(
         dir,
         Arc::new(storage),
         PRODUCER_ID_EXPIRATION_DEFAULT,
-        &|_, _| Some(100),
+        &|_, _| PartitionEnd::At(100),
     )
     .unwrap();
     let (producer, init) = t.init(None).unwrap();
@@ -630,4 +638,51 @@ fn a_snapshot_keeps_a_batch_journalled_and_not_yet_recorded() {
     let (t, report) = open(dir.path(), 2);
     assert!(report.iter().any(|l| l.contains("dropped 1")), "{report:?}");
     assert_eq!(t.check(id, e, "t", 0, 2, 3).unwrap(), Decision::Append);
+}
+
+/// The batches of a partition that was not opened (an offline topic) are kept as
+/// they are, through the snapshot a dropped entry causes, for the start that opens
+/// it; those of a partition that is gone are dropped.
+#[test]
+fn batches_of_a_partition_not_opened_are_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let (t, _) = open(dir.path(), 0);
+    let ((id, epoch), rx) = t.init(None).unwrap();
+    durable(rx);
+    assert_eq!(write(&t, id, epoch, 0, 2, 0), Decision::Append);
+    // A batch of another topic, gone at the next start.
+    assert_eq!(t.check(id, epoch, "u", 0, 0, 1).unwrap(), Decision::Append);
+    durable(t.accepted(id, epoch, "u", 0, 0, 1, 0, 0));
+    drop(t);
+    let reopen = || {
+        ProducerTable::open(
+            dir.path(),
+            Arc::new(RealStorage),
+            PRODUCER_ID_EXPIRATION_DEFAULT,
+            &|topic, _| match topic {
+                "t" => PartitionEnd::Unknown,
+                _ => PartitionEnd::Gone,
+            },
+        )
+        .unwrap()
+    };
+    let (t, report) = reopen();
+    assert!(
+        report.iter().any(|l| l.contains("dropped 1 entries")),
+        "only u's batch is dropped: {report:?}"
+    );
+    drop(t);
+    // Twice: the snapshot the dropped entry caused kept t's batch.
+    let (t, _) = reopen();
+    let (t, _) = {
+        drop(t);
+        open(dir.path(), 2)
+    };
+    assert_eq!(
+        t.check(id, epoch, "t", 0, 0, 2).unwrap(),
+        Decision::Duplicate {
+            base_offset: 0,
+            last_offset: 1
+        }
+    );
 }

@@ -186,7 +186,12 @@ pub fn inspect_topic(topic_dir: &Path) -> Result<TopicListing, LayoutError> {
             temp_files.push(entry.path());
             continue;
         }
-        if name == TOPIC_FILE || crate::format::names::parse_checkpoint_name(&name).is_some() {
+        // The broker's own files beside the partitions: the topic's metadata, and a
+        // replicated topic's replica placement and Raft checkpoints.
+        if name == TOPIC_FILE
+            || name == crate::format::replication::REPLICATION_FILE
+            || crate::format::names::parse_checkpoint_name(&name).is_some()
+        {
             continue;
         }
         match name.parse::<u32>() {
