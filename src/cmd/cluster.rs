@@ -138,5 +138,17 @@ pub fn render(v: &Value) -> String {
         ]);
     }
     let _ = writeln!(s, "{parts}");
+    // A fail-stopped replica leads nothing (its row names the leader the others
+    // name, if any): why, below the table, whose cells stay short.
+    for p in v["partitions"].as_array().into_iter().flatten() {
+        if let Some(why) = p["failed"].as_str() {
+            let _ = writeln!(
+                s,
+                "{}/{}: this node's replica is stopped until a restart runs recovery: {why}",
+                text(&p["topic"]),
+                text(&p["partition"])
+            );
+        }
+    }
     s
 }

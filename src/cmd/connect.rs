@@ -64,6 +64,20 @@ impl BrokerArgs {
             .map_err(client_error)
     }
 
+    /// The `--broker` address after `addr` (the first when `addr` is not listed),
+    /// wrapping around; `None` when there is no other. Where a request goes next
+    /// when a node refuses it with NOT_LEADER naming no leader (a node whose replica
+    /// stopped, or one that has not heard of the new leader yet): another node may
+    /// know the leader, or be it.
+    pub fn next_broker(&self, addr: &str) -> Option<String> {
+        let list = crate::engine::net::cluster_client::broker_list(&self.broker);
+        let next = match list.iter().position(|a| a == addr) {
+            Some(i) => list.get((i + 1) % list.len()),
+            None => list.first(),
+        };
+        next.filter(|a| a.as_str() != addr).cloned()
+    }
+
     /// Whether `--broker` names several addresses (a cluster's nodes).
     pub fn several(&self) -> bool {
         crate::engine::net::cluster_client::broker_list(&self.broker).len() > 1

@@ -170,9 +170,17 @@ impl<'a> Readers<'a> {
             Some(Some(addr)) => {
                 self.leaders.insert(partition, addr);
             }
-            Some(None) => {
-                self.leaders.remove(&partition);
-            }
+            // No leader named (the node's replica stopped, or an election is under
+            // way): the next `--broker` address, which may know it.
+            Some(None) => match self.broker.next_broker(self.addr_of(partition)) {
+                Some(next) => {
+                    self.cluster = true;
+                    self.leaders.insert(partition, next);
+                }
+                None => {
+                    self.leaders.remove(&partition);
+                }
+            },
             None => {
                 let lost = self.addr_of(partition).to_string();
                 if lost == self.first.addr() {

@@ -602,14 +602,22 @@ impl<'a> Session<'a> {
                     if let Err((ErrorCode::NOT_LEADER, message)) = &ack.result {
                         // A replicated partition's follower names its leader: resend
                         // there (the sequences make a batch that did commit a
-                        // duplicate, written once; a plain batch was not written).
+                        // duplicate, written once). A node that names none (its
+                        // replica stopped, or an election is under way) sends the
+                        // batch to the next `--broker` address, which may know the
+                        // leader: asking it again would only hear the same.
                         match parse_not_leader(message) {
-                            Some((_, leader)) => {
+                            Some((_, leader)) if leader != addr => {
                                 self.leaders.insert(ack.partition, leader);
                             }
-                            None => {
-                                self.leaders.remove(&ack.partition);
-                            }
+                            _ => match self.broker.next_broker(&addr) {
+                                Some(next) => {
+                                    self.leaders.insert(ack.partition, next);
+                                }
+                                None => {
+                                    self.leaders.remove(&ack.partition);
+                                }
+                            },
                         }
                         again.push(i);
                     }

@@ -11,6 +11,17 @@ impl Broker {
         Ok(log.written_end())
     }
 
+    /// Why the partition refuses writes until a restart runs recovery (a failed
+    /// fsync, ...), if it does; `None` also for a partition this broker does not have.
+    pub fn partition_failure(
+        &self,
+        topic: &str,
+        partition: u32,
+    ) -> Option<crate::engine::error::FailureReason> {
+        let (_, log) = self.partition(topic, partition).ok()?;
+        log.failure()
+    }
+
     /// Fsyncs what is written to one partition.
     pub fn flush_partition(&self, topic: &str, partition: u32) -> Result<(), EngineError> {
         let (_, log) = self.partition(topic, partition)?;

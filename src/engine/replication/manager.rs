@@ -16,6 +16,15 @@
 //!   snapshot cannot carry) keeps its Raft log whole and never snapshots.
 //! - Membership is fixed at creation: the group is initialised once, by the first
 //!   replica, with every replica as a voter.
+//! - A replica whose Raft group stopped (a storage error, such as a failed fsync of
+//!   its Raft log or of its data partition at apply) or whose data partition failed
+//!   is fail-stopped until a restart runs recovery ([`Manager::replica_failure`]):
+//!   it leads nothing whatever its last metrics say, refuses produce and fetch with
+//!   NOT_LEADER naming the leader the other replicas name (so clients move on), and
+//!   `cluster status` shows it `failed`. A produce whose entry was proposed before
+//!   the group stopped has an unknown outcome (the others may commit it): it is
+//!   refused with NOT_LEADER too, never as a definite failure, so the client retries
+//!   on the leader, where an idempotent producer's retry is a duplicate.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
@@ -70,6 +79,11 @@ const IN_SYNC_LAG: Duration = Duration::from_secs(10);
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// `text` on one line (a refusal's message, a status field).
+fn one_line(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 /// Opens the Raft log of one replicated partition (the log store lives in
@@ -541,14 +555,107 @@ impl<L: LogStores> Manager<L> {
         let Some(raft) = self.group(topic, partition) else {
             return Err(self.no_group(topic, partition));
         };
+        if let Some(why) = self.fail_stop(topic, partition, &raft).await {
+            return Err(self.stopped(topic, partition, &why));
+        }
         match raft.client_write(entry).await {
             Ok(resp) => self.written(topic, partition, Ok(resp)),
             Err(RaftError::APIError(e)) => self.written(topic, partition, Err(e)),
-            Err(RaftError::Fatal(e)) => Err((
-                ErrorCode::PARTITION_FAILED,
-                format!("{topic}/{partition}: replication stopped: {e}"),
-            )),
+            Err(RaftError::Fatal(e)) => Err(self.unknown_outcome(topic, partition, &e)),
         }
+    }
+
+    /// The refusal of a produce whose entry was handed to the group before the group
+    /// stopped: the entry may be in the other replicas' logs and be committed there,
+    /// so this is no definite refusal. NOT_LEADER sends the client to the leader,
+    /// where an idempotent producer's retry is recognised as a duplicate (a plain
+    /// produce's retry may write the records twice, as after a lost connection).
+    fn unknown_outcome(&self, topic: &str, partition: u32, e: &dyn std::fmt::Display) -> Refusal {
+        let (code, msg) =
+            self.not_leader(topic, partition, self.leader_elsewhere(topic, partition));
+        (
+            code,
+            format!(
+                "node {}'s replica of {topic}/{partition} stopped ({}) after the entry was \
+                 proposed: its outcome is unknown, retry on the leader; {msg}",
+                self.node_id(),
+                one_line(&e.to_string())
+            ),
+        )
+    }
+
+    /// The refusal of a request to a fail-stopped replica ([`Manager::replica_failure`]):
+    /// NOT_LEADER naming the leader the other replicas name, if any.
+    fn stopped(&self, topic: &str, partition: u32, why: &str) -> Refusal {
+        let (code, msg) =
+            self.not_leader(topic, partition, self.leader_elsewhere(topic, partition));
+        (
+            code,
+            format!(
+                "node {}'s replica of {topic}/{partition} is stopped until a restart runs \
+                 recovery ({why}); {msg}",
+                self.node_id()
+            ),
+        )
+    }
+
+    /// Why this node's replica of a group is fail-stopped, if it is: its Raft core
+    /// stopped (openraft then keeps its last metrics, which may still name this node
+    /// leader: they are not to be believed), or its data partition refuses writes, so
+    /// that the next entry's apply would stop the core anyway.
+    fn replica_failure(
+        &self,
+        topic: &str,
+        partition: u32,
+        m: &RaftMetrics<TypeConfig>,
+    ) -> Option<String> {
+        if let Err(e) = &m.running_state {
+            return Some(format!(
+                "its Raft group stopped: {}",
+                one_line(&e.to_string())
+            ));
+        }
+        self.broker
+            .partition_failure(topic, partition)
+            .map(|r| format!("its data partition failed: {}", one_line(&r.to_string())))
+    }
+
+    /// [`Manager::replica_failure`] of a running group; a group whose data partition
+    /// failed while its core still runs is shut down here, so that, leader or not, it
+    /// stops answering its peers and the others elect a leader among themselves (a
+    /// leader's heartbeats would otherwise hold them off until its next apply fails).
+    async fn fail_stop(&self, topic: &str, partition: u32, raft: &RaftGroup) -> Option<String> {
+        // On every produce: the metrics are read in place, not cloned.
+        let (why, running) = {
+            let metrics = raft.metrics();
+            let m = metrics.borrow_watched();
+            (
+                self.replica_failure(topic, partition, &m),
+                m.running_state.is_ok(),
+            )
+        };
+        let why = why?;
+        if running {
+            tracing::error!(topic, partition, reason = %why,
+                "stopping this node's replica: it serves nothing until a restart runs recovery");
+            eprintln!(
+                "seglog: {topic}/{partition}: this node's replica stops until a restart runs \
+                 recovery: {why}"
+            );
+            if let Err(e) = raft.shutdown().await {
+                tracing::warn!(topic, partition, error = %e, "shutting the group down failed");
+            }
+        }
+        Some(why)
+    }
+
+    /// The leader of a partition as the other nodes last named it (fresh only, and
+    /// never this node): for a node holding no replica, or whose replica stopped.
+    fn leader_elsewhere(&self, topic: &str, partition: u32) -> Option<u64> {
+        lock(&self.held_elsewhere)
+            .get(&(topic.to_string(), partition))
+            .filter(|v| v.at.elapsed() < IN_SYNC_FRESH && v.leader != self.node_id())
+            .map(|v| v.leader)
     }
 
     /// [`Manager::produce`] in two steps, for a connection that pipelines: when the
@@ -565,23 +672,28 @@ impl<L: LogStores> Manager<L> {
         let Some(raft) = self.group(&topic, partition) else {
             return Err(self.no_group(&topic, partition));
         };
+        if let Some(why) = self.fail_stop(&topic, partition, &raft).await {
+            return Err(self.stopped(&topic, partition, &why));
+        }
         let (responder, answer) = openraft::impls::ProgressResponder::complete_only();
         if let Err(e) = raft.client_write_ff(entry, Some(responder)).await {
-            return Err((
-                ErrorCode::PARTITION_FAILED,
-                format!("{topic}/{partition}: replication stopped: {e}"),
-            ));
+            return Err(self.unknown_outcome(&topic, partition, &e));
         }
         Ok(Box::pin(async move {
             match answer.await {
                 Ok(result) => self.written(&topic, partition, result),
-                // The core ended without answering (it stopped).
-                Err(_) => Err((
-                    ErrorCode::PARTITION_FAILED,
-                    format!(
-                        "{topic}/{partition}: replication stopped before the entry was applied"
-                    ),
-                )),
+                // The core ended without answering (it stopped): the entry may be
+                // committed by the others.
+                Err(_) => {
+                    let why = raft
+                        .metrics()
+                        .borrow_watched()
+                        .running_state
+                        .clone()
+                        .err()
+                        .map_or_else(|| "its Raft group stopped".to_string(), |e| e.to_string());
+                    Err(self.unknown_outcome(&topic, partition, &why))
+                }
             }
         }))
     }
@@ -622,6 +734,9 @@ impl<L: LogStores> Manager<L> {
             return Err(self.no_group(topic, partition));
         };
         let m = raft.metrics().borrow_watched().clone();
+        if let Some(why) = self.replica_failure(topic, partition, &m) {
+            return Err(self.stopped(topic, partition, &why));
+        }
         if m.state == ServerState::Leader && m.current_leader == Some(self.node_id()) {
             Ok(())
         } else {
@@ -632,7 +747,11 @@ impl<L: LogStores> Manager<L> {
     /// The leader this node knows for the partition, with its client address.
     pub fn leader_of(&self, topic: &str, partition: u32) -> Option<(u64, Option<String>)> {
         let raft = self.group(topic, partition)?;
-        let leader = raft.metrics().borrow_watched().current_leader?;
+        let m = raft.metrics().borrow_watched().clone();
+        let leader = match self.replica_failure(topic, partition, &m) {
+            Some(_) => self.leader_elsewhere(topic, partition)?,
+            None => m.current_leader?,
+        };
         Some((leader, self.peers.client_addr(leader)))
     }
 
@@ -668,6 +787,29 @@ impl<L: LogStores> Manager<L> {
             });
         };
         let m = raft.metrics().borrow_watched().clone();
+        if self.replica_failure(topic, partition, &m).is_some() {
+            // A stopped replica leads nothing: the leader as the others name it.
+            let v = lock(&self.held_elsewhere)
+                .get(&(topic.to_string(), partition))
+                .filter(|v| v.at.elapsed() < IN_SYNC_FRESH && v.leader != self.node_id())
+                .cloned();
+            return Some(match v {
+                Some(v) => PartitionView {
+                    leader: Some(v.leader),
+                    term: v.term.max(m.current_term),
+                    replicas,
+                    in_sync: v.in_sync.unwrap_or_else(|| vec![v.leader]),
+                    held: true,
+                },
+                None => PartitionView {
+                    leader: None,
+                    term: m.current_term,
+                    replicas,
+                    in_sync: Vec::new(),
+                    held: true,
+                },
+            });
+        }
         let in_sync = match self.leader_in_sync(topic, partition, &replicas, &m) {
             Some(in_sync) => in_sync,
             None => follower_in_sync(
@@ -767,7 +909,14 @@ impl<L: LogStores> Manager<L> {
             .iter()
             .map(|(k, g)| (k.clone(), g.clone()))
             .collect();
+        // The groups whose replica here is fail-stopped: their leader is asked of
+        // the other replicas, as for a partition placed elsewhere.
+        let mut stopped = BTreeSet::new();
         for (key, raft) in groups {
+            if self.fail_stop(&key.0, key.1, &raft).await.is_some() {
+                stopped.insert(key);
+                continue;
+            }
             let m = raft.metrics().borrow_watched().clone();
             if m.current_leader == Some(self.node_id()) {
                 // Samples which followers hold every committed entry now.
@@ -791,7 +940,7 @@ impl<L: LogStores> Manager<L> {
         lock(&self.leaders_in_sync).retain(|_, k| now.duration_since(k.at) < IN_SYNC_FRESH);
         lock(&self.caught_up).retain(|_, at| now.duration_since(*at) < IN_SYNC_LAG);
         lock(&self.held_elsewhere).retain(|_, v| now.duration_since(v.at) < IN_SYNC_FRESH);
-        let asked = self.elsewhere_to_ask();
+        let asked = self.elsewhere_to_ask(&stopped);
         let nodes: BTreeSet<u64> = followed.keys().chain(asked.keys()).copied().collect();
         for node in nodes {
             let wanted: BTreeSet<&(String, u32)> = followed
@@ -851,10 +1000,14 @@ impl<L: LogStores> Manager<L> {
         }
     }
 
-    /// The partitions of replicated topics whose placement leaves this node out, by
-    /// the node to ask about them: the leader last heard of while that is fresh,
-    /// else one of the holders, a different one each round.
-    fn elsewhere_to_ask(&self) -> BTreeMap<u64, BTreeSet<(String, u32)>> {
+    /// The partitions of replicated topics whose placement leaves this node out, and
+    /// those of `stopped` (this node's replica is fail-stopped), by the node to ask
+    /// about them: the leader last heard of while that is fresh, else one of the
+    /// other holders, a different one each round.
+    fn elsewhere_to_ask(
+        &self,
+        stopped: &BTreeSet<(String, u32)>,
+    ) -> BTreeMap<u64, BTreeSet<(String, u32)>> {
         let me = self.node_id();
         let round = self
             .rounds
@@ -866,13 +1019,17 @@ impl<L: LogStores> Manager<L> {
         let mut asked: BTreeMap<u64, BTreeSet<(String, u32)>> = BTreeMap::new();
         for (topic, placement) in lock(&self.topics).iter() {
             for (partition, replicas) in (0u32..).zip(&placement.replicas) {
-                if replicas.is_empty() || replicas.contains(&me) {
+                let key = (topic.clone(), partition);
+                if replicas.contains(&me) && !stopped.contains(&key) {
                     continue;
                 }
-                let key = (topic.clone(), partition);
+                let others: Vec<u64> = replicas.iter().copied().filter(|n| *n != me).collect();
+                if others.is_empty() {
+                    continue;
+                }
                 let node = match leaders.get(&key) {
-                    Some(l) if replicas.contains(l) => *l,
-                    _ => replicas[(round + partition as usize) % replicas.len()],
+                    Some(l) if others.contains(l) => *l,
+                    _ => others[(round + partition as usize) % others.len()],
                 };
                 asked.entry(node).or_default().insert(key);
             }
@@ -1106,24 +1263,28 @@ impl<L: LogStores> Manager<L> {
         topic: &str,
         partition: u32,
     ) -> Option<Result<(u64, u64), Refusal>> {
-        if self.group(topic, partition).is_some() {
-            return None;
-        }
+        // A replica fail-stopped here cannot answer (its data partition may have
+        // failed): like a node holding none, it asks the leader.
+        let stopped = match self.group(topic, partition) {
+            Some(raft) => {
+                let m = raft.metrics().borrow_watched().clone();
+                self.replica_failure(topic, partition, &m)?;
+                true
+            }
+            None => false,
+        };
         let replicas = lock(&self.topics)
             .get(topic)?
             .replicas
             .get(partition as usize)?
             .clone();
-        if replicas.contains(&self.node_id()) {
+        if replicas.contains(&self.node_id()) && !stopped {
             return None;
         }
-        let known = lock(&self.held_elsewhere)
-            .get(&(topic.to_string(), partition))
-            .filter(|v| v.at.elapsed() < IN_SYNC_FRESH)
-            .map(|v| v.leader);
+        let known = self.leader_elsewhere(topic, partition);
         let mut asked = Vec::new();
         for node in known.into_iter().chain(replicas) {
-            if asked.contains(&node) {
+            if asked.contains(&node) || node == self.node_id() {
                 continue;
             }
             asked.push(node);
@@ -1143,6 +1304,14 @@ impl<L: LogStores> Manager<L> {
             if let Ok([start, end]) = serde_json::from_slice::<[u64; 2]>(&answer) {
                 return Some(Ok((start, end)));
             }
+        }
+        if stopped {
+            let why = self.group(topic, partition).and_then(|raft| {
+                let m = raft.metrics().borrow_watched().clone();
+                self.replica_failure(topic, partition, &m)
+            });
+            let why = why.unwrap_or_else(|| "it failed".into());
+            return Some(Err(self.stopped(topic, partition, &why)));
         }
         Some(Err(self.no_group(topic, partition)))
     }
@@ -1408,6 +1577,27 @@ impl<L: LogStores> Manager<L> {
             .into_iter()
             .map(|((topic, partition), raft)| {
                 let m = raft.metrics().borrow_watched().clone();
+                if let Some(why) = self.replica_failure(&topic, partition, &m) {
+                    // Fail-stopped: its last metrics may name this node leader; the
+                    // row names the leader the others name instead, and why.
+                    let known = lock(&self.held_elsewhere)
+                        .get(&(topic.clone(), partition))
+                        .filter(|v| v.at.elapsed() < IN_SYNC_FRESH)
+                        .filter(|v| v.leader != self.node_id())
+                        .map(|v| (v.leader, v.term));
+                    return serde_json::json!({
+                        "topic": topic,
+                        "partition": partition,
+                        "held": true,
+                        "leader": known.map(|(l, _)| l),
+                        "term": known.map_or(m.current_term, |(_, t)| t.max(m.current_term)),
+                        "commit_index": m.local_committed.as_ref().map_or(0, |l| l.index),
+                        "applied_index": m.last_applied.as_ref().map_or(0, |l| l.index),
+                        "replicas": [],
+                        "in_sync": null,
+                        "failed": why,
+                    });
+                }
                 let placement = lock(&self.topics)
                     .get(&topic)
                     .and_then(|r| r.replicas.get(partition as usize).cloned())
@@ -1437,13 +1627,16 @@ impl<L: LogStores> Manager<L> {
                     "applied_index": m.last_applied.as_ref().map_or(0, |l| l.index),
                     "replicas": replicas,
                     "in_sync": in_sync,
+                    "failed": null,
                 })
             })
             .collect();
         // Partitions placed on other nodes only, as a holder last told.
+        // (A fail-stopped replica's partition is known the same way; its row is above.)
+        let held: BTreeSet<(String, u32)> = lock(&self.groups).keys().cloned().collect();
         let elsewhere: Vec<((String, u32), HeldElsewhere)> = lock(&self.held_elsewhere)
             .iter()
-            .filter(|(_, v)| only.is_none() && v.at.elapsed() < IN_SYNC_FRESH)
+            .filter(|(k, v)| only.is_none() && v.at.elapsed() < IN_SYNC_FRESH && !held.contains(*k))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
         let mut partitions = partitions;
@@ -1458,6 +1651,7 @@ impl<L: LogStores> Manager<L> {
                 "applied_index": null,
                 "replicas": [],
                 "in_sync": null,
+                "failed": null,
             }));
         }
         partitions.sort_by(|a, b| {
