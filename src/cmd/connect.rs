@@ -45,14 +45,15 @@ impl BrokerArgs {
         let token = self.token.token()?;
         let tls = self.tls.client_tls()?;
         // `--broker A,B,C`: the first broker that answers.
-        let mut last = None;
+        let mut errors = Vec::new();
         for addr in crate::engine::net::cluster_client::broker_list(&self.broker) {
             match Client::connect_with(&addr, self.timeout, tls.as_ref(), token.as_deref()) {
                 Ok(c) => return Ok(Ok(c)),
-                Err(e) => last = Some(e),
+                Err(e) => errors.push(e),
             }
         }
-        last.map(Err)
+        ClientError::of_all(errors)
+            .map(Err)
             .ok_or_else(|| ExitError::usage("--broker names no address"))
     }
 

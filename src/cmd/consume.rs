@@ -151,6 +151,7 @@ impl<'a> Readers<'a> {
             ClientError::Io { .. }
             | ClientError::Timeout { .. }
             | ClientError::Connect { .. }
+            | ClientError::ConnectAny { .. }
             | ClientError::Closed { .. }
                 if self.cluster || self.reconnect =>
             {

@@ -528,11 +528,27 @@ fn check_session_timeouts(args: &Args) -> anyhow::Result<()> {
 /// Largest node id (a node's producer ids start at `id << 48`).
 const NODE_ID_MAX: u64 = 32767;
 
-/// Parses `--peers` (`ID=HOST:PORT,...`), which must list `self_id`.
-fn parse_peers(list: &str, self_id: u64) -> anyhow::Result<Vec<(u64, String)>> {
+/// Parses `--peers` (`ID=HOST:PORT,...`), which must list `self_id`, checked
+/// before anything is bound or written: every entry an id of 1..=32767 with a
+/// HOST:PORT address ([`parse_listen_addr`]), no id and no address twice, no empty
+/// entry, and this node's own entry on the port of `--raft-listen` (`raft_listen`;
+/// the hosts may differ, e.g. `0.0.0.0` there and a routable name here; a
+/// `--raft-listen` port of 0 leaves the own entry's port unchecked).
+fn parse_peers(list: &str, self_id: u64, raft_listen: &str) -> anyhow::Result<Vec<(u64, String)>> {
     let usage = |m: String| ExitError::new(exit::USAGE, format!("--peers: {m}"));
+    if list.trim().is_empty() {
+        return Err(usage(
+            "empty: list every node of the cluster, this one included, as ID=HOST:PORT,...".into(),
+        ));
+    }
     let mut nodes: Vec<(u64, String)> = Vec::new();
-    for item in list.split(',').filter(|s| !s.is_empty()) {
+    for (n, item) in list.split(',').enumerate() {
+        if item.trim().is_empty() {
+            return Err(usage(format!(
+                "entry {} of {list:?} is empty (two commas, or one at an end)",
+                n + 1
+            )));
+        }
         let (id, addr) = item
             .split_once('=')
             .ok_or_else(|| usage(format!("{item:?} is not ID=HOST:PORT")))?;
@@ -542,17 +558,32 @@ fn parse_peers(list: &str, self_id: u64) -> anyhow::Result<Vec<(u64, String)>> {
             .ok()
             .filter(|id| (1..=NODE_ID_MAX).contains(id))
             .ok_or_else(|| usage(format!("{id:?} is not a node id (1..={NODE_ID_MAX})")))?;
-        if addr.trim().is_empty() {
+        let addr = addr.trim();
+        if addr.is_empty() {
             return Err(usage(format!("node {id} has no address")));
         }
+        parse_listen_addr(addr).map_err(|e| usage(format!("node {id}: {e}")))?;
         if nodes.iter().any(|(n, _)| *n == id) {
             return Err(usage(format!("node {id} is listed twice")));
         }
-        nodes.push((id, addr.trim().to_string()));
+        if let Some((other, _)) = nodes.iter().find(|(_, a)| a == addr) {
+            return Err(usage(format!(
+                "nodes {other} and {id} have the same address {addr}"
+            )));
+        }
+        nodes.push((id, addr.to_string()));
     }
-    if !nodes.iter().any(|(n, _)| *n == self_id) {
+    let Some((_, own)) = nodes.iter().find(|(n, _)| *n == self_id) else {
         return Err(usage(format!(
             "this node's id {self_id} (--node-id) is not listed"
+        )));
+    };
+    let port = |a: &str| a.rsplit_once(':').map(|(_, p)| p.parse::<u16>().ok());
+    let listen_port = port(raft_listen).flatten();
+    if listen_port != Some(0) && listen_port != port(own).flatten() {
+        return Err(usage(format!(
+            "this node's entry {self_id}={own} and --raft-listen {raft_listen} name different \
+             ports (the other nodes reach this one at the address listed here)"
         )));
     }
     Ok(nodes)
@@ -584,8 +615,42 @@ fn open_error(e: EngineError, data_dir: &std::path::Path) -> anyhow::Error {
     }
 }
 
+/// A data directory holding `cluster.json` belongs to a cluster node: served
+/// without `--peers` it would serve its replicated topics alone, possibly stale.
+fn check_not_cluster_dir(data_dir: &std::path::Path) -> anyhow::Result<()> {
+    if !data_dir.is_dir() {
+        return Ok(());
+    }
+    let file = crate::engine::replication::network::read_cluster_file(data_dir)
+        .map_err(|e| ExitError::new(exit::IO, format!("cannot read the cluster id: {e}")))?;
+    let Some((cluster_id, node)) = file else {
+        return Ok(());
+    };
+    let node = match node {
+        Some(n) => format!("node {n}"),
+        None => "a node".to_string(),
+    };
+    Err(ExitError::usage(format!(
+        "{} belongs to cluster {cluster_id} as {node} ({}): start it with --node-id, \
+         --raft-listen and --peers as before, not as a standalone broker",
+        data_dir.display(),
+        crate::engine::replication::network::CLUSTER_FILE
+    )))
+}
+
 pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
     check_session_timeouts(&args)?;
+    // Checked before anything is bound or written (a bad list must not leave a
+    // cluster.json behind).
+    let peers = match (&args.node_id, &args.raft_listen, &args.peers) {
+        (Some(id), Some(raft_addr), Some(peers)) => {
+            Some((*id, raft_addr, parse_peers(peers, *id, raft_addr)?))
+        }
+        _ => {
+            check_not_cluster_dir(&args.data_dir)?;
+            None
+        }
+    };
     install_log(&args, global)?;
     install_signal_handlers()?;
     watch_hangups();
@@ -618,18 +683,17 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
         })?),
         None => None,
     };
-    let cluster = match (&args.node_id, &args.raft_listen, &args.peers) {
-        (Some(id), Some(raft_addr), Some(peers)) => {
-            let nodes = parse_peers(peers, *id)?;
+    let cluster = match peers {
+        Some((id, raft_addr, nodes)) => {
             let l = TcpListener::bind(raft_addr).map_err(|e| {
                 ExitError::new(
                     exit::IO,
                     format!("cannot listen on {raft_addr} (--raft-listen): {e}"),
                 )
             })?;
-            Some((*id, nodes, l))
+            Some((id, nodes, l))
         }
-        _ => None,
+        None => None,
     };
     let max_open_files = args
         .max_open_files
@@ -833,4 +897,59 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
     shut.map_err(|e| ExitError::new(exit::IO, format!("shutting down the broker failed: {e}")))?;
     tracing::info!("stopped");
     Ok(exit::OK)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The exit code and message of a refused `--peers`.
+    fn refused(list: &str, self_id: u64, raft_listen: &str) -> (u8, String) {
+        let e = parse_peers(list, self_id, raft_listen).expect_err(list);
+        let code = e.downcast_ref::<ExitError>().map_or(0, |x| x.code);
+        (code, e.to_string())
+    }
+
+    #[test]
+    fn peers_lists_are_checked_entry_by_entry() {
+        let ok = parse_peers(
+            "1=127.0.0.1:9701, 2=h2:9702,3=[::1]:9703",
+            1,
+            "0.0.0.0:9701",
+        )
+        .expect("a good list");
+        assert_eq!(
+            ok,
+            vec![
+                (1, "127.0.0.1:9701".to_string()),
+                (2, "h2:9702".to_string()),
+                (3, "[::1]:9703".to_string())
+            ]
+        );
+        // Port 0 (a free port) cannot be known in advance: the own entry's port is
+        // not checked then.
+        assert!(parse_peers("1=127.0.0.1:9701", 1, "127.0.0.1:0").is_ok());
+        let cases: &[(&str, u64, &str, &str)] = &[
+            ("1=127.0.0.1:9701,2=127.0.0.1:99999", 1, "127.0.0.1:9701", "node 2: \"127.0.0.1:99999\" is not HOST:PORT"),
+            ("1=127.0.0.1:9701,2=127.0.0.1", 1, "127.0.0.1:9701", "node 2: \"127.0.0.1\" is not HOST:PORT"),
+            ("1=127.0.0.1,2=127.0.0.1:9702", 1, "127.0.0.1:9701", "node 1: \"127.0.0.1\" is not HOST:PORT"),
+            ("1=127.0.0.1:70000,2=127.0.0.1:9702", 1, "127.0.0.1:9701", "node 1: \"127.0.0.1:70000\" is not HOST:PORT"),
+            ("1=127.0.0.1:9701,,2=127.0.0.1:9702", 1, "127.0.0.1:9701", "entry 2 of"),
+            ("1=127.0.0.1:9701,2=127.0.0.1:9702,", 1, "127.0.0.1:9701", "entry 3 of"),
+            ("1=127.0.0.1:9701,2=127.0.0.1:9701", 1, "127.0.0.1:9701", "nodes 1 and 2 have the same address 127.0.0.1:9701"),
+            ("1=127.0.0.1:9701,2=127.0.0.1:9702", 1, "127.0.0.1:9799", "this node's entry 1=127.0.0.1:9701 and --raft-listen 127.0.0.1:9799 name different ports"),
+            ("", 1, "127.0.0.1:9701", "--peers: empty"),
+            ("x=", 1, "127.0.0.1:9701", "\"x\" is not a node id"),
+            ("1=127.0.0.1:9701,2=", 1, "127.0.0.1:9701", "node 2 has no address"),
+            ("1=127.0.0.1:9701,1=127.0.0.1:9702", 1, "127.0.0.1:9701", "node 1 is listed twice"),
+            ("2=127.0.0.1:9702", 1, "127.0.0.1:9701", "this node's id 1 (--node-id) is not listed"),
+        ];
+        for (list, id, listen, want) in cases {
+            let (code, message) = refused(list, *id, listen);
+            assert_eq!(code, exit::USAGE, "{list}: {message}");
+            assert!(message.starts_with("--peers: "), "{list}: {message}");
+            assert!(message.contains(want), "{list}: {message}");
+            assert!(!message.contains('\n'), "{list}: {message}");
+        }
+    }
 }

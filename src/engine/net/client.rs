@@ -36,6 +36,10 @@ pub fn partition_for_key(key: &[u8], partitions: u32) -> u32 {
 pub enum ClientError {
     #[error("cannot connect to the broker at {addr}: {source}")]
     Connect { addr: String, source: io::Error },
+    /// Every address of a `--broker` list failed to connect; `why` says how (one
+    /// reason for all, or each address's).
+    #[error("cannot connect to any broker of {}: {why}", addrs.join(", "))]
+    ConnectAny { addrs: Vec<String>, why: String },
     #[error("connection to the broker at {addr} failed: {source}")]
     Io { addr: String, source: io::Error },
     #[error("the broker at {addr} sent an invalid response: {detail}")]
@@ -71,6 +75,41 @@ pub enum ClientError {
 }
 
 impl ClientError {
+    /// The error of a `--broker` list none of whose addresses answered, from each
+    /// address's error in list order: a [`ClientError::ConnectAny`] naming every
+    /// address when they all failed to connect (one reason when they share it),
+    /// else the last error that is not a failure to connect (it says more), else
+    /// the one error there is.
+    pub fn of_all(mut errors: Vec<ClientError>) -> Option<ClientError> {
+        if errors.len() <= 1 {
+            return errors.pop();
+        }
+        if let Some(i) = errors
+            .iter()
+            .rposition(|e| !matches!(e, ClientError::Connect { .. }))
+        {
+            return Some(errors.swap_remove(i));
+        }
+        let mut addrs = Vec::new();
+        let mut reasons = Vec::new();
+        for e in errors {
+            if let ClientError::Connect { addr, source } = e {
+                reasons.push((addr.clone(), source.to_string()));
+                addrs.push(addr);
+            }
+        }
+        let why = if reasons.iter().all(|(_, r)| *r == reasons[0].1) {
+            reasons[0].1.clone()
+        } else {
+            reasons
+                .iter()
+                .map(|(a, r)| format!("{a}: {r}"))
+                .collect::<Vec<_>>()
+                .join("; ")
+        };
+        Some(ClientError::ConnectAny { addrs, why })
+    }
+
     /// The broker's error code, when the broker refused the request.
     pub fn code(&self) -> Option<ErrorCode> {
         match self {
@@ -896,6 +935,41 @@ mod tests {
         assert!(e.to_string().contains("127.0.0.1:1"), "{e}");
         let e = Client::connect("no-such-host.invalid:9494", Duration::from_secs(2)).unwrap_err();
         assert!(e.to_string().contains("no-such-host.invalid:9494"), "{e}");
+    }
+
+    #[test]
+    fn a_list_of_unreachable_brokers_names_every_address() {
+        let refused = |addr: &str, kind: io::ErrorKind| ClientError::Connect {
+            addr: addr.to_string(),
+            source: io::Error::from(kind),
+        };
+        let same = ClientError::of_all(vec![
+            refused("h:1", io::ErrorKind::ConnectionRefused),
+            refused("h:2", io::ErrorKind::ConnectionRefused),
+        ])
+        .unwrap();
+        assert_eq!(
+            same.to_string(),
+            "cannot connect to any broker of h:1, h:2: connection refused"
+        );
+        let mixed = ClientError::of_all(vec![
+            refused("h:1", io::ErrorKind::ConnectionRefused),
+            refused("h:2", io::ErrorKind::TimedOut),
+        ])
+        .unwrap();
+        assert_eq!(
+            mixed.to_string(),
+            "cannot connect to any broker of h:1, h:2: h:1: connection refused; h:2: timed out"
+        );
+        // One address: as before. A broker that answered but failed otherwise says more.
+        let one = ClientError::of_all(vec![refused("h:1", io::ErrorKind::ConnectionRefused)]);
+        assert!(matches!(one, Some(ClientError::Connect { .. })));
+        let other = ClientError::of_all(vec![
+            ClientError::Closed { addr: "h:1".into() },
+            refused("h:2", io::ErrorKind::ConnectionRefused),
+        ]);
+        assert!(matches!(other, Some(ClientError::Closed { .. })));
+        assert!(ClientError::of_all(Vec::new()).is_none());
     }
 }
 

@@ -73,15 +73,15 @@ impl ClusterClient {
 
     /// A connection to the first broker of the list that answers.
     pub fn any(&mut self) -> Result<&mut Client, ClientError> {
-        let mut last = None;
+        let mut errors = Vec::new();
         for i in 0..self.brokers.len() {
             let addr = self.brokers[(self.next + i) % self.brokers.len()].clone();
             match self.conn(&addr) {
                 Ok(_) => return self.conn(&addr),
-                Err(e) => last = Some(e),
+                Err(e) => errors.push(e),
             }
         }
-        Err(last.unwrap_or(ClientError::Closed {
+        Err(ClientError::of_all(errors).unwrap_or(ClientError::Closed {
             addr: String::new(),
         }))
     }
@@ -139,6 +139,7 @@ impl ClusterClient {
                     ..
                 }
                 | ClientError::Connect { .. }
+                | ClientError::ConnectAny { .. }
                 | ClientError::Io { .. }
                 | ClientError::Timeout { .. }
                 | ClientError::Closed { .. } => {

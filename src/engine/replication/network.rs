@@ -6,12 +6,15 @@
 //! - A connection serves calls only after both hellos agree on the cluster id; a node
 //!   with no cluster id yet adopts its peer's ([`Identity::adopt`]); two different
 //!   ids refuse the connection and the node says so on stderr, once per peer.
+//! - Both hellos list the same node ids (each node's `--peers`), or the connection is
+//!   refused before any cluster id is adopted, and both nodes say on stderr which
+//!   ids differ ([`members_differ`]).
 //! - Every length read from a peer is checked ([`check_peer_frame_len`]) before the
 //!   frame is allocated.
 //! - A call to a peer that is not connected fails at once (openraft retries after its
 //!   backoff); the connection is redialled with an exponential backoff.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -41,6 +44,8 @@ use crate::format::wire::LEN_FIELD;
 
 /// What a refusal for a different cluster id says (the line on stderr carries it).
 const CLUSTER_MISMATCH: &str = "is not this node's cluster id";
+/// What a refusal for different `--peers` lists says (the line on stderr carries it).
+const PEERS_MISMATCH: &str = "--peers lists differ";
 /// The cluster id's file in the data directory.
 pub const CLUSTER_FILE: &str = "cluster.json";
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
@@ -62,15 +67,51 @@ pub struct Identity {
     pub client_addr: String,
     /// Its Kafka listener as clients reach it; empty when it has none.
     pub kafka_addr: String,
+    /// The ids of every node of its `--peers`, ascending (a peer's hello must list
+    /// the same).
+    members: Vec<u64>,
     cluster_id: Mutex<Option<String>>,
     data_dir: PathBuf,
     storage: StorageRef,
 }
 
-/// The cluster id as `DATA/cluster.json` holds it.
+/// The cluster id as `DATA/cluster.json` holds it, with the id of the node whose
+/// data directory it is (absent in files written before it was recorded).
 #[derive(serde::Serialize, serde::Deserialize)]
 struct ClusterFile {
     cluster_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    node_id: Option<u64>,
+}
+
+/// What `DATA/cluster.json` says, if the directory has one: the cluster id and, when
+/// recorded, the node id the directory belongs to.
+pub fn read_cluster_file(
+    data_dir: &std::path::Path,
+) -> Result<Option<(String, Option<u64>)>, ClusterIdError> {
+    let path = data_dir.join(CLUSTER_FILE);
+    match std::fs::read(&path) {
+        Ok(bytes) if bytes.len() <= 4096 => {
+            let f: ClusterFile =
+                serde_json::from_slice(&bytes).map_err(|e| ClusterIdError::Bad {
+                    path: path.clone(),
+                    detail: e.to_string(),
+                })?;
+            if !valid_cluster_id(&f.cluster_id) {
+                return Err(ClusterIdError::Bad {
+                    path,
+                    detail: format!("bad cluster id {:?}", f.cluster_id),
+                });
+            }
+            Ok(Some((f.cluster_id, f.node_id)))
+        }
+        Ok(_) => Err(ClusterIdError::Bad {
+            path,
+            detail: "larger than 4096 bytes".into(),
+        }),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(ClusterIdError::Io { path, source }),
+    }
 }
 
 /// Why a node cannot take part in its cluster.
@@ -93,34 +134,12 @@ impl Identity {
         founder: bool,
     ) -> Result<Identity, ClusterIdError> {
         let path = data_dir.join(CLUSTER_FILE);
-        let id = match std::fs::read(&path) {
-            Ok(bytes) if bytes.len() <= 4096 => {
-                let f: ClusterFile =
-                    serde_json::from_slice(&bytes).map_err(|e| ClusterIdError::Bad {
-                        path: path.clone(),
-                        detail: e.to_string(),
-                    })?;
-                if !valid_cluster_id(&f.cluster_id) {
-                    return Err(ClusterIdError::Bad {
-                        path,
-                        detail: format!("bad cluster id {:?}", f.cluster_id),
-                    });
-                }
-                Some(f.cluster_id)
-            }
-            Ok(_) => {
-                return Err(ClusterIdError::Bad {
-                    path,
-                    detail: "larger than 4096 bytes".into(),
-                })
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-            Err(source) => return Err(ClusterIdError::Io { path, source }),
-        };
+        let id = read_cluster_file(&data_dir)?.map(|(id, _)| id);
         let ident = Identity {
             node_id,
             client_addr,
             kafka_addr: String::new(),
+            members: Vec::new(),
             cluster_id: Mutex::new(None),
             data_dir,
             storage,
@@ -149,6 +168,16 @@ impl Identity {
         self
     }
 
+    /// The same identity, with `nodes` (its `--peers`: id, Raft address) as the
+    /// membership its peers' hellos must list.
+    pub fn with_members(mut self, nodes: &[(u64, String)]) -> Identity {
+        let mut ids: Vec<u64> = nodes.iter().map(|(id, _)| *id).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        self.members = ids;
+        self
+    }
+
     /// The cluster id, once known.
     pub fn cluster_id(&self) -> Option<String> {
         lock(&self.cluster_id).clone()
@@ -166,6 +195,7 @@ impl Identity {
         }
         let bytes = serde_json::to_vec(&ClusterFile {
             cluster_id: id.to_string(),
+            node_id: Some(self.node_id),
         })
         .map_err(io::Error::other)?;
         write_file_atomic(&*self.storage, &self.data_dir, CLUSTER_FILE, &bytes)?;
@@ -199,6 +229,32 @@ impl Identity {
             self.kafka_addr.clone(),
         )
     }
+}
+
+/// Why two nodes' `--peers` lists do not make one cluster, naming each node's ids
+/// and what one has that the other lacks (the same sentence on both sides); `None`
+/// when they list the same ids.
+pub fn members_differ(a: u64, a_ids: &[u64], b: u64, b_ids: &[u64]) -> Option<String> {
+    if a_ids == b_ids {
+        return None;
+    }
+    let list = |ids: &[u64]| ids.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
+    let only = |x: &[u64], y: &[u64]| -> Vec<u64> {
+        x.iter().copied().filter(|i| !y.contains(i)).collect()
+    };
+    let mut lacks = Vec::new();
+    for (node, missing) in [(a, only(b_ids, a_ids)), (b, only(a_ids, b_ids))] {
+        if !missing.is_empty() {
+            lacks.push(format!("node {node}'s lacks {}", list(&missing)));
+        }
+    }
+    Some(format!(
+        "{PEERS_MISMATCH}: node {a} lists nodes {}, node {b} lists nodes {} ({}); \
+         every node needs the same --peers",
+        list(a_ids),
+        list(b_ids),
+        lacks.join(", ")
+    ))
 }
 
 fn valid_cluster_id(id: &str) -> bool {
@@ -318,6 +374,8 @@ pub struct Peers {
     heard: Mutex<HashMap<u64, String>>,
     /// The peers' Kafka addresses learned from the hellos they sent us.
     heard_kafka: Mutex<HashMap<u64, String>>,
+    /// The refusals of incoming connections already said on stderr (each once).
+    told: Mutex<HashSet<String>>,
 }
 
 impl Peers {
@@ -346,6 +404,7 @@ impl Peers {
             peers,
             heard: Mutex::new(HashMap::new()),
             heard_kafka: Mutex::new(HashMap::new()),
+            told: Mutex::new(HashSet::new()),
         })
     }
 
@@ -416,6 +475,7 @@ fn hello_frame(ident: &Identity) -> io::Result<Vec<u8>> {
         node_id,
         client_addr: &client_addr,
         kafka_addr: &kafka_addr,
+        nodes: ident.members.clone(),
     })
 }
 
@@ -436,11 +496,16 @@ async fn read_hello(
             node_id,
             client_addr,
             kafka_addr,
+            nodes,
         } => {
             if version != PEER_VERSION {
                 return Err(format!(
                     "peer protocol version {version}, not {PEER_VERSION}"
                 ));
+            }
+            // Before the cluster id: a node of another membership adopts nothing.
+            if let Some(why) = members_differ(node_id, &nodes, ident.node_id, &ident.members) {
+                return Err(why);
             }
             ident.agree(cluster_id)?;
             Ok((node_id, client_addr.to_string(), kafka_addr.to_string()))
@@ -450,14 +515,21 @@ async fn read_hello(
     }
 }
 
-/// Says once on stderr why a peer cannot be joined (a different cluster), and logs
-/// every other failure.
+/// Whether a refusal is one an operator must fix (another cluster, another
+/// `--peers` list): said on stderr, not only logged.
+fn for_the_operator(why: &str) -> bool {
+    why.contains(CLUSTER_MISMATCH) || why.contains(PEERS_MISMATCH)
+}
+
+/// Says once on stderr why a peer cannot be joined (a different cluster or
+/// `--peers` list), and logs every other failure.
 fn report_refusal(peer: u64, why: &str, said: &mut Option<String>) {
     if said.as_deref() == Some(why) {
         return;
     }
-    if why.contains(CLUSTER_MISMATCH) {
-        eprintln!("seglog: node {peer} refused: {why}; not joining it");
+    if for_the_operator(why) {
+        let why = why.strip_prefix("refused: ").unwrap_or(why);
+        eprintln!("seglog: node {peer} refused the raft connection: {why}; not joining it");
     }
     tracing::warn!(peer, "raft connection refused: {why}");
     *said = Some(why.to_string());
@@ -671,7 +743,7 @@ async fn serve_peer<H: CallHandler>(
             return Err(reason);
         }
         Err(why) => {
-            if why.contains(CLUSTER_MISMATCH) {
+            if for_the_operator(&why) && lock(&peers.told).insert(why.clone()) {
                 eprintln!("seglog: refused a raft connection: {why}");
             }
             if let Ok(f) = encode(&PeerFrame::Refuse { reason: &why }) {
@@ -1392,6 +1464,37 @@ mod tests {
         ));
     }
 
+    #[test]
+    fn cluster_files_name_the_node_they_belong_to() {
+        let a = tempfile::tempdir().unwrap();
+        let id = ident(a.path(), 3, true).cluster_id().unwrap();
+        assert_eq!(read_cluster_file(a.path()).unwrap(), Some((id, Some(3))));
+        // A file written before the node id was recorded.
+        std::fs::write(a.path().join(CLUSTER_FILE), br#"{"cluster_id":"c0ffee"}"#).unwrap();
+        assert_eq!(
+            read_cluster_file(a.path()).unwrap(),
+            Some(("c0ffee".to_string(), None))
+        );
+        let none = tempfile::tempdir().unwrap();
+        assert_eq!(read_cluster_file(none.path()).unwrap(), None);
+    }
+
+    #[test]
+    fn different_peers_lists_are_named() {
+        assert_eq!(members_differ(1, &[1, 2, 3], 2, &[1, 2, 3]), None);
+        let why = members_differ(2, &[1, 2], 1, &[1, 2, 3]).unwrap();
+        assert_eq!(
+            why,
+            "--peers lists differ: node 2 lists nodes 1,2, node 1 lists nodes 1,2,3 \
+             (node 2's lacks 3); every node needs the same --peers"
+        );
+        let why = members_differ(2, &[1, 2, 4], 1, &[1, 2, 3]).unwrap();
+        assert!(
+            why.contains("(node 2's lacks 3, node 1's lacks 4)"),
+            "{why}"
+        );
+    }
+
     fn sample_request() -> AppendEntriesRequest<TypeConfig> {
         use crate::engine::partition::NewRecord;
         use crate::engine::replication::types::{ProduceEntry, ProducerStamp};
@@ -1608,6 +1711,51 @@ mod tests {
         assert!(!p.reachable());
         let e = p.call("t", 0, Rpc::Vote, Vec::new(), t).await.unwrap_err();
         assert!(matches!(e, CallError::Unreachable(1)), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_node_with_another_peers_list_is_refused_and_adopts_nothing() {
+        let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let three = vec![
+            (1, addr.clone()),
+            (2, "unused-2".to_string()),
+            (3, "unused-3".to_string()),
+        ];
+        let server = Arc::new(
+            Arc::into_inner(ident(dirs[0].path(), 1, true))
+                .unwrap()
+                .with_members(&three),
+        );
+        let server_peers = Peers::new(Arc::clone(&server), &three);
+        let (_stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        tokio::spawn(serve(
+            listener,
+            Arc::clone(&server_peers),
+            Arc::new(Echo),
+            stop_rx,
+        ));
+        let with = |dir: &std::path::Path, nodes: &[(u64, String)]| {
+            let id = Arc::into_inner(ident(dir, 2, false))
+                .unwrap()
+                .with_members(nodes);
+            Peers::new(Arc::new(id), nodes)
+        };
+        // Node 2 started with only nodes 1 and 2: refused, no cluster id taken.
+        let two = &three[..2];
+        let short = with(dirs[1].path(), two);
+        short.start();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!short.peers.get(&1).unwrap().reachable());
+        assert_eq!(short.ident.cluster_id(), None);
+        assert!(!dirs[1].path().join(CLUSTER_FILE).exists());
+        // The same list, in another order: joins.
+        let reordered: Vec<(u64, String)> = three.iter().rev().cloned().collect();
+        let same = with(dirs[2].path(), &reordered);
+        same.start();
+        wait_reachable(same.peers.get(&1).unwrap()).await;
+        assert_eq!(same.ident.cluster_id(), server.cluster_id());
     }
 
     /// A follower whose group answers nothing until [`HELD`] requests have come, then

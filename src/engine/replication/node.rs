@@ -84,7 +84,8 @@ pub fn start_with(
         founder,
     )
     .map_err(|e| format!("cannot read the cluster id: {e}"))?
-    .with_kafka_addr(kafka_addr);
+    .with_kafka_addr(kafka_addr)
+    .with_members(nodes);
     broker.producers().reserve_ids_from(node_id << 48);
     let peers = Peers::new(Arc::new(ident), nodes);
     let config = super::manager::raft_config_with(snapshot_entries)

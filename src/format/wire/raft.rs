@@ -9,7 +9,10 @@
 //! | u32       | u64     | u8   |      |
 //! +-----------+---------+------+------+
 //! kind 0 hello:  version u16, cluster_id string, node_id u64, client_addr string,
-//!                kafka_addr string (empty: the node has no Kafka listener)
+//!                kafka_addr string (empty: the node has no Kafka listener),
+//!                node count u16, then that many node ids u64 (version 4: every
+//!                node of the sender's --peers, ascending; a node whose list differs
+//!                is refused)
 //! kind 1 call:   topic string, partition u32, rpc u8, payload bytes
 //! kind 2 reply:  status u8 (0 ok: payload bytes; 1 failed: message string)
 //! kind 3 refuse: reason string (instead of a hello; the connection then closes)
@@ -32,8 +35,9 @@ use super::{
 
 /// The version of the peer protocol this build speaks (2: [`Rpc::AppendStream`];
 /// 3: normal entries carry their proposal time, which a node of version 2 cannot
-/// decode). Nodes of different versions refuse each other's hello.
-pub const PEER_VERSION: u16 = 3;
+/// decode; 4: the hello lists the node ids of the sender's `--peers`). Nodes of
+/// different versions refuse each other's hello.
+pub const PEER_VERSION: u16 = 4;
 /// `call_id` + `kind`: the smallest peer frame.
 pub const PEER_HEAD_LEN: usize = 8 + 1;
 /// Longest cluster id.
@@ -130,6 +134,9 @@ pub enum PeerFrame<'a> {
         client_addr: &'a str,
         /// The node's Kafka listener as clients reach it (empty: none).
         kafka_addr: &'a str,
+        /// The ids of every node of the sender's `--peers`, itself included,
+        /// ascending.
+        nodes: Vec<u64>,
     },
     Call {
         call_id: u64,
@@ -191,6 +198,7 @@ fn encode_inner(out: &mut Vec<u8>, frame: &PeerFrame<'_>) -> Result<(), Protocol
             node_id,
             client_addr,
             kafka_addr,
+            nodes,
         } => {
             let at = start(out, 0, KIND_HELLO);
             out.extend_from_slice(&version.to_be_bytes());
@@ -198,6 +206,15 @@ fn encode_inner(out: &mut Vec<u8>, frame: &PeerFrame<'_>) -> Result<(), Protocol
             out.extend_from_slice(&node_id.to_be_bytes());
             put_str(out, "client_addr", client_addr, ADDR_BYTES_MAX)?;
             put_str(out, "kafka_addr", kafka_addr, ADDR_BYTES_MAX)?;
+            let count = u16::try_from(nodes.len()).map_err(|_| ProtocolError::Unencodable {
+                field: "nodes",
+                len: nodes.len() as u64,
+                max: u64::from(u16::MAX),
+            })?;
+            out.extend_from_slice(&count.to_be_bytes());
+            for n in nodes {
+                out.extend_from_slice(&n.to_be_bytes());
+            }
             finish(out, at)
         }
         PeerFrame::Call {
@@ -283,6 +300,12 @@ pub fn decode_peer_frame(frame: &[u8]) -> Result<PeerFrame<'_>, ProtocolError> {
             node_id: r.u64("node_id")?,
             client_addr: r.str("client_addr", ADDR_BYTES_MAX)?,
             kafka_addr: r.str("kafka_addr", ADDR_BYTES_MAX)?,
+            nodes: {
+                let count = r.u16("nodes")?;
+                (0..count)
+                    .map(|_| r.u64("node"))
+                    .collect::<Result<Vec<u64>, ProtocolError>>()?
+            },
         },
         KIND_CALL => {
             let topic = r.str("topic", TOPIC_BYTES_MAX)?;
@@ -362,6 +385,7 @@ mod tests {
                 node_id: 3,
                 client_addr: "127.0.0.1:7000",
                 kafka_addr: "127.0.0.1:9092",
+                nodes: vec![1, 2, 3],
             },
             PeerFrame::Hello {
                 version: PEER_VERSION,
@@ -369,6 +393,7 @@ mod tests {
                 node_id: 1,
                 client_addr: "127.0.0.1:7001",
                 kafka_addr: "",
+                nodes: Vec::new(),
             },
             PeerFrame::Call {
                 call_id: 9,
@@ -425,10 +450,11 @@ mod tests {
             node_id: 2,
             client_addr: "h:1",
             kafka_addr: "k:2",
+            nodes: vec![1, 2],
         };
         encode_peer_frame(&mut out, &f).unwrap();
         let want: Vec<u8> = [
-            &[0, 0, 0, 33][..],
+            &[0, 0, 0, 51][..],
             &[0; 8],
             &[0],
             &[0, 1],
@@ -436,6 +462,9 @@ mod tests {
             &[0, 0, 0, 0, 0, 0, 0, 2],
             &[0, 3, b'h', b':', b'1'],
             &[0, 3, b'k', b':', b'2'],
+            &[0, 2],
+            &[0, 0, 0, 0, 0, 0, 0, 1],
+            &[0, 0, 0, 0, 0, 0, 0, 2],
         ]
         .concat();
         assert_eq!(out, want);
