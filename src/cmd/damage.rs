@@ -14,10 +14,12 @@ use std::path::{Component, Path, PathBuf};
 use anyhow::Context as _;
 use serde_json::json;
 
+use super::verify::resolve_target;
 use super::{exit, hex, ExitError, Global};
 use crate::engine::storage::io::{RealStorage, Storage, StorageFile};
+use crate::engine::storage::layout::{Target, TargetKind};
 use crate::engine::storage::lock::{DirLock, LockError};
-use crate::format::names::{parse_stem, INDEX_EXT, LOG_EXT, TOPICS_DIR};
+use crate::format::names::{parse_stem, INDEX_EXT, LOG_EXT};
 
 /// Ranges up to this many bytes are shown as hex in the report (before and after).
 pub const SHOWN_BYTES_MAX: u64 = 64;
@@ -35,11 +37,14 @@ const CHUNK_BYTES: usize = 64 * 1024;
 make fixtures for `seglog verify --expect` and `seglog recover` tests. Never run it on data you \
 want to keep.\n\n\
 PATH is a directory: a data directory, a topic directory or a partition directory (a loose copy \
-too). FILE and SEGMENT are relative to PATH (for a data directory, e.g. \
-topics/events/0/00000000000000000000.log); an absolute path, a path with `..`, or one that \
-leads outside PATH through a symlink is refused (64). Byte positions count from 0; ranges are \
-half-open (FROM included, TO excluded) and must lie inside the file. BIT 0 is the least \
-significant bit of the byte.\n\n\
+too), recognised as the other offline tools recognise it; a directory holding no seglog data is \
+refused (64) and nothing in it is touched. FILE and SEGMENT are relative to PATH (for a data \
+directory, e.g. topics/events/0/00000000000000000000.log) and name a file of PATH: anything below \
+a data directory, a file of a topic directory or of one of its partition directories, a file \
+directly in a partition directory. An absolute path, a path with `..`, one that leads outside \
+PATH through a symlink, or a file elsewhere (a subdirectory of a partition) is refused (64). \
+Byte positions count from 0; ranges are half-open (FROM included, TO excluded) and must lie \
+inside the file. BIT 0 is the least significant bit of the byte.\n\n\
 --garbage writes LEN bytes from SplitMix64 seeded with --seed (default 0): each 64-bit output in \
 little-endian order, so the same seed gives the same bytes on every machine. --drop-index \
 deletes the index of SEGMENT (its .log or .index file, or its name without extension).\n\n\
@@ -49,8 +54,9 @@ lock. Each write is fsynced; a removal fsyncs the directory. Nothing else is tou
 Prints one JSON object: {\"action\", \"file\", \"range\": {\"from\", \"to\"}, \"file_bytes_before\", \
 \"file_bytes_after\", \"bytes_before\", \"bytes_after\"} (the range's bytes as hex when it is at \
 most 64 bytes, else null), with \"bit\" for --flip-bit and \"seed\" for --garbage.\n\n\
-Exit: 0 done; 64 a bad argument (the message names the value: a FILE outside PATH, a byte, bit, \
-length or range outside the file); 73 the data directory is locked; 74 I/O error."
+Exit: 0 done; 64 a bad argument (the message names the value: a PATH holding no seglog data, a \
+FILE outside PATH, a byte, bit, length or range outside the file); 73 the data directory is \
+locked; 74 I/O error."
 )]
 pub struct Args {
     /// A data, topic or partition directory; FILE and SEGMENT are relative to it.
@@ -250,17 +256,36 @@ fn contained(root: &Path, file: &str) -> anyhow::Result<PathBuf> {
     Ok(real)
 }
 
-/// The data directory PATH is, or lies in (PATH, or the directory whose `topics/`
-/// holds it), if any.
-fn data_dir_of(path: &Path) -> Option<PathBuf> {
-    let real = path.canonicalize().ok()?;
-    real.ancestors()
-        .take(4)
-        .find(|a| {
-            let topics = a.join(TOPICS_DIR);
-            topics.is_dir() && (*a == real.as_path() || real.starts_with(&topics))
-        })
-        .map(Path::to_path_buf)
+/// Refuses (64) a FILE that is not where the resolved PATH keeps its files: a
+/// partition's files lie directly in its directory, a topic's in the topic directory
+/// or one of its partition directories; a data directory holds anything below it.
+/// `real` and `root` are canonical.
+fn check_inside(target: &Target, root: &Path, real: &Path, file: &str) -> anyhow::Result<()> {
+    let parent = real.parent().unwrap_or(real);
+    let inside = match target.kind {
+        TargetKind::DataDir => real.starts_with(root),
+        TargetKind::Topic => {
+            parent == root
+                || target.topics.iter().any(|t| {
+                    t.partition_dirs
+                        .iter()
+                        .any(|p| parent == root.join(p.to_string()))
+                })
+        }
+        TargetKind::Partition | TargetKind::LogFile => parent == root,
+    };
+    if inside {
+        return Ok(());
+    }
+    let what = match target.kind {
+        TargetKind::DataDir => "the data directory",
+        TargetKind::Topic => "the topic directory or one of its partition directories",
+        TargetKind::Partition | TargetKind::LogFile => "the partition directory",
+    };
+    Err(ExitError::usage(format!(
+        "'{file}' is not a file of {what} {}",
+        root.display()
+    )))
 }
 
 /// SplitMix64 (Steele, Lea, Flood 2014): the documented source of `--garbage` bytes.
@@ -370,9 +395,17 @@ pub fn run(args: Args, _global: Global) -> anyhow::Result<u8> {
             args.path.display()
         )));
     }
+    // PATH must hold seglog data, as for every offline tool (64 and nothing created
+    // otherwise), and FILE must be one of its files.
+    let target = resolve_target(&args.path)?;
     let real = contained(&args.path, &file)?;
-    let _lock = match data_dir_of(&args.path) {
-        Some(data) => Some(DirLock::acquire(&data).map_err(|e| match e {
+    let real_root = args
+        .path
+        .canonicalize()
+        .with_context(|| args.path.display().to_string())?;
+    check_inside(&target, &real_root, &real, &file)?;
+    let _lock = match target.root_is_data_dir {
+        true => Some(DirLock::acquire(&target.root).map_err(|e| match e {
             LockError::Held { path } => ExitError::new(
                 exit::LOCKED,
                 format!(
@@ -382,7 +415,7 @@ pub fn run(args: Args, _global: Global) -> anyhow::Result<u8> {
             ),
             other => anyhow::Error::new(other),
         })?),
-        None => None,
+        false => None,
     };
     let storage = RealStorage;
     let f = storage

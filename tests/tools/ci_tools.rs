@@ -784,3 +784,43 @@ fn damage_bad_arguments_exit_64_naming_the_value() {
     );
     assert_eq!(r.code, 64, "{}", r.stderr);
 }
+
+#[test]
+fn damage_refuses_a_path_holding_no_seglog_data_and_files_outside_its_partitions() {
+    // A directory of someone else's files: refused (64), nothing changed or created.
+    let tmp = tempfile::tempdir().unwrap();
+    let junk = tmp.path().join("junk");
+    fs::create_dir_all(junk.join("sub")).unwrap();
+    fs::write(junk.join("sub/a.txt"), b"hi\n").unwrap();
+    let before = files(&junk);
+    for args in [
+        ["--truncate", "sub/a.txt:1"],
+        ["--flip-bit", "sub/a.txt:0:0"],
+    ] {
+        let r = damage(&junk, &args);
+        assert_eq!(r.code, 64, "{args:?}: {}", r.stderr);
+        assert_eq!(r.stderr.lines().count(), 1, "{}", r.stderr);
+        assert!(r.stderr.contains("is not a seglog"), "{}", r.stderr);
+        assert!(r.stderr.contains(s(&junk)), "{}", r.stderr);
+        assert_eq!(r.stdout, "");
+        assert_eq!(files(&junk), before, "{args:?} touched nothing");
+    }
+    // A partition directory: a file in a subdirectory of it is not one of its files.
+    let (_tmp, data) = copy("clean");
+    let part = data.join(P0);
+    fs::create_dir_all(part.join("sub")).unwrap();
+    fs::write(part.join("sub/a.txt"), b"hi\n").unwrap();
+    let before = tree(&data);
+    for path in [part.clone(), data.join("topics/events")] {
+        let r = damage(&path, &["--truncate", "sub/a.txt:1"]);
+        assert_eq!(r.code, 64, "{}", r.stderr);
+        assert!(r.stderr.contains("sub/a.txt"), "{}", r.stderr);
+    }
+    assert_eq!(tree(&data), before);
+    // A topic directory: files of its partitions go through.
+    let v = damaged(
+        &data.join("topics/events"),
+        &["--truncate", "0/00000000000000000060.log:1000"],
+    );
+    assert_eq!(v["file_bytes_after"], 1000);
+}
