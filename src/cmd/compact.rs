@@ -97,9 +97,9 @@ fn now_ms() -> i64 {
 
 fn resolve_target(path: &Path) -> anyhow::Result<Target> {
     let target = resolve(path).map_err(|e| match e {
-        LayoutError::NotFound { .. } | LayoutError::NotSeglog { .. } => {
-            ExitError::usage(e.to_string())
-        }
+        LayoutError::NotFound { .. }
+        | LayoutError::NotSeglog { .. }
+        | LayoutError::Spare { .. } => ExitError::usage(e.to_string()),
         other => ExitError::new(exit::IO, other.to_string()),
     })?;
     if target.kind == TargetKind::LogFile {

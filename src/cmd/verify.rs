@@ -102,9 +102,9 @@ pub fn expect_outcome(expect: Expect, worst: Option<Severity>) -> (u8, Option<St
 /// error (64), anything else that fails is an I/O error (74).
 pub fn resolve_target(path: &Path) -> anyhow::Result<Target> {
     resolve(path).map_err(|e| match e {
-        LayoutError::NotFound { .. } | LayoutError::NotSeglog { .. } => {
-            ExitError::usage(e.to_string())
-        }
+        LayoutError::NotFound { .. }
+        | LayoutError::NotSeglog { .. }
+        | LayoutError::Spare { .. } => ExitError::usage(e.to_string()),
         other => anyhow::Error::new(other),
     })
 }

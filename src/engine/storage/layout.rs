@@ -27,6 +27,13 @@ pub enum LayoutError {
         "{path} is not a seglog data directory, topic directory, partition directory or .log file"
     )]
     NotSeglog { path: PathBuf },
+    /// A file of the spare pool (`DATA/spares/spare-<n>.log`): a `.log` file, but no
+    /// segment of any partition.
+    #[error(
+        "{path} is a spare of the segment pool (spares/), not a segment of a partition: \
+         give the data directory, or a partition directory or segment"
+    )]
+    Spare { path: PathBuf },
     #[error("{path}: {source}")]
     Topic { path: PathBuf, source: TopicError },
     #[error("{path}: {source}")]
@@ -568,6 +575,9 @@ fn resolve_log_file(path: &Path) -> Result<Target, LayoutError> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
+    if crate::format::names::parse_spare_file_name(&name).is_some() {
+        return Err(LayoutError::Spare { path: path.into() });
+    }
     let base = name
         .strip_suffix(&format!(".{LOG_EXT}"))
         .and_then(parse_stem)
