@@ -667,6 +667,31 @@ fn batch_of(partition: u32, n: u64, value: &[u8]) -> PartitionBatch<'_> {
     }
 }
 
+/// The next batch of a fixed-rate load: how many records (at most `batch` and
+/// `left`, and with a `window` (`--duration`) no more than fit in it at `rate`) and
+/// when it is due, counted from the worker's start. A batch is due when the last of
+/// its records' turn comes, `(sent + n) / rate`, so at no time t more than
+/// `rate * t` records have gone: no batch at t = 0 ahead of the schedule, none past
+/// the window. `None`: nothing left to send (or nothing more fits in the window).
+fn paced_batch(
+    rate: f64,
+    sent: u64,
+    left: u64,
+    batch: u64,
+    window: Option<Duration>,
+) -> Option<(u64, Duration)> {
+    let mut n = left.min(batch);
+    if let Some(w) = window {
+        // The tolerance keeps 100/s over 1s at 100 records despite rounding.
+        let fit = (rate * w.as_secs_f64() + 1e-6).floor() as u64;
+        n = n.min(fit.saturating_sub(sent));
+    }
+    if n == 0 || rate <= 0.0 {
+        return None;
+    }
+    Some((n, Duration::from_secs_f64((sent + n) as f64 / rate)))
+}
+
 /// Worker `w` of `n` gets an even share of `total`.
 fn share(total: u64, w: u32, n: u32) -> u64 {
     total / u64::from(n) + u64::from(u64::from(w) < total % u64::from(n))
@@ -695,6 +720,7 @@ fn produce(args: &Config, routes: &Routes, records: u64) -> Result<Report, Bench
             .write
             .rate
             .map(|r| (r as f64 / f64::from(connections.max(1))).max(1e-3));
+        let window = args.duration;
         async move {
             let mut left = share(records, w, connections);
             let mut r = WorkerResult {
@@ -716,16 +742,32 @@ fn produce(args: &Config, routes: &Routes, records: u64) -> Result<Report, Bench
             // at, records).
             let mut unanswered: VecDeque<(usize, u32, Instant, u64)> = VecDeque::new();
             loop {
-                let more = left > 0 && deadline.is_none_or(|d| Instant::now() < d);
+                // A fixed rate stops on its own schedule (`paced_batch`): the batch
+                // due at the end of the window is the last one; a load that fell
+                // behind stops once the window is over.
+                let more = left > 0
+                    && match per_conn {
+                        Some(_) => window.is_none_or(|w| started.elapsed() <= w),
+                        None => deadline.is_none_or(|d| Instant::now() < d),
+                    };
                 if more && unanswered.len() < in_flight {
-                    if let Some(rate) = per_conn {
-                        let due = started + Duration::from_secs_f64(sent as f64 / rate);
-                        let now = Instant::now();
-                        if due > now {
-                            tokio::time::sleep(due - now).await;
+                    let n = match per_conn {
+                        Some(rate) => {
+                            let Some((n, due)) =
+                                paced_batch(rate, sent, left, u64::from(batch), window)
+                            else {
+                                left = 0;
+                                continue;
+                            };
+                            let due = started + due;
+                            let now = Instant::now();
+                            if due > now {
+                                tokio::time::sleep(due - now).await;
+                            }
+                            n
                         }
-                    }
-                    let n = left.min(u64::from(batch));
+                        None => left.min(u64::from(batch)),
+                    };
                     sent += n;
                     left -= n;
                     let partition = (turn % u64::from(partitions)) as u32;
@@ -893,6 +935,47 @@ fn consume(args: &Config, clients: &mut Clients<'_>, records: u64) -> Result<Rep
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every batch `paced_batch` hands out until it says stop: (records, due in s).
+    fn schedule(rate: f64, records: u64, batch: u64, window: Option<f64>) -> Vec<(u64, f64)> {
+        let (mut sent, mut left, mut out) = (0, records, Vec::new());
+        let window = window.map(Duration::from_secs_f64);
+        while let Some((n, due)) = paced_batch(rate, sent, left, batch, window) {
+            out.push((n, due.as_secs_f64()));
+            sent += n;
+            left -= n;
+        }
+        out
+    }
+
+    #[test]
+    fn a_fixed_rate_sends_each_batch_when_its_last_record_is_due() {
+        // 300 records at 100/s in batches of 100: at 1, 2 and 3 s (3 s, 100/s).
+        assert_eq!(
+            schedule(100.0, 300, 100, None),
+            [(100, 1.0), (100, 2.0), (100, 3.0)]
+        );
+        // --duration 1s at 100/s: 100 records, the last batch due at the deadline.
+        let one_second = schedule(100.0, u64::MAX, 100, Some(1.0));
+        assert_eq!(one_second, [(100, 1.0)]);
+        let small = schedule(100.0, u64::MAX, 10, Some(1.0));
+        assert_eq!(small.len(), 10);
+        assert_eq!(small.iter().map(|b| b.0).sum::<u64>(), 100);
+        assert!((small[0].1 - 0.1).abs() < 1e-9, "{small:?}");
+        // A batch larger than the window holds: cut to what fits.
+        assert_eq!(schedule(100.0, u64::MAX, 1000, Some(2.5)), [(250, 2.5)]);
+        // Never ahead of the schedule.
+        for (rate, batch) in [(7.0, 3), (1000.0, 64), (0.5, 1)] {
+            let mut sent = 0;
+            for (n, due) in schedule(rate, 50, batch, Some(200.0)) {
+                sent += n;
+                assert!(
+                    sent as f64 <= rate * due + 1e-6,
+                    "{rate} {batch}: {sent} by {due}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn shares_add_up() {

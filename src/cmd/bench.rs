@@ -43,7 +43,7 @@ pub struct Args {
     #[arg(long)]
     pub records: Option<u64>,
     /// Produce only: stop sending after this long (500ms, 2s, 1m).
-    #[arg(long, value_parser = parse_duration)]
+    #[arg(long, allow_hyphen_values = true, value_parser = parse_duration)]
     pub duration: Option<Duration>,
     /// Bytes of each record's value.
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(0..=i64::from(MAX_RECORD_LEN / 2)))]
@@ -69,7 +69,7 @@ pub struct Args {
     #[arg(long, default_value = "bench")]
     pub topic: String,
     /// How long to wait to connect and for each response.
-    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    #[arg(long, allow_hyphen_values = true, default_value = "30s", value_parser = parse_duration)]
     pub timeout: Duration,
     /// Print one JSON object.
     #[arg(long)]
@@ -148,15 +148,25 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
         (None, None) => 100_000,
     };
     let target = match &args.embedded {
-        Some(dir) => Target::Embedded {
-            dir: dir.clone(),
-            flush_every_records: args.flush_every_records,
-        },
+        Some(dir) => {
+            // As `serve --data-dir`: a directory, or a missing one whose parent exists
+            // (only the last component is created).
+            super::serve::check_data_dir(dir)?;
+            Target::Embedded {
+                dir: dir.clone(),
+                flush_every_records: args.flush_every_records,
+            }
+        }
         None => {
+            // An empty $SEGLOG_BROKER is as good as unset.
             let addr = args
                 .broker
                 .clone()
-                .or_else(|| std::env::var("SEGLOG_BROKER").ok())
+                .or_else(|| {
+                    std::env::var("SEGLOG_BROKER")
+                        .ok()
+                        .filter(|v| !v.trim().is_empty())
+                })
                 .unwrap_or(DEFAULT_BROKER.into());
             super::connect::parse_broker_addrs(&addr)
                 .map_err(|e| ExitError::usage(format!("--broker (or $SEGLOG_BROKER) {e}")))?;

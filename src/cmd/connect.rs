@@ -23,7 +23,7 @@ pub struct BrokerArgs {
     #[arg(long, env = "SEGLOG_BROKER", default_value = DEFAULT_BROKER, global = true, value_parser = parse_broker_addrs)]
     pub broker: String,
     /// How long to wait to connect and for each response: 500ms, 10s, 1m.
-    #[arg(long, default_value = "30s", value_parser = parse_duration, global = true)]
+    #[arg(long, allow_hyphen_values = true, default_value = "30s", value_parser = parse_duration, global = true)]
     pub timeout: Duration,
     #[command(flatten)]
     pub token: TokenArgs,

@@ -300,7 +300,7 @@ pub struct Args {
     #[arg(long, value_name = "GROUP", conflicts_with_all = ["partition", "from_time", "follow"])]
     pub group: Option<String>,
     /// With --group: how often to commit what was read (also on a clean exit).
-    #[arg(long, default_value = "5s", value_parser = parse_positive_duration, requires = "group")]
+    #[arg(long, allow_hyphen_values = true, default_value = "5s", value_parser = parse_positive_duration, requires = "group")]
     pub commit_interval: Duration,
     /// With --group: how the group's leader splits partitions between members.
     #[arg(long, value_enum, default_value_t = Assignor::Range)]
@@ -308,7 +308,7 @@ pub struct Args {
     /// With --group: how long the broker waits for this member's heartbeat before
     /// giving its partitions to others (within the broker's
     /// --group-min-session-timeout and --group-max-session-timeout).
-    #[arg(long, default_value = "45s", value_parser = parse_session_timeout)]
+    #[arg(long, allow_hyphen_values = true, default_value = "45s", value_parser = parse_session_timeout)]
     pub session_timeout: Duration,
     #[command(flatten)]
     pub broker: BrokerArgs,

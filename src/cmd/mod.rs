@@ -4,7 +4,7 @@
 use std::io::{self, Write};
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{FromArgMatches as _, Parser, Subcommand};
 
 pub mod bench;
 pub mod cluster;
@@ -148,6 +148,9 @@ pub enum Command {
     Cluster(cluster::Args),
 }
 
+/// The environment variable naming the broker of the client commands.
+pub const BROKER_ENV: &str = "SEGLOG_BROKER";
+
 /// Options every command sees.
 #[derive(Debug, Clone, Copy)]
 pub struct Global {
@@ -156,7 +159,16 @@ pub struct Global {
 
 /// Runs the command line and returns the process exit code.
 pub fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    // An empty `$SEGLOG_BROKER` is as good as unset (the contract: "default
+    // `$SEGLOG_BROKER`, else 127.0.0.1:9494"), not an invalid `--broker ''`. Done
+    // before any thread starts.
+    if std::env::var_os(BROKER_ENV).is_some_and(|v| v.to_string_lossy().trim().is_empty()) {
+        std::env::remove_var(BROKER_ENV);
+    }
+    let cli = match command()
+        .try_get_matches()
+        .and_then(|m| Cli::from_arg_matches(&m))
+    {
         Ok(cli) => cli,
         Err(e) => return ExitCode::from(usage_error(&e)),
     };
@@ -180,6 +192,25 @@ pub fn main() -> ExitCode {
         Command::Cluster(a) => cluster::run(a, global),
     };
     ExitCode::from(finish(result))
+}
+
+/// The command line as parsed: [`Cli`], with every option that takes a value also
+/// taking a negative number (`--partition -1`), so that its parser says what is wrong
+/// with it and names the option, instead of clap reporting an unexpected argument
+/// `-1`. Positional arguments are left alone, and so are `--` and flags. (The
+/// duration options take any value starting with `-`, `-1s` included, the same way.)
+pub fn command() -> clap::Command {
+    fn negatives(cmd: clap::Command) -> clap::Command {
+        cmd.mut_args(|a| {
+            if !a.is_positional() && a.get_action().takes_values() {
+                a.allow_negative_numbers(true)
+            } else {
+                a
+            }
+        })
+        .mut_subcommands(negatives)
+    }
+    negatives(<Cli as clap::CommandFactory>::command())
 }
 
 /// Prints a clap outcome: `--help` and `--version` as clap renders them (exit 0), a
@@ -323,6 +354,51 @@ pub fn hex(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// clap's first line for a command line [`command`] refuses.
+    fn refused(args: &[&str]) -> String {
+        let e = command()
+            .try_get_matches_from(std::iter::once("seglog").chain(args.iter().copied()))
+            .unwrap_err();
+        e.render()
+            .to_string()
+            .lines()
+            .next()
+            .unwrap_or("")
+            .to_string()
+    }
+
+    #[test]
+    fn negative_numbers_are_values_of_their_option() {
+        for (args, named) in [
+            (
+                &["produce", "t", "--partition", "-1"][..],
+                "'-1' for '--partition",
+            ),
+            (&["produce", "t", "--batch", "-5"], "'-5' for '--batch"),
+            (&["dump", "d", "--from", "-1"], "'-1' for '--from"),
+            (
+                &["serve", "--preallocate-bytes", "-1"],
+                "'-1' for '--preallocate-bytes",
+            ),
+            (
+                &["topics", "list", "--timeout", "-1s"],
+                "'-1s' for '--timeout",
+            ),
+            (&["consume", "t", "--timeout", "-1"], "'-1' for '--timeout"),
+        ] {
+            let line = refused(args);
+            assert!(line.contains(named), "{args:?}: {line}");
+        }
+        // A topic after `--` may start with '-'; a stray negative positional is still
+        // an unexpected argument.
+        let m = command()
+            .try_get_matches_from(["seglog", "produce", "--value", "v", "--", "-x"])
+            .unwrap();
+        let cli = Cli::from_arg_matches(&m).unwrap();
+        assert!(matches!(cli.command, Command::Produce(p) if p.topic == "-x"));
+        assert!(refused(&["verify", "d", "-1"]).contains("unexpected argument '-1'"));
+    }
 
     #[test]
     fn usage_errors_are_one_line() {

@@ -91,7 +91,7 @@ pub struct Args {
     #[arg(long, default_value_t = 5)]
     pub retries: u32,
     /// Wait before the first retry; doubled for each next one.
-    #[arg(long, default_value = "100ms", value_parser = parse_duration)]
+    #[arg(long, allow_hyphen_values = true, default_value = "100ms", value_parser = parse_duration)]
     pub retry_backoff: Duration,
     #[command(flatten)]
     pub broker: BrokerArgs,

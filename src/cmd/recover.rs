@@ -50,7 +50,8 @@ pub struct Args {
     /// Print the plan and change nothing; exit with the code `verify` gives.
     #[arg(long)]
     pub dry_run: bool,
-    /// Copy every byte range to be cut and every file to be removed here first.
+    /// Copy every byte range to be cut and every file to be removed here first
+    /// (created if missing, its last component only: the parent must exist).
     #[arg(long, value_name = "DIR")]
     pub backup_dir: Option<PathBuf>,
     /// Rewrite each sealed segment with damage so it keeps every record that can
@@ -144,7 +145,9 @@ pub fn run(args: Args, _global: Global) -> anyhow::Result<u8> {
     };
     if let Some(dir) = &args.backup_dir {
         // The nearest part of the path that exists must be a directory, or no
-        // backup can be made there (checked before anything is cut).
+        // backup can be made there; a missing directory's parent must exist, as for
+        // `serve --data-dir`: only the last component is created (checked before
+        // anything is cut).
         if let Some(there) = dir.ancestors().find(|a| a.exists()) {
             if !there.is_dir() {
                 return Err(ExitError::usage(format!(
@@ -152,6 +155,23 @@ pub fn run(args: Args, _global: Global) -> anyhow::Result<u8> {
                     dir.display(),
                     there.display()
                 )));
+            }
+        }
+        if !dir.exists() {
+            let parent = dir
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(Path::new("."));
+            if !parent.is_dir() {
+                return Err(ExitError::new(
+                    exit::IO,
+                    format!(
+                        "--backup-dir {}: the parent directory {} does not exist \
+                         (recover creates only the last component)",
+                        dir.display(),
+                        parent.display()
+                    ),
+                ));
             }
         }
         if target.root_is_data_dir && absolute(dir).starts_with(absolute(&target.root)) {

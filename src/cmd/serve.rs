@@ -64,7 +64,7 @@ pub struct Args {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     pub flush_every_records: u64,
     /// Longest time written records wait for an fsync: 500ms, 1s, 1m.
-    #[arg(long, default_value = "1s", value_parser = parse_positive_duration)]
+    #[arg(long, allow_hyphen_values = true, default_value = "1s", value_parser = parse_positive_duration)]
     pub flush_interval: Duration,
     /// Where retention copies segments (log and index, fsynced) before deleting
     /// them: DIR/<topic>/<partition>/. A failed copy keeps the segment for the next
@@ -73,10 +73,10 @@ pub struct Args {
     #[arg(long)]
     pub cold_storage_dir: Option<PathBuf>,
     /// How often retention (and rolling by segment_ms) visits every partition.
-    #[arg(long, default_value = "5m", value_parser = parse_positive_duration)]
+    #[arg(long, allow_hyphen_values = true, default_value = "5m", value_parser = parse_positive_duration)]
     pub retention_check_interval: Duration,
     /// How often compaction visits every partition of a compacted topic.
-    #[arg(long, default_value = "5m", value_parser = parse_positive_duration)]
+    #[arg(long, allow_hyphen_values = true, default_value = "5m", value_parser = parse_positive_duration)]
     pub compaction_check_interval: Duration,
     /// Connections served at once.
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=65536))]
@@ -117,23 +117,24 @@ pub struct Args {
     /// Format of the broker log on stderr: text or json (one object per line).
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
-    /// Log filter: error, warn, info, debug, trace, or env-filter directives
-    /// (`seglog=debug`). Default: RUST_LOG if set, else info (error with --quiet).
+    /// Log filter: error, warn, info, debug, trace or off, or TARGET=LEVEL directives
+    /// (`seglog=debug`), comma-separated. Default: RUST_LOG if set, else info (error
+    /// with --quiet).
     #[arg(long)]
     pub log_level: Option<String>,
     /// Shortest session timeout a consumer-group member may ask for.
-    #[arg(long, default_value = "6s", value_parser = parse_positive_duration)]
+    #[arg(long, allow_hyphen_values = true, default_value = "6s", value_parser = parse_positive_duration)]
     pub group_min_session_timeout: Duration,
     /// Longest session timeout a consumer-group member may ask for.
-    #[arg(long, default_value = "30m", value_parser = parse_positive_duration)]
+    #[arg(long, allow_hyphen_values = true, default_value = "30m", value_parser = parse_positive_duration)]
     pub group_max_session_timeout: Duration,
     /// How long a consumer group without members keeps its committed offsets: 7d = 168h.
-    #[arg(long, default_value = "168h", value_parser = parse_positive_duration)]
+    #[arg(long, allow_hyphen_values = true, default_value = "168h", value_parser = parse_positive_duration)]
     pub offsets_retention: Duration,
     /// How long the broker remembers an idempotent producer it has not heard from
     /// (plain partitions; a replicated partition forgets after a fixed day of its
     /// Raft log's time, the same on every replica).
-    #[arg(long, default_value = "24h", value_parser = parse_positive_duration)]
+    #[arg(long, allow_hyphen_values = true, default_value = "24h", value_parser = parse_positive_duration)]
     pub producer_id_expiration: Duration,
     /// TLS: PEM file of the listener's certificate chain (with --tls-key). While TLS
     /// is on, plaintext connections are refused unless --allow-plaintext.
@@ -205,11 +206,11 @@ pub struct LimitArgs {
     #[arg(long, default_value_t = RECORD_FIELD_BYTES_MAX, value_parser = clap::value_parser!(u32).range(0..=i64::from(RECORD_FIELD_BYTES_MAX)))]
     pub max_value_bytes: u32,
     /// Close a connection that sends no request for this long: 30s, 10m (default: never).
-    #[arg(long, value_parser = parse_positive_duration)]
+    #[arg(long, allow_hyphen_values = true, value_parser = parse_positive_duration)]
     pub idle_timeout: Option<Duration>,
     /// Longest a peer may stall in the middle of a request, or take to read a
     /// response, before its connection is dropped.
-    #[arg(long, default_value = "30s", value_parser = parse_positive_duration)]
+    #[arg(long, allow_hyphen_values = true, default_value = "30s", value_parser = parse_positive_duration)]
     pub io_timeout: Duration,
 }
 
@@ -331,11 +332,48 @@ fn install_signal_handlers() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The levels `--log-level` takes, alone or after `TARGET=`.
+const LOG_LEVELS: [&str; 6] = ["trace", "debug", "info", "warn", "error", "off"];
+
+/// Refuses (64) a `--log-level` with a directive that is not a level (`info`) or
+/// `TARGET=LEVEL` (`seglog=debug`), comma-separated: env-filter reads a bare word such
+/// as `infoo` as a target, and the broker would then log nothing.
+fn check_log_level(value: &str) -> anyhow::Result<()> {
+    let is_level = |l: &str| LOG_LEVELS.iter().any(|x| x.eq_ignore_ascii_case(l.trim()));
+    let directives: Vec<&str> = value
+        .split(',')
+        .map(str::trim)
+        .filter(|d| !d.is_empty())
+        .collect();
+    if directives.is_empty() {
+        return Err(ExitError::usage(format!(
+            "--log-level {value:?} names no level (one of {})",
+            LOG_LEVELS.join(", ")
+        )));
+    }
+    for d in directives {
+        let ok = match d.rsplit_once('=') {
+            Some((target, level)) => !target.trim().is_empty() && is_level(level),
+            None => is_level(d),
+        };
+        if !ok {
+            return Err(ExitError::usage(format!(
+                "--log-level {value:?}: {d:?} is not a level ({}) or TARGET=LEVEL (seglog=debug)",
+                LOG_LEVELS.join(", ")
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Installs the process's log subscriber (stderr, text or JSON).
 fn install_log(args: &Args, global: Global) -> anyhow::Result<()> {
     use tracing_subscriber::EnvFilter;
     let directives = match (&args.log_level, std::env::var("RUST_LOG")) {
-        (Some(level), _) => level.clone(),
+        (Some(level), _) => {
+            check_log_level(level)?;
+            level.clone()
+        }
         (None, Ok(env)) if !env.trim().is_empty() => env,
         _ if global.quiet => "error".to_string(),
         _ => "info".to_string(),
@@ -402,10 +440,20 @@ fn default_open_files(soft: Option<u64>) -> u64 {
     (soft.unwrap_or(NOFILE_UNLIMITED_TRY) / 4).clamp(OPEN_FILES_DEFAULT_MIN, OPEN_FILES_DEFAULT_MAX)
 }
 
-/// Refuses a `--data-dir` whose parent is missing: only the last component is created.
-fn check_data_dir(data_dir: &Path) -> anyhow::Result<()> {
+/// Refuses a `--data-dir` that is not a directory, or whose parent is missing: only
+/// the last component is created.
+pub(crate) fn check_data_dir(data_dir: &Path) -> anyhow::Result<()> {
     if data_dir.is_dir() {
         return Ok(());
+    }
+    if data_dir.exists() {
+        return Err(ExitError::new(
+            exit::IO,
+            format!(
+                "the data directory {} is not a directory",
+                data_dir.display()
+            ),
+        ));
     }
     if let Some(parent) = data_dir.parent().filter(|p| !p.as_os_str().is_empty()) {
         if !parent.is_dir() {
@@ -413,7 +461,7 @@ fn check_data_dir(data_dir: &Path) -> anyhow::Result<()> {
                 exit::IO,
                 format!(
                     "the parent directory {} of the data directory {} does not exist \
-                     (serve creates only the last component)",
+                     (only the last component is created)",
                     parent.display(),
                     data_dir.display()
                 ),
@@ -950,6 +998,35 @@ mod tests {
             assert!(message.starts_with("--peers: "), "{list}: {message}");
             assert!(message.contains(want), "{list}: {message}");
             assert!(!message.contains('\n'), "{list}: {message}");
+        }
+    }
+
+    #[test]
+    fn log_levels_are_levels_or_target_equals_level() {
+        for ok in [
+            "info",
+            "INFO",
+            "off",
+            "seglog=debug",
+            "warn,seglog=trace",
+            "seglog::engine=debug, info",
+            "info,",
+        ] {
+            assert!(check_log_level(ok).is_ok(), "{ok}");
+        }
+        for (bad, named) in [
+            ("infoo", "\"infoo\""),
+            ("seglog", "\"seglog\""),
+            ("info,seglog=verbose", "\"seglog=verbose\""),
+            ("=debug", "\"=debug\""),
+            ("", "no level"),
+            (",", "no level"),
+        ] {
+            let e = check_log_level(bad).unwrap_err();
+            let x = e.downcast_ref::<ExitError>().unwrap();
+            assert_eq!(x.code, exit::USAGE, "{bad}");
+            assert!(x.message.contains(named), "{bad}: {}", x.message);
+            assert!(x.message.contains("--log-level"), "{bad}: {}", x.message);
         }
     }
 }

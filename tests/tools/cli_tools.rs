@@ -1788,3 +1788,113 @@ fn an_index_that_is_a_directory_is_reported_and_the_rest_checked() {
         assert!(index.is_dir(), "{cmd} left the directory alone");
     }
 }
+
+#[test]
+fn a_spare_file_is_named_a_spare_not_a_non_log_file() {
+    let (_tmp, data) = copy("clean");
+    let spares = data.join("spares");
+    fs::create_dir_all(&spares).unwrap();
+    let spare = spares.join("spare-00000000000000000001.log");
+    fs::write(&spare, vec![0u8; 64]).unwrap();
+    let path = spare.to_str().unwrap();
+    for args in [vec!["verify", path], vec!["dump", path]] {
+        let (code, out, err) = run(&args, &data);
+        assert_eq!(code, 64, "{args:?}: {err}");
+        assert_eq!(out, "");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains("is a spare of the segment pool"), "{err}");
+        assert!(!err.contains("is not a seglog"), "{err}");
+    }
+}
+
+#[test]
+fn data_directories_that_are_files_or_lack_a_parent_are_refused_creating_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let file = root.join("afile");
+    fs::write(&file, b"x").unwrap();
+    let missing = root.join("no/such");
+    let f = file.to_str().unwrap();
+    let m = missing.to_str().unwrap();
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &["serve", "--listen", "127.0.0.1:0", "--data-dir", f],
+            "afile is not a directory",
+        ),
+        (
+            &["bench", "produce", "--records", "1", "--embedded", f],
+            "afile is not a directory",
+        ),
+        (
+            &["bench", "produce", "--records", "1", "--embedded", m],
+            "the parent directory",
+        ),
+        (
+            &["serve", "--listen", "127.0.0.1:0", "--data-dir", m],
+            "the parent directory",
+        ),
+    ];
+    for (args, said) in cases {
+        let (code, _, err) = run(args, root);
+        assert_eq!(code, 74, "{args:?}: {err}");
+        let errors: Vec<&str> = err.lines().filter(|l| l.starts_with("seglog:")).collect();
+        assert_eq!(errors.len(), 1, "{args:?}: {err}");
+        assert!(errors[0].contains(said), "{args:?}: {err}");
+        if said.starts_with("the parent") {
+            assert!(
+                errors[0].contains(root.join("no").to_str().unwrap()),
+                "{err}"
+            );
+        }
+        assert!(!root.join("no").exists(), "{args:?} created a parent");
+        assert_eq!(fs::read(&file).unwrap(), b"x");
+    }
+}
+
+#[test]
+fn a_log_level_that_is_no_level_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let d = data.to_str().unwrap();
+    for level in ["infoo", "seglog", "info,seglog=loud"] {
+        let args = [
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            d,
+            "--log-level",
+            level,
+        ];
+        let (code, _, err) = run(&args, tmp.path());
+        assert_eq!(code, 64, "{level}: {err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains("--log-level"), "{err}");
+        assert!(!data.exists(), "{level}: nothing created");
+    }
+}
+
+#[test]
+fn an_empty_seglog_broker_counts_as_unset() {
+    let tmp = tempfile::tempdir().unwrap();
+    // The default address is used: the command connects there (or fails to, 69
+    // naming it), and never fails on the empty value (64).
+    for args in [
+        &["topics", "list", "--timeout", "1s"][..],
+        &["bench", "produce", "--records", "1", "--timeout", "1s"],
+    ] {
+        let out = StdCommand::new(BIN)
+            .args(args)
+            .env("SEGLOG_BROKER", "")
+            .current_dir(tmp.path())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_ne!(out.status.code(), Some(64), "{args:?}: {err}");
+        assert!(!err.contains("invalid value"), "{args:?}: {err}");
+        assert!(
+            err.contains("127.0.0.1:9494") || out.status.success(),
+            "{args:?}: {err}"
+        );
+    }
+}

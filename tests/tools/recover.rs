@@ -1878,3 +1878,42 @@ fn a_marker_whose_new_segment_is_no_swap_output_deletes_nothing() {
     assert_eq!(kinds(&v), ["remove_marker"], "{v:#}");
     assert_eq!(offsets(&d.part), (0..70).collect::<Vec<_>>());
 }
+
+#[test]
+fn backup_dir_whose_parent_is_missing_is_refused_and_nothing_is_created() {
+    // Something to cut, so a backup would be written.
+    let d = Data::new();
+    let s0 = seg(0, 1, 0..20);
+    let mut log0 = s0.log.clone();
+    let (_, pos, len) = s0.records[5];
+    log0[pos as usize + len - 1] ^= 1;
+    d.put(0, &log0, Some(&s0.index));
+    let missing = d.backup().join("no/such");
+    let out = seglog()
+        .arg("recover")
+        .arg(&d.data)
+        .arg("--backup-dir")
+        .arg(&missing)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(74), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains(&format!("{}", d.backup().join("no").display())),
+        "{err}"
+    );
+    assert!(!d.backup().exists(), "no parent created");
+    assert_eq!(fs::read(d.log(0)).unwrap(), log0, "nothing cut");
+    // Only the last component missing: created, and the cut backed up there.
+    let last = d.backup();
+    let out = seglog()
+        .arg("recover")
+        .arg(&d.data)
+        .arg("--backup-dir")
+        .arg(&last)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(last.is_dir());
+}
