@@ -99,6 +99,9 @@ pub struct Config {
 pub struct WriteOptions {
     /// `segment_bytes` of the bench topic when the run creates it.
     pub segment_bytes: Option<u64>,
+    /// Replicas of each partition of the bench topic when the run creates it (more
+    /// than 1 on a cluster only; 1: on the node created on alone).
+    pub replication_factor: u32,
     /// Embedded broker: bytes preallocated ahead of each writer (default: serve's).
     pub preallocate_bytes: Option<u64>,
     /// Embedded broker: zero-ahead on or off (default: on, as serve).
@@ -165,8 +168,24 @@ pub enum BenchError {
     },
     #[error("a bench worker failed")]
     WorkerPanicked,
+    /// A produce run stopped by a failure once under way (a leader killed or
+    /// stalled): `report` counts what was acknowledged before it.
+    #[error("{source}; {}", stopped_after(report))]
+    Stopped {
+        report: Box<Report>,
+        source: Box<BenchError>,
+    },
     #[error("cannot start the load generator's runtime: {0}")]
     Runtime(io::Error),
+}
+
+/// What a run stopped under way had done: `the bench stopped after N record(s)
+/// acknowledged in M request(s)`.
+pub fn stopped_after(report: &Report) -> String {
+    format!(
+        "the bench stopped after {} record(s) acknowledged in {} request(s)",
+        report.records, report.requests
+    )
 }
 
 impl From<ClientError> for BenchError {
@@ -235,7 +254,13 @@ pub fn run(config: &Config) -> Result<Report, BenchError> {
     if let Some(e) = embedded {
         e.finish()?;
     }
-    let mut report = result?;
+    let mut report = match result {
+        Err(BenchError::Stopped { mut report, source }) => {
+            report.broker = routes.addrs.join(",");
+            return Err(BenchError::Stopped { report, source });
+        }
+        other => other?,
+    };
     report.broker = routes.addrs.join(",");
     Ok(report)
 }
@@ -459,11 +484,17 @@ fn ensure_topic(
     partitions: u32,
     write: &WriteOptions,
 ) -> Result<(), BenchError> {
-    let settings: Vec<(String, String)> = write
+    let mut settings: Vec<(String, String)> = write
         .segment_bytes
         .map(|n| ("segment_bytes".to_string(), n.to_string()))
         .into_iter()
         .collect();
+    if write.replication_factor > 1 {
+        settings.push((
+            crate::engine::net::dispatch::REPLICATION_FACTOR_SETTING.to_string(),
+            write.replication_factor.to_string(),
+        ));
+    }
     match client.create_topic(topic, partitions, &settings) {
         Ok(()) => Ok(()),
         Err(e) if e.code() == Some(ErrorCode::TOPIC_EXISTS) => {
@@ -697,10 +728,56 @@ fn share(total: u64, w: u32, n: u32) -> u64 {
     total / u64::from(n) + u64::from(u64::from(w) < total % u64::from(n))
 }
 
+#[derive(Default)]
 struct WorkerResult {
     records: u64,
     requests: u64,
     latencies: Vec<Duration>,
+}
+
+/// What the produce workers acknowledged, each with when it started and ended.
+type Partials = Arc<std::sync::Mutex<Vec<(WorkerResult, Instant, Instant)>>>;
+
+/// A produce worker's counts, handed to [`Partials`] when the worker ends, whether
+/// it finished or failed (a run stopped under way reports what was acknowledged).
+struct Partial {
+    result: WorkerResult,
+    started: Instant,
+    into: Partials,
+}
+
+impl Partial {
+    fn new(into: &Partials) -> Partial {
+        Partial {
+            result: WorkerResult::default(),
+            started: Instant::now(),
+            into: Arc::clone(into),
+        }
+    }
+}
+
+impl std::ops::Deref for Partial {
+    type Target = WorkerResult;
+    fn deref(&self) -> &WorkerResult {
+        &self.result
+    }
+}
+
+impl std::ops::DerefMut for Partial {
+    fn deref_mut(&mut self) -> &mut WorkerResult {
+        &mut self.result
+    }
+}
+
+impl Drop for Partial {
+    fn drop(&mut self) {
+        let result = std::mem::take(&mut self.result);
+        let mut all = self
+            .into
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        all.push((result, self.started, Instant::now()));
+    }
 }
 
 fn produce(args: &Config, routes: &Routes, records: u64) -> Result<Report, BenchError> {
@@ -710,8 +787,10 @@ fn produce(args: &Config, routes: &Routes, records: u64) -> Result<Report, Bench
     });
     let total = (records != u64::MAX).then_some(records);
     let deadline = args.duration.map(|d| Instant::now() + d);
-    let (results, elapsed) = run_workers(args, routes, total, &progress, |w, mut conns| {
+    let partials: Partials = Arc::default();
+    let outcome = run_workers(args, routes, total, &progress, |w, mut conns| {
         let (value, progress) = (Arc::clone(&value), Arc::clone(&progress));
+        let partials = Arc::clone(&partials);
         let (topic, routes) = (args.topic.clone(), routes.clone());
         let (batch, partitions, connections) = (args.batch, args.partitions, args.connections);
         let idempotent = args.idempotent;
@@ -723,11 +802,8 @@ fn produce(args: &Config, routes: &Routes, records: u64) -> Result<Report, Bench
         let window = args.duration;
         async move {
             let mut left = share(records, w, connections);
-            let mut r = WorkerResult {
-                records: 0,
-                requests: 0,
-                latencies: Vec::new(),
-            };
+            // Kept on failure too: a run stopped under way reports what was acked.
+            let mut r = Partial::new(&partials);
             let mut turn = u64::from(w);
             // With a fixed rate each connection sends its share on a schedule.
             let started = Instant::now();
@@ -805,10 +881,37 @@ fn produce(args: &Config, routes: &Routes, records: u64) -> Result<Report, Bench
                 r.requests += 1;
                 progress.records.fetch_add(n, Ordering::Relaxed);
             }
-            Ok(r)
+            Ok(())
         }
-    })?;
-    Ok(collect(results, elapsed, u64::from(args.record_size)))
+    });
+    let done: Vec<(WorkerResult, Instant, Instant)> = std::mem::take(
+        &mut *partials
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+    );
+    let value_bytes = u64::from(args.record_size);
+    match outcome {
+        Ok((_, elapsed)) => Ok(collect(
+            done.into_iter().map(|(r, _, _)| r).collect(),
+            elapsed,
+            value_bytes,
+        )),
+        // Failed before any worker ran (connecting): nothing to report.
+        Err(e) if done.is_empty() => Err(e),
+        Err(source) => {
+            let start = done.iter().map(|(_, s, _)| *s).min();
+            let end = done.iter().map(|(_, _, e)| *e).max();
+            let elapsed = match (start, end) {
+                (Some(s), Some(e)) => e.saturating_duration_since(s),
+                _ => Duration::ZERO,
+            };
+            let results = done.into_iter().map(|(r, _, _)| r).collect();
+            Err(BenchError::Stopped {
+                report: Box::new(collect(results, elapsed, value_bytes)),
+                source: Box::new(source),
+            })
+        }
+    }
 }
 
 fn collect(results: Vec<WorkerResult>, elapsed: Duration, value_bytes: u64) -> Report {

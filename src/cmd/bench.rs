@@ -79,6 +79,11 @@ pub struct Args {
     /// segment_bytes of the bench topic when the run creates it.
     #[arg(long, value_parser = clap::value_parser!(u64).range(SEGMENT_BYTES_MIN..=SEGMENT_BYTES_MAX))]
     pub segment_bytes: Option<u64>,
+    /// Replicas of each partition of the bench topic when the run creates it, on
+    /// distinct nodes of a cluster (1..=7; default 1: the topic is on the node the
+    /// run creates it through alone).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=7))]
+    pub replication_factor: u32,
     /// Embedded broker only: zero-ahead on or off (default on, as seglog serve).
     #[arg(long, value_enum)]
     pub zero_ahead: Option<OnOff>,
@@ -189,6 +194,7 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
         progress_bar: !global.quiet && io::stderr().is_terminal(),
         write: load::WriteOptions {
             segment_bytes: args.segment_bytes,
+            replication_factor: args.replication_factor,
             preallocate_bytes: args.preallocate_bytes,
             zero_ahead: args.zero_ahead.map(|z| z == OnOff::On),
             zero_rate: args.zero_rate,
@@ -212,8 +218,16 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
         config.target = Target::Broker(addr);
         config.leaders = leaders;
     }
-    let report = load::run(&config).map_err(bench_error)?;
-    print_report(&args, &report)?;
+    let report = match load::run(&config) {
+        Ok(report) => report,
+        // Stopped under way: what was acknowledged is reported, then the failure.
+        Err(BenchError::Stopped { report, source }) => {
+            print_report(&args, &report, Some(&source))?;
+            return Err(bench_error(BenchError::Stopped { report, source }));
+        }
+        Err(e) => return Err(bench_error(e)),
+    };
+    print_report(&args, &report, None)?;
     Ok(exit::OK)
 }
 
@@ -253,6 +267,15 @@ fn bench_route(list: &str, config: &load::Config) -> (String, BTreeMap<u32, Stri
 /// another shape, 69 for an unreachable or refusing broker, 74 otherwise.
 fn bench_error(e: BenchError) -> anyhow::Error {
     let code = match e {
+        BenchError::Stopped { report, source } => {
+            // The failure's own exit code, and the count of what was acknowledged.
+            let tail = load::stopped_after(&report);
+            let inner = bench_error(*source);
+            return match inner.downcast::<ExitError>() {
+                Ok(x) => ExitError::new(x.code, format!("{}; {tail}", x.message)),
+                Err(other) => other,
+            };
+        }
         BenchError::Client(c) => return client_error(c),
         BenchError::Locked(_) => exit::LOCKED,
         BenchError::PartitionCount { .. } => exit::USAGE,
@@ -262,7 +285,9 @@ fn bench_error(e: BenchError) -> anyhow::Error {
     ExitError::new(code, e.to_string())
 }
 
-fn print_report(args: &Args, r: &Report) -> anyhow::Result<()> {
+/// Prints the report; `stopped` is the failure that ended a run under way (the
+/// report then counts what was acknowledged before it).
+fn print_report(args: &Args, r: &Report, stopped: Option<&BenchError>) -> anyhow::Result<()> {
     let addr = &r.broker;
     let mode = match args.mode {
         Mode::Produce => "produce",
@@ -304,6 +329,7 @@ fn print_report(args: &Args, r: &Report) -> anyhow::Result<()> {
             "spares_returned": r.write_path.map(|w| w.spares_returned),
             "segment_bytes": args.segment_bytes,
             "rate": args.rate,
+            "stopped": stopped.map(ToString::to_string),
         });
         writeln!(out, "{v}")?;
         return Ok(());
@@ -356,5 +382,12 @@ fn print_report(args: &Args, r: &Report) -> anyhow::Result<()> {
         t.add_row(["spares returned".to_string(), w.spares_returned.to_string()]);
     }
     writeln!(out, "{t}")?;
+    if let Some(e) = stopped {
+        writeln!(
+            out,
+            "stopped early: {e}; the figures count the {} record(s) acknowledged before",
+            r.records
+        )?;
+    }
     Ok(())
 }

@@ -22,6 +22,7 @@ mod cli_topic_meta;
 mod cluster_alter;
 mod cluster_check;
 mod cluster_cli;
+mod cluster_create;
 mod cluster_delete;
 mod cluster_faults;
 mod cluster_harness;

@@ -83,6 +83,16 @@ impl Broker {
         f(&log)
     }
 
+    /// The topic's configuration now.
+    pub fn topic_config(
+        &self,
+        topic: &str,
+    ) -> Result<crate::format::topic::TopicConfig, EngineError> {
+        let t = self.topic(topic)?;
+        let config = read(&t.config).clone();
+        Ok(config)
+    }
+
     /// Whether the topic's cleanup policy compacts (its offsets may then have gaps).
     pub fn topic_compacts(&self, topic: &str) -> Result<bool, EngineError> {
         let t = self.topic(topic)?;

@@ -1076,48 +1076,162 @@ impl<L: LogStores> Manager<L> {
 
     /// Creates a replicated topic on every node holding a replica, then forms each
     /// partition's group on its first replica and waits for its first leader.
+    ///
+    /// A topic that already exists is refused with TOPIC_EXISTS (naming what differs
+    /// when the request asks for other partitions, replication factor or settings),
+    /// unless the create finishes one an earlier create left half done: a node that
+    /// did not answer stops a create before any group is formed (the groups need
+    /// every replica), the error names the nodes that have the topic and asks for
+    /// the same create again once that node answers, as `delete` and `alter` do.
+    /// `Ok(true)` when this create finished such a topic.
     pub async fn create_topic(
         &self,
         name: &str,
         partitions: u32,
         settings: Vec<String>,
         factor: u32,
-    ) -> Result<(), Refusal> {
+    ) -> Result<bool, Refusal> {
         let ids: Vec<u64> = self.nodes.keys().copied().collect();
         let replication = Replication::place(&ids, partitions, factor)
             .map_err(|e| (ErrorCode::INVALID_CONFIG, e.to_string()))?;
         // The settings are checked here first, so that no node creates anything for
         // a request every node would refuse.
-        settings_config(&settings)?;
+        let config = settings_config(&settings)?;
         let req = CreateReplica {
             partitions,
             settings,
             replication: replication.clone(),
         };
+        // This node's own copy of the topic, if any, refuses first what differs.
+        self.existing(name, &req, &config)?;
         let payload = serde_json::to_vec(&req).map_err(|e| (ErrorCode::INTERNAL, e.to_string()))?;
         let holders: BTreeSet<u64> = replication.replicas.iter().flatten().copied().collect();
+        let (mut created, mut existed, mut missing) = (Vec::new(), Vec::new(), Vec::new());
         for node in &holders {
-            if *node == self.node_id() {
-                self.create_replica(name, &payload).await?;
+            let answer = if *node == self.node_id() {
+                self.create_replica(name, &payload).await
             } else {
-                self.call(*node, name, 0, Rpc::CreateReplica, payload.clone())
-                    .await?;
+                match self
+                    .call(*node, name, 0, Rpc::CreateReplica, payload.clone())
+                    .await
+                {
+                    Ok(answer) => Ok(created_answer(&answer)),
+                    Err(e) => Err(e),
+                }
+            };
+            match answer {
+                Ok(true) => created.push(*node),
+                Ok(false) => existed.push(*node),
+                // A node that does not answer: the others still get the topic, so
+                // that asking again needs that node only.
+                Err((ErrorCode::PARTITION_UNAVAILABLE, msg)) => missing.push((*node, msg)),
+                Err(e) => return Err(e),
             }
         }
+        if !missing.is_empty() {
+            let have = join_ids(created.iter().chain(&existed));
+            let down = join_ids(missing.iter().map(|(n, _)| n));
+            let why: Vec<&str> = missing.iter().map(|(_, m)| m.as_str()).collect();
+            let state = if created.is_empty() {
+                format!("topic {name} is on node(s) [{have}]; if it was not complete before")
+            } else {
+                format!("topic {name} is created on node(s) [{have}] only and")
+            };
+            return Err((
+                ErrorCode::PARTITION_UNAVAILABLE,
+                format!(
+                    "{}; {state} its partitions have no leader until node(s) [{down}] have \
+                     it: run the same `topics create` again once node(s) [{down}] answer",
+                    why.join("; ")
+                ),
+            ));
+        }
+        let mut formed = false;
         for (p, replicas) in replication.replicas.iter().enumerate() {
             let Some(first) = replicas.first().copied() else {
                 continue;
             };
             let members =
                 serde_json::to_vec(replicas).map_err(|e| (ErrorCode::INTERNAL, e.to_string()))?;
-            if first == self.node_id() {
-                self.initialize(name, p as u32, &members).await?;
+            let now = if first == self.node_id() {
+                self.initialize(name, p as u32, &members).await
             } else {
                 self.call(first, name, p as u32, Rpc::Initialize, members)
-                    .await?;
+                    .await
+                    .map(|answer| created_answer(&answer))
+            }
+            .map_err(|(code, msg)| {
+                (
+                    code,
+                    format!(
+                        "{msg}; topic {name} is created on every node of [{}] but partition \
+                         {p} has no leader yet: run the same `topics create` again",
+                        join_ids(&holders)
+                    ),
+                )
+            })?;
+            formed |= now;
+        }
+        if created.is_empty() && !formed {
+            return Err((
+                ErrorCode::TOPIC_EXISTS,
+                format!("topic {name:?} already exists"),
+            ));
+        }
+        Ok(!existed.is_empty() || !formed)
+    }
+
+    /// Whether this node has the topic `req` would create: `Ok(false)` when it has
+    /// not, `Ok(true)` when it has it as asked (a create left half done), else
+    /// TOPIC_EXISTS naming what differs.
+    fn existing(
+        &self,
+        name: &str,
+        req: &CreateReplica,
+        config: &TopicConfig,
+    ) -> Result<bool, Refusal> {
+        let exists = |detail: String| {
+            Err((
+                ErrorCode::TOPIC_EXISTS,
+                format!("topic {name:?} already exists{detail}"),
+            ))
+        };
+        let known = lock(&self.topics).get(name).cloned();
+        let Some(known) = known else {
+            if self.broker.has_topic(name) {
+                return exists(" (not replicated)".into());
+            }
+            return Ok(false);
+        };
+        let mut differs = Vec::new();
+        let have = known.replicas.len();
+        if have != req.replication.replicas.len() {
+            differs.push(format!(
+                "{} (not {})",
+                crate::engine::error::counted(have as u64, "partition", "partitions"),
+                req.partitions
+            ));
+        }
+        let (f, want) = (known.replication_factor, req.replication.replication_factor);
+        if f != want {
+            differs.push(format!("replication factor {f} (not {want})"));
+        }
+        if let Ok(now) = self.broker.topic_config(name) {
+            let (now, asked) = (now.to_json(), config.to_json());
+            for key in crate::format::topic::CONFIG_KEYS {
+                if now[key] != asked[key] {
+                    differs.push(format!("{key}={} (not {})", now[key], asked[key]));
+                }
             }
         }
-        Ok(())
+        if differs.is_empty() && known != req.replication {
+            differs.push("another placement".into());
+        }
+        if differs.is_empty() {
+            Ok(true)
+        } else {
+            exists(format!(" with {}", differs.join(", ")))
+        }
     }
 
     /// Deletes a replicated topic on every node holding a replica: the others first,
@@ -1462,50 +1576,51 @@ impl<L: LogStores> Manager<L> {
         }
     }
 
-    /// Creates this node's replica of a topic (the same placement again is no error)
-    /// and opens its groups.
-    async fn create_replica(&self, name: &str, payload: &[u8]) -> Result<(), Refusal> {
+    /// Creates this node's replica of a topic and opens its groups: `Ok(true)` when
+    /// created now, `Ok(false)` when it was there as asked (an earlier create left
+    /// half done); a topic of that name with other settings is refused
+    /// ([`Manager::existing`]).
+    async fn create_replica(&self, name: &str, payload: &[u8]) -> Result<bool, Refusal> {
         let req: CreateReplica = serde_json::from_slice(payload)
             .map_err(|e| (ErrorCode::INVALID_REQUEST, format!("bad create: {e}")))?;
         let _admin = self.admin.lock().await;
         let config = settings_config(&req.settings)?;
         let bytes = req.replication.encode();
-        let known = lock(&self.topics).get(name).cloned();
-        match known {
-            Some(r) if r == req.replication => {}
-            Some(_) => {
-                return Err((
-                    ErrorCode::TOPIC_EXISTS,
-                    format!("topic {name} exists with another placement"),
-                ))
-            }
-            None => {
-                let broker = Arc::clone(&self.broker);
-                let n = name.to_string();
-                tokio::task::spawn_blocking(move || {
-                    // Raft logs of an earlier topic of this name whose delete was
-                    // cut short never serve the new one.
-                    if broker.partition_count(&n).is_err() {
-                        remove_raft_dir(&broker, &n)?;
-                    }
-                    broker.create_topic_with(
-                        &n,
-                        req.partitions,
-                        config,
-                        Some((REPLICATION_FILE, &bytes)),
-                    )
-                })
-                .await
-                .map_err(|e| (ErrorCode::INTERNAL, e.to_string()))?
-                .map_err(|e| (ErrorCode::STORAGE, e.to_string()))?;
-            }
+        let created = !self.existing(name, &req, &config)?;
+        if created {
+            let broker = Arc::clone(&self.broker);
+            let n = name.to_string();
+            tokio::task::spawn_blocking(move || {
+                // Raft logs of an earlier topic of this name whose delete was
+                // cut short never serve the new one.
+                if broker.partition_count(&n).is_err() {
+                    remove_raft_dir(&broker, &n)?;
+                }
+                broker.create_topic_with(
+                    &n,
+                    req.partitions,
+                    config,
+                    Some((REPLICATION_FILE, &bytes)),
+                )
+            })
+            .await
+            .map_err(|e| (ErrorCode::INTERNAL, e.to_string()))?
+            .map_err(crate::engine::net::dispatch::engine_error)?;
         }
         self.open_topic(name)
             .await
-            .map_err(|e| (ErrorCode::STORAGE, e.to_string()))
+            .map_err(|e| (ErrorCode::STORAGE, e.to_string()))?;
+        Ok(created)
     }
 
-    async fn initialize(&self, topic: &str, partition: u32, payload: &[u8]) -> Result<(), Refusal> {
+    /// Forms the partition's group (every replica a voter) unless it is formed
+    /// already, and waits for its first leader: `Ok(true)` when formed now.
+    async fn initialize(
+        &self,
+        topic: &str,
+        partition: u32,
+        payload: &[u8],
+    ) -> Result<bool, Refusal> {
         let ids: Vec<u64> = serde_json::from_slice(payload)
             .map_err(|e| (ErrorCode::INVALID_REQUEST, format!("bad members: {e}")))?;
         let Some(raft) = self.group(topic, partition) else {
@@ -1518,11 +1633,11 @@ impl<L: LogStores> Manager<L> {
                 (*id, BasicNode { addr })
             })
             .collect();
-        match raft.initialize(members).await {
-            Ok(()) => {}
-            Err(RaftError::APIError(openraft::error::InitializeError::NotAllowed(_))) => {}
+        let formed = match raft.initialize(members).await {
+            Ok(()) => true,
+            Err(RaftError::APIError(openraft::error::InitializeError::NotAllowed(_))) => false,
             Err(e) => return Err((ErrorCode::INTERNAL, e.to_string())),
-        }
+        };
         raft.wait(Some(FIRST_LEADER_TIMEOUT))
             .metrics(|m| m.current_leader.is_some(), "a first leader")
             .await
@@ -1532,7 +1647,7 @@ impl<L: LogStores> Manager<L> {
                     format!("{topic}/{partition}: {e}"),
                 )
             })?;
-        Ok(())
+        Ok(formed)
     }
 
     /// This node's view of the cluster, as `cluster status --json` prints it.
@@ -1708,10 +1823,11 @@ impl<L: LogStores> Manager<L> {
                 json(&group()?.pre_vote(req).await.map_err(|e| e.to_string())?)
             }
             Rpc::CreateReplica => {
-                self.create_replica(topic, payload)
+                let created = self
+                    .create_replica(topic, payload)
                     .await
                     .map_err(|(_, m)| m)?;
-                Ok(b"null".to_vec())
+                json(&created)
             }
             Rpc::AlterReplica => {
                 let settings: Vec<(String, String)> =
@@ -1727,10 +1843,11 @@ impl<L: LogStores> Manager<L> {
                 Ok(b"null".to_vec())
             }
             Rpc::Initialize => {
-                self.initialize(topic, partition, payload)
+                let formed = self
+                    .initialize(topic, partition, payload)
                     .await
                     .map_err(|(_, m)| m)?;
-                Ok(b"null".to_vec())
+                json(&formed)
             }
             Rpc::Status => {
                 // A payload (JSON `[[topic, partition], ...]`) narrows the answer.
@@ -1782,6 +1899,20 @@ fn placement_answer(answer: &[u8]) -> Result<Option<Replication>, String> {
     Replication::decode(answer, partitions)
         .map(Some)
         .map_err(|e| e.to_string())
+}
+
+/// A peer's answer to `CreateReplica` (created now) or `Initialize` (formed now):
+/// `true` or `false`; an older node's `null` counts as `true`.
+fn created_answer(answer: &[u8]) -> bool {
+    serde_json::from_slice::<bool>(answer).unwrap_or(true)
+}
+
+/// Node ids as `1, 2`.
+fn join_ids<'a>(ids: impl IntoIterator<Item = &'a u64>) -> String {
+    ids.into_iter()
+        .map(u64::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// A peer's answer to `AlterReplica`: the topic's configuration after.
@@ -1886,9 +2017,17 @@ impl<L: LogStores> Replicator for Manager<L> {
         settings: Vec<String>,
         factor: u32,
     ) -> BoxFuture<Result<(), Refusal>> {
-        Box::pin(
-            async move { Manager::create_topic(&self, &name, partitions, settings, factor).await },
-        )
+        Box::pin(async move {
+            let finished =
+                Manager::create_topic(&self, &name, partitions, settings, factor).await?;
+            if finished {
+                tracing::info!(
+                    topic = name,
+                    "finished creating a topic an earlier create left half done"
+                );
+            }
+            Ok(())
+        })
     }
 
     fn delete_topic(self: Arc<Self>, name: String) -> BoxFuture<Result<(), Refusal>> {
