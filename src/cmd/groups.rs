@@ -15,10 +15,12 @@ use serde_json::{json, Value};
 
 use super::connect::{client_error, BrokerArgs};
 use super::consume::StartAt;
+use super::consume_group::PROTOCOL_TYPE as CONSUMER_PROTOCOL_TYPE;
 use super::{exit, ExitError, Global};
 use crate::engine::groups::offsets::{read_group_file, scan_dir, GroupEntry};
 use crate::engine::net::client::Client;
 use crate::engine::net::group_client::GroupInfo;
+use crate::engine::net::kafka::consumer_assignment_partitions;
 use crate::format::group::{group_file_name, CommittedOffset, GROUPS_DIR};
 use crate::format::names::{validate_name, TOPICS_DIR};
 use crate::format::wire::groups::decode_topic_partitions;
@@ -152,9 +154,11 @@ fn end_offsets(
 ) -> anyhow::Result<BTreeMap<(String, u32), u64>> {
     let mut topics: Vec<String> = offsets.iter().map(|o| o.topic.clone()).collect();
     for m in &info.members {
-        if let Ok(a) = decode_topic_partitions(&m.assignment) {
-            topics.extend(a.into_iter().map(|(t, _)| t));
-        }
+        topics.extend(
+            member_partitions(&info.protocol_type, &m.assignment)
+                .into_iter()
+                .map(|(t, _)| t),
+        );
     }
     topics.sort();
     topics.dedup();
@@ -185,6 +189,27 @@ fn write_list(out: &mut impl Write, as_json: bool, groups: &[(String, String)]) 
     }
 }
 
+/// A member's assigned (topic, partitions), from its assignment as the group's
+/// leader gave it: seglog's own encoding (`consume --group`), or, in a group of
+/// protocol type `consumer`, Kafka's consumer-protocol assignment (members of the
+/// Kafka listener). seglog's is tried first: it starts with a u32 topic count, Kafka's
+/// with an i16 version 0–3 and an i32 count, so a Kafka assignment read as seglog's
+/// claims either no topic and then has bytes left over, or 65536 topics or more (of
+/// 6 bytes at least each, ending exactly at the end), which no assignor's output is.
+/// Anything else (no sync yet, another protocol type, bytes of neither) has no
+/// partitions; the rest of the description is unaffected.
+fn member_partitions(protocol_type: &str, assignment: &[u8]) -> Vec<(String, Vec<u32>)> {
+    if let Ok(a) = decode_topic_partitions(assignment) {
+        return a;
+    }
+    if protocol_type == CONSUMER_PROTOCOL_TYPE {
+        if let Some(a) = consumer_assignment_partitions(assignment) {
+            return a;
+        }
+    }
+    Vec::new()
+}
+
 /// (member id, client id, assigned (topic, partition)s).
 type MemberRow = (String, String, Vec<(String, u32)>);
 
@@ -199,8 +224,7 @@ fn write_describe(
         .members
         .iter()
         .map(|m| {
-            let parts = decode_topic_partitions(&m.assignment)
-                .unwrap_or_default()
+            let parts = member_partitions(&info.protocol_type, &m.assignment)
                 .into_iter()
                 .flat_map(|(t, ps)| ps.into_iter().map(move |p| (t.clone(), p)))
                 .collect();

@@ -653,3 +653,135 @@ fn native_and_kafka_members_do_not_share_a_group() {
     assert_eq!(ids, [member.as_str()], "{d}");
     server.stop();
 }
+
+/// Kafka's `ConsumerProtocolAssignment` at `version` of `assignment`, as a Kafka
+/// consumer group's leader encodes it: the i16 version, then the message.
+fn consumer_assignment(version: i16, assignment: &[(&str, &[i32])]) -> bytes::Bytes {
+    use kafka_protocol::messages::consumer_protocol_assignment::TopicPartition;
+    use kafka_protocol::messages::{ConsumerProtocolAssignment, TopicName};
+    use kafka_protocol::protocol::{Encodable, StrBytes};
+
+    let mut bytes = bytes::BytesMut::new();
+    bytes.extend_from_slice(&version.to_be_bytes());
+    ConsumerProtocolAssignment::default()
+        .with_assigned_partitions(
+            assignment
+                .iter()
+                .map(|(t, ps)| {
+                    TopicPartition::default()
+                        .with_topic(TopicName(StrBytes::from_string((*t).to_string())))
+                        .with_partitions(ps.to_vec())
+                })
+                .collect(),
+        )
+        .encode(&mut bytes, version)
+        .unwrap();
+    bytes.freeze()
+}
+
+/// A Kafka consumer group's member on `conn`, as librdkafka and Kafka's own consumer
+/// take part: JoinGroup (version 5), then, as the lone member and so the leader,
+/// SyncGroup (version 3) handing itself `assignment`. Returns the member id.
+fn kafka_member_synced(
+    conn: &mut std::net::TcpStream,
+    group: &str,
+    assignment: bytes::Bytes,
+) -> String {
+    use kafka_protocol::messages::join_group_request::JoinGroupRequestProtocol;
+    use kafka_protocol::messages::sync_group_request::SyncGroupRequestAssignment;
+    use kafka_protocol::messages::{
+        ApiKey, GroupId, JoinGroupRequest, JoinGroupResponse, SyncGroupRequest, SyncGroupResponse,
+    };
+    use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
+
+    let mut body = crate::util::kafka_raw::call(conn, ApiKey::JoinGroup, 5, |b, v| {
+        JoinGroupRequest::default()
+            .with_group_id(GroupId(StrBytes::from_string(group.to_string())))
+            .with_session_timeout_ms(30_000)
+            .with_rebalance_timeout_ms(30_000)
+            .with_protocol_type(StrBytes::from_static_str("consumer"))
+            .with_protocols(vec![JoinGroupRequestProtocol::default()
+                .with_name(StrBytes::from_static_str("range"))
+                // Kafka's ConsumerProtocol subscription, version 0, of topic t.
+                .with_metadata(bytes::Bytes::from_static(&[
+                    0, 0, 0, 0, 0, 1, 0, 1, b't', 0xff, 0xff, 0xff, 0xff,
+                ]))])
+            .encode(b, v)
+            .unwrap();
+    });
+    let joined = JoinGroupResponse::decode(&mut body, 5).unwrap();
+    assert_eq!(joined.error_code, 0, "join: {joined:?}");
+    assert_eq!(joined.leader, joined.member_id, "a lone member leads");
+    let mut body = crate::util::kafka_raw::call(conn, ApiKey::SyncGroup, 3, |b, v| {
+        SyncGroupRequest::default()
+            .with_group_id(GroupId(StrBytes::from_string(group.to_string())))
+            .with_generation_id(joined.generation_id)
+            .with_member_id(joined.member_id.clone())
+            .with_assignments(vec![SyncGroupRequestAssignment::default()
+                .with_member_id(joined.member_id.clone())
+                .with_assignment(assignment)])
+            .encode(b, v)
+            .unwrap();
+    });
+    let synced = SyncGroupResponse::decode(&mut body, 3).unwrap();
+    assert_eq!(synced.error_code, 0, "sync: {synced:?}");
+    joined.member_id.as_str().to_string()
+}
+
+/// `groups describe` lists a Kafka consumer's partitions: its assignment is Kafka's
+/// consumer-protocol encoding as the group's leader handed it over in SyncGroup
+/// (versions 0 and 3 here), not seglog's, and the table names the member as the
+/// owner of its partitions. A member whose assignment is not one shows no
+/// partitions, and the rest of the description still comes.
+#[test]
+fn describe_lists_the_partitions_of_kafka_consumers() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Serve::start_with(dir.path(), &["--kafka-listen", "127.0.0.1:0"]);
+    let kafka = server.kafka_addr.clone().expect("kafka listening line");
+    server.ok(&["topics", "create", "t", "--partitions", "3"]);
+
+    let mut kept = Vec::new();
+    for version in [0, 3] {
+        let group = format!("readers{version}");
+        let mut conn = std::net::TcpStream::connect(&kafka).unwrap();
+        let assignment = consumer_assignment(version, &[("t", &[0, 1, 2])]);
+        let member = kafka_member_synced(&mut conn, &group, assignment);
+        kept.push(conn);
+        let d = json(&server.ok(&["groups", "describe", &group, "--json"]));
+        assert_eq!(d["state"], "Stable", "{d}");
+        let members = d["members"].as_array().unwrap();
+        assert_eq!(members.len(), 1, "{d}");
+        assert_eq!(members[0]["member_id"], member.as_str(), "{d}");
+        assert_eq!(
+            members[0]["partitions"],
+            serde_json::json!([
+                {"topic": "t", "partition": 0},
+                {"topic": "t", "partition": 1},
+                {"topic": "t", "partition": 2},
+            ]),
+            "{d}"
+        );
+        let partitions: Vec<u64> = d["offsets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| o["partition"].as_u64().unwrap())
+            .collect();
+        assert_eq!(partitions, [0, 1, 2], "{d}");
+        let out = server.ok(&["groups", "describe", &group]);
+        let owned = out
+            .lines()
+            .filter(|l| l.starts_with("| t ") && l.contains(&member))
+            .count();
+        assert_eq!(owned, 3, "{out}");
+    }
+
+    // Bytes that are no consumer-protocol assignment (a negative version).
+    let mut conn = std::net::TcpStream::connect(&kafka).unwrap();
+    let member = kafka_member_synced(&mut conn, "odd", bytes::Bytes::from_static(&[0xff; 9]));
+    let d = json(&server.ok(&["groups", "describe", "odd", "--json"]));
+    assert_eq!(d["members"][0]["member_id"], member.as_str(), "{d}");
+    assert_eq!(d["members"][0]["partitions"], serde_json::json!([]), "{d}");
+    assert_eq!(d["offsets"], serde_json::json!([]), "{d}");
+    server.stop();
+}

@@ -278,3 +278,110 @@ pub(crate) fn describe(ctx: &Ctx, r: DescribeGroupsRequest) -> Outcome {
     }
     Outcome::reply(ResponseKind::DescribeGroups(resp))
 }
+
+/// Highest version of Kafka's consumer-protocol assignment
+/// (`ConsumerProtocolAssignment`) the crate decodes.
+const CONSUMER_ASSIGNMENT_VERSION_MAX: i16 = 3;
+
+/// The (topic, partitions) of a Kafka consumer's assignment: the bytes the group's
+/// leader hands each member in SyncGroup under protocol type `consumer` (Kafka's
+/// `ConsumerProtocolAssignment`: an i16 version, then the assigned partitions and
+/// the user data). `None` for bytes that are not one (empty before the first sync,
+/// cut short, a negative version or partition). As Kafka's consumers, a version
+/// above 3 is read as version 3 (later versions only add fields at the end) and
+/// bytes after the known fields are ignored. The decode reads only the given bytes
+/// and reserves no more than they can hold (vendor/kafka-protocol, PATCHES.md).
+pub fn consumer_assignment_partitions(bytes: &[u8]) -> Option<Vec<(String, Vec<u32>)>> {
+    use kafka_protocol::messages::ConsumerProtocolAssignment;
+    use kafka_protocol::protocol::Decodable;
+
+    let version = i16::from_be_bytes([*bytes.first()?, *bytes.get(1)?]);
+    if version < 0 {
+        return None;
+    }
+    let mut body = Bytes::copy_from_slice(bytes.get(2..)?);
+    let a =
+        ConsumerProtocolAssignment::decode(&mut body, version.min(CONSUMER_ASSIGNMENT_VERSION_MAX))
+            .ok()?;
+    a.assigned_partitions
+        .into_iter()
+        .map(|tp| {
+            let ps = tp
+                .partitions
+                .into_iter()
+                .map(|p| u32::try_from(p).ok())
+                .collect::<Option<Vec<u32>>>()?;
+            Some((tp.topic.0.to_string(), ps))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+#[expect(clippy::unwrap_used, reason = "tests")]
+mod tests {
+    use kafka_protocol::messages::consumer_protocol_assignment::TopicPartition;
+    use kafka_protocol::messages::{ConsumerProtocolAssignment, TopicName};
+    use kafka_protocol::protocol::Encodable;
+
+    use super::*;
+
+    /// `version` as the i16 prefix, then an assignment of `parts` encoded at
+    /// `encoded_as`.
+    fn assignment(version: i16, encoded_as: i16, parts: &[(&str, &[i32])]) -> Vec<u8> {
+        let mut b = bytes::BytesMut::new();
+        b.extend_from_slice(&version.to_be_bytes());
+        ConsumerProtocolAssignment::default()
+            .with_assigned_partitions(
+                parts
+                    .iter()
+                    .map(|(t, ps)| {
+                        TopicPartition::default()
+                            .with_topic(TopicName(sb(t)))
+                            .with_partitions(ps.to_vec())
+                    })
+                    .collect(),
+            )
+            .with_user_data(Some(Bytes::from_static(b"user")))
+            .encode(&mut b, encoded_as)
+            .unwrap();
+        b.to_vec()
+    }
+
+    #[test]
+    fn consumer_assignments_of_every_version_decode() {
+        let parts: &[(&str, &[i32])] = &[("t", &[0, 2]), ("u", &[])];
+        let want = vec![("t".to_string(), vec![0, 2]), ("u".to_string(), vec![])];
+        for v in 0..=CONSUMER_ASSIGNMENT_VERSION_MAX {
+            let b = assignment(v, v, parts);
+            assert_eq!(
+                consumer_assignment_partitions(&b),
+                Some(want.clone()),
+                "v{v}"
+            );
+        }
+        // A later version is read as the latest known, its added fields ignored.
+        let mut b = assignment(7, 3, parts);
+        b.extend_from_slice(b"later fields");
+        assert_eq!(consumer_assignment_partitions(&b), Some(want));
+    }
+
+    #[test]
+    fn bytes_that_are_no_consumer_assignment_decode_to_none() {
+        let b = assignment(1, 1, &[("t", &[0, 1]), ("topic", &[3])]);
+        // Cut short anywhere, the empty bytes of a member before its sync included.
+        for n in 0..b.len() {
+            assert_eq!(consumer_assignment_partitions(&b[..n]), None, "{n} bytes");
+        }
+        assert_eq!(
+            consumer_assignment_partitions(&assignment(-1, 0, &[])),
+            None
+        );
+        assert_eq!(
+            consumer_assignment_partitions(&assignment(0, 0, &[("t", &[-1])])),
+            None
+        );
+        // A count that claims more topics than the bytes hold is refused at once.
+        let hostile = [0, 0, 0x7f, 0xff, 0xff, 0xff, 0, 1, b't'];
+        assert_eq!(consumer_assignment_partitions(&hostile), None);
+    }
+}

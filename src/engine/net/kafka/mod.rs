@@ -30,6 +30,7 @@ mod produce;
 mod sasl;
 pub mod server;
 
+pub use groups::consumer_assignment_partitions;
 pub use sasl::parse_plain;
 
 use bytes::{BufMut, Bytes, BytesMut};
