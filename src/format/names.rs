@@ -80,10 +80,25 @@ pub fn tmp_file_name(name: &str) -> String {
 /// Marks the unique temporary name of an atomic replace: `<name>.tmp-<pid>-<seq>`.
 pub const ATOMIC_TMP_MARK: &str = ".tmp-";
 
+/// Longest file name (bytes) the file systems seglog runs on take (Linux's
+/// `NAME_MAX`).
+pub const FILE_NAME_BYTES_MAX: usize = 255;
+
 /// `<name>.tmp-<pid>-<seq>`: the unique temporary name of an atomic replace of
-/// `name` (FORMAT: leftovers `*.tmp-*` are reported as repairable).
+/// `name` (FORMAT: leftovers `*.tmp-*` are reported as repairable). When that is
+/// longer than [`FILE_NAME_BYTES_MAX`] (a group file of a name of 239 characters or
+/// more: `<name>.json` is up to 254 bytes), `<name>` is cut at its end to fit: the
+/// name is still unique by its pid and sequence number, and still a leftover by its
+/// `.tmp-`. Nothing reads the name back out of a temporary name.
 pub fn atomic_tmp_file_name(name: &str, pid: u32, seq: u64) -> String {
-    format!("{name}{ATOMIC_TMP_MARK}{pid}-{seq}")
+    let tail = format!("{ATOMIC_TMP_MARK}{pid}-{seq}");
+    let mut keep = name
+        .len()
+        .min(FILE_NAME_BYTES_MAX.saturating_sub(tail.len()));
+    while !name.is_char_boundary(keep) {
+        keep -= 1;
+    }
+    format!("{}{tail}", name.get(..keep).unwrap_or_default())
 }
 
 /// True for a leftover of an atomic replace: any name matching `*.tmp-*` (what
@@ -218,6 +233,27 @@ mod tests {
         let name = atomic_tmp_file_name("topic.json", 12, 3);
         assert_eq!(name, "topic.json.tmp-12-3");
         assert!(is_atomic_tmp_file_name(&name));
+        // The file of a group of the longest name: cut to fit, still a leftover.
+        let group_file = format!("{}.json", "g".repeat(NAME_LEN_MAX));
+        for (pid, seq) in [(1, 0), (4_194_304, 7), (u32::MAX, u64::MAX)] {
+            let tmp = atomic_tmp_file_name(&group_file, pid, seq);
+            assert!(
+                tmp.len() <= FILE_NAME_BYTES_MAX,
+                "{} bytes: {tmp}",
+                tmp.len()
+            );
+            assert!(tmp.ends_with(&format!(".tmp-{pid}-{seq}")), "{tmp}");
+            assert!(group_file.starts_with(tmp.split(".tmp-").next().unwrap()));
+            assert!(is_atomic_tmp_file_name(&tmp), "{tmp}");
+        }
+        let tmp = atomic_tmp_file_name(&group_file, u32::MAX, u64::MAX);
+        assert_eq!(tmp.len(), FILE_NAME_BYTES_MAX);
+        // Cut on a character, never inside one.
+        let tmp = atomic_tmp_file_name(&"é".repeat(200), 1, 2);
+        assert!(
+            tmp.len() <= FILE_NAME_BYTES_MAX && tmp.ends_with(".tmp-1-2"),
+            "{tmp}"
+        );
         // FORMAT's pattern is `*.tmp-*`; the name of earlier versions is still known.
         for leftover in ["x.tmp-", ".tmp-1", "g.json.tmp-abc", ".topic.json.12.3.tmp"] {
             assert!(is_atomic_tmp_file_name(leftover), "{leftover}");

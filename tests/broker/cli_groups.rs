@@ -785,3 +785,54 @@ fn describe_lists_the_partitions_of_kafka_consumers() {
     assert_eq!(d["offsets"], serde_json::json!([]), "{d}");
     server.stop();
 }
+
+/// A group name of the longest length (249 characters) works: its file
+/// `<name>.json` is 254 bytes, and the temporary file of its atomic replace, whose
+/// name would be longer than a file name may be, gets a name cut to fit. A crash's
+/// leftover of such a name is still a leftover: verify reports it, recover removes it.
+#[test]
+fn a_group_of_the_longest_name_commits_and_its_leftover_is_repaired() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("d");
+    let group = "g".repeat(249);
+    let s = Serve::start(&data);
+    s.ok(&["topics", "create", "t"]);
+    s.ok_with_stdin(&["produce", "t"], "a\nb\n");
+    let o = s.run(&["consume", "t", "--group", &group, "--count", "1"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "a\n");
+    let d = json(&s.ok(&["groups", "describe", &group, "--json"]));
+    assert_eq!(d["offsets"][0]["committed"], 1, "{d}");
+    // The next consumer of the group goes on from there.
+    let out = s.ok(&["consume", "t", "--group", &group, "--count", "1"]);
+    assert_eq!(out, "b\n");
+    s.stop();
+    let groups = data.join("groups");
+    assert!(groups.join(format!("{group}.json")).is_file());
+
+    // What a crash between the temporary file's write and its rename leaves.
+    let leftover =
+        seglog::format::names::atomic_tmp_file_name(&format!("{group}.json"), 4_194_304, 17);
+    assert!(leftover.len() <= 255, "{leftover}");
+    std::fs::write(groups.join(&leftover), b"{}").unwrap();
+    let out = Command::new(BIN)
+        .args(["verify", "--json"])
+        .arg(&data)
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{report}");
+    assert!(report.contains("leftover_temp_file"), "{report}");
+    assert!(report.contains(&format!("groups/{leftover}")), "{report}");
+    let out = Command::new(BIN)
+        .args(["recover", "-q"])
+        .arg(&data)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(!groups.join(&leftover).exists());
+    let s = Serve::start(&data);
+    let d = json(&s.ok(&["groups", "describe", &group, "--json"]));
+    assert_eq!(d["offsets"][0]["committed"], 2, "{d}");
+    s.stop();
+}
