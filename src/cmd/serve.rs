@@ -686,13 +686,37 @@ fn check_not_cluster_dir(data_dir: &std::path::Path) -> anyhow::Result<()> {
     )))
 }
 
+/// A cluster node's data directory records its node id (`cluster.json`): started
+/// with another `--node-id` it would take that node's place in every Raft group with
+/// this node's logs, so it is refused.
+fn check_cluster_node(data_dir: &std::path::Path, node_id: u64) -> anyhow::Result<()> {
+    if !data_dir.is_dir() {
+        return Ok(());
+    }
+    let file = crate::engine::replication::network::read_cluster_file(data_dir)
+        .map_err(|e| ExitError::new(exit::IO, format!("cannot read the cluster id: {e}")))?;
+    match file {
+        Some((cluster_id, Some(recorded))) if recorded != node_id => {
+            Err(ExitError::usage(format!(
+                "{} belongs to cluster {cluster_id} as node {recorded} ({}), not node                  {node_id}: start it with --node-id {recorded}",
+                data_dir.display(),
+                crate::engine::replication::network::CLUSTER_FILE
+            ))
+            .into())
+        }
+        _ => Ok(()),
+    }
+}
+
 pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
     check_session_timeouts(&args)?;
     // Checked before anything is bound or written (a bad list must not leave a
     // cluster.json behind).
     let peers = match (&args.node_id, &args.raft_listen, &args.peers) {
         (Some(id), Some(raft_addr), Some(peers)) => {
-            Some((*id, raft_addr, parse_peers(peers, *id, raft_addr)?))
+            let peers = parse_peers(peers, *id, raft_addr)?;
+            check_cluster_node(&args.data_dir, *id)?;
+            Some((*id, raft_addr, peers))
         }
         _ => {
             check_not_cluster_dir(&args.data_dir)?;

@@ -101,6 +101,20 @@ fn a_cluster_nodes_data_dir_is_not_served_standalone() {
     let line = refused_at_start(serve(&dir, &[]), "node 2's directory", &cluster_id);
     assert!(line.contains("as node 2"), "{line}");
     assert!(line.contains("--peers"), "{line}");
+    // Nor as another node of the cluster: it would take that node's place with
+    // this node's Raft logs.
+    let raft = format!("127.0.0.1:{}", free_port());
+    let other = format!("127.0.0.1:{}", free_port());
+    let peers = format!("1={other},2={raft}");
+    let line = refused_at_start(
+        serve(
+            &dir,
+            &["--node-id", "1", "--raft-listen", &other, "--peers", &peers],
+        ),
+        "node 2's directory as node 1",
+        "as node 2 (cluster.json), not node 1: start it with --node-id 2",
+    );
+    assert!(line.contains(&cluster_id), "{line}");
     // As a node, with its flags, it starts again.
     c.start_all();
     assert_eq!(c.wait_cluster_id(2), cluster_id);

@@ -45,7 +45,11 @@ impl Broker {
         }
         let (topics, notes) = load_topics(&storage, &topics_dir, &stats)?;
         report.extend(notes);
-        report.extend(open_spares(&*storage, data_dir, &opts, &stats, &topics)?);
+        let spares = open_spares(&*storage, data_dir, &opts, &stats, &topics)?;
+        for line in &spares {
+            tracing::warn!(data_dir = %data_dir.display(), "{line}");
+        }
+        report.extend(spares);
         let names: Vec<String> = topics.keys().cloned().collect();
         let schemas =
             crate::engine::schemas::SchemaRegistry::open(storage.clone(), data_dir, &names)
@@ -214,7 +218,7 @@ fn open_spares(
         .map_err(|e| EngineError::io(format!("re-stamping the spares in {}", dir.display()), e))?;
     Ok(if done.removed > 0 {
         vec![format!(
-            "{}: removed {} file(s) that cannot be spares; {} spare(s) kept",
+            "{}: removed {} file(s) that cannot be spares or are past the pool's cap; {} spare(s) kept",
             dir.display(),
             done.removed,
             done.kept
