@@ -698,11 +698,10 @@ fn check_cluster_node(data_dir: &std::path::Path, node_id: u64) -> anyhow::Resul
     match file {
         Some((cluster_id, Some(recorded))) if recorded != node_id => {
             Err(ExitError::usage(format!(
-                "{} belongs to cluster {cluster_id} as node {recorded} ({}), not node                  {node_id}: start it with --node-id {recorded}",
+                "{} belongs to cluster {cluster_id} as node {recorded} ({}), not node {node_id}: start it with --node-id {recorded}",
                 data_dir.display(),
                 crate::engine::replication::network::CLUSTER_FILE
-            ))
-            .into())
+            )))
         }
         _ => Ok(()),
     }

@@ -563,12 +563,21 @@ fn groups_describe_prints_a_table() {
 /// own (kept open in the result, so the member is not dropped with it): the error
 /// code and the member id.
 fn kafka_join(addr: &str, group: &str) -> (i16, String, std::net::TcpStream) {
+    let mut conn = std::net::TcpStream::connect(addr).unwrap();
+    let r = kafka_join_on(&mut conn, group);
+    (r.error_code, r.member_id.as_str().to_string(), conn)
+}
+
+/// One JoinGroup (version 5) of a Kafka consumer subscribed to topic `t`, on `conn`.
+fn kafka_join_on(
+    conn: &mut std::net::TcpStream,
+    group: &str,
+) -> kafka_protocol::messages::JoinGroupResponse {
     use kafka_protocol::messages::join_group_request::JoinGroupRequestProtocol;
     use kafka_protocol::messages::{ApiKey, GroupId, JoinGroupRequest, JoinGroupResponse};
     use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 
-    let mut conn = std::net::TcpStream::connect(addr).unwrap();
-    let mut body = crate::util::kafka_raw::call(&mut conn, ApiKey::JoinGroup, 5, |b, v| {
+    let mut body = crate::util::kafka_raw::call(conn, ApiKey::JoinGroup, 5, |b, v| {
         JoinGroupRequest::default()
             .with_group_id(GroupId(StrBytes::from_string(group.to_string())))
             .with_session_timeout_ms(30_000)
@@ -583,8 +592,7 @@ fn kafka_join(addr: &str, group: &str) -> (i16, String, std::net::TcpStream) {
             .encode(b, v)
             .unwrap();
     });
-    let r = JoinGroupResponse::decode(&mut body, 5).unwrap();
-    (r.error_code, r.member_id.as_str().to_string(), conn)
+    JoinGroupResponse::decode(&mut body, 5).unwrap()
 }
 
 /// Native and Kafka consumers join with the same protocol type and names but encode
@@ -687,29 +695,11 @@ fn kafka_member_synced(
     group: &str,
     assignment: bytes::Bytes,
 ) -> String {
-    use kafka_protocol::messages::join_group_request::JoinGroupRequestProtocol;
     use kafka_protocol::messages::sync_group_request::SyncGroupRequestAssignment;
-    use kafka_protocol::messages::{
-        ApiKey, GroupId, JoinGroupRequest, JoinGroupResponse, SyncGroupRequest, SyncGroupResponse,
-    };
+    use kafka_protocol::messages::{ApiKey, GroupId, SyncGroupRequest, SyncGroupResponse};
     use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 
-    let mut body = crate::util::kafka_raw::call(conn, ApiKey::JoinGroup, 5, |b, v| {
-        JoinGroupRequest::default()
-            .with_group_id(GroupId(StrBytes::from_string(group.to_string())))
-            .with_session_timeout_ms(30_000)
-            .with_rebalance_timeout_ms(30_000)
-            .with_protocol_type(StrBytes::from_static_str("consumer"))
-            .with_protocols(vec![JoinGroupRequestProtocol::default()
-                .with_name(StrBytes::from_static_str("range"))
-                // Kafka's ConsumerProtocol subscription, version 0, of topic t.
-                .with_metadata(bytes::Bytes::from_static(&[
-                    0, 0, 0, 0, 0, 1, 0, 1, b't', 0xff, 0xff, 0xff, 0xff,
-                ]))])
-            .encode(b, v)
-            .unwrap();
-    });
-    let joined = JoinGroupResponse::decode(&mut body, 5).unwrap();
+    let joined = kafka_join_on(conn, group);
     assert_eq!(joined.error_code, 0, "join: {joined:?}");
     assert_eq!(joined.leader, joined.member_id, "a lone member leads");
     let mut body = crate::util::kafka_raw::call(conn, ApiKey::SyncGroup, 3, |b, v| {
