@@ -730,7 +730,7 @@ impl super::PartitionLog {
         let a = &w.active;
         let reserved = a
             .zero
-            .allocated_end
+            .reserved_end
             .load(Ordering::Acquire)
             .max(a.file_len)
             .max(a.zero.zeroed_end());

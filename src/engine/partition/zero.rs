@@ -279,8 +279,13 @@ pub struct ZeroTarget {
     handle: OnceLock<Box<dyn StorageFile>>,
     /// A zero fsync failed: the writer fails the partition at its next append.
     failed: OnceLock<Arc<io::Error>>,
-    /// Blocks are reserved (`fallocate`, size kept) up to here.
+    /// Blocks may be reserved (`fallocate`, size kept) up to here: set by every
+    /// reservation tried, since one that failed (no space) may still have reserved
+    /// part of its range, which the roll's cut must free.
     pub(super) allocated_end: AtomicU64,
+    /// Blocks are known reserved up to here (the reservations that succeeded): what
+    /// `topics describe` reports as preallocated.
+    pub(super) reserved_end: AtomicU64,
     /// Neither reservations nor zeros go past this: the segment rolls before its data
     /// reaches it (its topic's `segment_bytes`, set by every append), and a roll cuts
     /// whatever lies past the data, so space past it would be allocated and zeroed
@@ -351,6 +356,7 @@ impl ZeroTarget {
             handle: OnceLock::new(),
             failed: OnceLock::new(),
             allocated_end: AtomicU64::new(0),
+            reserved_end: AtomicU64::new(0),
             end_cap: AtomicU64::new(u64::MAX),
             journal,
         }
@@ -517,9 +523,10 @@ pub(super) fn preallocate(file: &dyn StorageFile, zero: &ZeroTarget, end: u64, w
     match file.allocate(want) {
         Ok(()) => {
             zero.allocated_end.fetch_max(want, Ordering::AcqRel);
+            zero.reserved_end.fetch_max(want, Ordering::AcqRel);
         }
         Err(e) => {
-            // Not again for this window.
+            // Not again for this window (and cut at the roll all the same).
             zero.allocated_end.fetch_max(want, Ordering::AcqRel);
             tracing::warn!(path = %zero.path.display(), error = %e, "preallocation failed");
         }
@@ -582,10 +589,32 @@ mod tests {
         .unwrap();
         preallocate(&*file, &t, 32, W);
         assert_eq!(t.allocated_end.load(Ordering::Acquire), CAP);
+        assert_eq!(t.reserved_end.load(Ordering::Acquire), CAP);
         // Past the cap (one batch larger than the segment): nothing more.
         t.cap_at(CAP + 10);
         preallocate(&*file, &t, CAP + 10, W);
         assert_eq!(t.allocated_end.load(Ordering::Acquire), CAP);
+    }
+
+    /// A reservation that fails (no space) is not tried again for its window, and is
+    /// still cut at the roll, but is not reported as reserved.
+    #[test]
+    fn a_failed_reservation_is_not_reported_as_reserved() {
+        use crate::testkit::storage::{Call, HookStorage};
+        let storage = HookStorage::from_fn(
+            Arc::new(crate::engine::storage::io::RealStorage),
+            |op| match op.call {
+                Call::Allocate(_) => Some(Err(io::Error::other("injected: no space left"))),
+                _ => None,
+            },
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let file =
+            crate::engine::storage::io::Storage::create(&storage, &dir.path().join("x")).unwrap();
+        let t = ZeroTarget::new(PathBuf::from("x"), 32, 32, 0, Arc::default());
+        preallocate(&*file, &t, 32, W);
+        assert_eq!(t.allocated_end.load(Ordering::Acquire), 32 + W);
+        assert_eq!(t.reserved_end.load(Ordering::Acquire), 0);
     }
 
     #[test]
