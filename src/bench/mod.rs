@@ -87,6 +87,8 @@ pub struct Config {
     pub idempotent: bool,
     /// Write-path settings of the run.
     pub write: WriteOptions,
+    /// Produce only: produce this long first, unmeasured, then measure.
+    pub warmup: Option<Duration>,
     /// The API key token each connection logs in with.
     pub token: Option<String>,
     /// Connect over TLS (a running broker only).
@@ -112,6 +114,10 @@ pub struct WriteOptions {
     pub new_spares: Option<u64>,
     /// Produce: records per second over all connections (default: as fast as acked).
     pub rate: Option<u64>,
+    /// `retention_bytes` of the bench topic when the run creates it.
+    pub retention_bytes: Option<u64>,
+    /// Embedded broker: how often retention visits the partitions (default: serve's).
+    pub retention_check_interval: Option<Duration>,
 }
 
 /// The write path's counters over a run (embedded broker only).
@@ -326,6 +332,12 @@ impl Embedded {
                 .unwrap_or(crate::engine::partition::spares::NEW_SPARES_DEFAULT),
             ..BrokerOptions::default()
         };
+        let opts = BrokerOptions {
+            retention_check_interval: write
+                .retention_check_interval
+                .unwrap_or(opts.retention_check_interval),
+            ..opts
+        };
         let broker = Broker::open(dir, Arc::new(RealStorage), opts).map_err(|e| match e {
             EngineError::Locked { .. } => BenchError::Locked(Box::new(e)),
             source => BenchError::Open {
@@ -488,6 +500,11 @@ fn ensure_topic(
         .segment_bytes
         .map(|n| ("segment_bytes".to_string(), n.to_string()))
         .into_iter()
+        .chain(
+            write
+                .retention_bytes
+                .map(|n| ("retention_bytes".to_string(), n.to_string())),
+        )
         .collect();
     if write.replication_factor > 1 {
         settings.push((
@@ -527,6 +544,16 @@ fn bench(
     ensure_topic(&mut admin, &args.topic, args.partitions, &args.write)?;
     match args.mode {
         Mode::Produce => {
+            if let Some(warmup) = args.warmup.filter(|d| !d.is_zero()) {
+                // The same load for `warmup`, its report dropped (a run stopped
+                // under way fails as the measured one would).
+                let warm = Config {
+                    duration: Some(warmup),
+                    progress_bar: false,
+                    ..args.clone()
+                };
+                produce(&warm, routes, u64::MAX)?;
+            }
             let fsyncs_before = fsync_count(routes, args, embedded)?;
             let stats_before = write_stats(routes, args, embedded)?;
             let mut report = produce(args, routes, records)?;

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::connect::{client_error, parse_duration};
+use super::connect::{client_error, parse_duration, parse_positive_duration};
 use super::serve::OnOff;
 use super::{exit, ExitError, Global};
 use crate::bench::{self as load, BenchError, Config, Report, Target};
@@ -79,6 +79,20 @@ pub struct Args {
     /// segment_bytes of the bench topic when the run creates it.
     #[arg(long, value_parser = clap::value_parser!(u64).range(SEGMENT_BYTES_MIN..=SEGMENT_BYTES_MAX))]
     pub segment_bytes: Option<u64>,
+    /// retention_bytes of the bench topic when the run creates it: retention then
+    /// deletes its oldest segments during the run, and they become spares that later
+    /// rolls reuse, as on a broker that has run for a while (see --warmup and
+    /// --retention-check-interval).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=i64::MAX as u64))]
+    pub retention_bytes: Option<u64>,
+    /// Embedded broker only: how often retention visits the partitions (default as
+    /// seglog serve, 5m).
+    #[arg(long, allow_hyphen_values = true, value_parser = parse_positive_duration)]
+    pub retention_check_interval: Option<Duration>,
+    /// Produce only: produce for this long first, unmeasured, then measure the run
+    /// (so that the broker's state settles: a pool of reused spares, a warm cache).
+    #[arg(long, allow_hyphen_values = true, value_parser = parse_duration)]
+    pub warmup: Option<Duration>,
     /// Replicas of each partition of the bench topic when the run creates it, on
     /// distinct nodes of a cluster (1..=7; default 1: the topic is on the node the
     /// run creates it through alone).
@@ -133,11 +147,15 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
         && (args.zero_ahead.is_some()
             || args.preallocate_bytes.is_some()
             || args.zero_rate.is_some()
-            || args.new_spares.is_some())
+            || args.new_spares.is_some()
+            || args.retention_check_interval.is_some())
     {
         return Err(ExitError::usage(
-            "--zero-ahead, --zero-rate, --new-spares and --preallocate-bytes apply to --embedded only (set them on seglog serve)",
+            "--zero-ahead, --zero-rate, --new-spares, --preallocate-bytes and --retention-check-interval apply to --embedded only (set them on seglog serve)",
         ));
+    }
+    if args.mode == Mode::Consume && args.warmup.is_some() {
+        return Err(ExitError::usage("--warmup applies to bench produce only"));
     }
     if args.mode == Mode::Consume && args.in_flight != 1 {
         return Err(ExitError::usage(
@@ -200,7 +218,10 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
             zero_rate: args.zero_rate,
             new_spares: args.new_spares,
             rate: args.rate,
+            retention_bytes: args.retention_bytes,
+            retention_check_interval: args.retention_check_interval,
         },
+        warmup: args.warmup,
         idempotent: args.idempotent,
         token: args.token.token()?,
         tls: match &args.embedded {
@@ -328,6 +349,8 @@ fn print_report(args: &Args, r: &Report, stopped: Option<&BenchError>) -> anyhow
             "spares_taken": r.write_path.map(|w| w.spares_taken),
             "spares_returned": r.write_path.map(|w| w.spares_returned),
             "segment_bytes": args.segment_bytes,
+            "retention_bytes": args.retention_bytes,
+            "warmup_s": args.warmup.map(|d| d.as_secs_f64()),
             "rate": args.rate,
             "stopped": stopped.map(ToString::to_string),
         });
@@ -344,7 +367,7 @@ fn print_report(args: &Args, r: &Report, stopped: Option<&BenchError>) -> anyhow
     };
     writeln!(
         out,
-        "bench {mode}: {} records of {} bytes, batch {}, {} connection(s){}, {} partition(s), {target}",
+        "bench {mode}: {} records of {} bytes, batch {}, {} connection(s){}, {} partition(s), {target}{}",
         r.records,
         args.record_size,
         args.batch,
@@ -354,7 +377,11 @@ fn print_report(args: &Args, r: &Report, stopped: Option<&BenchError>) -> anyhow
         } else {
             String::new()
         },
-        args.partitions
+        args.partitions,
+        match args.warmup.filter(|d| !d.is_zero()) {
+            Some(d) => format!(", measured after {:.3} s of warm-up", d.as_secs_f64()),
+            None => String::new(),
+        }
     )?;
     let mut t = comfy_table::Table::new();
     t.set_header(["measure", "value"]);

@@ -109,10 +109,6 @@ pub struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
-#[expect(
-    clippy::large_enum_variant,
-    reason = "parsed once per process; serve's flags make it the largest"
-)]
 pub enum Command {
     /// Check headers, records, CRCs, indexes and segment continuity.
     Verify(verify::Args),

@@ -14,7 +14,9 @@
 //! 2. 1 MiB segments vs 1 GiB: batch 10, 4 connections, 256-byte records, as fast as
 //!    acknowledged: `roll stall max` and request p99.
 //! 3. Durable produce (an fsync before every ack) vs `--flush-every-records 100000`:
-//!    256-byte records, 16 connections, batch 100 and batch 10.
+//!    256-byte records, 16 connections, batch 100 and batch 10; on fresh directories
+//!    (every block new), and in the steady state of a broker whose retention returns
+//!    segments to the spare pool (rolls reuse written blocks).
 //! 4. Consume of 256-byte records with large fetches (100,000 records) vs small ones
 //!    (1,000 records).
 //! 5. Durable produce, batch 1, 256-byte records, vs Redis Streams `XADD` with
@@ -218,17 +220,50 @@ fn zero_ahead_fsync_p50_and_roll_stalls() {
 #[test]
 #[ignore]
 fn durable_against_non_durable() {
-    let rounds = env_or("SEGLOG_BENCH_ROUNDS", 3);
     // SEGLOG_BENCH_ZERO_RATE=N: both runs of each pair with `--zero-rate N` (the
     // default 64 MiB/s is overtaken by a writer faster than that, and its fsyncs then
     // pay for new blocks).
     let zero_rate = std::env::var("SEGLOG_BENCH_ZERO_RATE").ok();
+    let mut extra = Vec::new();
     if let Some(r) = &zero_rate {
         println!("--zero-rate {r}");
+        extra.extend(["--zero-rate", r.as_str()]);
     }
     // One request in flight per connection, then five (a Kafka producer's default
     // max.in.flight.requests.per.connection; the broker pipelines them).
-    for in_flight in ["1", "5"] {
+    durable_pairs("fresh directory", &extra, &["1", "5"]);
+}
+
+/// As [`durable_against_non_durable`], on a broker in its steady state: the topic
+/// keeps 512 MiB (`retention_bytes`, checked every 500 ms), so retention returns
+/// segments to the spare pool and rolls reuse them, and each run first produces for
+/// `SEGLOG_BENCH_WARMUP_SECS` (default 4) unmeasured, long enough to fill the
+/// retained bytes and the pool. The writer then appends into blocks that are already
+/// written, as on a broker that has run for a while, rather than into new ones.
+#[test]
+#[ignore]
+fn durable_against_non_durable_in_steady_state() {
+    let warmup = format!("{}s", env_or("SEGLOG_BENCH_WARMUP_SECS", 4));
+    let extra = [
+        "--segment-bytes",
+        "67108864",
+        "--retention-bytes",
+        "536870912",
+        "--retention-check-interval",
+        "500ms",
+        "--warmup",
+        warmup.as_str(),
+    ];
+    durable_pairs("steady state", &extra, &["1"]);
+}
+
+/// Durable produce (fsync before every ack) against `--flush-every-records 100000`,
+/// 256-byte records, 16 connections, batch 100 and 10, for each of `in_flights`,
+/// alternating, each run on a fresh directory with `extra` arguments; prints each run
+/// (with the spares it took) and the medians and ratios.
+fn durable_pairs(label: &str, extra: &[&str], in_flights: &[&str]) {
+    let rounds = env_or("SEGLOG_BENCH_ROUNDS", 3);
+    for &in_flight in in_flights {
         for batch in ["100", "10"] {
             let base = [
                 "--record-size",
@@ -253,15 +288,15 @@ fn durable_against_non_durable() {
                 for (flush, out) in order {
                     let mut args = base.to_vec();
                     args.extend(["--flush-every-records", flush]);
-                    if let Some(r) = &zero_rate {
-                        args.extend(["--zero-rate", r.as_str()]);
-                    }
+                    args.extend_from_slice(extra);
                     let v = bench(&args);
                     println!(
-                        "round {round} batch {batch:>3} in flight {in_flight} flush every {flush:>6}: {} records/s, fsyncs {}, p99 {:.3} ms",
+                        "{label}: round {round} batch {batch:>3} in flight {in_flight} flush every {flush:>6}: {} records/s, fsyncs {}, fsync p50 {:.3} ms, p99 {:.3} ms, spares taken {}",
                         field(&v, "records_per_sec").round(),
                         field(&v, "fsyncs"),
+                        field(&v, "fsync_p50_ms"),
                         field(&v, "p99_ms"),
+                        field(&v, "spares_taken"),
                     );
                     assert!(field(&v, "records") > 0.0);
                     out.push(field(&v, "records_per_sec"));
@@ -276,7 +311,7 @@ fn durable_against_non_durable() {
             );
             let (d, l) = (median(durable), median(loose));
             println!(
-                "batch {batch}, 16 connections, {in_flight} in flight each: durable {d:.0} records/s, flush every 100000 {l:.0} (medians of {rounds}), ratio {:.2}; median of the {rounds} pairs' ratios {pairs:.2}",
+                "{label}: batch {batch}, 16 connections, {in_flight} in flight each: durable {d:.0} records/s, flush every 100000 {l:.0} (medians of {rounds}), ratio {:.2}; median of the {rounds} pairs' ratios {pairs:.2}",
                 d / l.max(1e-9)
             );
         }

@@ -742,6 +742,7 @@ fn bench_with_requests_in_flight_writes_every_record_once() {
         ["--zero-rate", "1073741824"],
         ["--zero-ahead", "off"],
         ["--new-spares", "0"],
+        ["--retention-check-interval", "1s"],
     ] {
         let out = Command::new(BIN)
             .args(["bench", "produce", "--broker", &b.addr])
@@ -752,6 +753,58 @@ fn bench_with_requests_in_flight_writes_every_record_once() {
         assert_eq!(out.status.code(), Some(64), "{flag:?}: {err}");
         assert!(err.contains(flag[0]), "{flag:?}: {err}");
     }
+}
+
+/// `--warmup` produces first and measures after it, and `--retention-bytes` makes the
+/// topic's retention return segments to the spare pool for later rolls to take: the
+/// steady state of a broker that has run for a while.
+#[test]
+fn a_warmed_up_bench_with_retention_reuses_spares() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = Serve::start_with(dir.path(), &["--retention-check-interval", "100ms"]);
+    let out = b.ok(&[
+        "bench",
+        "produce",
+        "--warmup",
+        "1s",
+        "--duration",
+        "1s",
+        "--batch",
+        "10",
+        "--connections",
+        "2",
+        "--segment-bytes",
+        "65536",
+        "--retention-bytes",
+        "262144",
+        "--json",
+    ]);
+    let r = json(&out);
+    assert_eq!(
+        (r["warmup_s"].as_f64(), r["retention_bytes"].as_u64()),
+        (Some(1.0), Some(262_144)),
+        "{r}"
+    );
+    // Retention returned segments and rolls took them while the run was measured.
+    for field in ["spares_returned", "spares_taken"] {
+        assert!(r[field].as_u64().is_some_and(|n| n > 0), "{field}: {r}");
+    }
+    // The warm-up's records are in the log but not in the report.
+    let d = json(&b.ok(&["topics", "describe", "bench", "--json"]));
+    let end = d["partitions"][0]["end_offset"].as_u64().unwrap();
+    let measured = r["records"].as_u64().unwrap();
+    assert!(
+        measured > 0 && end > measured,
+        "measured {measured}, end {end}"
+    );
+    assert_eq!(d["config"]["retention_bytes"], 262_144, "{d}");
+    let out = Command::new(BIN)
+        .args(["bench", "consume", "--warmup", "1s", "--broker", &b.addr])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--warmup"));
+    b.stop();
 }
 
 /// Against a running broker (protocol version 3) the bench reports the write path's
