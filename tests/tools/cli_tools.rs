@@ -1175,6 +1175,88 @@ fn garbage_spares_and_stray_topic_entries_are_reported_and_kept() {
     assert_eq!(v["problems"].as_array().unwrap().len(), 2, "{v:#}");
 }
 
+/// Entries of `DATA/topics/` that are no topic directory (a name the topic-name
+/// rules refuse, a file) are reported as `unknown_file`, information, by `verify`
+/// and `dump` alike, with what the broker does with them; nothing removes them.
+#[test]
+fn stray_entries_of_the_topics_directory_are_reported_and_kept() {
+    let (_tmp, data) = copy("clean");
+    let topics = data.join("topics");
+    // A name with a space and a '!', holding what looks like a partition.
+    fs::create_dir_all(topics.join("bad name!/0")).unwrap();
+    fs::copy(
+        data.join(P).join("00000000000000000000.log"),
+        topics.join("bad name!/0/00000000000000000000.log"),
+    )
+    .unwrap();
+    fs::create_dir(topics.join("..x~")).unwrap();
+    fs::write(topics.join("notes.txt"), b"hello\n").unwrap();
+    drop(DirLock::acquire(&data).unwrap()); // LOCK exists before the snapshot
+    let before = snapshot(&data);
+    let want = [
+        (
+            "topics/..x~",
+            "directory seglog does not know: not a topic directory",
+        ),
+        (
+            "topics/bad name!",
+            "directory seglog does not know: not a topic directory",
+        ),
+        ("topics/notes.txt", "file seglog does not know in topics/"),
+    ];
+    let (code, v) = verify_json(&data, &[]);
+    assert_eq!(code, 0, "{v:#}");
+    let problems = v["problems"].as_array().unwrap();
+    assert_eq!(problems.len(), want.len(), "{v:#}");
+    for (p, (path, detail)) in problems.iter().zip(want) {
+        assert_eq!(p["path"], path, "{p:#}");
+        assert_eq!(p["kind"], "unknown_file", "{p:#}");
+        assert_eq!(p["severity"], "info", "{p:#}");
+        assert_eq!(p["topic"], Value::Null, "{p:#}");
+        let d = p["detail"].as_str().unwrap();
+        assert!(d.starts_with(detail), "{d}");
+        assert!(d.ends_with("leave it alone"), "{d}");
+    }
+    assert_eq!(v["totals"]["info"], 3, "{v:#}");
+    let d = data.to_str().unwrap();
+    let (code, out, _) = run(&["verify", d], &data);
+    assert_eq!(code, 0);
+    assert!(out.contains("0 corrupt, 0 repairable, 3 info"), "{out}");
+    assert!(out.contains("topics/bad name!"), "{out}");
+    // dump: the same problems as problem lines, then the records as before.
+    let (code, out, err) = run(&["dump", "--json", d], &data);
+    assert_eq!((code, err.as_str()), (0, ""));
+    let lines: Vec<Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let stray: Vec<&Value> = lines.iter().filter(|l| l["type"] == "problem").collect();
+    assert_eq!(stray.len(), 3, "{out}");
+    for (p, (path, _)) in stray.iter().zip(want) {
+        assert_eq!(
+            (&p["path"], &p["kind"]),
+            (&Value::from(path), &Value::from("unknown_file"))
+        );
+    }
+    assert_eq!(
+        lines.iter().filter(|l| l["type"] == "record").count(),
+        70 + 12 + 60
+    );
+    // Text dump: information is not printed.
+    let (code, _, err) = run(&["dump", d], &data);
+    assert_eq!((code, err.as_str()), (0, ""));
+    let (code, out, _) = run(&["recover", "--dry-run", d], &data);
+    assert_eq!((code, out.trim()), (0, "nothing to do"));
+    let (code, out, err) = run(&["recover", d], &data);
+    assert_eq!(code, 0, "{out} {err}");
+    assert_unchanged(&before, &data, "recover with stray entries in topics/");
+    crate::util::serve::Serve::start(&data).stop();
+    assert!(topics
+        .join("bad name!/0/00000000000000000000.log")
+        .is_file());
+    assert!(topics.join("..x~").is_dir() && topics.join("notes.txt").is_file());
+}
+
 /// A directory, a FIFO and a symbolic link named like spares are no spares: `verify`
 /// names each as information, and the broker starts, leaves them in place and never
 /// opens them (a directory stopped its start, a FIFO would block it, and the link's

@@ -102,6 +102,7 @@ pub(super) fn dump_state(
             partitions: Vec::new(),
             topics: Vec::new(),
             temp_files: Vec::new(),
+            unknown: Vec::new(),
         },
         out,
         printed: 0,

@@ -469,6 +469,18 @@ pub fn topic_problems(target: &Target) -> Vec<TopicProblem> {
     for path in &target.temp_files {
         out.push(temp(None, path));
     }
+    for path in &target.unknown {
+        out.push(TopicProblem {
+            topic: None,
+            problem: problem(
+                ProblemKind::UnknownFile,
+                path,
+                None,
+                None,
+                topics_dir_entry_detail(path),
+            ),
+        });
+    }
     if target.root_is_data_dir {
         out.extend(schemas_problem(&target.root));
     }
@@ -521,6 +533,34 @@ pub fn topic_problems(target: &Target) -> Vec<TopicProblem> {
         out.extend(spares_problems(&target.root));
     }
     out
+}
+
+/// Why an entry of `DATA/topics/` is no topic directory, and what becomes of it.
+fn topics_dir_entry_detail(path: &Path) -> String {
+    use crate::format::names::{TOPIC_CREATING_SUFFIX, TOPIC_DELETING_SUFFIX};
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    if !path.is_dir() {
+        return "file seglog does not know in topics/ (topics are directories); the broker and the tools ignore it and leave it alone".to_string();
+    }
+    let interrupted = if name.ends_with(TOPIC_CREATING_SUFFIX) {
+        Some("create")
+    } else if name.ends_with(TOPIC_DELETING_SUFFIX) {
+        Some("delete")
+    } else {
+        None
+    };
+    match (interrupted, crate::format::names::validate_name(&name)) {
+        (Some(what), _) => format!(
+            "directory left by an interrupted topic {what}, no topic: the broker removes it at its next start; the tools leave it"
+        ),
+        (None, Err(e)) => format!(
+            "directory seglog does not know: not a topic directory ({e}); the broker and the tools ignore it and leave it alone"
+        ),
+        (None, Ok(())) => "directory seglog does not know: not a topic directory; the broker and the tools ignore it and leave it alone".to_string(),
+    }
 }
 
 /// What in `DATA/spares/` the broker would not take as a spare (docs/FORMAT.md, Spare

@@ -304,6 +304,10 @@ pub struct Target {
     /// Leftover temporary files of atomic replaces outside topic and partition
     /// directories (in the data directory and its `topics/`).
     pub temp_files: Vec<PathBuf>,
+    /// Entries of the data directory's `topics/` that are no topic directory (a
+    /// name the topic-name rules refuse, a file) and no leftover temporary file:
+    /// reported as information, never removed.
+    pub unknown: Vec<PathBuf>,
 }
 
 impl Target {
@@ -391,20 +395,33 @@ pub fn topic_partitions(topic_dir: &Path) -> Result<Vec<PartitionRef>, LayoutErr
 /// Topic directories of a data directory, by name: every directory of `topics/`
 /// with a valid topic name, with or without a `topic.json`.
 pub fn data_dir_topics(data_dir: &Path) -> Result<Vec<PathBuf>, LayoutError> {
+    Ok(list_topics_dir(data_dir)?.0)
+}
+
+/// The entries of a data directory's `topics/`, by name: the topic directories (as
+/// [`data_dir_topics`]), and every other entry but the leftover temporary files of
+/// atomic replaces (a name the topic-name rules refuse, a file): seglog does not
+/// know these, and the broker does not load them.
+fn list_topics_dir(data_dir: &Path) -> Result<(Vec<PathBuf>, Vec<PathBuf>), LayoutError> {
     let topics = data_dir.join(TOPICS_DIR);
     if !topics.is_dir() {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), Vec::new()));
     }
     let mut out = Vec::new();
+    let mut unknown = Vec::new();
     for entry in fs::read_dir(&topics).map_err(io_err(&topics))? {
         let entry = entry.map_err(io_err(&topics))?;
         let name = entry.file_name().to_string_lossy().into_owned();
-        if validate_name(&name).is_ok() && entry.path().is_dir() {
-            out.push(entry.path());
+        let path = entry.path();
+        if validate_name(&name).is_ok() && path.is_dir() {
+            out.push(path);
+        } else if !(is_atomic_tmp_file_name(&name) && path.is_file()) {
+            unknown.push(path);
         }
     }
     out.sort();
-    Ok(out)
+    unknown.sort();
+    Ok((out, unknown))
 }
 
 /// Directory of a data directory holding the Raft logs of replicated partitions
@@ -487,7 +504,8 @@ pub fn resolve(path: &Path) -> Result<Target, LayoutError> {
     if path.join(TOPICS_DIR).is_dir() {
         let mut partitions = Vec::new();
         let mut topics = Vec::new();
-        for topic in data_dir_topics(path)? {
+        let (topic_dirs, unknown) = list_topics_dir(path)?;
+        for topic in topic_dirs {
             let listing = inspect_topic(&topic)?;
             partitions.extend(listing.partitions());
             topics.push(listing);
@@ -502,6 +520,7 @@ pub fn resolve(path: &Path) -> Result<Target, LayoutError> {
             partitions,
             topics,
             temp_files,
+            unknown,
         });
     }
     if path.join(TOPIC_FILE).is_file() || in_topics_dir(path) {
@@ -523,6 +542,7 @@ pub fn resolve(path: &Path) -> Result<Target, LayoutError> {
             partitions: listing.partitions(),
             topics: vec![listing],
             temp_files: Vec::new(),
+            unknown: Vec::new(),
         });
     }
     if looks_like_partition(path).map_err(io_err(path))? {
@@ -553,6 +573,7 @@ pub fn resolve(path: &Path) -> Result<Target, LayoutError> {
             partitions: vec![p],
             topics: Vec::new(),
             temp_files: Vec::new(),
+            unknown: Vec::new(),
         });
     }
     Err(LayoutError::NotSeglog { path: path.into() })
@@ -613,6 +634,7 @@ fn resolve_log_file(path: &Path) -> Result<Target, LayoutError> {
         partitions: vec![p],
         topics: Vec::new(),
         temp_files: Vec::new(),
+        unknown: Vec::new(),
     })
 }
 
