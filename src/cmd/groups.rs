@@ -17,9 +17,10 @@ use super::connect::{client_error, BrokerArgs};
 use super::consume::StartAt;
 use super::consume_group::PROTOCOL_TYPE as CONSUMER_PROTOCOL_TYPE;
 use super::{exit, ExitError, Global};
-use crate::engine::groups::offsets::{read_group_file, scan_dir, GroupEntry};
+use crate::engine::groups::offsets::{read_group_file, scan_dir, GroupEntry, Loaded};
+use crate::engine::groups::GroupState;
 use crate::engine::net::client::Client;
-use crate::engine::net::group_client::GroupInfo;
+use crate::engine::net::group_client::{GroupInfo, GroupMember};
 use crate::engine::net::kafka::consumer_assignment_partitions;
 use crate::format::group::{group_file_name, CommittedOffset, GROUPS_DIR};
 use crate::format::names::{validate_name, TOPICS_DIR};
@@ -317,7 +318,7 @@ fn offline(args: &Args, dir: &Path, out: &mut impl Write) -> anyhow::Result<u8> 
             let mut groups = Vec::new();
             for e in scan_dir(&groups_dir) {
                 match e {
-                    GroupEntry::Group(g, _) => groups.push((g, "Empty".to_string())),
+                    GroupEntry::Group(g, l) => groups.push((g, offline_info(l).state)),
                     GroupEntry::Leftover(_) => {}
                     GroupEntry::Problem(p) => eprintln!("seglog: groups/{p}"),
                 }
@@ -335,18 +336,29 @@ fn offline(args: &Args, dir: &Path, out: &mut impl Write) -> anyhow::Result<u8> 
             }
             let (_, loaded) = read_group_file(&path)
                 .map_err(|e| ExitError::new(exit::CORRUPT, format!("groups/{e}")))?;
-            let info = GroupInfo {
-                state: "Empty".into(),
-                generation: loaded.generation,
-                protocol_type: loaded.protocol_type,
-                protocol: String::new(),
-                members: Vec::new(),
-                offsets: loaded.offsets,
-            };
+            if let Some(p) = &loaded.membership_problem {
+                eprintln!(
+                    "seglog: groups/{}: {p}; the broker loads the group without members, who rejoin",
+                    group_file_name(group)
+                );
+            }
+            let info = offline_info(loaded);
+            let mut partitions: Vec<(String, u32)> = info
+                .offsets
+                .iter()
+                .map(|o| (o.topic.clone(), o.partition))
+                .collect();
+            for m in &info.members {
+                for (t, ps) in member_partitions(&info.protocol_type, &m.assignment) {
+                    partitions.extend(ps.into_iter().map(|p| (t.clone(), p)));
+                }
+            }
+            partitions.sort();
+            partitions.dedup();
             let mut ends = BTreeMap::new();
-            for o in &info.offsets {
-                if let Some(end) = offline_end(dir, &o.topic, o.partition) {
-                    ends.insert((o.topic.clone(), o.partition), end);
+            for (t, p) in partitions {
+                if let Some(end) = offline_end(dir, &t, p) {
+                    ends.insert((t, p), end);
                 }
             }
             write_describe(out, args.json, group, &info, &ends)?;
@@ -361,6 +373,35 @@ fn offline(args: &Args, dir: &Path, out: &mut impl Write) -> anyhow::Result<u8> 
     }
     out.flush()?;
     Ok(exit::OK)
+}
+
+/// A group as a broker started on the data directory loads it (docs/FORMAT.md,
+/// groups): with a stored membership, Stable with that generation, protocol and
+/// members; else Empty.
+fn offline_info(l: Loaded) -> GroupInfo {
+    let (state, protocol, members) = match l.membership {
+        Some(m) => (
+            GroupState::Stable,
+            m.protocol,
+            m.members
+                .into_iter()
+                .map(|x| GroupMember {
+                    member_id: x.member_id,
+                    client_id: x.client_id,
+                    assignment: x.assignment,
+                })
+                .collect(),
+        ),
+        None => (GroupState::Empty, String::new(), Vec::new()),
+    };
+    GroupInfo {
+        state: state.name().to_string(),
+        generation: l.generation,
+        protocol_type: l.protocol_type,
+        protocol,
+        members,
+        offsets: l.offsets,
+    }
 }
 
 /// The next offset of a partition on disk, from a quick check of its segments.

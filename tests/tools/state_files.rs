@@ -841,3 +841,84 @@ fn a_membership_over_a_limit_is_refused_and_the_broker_startup_rewrites_it() {
     let (code, out, _) = run(&["verify", dir.to_str().unwrap()], dir);
     assert_eq!(code, 0, "{out}");
 }
+
+/// `groups describe --data-dir` shows a group as a broker started on the directory
+/// does: with a stored membership, Stable with its members and their partitions
+/// (`groups list --data-dir` says Stable); with a membership the broker refuses,
+/// Empty and no member, saying why on stderr. Online describe, on a broker started on
+/// the same directory, prints the same.
+#[test]
+fn groups_describe_offline_shows_the_stored_membership_as_online() {
+    use seglog::format::wire::groups::encode_topic_partitions;
+    let d = data();
+    let dir = d.path();
+    let data_dir = dir.to_str().unwrap();
+    with_members(dir, |m| {
+        m.members[0].assignment = encode_topic_partitions(&[("t", vec![0, 1])]).unwrap();
+        m.members[1].assignment = encode_topic_partitions(&[("t", vec![2, 3])]).unwrap();
+    });
+    let describe = ["groups", "describe", "g", "--data-dir", data_dir];
+    let (code, out, err) = run(&[&describe[..], &["--json"]].concat(), dir);
+    assert_eq!((code, err.as_str()), (0, ""), "{out}");
+    let offline = json(&out);
+    assert_eq!(offline["state"], "Stable", "{out}");
+    assert_eq!(offline["generation"], 1, "{out}");
+    assert_eq!(
+        offline["members"],
+        serde_json::json!([
+            {"member_id": "a", "client_id": "client a",
+             "partitions": [{"topic": "t", "partition": 0}, {"topic": "t", "partition": 1}]},
+            {"member_id": "b", "client_id": "client b",
+             "partitions": [{"topic": "t", "partition": 2}, {"topic": "t", "partition": 3}]},
+        ]),
+        "{out}"
+    );
+    // Every assigned partition has a row, with its end offset.
+    let ends: Vec<(u64, Value)> = offline["offsets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| (o["partition"].as_u64().unwrap(), o["end"].clone()))
+        .collect();
+    assert_eq!(
+        ends,
+        [(0, 10.into()), (1, 0.into()), (2, 0.into()), (3, 0.into())],
+        "{out}"
+    );
+    let (code, offline_text, _) = run(&describe, dir);
+    assert_eq!(code, 0);
+    assert!(
+        offline_text.starts_with("group g: Stable (generation 1), 2 members\n"),
+        "{offline_text}"
+    );
+    let (code, out, _) = run(&["groups", "list", "--data-dir", data_dir, "--json"], dir);
+    assert_eq!(code, 0);
+    assert_eq!(
+        json(&out),
+        serde_json::json!({"groups": [{"group": "g", "state": "Stable"}]})
+    );
+
+    let server = crate::util::serve::Serve::start(dir);
+    let online = json(&server.ok(&["groups", "describe", "g", "--json"]));
+    let online_text = server.ok(&["groups", "describe", "g"]);
+    server.stop();
+    assert_eq!(online, offline);
+    assert_eq!(online_text, offline_text);
+
+    // A membership the broker refuses: loaded without members, offline as online.
+    with_members(dir, |m| m.protocol = "nope".into());
+    let (code, out, err) = run(&[&describe[..], &["--json"]].concat(), dir);
+    assert_eq!(code, 0, "{err}");
+    let offline = json(&out);
+    assert_eq!(offline["state"], "Empty", "{out}");
+    assert_eq!(offline["members"], serde_json::json!([]), "{out}");
+    assert!(
+        err.contains("groups/g.json: membership of group g: ")
+            && err.contains("the broker loads the group without members, who rejoin"),
+        "{err}"
+    );
+    let server = crate::util::serve::Serve::start(dir);
+    let online = json(&server.ok(&["groups", "describe", "g", "--json"]));
+    server.stop();
+    assert_eq!(online, offline);
+}
