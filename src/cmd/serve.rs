@@ -178,7 +178,8 @@ pub struct Args {
 #[derive(Debug, clap::Args)]
 #[command(next_help_heading = "Limits")]
 pub struct LimitArgs {
-    /// Connections served at once from one source IP address (default: --max-connections).
+    /// Connections served at once from one source IP address (default: --max-connections);
+    /// also spelled --max-connections-per-ip.
     #[arg(long, visible_alias = "max-connections-per-ip", value_parser = clap::value_parser!(u64).range(1..=65536))]
     pub max_connections_per_address: Option<u64>,
     /// Largest request frame in bytes (at most 67108864, the protocol's limit).

@@ -88,3 +88,49 @@ fn man_pages_match_the_cli() {
         }
     }
 }
+
+/// clap_mangen renders no alias, so every visible alias of an option (and of a
+/// subcommand) must be named by its help text: the generated page of its command
+/// says it, as `--help` does.
+#[test]
+fn man_pages_name_every_visible_alias() {
+    fn walk(cmd: &clap::Command, pages: &BTreeMap<String, Vec<u8>>, missing: &mut Vec<String>) {
+        for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+            walk(sub, pages, missing);
+        }
+        let page_name = clap_mangen::Man::new(cmd.clone()).get_filename();
+        let page = String::from_utf8_lossy(&pages[&page_name]).replace("\\-", "-");
+        let mut names: Vec<String> = Vec::new();
+        for arg in cmd.get_arguments().filter(|a| !a.is_hide_set()) {
+            names.extend(
+                arg.get_visible_aliases()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|a| format!("--{a}")),
+            );
+            names.extend(
+                arg.get_visible_short_aliases()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|c| format!("-{c}")),
+            );
+        }
+        for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+            names.extend(sub.get_visible_aliases().map(str::to_string));
+        }
+        for name in names {
+            if !page.contains(&name) {
+                missing.push(format!("{page_name}: {name}"));
+            }
+        }
+    }
+    let pages = generate();
+    let mut cmd = seglog::cmd::Cli::command().disable_help_subcommand(true);
+    cmd.build();
+    let mut missing = Vec::new();
+    walk(&cmd, &pages, &mut missing);
+    assert!(
+        missing.is_empty(),
+        "visible aliases no man page names: {missing:?}"
+    );
+}
