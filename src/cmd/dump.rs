@@ -52,6 +52,14 @@ is a {\"type\": \"problem\"} line (on stderr without --json) and the dump goes o
 sealed segment does not end it: its problem line also names the damaged range (first_unreadable_offset, first_unreadable_position, next_readable_offset, next_readable_position; a next position of null means the records resume in the next segment, or nowhere when the offset is null too) and the records after the damage follow. Read-only.\n\n\
 Exit: 0, or the code `seglog verify` gives for what dump met (1 repairable, 2 corrupt); \
 74 I/O error. A closed stdout ends the dump quietly with exit 0.\n\n\
+With --from/--to, dump reports (and its exit code counts) only the problems that concern \
+offsets of the range, whether it read past them or not: damage by the offsets it makes \
+unreadable, what ends a segment's records by the offsets after the last record before it, \
+segments that do not join or overlap by the offsets missing or shared, a lost segment by its \
+offsets, a segment's header or index when the segment holds offsets of the range; what \
+concerns no offset (topic metadata, a compaction marker, temporary or stray files) is \
+reported whatever the range. Nothing after where the dump stopped (--to, --limit) is read or \
+reported. `seglog verify` checks the rest.\n\n\
 --canonical: output for golden files, byte-identical for the same bytes on disk wherever the \
 directory is and whenever it is read. It is --json --header --index with: every object's \
 \"type\" first and its other keys in byte order of their names (nested objects too), one object \
@@ -115,8 +123,12 @@ struct Dumper<'a, W: Write> {
     map_sealed: bool,
     printed: u64,
     worst: Option<Severity>,
-    /// Problems already printed for the current partition: (kind, file, position).
+    /// Problems already met in the current partition (printed, or left out as
+    /// outside the range): (kind, file, position).
     seen: HashSet<(ProblemKind, PathBuf, Option<u64>)>,
+    /// The segment being read and the first byte of it the dump did not read, once
+    /// it stopped early (`--to`, `--limit`): problems from there on are not reported.
+    stopped: Option<(PathBuf, u64)>,
     /// Label lines between partitions (human output, several partitions).
     labels: bool,
 }
@@ -154,6 +166,7 @@ fn dump_to(args: &Args, out: impl Write, map_sealed: bool) -> anyhow::Result<u8>
         printed: 0,
         worst: None,
         seen: HashSet::new(),
+        stopped: None,
         labels: target.partitions.len() > 1,
     };
     // A topic whose metadata is damaged has no partitions to read: its problem is
@@ -212,7 +225,8 @@ impl<W: Write> Dumper<'_, W> {
             writeln!(self.out, "# {}", self.target.relative(&p.dir))?;
         }
         for prob in &check.problems {
-            self.problem(&check, prob)?;
+            let span = partition_problem_span(&check, prob);
+            self.problem(&check, prob, span)?;
         }
         for (i, seg) in check.segments.iter().enumerate() {
             let next_base = check.segments.get(i + 1).map(SegmentCheck::base_offset);
@@ -230,15 +244,40 @@ impl<W: Write> Dumper<'_, W> {
         Ok(())
     }
 
+    /// Whether offsets `first..=last` (`last` `None`: unbounded) meet the range
+    /// `--from`/`--to`.
+    fn in_range(&self, (first, last): (u64, Option<u64>)) -> bool {
+        let after = self.args.to.is_some_and(|t| first > t);
+        let before = matches!((self.args.from, last), (Some(f), Some(l)) if l < f);
+        !(after || before)
+    }
+
     /// A problem of a topic's metadata or of a file outside every partition.
     fn topic_problem(&mut self, t: &TopicProblem) -> anyhow::Result<()> {
         let line = topic_problem_line(self.target, t);
         self.emit(&t.problem, json!(t.topic), serde_json::Value::Null, &line)
     }
 
-    fn problem(&mut self, check: &PartitionCheck, p: &Problem) -> anyhow::Result<()> {
+    /// Prints a problem of a partition once, unless it lies outside what was asked:
+    /// `span`, the offsets it concerns (first, last if bounded), misses the
+    /// `--from`/`--to` range, or it sits where the dump stopped reading.
+    fn problem(
+        &mut self,
+        check: &PartitionCheck,
+        p: &Problem,
+        span: Option<(u64, Option<u64>)>,
+    ) -> anyhow::Result<()> {
         if !self.seen.insert((p.kind, p.file.clone(), p.position)) {
             return Ok(());
+        }
+        let span = p.unreadable.as_deref().and_then(damaged_span).or(span);
+        if span.is_some_and(|s| !self.in_range(s)) {
+            return Ok(());
+        }
+        if let (Some((file, from)), Some(position)) = (&self.stopped, p.position) {
+            if *file == p.file && position >= *from {
+                return Ok(());
+            }
         }
         let line = problem_line(self.target, p);
         let (topic, partition) = (&check.partition.topic, check.partition.partition);
@@ -292,7 +331,7 @@ impl<W: Write> Dumper<'_, W> {
         let header = match segment_header(&seg.files, seg.active, file_len, &decoded) {
             Ok(h) => h,
             Err(p) => {
-                self.problem(check, &p)?;
+                self.problem(check, &p, None)?;
                 return self.rest_of_problems(check, seg);
             }
         };
@@ -320,7 +359,11 @@ impl<W: Write> Dumper<'_, W> {
             let (Some(position), false, Severity::Corrupt) =
                 (end.position(), seg.active, p.severity)
             else {
-                self.problem(check, &p)?;
+                // What ends the data concerns the offsets after the last record read:
+                // up to the next segment's base, or on (the active segment).
+                let first = seen.map_or(Some(header.base_offset), |o| o.checked_add(1));
+                let span = first.map(|f| (f, next_base.map(|b| b.saturating_sub(1).max(f))));
+                self.problem(check, &p, span)?;
                 break;
             };
             // Damage inside a sealed segment: find where its records resume.
@@ -328,7 +371,7 @@ impl<W: Write> Dumper<'_, W> {
             let found = range.next;
             p.detail = range.describe(&end);
             p.unreadable = Some(Box::new(range));
-            self.problem(check, &p)?;
+            self.problem(check, &p, None)?;
             let Some(r) = found else {
                 break;
             };
@@ -346,8 +389,9 @@ impl<W: Write> Dumper<'_, W> {
         seg: &SegmentCheck,
     ) -> anyhow::Result<()> {
         for p in &seg.problems {
-            self.problem(check, p)?;
+            self.problem(check, p, None)?;
         }
+        self.stopped = None;
         Ok(())
     }
 
@@ -427,6 +471,7 @@ impl<W: Write> Dumper<'_, W> {
                 continue;
             }
             if self.args.to.is_some_and(|t| record.offset > t) {
+                self.stopped = Some((seg.files.log.clone(), position));
                 return Ok(None);
             }
             write_record(
@@ -440,6 +485,8 @@ impl<W: Write> Dumper<'_, W> {
             )?;
             self.printed += 1;
             if self.done() {
+                // Nothing after the start of the last record printed was read.
+                self.stopped = Some((seg.files.log.clone(), position.saturating_add(1)));
                 return Ok(None);
             }
         };
@@ -528,6 +575,46 @@ impl<W: Write> Dumper<'_, W> {
             }
         }
         Ok(())
+    }
+}
+
+/// The offsets damage inside a sealed segment concerns: those it makes unreadable,
+/// or, when it hides none, the offset of the record that follows it.
+fn damaged_span(r: &DamagedRange) -> Option<(u64, Option<u64>)> {
+    r.lost_offsets()
+        .or_else(|| r.first_offset.map(|f| (f, Some(f))))
+}
+
+/// The offsets a partition-level problem concerns: the offsets missing between two
+/// segments that do not join, those two overlapping segments share (from the later
+/// one's first), a lost segment's; `None` for what concerns no offset (a marker,
+/// temporary files, stray files), which is reported whatever the range.
+fn partition_problem_span(check: &PartitionCheck, p: &Problem) -> Option<(u64, Option<u64>)> {
+    let at = check.segments.iter().position(|s| s.files.log == p.file);
+    match p.kind {
+        ProblemKind::SegmentsDoNotJoin => {
+            let base = check.segments.get(at?)?.base_offset();
+            Some((p.offset?, Some(base.saturating_sub(1))))
+        }
+        ProblemKind::SegmentsOverlap => {
+            let before = check
+                .segments
+                .get(..at?)?
+                .iter()
+                .rev()
+                .find_map(|s| s.last_offset);
+            Some((p.offset?, before))
+        }
+        ProblemKind::LostSegment => {
+            let base = p.offset?;
+            let next = check
+                .segments
+                .iter()
+                .map(SegmentCheck::base_offset)
+                .find(|&b| b > base);
+            Some((base, next.map(|n| n.saturating_sub(1))))
+        }
+        _ => None,
     }
 }
 

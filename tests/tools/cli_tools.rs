@@ -660,6 +660,69 @@ fn dump_from_to_limit_cross_segments() {
     assert_eq!(out.lines().count(), 30);
 }
 
+/// With --from/--to, dump reports the problems that concern offsets of the range,
+/// and only those, whether it read past them or not: damage before --from (met
+/// while reading up to it) and damage after --to (never read, or found by the
+/// quick check at a segment's tail) are left out alike, and the exit code follows
+/// what is reported. Nothing after where --limit stopped is reported.
+#[test]
+fn dump_reports_the_problems_of_its_range() {
+    let cases: &[(&str, &[&str], i32)] = &[
+        // crc_mismatch of offset 29, the last of sealed 00.log (the quick check
+        // reads it).
+        ("bit-flip-last-record", &[], 2),
+        ("bit-flip-last-record", &["--from", "0", "--to", "5"], 0),
+        ("bit-flip-last-record", &["--from", "25", "--to", "28"], 0),
+        ("bit-flip-last-record", &["--to", "29"], 2),
+        ("bit-flip-last-record", &["--from", "29", "--to", "29"], 2),
+        ("bit-flip-last-record", &["--from", "20", "--to", "40"], 2),
+        ("bit-flip-last-record", &["--limit", "3"], 0),
+        // crc_mismatch of offset 10 inside sealed 00.log.
+        ("bit-flip-sealed", &["--from", "0", "--to", "5"], 0),
+        ("bit-flip-sealed", &["--from", "20", "--to", "25"], 0),
+        ("bit-flip-sealed", &["--from", "11"], 0),
+        ("bit-flip-sealed", &["--from", "5", "--to", "15"], 2),
+        ("bit-flip-sealed", &["--from", "10", "--to", "10"], 2),
+        // Offsets 30..=59 missing between 00.log and 60.log.
+        ("missing-middle-segment", &[], 2),
+        ("missing-middle-segment", &["--from", "0", "--to", "5"], 0),
+        ("missing-middle-segment", &["--from", "65"], 0),
+        ("missing-middle-segment", &["--from", "40", "--to", "45"], 2),
+        ("missing-middle-segment", &["--from", "25", "--to", "35"], 2),
+        // A torn tail after offset 69 of the active segment.
+        ("torn-tail", &[], 1),
+        ("torn-tail", &["--to", "65"], 0),
+        ("torn-tail", &["--to", "69"], 0),
+        ("torn-tail", &["--from", "65"], 1),
+        // Zeros after the data of sealed 30.log (offsets 30..=59).
+        ("unfinished-seal", &[], 1),
+        ("unfinished-seal", &["--to", "35"], 0),
+        ("unfinished-seal", &["--from", "55", "--to", "62"], 1),
+    ];
+    for &(name, flags, want) in cases {
+        let data = fixture(name).join("topics/events/0");
+        let mut args = vec!["dump", "--json"];
+        args.extend_from_slice(flags);
+        args.push(data.to_str().unwrap());
+        let (code, out, err) = run(&args, &data);
+        assert_eq!(code, want, "{name} {flags:?}: {out} {err}");
+        let lines: Vec<Value> = out
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let reported = lines
+            .iter()
+            .filter(|l| l["type"] == "problem" && l["severity"] != "info")
+            .count();
+        assert_eq!(reported > 0, want > 0, "{name} {flags:?}: {out}");
+        // The same range in text: the problem lines on stderr, the same exit code.
+        args.retain(|a| *a != "--json");
+        let (code, _, err) = run(&args, &data);
+        assert_eq!(code, want, "{name} {flags:?} (text): {err}");
+        assert_eq!(err.is_empty(), want == 0, "{name} {flags:?} (text): {err}");
+    }
+}
+
 #[test]
 fn dump_index_and_header_lines() {
     let data = fixture("clean").join("topics/events/0");
