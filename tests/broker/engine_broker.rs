@@ -643,6 +643,34 @@ fn interrupted_create_and_delete_are_cleaned_up() {
     assert_eq!(fs::read_dir(dir.path().join("topics")).unwrap().count(), 0);
 }
 
+/// A file or a symbolic link named like a leftover of an interrupted create or delete
+/// is not the broker's: the start leaves it (it failed, unable to remove a file as a
+/// directory).
+#[test]
+fn files_named_like_leftovers_are_left_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    open(dir.path()).shutdown().unwrap();
+    let topics = dir.path().join("topics");
+    fs::write(topics.join("x~new"), b"mine").unwrap();
+    fs::create_dir(dir.path().join("elsewhere")).unwrap();
+    std::os::unix::fs::symlink(dir.path().join("elsewhere"), topics.join("y~del")).unwrap();
+    let b = open(dir.path());
+    let report = b.startup_report();
+    assert_eq!(report.len(), 2, "{report:?}");
+    assert!(
+        report
+            .iter()
+            .all(|l| l.starts_with("ignoring ") && l.ends_with("not a topic directory")),
+        "{report:?}"
+    );
+    assert_eq!(fs::read(topics.join("x~new")).unwrap(), b"mine");
+    assert!(fs::symlink_metadata(topics.join("y~del"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert!(dir.path().join("elsewhere").is_dir());
+}
+
 /// A compacted topic that lost a segment (the committed fixtures): the broker starts,
 /// reports the loss as corruption at startup, deletes nothing (the lost segment's
 /// index included), and serves what is left around the hole.

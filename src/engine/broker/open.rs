@@ -329,7 +329,9 @@ pub(super) fn ensure_dir(
 }
 
 /// Removes `<name>~new` and `<name>~del` directories left by a crash:
-/// 1. remove each, 2. fsync the topics directory once.
+/// 1. remove each, 2. fsync the topics directory once. Only real directories are
+/// the broker's own: a file or a symbolic link of such a name is left alone (the
+/// tools report it as an unknown file).
 pub(super) fn remove_leftovers(
     storage: &dyn Storage,
     topics_dir: &Path,
@@ -344,6 +346,9 @@ pub(super) fn remove_leftovers(
         } else {
             continue;
         };
+        if !fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir()) {
+            continue;
+        }
         // 1.
         storage
             .remove_dir_all(&path)

@@ -542,7 +542,8 @@ fn topics_dir_entry_detail(path: &Path) -> String {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    if !path.is_dir() {
+    // As the broker's start: a symbolic link, even to a directory, is no leftover.
+    if !fs::symlink_metadata(path).is_ok_and(|m| m.is_dir()) {
         return "file seglog does not know in topics/ (topics are directories); the broker and the tools ignore it and leave it alone".to_string();
     }
     let interrupted = if name.ends_with(TOPIC_CREATING_SUFFIX) {
