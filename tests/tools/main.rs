@@ -24,6 +24,7 @@ mod fuzz_decoders;
 mod make_fixtures;
 mod man;
 mod raft_logs;
+mod read_only_atime;
 mod recover;
 mod release_build;
 mod salvage;

@@ -111,7 +111,7 @@ pub fn read_group_file(path: &Path) -> Result<(String, Loaded), GroupFileProblem
 
 fn read_bounded(path: &Path) -> std::io::Result<Vec<u8>> {
     use std::io::Read;
-    let f = std::fs::File::open(path)?;
+    let f = crate::engine::storage::noatime::open_read(path)?;
     let mut bytes = Vec::new();
     f.take(GROUP_FILE_BYTES_MAX as u64 + 1)
         .read_to_end(&mut bytes)?;
@@ -120,7 +120,7 @@ fn read_bounded(path: &Path) -> std::io::Result<Vec<u8>> {
 
 /// Every entry of a groups directory, in name order (empty when it is missing).
 pub fn scan_dir(dir: &Path) -> Vec<GroupEntry> {
-    let Ok(rd) = std::fs::read_dir(dir) else {
+    let Ok(rd) = crate::engine::storage::noatime::read_dir(dir) else {
         return Vec::new();
     };
     let mut names: Vec<String> = rd

@@ -37,7 +37,6 @@
 //! the other way round).
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::io::{self, Read};
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -343,7 +342,7 @@ pub fn read_file(data_dir: &Path) -> Result<KeysDoc, KeyError> {
         path: path.clone(),
         detail,
     };
-    let file = match File::open(&path) {
+    let file = match crate::engine::storage::noatime::open_read(&path) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(KeysDoc::default()),
         Err(e) => return Err(unreadable(e.to_string())),

@@ -22,6 +22,7 @@ use crate::format::{HeaderError, SegmentHeader, HEADER_LEN};
 use crate::engine::storage::layout::{
     list_partition, PartitionRef, SegmentFiles, Target, TopicDamage,
 };
+use crate::engine::storage::noatime;
 use crate::engine::storage::reader::{
     not_regular_file, open_log, range_is_zero, read_full_at, read_header, resync,
     scan_sealed_segment, scan_segment, Next, RecordReader, Resync, ScanEnd, ScanSummary,
@@ -573,7 +574,7 @@ fn topics_dir_entry_detail(path: &Path) -> String {
 pub fn spares_problems(root: &Path) -> Vec<TopicProblem> {
     use crate::format::names::{parse_spare_file_name, SPARES_DIR};
     let dir = root.join(SPARES_DIR);
-    let Ok(entries) = fs::read_dir(&dir) else {
+    let Ok(entries) = noatime::read_dir(&dir) else {
         return Vec::new();
     };
     let removed = "the broker removes it at its next start (with the spare pool off, it removes spares/ whole); the tools leave it";
@@ -589,8 +590,8 @@ pub fn spares_problems(root: &Path) -> Vec<TopicProblem> {
             Ok(t) if t.is_file() => None,
             Ok(t) if t.is_dir() => Some("directory"),
             Ok(t) if t.is_symlink() => Some("symbolic link"),
-            Ok(t) if std::os::unix::fs::FileTypeExt::is_fifo(&t) => Some("FIFO"),
-            Ok(t) if std::os::unix::fs::FileTypeExt::is_socket(&t) => Some("socket"),
+            Ok(t) if t.is_fifo() => Some("FIFO"),
+            Ok(t) if t.is_socket() => Some("socket"),
             Ok(_) => Some("device"),
             Err(e) => {
                 found.push((
@@ -655,7 +656,7 @@ fn schemas_problem(root: &Path) -> Option<TopicProblem> {
     use std::io::Read;
     let path = root.join(SCHEMAS_FILE);
     let read = || -> Result<(), String> {
-        let file = match File::open(&path) {
+        let file = match noatime::open_read(&path) {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
             Err(e) => return Err(e.to_string()),
@@ -1068,7 +1069,7 @@ fn read_marker(path: &Path) -> Result<CompactionMarker, MarkerError> {
     if len > MARKER_BYTES_MAX as u64 {
         return Err(MarkerError::TooLarge { len: len as usize });
     }
-    let bytes = fs::read(path).map_err(|e| MarkerError::Json {
+    let bytes = noatime::read(path).map_err(|e| MarkerError::Json {
         detail: e.to_string(),
     })?;
     CompactionMarker::decode(&bytes)

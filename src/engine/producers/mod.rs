@@ -337,7 +337,7 @@ pub fn read_state_file(path: &Path, max: usize) -> Result<Option<Vec<u8>>, Strin
         ));
     }
     let mut bytes = Vec::new();
-    std::fs::File::open(path)
+    crate::engine::storage::noatime::open_read(path)
         .and_then(|f| f.take(max as u64 + 1).read_to_end(&mut bytes))
         .map_err(|e| e.to_string())?;
     if bytes.len() > max {

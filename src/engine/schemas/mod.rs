@@ -28,7 +28,6 @@ pub mod net;
 mod pool;
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -327,7 +326,7 @@ pub fn read_file(data_dir: &Path) -> Result<SchemasDoc, SchemaError> {
         path: path.clone(),
         detail,
     };
-    let file = match File::open(&path) {
+    let file = match crate::engine::storage::noatime::open_read(&path) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(SchemasDoc::default()),
         Err(e) => return Err(unreadable(e.to_string())),

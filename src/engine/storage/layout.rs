@@ -11,6 +11,7 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
+use super::noatime;
 use crate::format::names::{
     classify_partition_file, is_atomic_tmp_file_name, parse_stem, validate_name, PartitionFile,
     LOG_EXT, TOPICS_DIR, TOPIC_FILE,
@@ -186,7 +187,7 @@ pub fn inspect_topic(topic_dir: &Path) -> Result<TopicListing, LayoutError> {
     let mut partition_dirs = Vec::new();
     let mut temp_files = Vec::new();
     let mut unknown = Vec::new();
-    for entry in fs::read_dir(topic_dir).map_err(io_err(topic_dir))? {
+    for entry in noatime::read_dir(topic_dir).map_err(io_err(topic_dir))? {
         let entry = entry.map_err(io_err(topic_dir))?;
         let name = entry.file_name().to_string_lossy().into_owned();
         if is_atomic_tmp_file_name(&name) && entry.path().is_file() {
@@ -278,7 +279,7 @@ fn atomic_temp_files(dir: &Path) -> Result<Vec<PathBuf>, LayoutError> {
     if !dir.is_dir() {
         return Ok(out);
     }
-    for entry in fs::read_dir(dir).map_err(io_err(dir))? {
+    for entry in noatime::read_dir(dir).map_err(io_err(dir))? {
         let entry = entry.map_err(io_err(dir))?;
         if is_atomic_tmp_file_name(&entry.file_name().to_string_lossy()) && entry.path().is_file() {
             out.push(entry.path());
@@ -334,7 +335,7 @@ pub fn read_topic_meta(path: &Path) -> Result<TopicMeta, LayoutError> {
             source: TopicError::TooLarge { len: len as usize },
         });
     }
-    let bytes = fs::read(path).map_err(io_err(path))?;
+    let bytes = noatime::read(path).map_err(io_err(path))?;
     TopicMeta::decode(&bytes).map_err(|source| LayoutError::Topic {
         path: path.into(),
         source,
@@ -342,7 +343,7 @@ pub fn read_topic_meta(path: &Path) -> Result<TopicMeta, LayoutError> {
 }
 
 fn looks_like_partition(dir: &Path) -> io::Result<bool> {
-    for entry in fs::read_dir(dir)? {
+    for entry in noatime::read_dir(dir)? {
         let name = entry?.file_name();
         // A temporary name alone (`notes.tmp`, `x.tmp-1`) says nothing: a directory of
         // someone else's files is no partition, and the tools must not remove them.
@@ -409,7 +410,7 @@ fn list_topics_dir(data_dir: &Path) -> Result<(Vec<PathBuf>, Vec<PathBuf>), Layo
     }
     let mut out = Vec::new();
     let mut unknown = Vec::new();
-    for entry in fs::read_dir(&topics).map_err(io_err(&topics))? {
+    for entry in noatime::read_dir(&topics).map_err(io_err(&topics))? {
         let entry = entry.map_err(io_err(&topics))?;
         let name = entry.file_name().to_string_lossy().into_owned();
         let path = entry.path();
@@ -439,7 +440,7 @@ pub fn data_dir_raft_logs(data_dir: &Path) -> Result<Vec<PartitionRef>, LayoutEr
     }
     let mut out = Vec::new();
     let mut topics: Vec<PathBuf> = Vec::new();
-    for entry in fs::read_dir(&raft).map_err(io_err(&raft))? {
+    for entry in noatime::read_dir(&raft).map_err(io_err(&raft))? {
         let entry = entry.map_err(io_err(&raft))?;
         let name = entry.file_name().to_string_lossy().into_owned();
         if validate_name(&name).is_ok() && entry.path().is_dir() {
@@ -453,7 +454,7 @@ pub fn data_dir_raft_logs(data_dir: &Path) -> Result<Vec<PartitionRef>, LayoutEr
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
         let mut parts: Vec<(u32, PathBuf)> = Vec::new();
-        for entry in fs::read_dir(&topic).map_err(io_err(&topic))? {
+        for entry in noatime::read_dir(&topic).map_err(io_err(&topic))? {
             let entry = entry.map_err(io_err(&topic))?;
             let log = entry.path().join(RAFT_LOG_DIR);
             let number = entry.file_name().to_string_lossy().parse::<u32>();
@@ -667,7 +668,7 @@ pub fn list_partition(dir: &Path) -> io::Result<PartitionListing> {
     let mut out = PartitionListing::default();
     let mut logs = Vec::new();
     let mut indexes = Vec::new();
-    for entry in fs::read_dir(dir)? {
+    for entry in noatime::read_dir(dir)? {
         let entry = entry?;
         let path = entry.path();
         match classify_partition_file(&entry.file_name().to_string_lossy()) {

@@ -34,7 +34,7 @@ impl DirLock {
     /// changes the directory), tested without taking it for longer than the test
     /// and without creating it. `false` when it cannot be told (no `LOCK`).
     pub fn is_held(data_dir: &Path) -> bool {
-        let Ok(file) = std::fs::File::open(data_dir.join(LOCK_FILE)) else {
+        let Ok(file) = super::noatime::open_read(&data_dir.join(LOCK_FILE)) else {
             return false;
         };
         matches!(

@@ -9,6 +9,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use super::map::SealedMap;
+use super::noatime;
 use crate::format::record::{
     decode_record, len_prefix, peek_offset, LenPrefix, RecordError, RecordView, LEN_FIELD,
     MAX_RECORD_LEN,
@@ -730,13 +731,11 @@ pub fn not_regular_file(e: &io::Error) -> Option<&NotRegularFile> {
 /// Opens a log file read-only and returns it with its length. Anything but a regular
 /// file is refused with a [`NotRegularFile`] error: it is opened without blocking (a
 /// FIFO without a writer would block the open, and a read, forever) and checked
-/// before a byte is read.
+/// before a byte is read. Reading it leaves its access time alone where the process
+/// may ask for that ([`noatime::open_read_with`]).
 pub fn open_log(path: &Path) -> io::Result<(File, u64)> {
-    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)?;
+    use std::os::unix::fs::FileTypeExt;
+    let file = noatime::open_read_with(path, libc::O_NONBLOCK)?;
     let meta = file.metadata()?;
     let t = meta.file_type();
     if !t.is_file() {
