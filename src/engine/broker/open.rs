@@ -329,9 +329,10 @@ pub(super) fn ensure_dir(
 }
 
 /// Removes `<name>~new` and `<name>~del` directories left by a crash:
-/// 1. remove each, 2. fsync the topics directory once. Only real directories are
-/// the broker's own: a file or a symbolic link of such a name is left alone (the
-/// tools report it as an unknown file).
+/// 1. remove each, 2. fsync the topics directory once.
+///
+/// Only real directories are the broker's own: a file or a symbolic link of such a
+/// name is left alone (the tools report it as an unknown file).
 pub(super) fn remove_leftovers(
     storage: &dyn Storage,
     topics_dir: &Path,
