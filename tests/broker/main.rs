@@ -30,6 +30,7 @@ mod cluster_metrics;
 mod cluster_nemesis;
 mod cluster_pipeline;
 mod cluster_proxy;
+mod cluster_rejoin;
 mod cluster_snapshot;
 mod cluster_startup;
 mod engine_broker;

@@ -285,6 +285,13 @@ fn rf3_survives_the_leaders_kill_with_every_acknowledged_record() {
 #[test]
 fn a_node_of_another_cluster_is_refused() {
     let dirs: Vec<tempfile::TempDir> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
+    // Each directory belongs to a cluster already (a node with a new directory takes
+    // its peers' id, the founder included: see cluster_rejoin).
+    std::fs::write(
+        dirs[0].path().join("cluster.json"),
+        br#"{"cluster_id":"fedcba9876543210"}"#,
+    )
+    .unwrap();
     std::fs::write(
         dirs[1].path().join("cluster.json"),
         br#"{"cluster_id":"0123456789abcdef"}"#,
@@ -317,7 +324,7 @@ fn a_node_of_another_cluster_is_refused() {
     let mine: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dirs[0].path().join("cluster.json")).unwrap())
             .unwrap();
-    assert_ne!(mine["cluster_id"], "0123456789abcdef");
+    assert_eq!(mine["cluster_id"], "fedcba9876543210");
     // A replicated topic cannot be placed on a cluster that has one node reachable.
     let out = a.run(&["topics", "create", "t", "--replication-factor", "2"]);
     assert!(!out.status.success());

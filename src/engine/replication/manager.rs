@@ -57,6 +57,8 @@ use crate::format::topic::TopicConfig;
 use crate::format::wire::raft::Rpc;
 use crate::format::wire::{not_leader_message, ErrorCode};
 
+mod rejoin;
+
 /// How long a call between nodes may take before it counts as failed.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a node holding no replica of a topic waits for each other node's answer
@@ -307,9 +309,17 @@ impl<L: LogStores> Manager<L> {
             }
         }
         let refresh = tokio::spawn(Arc::clone(&self).refresh_in_sync(stop.clone()));
+        let restore = self
+            .peers
+            .ident
+            .new_directory()
+            .then(|| tokio::spawn(Arc::clone(&self).restore_replicas(stop.clone())));
         let peers = Arc::clone(&self.peers);
         super::network::serve(listener, peers, Arc::clone(&self), stop).await;
         refresh.abort();
+        if let Some(r) = restore {
+            r.abort();
+        }
         let groups: Vec<RaftGroup> = lock(&self.groups).values().cloned().collect();
         for g in groups {
             let _ = g.shutdown().await;
@@ -1581,6 +1591,17 @@ impl<L: LogStores> Manager<L> {
     /// half done); a topic of that name with other settings is refused
     /// ([`Manager::existing`]).
     async fn create_replica(&self, name: &str, payload: &[u8]) -> Result<bool, Refusal> {
+        self.create_replica_seeded(name, payload, None).await
+    }
+
+    /// [`Manager::create_replica`]; when it creates the topic and `votes` are given,
+    /// each group of this node starts from its partition's vote ([`rejoin`]).
+    async fn create_replica_seeded(
+        &self,
+        name: &str,
+        payload: &[u8],
+        votes: Option<Vec<Option<super::types::Vote>>>,
+    ) -> Result<bool, Refusal> {
         let req: CreateReplica = serde_json::from_slice(payload)
             .map_err(|e| (ErrorCode::INVALID_REQUEST, format!("bad create: {e}")))?;
         let _admin = self.admin.lock().await;
@@ -1589,12 +1610,29 @@ impl<L: LogStores> Manager<L> {
         let created = !self.existing(name, &req, &config)?;
         if created {
             let broker = Arc::clone(&self.broker);
+            let broker_node = self.node_id();
             let n = name.to_string();
             tokio::task::spawn_blocking(move || {
                 // Raft logs of an earlier topic of this name whose delete was
                 // cut short never serve the new one.
                 if broker.partition_count(&n).is_err() {
                     remove_raft_dir(&broker, &n)?;
+                }
+                let me = broker_node;
+                for (p, vote) in votes.iter().flatten().enumerate() {
+                    let placed = req
+                        .replication
+                        .replicas
+                        .get(p)
+                        .is_some_and(|r| r.contains(&me));
+                    if let (true, Some(vote)) = (placed, vote) {
+                        rejoin::seed_vote(&broker, &n, p as u32, vote).map_err(|e| {
+                            crate::engine::error::EngineError::io(
+                                format!("writing the first vote of {n}/{p}'s Raft log"),
+                                e,
+                            )
+                        })?;
+                    }
                 }
                 broker.create_topic_with(
                     &n,
@@ -1872,6 +1910,11 @@ impl<L: LogStores> Manager<L> {
                     .offsets(topic, partition)
                     .map_err(|e| e.to_string())?;
                 json(&[start, end])
+            }
+            Rpc::Replicas => {
+                let asker: u64 =
+                    serde_json::from_slice(payload).map_err(|e| format!("bad node id: {e}"))?;
+                self.offers_for(asker).await
             }
             Rpc::Placement => Ok(lock(&self.topics)
                 .get(topic)

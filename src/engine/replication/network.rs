@@ -71,6 +71,12 @@ pub struct Identity {
     /// the same).
     members: Vec<u64>,
     cluster_id: Mutex<Option<String>>,
+    /// The node with the lowest id: it makes the cluster id when it meets a peer
+    /// that has none either.
+    founder: bool,
+    /// The data directory had no `cluster.json` when the node started (a first
+    /// start, or a directory that was lost and replaced).
+    new_directory: bool,
     data_dir: PathBuf,
     storage: StorageRef,
 }
@@ -124,8 +130,11 @@ pub enum ClusterIdError {
 }
 
 impl Identity {
-    /// Reads `DATA/cluster.json`; with none, the node with the lowest id of the
-    /// cluster (`founder`) creates a new id, and any other waits to adopt its peers'.
+    /// Reads `DATA/cluster.json`. With none, the node waits to adopt its peers' id;
+    /// the node with the lowest id of the cluster (`founder`) makes a new one when it
+    /// meets a peer that has none either ([`Identity::agree`]), or at once when it is
+    /// the only node ([`Identity::found_if_alone`]). So a founder whose directory was
+    /// replaced joins its cluster again, as any other node does.
     pub fn load(
         node_id: u64,
         client_addr: String,
@@ -133,33 +142,46 @@ impl Identity {
         storage: StorageRef,
         founder: bool,
     ) -> Result<Identity, ClusterIdError> {
-        let path = data_dir.join(CLUSTER_FILE);
         let id = read_cluster_file(&data_dir)?.map(|(id, _)| id);
-        let ident = Identity {
+        Ok(Identity {
             node_id,
             client_addr,
             kafka_addr: String::new(),
             members: Vec::new(),
-            cluster_id: Mutex::new(None),
+            new_directory: id.is_none(),
+            cluster_id: Mutex::new(id),
+            founder,
             data_dir,
             storage,
-        };
-        match id {
-            Some(id) => *lock(&ident.cluster_id) = Some(id),
-            None if founder => {
-                let mut raw = [0u8; 16];
-                getrandom::fill(&mut raw).map_err(|e| ClusterIdError::Io {
-                    path: path.clone(),
-                    source: io::Error::other(e.to_string()),
-                })?;
-                let id: String = raw.iter().map(|b| format!("{b:02x}")).collect();
-                ident
-                    .adopt(&id)
-                    .map_err(|source| ClusterIdError::Io { path, source })?;
-            }
-            None => {}
+        })
+    }
+
+    /// A founder that is its cluster's only node makes the cluster id now: no peer
+    /// will ever ask for it.
+    pub fn found_if_alone(&self) -> Result<(), ClusterIdError> {
+        if self.founder && self.members.iter().all(|&id| id == self.node_id) {
+            self.found().map_err(|source| ClusterIdError::Io {
+                path: self.data_dir.join(CLUSTER_FILE),
+                source,
+            })?;
         }
-        Ok(ident)
+        Ok(())
+    }
+
+    /// Makes a new cluster id and takes it, unless the node has one.
+    fn found(&self) -> io::Result<()> {
+        if self.cluster_id().is_some() {
+            return Ok(());
+        }
+        let mut raw = [0u8; 16];
+        getrandom::fill(&mut raw).map_err(|e| io::Error::other(e.to_string()))?;
+        let id: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+        self.adopt(&id).map(|_| ())
+    }
+
+    /// Whether the data directory had no `cluster.json` when the node started.
+    pub fn new_directory(&self) -> bool {
+        self.new_directory
     }
 
     /// The same identity, telling peers its Kafka listener `addr` (`None`: none).
@@ -208,6 +230,11 @@ impl Identity {
         if theirs.is_empty() {
             return match self.cluster_id() {
                 Some(_) => Ok(()),
+                // A new cluster: the founder makes its id; the peer, which saw an
+                // empty hello, refuses this once and adopts the id at the redial.
+                None if self.founder => self
+                    .found()
+                    .map_err(|e| format!("cannot record the cluster id: {e}")),
                 None => Err("neither node has a cluster id yet".into()),
             };
         }
@@ -1425,18 +1452,58 @@ mod tests {
     use super::*;
     use crate::engine::storage::io::RealStorage;
 
+    /// A node's identity with no `--peers` list to check (a founder makes its id at
+    /// once, as the only node of its cluster does).
     fn ident(dir: &std::path::Path, id: u64, founder: bool) -> Arc<Identity> {
+        let ident = load_ident(dir, id, founder, &[]);
+        ident.found_if_alone().unwrap();
+        Arc::new(ident)
+    }
+
+    fn load_ident(dir: &std::path::Path, id: u64, founder: bool, members: &[u64]) -> Identity {
         let storage: StorageRef = Arc::new(RealStorage);
-        Arc::new(
-            Identity::load(
-                id,
-                format!("client-{id}"),
-                dir.to_path_buf(),
-                storage,
-                founder,
-            )
-            .unwrap(),
+        let nodes: Vec<(u64, String)> = members.iter().map(|&m| (m, String::new())).collect();
+        Identity::load(
+            id,
+            format!("client-{id}"),
+            dir.to_path_buf(),
+            storage,
+            founder,
         )
+        .unwrap()
+        .with_members(&nodes)
+    }
+
+    #[test]
+    fn a_founder_with_a_new_directory_adopts_its_peers_id_and_makes_one_only_with_peers_that_have_none(
+    ) {
+        // The founder of a cluster whose other nodes hold an id (its own directory
+        // was replaced): it makes none at start and takes theirs.
+        let a = tempfile::tempdir().unwrap();
+        let replaced = load_ident(a.path(), 1, true, &[1, 2, 3]);
+        replaced.found_if_alone().unwrap();
+        assert_eq!(replaced.cluster_id(), None);
+        assert!(replaced.new_directory());
+        replaced.agree("0123456789abcdef").unwrap();
+        assert_eq!(
+            read_cluster_file(a.path()).unwrap(),
+            Some(("0123456789abcdef".to_string(), Some(1)))
+        );
+        // A new cluster: the founder makes the id when a peer has none either; a
+        // node that is not the founder never does.
+        let b = tempfile::tempdir().unwrap();
+        let founder = load_ident(b.path(), 1, true, &[1, 2]);
+        founder.agree("").unwrap();
+        let made = founder.cluster_id().unwrap();
+        assert_eq!(made.len(), 32);
+        assert!(founder.agree("0123456789abcdef").is_err());
+        let c = tempfile::tempdir().unwrap();
+        let other = load_ident(c.path(), 2, false, &[1, 2]);
+        assert!(other.agree("").is_err());
+        assert_eq!(other.cluster_id(), None);
+        other.agree(&made).unwrap();
+        // Started again: the directory is no longer new.
+        assert!(!load_ident(c.path(), 2, false, &[1, 2]).new_directory());
     }
 
     #[test]

@@ -86,6 +86,9 @@ pub fn start_with(
     .map_err(|e| format!("cannot read the cluster id: {e}"))?
     .with_kafka_addr(kafka_addr)
     .with_members(nodes);
+    ident
+        .found_if_alone()
+        .map_err(|e| format!("cannot record the cluster id: {e}"))?;
     broker.producers().reserve_ids_from(node_id << 48);
     let peers = Peers::new(Arc::new(ident), nodes);
     let config = super::manager::raft_config_with(snapshot_entries)

@@ -35,9 +35,9 @@ use super::{
 
 /// The version of the peer protocol this build speaks (2: [`Rpc::AppendStream`];
 /// 3: normal entries carry their proposal time, which a node of version 2 cannot
-/// decode; 4: the hello lists the node ids of the sender's `--peers`). Nodes of
-/// different versions refuse each other's hello.
-pub const PEER_VERSION: u16 = 4;
+/// decode; 4: the hello lists the node ids of the sender's `--peers`; 5:
+/// [`Rpc::Replicas`]). Nodes of different versions refuse each other's hello.
+pub const PEER_VERSION: u16 = 5;
 /// `call_id` + `kind`: the smallest peer frame.
 pub const PEER_HEAD_LEN: usize = 8 + 1;
 /// Longest cluster id.
@@ -98,6 +98,11 @@ pub enum Rpc {
     /// that does not lead it refuses). A node whose placement leaves the partition
     /// out asks this to answer a client's ListOffsets.
     Offsets = 15,
+    /// What a node whose data directory is new needs to create its replicas again
+    /// (payload: JSON, the asking node's id; the answer: JSON, for each replicated
+    /// topic the called node holds whose placement includes the asker, the topic's
+    /// create request and, per partition, the called node's Raft vote or `null`).
+    Replicas = 16,
 }
 
 impl Rpc {
@@ -118,6 +123,7 @@ impl Rpc {
             Rpc::AlterReplica,
             Rpc::Placement,
             Rpc::Offsets,
+            Rpc::Replicas,
         ]
         .into_iter()
         .find(|r| *r as u8 == v)
