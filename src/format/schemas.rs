@@ -162,7 +162,9 @@ pub fn decode_schemas(bytes: &[u8]) -> Result<SchemasDoc, SchemasFileError> {
     Ok(doc)
 }
 
-fn check_subject(s: &Subject) -> Result<(), String> {
+/// Checks one topic's entry as the file decoder does: its rule, its versions
+/// (1 to [`VERSIONS_PER_TOPIC_MAX`], increasing, below `next_version`) and their sizes.
+pub fn check_subject(s: &Subject) -> Result<(), String> {
     if Compatibility::parse(&s.compatibility).is_none() {
         return Err(format!(
             "compatibility {:?} is not backward, forward, full or none",

@@ -23,7 +23,9 @@ const PARTITIONS: u32 = 2;
 /// Applied entries between two snapshots, so that the leaders purge their logs.
 const SNAPSHOT_ENTRIES: u64 = 16;
 
+/// Produces one record, `value` as a JSON string (the topic's schema asks for one).
 fn produce(c: &mut ClusterClient, partition: u32, value: String, acked: &mut Vec<Acked>) {
+    let value = format!("{value:?}");
     let records = [WireRecord {
         timestamp_ms: -1,
         key: None,
@@ -71,6 +73,15 @@ fn a_node_whose_directory_was_replaced_gets_its_replicas_back() {
             produce(&mut client, p, format!("before-{p}-{i}"), &mut acked);
         }
     }
+    let schema = c.root().join("schema.json");
+    std::fs::write(&schema, r#"{"type":"string"}"#).unwrap();
+    c.ok(&[
+        "schemas",
+        "register",
+        TOPIC,
+        "--file",
+        schema.to_str().unwrap(),
+    ]);
     c.wait_caught_up(TOPIC, PARTITIONS);
     let id_before = cluster_id(&c, 2);
     assert_eq!(cluster_id(&c, 1), id_before);
@@ -84,6 +95,13 @@ fn a_node_whose_directory_was_replaced_gets_its_replicas_back() {
     c.restart(1);
     c.wait_caught_up(TOPIC, PARTITIONS);
     assert_eq!(cluster_id(&c, 1), id_before, "node 1 took the cluster's id");
+    // And the topic's schemas, which it checks when it leads.
+    let out = c.run_on(1, &["schemas", "get", TOPIC]).unwrap();
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("string"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(
         c.node(1).stderr().contains("data directory is new"),
         "{}",

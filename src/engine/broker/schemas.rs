@@ -65,6 +65,21 @@ impl Broker {
         self.schemas.delete(topic, version)
     }
 
+    /// Makes an existing topic's schemas what another node of the cluster has (see
+    /// [`SchemaRegistry::set_subject`]); a node without the topic (it holds no
+    /// replica) changes nothing. Returns whether it changed.
+    pub fn set_schema_subject(
+        &self,
+        topic: &str,
+        subject: Option<crate::format::schemas::Subject>,
+    ) -> Result<bool, SchemaError> {
+        let _admin = lock(&self.admin);
+        if self.schema_topic(topic).is_err() {
+            return Ok(false);
+        }
+        self.schemas.set_subject(topic, subject)
+    }
+
     /// After a topic's files are gone. A failure leaves the entry, which the next
     /// start drops (the topic no longer exists then).
     pub(super) fn drop_schemas(&self, topic: &str) {

@@ -413,8 +413,26 @@ impl Session {
             | Request::SchemaList
             | Request::SchemaCheck { .. }
             | Request::SchemaDelete { .. }) => {
-                crate::engine::schemas::net::answer(&self.broker, self.version, &r)
-                    .map(|a| self.reply(id, api, &a.body()))
+                let changed = match &r {
+                    Request::SchemaRegister { topic, .. } | Request::SchemaDelete { topic, .. } => {
+                        Some(topic.to_string())
+                    }
+                    _ => None,
+                };
+                let answered = crate::engine::schemas::net::answer(&self.broker, self.version, &r);
+                // In a cluster every node checks what it leads: a change goes to the
+                // others before it is answered.
+                let shared = match (&answered, changed, self.replication.clone()) {
+                    (Ok(_), Some(topic), Some(replication)) => {
+                        replication.share_schemas(topic).await
+                    }
+                    _ => Ok(()),
+                };
+                answered.and_then(|a| {
+                    shared?;
+                    self.reply(id, api, &a.body());
+                    Ok(())
+                })
             }
             Request::Key(k) => super::auth::serve_key(self.broker.keys(), self.version, &k)
                 .map(|body| self.reply(id, api, &ResponseBody::Key(body.as_wire()))),

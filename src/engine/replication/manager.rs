@@ -58,6 +58,7 @@ use crate::format::wire::raft::Rpc;
 use crate::format::wire::{not_leader_message, ErrorCode};
 
 mod rejoin;
+mod schemas;
 
 /// How long a call between nodes may take before it counts as failed.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -1911,6 +1912,7 @@ impl<L: LogStores> Manager<L> {
                     .map_err(|e| e.to_string())?;
                 json(&[start, end])
             }
+            Rpc::Schemas => self.take_schemas(payload).await,
             Rpc::Replicas => {
                 let asker: u64 =
                     serde_json::from_slice(payload).map_err(|e| format!("bad node id: {e}"))?;
@@ -2021,6 +2023,10 @@ impl<L: LogStores> CallHandler for Manager<L> {
 impl<L: LogStores> Replicator for Manager<L> {
     fn node_id(&self) -> u64 {
         Manager::node_id(self)
+    }
+
+    fn share_schemas(self: Arc<Self>, topic: String) -> BoxFuture<Result<(), Refusal>> {
+        Box::pin(async move { self.send_schemas(&topic).await })
     }
 
     fn is_replicated(&self, topic: &str) -> bool {

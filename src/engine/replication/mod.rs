@@ -96,6 +96,11 @@ pub trait Replicator: Send + Sync + 'static {
         name: String,
         settings: Vec<(String, String)>,
     ) -> BoxFuture<Result<crate::format::topic::TopicConfig, Refusal>>;
+    /// After a `schemas register` or `delete` of `topic` on this node: the same
+    /// schemas on every other node (each node checks the produce it leads).
+    fn share_schemas(self: Arc<Self>, _topic: String) -> BoxFuture<Result<(), Refusal>> {
+        Box::pin(async { Ok(()) })
+    }
     /// This node's view of the cluster (`cluster status --json`).
     fn status(&self) -> serde_json::Value;
     /// How many nodes the cluster has.

@@ -38,8 +38,9 @@ use serde_json::Value;
 use crate::engine::storage::io::{write_file_atomic, StorageRef};
 use crate::format::names::validate_name;
 use crate::format::schemas::{
-    decode_schemas, encode_schemas, schema_text_len, Compatibility, SchemaVersion, SchemasDoc,
-    Subject, SCHEMAS_FILE, SCHEMAS_FILE_BYTES_MAX, SCHEMA_BYTES_MAX, VERSIONS_PER_TOPIC_MAX,
+    check_subject, decode_schemas, encode_schemas, schema_text_len, Compatibility, SchemaVersion,
+    SchemasDoc, Subject, SCHEMAS_FILE, SCHEMAS_FILE_BYTES_MAX, SCHEMA_BYTES_MAX,
+    VERSIONS_PER_TOPIC_MAX,
 };
 use crate::format::wire::PartitionBatch;
 
@@ -593,6 +594,30 @@ impl SchemaRegistry {
         };
         self.replace(next, &[topic.to_string()])?;
         Ok(deleted)
+    }
+
+    /// Makes `topic`'s entry `subject` as another node of the cluster has it (`None`:
+    /// no schema), after checking it as the file's decoder does and compiling every
+    /// version; nothing is written when it is already so. Returns whether it changed.
+    pub fn set_subject(&self, topic: &str, subject: Option<Subject>) -> Result<bool, SchemaError> {
+        validate_name(topic).map_err(|e| SchemaError::InvalidName(e.to_string()))?;
+        if let Some(s) = &subject {
+            check_subject(s).map_err(|detail| SchemaError::InvalidSchema { detail })?;
+            for v in &s.versions {
+                compile(&v.schema, v.version)?;
+            }
+        }
+        let _change = self.change.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut next = self.snapshot();
+        if next.topics.get(topic) == subject.as_ref() {
+            return Ok(false);
+        }
+        match subject {
+            Some(s) => next.topics.insert(topic.to_string(), s),
+            None => next.topics.remove(topic),
+        };
+        self.replace(next, &[topic.to_string()])?;
+        Ok(true)
     }
 
     /// Drops every schema of a deleted topic (nothing if it had none).

@@ -36,7 +36,7 @@ use super::{
 /// The version of the peer protocol this build speaks (2: [`Rpc::AppendStream`];
 /// 3: normal entries carry their proposal time, which a node of version 2 cannot
 /// decode; 4: the hello lists the node ids of the sender's `--peers`; 5:
-/// [`Rpc::Replicas`]). Nodes of different versions refuse each other's hello.
+/// [`Rpc::Replicas`], [`Rpc::Schemas`]). Nodes of different versions refuse each other's hello.
 pub const PEER_VERSION: u16 = 5;
 /// `call_id` + `kind`: the smallest peer frame.
 pub const PEER_HEAD_LEN: usize = 8 + 1;
@@ -103,6 +103,11 @@ pub enum Rpc {
     /// topic the called node holds whose placement includes the asker, the topic's
     /// create request and, per partition, the called node's Raft vote or `null`).
     Replicas = 16,
+    /// A topic's schemas changed on the calling node (`schemas register` or `delete`):
+    /// the called node takes the same entry (payload: JSON `{"topic", "subject"}`, the
+    /// subject as `schemas.json` holds it or `null` for none; a node without the topic
+    /// changes nothing; the answer: `null`).
+    Schemas = 17,
 }
 
 impl Rpc {
@@ -124,6 +129,7 @@ impl Rpc {
             Rpc::Placement,
             Rpc::Offsets,
             Rpc::Replicas,
+            Rpc::Schemas,
         ]
         .into_iter()
         .find(|r| *r as u8 == v)

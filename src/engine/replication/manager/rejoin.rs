@@ -31,6 +31,7 @@ use crate::engine::broker::Broker;
 use crate::engine::replication::log_store::meta::{write_state, RaftState};
 use crate::engine::replication::node::RAFT_DIR;
 use crate::engine::replication::types::Vote;
+use crate::format::schemas::Subject;
 use crate::format::topic::{TopicConfig, CONFIG_KEYS};
 use crate::format::wire::raft::Rpc;
 use crate::format::wire::ErrorCode;
@@ -45,6 +46,9 @@ pub(super) struct Offer {
     create: CreateReplica,
     /// Per partition, the answering node's vote; `None` where it holds no replica.
     votes: Vec<Option<Vote>>,
+    /// The topic's schemas on the answering node, if any.
+    #[serde(default)]
+    schemas: Option<Subject>,
 }
 
 /// A topic's settings as `KEY=VALUE` pairs, every key present.
@@ -116,6 +120,7 @@ impl<L: LogStores> Manager<L> {
             let Ok(config) = self.broker.topic_config(&topic) else {
                 continue;
             };
+            let schemas = self.broker.schemas().snapshot().topics.get(&topic).cloned();
             let partitions = replication.replicas.len();
             let mut votes = Vec::with_capacity(partitions);
             for (p, replicas) in replication.replicas.iter().enumerate() {
@@ -143,6 +148,7 @@ impl<L: LogStores> Manager<L> {
                     replication,
                 },
                 votes,
+                schemas,
             });
         }
         serde_json::to_vec(&offers).map_err(|e| e.to_string())
@@ -215,7 +221,16 @@ impl<L: LogStores> Manager<L> {
                     continue;
                 }
                 let votes = highest_votes(offers, first.create.replication.replicas.len());
-                match self.restore_topic(topic, &first.create, votes).await {
+                // The schemas with the most versions ever registered: the newest.
+                let schemas = offers
+                    .iter()
+                    .filter_map(|o| o.schemas.as_ref())
+                    .max_by_key(|s| s.next_version)
+                    .cloned();
+                match self
+                    .restore_topic(topic, &first.create, votes, schemas)
+                    .await
+                {
                     Ok(created) => {
                         if created {
                             tracing::info!(
@@ -245,17 +260,28 @@ impl<L: LogStores> Manager<L> {
     }
 
     /// Creates this node's replica of `topic` as `create` says, its groups starting
-    /// from `votes`, unless the node has the topic: `Ok(true)` when created now.
+    /// from `votes`, unless the node has the topic (`Ok(true)` when created now), and
+    /// gives it the schemas `schemas` if it has none.
     async fn restore_topic(
         &self,
         topic: &str,
         create: &CreateReplica,
         votes: Vec<Option<Vote>>,
+        schemas: Option<Subject>,
     ) -> Result<bool, Refusal> {
         let payload =
             serde_json::to_vec(create).map_err(|e| (ErrorCode::INTERNAL, e.to_string()))?;
-        self.create_replica_seeded(topic, &payload, Some(votes))
-            .await
+        let created = self
+            .create_replica_seeded(topic, &payload, Some(votes))
+            .await?;
+        // Also when an earlier round created the topic but could not set these.
+        let none_here = !self.broker.schemas().snapshot().topics.contains_key(topic);
+        if schemas.is_some() && none_here {
+            self.set_schemas(topic.to_string(), schemas)
+                .await
+                .map_err(|e| (ErrorCode::STORAGE, e))?;
+        }
+        Ok(created)
     }
 }
 
@@ -286,6 +312,7 @@ mod tests {
                 .unwrap(),
             },
             votes,
+            schemas: None,
         }
     }
 
