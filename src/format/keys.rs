@@ -185,7 +185,8 @@ pub fn encode_keys(doc: &KeysDoc) -> Vec<u8> {
     out
 }
 
-fn check_entry(k: &KeyEntry) -> Result<(), String> {
+/// Checks one key as the file decoder does (id, name, patterns, hash).
+pub fn check_entry(k: &KeyEntry) -> Result<(), String> {
     if !is_key_id(&k.id) {
         return Err(format!("the id is not {KEY_ID_LEN} lowercase hex digits"));
     }

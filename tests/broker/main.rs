@@ -26,6 +26,7 @@ mod cluster_create;
 mod cluster_delete;
 mod cluster_faults;
 mod cluster_harness;
+mod cluster_keys;
 mod cluster_metrics;
 mod cluster_nemesis;
 mod cluster_pipeline;

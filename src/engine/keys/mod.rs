@@ -549,6 +549,43 @@ impl KeyStore {
         Ok(gone)
     }
 
+    /// Takes a key another node of the cluster created (the same id and secret hash),
+    /// after checking it as the file's decoder does; a key of that id already here
+    /// is kept. Returns whether it was added.
+    pub fn take(&self, entry: KeyEntry) -> Result<bool, KeyError> {
+        crate::format::keys::check_entry(&entry).map_err(KeyError::Invalid)?;
+        check_role_patterns(entry.role, &entry.topics, &entry.groups).map_err(KeyError::Invalid)?;
+        let _change = lock(&self.change);
+        let mut keys = self.entries();
+        if keys.iter().any(|k| k.id == entry.id) {
+            return Ok(false);
+        }
+        if keys.len() >= KEYS_MAX {
+            return Err(KeyError::TooMany);
+        }
+        keys.push(KeyEntry {
+            last_used_ms: -1,
+            ..entry
+        });
+        self.replace(keys)?;
+        Ok(true)
+    }
+
+    /// [`KeyStore::revoke`] for a revoke another node of the cluster made: a key this
+    /// node does not have is no error. Returns whether it was here.
+    pub fn forget(&self, id: &str) -> Result<bool, KeyError> {
+        match self.revoke(id) {
+            Ok(_) => Ok(true),
+            Err(KeyError::UnknownKey { .. }) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The key of id `id`, as the file holds it.
+    pub fn entry(&self, id: &str) -> Option<KeyEntry> {
+        self.list().into_iter().find(|k| k.id == id)
+    }
+
     /// Writes `last_used_ms` if a login changed it (the broker at shutdown).
     pub fn flush(&self) -> Result<(), KeyError> {
         if !self.dirty.load(Ordering::Relaxed) {

@@ -279,6 +279,95 @@ pub fn serve_key(
     }
 }
 
+/// [`serve_key`] on a cluster node: a create or revoke also changes every other node
+/// ([`crate::engine::replication::Replicator::share_key`]). A create some node did
+/// not take is undone and refused (its token is never shown); a revoke some node did
+/// not take is refused naming the nodes that still accept the key, and asked again
+/// it finishes, also through a node that no longer has the key.
+pub async fn serve_key_in_cluster(
+    keys: &KeyStore,
+    version: u16,
+    req: &KeyRequest<'_>,
+    cluster: Arc<dyn crate::engine::replication::Replicator>,
+) -> Result<KeyAnswer, Refusal> {
+    use crate::engine::replication::KeyChange;
+    let nodes = |failed: &[(u64, String)]| {
+        failed
+            .iter()
+            .map(|(n, _)| n.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let why = |failed: &[(u64, String)]| {
+        failed
+            .iter()
+            .map(|(_, m)| m.as_str())
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    match req {
+        KeyRequest::Create { .. } => {
+            let answer = serve_key(keys, version, req)?;
+            let KeyAnswer::Created { id, .. } = &answer else {
+                return Ok(answer);
+            };
+            let Some(entry) = keys.entry(id) else {
+                return Ok(answer);
+            };
+            let shared = Arc::clone(&cluster).share_key(KeyChange::Put(entry)).await;
+            if shared.failed.is_empty() {
+                return Ok(answer);
+            }
+            // Undone where it was made; nobody has its token.
+            if let Err(e) = keys.forget(id) {
+                tracing::warn!(key = %id, error = %e, "undoing a key not created on every node failed (its token was never shown)");
+            }
+            if !shared.changed.is_empty() {
+                let undone = cluster.share_key(KeyChange::Revoke(id.clone())).await;
+                if !undone.failed.is_empty() {
+                    tracing::warn!(key = %id, nodes = %nodes(&undone.failed), "undoing a key not created on every node failed there (its token was never shown)");
+                }
+            }
+            let down = nodes(&shared.failed);
+            Err((
+                ErrorCode::PARTITION_UNAVAILABLE,
+                format!(
+                    "{}; no key created: node(s) [{down}] did not answer, and a key must be \
+                     on every node to log in through any: run the same command again once \
+                     node(s) [{down}] answer",
+                    why(&shared.failed)
+                ),
+            ))
+        }
+        KeyRequest::Revoke { id } => {
+            let here = serve_key(keys, version, req);
+            match &here {
+                Ok(_) | Err((ErrorCode::UNKNOWN_KEY, _)) => {}
+                Err(_) => return here,
+            }
+            let shared = cluster.share_key(KeyChange::Revoke(id.to_string())).await;
+            if !shared.failed.is_empty() {
+                let down = nodes(&shared.failed);
+                return Err((
+                    ErrorCode::PARTITION_UNAVAILABLE,
+                    format!(
+                        "{}; key {id} is revoked on every node but node(s) [{down}], which \
+                         still accept it: run the same command again once node(s) [{down}] \
+                         answer",
+                        why(&shared.failed)
+                    ),
+                ));
+            }
+            if here.is_err() && !shared.changed.is_empty() {
+                tracing::info!(key = %id, "API key revoked on the nodes that still had it");
+                return Ok(KeyAnswer::Revoked);
+            }
+            here
+        }
+        KeyRequest::List => serve_key(keys, version, req),
+    }
+}
+
 /// The wire error of a key operation.
 pub fn key_error(e: KeyError) -> Refusal {
     let code = match &e {

@@ -434,8 +434,16 @@ impl Session {
                     Ok(())
                 })
             }
-            Request::Key(k) => super::auth::serve_key(self.broker.keys(), self.version, &k)
-                .map(|body| self.reply(id, api, &ResponseBody::Key(body.as_wire()))),
+            Request::Key(k) => {
+                let keys = self.broker.keys();
+                match self.replication.clone() {
+                    Some(cluster) => {
+                        super::auth::serve_key_in_cluster(keys, self.version, &k, cluster).await
+                    }
+                    None => super::auth::serve_key(keys, self.version, &k),
+                }
+                .map(|body| self.reply(id, api, &ResponseBody::Key(body.as_wire())))
+            }
         };
         if let Err(refused) = result {
             self.refuse(id, api, refused);

@@ -57,6 +57,7 @@ use crate::format::topic::TopicConfig;
 use crate::format::wire::raft::Rpc;
 use crate::format::wire::{not_leader_message, ErrorCode};
 
+mod keys;
 mod rejoin;
 mod schemas;
 
@@ -1913,6 +1914,7 @@ impl<L: LogStores> Manager<L> {
                 json(&[start, end])
             }
             Rpc::Schemas => self.take_schemas(payload).await,
+            Rpc::Keys => self.take_key(payload).await,
             Rpc::Replicas => {
                 let asker: u64 =
                     serde_json::from_slice(payload).map_err(|e| format!("bad node id: {e}"))?;
@@ -2023,6 +2025,10 @@ impl<L: LogStores> CallHandler for Manager<L> {
 impl<L: LogStores> Replicator for Manager<L> {
     fn node_id(&self) -> u64 {
         Manager::node_id(self)
+    }
+
+    fn share_key(self: Arc<Self>, change: super::KeyChange) -> BoxFuture<super::KeyShared> {
+        Box::pin(async move { self.send_key(&change).await })
     }
 
     fn share_schemas(self: Arc<Self>, topic: String) -> BoxFuture<Result<(), Refusal>> {

@@ -101,6 +101,12 @@ pub trait Replicator: Send + Sync + 'static {
     fn share_schemas(self: Arc<Self>, _topic: String) -> BoxFuture<Result<(), Refusal>> {
         Box::pin(async { Ok(()) })
     }
+    /// After a `keys create` or `revoke` on this node: the same change on every other
+    /// node (a client logs in to whichever node leads its partitions). Returns the
+    /// nodes it changed and those that did not answer, with why.
+    fn share_key(self: Arc<Self>, _change: KeyChange) -> BoxFuture<KeyShared> {
+        Box::pin(async { KeyShared::default() })
+    }
     /// This node's view of the cluster (`cluster status --json`).
     fn status(&self) -> serde_json::Value;
     /// How many nodes the cluster has.
@@ -111,6 +117,25 @@ pub trait Replicator: Send + Sync + 'static {
     /// What the Kafka door's Metadata says of a replicated partition (`None`: not
     /// replicated, or this node holds no replica of it).
     fn partition_view(&self, topic: &str, partition: u32) -> Option<PartitionView>;
+}
+
+/// A change of the API keys made on one node, as the others take it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KeyChange {
+    /// A key created: its entry (id, secret hash, role, patterns).
+    Put(crate::format::keys::KeyEntry),
+    /// A key revoked: its id.
+    Revoke(String),
+}
+
+/// What [`Replicator::share_key`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KeyShared {
+    /// The nodes the change changed.
+    pub changed: Vec<u64>,
+    /// The nodes that did not take it, with why.
+    pub failed: Vec<(u64, String)>,
 }
 
 /// A replicated partition as this node sees it, for the Kafka door's Metadata.

@@ -36,7 +36,7 @@ use super::{
 /// The version of the peer protocol this build speaks (2: [`Rpc::AppendStream`];
 /// 3: normal entries carry their proposal time, which a node of version 2 cannot
 /// decode; 4: the hello lists the node ids of the sender's `--peers`; 5:
-/// [`Rpc::Replicas`], [`Rpc::Schemas`]). Nodes of different versions refuse each other's hello.
+/// [`Rpc::Replicas`], [`Rpc::Schemas`], [`Rpc::Keys`]). Nodes of different versions refuse each other's hello.
 pub const PEER_VERSION: u16 = 5;
 /// `call_id` + `kind`: the smallest peer frame.
 pub const PEER_HEAD_LEN: usize = 8 + 1;
@@ -108,6 +108,10 @@ pub enum Rpc {
     /// subject as `schemas.json` holds it or `null` for none; a node without the topic
     /// changes nothing; the answer: `null`).
     Schemas = 17,
+    /// An API key was created or revoked on the calling node (payload: JSON
+    /// `{"put": entry}` with the key as `api_keys.json` holds it, or `{"revoke": id}`;
+    /// the answer: JSON `true` when it changed the called node's keys).
+    Keys = 18,
 }
 
 impl Rpc {
@@ -130,6 +134,7 @@ impl Rpc {
             Rpc::Offsets,
             Rpc::Replicas,
             Rpc::Schemas,
+            Rpc::Keys,
         ]
         .into_iter()
         .find(|r| *r as u8 == v)

@@ -31,6 +31,7 @@ use crate::engine::broker::Broker;
 use crate::engine::replication::log_store::meta::{write_state, RaftState};
 use crate::engine::replication::node::RAFT_DIR;
 use crate::engine::replication::types::Vote;
+use crate::format::keys::KeyEntry;
 use crate::format::schemas::Subject;
 use crate::format::topic::{TopicConfig, CONFIG_KEYS};
 use crate::format::wire::raft::Rpc;
@@ -38,6 +39,15 @@ use crate::format::wire::ErrorCode;
 
 /// How often the peers that have not answered are asked again.
 const ASK_EVERY: Duration = Duration::from_secs(1);
+
+/// An answer to [`Rpc::Replicas`].
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub(super) struct Answer {
+    topics: Vec<Offer>,
+    /// The API keys of the answering node.
+    #[serde(default)]
+    keys: Vec<KeyEntry>,
+}
 
 /// One topic of an answer to [`Rpc::Replicas`].
 #[derive(Debug, Serialize, Deserialize)]
@@ -75,6 +85,25 @@ fn highest_votes(offers: &[&Offer], partitions: usize) -> Vec<Option<Vote>> {
                     _ => Some(v),
                 })
         })
+        .collect()
+}
+
+/// The keys every answer holds (the same id and secret hash in each).
+fn common_keys(answers: &[&Answer]) -> Vec<KeyEntry> {
+    let Some((first, rest)) = answers.split_first() else {
+        return Vec::new();
+    };
+    first
+        .keys
+        .iter()
+        .filter(|k| {
+            rest.iter().all(|a| {
+                a.keys
+                    .iter()
+                    .any(|o| o.id == k.id && o.secret_sha256 == k.secret_sha256)
+            })
+        })
+        .cloned()
         .collect()
 }
 
@@ -151,7 +180,11 @@ impl<L: LogStores> Manager<L> {
                 schemas,
             });
         }
-        serde_json::to_vec(&offers).map_err(|e| e.to_string())
+        serde_json::to_vec(&Answer {
+            topics: offers,
+            keys: self.broker.keys().list(),
+        })
+        .map_err(|e| e.to_string())
     }
 
     /// Asks the peers for the topics placed on this node and creates each that this
@@ -165,7 +198,8 @@ impl<L: LogStores> Manager<L> {
             return;
         };
         let peers: BTreeSet<u64> = self.nodes.keys().copied().filter(|&n| n != me).collect();
-        let mut answered: BTreeMap<u64, Vec<Offer>> = BTreeMap::new();
+        let mut answered: BTreeMap<u64, Answer> = BTreeMap::new();
+        let mut keys_done = false;
         let mut done: BTreeSet<String> = BTreeSet::new();
         let mut told: BTreeSet<(String, Vec<u64>)> = BTreeSet::new();
         loop {
@@ -179,9 +213,9 @@ impl<L: LogStores> Manager<L> {
                 else {
                     continue;
                 };
-                match serde_json::from_slice::<Vec<Offer>>(&answer) {
-                    Ok(offers) => {
-                        answered.insert(node, offers);
+                match serde_json::from_slice::<Answer>(&answer) {
+                    Ok(a) => {
+                        answered.insert(node, a);
                     }
                     Err(e) => {
                         tracing::warn!(node, error = %e, "cannot read a peer's replicas of this node");
@@ -189,7 +223,10 @@ impl<L: LogStores> Manager<L> {
                 }
             }
             let mut topics: BTreeMap<&str, Vec<&Offer>> = BTreeMap::new();
-            for offer in answered.values().flatten() {
+            if !keys_done && answered.len() == peers.len() {
+                keys_done = self.restore_keys(&answered).await;
+            }
+            for offer in answered.values().flat_map(|a| &a.topics) {
                 topics.entry(offer.topic.as_str()).or_default().push(offer);
             }
             for (topic, offers) in &topics {
@@ -245,7 +282,7 @@ impl<L: LogStores> Manager<L> {
                     }
                 }
             }
-            if answered.len() == peers.len() && topics.keys().all(|t| done.contains(*t)) {
+            if keys_done && topics.keys().all(|t| done.contains(*t)) {
                 return;
             }
             tokio::select! {
@@ -255,6 +292,46 @@ impl<L: LogStores> Manager<L> {
                         return;
                     }
                 }
+            }
+        }
+    }
+
+    /// Takes the API keys every peer has (the same id and secret hash on each): a key
+    /// only some peers have is one whose revoke has not reached them all, or a create
+    /// that was undone, and is not taken. Returns whether that is done.
+    async fn restore_keys(&self, answered: &BTreeMap<u64, Answer>) -> bool {
+        let common = common_keys(&answered.values().collect::<Vec<_>>());
+        if common.is_empty() {
+            return true;
+        }
+        let broker = Arc::clone(&self.broker);
+        let taken = tokio::task::spawn_blocking(move || {
+            let mut n = 0usize;
+            for k in common {
+                if broker.keys().take(k)? {
+                    n += 1;
+                }
+            }
+            Ok::<usize, crate::engine::keys::KeyError>(n)
+        })
+        .await;
+        match taken {
+            Ok(Ok(n)) => {
+                if n > 0 {
+                    tracing::info!(
+                        keys = n,
+                        "this node's data directory is new: took the API keys every other node has"
+                    );
+                }
+                true
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "cannot take the cluster's API keys; asking again");
+                false
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot take the cluster's API keys; asking again");
+                false
             }
         }
     }
@@ -326,6 +403,33 @@ mod tests {
             vec![Some(vote(4, 2, false)), None, Some(vote(2, 2, true))]
         );
         assert_eq!(highest_votes(&[&b, &a], 3), got);
+    }
+
+    #[test]
+    fn only_the_keys_every_peer_has_are_taken() {
+        let key = |id: &str, hash: char| KeyEntry {
+            id: id.into(),
+            name: "k".into(),
+            role: crate::format::keys::Role::Admin,
+            topics: Vec::new(),
+            groups: Vec::new(),
+            created_ms: 0,
+            last_used_ms: 5,
+            secret_sha256: hash.to_string().repeat(64),
+        };
+        let a = Answer {
+            topics: Vec::new(),
+            keys: vec![key("a", '1'), key("b", '2'), key("c", '3')],
+        };
+        // "b" was revoked on this peer only; "c" has another secret here.
+        let b = Answer {
+            topics: Vec::new(),
+            keys: vec![key("c", '4'), key("a", '1')],
+        };
+        let got: Vec<String> = common_keys(&[&a, &b]).into_iter().map(|k| k.id).collect();
+        assert_eq!(got, ["a"]);
+        assert!(common_keys(&[]).is_empty());
+        assert_eq!(common_keys(&[&a]).len(), 3);
     }
 
     #[test]
