@@ -40,8 +40,30 @@ fn versions_on(c: &Cluster, id: u64) -> Vec<u64> {
         .unwrap_or_default()
 }
 
+fn register_on(c: &Cluster, id: u64, schema: &str) -> Output {
+    c.run_on(id, &["schemas", "register", TOPIC, "--file", schema])
+        .unwrap()
+}
+
 fn produce_on(c: &Cluster, id: u64, value: &str) -> Output {
     c.run_on(id, &["produce", TOPIC, "--value", value]).unwrap()
+}
+
+/// Registers `schema` through node `via`; every node then lists version 1, and the
+/// `leader` refuses a value the schema refuses.
+fn register_and_check(c: &Cluster, via: u64, leader: u64, schema: &str) {
+    let out = register_on(c, via, schema);
+    assert!(out.status.success(), "{}", text(&out));
+    for id in c.ids() {
+        assert_eq!(versions_on(c, id), vec![1], "node {id}");
+    }
+    let out = produce_on(c, leader, r#"{"x":1}"#);
+    assert_eq!(out.status.code(), Some(65), "{}", text(&out));
+    assert!(
+        text(&out).contains("does not match schema"),
+        "{}",
+        text(&out)
+    );
 }
 
 #[test]
@@ -55,20 +77,7 @@ fn schemas_changed_through_any_node_are_checked_by_the_leader() {
     let schema = schema.to_str().unwrap();
 
     // Registered through a follower; the leader refuses what the schema refuses.
-    let out = c
-        .run_on(others[0], &["schemas", "register", TOPIC, "--file", schema])
-        .unwrap();
-    assert!(out.status.success(), "{}", text(&out));
-    for id in c.ids() {
-        assert_eq!(versions_on(&c, id), vec![1], "node {id}");
-    }
-    let out = produce_on(&c, leader, r#"{"x":1}"#);
-    assert_eq!(out.status.code(), Some(65), "{}", text(&out));
-    assert!(
-        text(&out).contains("does not match schema"),
-        "{}",
-        text(&out)
-    );
+    register_and_check(&c, others[0], leader, schema);
     let out = produce_on(&c, leader, r#"{"id":1}"#);
     assert!(out.status.success(), "{}", text(&out));
 
@@ -85,9 +94,7 @@ fn schemas_changed_through_any_node_are_checked_by_the_leader() {
     // completes it.
     let down = others[1];
     c.stop(down);
-    let out = c
-        .run_on(others[0], &["schemas", "register", TOPIC, "--file", schema])
-        .unwrap();
+    let out = register_on(&c, others[0], schema);
     assert_eq!(out.status.code(), Some(69), "{}", text(&out));
     let said = text(&out);
     assert!(
@@ -97,15 +104,7 @@ fn schemas_changed_through_any_node_are_checked_by_the_leader() {
     );
     c.restart(down);
     c.wait_cluster_id(down);
-    let out = c
-        .run_on(others[0], &["schemas", "register", TOPIC, "--file", schema])
-        .unwrap();
-    assert!(out.status.success(), "{}", text(&out));
     // (Deleting every version dropped the topic's entry: numbering starts again.)
-    for id in c.ids() {
-        assert_eq!(versions_on(&c, id), vec![1], "node {id}");
-    }
-    let out = produce_on(&c, leader, r#"{"x":1}"#);
-    assert_eq!(out.status.code(), Some(65), "{}", text(&out));
+    register_and_check(&c, others[0], leader, schema);
     c.stop_all();
 }

@@ -291,19 +291,13 @@ pub async fn serve_key_in_cluster(
     cluster: Arc<dyn crate::engine::replication::Replicator>,
 ) -> Result<KeyAnswer, Refusal> {
     use crate::engine::replication::KeyChange;
-    let nodes = |failed: &[(u64, String)]| {
-        failed
+    // The nodes that failed, then why: "3,4" and "…; …".
+    let nodes = |failed: &[(u64, String)]| -> (String, String) {
+        let (ids, why): (Vec<String>, Vec<&str>) = failed
             .iter()
-            .map(|(n, _)| n.to_string())
-            .collect::<Vec<_>>()
-            .join(",")
-    };
-    let why = |failed: &[(u64, String)]| {
-        failed
-            .iter()
-            .map(|(_, m)| m.as_str())
-            .collect::<Vec<_>>()
-            .join("; ")
+            .map(|(n, m)| (n.to_string(), m.as_str()))
+            .unzip();
+        (ids.join(","), why.join("; "))
     };
     match req {
         KeyRequest::Create { .. } => {
@@ -325,17 +319,16 @@ pub async fn serve_key_in_cluster(
             if !shared.changed.is_empty() {
                 let undone = cluster.share_key(KeyChange::Revoke(id.clone())).await;
                 if !undone.failed.is_empty() {
-                    tracing::warn!(key = %id, nodes = %nodes(&undone.failed), "undoing a key not created on every node failed there (its token was never shown)");
+                    tracing::warn!(key = %id, nodes = %nodes(&undone.failed).0, "undoing a key not created on every node failed there (its token was never shown)");
                 }
             }
-            let down = nodes(&shared.failed);
+            let (down, why) = nodes(&shared.failed);
             Err((
                 ErrorCode::PARTITION_UNAVAILABLE,
                 format!(
-                    "{}; no key created: node(s) [{down}] did not answer, and a key must be \
+                    "{why}; no key created: node(s) [{down}] did not answer, and a key must be \
                      on every node to log in through any: run the same command again once \
-                     node(s) [{down}] answer",
-                    why(&shared.failed)
+                     node(s) [{down}] answer"
                 ),
             ))
         }
@@ -347,14 +340,13 @@ pub async fn serve_key_in_cluster(
             }
             let shared = cluster.share_key(KeyChange::Revoke(id.to_string())).await;
             if !shared.failed.is_empty() {
-                let down = nodes(&shared.failed);
+                let (down, why) = nodes(&shared.failed);
                 return Err((
                     ErrorCode::PARTITION_UNAVAILABLE,
                     format!(
-                        "{}; key {id} is revoked on every node but node(s) [{down}], which \
+                        "{why}; key {id} is revoked on every node but node(s) [{down}], which \
                          still accept it: run the same command again once node(s) [{down}] \
-                         answer",
-                        why(&shared.failed)
+                         answer"
                     ),
                 ));
             }

@@ -1552,6 +1552,28 @@ impl<L: LogStores> Manager<L> {
             .await
     }
 
+    /// The same call to every peer at once (a peer not connected is waited for up to
+    /// [`PLACEMENT_WAIT`]): each peer's id with its answer.
+    async fn call_every_peer(
+        &self,
+        topic: &str,
+        rpc: Rpc,
+        payload: &[u8],
+    ) -> Vec<(u64, Result<Vec<u8>, Refusal>)> {
+        let peers: Vec<u64> = self
+            .nodes
+            .keys()
+            .copied()
+            .filter(|&n| n != self.node_id())
+            .collect();
+        let answers =
+            futures_util::future::join_all(peers.iter().map(|&node| {
+                self.call_within(node, topic, 0, rpc, payload.to_vec(), PLACEMENT_WAIT)
+            }))
+            .await;
+        peers.into_iter().zip(answers).collect()
+    }
+
     /// [`Manager::call`], a peer not connected waited for up to `wait`.
     async fn call_within(
         &self,

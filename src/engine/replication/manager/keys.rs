@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use super::{LogStores, Manager, PLACEMENT_WAIT};
+use super::{LogStores, Manager};
 use crate::engine::replication::{KeyChange, KeyShared};
 use crate::format::wire::raft::Rpc;
 
@@ -17,18 +17,8 @@ impl<L: LogStores> Manager<L> {
         let Ok(payload) = serde_json::to_vec(change) else {
             return KeyShared::default();
         };
-        let peers: Vec<u64> = self
-            .nodes
-            .keys()
-            .copied()
-            .filter(|&n| n != self.node_id())
-            .collect();
-        let answers = futures_util::future::join_all(peers.iter().map(|&node| {
-            self.call_within(node, "", 0, Rpc::Keys, payload.clone(), PLACEMENT_WAIT)
-        }))
-        .await;
         let mut shared = KeyShared::default();
-        for (node, answer) in peers.into_iter().zip(answers) {
+        for (node, answer) in self.call_every_peer("", Rpc::Keys, &payload).await {
             match answer {
                 Ok(a) if a == b"true" => shared.changed.push(node),
                 Ok(_) => {}

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::{join_ids, LogStores, Manager, Refusal, PLACEMENT_WAIT};
+use super::{join_ids, LogStores, Manager, Refusal};
 use crate::format::schemas::Subject;
 use crate::format::wire::raft::Rpc;
 use crate::format::wire::ErrorCode;
@@ -34,27 +34,10 @@ impl<L: LogStores> Manager<L> {
             subject,
         })
         .map_err(|e| (ErrorCode::INTERNAL, e.to_string()))?;
-        let peers: Vec<u64> = self
-            .nodes
-            .keys()
-            .copied()
-            .filter(|&n| n != self.node_id())
-            .collect();
-        // All at once; a peer not connected is waited for as a placement question is.
-        let answers = futures_util::future::join_all(peers.iter().map(|&node| {
-            self.call_within(
-                node,
-                topic,
-                0,
-                Rpc::Schemas,
-                payload.clone(),
-                PLACEMENT_WAIT,
-            )
-        }))
-        .await;
-        let failed: Vec<(u64, String)> = peers
+        let failed: Vec<(u64, String)> = self
+            .call_every_peer(topic, Rpc::Schemas, &payload)
+            .await
             .into_iter()
-            .zip(answers)
             .filter_map(|(node, a)| a.err().map(|(_, msg)| (node, msg)))
             .collect();
         if failed.is_empty() {
