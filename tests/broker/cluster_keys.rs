@@ -62,10 +62,9 @@ fn create_producer(c: &Cluster, id: u64, admin: &Path, name: &str) -> Output {
     )
 }
 
-#[test]
-fn keys_created_or_revoked_through_one_node_hold_on_every_node() {
-    let mut c = Cluster::prepare(3);
-    // The first admin key, made offline and copied to every node (api_keys.json).
+/// The first admin key, made offline on node 1's directory and copied to every
+/// node's (`api_keys.json`), as the README says; its token file.
+fn give_first_key(c: &Cluster) -> PathBuf {
     let first = c.node(1).dir.clone();
     std::fs::DirBuilder::new()
         .mode(0o700)
@@ -92,6 +91,13 @@ fn keys_created_or_revoked_through_one_node_hold_on_every_node() {
             .unwrap();
         std::fs::copy(first.join("api_keys.json"), dir.join("api_keys.json")).unwrap();
     }
+    admin
+}
+
+#[test]
+fn keys_created_or_revoked_through_one_node_hold_on_every_node() {
+    let mut c = Cluster::prepare(3);
+    let admin = give_first_key(&c);
     for id in c.ids() {
         c.node_mut(id).args = vec!["--auth".into(), "required".into()];
     }
@@ -177,6 +183,29 @@ fn keys_created_or_revoked_through_one_node_hold_on_every_node() {
     assert!(out.status.success(), "{}", text(&out));
     for id in c.ids() {
         assert_eq!(names_on(&c, id, &admin), ["ops"], "node {id}");
+    }
+    c.stop_all();
+}
+
+#[test]
+fn a_session_without_a_login_makes_no_key_in_a_cluster() {
+    // No key anywhere yet: the nodes serve without logins, but a key made through
+    // one would be taken by all, so none is made.
+    let mut c = Cluster::start(3);
+    let out = c
+        .run_on(2, &["keys", "create", "--name", "x", "--role", "admin"])
+        .unwrap();
+    assert_eq!(out.status.code(), Some(77), "{}", text(&out));
+    assert!(
+        text(&out).contains("created and revoked by a session logged in with an admin key"),
+        "{}",
+        text(&out)
+    );
+    for id in c.ids() {
+        assert!(
+            !c.node(id).dir.join("api_keys.json").exists(),
+            "node {id} has a key file"
+        );
     }
     c.stop_all();
 }

@@ -284,13 +284,29 @@ pub fn serve_key(
 /// not take is undone and refused (its token is never shown); a revoke some node did
 /// not take is refused naming the nodes that still accept the key, and asked again
 /// it finishes, also through a node that no longer has the key.
+///
+/// A session without a login may not create or revoke a key in a cluster: the change
+/// would reach every node, and a node serving without logins (no key yet, its
+/// directory new, or not given the cluster's keys) would otherwise let anyone make
+/// an admin key for all of them.
 pub async fn serve_key_in_cluster(
     keys: &KeyStore,
     version: u16,
     req: &KeyRequest<'_>,
+    logged_in: bool,
     cluster: Arc<dyn crate::engine::replication::Replicator>,
 ) -> Result<KeyAnswer, Refusal> {
     use crate::engine::replication::KeyChange;
+    if !logged_in && !matches!(req, KeyRequest::List) {
+        return Err((
+            ErrorCode::AUTH_REQUIRED,
+            "in a cluster, API keys are created and revoked by a session logged in with an \
+             admin key: give every node its first key offline (`seglog keys create \
+             --data-dir` on one node's directory, then copy its api_keys.json to the \
+             others) and pass --token-file"
+                .to_string(),
+        ));
+    }
     // The nodes that failed, then why: "3,4" and "…; …".
     let nodes = |failed: &[(u64, String)]| -> (String, String) {
         let (ids, why): (Vec<String>, Vec<&str>) = failed

@@ -436,9 +436,17 @@ impl Session {
             }
             Request::Key(k) => {
                 let keys = self.broker.keys();
+                let logged_in = self.login.principal().is_some();
                 match self.replication.clone() {
                     Some(cluster) => {
-                        super::auth::serve_key_in_cluster(keys, self.version, &k, cluster).await
+                        super::auth::serve_key_in_cluster(
+                            keys,
+                            self.version,
+                            &k,
+                            logged_in,
+                            cluster,
+                        )
+                        .await
                     }
                     None => super::auth::serve_key(keys, self.version, &k),
                 }
