@@ -99,9 +99,10 @@ pub enum Rpc {
     /// out asks this to answer a client's ListOffsets.
     Offsets = 15,
     /// What a node whose data directory is new needs to create its replicas again
-    /// (payload: JSON, the asking node's id; the answer: JSON, for each replicated
-    /// topic the called node holds whose placement includes the asker, the topic's
-    /// create request and, per partition, the called node's Raft vote or `null`).
+    /// (payload: JSON, the asking node's id; the answer: JSON `{"topics", "keys"}`:
+    /// for each replicated topic the called node holds whose placement includes the
+    /// asker, the topic's create request, its schemas and, per partition, the called
+    /// node's Raft vote or `null`; and the called node's API keys).
     Replicas = 16,
     /// A topic's schemas changed on the calling node (`schemas register` or `delete`):
     /// the called node takes the same entry (payload: JSON `{"topic", "subject"}`, the
