@@ -121,7 +121,7 @@ pub enum Command {
     /// Keep the newest record of each key in the sealed segments.
     Compact(compact::Args),
     /// Run the broker.
-    Serve(serve::Args),
+    Serve(Box<serve::Args>),
     /// Create, list, describe, alter and delete topics.
     Topics(topics::Args),
     /// Send records to a topic.
@@ -175,7 +175,7 @@ pub fn main() -> ExitCode {
         Command::Reindex(a) => reindex::run(a, global),
         Command::Recover(a) => recover::run(a, global),
         Command::Compact(a) => compact::run(a, global),
-        Command::Serve(a) => serve::run(a, global),
+        Command::Serve(a) => serve::run(*a, global),
         Command::Topics(a) => topics::run(a, global),
         Command::Produce(a) => produce::run(a, global),
         Command::Consume(a) => consume::run(a, global),

@@ -165,6 +165,13 @@ pub struct Args {
     #[arg(long, value_name = "ID=ADDR,...", requires_all = ["node_id", "raft_listen"],
           help_heading = "Cluster")]
     pub peers: Option<String>,
+    /// File holding the cluster secret (at least 16 bytes; a final newline is not
+    /// part of it), the same on every node: each Raft connection is refused unless
+    /// both nodes prove they hold it. Without one, anyone who reaches --raft-listen
+    /// can act as a node of the cluster. Make one with
+    /// `head -c 32 /dev/urandom | base64 > FILE` (mode 0600).
+    #[arg(long, value_name = "FILE", requires = "peers", help_heading = "Cluster")]
+    pub cluster_secret_file: Option<PathBuf>,
     /// Snapshot each replicated partition every N applied Raft entries, and purge
     /// its Raft log below the snapshot less 1000 entries (0: never; the Raft logs
     /// are then kept whole).
@@ -266,6 +273,26 @@ fn server_tls(args: &Args) -> anyhow::Result<Option<ServerTls>> {
         };
         ExitError::new(code, format!("cannot set up TLS: {e}"))
     })
+}
+
+/// Reads `--cluster-secret-file` (exit 74 when unreadable, 64 when it holds no
+/// usable secret); also returns its permission bits.
+fn cluster_secret(
+    path: Option<&Path>,
+) -> anyhow::Result<Option<(crate::engine::replication::secret::ClusterSecret, u32)>> {
+    use crate::engine::replication::secret::ClusterSecret;
+    let Some(path) = path else {
+        return Ok(None);
+    };
+    let (secret, mode) = ClusterSecret::read(path).map_err(|e| {
+        let code = if e.is_unreadable() {
+            exit::IO
+        } else {
+            exit::USAGE
+        };
+        ExitError::new(code, e.to_string())
+    })?;
+    Ok(Some((secret, mode)))
 }
 
 /// `--auth`.
@@ -716,7 +743,8 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
         (Some(id), Some(raft_addr), Some(peers)) => {
             let peers = parse_peers(peers, *id, raft_addr)?;
             check_cluster_node(&args.data_dir, *id)?;
-            Some((*id, raft_addr, peers))
+            let secret = cluster_secret(args.cluster_secret_file.as_deref())?;
+            Some((*id, raft_addr, peers, secret))
         }
         _ => {
             check_not_cluster_dir(&args.data_dir)?;
@@ -756,14 +784,14 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
         None => None,
     };
     let cluster = match peers {
-        Some((id, raft_addr, nodes)) => {
+        Some((id, raft_addr, nodes, secret)) => {
             let l = TcpListener::bind(raft_addr).map_err(|e| {
                 ExitError::new(
                     exit::IO,
                     format!("cannot listen on {raft_addr} (--raft-listen): {e}"),
                 )
             })?;
-            Some((id, nodes, l))
+            Some((id, nodes, l, secret))
         }
         None => None,
     };
@@ -832,7 +860,18 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
         (None, None) => None,
     };
     let (server, cluster) = match cluster {
-        Some((id, nodes, l)) => {
+        Some((id, nodes, l, secret)) => {
+            let has_secret = secret.is_some();
+            if let (Some((_, mode)), Some(path)) = (&secret, &args.cluster_secret_file) {
+                if mode & 0o077 != 0 {
+                    tracing::warn!(
+                        path = %path.display(),
+                        mode = format!("{mode:04o}"),
+                        "--cluster-secret-file may be read by others than its owner: chmod 600 it"
+                    );
+                }
+            }
+            let secret = secret.map(|(s, _)| s);
             let started = crate::engine::replication::node::start_with(
                 Arc::clone(&broker),
                 id,
@@ -840,6 +879,7 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
                 kafka_addr.as_deref(),
                 &nodes,
                 args.raft_snapshot_entries,
+                secret,
             );
             match started {
                 Ok(node) => {
@@ -849,6 +889,13 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
                         "seglog: raft listening on {raddr}"
                     )?;
                     tracing::info!(raft_listen = %raddr, node_id = id, "serving Raft");
+                    if !has_secret && !raddr.ip().is_loopback() {
+                        tracing::warn!(
+                            raft_listen = %raddr,
+                            "the Raft listener is beyond loopback and no --cluster-secret-file \
+                             was given: anyone who reaches it can act as a node of the cluster"
+                        );
+                    }
                     let r = Arc::clone(&node.replicator);
                     (server.with_replication(r), Some((node, l)))
                 }

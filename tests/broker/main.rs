@@ -33,6 +33,7 @@ mod cluster_pipeline;
 mod cluster_proxy;
 mod cluster_rejoin;
 mod cluster_schemas;
+mod cluster_secret;
 mod cluster_snapshot;
 mod cluster_startup;
 mod engine_broker;

@@ -9,8 +9,14 @@
 //! - Both hellos list the same node ids (each node's `--peers`), or the connection is
 //!   refused before any cluster id is adopted, and both nodes say on stderr which
 //!   ids differ ([`members_differ`]).
+//! - With a cluster secret (`--cluster-secret-file`), a connection serves calls only
+//!   after each side proved it holds the same secret ([`super::secret`]), and a node
+//!   adopts no cluster id and records nothing of a peer before its proof is checked.
+//!   A node without a secret refuses a peer that has one, and the reverse: the
+//!   operator is told on both sides.
 //! - Every length read from a peer is checked ([`check_peer_frame_len`]) before the
-//!   frame is allocated.
+//!   frame is allocated; the first frames of a connection, before any proof, against
+//!   [`HANDSHAKE_BYTES_MAX`].
 //! - A call to a peer that is not connected fails at once (openraft retries after its
 //!   backoff); the connection is redialled with an exponential backoff.
 
@@ -33,12 +39,14 @@ use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 
 use super::log_store::key::{EntryKey, EntryKind};
+use super::secret::{ClusterSecret, Handshake, Side};
 use super::log_store::{StoredEntry, StoredLeaderId, ENTRY_VALUE_BYTES_MAX};
 use super::types::{Entry, LogId, TypeConfig, Vote};
 use crate::engine::storage::io::{write_file_atomic, StorageRef};
 use crate::format::wire::raft::append;
 use crate::format::wire::raft::{
-    check_peer_frame_len, decode_peer_frame, encode_peer_frame, PeerFrame, Rpc, PEER_VERSION,
+    check_peer_frame_len, decode_peer_frame, encode_peer_frame, PeerFrame, Rpc,
+    HANDSHAKE_BYTES_MAX, NONCE_LEN, PEER_VERSION,
 };
 use crate::format::wire::LEN_FIELD;
 
@@ -46,12 +54,14 @@ use crate::format::wire::LEN_FIELD;
 const CLUSTER_MISMATCH: &str = "is not this node's cluster id";
 /// What a refusal for different `--peers` lists says (the line on stderr carries it).
 const PEERS_MISMATCH: &str = "--peers lists differ";
+/// What a refusal about the cluster secret names (the line on stderr carries it).
+const SECRET_MISMATCH: &str = "--cluster-secret-file";
 /// The cluster id's file in the data directory.
 pub const CLUSTER_FILE: &str = "cluster.json";
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-/// Longest a hello may take to arrive.
+/// Longest each frame of the handshake may take to arrive.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 /// Calls queued to one peer's connection at once.
 const OUTGOING_QUEUE: usize = 4096;
@@ -77,6 +87,8 @@ pub struct Identity {
     /// The data directory had no `cluster.json` when the node started (a first
     /// start, or a directory that was lost and replaced).
     new_directory: bool,
+    /// The cluster secret peers must prove they hold (`None`: no proof asked).
+    secret: Option<ClusterSecret>,
     data_dir: PathBuf,
     storage: StorageRef,
 }
@@ -151,6 +163,7 @@ impl Identity {
             new_directory: id.is_none(),
             cluster_id: Mutex::new(id),
             founder,
+            secret: None,
             data_dir,
             storage,
         })
@@ -200,6 +213,12 @@ impl Identity {
         self
     }
 
+    /// The same identity, asking every peer to prove it holds `secret`.
+    pub fn with_secret(mut self, secret: Option<ClusterSecret>) -> Identity {
+        self.secret = secret;
+        self
+    }
+
     /// The cluster id, once known.
     pub fn cluster_id(&self) -> Option<String> {
         lock(&self.cluster_id).clone()
@@ -225,7 +244,23 @@ impl Identity {
         Ok(true)
     }
 
-    /// Checks a peer's hello: `Err` names why the connection is refused.
+    /// Checks a peer's cluster id before the peer proved anything: a different id
+    /// refuses, and the founder of a new cluster makes its id (as [`Identity::agree`]
+    /// would), but no id is adopted.
+    fn precheck(&self, theirs: &str) -> Result<(), String> {
+        if theirs.is_empty() {
+            return self.agree(theirs);
+        }
+        match self.cluster_id() {
+            Some(have) if have != theirs => {
+                Err(format!("cluster id {theirs} {CLUSTER_MISMATCH} ({have})"))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Checks a peer's hello once the peer proved itself, adopting its cluster id
+    /// when this node has none: `Err` names why the connection is refused.
     fn agree(&self, theirs: &str) -> Result<(), String> {
         if theirs.is_empty() {
             return match self.cluster_id() {
@@ -478,10 +513,21 @@ impl Peers {
 }
 
 async fn read_frame(r: &mut (impl AsyncReadExt + Unpin)) -> io::Result<Vec<u8>> {
+    read_frame_max(r, usize::MAX).await
+}
+
+/// [`read_frame`], refusing a frame longer than `max` before it is allocated.
+async fn read_frame_max(r: &mut (impl AsyncReadExt + Unpin), max: usize) -> io::Result<Vec<u8>> {
     let mut len = [0u8; LEN_FIELD];
     r.read_exact(&mut len).await?;
     let n = check_peer_frame_len(u32::from_be_bytes(len))
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+    if n > max {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("a handshake frame of {n} bytes, more than {max}"),
+        ));
+    }
     let mut buf = vec![0u8; n];
     r.read_exact(&mut buf).await?;
     Ok(buf)
@@ -494,7 +540,7 @@ fn encode(frame: &PeerFrame<'_>) -> io::Result<Vec<u8>> {
     Ok(out)
 }
 
-fn hello_frame(ident: &Identity) -> io::Result<Vec<u8>> {
+fn hello_frame(ident: &Identity, nonce: &[u8; NONCE_LEN], proof: &[u8]) -> io::Result<Vec<u8>> {
     let (cluster_id, node_id, client_addr, kafka_addr) = ident.hello();
     encode(&PeerFrame::Hello {
         version: PEER_VERSION,
@@ -503,19 +549,36 @@ fn hello_frame(ident: &Identity) -> io::Result<Vec<u8>> {
         client_addr: &client_addr,
         kafka_addr: &kafka_addr,
         nodes: ident.members.clone(),
+        nonce: *nonce,
+        proof,
     })
 }
 
-/// What the other side's first frame said: its node id, client address and Kafka
-/// address (empty: none).
-async fn read_hello(
-    stream: &mut TcpStream,
-    ident: &Identity,
-) -> Result<(u64, String, String), String> {
-    let frame = tokio::time::timeout(HELLO_TIMEOUT, read_frame(stream))
-        .await
-        .map_err(|_| "no hello in time".to_string())?
-        .map_err(|e| format!("reading the hello: {e}"))?;
+/// What a peer's hello said, its version and `--peers` ids checked.
+struct TheirHello {
+    node_id: u64,
+    cluster_id: String,
+    client_addr: String,
+    kafka_addr: String,
+    nonce: [u8; NONCE_LEN],
+    proof: Vec<u8>,
+}
+
+/// Reads one frame of the handshake: at most [`HANDSHAKE_BYTES_MAX`], within
+/// [`HELLO_TIMEOUT`].
+async fn read_handshake_frame(stream: &mut TcpStream, what: &str) -> Result<Vec<u8>, String> {
+    tokio::time::timeout(
+        HELLO_TIMEOUT,
+        read_frame_max(stream, HANDSHAKE_BYTES_MAX as usize),
+    )
+    .await
+    .map_err(|_| format!("no {what} in time"))?
+    .map_err(|e| format!("reading the {what}: {e}"))
+}
+
+/// Reads the other side's hello (a refusal instead: `Err` with its reason).
+async fn read_hello(stream: &mut TcpStream, ident: &Identity) -> Result<TheirHello, String> {
+    let frame = read_handshake_frame(stream, "hello").await?;
     match decode_peer_frame(&frame).map_err(|e| e.to_string())? {
         PeerFrame::Hello {
             version,
@@ -524,6 +587,8 @@ async fn read_hello(
             client_addr,
             kafka_addr,
             nodes,
+            nonce,
+            proof,
         } => {
             if version != PEER_VERSION {
                 return Err(format!(
@@ -534,18 +599,60 @@ async fn read_hello(
             if let Some(why) = members_differ(node_id, &nodes, ident.node_id, &ident.members) {
                 return Err(why);
             }
-            ident.agree(cluster_id)?;
-            Ok((node_id, client_addr.to_string(), kafka_addr.to_string()))
+            Ok(TheirHello {
+                node_id,
+                cluster_id: cluster_id.to_string(),
+                client_addr: client_addr.to_string(),
+                kafka_addr: kafka_addr.to_string(),
+                nonce,
+                proof: proof.to_vec(),
+            })
         }
         PeerFrame::Refuse { reason } => Err(format!("refused: {reason}")),
         other => Err(format!("expected a hello, got {other:?}")),
     }
 }
 
+/// This node's proof as `side` of the connection `h` (empty without a secret).
+fn own_proof(ident: &Identity, side: Side, h: &Handshake<'_>) -> Vec<u8> {
+    ident
+        .secret
+        .as_ref()
+        .map(|s| s.prove(side, h).to_vec())
+        .unwrap_or_default()
+}
+
+/// Checks node `peer`'s proof as `side` of the connection `h`: `Err` names why the
+/// connection is refused, in words that read the same on both nodes.
+fn check_proof(
+    ident: &Identity,
+    peer: u64,
+    side: Side,
+    h: &Handshake<'_>,
+    proof: &[u8],
+) -> Result<(), String> {
+    let me = ident.node_id;
+    match (&ident.secret, proof.is_empty()) {
+        (None, true) => Ok(()),
+        (Some(s), false) if s.verify(side, h, proof) => Ok(()),
+        (Some(_), false) => Err(format!(
+            "nodes {me} and {peer} hold different cluster secrets ({SECRET_MISMATCH})"
+        )),
+        (Some(_), true) => Err(format!(
+            "node {peer} has no cluster secret and node {me} has one: give every node the \
+             same {SECRET_MISMATCH}"
+        )),
+        (None, false) => Err(format!(
+            "node {me} has no cluster secret and node {peer} has one: give every node the \
+             same {SECRET_MISMATCH}"
+        )),
+    }
+}
+
 /// Whether a refusal is one an operator must fix (another cluster, another
 /// `--peers` list): said on stderr, not only logged.
 fn for_the_operator(why: &str) -> bool {
-    why.contains(CLUSTER_MISMATCH) || why.contains(PEERS_MISMATCH)
+    why.contains(CLUSTER_MISMATCH) || why.contains(PEERS_MISMATCH) || why.contains(SECRET_MISMATCH)
 }
 
 /// Says once on stderr why a peer cannot be joined (a different cluster or
@@ -555,8 +662,14 @@ fn report_refusal(peer: u64, why: &str, said: &mut Option<String>) {
         return;
     }
     if for_the_operator(why) {
-        let why = why.strip_prefix("refused: ").unwrap_or(why);
-        eprintln!("seglog: node {peer} refused the raft connection: {why}; not joining it");
+        match why.strip_prefix("refused: ") {
+            Some(why) => {
+                eprintln!("seglog: node {peer} refused the raft connection: {why}; not joining it");
+            }
+            None => {
+                eprintln!("seglog: refused the raft connection to node {peer}: {why}; not joining it");
+            }
+        }
     }
     tracing::warn!(peer, "raft connection refused: {why}");
     *said = Some(why.to_string());
@@ -603,21 +716,66 @@ async fn dial(ident: &Identity, peer: &Peer) -> Result<TcpStream, String> {
         .map_err(|_| format!("connecting to {} timed out", peer.raft_addr))?
         .map_err(|e| format!("connecting to {}: {e}", peer.raft_addr))?;
     let _ = stream.set_nodelay(true);
-    let hello = hello_frame(ident).map_err(|e| e.to_string())?;
+    let my_nonce = super::secret::nonce().map_err(|e| e.to_string())?;
+    let hello = hello_frame(ident, &my_nonce, b"").map_err(|e| e.to_string())?;
     stream
         .write_all(&hello)
         .await
         .map_err(|e| format!("sending the hello: {e}"))?;
-    let (id, client_addr, kafka_addr) = read_hello(&mut stream, ident).await?;
-    if id != peer.id {
+    let theirs = read_hello(&mut stream, ident).await?;
+    let checked = check_accepted(ident, peer, &theirs, &my_nonce);
+    let proof = match checked {
+        Ok(proof) => proof,
+        Err(why) => {
+            refuse(&mut stream, &why).await;
+            return Err(why);
+        }
+    };
+    stream
+        .write_all(&encode(&PeerFrame::Proof { proof: &proof }).map_err(|e| e.to_string())?)
+        .await
+        .map_err(|e| format!("sending the proof: {e}"))?;
+    let frame = read_handshake_frame(&mut stream, "welcome").await?;
+    match decode_peer_frame(&frame).map_err(|e| e.to_string())? {
+        PeerFrame::Welcome => {}
+        PeerFrame::Refuse { reason } => return Err(format!("refused: {reason}")),
+        other => return Err(format!("expected a welcome, got {other:?}")),
+    }
+    *lock(&peer.client_addr) = Some(theirs.client_addr);
+    *lock(&peer.kafka_addr) = Some(theirs.kafka_addr);
+    Ok(stream)
+}
+
+/// The dialer's checks of the acceptor's hello: its id, its proof, then its cluster
+/// id (adopted when this node has none). Returns the dialer's own proof.
+fn check_accepted(
+    ident: &Identity,
+    peer: &Peer,
+    theirs: &TheirHello,
+    my_nonce: &[u8; NONCE_LEN],
+) -> Result<Vec<u8>, String> {
+    if theirs.node_id != peer.id {
         return Err(format!(
-            "{} is node {id}, not node {} as --peers says",
-            peer.raft_addr, peer.id
+            "{} is node {}, not node {} as --peers says",
+            peer.raft_addr, theirs.node_id, peer.id
         ));
     }
-    *lock(&peer.client_addr) = Some(client_addr);
-    *lock(&peer.kafka_addr) = Some(kafka_addr);
-    Ok(stream)
+    let h = Handshake {
+        dialer: ident.node_id,
+        acceptor: peer.id,
+        dialer_nonce: my_nonce,
+        acceptor_nonce: &theirs.nonce,
+    };
+    check_proof(ident, peer.id, Side::Acceptor, &h, &theirs.proof)?;
+    ident.agree(&theirs.cluster_id)?;
+    Ok(own_proof(ident, Side::Dialer, &h))
+}
+
+/// Tells the other side why the connection is refused (best effort).
+async fn refuse(stream: &mut TcpStream, why: &str) {
+    if let Ok(f) = encode(&PeerFrame::Refuse { reason: why }) {
+        let _ = stream.write_all(&f).await;
+    }
 }
 
 type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Result<Vec<u8>, CallError>>>>>;
@@ -755,32 +913,18 @@ async fn serve_peer<H: CallHandler>(
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> Result<(), String> {
     let _ = stream.set_nodelay(true);
-    let ident = &peers.ident;
-    let from = match read_hello(&mut stream, ident).await {
-        Ok((from, client_addr, kafka_addr)) if peers.peers.contains_key(&from) => {
-            peers.heard(from, &client_addr);
-            peers.heard_kafka(from, &kafka_addr);
-            from
-        }
-        Ok((from, _, _)) => {
-            let reason = format!("node {from} is not in this node's --peers");
-            if let Ok(f) = encode(&PeerFrame::Refuse { reason: &reason }) {
-                let _ = stream.write_all(&f).await;
-            }
-            return Err(reason);
-        }
-        Err(why) => {
-            if for_the_operator(&why) && lock(&peers.told).insert(why.clone()) {
-                eprintln!("seglog: refused a raft connection: {why}");
-            }
-            if let Ok(f) = encode(&PeerFrame::Refuse { reason: &why }) {
-                let _ = stream.write_all(&f).await;
+    let from = match accept_handshake(&mut stream, peers).await {
+        Ok(from) => from,
+        Err((why, refused_by_us)) => {
+            if refused_by_us {
+                if for_the_operator(&why) && lock(&peers.told).insert(why.clone()) {
+                    eprintln!("seglog: refused a raft connection: {why}");
+                }
+                refuse(&mut stream, &why).await;
             }
             return Err(why);
         }
     };
-    let hello = hello_frame(ident).map_err(|e| e.to_string())?;
-    stream.write_all(&hello).await.map_err(|e| e.to_string())?;
     let (mut r, mut w) = stream.into_split();
     let (out_tx, mut out_rx) = mpsc::channel::<Vec<u8>>(OUTGOING_QUEUE);
     let writer = tokio::spawn(async move {
@@ -848,6 +992,53 @@ async fn serve_peer<H: CallHandler>(
     drop(out_tx);
     writer.abort();
     result
+}
+
+/// The acceptor's side of the handshake: reads the dialer's hello, checks its
+/// membership and cluster id (without adopting it), answers with its own hello and
+/// proof, then checks the dialer's proof, and only then adopts the dialer's cluster
+/// id, records its addresses and welcomes it. Returns the dialer's node id, or why
+/// the connection ends and whether this node refused it (else the dialer did, or
+/// the connection failed).
+async fn accept_handshake(stream: &mut TcpStream, peers: &Peers) -> Result<u64, (String, bool)> {
+    let ident = &peers.ident;
+    let ours = |why: String| (why, true);
+    let theirs = read_hello(stream, ident).await.map_err(ours)?;
+    let from = theirs.node_id;
+    if !peers.peers.contains_key(&from) {
+        return Err(ours(format!("node {from} is not in this node's --peers")));
+    }
+    ident.precheck(&theirs.cluster_id).map_err(ours)?;
+    let my_nonce = super::secret::nonce().map_err(|e| ours(e.to_string()))?;
+    let h = Handshake {
+        dialer: from,
+        acceptor: ident.node_id,
+        dialer_nonce: &theirs.nonce,
+        acceptor_nonce: &my_nonce,
+    };
+    let proof = own_proof(ident, Side::Acceptor, &h);
+    let hello = hello_frame(ident, &my_nonce, &proof).map_err(|e| ours(e.to_string()))?;
+    stream
+        .write_all(&hello)
+        .await
+        .map_err(|e| (format!("sending the hello: {e}"), false))?;
+    let frame = read_handshake_frame(stream, "proof")
+        .await
+        .map_err(|e| (e, false))?;
+    match decode_peer_frame(&frame).map_err(|e| ours(e.to_string()))? {
+        PeerFrame::Proof { proof } => check_proof(ident, from, Side::Dialer, &h, proof).map_err(ours)?,
+        PeerFrame::Refuse { reason } => return Err((format!("refused: {reason}"), false)),
+        other => return Err(ours(format!("expected a proof, got {other:?}"))),
+    }
+    ident.agree(&theirs.cluster_id).map_err(ours)?;
+    peers.heard(from, &theirs.client_addr);
+    peers.heard_kafka(from, &theirs.kafka_addr);
+    let welcome = encode(&PeerFrame::Welcome).map_err(|e| ours(e.to_string()))?;
+    stream
+        .write_all(&welcome)
+        .await
+        .map_err(|e| (format!("sending the welcome: {e}"), false))?;
+    Ok(from)
 }
 
 /// Where a connection queues one group's [`Rpc::AppendStream`] calls (call id,

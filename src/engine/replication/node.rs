@@ -62,11 +62,13 @@ pub fn start(
         kafka_addr,
         nodes,
         super::manager::SNAPSHOT_ENTRIES_DEFAULT,
+        None,
     )
 }
 
 /// [`start`], with a snapshot of each group every `snapshot_entries` applied entries
-/// (`serve --raft-snapshot-entries`; 0: never, the Raft logs are kept whole).
+/// (`serve --raft-snapshot-entries`; 0: never, the Raft logs are kept whole) and the
+/// cluster secret every peer must prove it holds (`serve --cluster-secret-file`).
 pub fn start_with(
     broker: Arc<Broker>,
     node_id: u64,
@@ -74,6 +76,7 @@ pub fn start_with(
     kafka_addr: Option<&str>,
     nodes: &[(u64, String)],
     snapshot_entries: u64,
+    secret: Option<super::secret::ClusterSecret>,
 ) -> Result<Node, String> {
     let founder = nodes.iter().map(|(id, _)| *id).min() == Some(node_id);
     let ident = Identity::load(
@@ -85,7 +88,8 @@ pub fn start_with(
     )
     .map_err(|e| format!("cannot read the cluster id: {e}"))?
     .with_kafka_addr(kafka_addr)
-    .with_members(nodes);
+    .with_members(nodes)
+    .with_secret(secret);
     ident
         .found_if_alone()
         .map_err(|e| format!("cannot record the cluster id: {e}"))?;

@@ -12,11 +12,24 @@
 //!                kafka_addr string (empty: the node has no Kafka listener),
 //!                node count u16, then that many node ids u64 (version 4: every
 //!                node of the sender's --peers, ascending; a node whose list differs
-//!                is refused)
+//!                is refused), nonce [32]u8, proof bytes (version 6: empty, or 32
+//!                bytes)
 //! kind 1 call:   topic string, partition u32, rpc u8, payload bytes
 //! kind 2 reply:  status u8 (0 ok: payload bytes; 1 failed: message string)
-//! kind 3 refuse: reason string (instead of a hello; the connection then closes)
+//! kind 3 refuse: reason string (instead of any handshake frame; the connection
+//!                then closes)
+//! kind 4 proof:  proof bytes (empty, or 32 bytes)
+//! kind 5 welcome: no body
 //! ```
+//!
+//! The handshake (version 6): the dialer sends its hello (its proof empty); the
+//! acceptor answers with its own hello, whose proof is HMAC-SHA256 under the
+//! cluster secret (`serve --cluster-secret-file`) of both nonces and both node ids;
+//! the dialer checks it and sends a proof frame, its own HMAC of the same (under
+//! another label); the acceptor checks it and sends a welcome. Either side refuses
+//! instead, with a reason. Nodes without a secret send empty proofs, and a node
+//! with one refuses a peer whose proof is empty or wrong. What each MAC covers is
+//! written in `src/engine/replication/secret.rs` and docs/PROTOCOL.md.
 //!
 //! `frame_len` counts the bytes after itself, at least [`PEER_HEAD_LEN`] and at most
 //! [`FRAME_BYTES_MAX`]. A call's payload is the JSON of an openraft message (or of
@@ -36,19 +49,30 @@ use super::{
 /// The version of the peer protocol this build speaks (2: [`Rpc::AppendStream`];
 /// 3: normal entries carry their proposal time, which a node of version 2 cannot
 /// decode; 4: the hello lists the node ids of the sender's `--peers`; 5:
-/// [`Rpc::Replicas`], [`Rpc::Schemas`], [`Rpc::Keys`]). Nodes of different versions refuse each other's hello.
-pub const PEER_VERSION: u16 = 5;
+/// [`Rpc::Replicas`], [`Rpc::Schemas`], [`Rpc::Keys`]; 6: the hello carries a nonce
+/// and a proof, and the handshake ends with a proof and a welcome). Nodes of
+/// different versions refuse each other's hello.
+pub const PEER_VERSION: u16 = 6;
 /// `call_id` + `kind`: the smallest peer frame.
 pub const PEER_HEAD_LEN: usize = 8 + 1;
 /// Longest cluster id.
 pub const CLUSTER_ID_BYTES_MAX: usize = 64;
 /// Longest address in a hello.
 pub const ADDR_BYTES_MAX: usize = 256;
+/// Length of a hello's nonce.
+pub const NONCE_LEN: usize = 32;
+/// Length of a non-empty proof (an HMAC-SHA256).
+pub const PROOF_LEN: usize = 32;
+/// Largest first frame a node reads from a connection it has not authenticated (a
+/// hello listing 32767 nodes fits).
+pub const HANDSHAKE_BYTES_MAX: u32 = 512 * 1024;
 
 const KIND_HELLO: u8 = 0;
 const KIND_CALL: u8 = 1;
 const KIND_REPLY: u8 = 2;
 const KIND_REFUSE: u8 = 3;
+const KIND_PROOF: u8 = 4;
+const KIND_WELCOME: u8 = 5;
 
 /// What a call asks of the peer's group.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -155,6 +179,11 @@ pub enum PeerFrame<'a> {
         /// The ids of every node of the sender's `--peers`, itself included,
         /// ascending.
         nodes: Vec<u64>,
+        /// Random bytes the other side's proof covers.
+        nonce: [u8; NONCE_LEN],
+        /// The acceptor's proof ([`PROOF_LEN`] bytes, or empty: no secret); the
+        /// dialer's is always empty (it sends its own in a [`PeerFrame::Proof`]).
+        proof: &'a [u8],
     },
     Call {
         call_id: u64,
@@ -170,6 +199,12 @@ pub enum PeerFrame<'a> {
     Refuse {
         reason: &'a str,
     },
+    /// The dialer's proof ([`PROOF_LEN`] bytes, or empty: no secret).
+    Proof {
+        proof: &'a [u8],
+    },
+    /// The acceptor took the dialer's proof: calls may follow.
+    Welcome,
 }
 
 fn start(out: &mut Vec<u8>, call_id: u64, kind: u8) -> usize {
@@ -198,6 +233,31 @@ fn put_bytes(out: &mut Vec<u8>, b: &[u8]) -> Result<(), ProtocolError> {
     Ok(())
 }
 
+fn put_proof(out: &mut Vec<u8>, proof: &[u8]) -> Result<(), ProtocolError> {
+    if !proof.is_empty() && proof.len() != PROOF_LEN {
+        return Err(ProtocolError::Unencodable {
+            field: "proof",
+            len: proof.len() as u64,
+            max: PROOF_LEN as u64,
+        });
+    }
+    put_bytes(out, proof)
+}
+
+/// A proof: empty or [`PROOF_LEN`] bytes.
+fn proof<'a>(r: &mut Reader<'a>) -> Result<&'a [u8], ProtocolError> {
+    let at = r.at;
+    let p = bytes(r, "proof")?;
+    if !p.is_empty() && p.len() != PROOF_LEN {
+        return Err(ProtocolError::BadValue {
+            field: "proof",
+            at,
+            value: p.len() as i64,
+        });
+    }
+    Ok(p)
+}
+
 /// Appends a whole frame (with `frame_len`) to `out`; on error `out` is as before.
 pub fn encode_peer_frame(out: &mut Vec<u8>, frame: &PeerFrame<'_>) -> Result<(), ProtocolError> {
     let before = out.len();
@@ -217,6 +277,8 @@ fn encode_inner(out: &mut Vec<u8>, frame: &PeerFrame<'_>) -> Result<(), Protocol
             client_addr,
             kafka_addr,
             nodes,
+            nonce,
+            proof,
         } => {
             let at = start(out, 0, KIND_HELLO);
             out.extend_from_slice(&version.to_be_bytes());
@@ -233,6 +295,17 @@ fn encode_inner(out: &mut Vec<u8>, frame: &PeerFrame<'_>) -> Result<(), Protocol
             for n in nodes {
                 out.extend_from_slice(&n.to_be_bytes());
             }
+            out.extend_from_slice(nonce);
+            put_proof(out, proof)?;
+            finish(out, at)
+        }
+        PeerFrame::Proof { proof } => {
+            let at = start(out, 0, KIND_PROOF);
+            put_proof(out, proof)?;
+            finish(out, at)
+        }
+        PeerFrame::Welcome => {
+            let at = start(out, 0, KIND_WELCOME);
             finish(out, at)
         }
         PeerFrame::Call {
@@ -324,7 +397,13 @@ pub fn decode_peer_frame(frame: &[u8]) -> Result<PeerFrame<'_>, ProtocolError> {
                     .map(|_| r.u64("node"))
                     .collect::<Result<Vec<u64>, ProtocolError>>()?
             },
+            nonce: r.array::<NONCE_LEN>("nonce")?,
+            proof: proof(&mut r)?,
         },
+        KIND_PROOF => PeerFrame::Proof {
+            proof: proof(&mut r)?,
+        },
+        KIND_WELCOME => PeerFrame::Welcome,
         KIND_CALL => {
             let topic = r.str("topic", TOPIC_BYTES_MAX)?;
             let partition = r.u32("partition")?;
@@ -404,6 +483,8 @@ mod tests {
                 client_addr: "127.0.0.1:7000",
                 kafka_addr: "127.0.0.1:9092",
                 nodes: vec![1, 2, 3],
+                nonce: [7; NONCE_LEN],
+                proof: &[9; PROOF_LEN],
             },
             PeerFrame::Hello {
                 version: PEER_VERSION,
@@ -412,7 +493,14 @@ mod tests {
                 client_addr: "127.0.0.1:7001",
                 kafka_addr: "",
                 nodes: Vec::new(),
+                nonce: [0; NONCE_LEN],
+                proof: b"",
             },
+            PeerFrame::Proof {
+                proof: &[1; PROOF_LEN],
+            },
+            PeerFrame::Proof { proof: b"" },
+            PeerFrame::Welcome,
             PeerFrame::Call {
                 call_id: 9,
                 topic: "orders",
@@ -469,10 +557,12 @@ mod tests {
             client_addr: "h:1",
             kafka_addr: "k:2",
             nodes: vec![1, 2],
+            nonce: [0xab; NONCE_LEN],
+            proof: b"",
         };
         encode_peer_frame(&mut out, &f).unwrap();
         let want: Vec<u8> = [
-            &[0, 0, 0, 51][..],
+            &[0, 0, 0, 87][..],
             &[0; 8],
             &[0],
             &[0, 1],
@@ -483,6 +573,8 @@ mod tests {
             &[0, 2],
             &[0, 0, 0, 0, 0, 0, 0, 1],
             &[0, 0, 0, 0, 0, 0, 0, 2],
+            &[0xab; NONCE_LEN],
+            &[0, 0, 0, 0],
         ]
         .concat();
         assert_eq!(out, want);
@@ -509,6 +601,17 @@ mod tests {
                 ..
             })
         ));
+        // A proof of another length than an HMAC-SHA256's.
+        let mut out = Vec::new();
+        encode_peer_frame(&mut out, &PeerFrame::Proof { proof: b"" }).unwrap();
+        let mut body = out[4..].to_vec();
+        body.truncate(body.len() - 4);
+        body.extend_from_slice(&[0, 0, 0, 3, 1, 2, 3]);
+        assert!(matches!(
+            decode_peer_frame(&body),
+            Err(ProtocolError::BadValue { field: "proof", .. })
+        ));
+        assert!(encode_peer_frame(&mut Vec::new(), &PeerFrame::Proof { proof: b"abc" }).is_err());
         // An unknown rpc.
         let mut out = empty_vote_call();
         let rpc_at = 4 + 9 + 3 + 4;
