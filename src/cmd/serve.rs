@@ -170,7 +170,12 @@ pub struct Args {
     /// both nodes prove they hold it. Without one, anyone who reaches --raft-listen
     /// can act as a node of the cluster. Make one with
     /// `head -c 32 /dev/urandom | base64 > FILE` (mode 0600).
-    #[arg(long, value_name = "FILE", requires = "peers", help_heading = "Cluster")]
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "peers",
+        help_heading = "Cluster"
+    )]
     pub cluster_secret_file: Option<PathBuf>,
     /// Snapshot each replicated partition every N applied Raft entries, and purge
     /// its Raft log below the snapshot less 1000 entries (0: never; the Raft logs

@@ -124,7 +124,10 @@ fn only_nodes_holding_the_cluster_secret_join() {
         }),
     )
     .unwrap();
-    assert!(reason.contains("hold different cluster secrets"), "{reason}");
+    assert!(
+        reason.contains("hold different cluster secrets"),
+        "{reason}"
+    );
     // A call in place of the proof: refused, never handled.
     let (mut s, _) = hello_as(&raft1, 2);
     let call = frame(&PeerFrame::Call {
@@ -141,7 +144,9 @@ fn only_nodes_holding_the_cluster_secret_join() {
     // Node 3 with another secret: refused both ways, said on stderr.
     restart_with(&mut c, 3, secret_args(&other));
     assert!(
-        c.node(3).serve().stderr_gets("hold different cluster secrets"),
+        c.node(3)
+            .serve()
+            .stderr_gets("hold different cluster secrets"),
         "{}",
         c.node(3).stderr()
     );

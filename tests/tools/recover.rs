@@ -353,6 +353,77 @@ fn stale_tail_is_cut_and_never_resurrected() {
     assert_eq!(offsets(&d.part), (0..4).collect::<Vec<_>>());
 }
 
+/// A reused active segment (generation 3) holding records 0..4 with values shorter
+/// than those of the generation before it, followed by the bytes generation 2 left
+/// there: the data ends inside one of its records, as after a crash of a writer on
+/// a reused spare. Returns the segment of generation 3 and the whole file.
+fn inside_an_older_record() -> (Segment, Vec<u8>) {
+    let mut s = Segment::new(0, 3);
+    for o in 0..4 {
+        s.push(o, o as i64, Some(b"k"), b"short");
+    }
+    let old = seg(0, 2, 0..12);
+    assert!(
+        old.records
+            .iter()
+            .all(|&(_, pos, _)| pos != s.log.len() as u64),
+        "the data must end inside an old record"
+    );
+    let mut log = s.log.clone();
+    log.extend_from_slice(&old.log[s.log.len()..]);
+    (s, log)
+}
+
+#[test]
+fn data_ending_inside_an_older_generations_record_is_a_stale_tail() {
+    let d = Data::new();
+    let (s, log) = inside_an_older_record();
+    d.put(0, &log, Some(&s.index));
+    for tool in ["verify", "dump"] {
+        let (code, text) = json_of(tool, &d.data);
+        assert_eq!(code, 0, "{tool}: {text}");
+        assert!(text.contains("stale_tail"), "{tool}: {text}");
+        assert!(text.contains("generation 2"), "{tool}: {text}");
+        assert!(!text.contains("torn_tail"), "{tool}: {text}");
+    }
+    let v = recover_twice(&d, 0);
+    assert_eq!(v["actions"][0]["tail"], "stale_tail", "{v:#}");
+    assert_eq!(fs::read(d.log(0)).unwrap(), s.log);
+    assert_eq!(offsets(&d.part), (0..4).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_torn_write_over_an_older_generations_records_stays_a_torn_tail() {
+    // The writer's record 4 torn in its middle, the older bytes after it.
+    let (_, old_tail) = inside_an_older_record();
+    let mut five = Segment::new(0, 3);
+    for o in 0..5 {
+        five.push(o, o as i64, Some(b"k"), b"short but longer");
+    }
+    let (_, pos, len) = five.records[4];
+    let torn_end = pos as usize + len / 2;
+    let mut log = five.log[..torn_end].to_vec();
+    log.extend_from_slice(&old_tail[torn_end..]);
+    let d = Data::new();
+    d.put(0, &log, None);
+    let (code, text) = json_of("verify", &d.data);
+    assert_eq!(code, 1, "{text}");
+    assert!(text.contains("torn_tail"), "{text}");
+    assert!(!text.contains("stale_tail"), "{text}");
+    // Damage inside the writer's own data, records of its generation after it: no
+    // stale tail either.
+    let mut log = five.log.clone();
+    let (_, pos2, _) = five.records[2];
+    log[pos2 as usize..pos2 as usize + 4].copy_from_slice(&[0xff; 4]);
+    log.extend_from_slice(&old_tail[log.len().min(old_tail.len())..]);
+    let d = Data::new();
+    d.put(0, &log, None);
+    let (code, text) = json_of("verify", &d.data);
+    assert_eq!(code, 1, "{text}");
+    assert!(text.contains("torn_tail"), "{text}");
+    assert!(!text.contains("stale_tail"), "{text}");
+}
+
 #[test]
 fn unfinished_seal_is_cut_from_a_sealed_segment() {
     for stale in [false, true] {

@@ -16,7 +16,9 @@ use std::path::{Path, PathBuf};
 use crate::format::index::{decode_index, IndexBuilder, IndexEntry, IndexError, INDEX_ENTRY_LEN};
 use crate::format::marker::{CompactionMarker, MarkerError, MARKER_BYTES_MAX};
 use crate::format::names::{log_file_name, tmp_file_name};
-use crate::format::record::{claimed_encoded_len, RecordError, LEN_FIELD};
+use crate::format::record::{
+    claimed_encoded_len, decode_record, peek_offset, RecordError, LEN_FIELD, MAX_RECORD_LEN,
+};
 use crate::format::{HeaderError, SegmentHeader, HEADER_LEN};
 
 use crate::engine::storage::layout::{
@@ -1487,6 +1489,17 @@ pub fn classify_scan_end(
     let stale = !active && stale_looking && holds_all;
     let zero_seal = !active && zero_to_end && holds_all;
     let stale_in_active = active && stale_looking;
+    // After a crash, a reused active segment's data may end inside a record the older
+    // generation wrote (records of other lengths): the bytes there are no record at
+    // all, yet no torn write either.
+    let inside_stale = match end {
+        ScanEnd::Record(e)
+            if active && !zero_to_end && !matches!(e, RecordError::StaleGeneration { .. }) =>
+        {
+            stale_inside(file, position, file_len, next)?
+        }
+        _ => None,
+    };
     let p = if active {
         match end {
             // Preallocated, zeroed space: kept, so a restart keeps it.
@@ -1503,6 +1516,16 @@ pub fn classify_scan_end(
                 Some(position),
                 None,
                 format!("{tail} bytes after the data hold records of older generation {writer_generation}; recover trims them"),
+            ),
+            _ if inside_stale.is_some() => problem(
+                ProblemKind::StaleTail,
+                log,
+                Some(position),
+                None,
+                format!(
+                    "{tail} bytes after the data begin inside a record of an older generation and hold records of generation {} after it (the writer's data ended there); recover trims them",
+                    inside_stale.unwrap_or_default()
+                ),
             ),
             end => problem(
                 ProblemKind::TornTail,
@@ -1542,6 +1565,63 @@ pub fn classify_scan_end(
 
 /// Whether a valid record of `generation` follows the (whole, stale-looking) record
 /// at `position`, before `file_len`.
+/// Bytes past the end of a reused active segment's data searched for a whole record
+/// by [`stale_inside`] (the record itself may run up to as far again).
+const STALE_SEARCH_BYTES: u64 = 1024 * 1024;
+
+/// Whether the bytes at `position`, where a reused active segment's valid data ends
+/// on bytes that are no record, are the rest of a record an older generation wrote.
+/// They are when the first whole record found past `position` (starting within
+/// [`STALE_SEARCH_BYTES`]) is of an older generation, and the bytes at `position`
+/// do not start a record of the next offset `next` (a torn write of the writer's).
+/// A record of the file's own generation found first means damage inside the
+/// writer's data. Returns the older generation (its low 32 bits); `None` also for a
+/// file of generation 0 (never reused).
+fn stale_inside(
+    file: &File,
+    position: u64,
+    file_len: u64,
+    next: Option<u64>,
+) -> io::Result<Option<u32>> {
+    let Ok(header) = read_header(file, file_len)? else {
+        return Ok(None);
+    };
+    if header.generation == 0 || position >= file_len {
+        return Ok(None);
+    }
+    // At most 2 MiB, whatever the file's length.
+    let want = (file_len - position).min(2 * STALE_SEARCH_BYTES);
+    let mut buf = vec![0u8; usize::try_from(want).unwrap_or(0)];
+    let n = read_full_at(file, &mut buf, position)?;
+    buf.truncate(n);
+    let claimed = buf
+        .get(..LEN_FIELD)
+        .and_then(|b| <[u8; LEN_FIELD]>::try_from(b).ok())
+        .map(u32::from_be_bytes);
+    let torn_own = claimed.is_some_and(|l| (28..=MAX_RECORD_LEN).contains(&l))
+        && next.is_some()
+        && peek_offset(&buf) == next;
+    if torn_own {
+        return Ok(None);
+    }
+    let search = buf
+        .len()
+        .min(usize::try_from(STALE_SEARCH_BYTES).unwrap_or(usize::MAX));
+    for at in 1..search {
+        let Some(avail) = buf.get(at..) else {
+            break;
+        };
+        match decode_record(avail, position + at as u64, header.generation) {
+            Ok(_) => return Ok(None),
+            Err(RecordError::StaleGeneration {
+                writer_generation, ..
+            }) => return Ok(Some(writer_generation)),
+            Err(_) => {}
+        }
+    }
+    Ok(None)
+}
+
 fn own_record_follows(
     file: &File,
     generation: u64,

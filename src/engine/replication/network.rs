@@ -39,8 +39,8 @@ use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 
 use super::log_store::key::{EntryKey, EntryKind};
-use super::secret::{ClusterSecret, Handshake, Side};
 use super::log_store::{StoredEntry, StoredLeaderId, ENTRY_VALUE_BYTES_MAX};
+use super::secret::{ClusterSecret, Handshake, Side};
 use super::types::{Entry, LogId, TypeConfig, Vote};
 use crate::engine::storage::io::{write_file_atomic, StorageRef};
 use crate::format::wire::raft::append;
@@ -667,7 +667,9 @@ fn report_refusal(peer: u64, why: &str, said: &mut Option<String>) {
                 eprintln!("seglog: node {peer} refused the raft connection: {why}; not joining it");
             }
             None => {
-                eprintln!("seglog: refused the raft connection to node {peer}: {why}; not joining it");
+                eprintln!(
+                    "seglog: refused the raft connection to node {peer}: {why}; not joining it"
+                );
             }
         }
     }
@@ -1026,7 +1028,9 @@ async fn accept_handshake(stream: &mut TcpStream, peers: &Peers) -> Result<u64, 
         .await
         .map_err(|e| (e, false))?;
     match decode_peer_frame(&frame).map_err(|e| ours(e.to_string()))? {
-        PeerFrame::Proof { proof } => check_proof(ident, from, Side::Dialer, &h, proof).map_err(ours)?,
+        PeerFrame::Proof { proof } => {
+            check_proof(ident, from, Side::Dialer, &h, proof).map_err(ours)?
+        }
         PeerFrame::Refuse { reason } => return Err((format!("refused: {reason}"), false)),
         other => return Err(ours(format!("expected a proof, got {other:?}"))),
     }

@@ -227,6 +227,9 @@ mod tests {
         assert!(e.is_unreadable(), "{e}");
         let e = ClusterSecret::read(dir.path()).unwrap_err();
         assert!(e.is_unreadable(), "{e}");
-        assert_eq!(format!("{:?}", secret("0123456789abcdef")), "ClusterSecret(..)");
+        assert_eq!(
+            format!("{:?}", secret("0123456789abcdef")),
+            "ClusterSecret(..)"
+        );
     }
 }
