@@ -1029,7 +1029,7 @@ async fn accept_handshake(stream: &mut TcpStream, peers: &Peers) -> Result<u64, 
         .map_err(|e| (e, false))?;
     match decode_peer_frame(&frame).map_err(|e| ours(e.to_string()))? {
         PeerFrame::Proof { proof } => {
-            check_proof(ident, from, Side::Dialer, &h, proof).map_err(ours)?
+            check_proof(ident, from, Side::Dialer, &h, proof).map_err(ours)?;
         }
         PeerFrame::Refuse { reason } => return Err((format!("refused: {reason}"), false)),
         other => return Err(ours(format!("expected a proof, got {other:?}"))),
