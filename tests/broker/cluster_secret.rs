@@ -4,7 +4,7 @@
 //! secret, or a wrong one, is refused before any call; bad secret files stop `serve`
 //! before it starts.
 
-#![expect(clippy::unwrap_used, clippy::indexing_slicing, reason = "tests")]
+#![expect(clippy::unwrap_used, reason = "tests")]
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
