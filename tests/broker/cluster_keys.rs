@@ -209,3 +209,33 @@ fn a_session_without_a_login_makes_no_key_in_a_cluster() {
     }
     c.stop_all();
 }
+
+#[test]
+fn a_node_without_keys_requires_logins_when_its_cluster_does() {
+    // The first key copied to nodes 1 and 2 only (node 3's directory was replaced,
+    // or the copy forgotten); no --auth flag anywhere: node 3 holds no key, yet once
+    // it has met a peer that requires logins it serves no session without one.
+    let mut c = Cluster::prepare(3);
+    let admin = give_first_key(&c);
+    std::fs::remove_file(c.node(3).dir.join("api_keys.json")).unwrap();
+    c.start_all();
+    assert!(
+        c.node(3)
+            .serve()
+            .stderr_gets("requires logins: this node now requires them too"),
+        "{}",
+        c.node(3).stderr()
+    );
+    let out = c.run_on(3, &["topics", "list"]).unwrap();
+    assert_eq!(out.status.code(), Some(77), "{}", text(&out));
+    let out = c
+        .run_on(3, &["topics", "create", "t", "--replication-factor", "3"])
+        .unwrap();
+    assert_eq!(out.status.code(), Some(77), "{}", text(&out));
+    // The nodes that hold the key serve its sessions, and nothing was created.
+    let out = on(&c, 1, &admin, &["topics", "list"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let out = on(&c, 1, &admin, &["topics", "describe", "t"]);
+    assert!(!out.status.success(), "{}", text(&out));
+    c.stop_all();
+}

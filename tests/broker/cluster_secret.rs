@@ -72,6 +72,7 @@ fn hello_as(raft_addr: &str, as_node: u64) -> (TcpStream, Vec<u8>) {
         nodes: vec![1, 2, 3],
         nonce: [5; NONCE_LEN],
         proof: b"",
+        flags: 0,
     }))
     .unwrap();
     let answer = read_frame(&mut s).expect("an answer to the hello");

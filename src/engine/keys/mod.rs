@@ -295,6 +295,9 @@ pub struct KeyStore {
     generation: AtomicU64,
     limiter: Mutex<Limiter>,
     mode: AtomicU8,
+    /// A node of this broker's cluster requires logins (its hello said so): under
+    /// [`AuthMode::Auto`] this broker requires them too, keys or none.
+    cluster_requires: AtomicBool,
     /// Compared against when a token names no key, so that costs what a real
     /// comparison costs.
     dummy_hash: [u8; 32],
@@ -391,6 +394,7 @@ impl KeyStore {
             generation: AtomicU64::new(0),
             limiter: Mutex::new(Limiter::default()),
             mode: AtomicU8::new(0),
+            cluster_requires: AtomicBool::new(false),
             dummy_hash: hash_secret(&random::<SECRET_BYTES>()?),
             poisoned: AtomicBool::new(false),
             dirty: AtomicBool::new(false),
@@ -423,13 +427,27 @@ impl KeyStore {
     }
 
     /// Whether a login is required right now (under [`AuthMode::Auto`]: whether the
-    /// store holds a key).
+    /// store holds a key, or a node of the cluster requires logins).
     pub fn required(&self) -> bool {
         match self.mode.load(Ordering::Relaxed) {
             1 => true,
             2 => false,
-            _ => self.count.load(Ordering::Relaxed) > 0,
+            _ => {
+                self.count.load(Ordering::Relaxed) > 0
+                    || self.cluster_requires.load(Ordering::Relaxed)
+            }
         }
+    }
+
+    /// A node of the cluster requires logins: under [`AuthMode::Auto`] this broker
+    /// requires them too from now on, until it stops, even while it holds no key
+    /// (a new data directory, keys not copied to it): a node of a cluster that
+    /// requires logins never serves without one. Returns whether that changed what
+    /// [`KeyStore::required`] says.
+    pub fn require_for_cluster(&self) -> bool {
+        let before = self.required();
+        self.cluster_requires.store(true, Ordering::Relaxed);
+        !before && self.required()
     }
 
     /// Bumped by every create and revoke.

@@ -46,7 +46,7 @@ use crate::engine::storage::io::{write_file_atomic, StorageRef};
 use crate::format::wire::raft::append;
 use crate::format::wire::raft::{
     check_peer_frame_len, decode_peer_frame, encode_peer_frame, PeerFrame, Rpc,
-    HANDSHAKE_BYTES_MAX, NONCE_LEN, PEER_VERSION,
+    HANDSHAKE_BYTES_MAX, HELLO_LOGINS, NONCE_LEN, PEER_VERSION,
 };
 use crate::format::wire::LEN_FIELD;
 
@@ -70,6 +70,22 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// Whether this node requires logins from its clients (its hello says so), and what
+/// it does when a peer that proved itself says it requires them (the node's
+/// [`crate::engine::keys::KeyStore::require_for_cluster`]).
+pub struct Logins {
+    pub required: Box<dyn Fn() -> bool + Send + Sync>,
+    pub peer_requires: Box<dyn Fn(u64) + Send + Sync>,
+}
+
+impl std::fmt::Debug for Logins {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Logins")
+            .field("required", &(self.required)())
+            .finish_non_exhaustive()
+    }
+}
+
 /// Who this node is: its id, its client address, and the cluster id once known.
 #[derive(Debug)]
 pub struct Identity {
@@ -89,6 +105,9 @@ pub struct Identity {
     new_directory: bool,
     /// The cluster secret peers must prove they hold (`None`: no proof asked).
     secret: Option<ClusterSecret>,
+    /// Logins, as the hellos carry them (`None`: the hello says none are required,
+    /// and peers' hellos change nothing).
+    logins: Option<Logins>,
     data_dir: PathBuf,
     storage: StorageRef,
 }
@@ -164,6 +183,7 @@ impl Identity {
             cluster_id: Mutex::new(id),
             founder,
             secret: None,
+            logins: None,
             data_dir,
             storage,
         })
@@ -217,6 +237,30 @@ impl Identity {
     pub fn with_secret(mut self, secret: Option<ClusterSecret>) -> Identity {
         self.secret = secret;
         self
+    }
+
+    /// The same identity, saying in its hellos whether it requires logins and
+    /// told when an authenticated peer's hello says the peer does.
+    pub fn with_logins(mut self, logins: Logins) -> Identity {
+        self.logins = Some(logins);
+        self
+    }
+
+    /// The flags of this node's hello.
+    fn hello_flags(&self) -> u8 {
+        match &self.logins {
+            Some(l) if (l.required)() => HELLO_LOGINS,
+            _ => 0,
+        }
+    }
+
+    /// Acts on the flags of the hello of `peer`, once it proved itself.
+    fn heard_flags(&self, peer: u64, flags: u8) {
+        if flags & HELLO_LOGINS != 0 {
+            if let Some(l) = &self.logins {
+                (l.peer_requires)(peer);
+            }
+        }
     }
 
     /// The cluster id, once known.
@@ -551,6 +595,7 @@ fn hello_frame(ident: &Identity, nonce: &[u8; NONCE_LEN], proof: &[u8]) -> io::R
         nodes: ident.members.clone(),
         nonce: *nonce,
         proof,
+        flags: ident.hello_flags(),
     })
 }
 
@@ -562,6 +607,7 @@ struct TheirHello {
     kafka_addr: String,
     nonce: [u8; NONCE_LEN],
     proof: Vec<u8>,
+    flags: u8,
 }
 
 /// Reads one frame of the handshake: at most [`HANDSHAKE_BYTES_MAX`], within
@@ -589,6 +635,7 @@ async fn read_hello(stream: &mut TcpStream, ident: &Identity) -> Result<TheirHel
             nodes,
             nonce,
             proof,
+            flags,
         } => {
             if version != PEER_VERSION {
                 return Err(format!(
@@ -606,6 +653,7 @@ async fn read_hello(stream: &mut TcpStream, ident: &Identity) -> Result<TheirHel
                 kafka_addr: kafka_addr.to_string(),
                 nonce,
                 proof: proof.to_vec(),
+                flags,
             })
         }
         PeerFrame::Refuse { reason } => Err(format!("refused: {reason}")),
@@ -770,6 +818,7 @@ fn check_accepted(
     };
     check_proof(ident, peer.id, Side::Acceptor, &h, &theirs.proof)?;
     ident.agree(&theirs.cluster_id)?;
+    ident.heard_flags(peer.id, theirs.flags);
     Ok(own_proof(ident, Side::Dialer, &h))
 }
 
@@ -1035,6 +1084,7 @@ async fn accept_handshake(stream: &mut TcpStream, peers: &Peers) -> Result<u64, 
         other => return Err(ours(format!("expected a proof, got {other:?}"))),
     }
     ident.agree(&theirs.cluster_id).map_err(ours)?;
+    ident.heard_flags(from, theirs.flags);
     peers.heard(from, &theirs.client_addr);
     peers.heard_kafka(from, &theirs.kafka_addr);
     let welcome = encode(&PeerFrame::Welcome).map_err(|e| ours(e.to_string()))?;

@@ -38,6 +38,26 @@ impl LogStores for RaftLogs {
     }
 }
 
+/// What the node's hellos say of its logins, and what it does when a peer requires
+/// them: under `--auth` auto it requires them too, keys or none, and says so once.
+fn logins(broker: &Arc<Broker>) -> super::network::Logins {
+    let ours = Arc::clone(broker);
+    let theirs = Arc::clone(broker);
+    super::network::Logins {
+        required: Box::new(move || ours.keys().required()),
+        peer_requires: Box::new(move |peer| {
+            if theirs.keys().require_for_cluster() {
+                tracing::warn!(
+                    peer,
+                    "node {peer} requires logins: this node now requires them too, though it \
+                     holds no API key yet (its clients cannot log in until it has the \
+                     cluster's keys)"
+                );
+            }
+        }),
+    }
+}
+
 /// A started cluster node.
 pub struct Node {
     pub manager: Arc<Manager<RaftLogs>>,
@@ -89,7 +109,8 @@ pub fn start_with(
     .map_err(|e| format!("cannot read the cluster id: {e}"))?
     .with_kafka_addr(kafka_addr)
     .with_members(nodes)
-    .with_secret(secret);
+    .with_secret(secret)
+    .with_logins(logins(&broker));
     ident
         .found_if_alone()
         .map_err(|e| format!("cannot record the cluster id: {e}"))?;

@@ -13,7 +13,8 @@
 //!                node count u16, then that many node ids u64 (version 4: every
 //!                node of the sender's --peers, ascending; a node whose list differs
 //!                is refused), nonce [32]u8, proof bytes (version 6: empty, or 32
-//!                bytes)
+//!                bytes), flags u8 (version 6: bit 0, the sender requires logins;
+//!                the other bits 0)
 //! kind 1 call:   topic string, partition u32, rpc u8, payload bytes
 //! kind 2 reply:  status u8 (0 ok: payload bytes; 1 failed: message string)
 //! kind 3 refuse: reason string (instead of any handshake frame; the connection
@@ -63,6 +64,9 @@ pub const ADDR_BYTES_MAX: usize = 256;
 pub const NONCE_LEN: usize = 32;
 /// Length of a non-empty proof (an HMAC-SHA256).
 pub const PROOF_LEN: usize = 32;
+/// Hello flag: the sender requires logins from its clients.
+pub const HELLO_LOGINS: u8 = 1;
+
 /// Largest first frame a node reads from a connection it has not authenticated (a
 /// hello listing 32767 nodes fits).
 pub const HANDSHAKE_BYTES_MAX: u32 = 512 * 1024;
@@ -184,6 +188,8 @@ pub enum PeerFrame<'a> {
         /// The acceptor's proof ([`PROOF_LEN`] bytes, or empty: no secret); the
         /// dialer's is always empty (it sends its own in a [`PeerFrame::Proof`]).
         proof: &'a [u8],
+        /// [`HELLO_LOGINS`], or 0.
+        flags: u8,
     },
     Call {
         call_id: u64,
@@ -279,6 +285,7 @@ fn encode_inner(out: &mut Vec<u8>, frame: &PeerFrame<'_>) -> Result<(), Protocol
             nodes,
             nonce,
             proof,
+            flags,
         } => {
             let at = start(out, 0, KIND_HELLO);
             out.extend_from_slice(&version.to_be_bytes());
@@ -297,6 +304,7 @@ fn encode_inner(out: &mut Vec<u8>, frame: &PeerFrame<'_>) -> Result<(), Protocol
             }
             out.extend_from_slice(nonce);
             put_proof(out, proof)?;
+            out.push(*flags);
             finish(out, at)
         }
         PeerFrame::Proof { proof } => {
@@ -399,6 +407,18 @@ pub fn decode_peer_frame(frame: &[u8]) -> Result<PeerFrame<'_>, ProtocolError> {
             },
             nonce: r.array::<NONCE_LEN>("nonce")?,
             proof: proof(&mut r)?,
+            flags: {
+                let at = r.at;
+                let f = r.array::<1>("flags")?[0];
+                if f & !HELLO_LOGINS != 0 {
+                    return Err(ProtocolError::BadValue {
+                        field: "flags",
+                        at,
+                        value: i64::from(f),
+                    });
+                }
+                f
+            },
         },
         KIND_PROOF => PeerFrame::Proof {
             proof: proof(&mut r)?,
@@ -485,6 +505,7 @@ mod tests {
                 nodes: vec![1, 2, 3],
                 nonce: [7; NONCE_LEN],
                 proof: &[9; PROOF_LEN],
+                flags: HELLO_LOGINS,
             },
             PeerFrame::Hello {
                 version: PEER_VERSION,
@@ -495,6 +516,7 @@ mod tests {
                 nodes: Vec::new(),
                 nonce: [0; NONCE_LEN],
                 proof: b"",
+                flags: 0,
             },
             PeerFrame::Proof {
                 proof: &[1; PROOF_LEN],
@@ -559,10 +581,11 @@ mod tests {
             nodes: vec![1, 2],
             nonce: [0xab; NONCE_LEN],
             proof: b"",
+            flags: 1,
         };
         encode_peer_frame(&mut out, &f).unwrap();
         let want: Vec<u8> = [
-            &[0, 0, 0, 87][..],
+            &[0, 0, 0, 88][..],
             &[0; 8],
             &[0],
             &[0, 1],
@@ -575,6 +598,7 @@ mod tests {
             &[0, 0, 0, 0, 0, 0, 0, 2],
             &[0xab; NONCE_LEN],
             &[0, 0, 0, 0],
+            &[1],
         ]
         .concat();
         assert_eq!(out, want);
@@ -612,6 +636,15 @@ mod tests {
             Err(ProtocolError::BadValue { field: "proof", .. })
         ));
         assert!(encode_peer_frame(&mut Vec::new(), &PeerFrame::Proof { proof: b"abc" }).is_err());
+        // A hello flag this version does not know.
+        let mut out = Vec::new();
+        encode_peer_frame(&mut out, &samples()[0]).unwrap();
+        let n = out.len();
+        out[n - 1] = 2;
+        assert!(matches!(
+            decode_peer_frame(&out[4..]),
+            Err(ProtocolError::BadValue { field: "flags", .. })
+        ));
         // An unknown rpc.
         let mut out = empty_vote_call();
         let rpc_at = 4 + 9 + 3 + 4;
