@@ -337,12 +337,13 @@ pub fn parse_listen_addr(text: &str) -> Result<String, String> {
     }
 }
 
-/// Exit 64 for a request that cannot be encoded or that the broker refuses as an
-/// invalid argument ([`refusal_exit`]), 74 for a record that fails its check, 69
-/// otherwise (unreachable or failing broker; the message names the address).
+/// Exit 64 for a request that cannot be encoded, an address that is a Raft
+/// listener, or a request the broker refuses as an invalid argument
+/// ([`refusal_exit`]), 74 for a record that fails its check, 69 otherwise
+/// (unreachable or failing broker; the message names the address).
 pub fn client_error(e: ClientError) -> anyhow::Error {
     let code = match &e {
-        ClientError::Encode(_) => exit::USAGE,
+        ClientError::Encode(_) | ClientError::RaftListener { .. } => exit::USAGE,
         ClientError::BadRecord { .. } => exit::IO,
         ClientError::Refused { code, .. } => refusal_exit(*code),
         _ => exit::UNAVAILABLE,

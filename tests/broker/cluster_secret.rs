@@ -2,7 +2,7 @@
 //! processes: nodes holding the same secret replicate; a node with another secret or
 //! none is refused and says why; a connection to a Raft listener that proves no
 //! secret, or a wrong one, is refused before any call; bad secret files stop `serve`
-//! before it starts.
+//! before it starts. A client sent to a Raft listener is told what it reached.
 
 #![expect(clippy::unwrap_used, reason = "tests")]
 
@@ -104,9 +104,24 @@ fn only_nodes_holding_the_cluster_secret_join() {
     c.ok_with_stdin(&["produce", "s"], "a\nb\n");
     c.wait_caught_up("s", 1);
 
+    // A client sent to a Raft listener by mistake is told so.
+    let raft1 = c.node(1).raft_addr.clone();
+    let out = Command::new(BIN)
+        .args(["topics", "list", "--broker", &raft1])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{err}");
+    assert!(
+        err.contains(&format!(
+            "{raft1} is a cluster node's Raft listener (serve --raft-listen), not a client \
+             listener"
+        )),
+        "{err}"
+    );
+
     // The acceptor proves the secret in its hello; a dialer that proves nothing, or
     // a wrong proof, is refused and served no call.
-    let raft1 = c.node(1).raft_addr.clone();
     let (mut s, answer) = hello_as(&raft1, 3);
     match decode_peer_frame(&answer).unwrap() {
         PeerFrame::Hello { node_id, proof, .. } => {

@@ -44,6 +44,13 @@ pub enum ClientError {
     Io { addr: String, source: io::Error },
     #[error("the broker at {addr} sent an invalid response: {detail}")]
     Protocol { addr: String, detail: String },
+    /// The address is a cluster node's Raft listener: it answered with a refusal of
+    /// the peer protocol.
+    #[error(
+        "{addr} is a cluster node's Raft listener (serve --raft-listen), not a client \
+         listener: give --broker the node's --listen address"
+    )]
+    RaftListener { addr: String },
     #[error("the broker at {addr} refused the request: {message} [{code}]")]
     Refused {
         addr: String,
@@ -448,7 +455,19 @@ impl Client {
                 resp.message.to_string(),
                 check_head(&resp, id, api),
             ),
-            Err(e) => return Err(self.protocol(e.to_string())),
+            Err(e) => {
+                let raft = matches!(
+                    crate::format::wire::raft::decode_peer_frame(&self.frame),
+                    Ok(crate::format::wire::raft::PeerFrame::Refuse { .. })
+                );
+                if raft {
+                    self.broken = true;
+                    return Err(ClientError::RaftListener {
+                        addr: self.addr.clone(),
+                    });
+                }
+                return Err(self.protocol(e.to_string()));
+            }
         };
         if !code.is_ok() {
             if code.closes_connection() {
