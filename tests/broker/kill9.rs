@@ -8,6 +8,10 @@
 //! broker's spare pool fills and rolls take reused files (docs/FORMAT.md, Spares):
 //! there, acknowledged records below a partition's start offset may have aged out.
 //!
+//! After every kill `verify` must find no torn tail and nothing corrupt: a kill -9
+//! stops the process between system calls, and a reused file's old bytes are a stale
+//! tail, not damage.
+//!
 //! `SEGLOG_KILL9_ITERATIONS` (default 100; 40 for the loop with reuse) and
 //! `SEGLOG_SEED` change the run.
 
@@ -315,6 +319,10 @@ fn kill9_loop(reuse: Option<&Reuse>, default_iterations: u64) {
     }
     let mut spares_seen = 0;
     let mut spares_taken = 0;
+    // What `verify` calls damage right after a kill: a kill -9 tears no write and
+    // leaves no corruption, on a reused file neither (its old bytes are a stale
+    // tail).
+    let mut damage_after_kill = Vec::new();
     for it in 0..iterations {
         if it > 0 && it % ROUNDS_PER_DIR == 0 {
             // A fresh directory now and then keeps each start's fsyncs few.
@@ -379,6 +387,11 @@ fn kill9_loop(reuse: Option<&Reuse>, default_iterations: u64) {
         for t in threads {
             t.join().unwrap();
         }
+        damage_after_kill.extend(
+            damage_reported(dir.path())
+                .into_iter()
+                .map(|p| format!("iteration {it}: {p}")),
+        );
     }
     // A last start checks the acknowledgements of the last iteration.
     acked_total += final_check(
@@ -397,6 +410,10 @@ fn kill9_loop(reuse: Option<&Reuse>, default_iterations: u64) {
         lost.is_empty(),
         "lost acknowledged records (seed {seed}): {lost:?}"
     );
+    assert!(
+        damage_after_kill.is_empty(),
+        "verify reported damage after a kill -9 (seed {seed}): {damage_after_kill:?}"
+    );
     assert!(acked_total > 0, "no record was acknowledged at all");
     assert!(
         PIPELINED_ACKS.load(Ordering::Relaxed) > 0,
@@ -406,6 +423,32 @@ fn kill9_loop(reuse: Option<&Reuse>, default_iterations: u64) {
         assert!(spares_seen > 0, "retention never filled the spare pool");
         assert!(spares_taken > 0, "no roll took a spare");
     }
+}
+
+/// The problems `verify` reports in `dir` that a kill -9 must never leave: a torn
+/// tail (the process dies between system calls, never inside a write) and anything
+/// corrupt. Legal crash states (zero and stale tails, a retention's leftover index,
+/// a roll that never became durable) are not among them.
+fn damage_reported(dir: &Path) -> Vec<String> {
+    let data = dir.to_str().unwrap();
+    let (_, out, err) = crate::util::bin::run(&["verify", "--json", data], dir);
+    let report: serde_json::Value = serde_json::from_str(&out)
+        .unwrap_or_else(|e| panic!("verify --json of {data}: {e}: {out}{err}"));
+    // The directory's and partitions' problems, then each segment's.
+    let segments = report["segments"].as_array().cloned().unwrap_or_default();
+    let problems: Vec<serde_json::Value> = std::iter::once(&report)
+        .chain(segments.iter())
+        .flat_map(|r| r["problems"].as_array().cloned().unwrap_or_default())
+        .collect();
+    assert!(
+        report["problems"].is_array(),
+        "verify --json of {data}: {out}"
+    );
+    problems
+        .into_iter()
+        .filter(|p| p["kind"] == "torn_tail" || p["severity"] == "corrupt")
+        .map(|p| p.to_string())
+        .collect()
 }
 
 /// Starts the broker once more and checks every acknowledgement; returns how many.

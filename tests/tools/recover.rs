@@ -393,6 +393,37 @@ fn data_ending_inside_an_older_generations_record_is_a_stale_tail() {
 }
 
 #[test]
+fn data_ending_inside_an_older_generations_last_record_is_a_stale_tail() {
+    // As above, but the older generation's bytes end within the record the writer's
+    // data ends in: no whole record follows.
+    let (s, _) = inside_an_older_record();
+    let k = (1..12u64)
+        .find(|&k| seg(0, 2, 0..k).log.len() > s.log.len())
+        .unwrap();
+    let old = seg(0, 2, 0..k);
+    let mut log = s.log.clone();
+    log.extend_from_slice(&old.log[s.log.len()..]);
+    let d = Data::new();
+    d.put(0, &log, Some(&s.index));
+    let (code, text) = json_of("verify", &d.data);
+    assert_eq!(code, 0, "{text}");
+    assert!(
+        text.contains("the rest of the last record an older generation wrote"),
+        "{text}"
+    );
+    let v = recover_twice(&d, 0);
+    assert_eq!(v["actions"][0]["tail"], "stale_tail", "{v:#}");
+    assert_eq!(fs::read(d.log(0)).unwrap(), s.log);
+    // The writer's own last record with its offset damaged and its lengths intact
+    // (a CRC that fails) is no stale tail.
+    let mut damaged = s.log.clone();
+    let (_, pos, _) = s.records[3];
+    damaged[pos as usize + 11] ^= 0x10;
+    damaged.extend_from_slice(&old.log[s.log.len()..]);
+    verify_says_torn_tail(&damaged);
+}
+
+#[test]
 fn a_torn_write_over_an_older_generations_records_stays_a_torn_tail() {
     // The writer's record 4 torn in its middle, the older bytes after it.
     let (_, old_tail) = inside_an_older_record();

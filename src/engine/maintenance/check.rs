@@ -17,7 +17,7 @@ use crate::format::index::{decode_index, IndexBuilder, IndexEntry, IndexError, I
 use crate::format::marker::{CompactionMarker, MarkerError, MARKER_BYTES_MAX};
 use crate::format::names::{log_file_name, tmp_file_name};
 use crate::format::record::{
-    claimed_encoded_len, decode_record, peek_offset, RecordError, LEN_FIELD, MAX_RECORD_LEN,
+    claimed_encoded_len, decode_record, peek_offset, RecordError, LEN_FIELD,
 };
 use crate::format::{HeaderError, SegmentHeader, HEADER_LEN};
 
@@ -1522,10 +1522,14 @@ pub fn classify_scan_end(
                 log,
                 Some(position),
                 None,
-                format!(
-                    "{tail} bytes after the data begin inside a record of an older generation and hold records of generation {} after it (the writer's data ended there); recover trims them",
-                    inside_stale.unwrap_or_default()
-                ),
+                match inside_stale.flatten() {
+                    Some(g) => format!(
+                        "{tail} bytes after the data begin inside a record of an older generation and hold records of generation {g} after it (the writer's data ended there); recover trims them"
+                    ),
+                    None => format!(
+                        "{tail} bytes after the data are the rest of the last record an older generation wrote (the writer's data ended inside it); recover trims them"
+                    ),
+                },
             ),
             end => problem(
                 ProblemKind::TornTail,
@@ -1571,18 +1575,20 @@ const STALE_SEARCH_BYTES: u64 = 1024 * 1024;
 
 /// Whether the bytes at `position`, where a reused active segment's valid data ends
 /// on bytes that are no record, are the rest of a record an older generation wrote.
-/// They are when the first whole record found past `position` (starting within
-/// [`STALE_SEARCH_BYTES`]) is of an older generation, and the bytes at `position`
-/// do not start a record of the next offset `next` (a torn write of the writer's).
-/// A record of the file's own generation found first means damage inside the
-/// writer's data. Returns the older generation (its low 32 bits); `None` also for a
-/// file of generation 0 (never reused).
+/// Never when they start a record of the next offset `next` (a torn write of the
+/// writer's). They are when the first whole record found past `position` (starting
+/// within [`STALE_SEARCH_BYTES`]) is of an older generation (`Some(Some(its
+/// generation's low 32 bits))`), or when no whole record is found in the rest of the
+/// file and the bytes at `position` are no record by their lengths (`Some(None)`:
+/// the rest of the older generation's last record). A record of the file's own
+/// generation found first means damage inside the writer's data (`None`); so does
+/// a file of generation 0 (never reused).
 fn stale_inside(
     file: &File,
     position: u64,
     file_len: u64,
     next: Option<u64>,
-) -> io::Result<Option<u32>> {
+) -> io::Result<Option<Option<u32>>> {
     let Ok(header) = read_header(file, file_len)? else {
         return Ok(None);
     };
@@ -1594,14 +1600,9 @@ fn stale_inside(
     let mut buf = vec![0u8; usize::try_from(want).unwrap_or(0)];
     let n = read_full_at(file, &mut buf, position)?;
     buf.truncate(n);
-    let claimed = buf
-        .get(..LEN_FIELD)
-        .and_then(|b| <[u8; LEN_FIELD]>::try_from(b).ok())
-        .map(u32::from_be_bytes);
-    let torn_own = claimed.is_some_and(|l| (28..=MAX_RECORD_LEN).contains(&l))
-        && next.is_some()
-        && peek_offset(&buf) == next;
-    if torn_own {
+    // The writer's own record of the next offset, torn or damaged (whatever its
+    // length field says).
+    if next.is_some() && peek_offset(&buf) == next {
         return Ok(None);
     }
     let search = buf
@@ -1615,11 +1616,26 @@ fn stale_inside(
             Ok(_) => return Ok(None),
             Err(RecordError::StaleGeneration {
                 writer_generation, ..
-            }) => return Ok(Some(writer_generation)),
+            }) => return Ok(Some(Some(writer_generation))),
             Err(_) => {}
         }
     }
-    Ok(None)
+    // No whole record at all in the rest of the file: the writer's data ended inside
+    // the last record the older generation wrote (a spare ends where its data
+    // ended). Only when the bytes at `position` are no record by their lengths
+    // either: lengths that hold and a CRC that fails are a record of the writer's,
+    // damaged.
+    let searched_all =
+        (buf.len() as u64) == file_len - position && file_len - position <= STALE_SEARCH_BYTES;
+    let shapeless = matches!(
+        decode_record(&buf, position, header.generation),
+        Err(RecordError::ImplausibleLength { .. }
+            | RecordError::BadKeyLen { .. }
+            | RecordError::BadValueLen { .. }
+            | RecordError::Truncated { .. }
+            | RecordError::Zero { .. })
+    );
+    Ok((searched_all && shapeless).then_some(None))
 }
 
 fn own_record_follows(
