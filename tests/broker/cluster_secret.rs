@@ -120,6 +120,20 @@ fn only_nodes_holding_the_cluster_secret_join() {
         "{err}"
     );
 
+    // A stranger's first frame is held to the handshake's limit before anything is
+    // allocated for it.
+    let mut s = TcpStream::connect(&raft1).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(&(16u32 << 20).to_be_bytes()).unwrap();
+    let body = read_frame(&mut s).expect("a refusal");
+    match decode_peer_frame(&body).unwrap() {
+        PeerFrame::Refuse { reason } => assert!(
+            reason.contains("a handshake frame of 16777216 bytes, more than 524288"),
+            "{reason}"
+        ),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+
     // The acceptor proves the secret in its hello; a dialer that proves nothing, or
     // a wrong proof, is refused and served no call.
     let (mut s, answer) = hello_as(&raft1, 3);
