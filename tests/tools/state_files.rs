@@ -922,3 +922,107 @@ fn groups_describe_offline_shows_the_stored_membership_as_online() {
     server.stop();
     assert_eq!(online, offline);
 }
+
+/// `api_keys.json` and `cluster.json` that do not read keep the broker from
+/// starting, so `verify` reports them (corrupt) and `recover` leaves them for an
+/// operator, naming them, instead of calling the directory clean.
+#[test]
+fn unreadable_keys_and_cluster_files_are_corrupt_and_left_for_an_operator() {
+    let d = data();
+    let dir = d.path();
+    let data_dir = dir.to_str().unwrap();
+    let (code, out, _) = run(&["verify", "--json", data_dir], dir);
+    assert_eq!(code, 0, "{out}");
+    let keys = dir.join("api_keys.json");
+    let cluster = dir.join("cluster.json");
+    fs::write(&keys, b"{\"format\": 1, \"keys\": [").unwrap();
+    // Over the 4096-byte limit: refused unread, like every file read from disk.
+    fs::File::create(&cluster)
+        .unwrap()
+        .set_len(1 << 30)
+        .unwrap();
+    let (code, out, _) = run(&["verify", "--json", data_dir], dir);
+    assert_eq!(code, 2, "{out}");
+    let found = verify_problems(&out);
+    assert_eq!(
+        found,
+        vec![
+            (
+                "keys_json_unreadable".into(),
+                "corrupt".into(),
+                "api_keys.json".into(),
+                None
+            ),
+            (
+                "cluster_json_unreadable".into(),
+                "corrupt".into(),
+                "cluster.json".into(),
+                None
+            ),
+        ],
+        "{out}"
+    );
+    assert!(out.contains("larger than 4096 bytes"), "{out}");
+    let (code, out, err) = run(&["recover", data_dir], dir);
+    assert_eq!(code, 2, "{out} {err}");
+    let said = format!("{out}{err}");
+    assert!(!said.contains("stay offline"), "{said}");
+    assert!(
+        said.contains("(keys_json_unreadable, api_keys.json): left in place for an operator"),
+        "{said}"
+    );
+    assert!(
+        said.contains("2 problem(s) in the files beside the topics need an operator"),
+        "{said}"
+    );
+    assert_eq!(
+        fs::read(&keys).unwrap(),
+        b"{\"format\": 1, \"keys\": [".to_vec()
+    );
+    assert_eq!(fs::metadata(&cluster).unwrap().len(), 1 << 30);
+    let serve = |dir: &Path| {
+        let o = std::process::Command::new(crate::util::bin::BIN)
+            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(dir)
+            .output()
+            .unwrap();
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let (code, err) = serve(dir);
+    assert_eq!(code, Some(74), "{err}");
+    assert!(err.contains("cluster.json"), "{err}");
+    fs::remove_file(&cluster).unwrap();
+    let (code, err) = serve(dir);
+    assert_eq!(code, Some(74), "{err}");
+    assert!(err.contains("api_keys.json"), "{err}");
+    fs::remove_file(&keys).unwrap();
+    // A good cluster file is no problem; a keys file with a key the broker would
+    // refuse (a bad glob) is one.
+    fs::write(&cluster, b"{\"cluster_id\": \"c-1\", \"node_id\": 1}").unwrap();
+    let (code, out, _) = run(&["verify", "--json", data_dir], dir);
+    assert_eq!(code, 0, "{out}");
+    let (code, out, err) = run(
+        &[
+            "keys",
+            "create",
+            "--data-dir",
+            data_dir,
+            "--name",
+            "a",
+            "--role",
+            "admin",
+        ],
+        dir,
+    );
+    assert_eq!(code, 0, "{out} {err}");
+    let mut doc: Value = serde_json::from_slice(&fs::read(&keys).unwrap()).unwrap();
+    doc["keys"][0]["role"] = "producer".into();
+    doc["keys"][0]["topics"] = serde_json::json!(["["]);
+    fs::write(&keys, serde_json::to_vec(&doc).unwrap()).unwrap();
+    let (code, out, _) = run(&["verify", "--json", data_dir], dir);
+    assert_eq!(code, 2, "{out}");
+    assert_eq!(verify_problems(&out)[0].0, "keys_json_unreadable", "{out}");
+}

@@ -366,6 +366,17 @@ pub fn read_file(data_dir: &Path) -> Result<KeysDoc, KeyError> {
     decode_keys(&bytes).map_err(|e| unreadable(e.to_string()))
 }
 
+/// Reads `DATA/api_keys.json` and checks every key as the broker's open does
+/// (`verify`); returns how many keys it holds (0 without the file).
+pub fn check_file(data_dir: &Path) -> Result<usize, KeyError> {
+    let doc = read_file(data_dir)?;
+    let count = doc.keys.len();
+    for entry in doc.keys {
+        live(entry)?;
+    }
+    Ok(count)
+}
+
 impl KeyStore {
     /// Loads `DATA/api_keys.json` (the broker at open, `seglog keys` offline with
     /// `DATA/LOCK` held).

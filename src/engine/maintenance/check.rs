@@ -71,6 +71,10 @@ pub enum ProblemKind {
     PartitionDirMissing,
     /// A `DATA/schemas.json` that cannot be read or is not valid.
     SchemasJsonUnreadable,
+    /// A `DATA/api_keys.json` that cannot be read or is not valid.
+    KeysJsonUnreadable,
+    /// A `DATA/cluster.json` that cannot be read or is not valid.
+    ClusterJsonUnreadable,
 
     // ----- partition level -----
     /// A compaction marker: the swap did not finish, or never started.
@@ -169,6 +173,8 @@ impl ProblemKind {
             ProblemKind::PartitionOutsideCount => "partition_outside_count",
             ProblemKind::PartitionDirMissing => "partition_dir_missing",
             ProblemKind::SchemasJsonUnreadable => "schemas_json_unreadable",
+            ProblemKind::KeysJsonUnreadable => "keys_json_unreadable",
+            ProblemKind::ClusterJsonUnreadable => "cluster_json_unreadable",
             ProblemKind::UnfinishedCompaction => "unfinished_compaction",
             ProblemKind::LeftoverTempFile => "leftover_temp_file",
             ProblemKind::OrphanIndex => "orphan_index",
@@ -235,6 +241,8 @@ impl ProblemKind {
             | ProblemKind::PartitionOutsideCount
             | ProblemKind::PartitionDirMissing
             | ProblemKind::SchemasJsonUnreadable
+            | ProblemKind::KeysJsonUnreadable
+            | ProblemKind::ClusterJsonUnreadable
             | ProblemKind::SegmentsOverlap
             | ProblemKind::SegmentsDoNotJoin
             | ProblemKind::LostSegment

@@ -1,5 +1,6 @@
 //! The data directory's state files beside the topics: `groups/*.json`,
-//! `producers.journal` and `producers.json`. `verify` reports their problems (with
+//! `producers.journal`, `producers.json`, `api_keys.json` and `cluster.json`.
+//! `verify` reports their problems (with
 //! the journal entry's byte position); recovery plans the cut of a torn journal tail
 //! and the rewrite of a group file whose stored membership is refused
 //! (`recovery::plan_topics`), and the broker does both at startup.
@@ -8,8 +9,11 @@ use std::path::Path;
 
 use super::check::{Problem, ProblemKind, TopicProblem};
 use crate::engine::groups::offsets::{scan_dir, GroupEntry, Loaded};
+use crate::engine::keys::KeyError;
 use crate::engine::producers::read_state;
+use crate::engine::replication::network::{read_cluster_file, ClusterIdError, CLUSTER_FILE};
 use crate::format::group::{group_file_name, GROUPS_DIR};
+use crate::format::keys::KEYS_FILE;
 use crate::format::producers::{JournalError, JOURNAL_FILE};
 
 fn problem(kind: ProblemKind, path: &Path, position: Option<u64>, detail: String) -> TopicProblem {
@@ -61,9 +65,37 @@ pub fn group_entry_problem(groups: &Path, e: &GroupEntry) -> Option<TopicProblem
     }
 }
 
-/// Problems of the group files and the producer journal of `data_dir`.
+/// Problems of the group files, the producer journal, the API keys and the cluster
+/// id file of `data_dir`.
 pub fn state_problems(data_dir: &Path) -> Vec<TopicProblem> {
     let mut out = Vec::new();
+    // The broker does not start on either file when it does not read: serving
+    // without the keys would let everyone in or lock everyone out, and a node must
+    // not join a cluster it cannot tell is its own.
+    if let Err(e) = crate::engine::keys::check_file(data_dir) {
+        let detail = match e {
+            KeyError::Unreadable { detail, .. } => detail,
+            other => other.to_string(),
+        };
+        out.push(problem(
+            ProblemKind::KeysJsonUnreadable,
+            &data_dir.join(KEYS_FILE),
+            None,
+            format!("{KEYS_FILE} is unreadable: {detail}; the broker does not start until it is fixed or removed (removing it removes every API key)"),
+        ));
+    }
+    if let Err(e) = read_cluster_file(data_dir) {
+        let detail = match e {
+            ClusterIdError::Bad { detail, .. } => detail,
+            ClusterIdError::Io { source, .. } => source.to_string(),
+        };
+        out.push(problem(
+            ProblemKind::ClusterJsonUnreadable,
+            &data_dir.join(CLUSTER_FILE),
+            None,
+            format!("{CLUSTER_FILE} is unreadable: {detail}; the broker does not start until it is fixed: {{\"cluster_id\": the id in the other nodes' {CLUSTER_FILE}, \"node_id\": this node's id}}"),
+        ));
+    }
     let groups = data_dir.join(GROUPS_DIR);
     for e in scan_dir(&groups) {
         out.extend(group_entry_problem(&groups, &e));

@@ -58,6 +58,8 @@ const PEERS_MISMATCH: &str = "--peers lists differ";
 const SECRET_MISMATCH: &str = "--cluster-secret-file";
 /// The cluster id's file in the data directory.
 pub const CLUSTER_FILE: &str = "cluster.json";
+/// Largest `cluster.json` read.
+const CLUSTER_FILE_BYTES_MAX: u64 = 4096;
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -126,29 +128,38 @@ struct ClusterFile {
 pub fn read_cluster_file(
     data_dir: &std::path::Path,
 ) -> Result<Option<(String, Option<u64>)>, ClusterIdError> {
+    use std::io::Read;
     let path = data_dir.join(CLUSTER_FILE);
-    match std::fs::read(&path) {
-        Ok(bytes) if bytes.len() <= 4096 => {
-            let f: ClusterFile =
-                serde_json::from_slice(&bytes).map_err(|e| ClusterIdError::Bad {
-                    path: path.clone(),
-                    detail: e.to_string(),
-                })?;
-            if !valid_cluster_id(&f.cluster_id) {
-                return Err(ClusterIdError::Bad {
-                    path,
-                    detail: format!("bad cluster id {:?}", f.cluster_id),
-                });
-            }
-            Ok(Some((f.cluster_id, f.node_id)))
-        }
-        Ok(_) => Err(ClusterIdError::Bad {
-            path,
-            detail: "larger than 4096 bytes".into(),
-        }),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(source) => Err(ClusterIdError::Io { path, source }),
+    let file = match crate::engine::storage::noatime::open_read(&path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => return Err(ClusterIdError::Io { path, source }),
+    };
+    // Bounded before anything is allocated: the file is a few dozen bytes.
+    let mut bytes = Vec::new();
+    if let Err(source) = file
+        .take(CLUSTER_FILE_BYTES_MAX + 1)
+        .read_to_end(&mut bytes)
+    {
+        return Err(ClusterIdError::Io { path, source });
     }
+    if bytes.len() as u64 > CLUSTER_FILE_BYTES_MAX {
+        return Err(ClusterIdError::Bad {
+            path,
+            detail: format!("larger than {CLUSTER_FILE_BYTES_MAX} bytes"),
+        });
+    }
+    let f: ClusterFile = serde_json::from_slice(&bytes).map_err(|e| ClusterIdError::Bad {
+        path: path.clone(),
+        detail: e.to_string(),
+    })?;
+    if !valid_cluster_id(&f.cluster_id) {
+        return Err(ClusterIdError::Bad {
+            path,
+            detail: format!("bad cluster id {:?}", f.cluster_id),
+        });
+    }
+    Ok(Some((f.cluster_id, f.node_id)))
 }
 
 /// Why a node cannot take part in its cluster.

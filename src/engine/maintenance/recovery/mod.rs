@@ -625,11 +625,15 @@ fn offline_lines(root: &Path, offline: &[Problem]) -> Vec<String> {
     offline
         .iter()
         .map(|p| {
-            // A state file beside the topics (a group file, the producer journal)
-            // takes no topic offline.
+            // A file beside the topics (a group file, the producer journal, the
+            // schemas, the API keys, the cluster id) takes no topic offline.
             let stays = if matches!(
                 p.kind,
-                ProblemKind::GroupFileUnreadable | ProblemKind::JournalCorrupt
+                ProblemKind::GroupFileUnreadable
+                    | ProblemKind::JournalCorrupt
+                    | ProblemKind::SchemasJsonUnreadable
+                    | ProblemKind::KeysJsonUnreadable
+                    | ProblemKind::ClusterJsonUnreadable
             ) {
                 "left in place for an operator"
             } else {

@@ -475,6 +475,8 @@ pub(super) fn tail_step(active: bool, kind: Option<ProblemKind>, end: &ScanEnd) 
         | K::PartitionOutsideCount
         | K::PartitionDirMissing
         | K::SchemasJsonUnreadable
+        | K::KeysJsonUnreadable
+        | K::ClusterJsonUnreadable
         | K::UnfinishedCompaction
         | K::LeftoverTempFile
         | K::OrphanIndex
