@@ -1026,3 +1026,73 @@ fn unreadable_keys_and_cluster_files_are_corrupt_and_left_for_an_operator() {
     assert_eq!(code, 2, "{out}");
     assert_eq!(verify_problems(&out)[0].0, "keys_json_unreadable", "{out}");
 }
+
+/// A replicated topic's Raft files that do not read (its placement, a partition's
+/// checkpoint, a Raft log's state) keep the node from opening the topic's Raft
+/// groups: `verify` reports each (`raft_state_unreadable`, corrupt, naming the file
+/// and why) and `recover` leaves them in place. Before, `verify` called the
+/// directory clean.
+#[test]
+fn unreadable_raft_state_files_are_corrupt() {
+    let d = data();
+    let dir = d.path();
+    let data_dir = dir.to_str().unwrap();
+    let topic = dir.join("topics/t");
+    let placement = topic.join("replication.json");
+    let checkpoint = topic.join("applied-2.json");
+    let state = dir.join("raft/t/1/raft.json");
+    fs::write(
+        &placement,
+        br#"{"replication_factor":1,"replicas":[[1],[1],[1],[1]]}"#,
+    )
+    .unwrap();
+    fs::write(&checkpoint, br#"{"last_applied":null,"membership":{"log_id":null,"membership":{"configs":[[1]],"nodes":{"1":{"addr":"127.0.0.1:1"}}}},"next_offset":0,"clock_ms":0,"producers":{}}"#).unwrap();
+    fs::create_dir_all(state.parent().unwrap()).unwrap();
+    fs::write(
+        &state,
+        br#"{"version":1,"vote":null,"committed":null,"purged":null}"#,
+    )
+    .unwrap();
+    let (code, out, _) = run(&["verify", "--json", data_dir], dir);
+    assert_eq!(code, 0, "{out}");
+    for (file, bad, why) in [
+        (
+            &placement,
+            &br#"{"replication_factor":1,"replicas":[[1]]}"#[..],
+            "1 replica lists for 4 partitions",
+        ),
+        (&checkpoint, b"{", "EOF while parsing"),
+        (&state, br#"{"version":1,"vote":7}"#, "invalid type"),
+    ] {
+        let good = fs::read(file).unwrap();
+        fs::write(file, bad).unwrap();
+        let (code, out, _) = run(&["verify", "--json", data_dir], dir);
+        assert_eq!(code, 2, "{out}");
+        let rel = file
+            .strip_prefix(dir)
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .to_string();
+        assert_eq!(
+            verify_problems(&out),
+            vec![(
+                "raft_state_unreadable".into(),
+                "corrupt".into(),
+                rel.clone(),
+                None
+            )],
+            "{out}"
+        );
+        assert!(out.contains(why), "{out}");
+        let (code, out, err) = run(&["recover", data_dir], dir);
+        assert_eq!(code, 2, "{out} {err}");
+        assert!(
+            format!("{out}{err}")
+                .contains(&format!("(raft_state_unreadable, {rel}): left in place")),
+            "{out}{err}"
+        );
+        assert_eq!(fs::read(file).unwrap(), bad);
+        fs::write(file, good).unwrap();
+    }
+}

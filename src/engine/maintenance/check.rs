@@ -75,6 +75,9 @@ pub enum ProblemKind {
     KeysJsonUnreadable,
     /// A `DATA/cluster.json` that cannot be read or is not valid.
     ClusterJsonUnreadable,
+    /// A replicated topic's `replication.json`, `applied-P.json` or
+    /// `DATA/raft/T/P/raft.json` that cannot be read or is not valid.
+    RaftStateUnreadable,
 
     // ----- partition level -----
     /// A compaction marker: the swap did not finish, or never started.
@@ -175,6 +178,7 @@ impl ProblemKind {
             ProblemKind::SchemasJsonUnreadable => "schemas_json_unreadable",
             ProblemKind::KeysJsonUnreadable => "keys_json_unreadable",
             ProblemKind::ClusterJsonUnreadable => "cluster_json_unreadable",
+            ProblemKind::RaftStateUnreadable => "raft_state_unreadable",
             ProblemKind::UnfinishedCompaction => "unfinished_compaction",
             ProblemKind::LeftoverTempFile => "leftover_temp_file",
             ProblemKind::OrphanIndex => "orphan_index",
@@ -243,6 +247,7 @@ impl ProblemKind {
             | ProblemKind::SchemasJsonUnreadable
             | ProblemKind::KeysJsonUnreadable
             | ProblemKind::ClusterJsonUnreadable
+            | ProblemKind::RaftStateUnreadable
             | ProblemKind::SegmentsOverlap
             | ProblemKind::SegmentsDoNotJoin
             | ProblemKind::LostSegment
@@ -512,6 +517,13 @@ pub fn topic_problems(target: &Target) -> Vec<TopicProblem> {
                     detail,
                 ),
             });
+        }
+        if let (true, Some(meta)) = (t.issues.is_empty(), &t.meta) {
+            out.extend(super::state::replication_problems(
+                &t.dir,
+                &t.topic,
+                meta.partitions,
+            ));
         }
         for path in &t.temp_files {
             out.push(temp(Some(t.topic.clone()), path));

@@ -133,3 +133,70 @@ pub fn state_problems(data_dir: &Path) -> Vec<TopicProblem> {
     }
     out
 }
+
+/// Problems of a replicated topic's Raft files (none for a topic without
+/// `replication.json`): its placement, each partition's checkpoint
+/// (`applied-P.json`) and, when `topic_dir` is in a data directory, each Raft log's
+/// state (`DATA/raft/T/P/raft.json`). The node cannot open the topic's Raft groups
+/// while one of them does not read, so it does not serve the topic (its peers go on).
+pub fn replication_problems(topic_dir: &Path, topic: &str, partitions: u32) -> Vec<TopicProblem> {
+    use crate::engine::producers::read_state_file;
+    use crate::engine::replication::log_store::meta::{
+        read_state, StateFileError, STATE_FILE, STATE_FILE_BYTES_MAX,
+    };
+    use crate::engine::replication::state_machine::{checkpoint_name, read_checkpoint};
+    use crate::engine::replication::types::Vote;
+    use crate::engine::storage::layout::RAFT_DIR;
+    use crate::format::replication::{Replication, REPLICATION_FILE, REPLICATION_FILE_BYTES_MAX};
+
+    let mut out = Vec::new();
+    let mut push = |path: &Path, detail: String| {
+        let mut p = problem(
+            ProblemKind::RaftStateUnreadable,
+            path,
+            None,
+            format!("{detail}; this node cannot open the topic's Raft groups, and does not serve the topic, until it is fixed (its peers go on without it; a node started on an empty data directory gets its replicated topics back from its peers, and only those)"),
+        );
+        p.topic = Some(topic.to_string());
+        out.push(p);
+    };
+    let placement = topic_dir.join(REPLICATION_FILE);
+    match read_state_file(&placement, REPLICATION_FILE_BYTES_MAX) {
+        Ok(None) => return out,
+        Ok(Some(bytes)) => {
+            if let Err(e) = Replication::decode(&bytes, partitions) {
+                let detail = e.to_string();
+                let detail = detail
+                    .strip_prefix(&format!("{REPLICATION_FILE}: "))
+                    .unwrap_or(&detail)
+                    .to_string();
+                push(&placement, detail);
+            }
+        }
+        Err(e) => push(&placement, e),
+    }
+    let raft = topic_dir
+        .parent()
+        .and_then(Path::parent)
+        .map(|data| data.join(RAFT_DIR).join(topic));
+    for p in 0..partitions {
+        let checkpoint = topic_dir.join(checkpoint_name(p));
+        if let Err(e) = read_checkpoint(&checkpoint) {
+            push(&checkpoint, e);
+        }
+        let Some(dir) = raft.as_ref().map(|r| r.join(p.to_string())) else {
+            continue;
+        };
+        if let Err(e) = read_state::<Vote>(&dir) {
+            let detail = match e {
+                StateFileError::Bad { detail, .. } => detail,
+                StateFileError::TooLarge { len, .. } => {
+                    format!("{len} bytes, over the limit of {STATE_FILE_BYTES_MAX}")
+                }
+                other => other.to_string(),
+            };
+            push(&dir.join(STATE_FILE), detail);
+        }
+    }
+    out
+}

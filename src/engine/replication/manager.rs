@@ -334,10 +334,13 @@ impl<L: LogStores> Manager<L> {
     async fn open_topic(&self, topic: &str) -> io::Result<()> {
         let dir = self.broker.topic_dir(topic);
         let path = dir.join(REPLICATION_FILE);
-        let bytes = match std::fs::read(&path) {
-            Ok(b) => b,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-            Err(e) => return Err(e),
+        let bytes = match crate::engine::producers::read_state_file(
+            &path,
+            crate::format::replication::REPLICATION_FILE_BYTES_MAX,
+        ) {
+            Ok(Some(b)) => b,
+            Ok(None) => return Ok(()),
+            Err(e) => return Err(io::Error::other(format!("{}: {e}", path.display()))),
         };
         let partitions = self
             .broker

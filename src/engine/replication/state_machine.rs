@@ -215,28 +215,28 @@ fn other(e: impl std::fmt::Display) -> io::Error {
     io::Error::other(e.to_string())
 }
 
+/// Reads a checkpoint file (`applied-P.json`), bounded before anything is allocated;
+/// `None` when there is none (nothing applied yet). The error does not name the file.
+pub fn read_checkpoint(path: &std::path::Path) -> Result<Option<Applied>, String> {
+    let Some(bytes) =
+        crate::engine::producers::read_state_file(path, CHECKPOINT_BYTES_MAX as usize)?
+    else {
+        return Ok(None);
+    };
+    serde_json::from_slice(&bytes)
+        .map(Some)
+        .map_err(|e| e.to_string())
+}
+
 impl PartitionStateMachine {
     /// Opens the state machine of `topic/partition` from its checkpoint (none: nothing
     /// applied yet).
     pub fn open(broker: Arc<Broker>, topic: &str, partition: u32) -> io::Result<Self> {
         let dir = broker.topic_dir(topic);
         let path = dir.join(checkpoint_name(partition));
-        let applied = match std::fs::metadata(&path) {
-            Ok(m) if m.len() > CHECKPOINT_BYTES_MAX => {
-                return Err(other(format!(
-                    "{}: {} bytes, more than {CHECKPOINT_BYTES_MAX}",
-                    path.display(),
-                    m.len()
-                )))
-            }
-            Ok(_) => {
-                let bytes = std::fs::read(&path)?;
-                serde_json::from_slice(&bytes)
-                    .map_err(|e| other(format!("{}: {e}", path.display())))?
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Applied::default(),
-            Err(e) => return Err(e),
-        };
+        let applied = read_checkpoint(&path)
+            .map_err(|e| other(format!("{}: {e}", path.display())))?
+            .unwrap_or_default();
         let snapshot = applied.last_applied.is_some().then(|| applied.clone());
         Ok(PartitionStateMachine {
             broker,

@@ -477,6 +477,7 @@ pub(super) fn tail_step(active: bool, kind: Option<ProblemKind>, end: &ScanEnd) 
         | K::SchemasJsonUnreadable
         | K::KeysJsonUnreadable
         | K::ClusterJsonUnreadable
+        | K::RaftStateUnreadable
         | K::UnfinishedCompaction
         | K::LeftoverTempFile
         | K::OrphanIndex
