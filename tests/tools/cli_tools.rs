@@ -1137,6 +1137,9 @@ fn reindex_summary_says_a_partition_was_left_alone() {
     assert!(!out.contains("left alone"), "{out}");
 }
 
+/// A checkpoint of a Raft group that applied nothing (`applied-<p>.json`).
+const APPLIED_NOTHING: &[u8] = br#"{"last_applied":null,"membership":{"log_id":null,"membership":{"configs":[[1]],"nodes":{"1":{"addr":"127.0.0.1:1"}}}},"next_offset":0,"clock_ms":0,"producers":{}}"#;
+
 /// Garbage in `DATA/spares/` and stray directories in a topic directory are reported,
 /// as information, with what the broker does with them; the tools delete nothing.
 /// `01` is no partition directory (partitions are named by their number in decimal,
@@ -1161,9 +1164,14 @@ fn garbage_spares_and_stray_topic_entries_are_reported_and_kept() {
     let topic = data.join("topics/events");
     fs::create_dir(topic.join("01")).unwrap();
     fs::create_dir(topic.join("abc")).unwrap();
-    fs::write(topic.join("applied-0.json"), b"{}").unwrap();
-    // A replicated topic's replica placement is the broker's own file too.
-    fs::write(topic.join("replication.json"), b"{}").unwrap();
+    fs::write(topic.join("applied-0.json"), APPLIED_NOTHING).unwrap();
+    // A replicated topic's replica placement is the broker's own file too (both are
+    // read as the broker reads them: they must be valid).
+    let meta: serde_json::Value =
+        serde_json::from_slice(&fs::read(topic.join("topic.json")).unwrap()).unwrap();
+    let partitions = meta["partitions"].as_u64().unwrap() as usize;
+    let placement = serde_json::json!({"replication_factor": 1, "replicas": vec![[1]; partitions]});
+    fs::write(topic.join("replication.json"), placement.to_string()).unwrap();
     drop(DirLock::acquire(&data).unwrap()); // LOCK exists before the snapshot
     let before = snapshot(&data);
     let (code, v) = verify_json(&data, &[]);
