@@ -108,6 +108,12 @@ pub enum EngineError {
     },
 }
 
+/// `text` on one line, its runs of white space (newlines included) made one space:
+/// for messages that carry another library's text (a decoder's error, a refusal).
+pub fn one_line(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
 /// `n` and the noun that goes with it: `1 partition`, `2 partitions`, `0 members`.
 pub fn counted(n: impl Into<u64>, one: &str, many: &str) -> String {
     let n = n.into();

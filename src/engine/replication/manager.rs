@@ -52,6 +52,7 @@ use super::state_machine::PartitionStateMachine;
 use super::types::{ApplyResult, ProduceEntry, RaftGroup, TypeConfig};
 use super::{Applied, BoxFuture, PartitionView, Refusal, Replicator};
 use crate::engine::broker::Broker;
+use crate::engine::error::one_line;
 use crate::format::replication::{Replication, REPLICATION_FILE};
 use crate::format::topic::TopicConfig;
 use crate::format::wire::raft::Rpc;
@@ -83,11 +84,6 @@ const IN_SYNC_LAG: Duration = Duration::from_secs(10);
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// `text` on one line (a refusal's message, a status field).
-fn one_line(text: &str) -> String {
-    text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 /// Opens the Raft log of one replicated partition (the log store lives in

@@ -217,7 +217,8 @@ pub fn decode_request(frame: Bytes) -> Result<Decoded, DecodeError> {
         api,
         version,
         correlation_id,
-        detail: format!("{e:#}"),
+        // kafka-protocol's buffer error ends in a newline: logged on one line.
+        detail: crate::engine::error::one_line(&format!("{e:#}")),
     };
     let mut buf = frame;
     let header =
@@ -399,6 +400,18 @@ mod tests {
         assert_eq!(&out[8..10], &[0, 0]);
         assert_eq!(out[10] as usize, SERVED.len() + 1);
         assert_eq!(out.len(), 4 + 4 + 2 + 1 + SERVED.len() * 7 + 4 + 1);
+    }
+
+    #[test]
+    fn a_malformed_body_is_reported_on_one_line() {
+        let whole = frame(ApiKey::Metadata, 9, 3, &MetadataRequest::default());
+        // The header whole, the body cut: kafka-protocol's error text ends in a newline.
+        let cut = whole.slice(..whole.len() - 2);
+        let e = decode_request(cut).unwrap_err();
+        let text = e.to_string();
+        assert!(matches!(e, DecodeError::Malformed { .. }), "{text}");
+        assert!(text.contains("Not enough bytes"), "{text}");
+        assert!(!text.contains('\n') && text == text.trim(), "{text:?}");
     }
 
     #[test]
