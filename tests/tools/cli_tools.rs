@@ -1942,6 +1942,24 @@ fn an_index_that_is_a_directory_is_reported_and_the_rest_checked() {
     }
 }
 
+/// A device (or a FIFO, a socket) given as the path is refused as no seglog data
+/// (64), like any other file that is not a `.log`; before, the tools tried to list it
+/// as a directory and failed with an I/O error (74, "Not a directory").
+#[test]
+fn a_device_is_no_seglog_data() {
+    let tmp = tempfile::tempdir().unwrap();
+    for cmd in ["verify", "dump", "recover", "reindex", "compact"] {
+        let (code, out, err) = run(&[cmd, "/dev/null"], tmp.path());
+        assert_eq!(code, 64, "{cmd}: {err}");
+        assert_eq!(out, "", "{cmd}");
+        assert_eq!(
+            err.trim_end(),
+            "seglog: /dev/null is not a seglog data directory, topic directory, partition directory or .log file",
+            "{cmd}"
+        );
+    }
+}
+
 #[test]
 fn a_spare_file_is_named_a_spare_not_a_non_log_file() {
     let (_tmp, data) = copy("clean");

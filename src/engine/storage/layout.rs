@@ -502,6 +502,10 @@ pub fn resolve(path: &Path) -> Result<Target, LayoutError> {
     if meta.is_file() {
         return resolve_log_file(path);
     }
+    if !meta.is_dir() {
+        // A device, a FIFO or a socket: nothing seglog reads.
+        return Err(LayoutError::NotSeglog { path: path.into() });
+    }
     if path.join(TOPICS_DIR).is_dir() {
         let mut partitions = Vec::new();
         let mut topics = Vec::new();
