@@ -963,6 +963,21 @@ fn unreadable_keys_and_cluster_files_are_corrupt_and_left_for_an_operator() {
         "{out}"
     );
     assert!(out.contains("larger than 4096 bytes"), "{out}");
+    // A FIFO is refused without being opened (opening it would wait for a writer).
+    let fifo = tempfile::tempdir().unwrap();
+    let fifo_dir = fifo.path().to_str().unwrap();
+    fs::create_dir(fifo.path().join("topics")).unwrap();
+    let made = std::process::Command::new("mkfifo")
+        .arg(fifo.path().join("cluster.json"))
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let (code, out, _) = run(&["verify", "--json", fifo_dir], fifo.path());
+    assert_eq!(code, 2, "{out}");
+    assert!(
+        out.contains("cluster.json is unreadable: not a regular file"),
+        "{out}"
+    );
     let (code, out, err) = run(&["recover", data_dir], dir);
     assert_eq!(code, 2, "{out} {err}");
     let said = format!("{out}{err}");

@@ -130,6 +130,18 @@ pub fn read_cluster_file(
 ) -> Result<Option<(String, Option<u64>)>, ClusterIdError> {
     use std::io::Read;
     let path = data_dir.join(CLUSTER_FILE);
+    match std::fs::metadata(&path) {
+        Ok(m) if m.is_file() => {}
+        // Never opened: a FIFO would block the read.
+        Ok(_) => {
+            return Err(ClusterIdError::Bad {
+                path,
+                detail: "not a regular file".into(),
+            })
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => return Err(ClusterIdError::Io { path, source }),
+    }
     let file = match crate::engine::storage::noatime::open_read(&path) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
