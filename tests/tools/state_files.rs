@@ -972,12 +972,21 @@ fn unreadable_keys_and_cluster_files_are_corrupt_and_left_for_an_operator() {
         .status()
         .unwrap();
     assert!(made.success());
+    for name in ["api_keys.json", "schemas.json"] {
+        let made = std::process::Command::new("mkfifo")
+            .arg(fifo.path().join(name))
+            .status()
+            .unwrap();
+        assert!(made.success());
+    }
     let (code, out, _) = run(&["verify", "--json", fifo_dir], fifo.path());
     assert_eq!(code, 2, "{out}");
-    assert!(
-        out.contains("cluster.json is unreadable: not a regular file"),
-        "{out}"
-    );
+    for name in ["cluster.json", "api_keys.json", "schemas.json"] {
+        assert!(
+            out.contains(&format!("{name} is unreadable: not a regular file")),
+            "{name}: {out}"
+        );
+    }
     let (code, out, err) = run(&["recover", data_dir], dir);
     assert_eq!(code, 2, "{out} {err}");
     let said = format!("{out}{err}");

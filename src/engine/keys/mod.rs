@@ -37,7 +37,7 @@
 //! the other way round).
 
 use std::collections::HashMap;
-use std::io::{self, Read};
+use std::io;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicU8, AtomicUsize, Ordering};
@@ -345,24 +345,13 @@ pub fn read_file(data_dir: &Path) -> Result<KeysDoc, KeyError> {
         path: path.clone(),
         detail,
     };
-    let file = match crate::engine::storage::noatime::open_read(&path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(KeysDoc::default()),
-        Err(e) => return Err(unreadable(e.to_string())),
+    // A regular file, bounded before anything is allocated (a FIFO is never opened).
+    let Some(bytes) =
+        crate::engine::producers::read_state_file(&path, KEYS_FILE_BYTES_MAX as usize)
+            .map_err(unreadable)?
+    else {
+        return Ok(KeysDoc::default());
     };
-    let len = file
-        .metadata()
-        .map_err(|e| unreadable(e.to_string()))?
-        .len();
-    if len > KEYS_FILE_BYTES_MAX {
-        return Err(unreadable(format!(
-            "{len} bytes is over the limit of {KEYS_FILE_BYTES_MAX}"
-        )));
-    }
-    let mut bytes = Vec::with_capacity(len as usize);
-    file.take(KEYS_FILE_BYTES_MAX + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| unreadable(e.to_string()))?;
     decode_keys(&bytes).map_err(|e| unreadable(e.to_string()))
 }
 

@@ -674,30 +674,14 @@ pub fn spares_problems(root: &Path) -> Vec<TopicProblem> {
 /// broker does not start on it, since serving unchecked would let through what the
 /// schemas refuse).
 fn schemas_problem(root: &Path) -> Option<TopicProblem> {
-    use crate::format::schemas::{decode_schemas, SCHEMAS_FILE, SCHEMAS_FILE_BYTES_MAX};
-    use std::io::Read;
+    use crate::engine::schemas::SchemaError;
+    use crate::format::schemas::SCHEMAS_FILE;
     let path = root.join(SCHEMAS_FILE);
-    let read = || -> Result<(), String> {
-        let file = match noatime::open_read(&path) {
-            Ok(f) => f,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-            Err(e) => return Err(e.to_string()),
-        };
-        let len = file.metadata().map_err(|e| e.to_string())?.len();
-        if len > SCHEMAS_FILE_BYTES_MAX {
-            return Err(format!(
-                "{len} bytes is over the limit of {SCHEMAS_FILE_BYTES_MAX}"
-            ));
-        }
-        let mut bytes = Vec::with_capacity(len as usize);
-        file.take(SCHEMAS_FILE_BYTES_MAX + 1)
-            .read_to_end(&mut bytes)
-            .map_err(|e| e.to_string())?;
-        decode_schemas(&bytes)
-            .map(|_| ())
-            .map_err(|e| e.to_string())
+    let detail = match crate::engine::schemas::read_file(root) {
+        Ok(_) => return None,
+        Err(SchemaError::Unreadable { detail, .. }) => detail,
+        Err(e) => e.to_string(),
     };
-    let detail = read().err()?;
     Some(TopicProblem {
         topic: None,
         problem: problem(

@@ -28,7 +28,7 @@ pub mod net;
 mod pool;
 
 use std::collections::HashMap;
-use std::io::{self, Read};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
@@ -327,24 +327,13 @@ pub fn read_file(data_dir: &Path) -> Result<SchemasDoc, SchemaError> {
         path: path.clone(),
         detail,
     };
-    let file = match crate::engine::storage::noatime::open_read(&path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(SchemasDoc::default()),
-        Err(e) => return Err(unreadable(e.to_string())),
+    // A regular file, bounded before anything is allocated (a FIFO is never opened).
+    let Some(bytes) =
+        crate::engine::producers::read_state_file(&path, SCHEMAS_FILE_BYTES_MAX as usize)
+            .map_err(unreadable)?
+    else {
+        return Ok(SchemasDoc::default());
     };
-    let len = file
-        .metadata()
-        .map_err(|e| unreadable(e.to_string()))?
-        .len();
-    if len > SCHEMAS_FILE_BYTES_MAX {
-        return Err(unreadable(format!(
-            "{len} bytes is over the limit of {SCHEMAS_FILE_BYTES_MAX}"
-        )));
-    }
-    let mut bytes = Vec::with_capacity(len as usize);
-    file.take(SCHEMAS_FILE_BYTES_MAX + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| unreadable(e.to_string()))?;
     decode_schemas(&bytes).map_err(|e| unreadable(e.to_string()))
 }
 
