@@ -17,7 +17,7 @@ use crate::format::index::{decode_index, IndexBuilder, IndexEntry, IndexError, I
 use crate::format::marker::{CompactionMarker, MarkerError, MARKER_BYTES_MAX};
 use crate::format::names::{log_file_name, tmp_file_name};
 use crate::format::record::{
-    claimed_encoded_len, decode_record, peek_offset, RecordError, LEN_FIELD,
+    claimed_encoded_len, decode_record, peek_offset, RecordError, LEN_FIELD, MAX_RECORD_LEN,
 };
 use crate::format::{HeaderError, SegmentHeader, HEADER_LEN};
 
@@ -1535,13 +1535,31 @@ pub fn classify_scan_end(
                     ),
                 },
             ),
-            end => problem(
-                ProblemKind::TornTail,
-                log,
-                Some(position),
-                next,
-                format!("{}; the {tail} bytes from here were never acknowledged, recover cuts them", end.detail()),
-            ),
+            end => {
+                let behind = match (next, read_header(file, file_len)?) {
+                    (Some(next), Ok(header)) => {
+                        records_behind_in(file, header.generation, position, file_len, next)?
+                    }
+                    _ => None,
+                };
+                problem(
+                    ProblemKind::TornTail,
+                    log,
+                    Some(position),
+                    next,
+                    match behind {
+                        None => format!(
+                            "{}; the {tail} bytes from here were never acknowledged, recover cuts them",
+                            end.detail()
+                        ),
+                        Some(r) => format!(
+                            "{}; {} follow it in the {tail} bytes from here ({RECORDS_BEHIND_MAY_BE}); recover cuts them all ({CUT_TAIL_KEEP})",
+                            end.detail(),
+                            r.describe(),
+                        ),
+                    },
+                )
+            }
         }
     } else if zero_seal || stale {
         let what = if stale {
@@ -1569,6 +1587,88 @@ pub fn classify_scan_end(
         )
     };
     Ok(Some(p))
+}
+
+/// Valid records found behind damage (and cut with it when the damage is the active
+/// segment's tail).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecordsBehind {
+    pub first_offset: u64,
+    pub last_offset: u64,
+    pub count: u64,
+}
+
+impl RecordsBehind {
+    /// "N valid record(s), offsets a..=b".
+    pub fn describe(&self) -> String {
+        format!(
+            "{} valid record(s), offsets {}..={}",
+            self.count, self.first_offset, self.last_offset
+        )
+    }
+}
+
+/// What whole records behind an active segment's damaged tail may be: a crash during
+/// one group commit can leave later pages of its write durable and an earlier one not
+/// (none of them acknowledged), while damage to data older than the last crash (a
+/// flipped bit, a bad sector) looks the same, and then they were acknowledged.
+/// FORMAT's recovery cuts them either way; the wording never claims to know which.
+pub const RECORDS_BEHIND_MAY_BE: &str = "never acknowledged if a crash tore the group commit that wrote them, acknowledged if this is damage to older data";
+
+/// How an operator keeps what recovery cuts from an active segment's damaged tail.
+pub const CUT_TAIL_KEEP: &str =
+    "the broker's start cuts them too; `seglog recover --backup-dir DIR` keeps a copy first";
+
+/// The valid records of `generation` that follow the damaged record at `from`
+/// (where offset `next_offset` would start), up to `limit`: stepping over it by its
+/// claimed length, else, when that length is damaged too (or finds nothing), from
+/// the first position after it where a record of an offset from `next_offset` on
+/// decodes (docs/FORMAT.md, Reading around damage), searched for within
+/// [`MAX_RECORD_LEN`] bytes of the damage. Zeros or a torn write at the tail find
+/// none. Used by the check to word an active segment's damaged tail and by
+/// recovery to name what its cut takes.
+pub fn records_behind_in(
+    file: &File,
+    generation: u64,
+    from: u64,
+    limit: u64,
+    next_offset: u64,
+) -> io::Result<Option<RecordsBehind>> {
+    let records_from = |at: u64| -> io::Result<Option<RecordsBehind>> {
+        let mut reader = RecordReader::new(file, generation, at, limit);
+        let mut found: Option<RecordsBehind> = None;
+        while let Next::Record { record, .. } = reader.next_record()? {
+            match &mut found {
+                None => {
+                    found = Some(RecordsBehind {
+                        first_offset: record.offset,
+                        last_offset: record.offset,
+                        count: 1,
+                    });
+                }
+                Some(r) if record.offset > r.last_offset => {
+                    r.last_offset = record.offset;
+                    r.count += 1;
+                }
+                Some(_) => break,
+            }
+        }
+        Ok(found)
+    };
+    let mut len_field = [0u8; LEN_FIELD];
+    let n = read_full_at(file, &mut len_field, from)?;
+    if let Some(claimed) = claimed_encoded_len(len_field.get(..n).unwrap_or(&[])) {
+        if let Some(found) = records_from(from + claimed)? {
+            return Ok(Some(found));
+        }
+    }
+    // Searched for within one largest record past the damage: a preallocated or
+    // reused tail can be long, and this only names what the cut takes.
+    let search_end = limit.min(from.saturating_add(u64::from(MAX_RECORD_LEN)));
+    match resync(file, generation, from + 1, search_end, next_offset, None)? {
+        Some(r) => records_from(r.position),
+        None => Ok(None),
+    }
 }
 
 /// Whether a valid record of `generation` follows the (whole, stale-looking) record

@@ -36,19 +36,16 @@ use std::path::{Path, PathBuf};
 
 use crate::format::marker::CompactionMarker;
 use crate::format::names::segment_stem;
-use crate::format::record::{claimed_encoded_len, LEN_FIELD, MAX_RECORD_LEN};
 use crate::format::{IndexEntry, INDEX_ENTRY_LEN};
 
 use crate::engine::maintenance::check::{
-    check_partition, check_segment, never_durable_header, CheckMode, IndexState, PartitionCheck,
-    Problem, ProblemKind, SegmentCheck, Severity,
+    check_partition, check_segment, never_durable_header, records_behind_in, CheckMode, IndexState,
+    PartitionCheck, Problem, ProblemKind, SegmentCheck, Severity, RECORDS_BEHIND_MAY_BE,
 };
 use crate::engine::maintenance::reindex::{index_bytes, write_index};
 use crate::engine::storage::io::Storage;
 use crate::engine::storage::layout::{resolve, LayoutError, PartitionRef, SegmentFiles, Target};
-use crate::engine::storage::reader::{
-    open_log, read_full_at, read_header, resync, Next, RecordReader, ScanEnd,
-};
+use crate::engine::storage::reader::{open_log, read_header, ScanEnd};
 
 mod execute;
 mod plan;
@@ -113,12 +110,7 @@ pub struct Damage {
 }
 
 /// Valid records found in a range that is cut.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RecordsCut {
-    pub first_offset: u64,
-    pub last_offset: u64,
-    pub count: u64,
-}
+pub use crate::engine::maintenance::check::RecordsBehind as RecordsCut;
 
 /// One step of recovery. Every variant names its files, byte ranges and offsets.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -318,8 +310,8 @@ impl Action {
                 rel(log),
                 to - from,
                 records_cut.map_or_else(String::new, |r| format!(
-                    "; {} valid record(s), offsets {}..={}, follow the damaged one and are cut with it",
-                    r.count, r.first_offset, r.last_offset
+                    "; {} follow the damaged one and are cut with it ({RECORDS_BEHIND_MAY_BE})",
+                    r.describe()
                 ))
             ),
             Action::TrimSeal {

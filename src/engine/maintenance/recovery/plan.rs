@@ -82,7 +82,7 @@ pub fn plan_partition(p: &PartitionRef) -> Result<PartitionPlan, RecoveryError> 
             next_offset,
             kind: Some(ProblemKind::TornTail),
             records_cut,
-            ..
+            reason,
         } = a
         {
             *records_cut = records_behind(log, *from, *to, *next_offset).map_err(|source| {
@@ -91,17 +91,17 @@ pub fn plan_partition(p: &PartitionRef) -> Result<PartitionPlan, RecoveryError> 
                     source,
                 }
             })?;
+            if records_cut.is_none() {
+                reason.push_str("; never acknowledged");
+            }
         }
     }
     Ok(plan)
 }
 
 /// The valid records of the segment's generation that follow the damaged record at
-/// `from` (where offset `next_offset` would start), up to `to`: stepping over it by
-/// its claimed length, else, when that length is damaged too (or finds nothing),
-/// from the first position after it where a record of an offset from `next_offset`
-/// on decodes (docs/FORMAT.md, Reading around damage), searched for within
-/// [`MAX_RECORD_LEN`] bytes of the damage. Zeros or a torn write at the tail find none.
+/// `from` (where offset `next_offset` would start), up to `to`
+/// ([`records_behind_in`]). Zeros or a torn write at the tail find none.
 pub(super) fn records_behind(
     log: &Path,
     from: u64,
@@ -112,49 +112,7 @@ pub(super) fn records_behind(
     let Ok(header) = read_header(&file, len)? else {
         return Ok(None);
     };
-    let limit = to.min(len);
-    let records_from = |at: u64| -> io::Result<Option<RecordsCut>> {
-        let mut reader = RecordReader::new(&file, header.generation, at, limit);
-        let mut found: Option<RecordsCut> = None;
-        while let Next::Record { record, .. } = reader.next_record()? {
-            match &mut found {
-                None => {
-                    found = Some(RecordsCut {
-                        first_offset: record.offset,
-                        last_offset: record.offset,
-                        count: 1,
-                    });
-                }
-                Some(r) if record.offset > r.last_offset => {
-                    r.last_offset = record.offset;
-                    r.count += 1;
-                }
-                Some(_) => break,
-            }
-        }
-        Ok(found)
-    };
-    let mut len_field = [0u8; LEN_FIELD];
-    let n = read_full_at(&file, &mut len_field, from)?;
-    if let Some(claimed) = claimed_encoded_len(len_field.get(..n).unwrap_or(&[])) {
-        if let Some(found) = records_from(from + claimed)? {
-            return Ok(Some(found));
-        }
-    }
-    // Searched for within one largest record past the damage: a preallocated or
-    // reused tail can be long, and this only names what the cut takes.
-    let search_end = limit.min(from.saturating_add(u64::from(MAX_RECORD_LEN)));
-    match resync(
-        &file,
-        header.generation,
-        from + 1,
-        search_end,
-        next_offset,
-        None,
-    )? {
-        Some(r) => records_from(r.position),
-        None => Ok(None),
-    }
+    records_behind_in(&file, header.generation, from, to.min(len), next_offset)
 }
 
 /// How many of the newest segments never became durable: the newest one when its
@@ -444,8 +402,9 @@ pub(super) fn tail_step(active: bool, kind: Option<ProblemKind>, end: &ScanEnd) 
         return other();
     };
     match kind {
+        // "Never acknowledged" is added once the plan knows no valid record follows.
         K::TornTail if active => TailStep::Cut {
-            reason: format!("{}; never acknowledged", end.detail()),
+            reason: end.detail(),
         },
         // All zeros to the end of the file (a zero run followed by anything else is a
         // torn tail): preallocated space, never a record, kept.
