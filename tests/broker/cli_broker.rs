@@ -1079,3 +1079,28 @@ fn the_start_logs_what_it_does_to_the_spare_pool() {
     assert!(!spares.exists());
     b.stop();
 }
+
+/// A topic's creation, configuration change and deletion each leave a line in the
+/// broker's log, whoever asked.
+#[test]
+fn topic_changes_are_logged() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = Serve::start(dir.path());
+    b.ok(&["topics", "create", "audited", "--partitions", "2"]);
+    b.ok(&[
+        "topics",
+        "alter",
+        "audited",
+        "--config",
+        "retention_ms=60000",
+    ]);
+    b.ok(&["topics", "delete", "audited"]);
+    for needle in [
+        "topic created topic=\"audited\" partitions=2",
+        "topic configuration changed topic=\"audited\" changed=retention_ms=60000",
+        "topic deleted topic=\"audited\"",
+    ] {
+        assert!(b.stderr_gets(needle), "{needle}: {}", b.stderr());
+    }
+    b.stop();
+}

@@ -69,6 +69,25 @@ fn a_replicated_topic_is_deleted_on_every_node_and_its_name_starts_afresh() {
         let listed = String::from_utf8_lossy(&out.stdout);
         assert!(!listed.lines().any(|l| l.trim() == TOPIC), "{listed}");
     }
+    // Each peer's log says who asked it to delete its replica; the node that was
+    // asked by the client logs the delete of its own.
+    for id in [2, 3] {
+        let log = c.node(id).stderr();
+        assert!(
+            log.contains(&format!(
+                "a peer asks to delete this node's replica of the topic node=1 topic={TOPIC}"
+            )),
+            "node {id}: {log}"
+        );
+        assert!(
+            log.contains(&format!("topic deleted topic=\"{TOPIC}\"")),
+            "node {id}: {log}"
+        );
+    }
+    assert!(c
+        .node(1)
+        .stderr()
+        .contains(&format!("topic deleted topic=\"{TOPIC}\"")));
     // Again: nothing left to delete.
     assert!(!delete_through(&c, 2).status.success());
 

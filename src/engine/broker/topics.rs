@@ -99,6 +99,7 @@ impl Broker {
         let topic = load_topic(&self.storage, name, &dir, &self.stats, &mut notes)?;
         write(&self.topics).insert(name.to_string(), Arc::new(topic));
         self.count_partitions_for_spares();
+        tracing::info!(topic = name, partitions, "topic created");
         Ok(())
     }
 
@@ -200,6 +201,7 @@ impl Broker {
         }
         self.drop_schemas(name);
         self.count_partitions_for_spares();
+        tracing::info!(topic = name, "topic deleted");
         Ok(())
     }
 
@@ -264,6 +266,12 @@ impl Broker {
             )
         })?;
         *write(&topic.config) = config.clone();
+        let changed = settings
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        tracing::info!(topic = name, %changed, "topic configuration changed");
         Ok(config)
     }
 

@@ -2019,13 +2019,30 @@ fn settings_config(settings: &[String]) -> Result<TopicConfig, Refusal> {
 impl<L: LogStores> CallHandler for Manager<L> {
     async fn handle(
         self: Arc<Self>,
-        _from: u64,
+        from: u64,
         topic: String,
         partition: u32,
         rpc: Rpc,
         payload: Vec<u8>,
     ) -> Result<Vec<u8>, String> {
-        self.answer(&topic, partition, rpc, &payload).await
+        // What a peer changes on this node is logged with who asked, so a replica
+        // that appears or goes is explained in this node's log.
+        let asked = match rpc {
+            Rpc::CreateReplica => Some("create this node's replica of the topic"),
+            Rpc::DeleteReplica => Some("delete this node's replica of the topic"),
+            Rpc::AlterReplica => Some("change the configuration of this node's replica"),
+            Rpc::Initialize => Some("form the partition's Raft group"),
+            _ => None,
+        };
+        let shown = || crate::format::wire::raft::peer_text(&topic);
+        if let Some(what) = asked {
+            tracing::info!(node = from, topic = %shown(), partition, "a peer asks to {what}");
+        }
+        let answer = self.answer(&topic, partition, rpc, &payload).await;
+        if let (Some(what), Err(e)) = (asked, &answer) {
+            tracing::warn!(node = from, topic = %shown(), partition, error = %e, "refused a peer's request to {what}");
+        }
+        answer
     }
 
     fn append_stream(

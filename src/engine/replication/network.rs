@@ -45,7 +45,7 @@ use super::types::{Entry, LogId, TypeConfig, Vote};
 use crate::engine::storage::io::{write_file_atomic, StorageRef};
 use crate::format::wire::raft::append;
 use crate::format::wire::raft::{
-    check_peer_frame_len, decode_peer_frame, encode_peer_frame, PeerFrame, Rpc,
+    check_peer_frame_len, decode_peer_frame, encode_peer_frame, peer_text, PeerFrame, Rpc,
     HANDSHAKE_BYTES_MAX, HELLO_LOGINS, NONCE_LEN, PEER_VERSION,
 };
 use crate::format::wire::LEN_FIELD;
@@ -319,9 +319,10 @@ impl Identity {
             return self.agree(theirs);
         }
         match self.cluster_id() {
-            Some(have) if have != theirs => {
-                Err(format!("cluster id {theirs} {CLUSTER_MISMATCH} ({have})"))
-            }
+            Some(have) if have != theirs => Err(format!(
+                "cluster id {} {CLUSTER_MISMATCH} ({have})",
+                peer_text(theirs)
+            )),
             _ => Ok(()),
         }
     }
@@ -343,7 +344,8 @@ impl Identity {
         match self.adopt(theirs) {
             Ok(true) => Ok(()),
             Ok(false) => Err(format!(
-                "cluster id {theirs} {CLUSTER_MISMATCH} ({})",
+                "cluster id {} {CLUSTER_MISMATCH} ({})",
+                peer_text(theirs),
                 self.cluster_id().unwrap_or_default()
             )),
             Err(e) => Err(format!("cannot record the cluster id: {e}")),
@@ -679,8 +681,8 @@ async fn read_hello(stream: &mut TcpStream, ident: &Identity) -> Result<TheirHel
                 flags,
             })
         }
-        PeerFrame::Refuse { reason } => Err(format!("refused: {reason}")),
-        other => Err(format!("expected a hello, got {other:?}")),
+        PeerFrame::Refuse { reason } => Err(format!("refused: {}", peer_text(reason))),
+        other => Err(format!("expected a hello, got {}", other.summary())),
     }
 }
 
@@ -811,8 +813,8 @@ async fn dial(ident: &Identity, peer: &Peer) -> Result<TcpStream, String> {
     let frame = read_handshake_frame(&mut stream, "welcome").await?;
     match decode_peer_frame(&frame).map_err(|e| e.to_string())? {
         PeerFrame::Welcome => {}
-        PeerFrame::Refuse { reason } => return Err(format!("refused: {reason}")),
-        other => return Err(format!("expected a welcome, got {other:?}")),
+        PeerFrame::Refuse { reason } => return Err(format!("refused: {}", peer_text(reason))),
+        other => return Err(format!("expected a welcome, got {}", other.summary())),
     }
     *lock(&peer.client_addr) = Some(theirs.client_addr);
     *lock(&peer.kafka_addr) = Some(theirs.kafka_addr);
@@ -878,12 +880,12 @@ async fn run_dialled(
                     if let Some(w) = waiter {
                         let r = result.map(<[u8]>::to_vec).map_err(|m| CallError::Failed {
                             node,
-                            detail: m.to_string(),
+                            detail: peer_text(m),
                         });
                         let _ = w.send(r);
                     }
                 }
-                Ok(other) => break format!("unexpected frame {other:?}"),
+                Ok(other) => break format!("unexpected frame: {}", other.summary()),
                 Err(e) => break format!("bad frame: {e}"),
             }
         };
@@ -1103,8 +1105,10 @@ async fn accept_handshake(stream: &mut TcpStream, peers: &Peers) -> Result<u64, 
         PeerFrame::Proof { proof } => {
             check_proof(ident, from, Side::Dialer, &h, proof).map_err(ours)?;
         }
-        PeerFrame::Refuse { reason } => return Err((format!("refused: {reason}"), false)),
-        other => return Err(ours(format!("expected a proof, got {other:?}"))),
+        PeerFrame::Refuse { reason } => {
+            return Err((format!("refused: {}", peer_text(reason)), false))
+        }
+        other => return Err(ours(format!("expected a proof, got {}", other.summary()))),
     }
     ident.agree(&theirs.cluster_id).map_err(ours)?;
     ident.heard_flags(from, theirs.flags);
@@ -1973,6 +1977,9 @@ mod tests {
             if topic == "fail" {
                 return Err(format!("refused for node {from}"));
             }
+            if topic == "lines" {
+                return Err("line one\nline two".to_string());
+            }
             let mut out = format!("{from} {topic}/{partition} {rpc:?} ").into_bytes();
             out.extend_from_slice(&payload);
             Ok(out)
@@ -2032,6 +2039,16 @@ mod tests {
             .await
             .unwrap_err();
         assert!(matches!(e, CallError::Failed { .. }), "{e}");
+        // A peer's message is shown on one line.
+        let e = peer
+            .call("lines", 0, Rpc::Vote, Vec::new(), t)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            !e.contains('\n') && e.contains("line one\\nline two"),
+            "{e}"
+        );
 
         // A node of another cluster never connects.
         std::fs::write(
@@ -2046,6 +2063,37 @@ mod tests {
         assert!(!p.reachable());
         let e = p.call("t", 0, Rpc::Vote, Vec::new(), t).await.unwrap_err();
         assert!(matches!(e, CallError::Unreachable(1)), "{e}");
+    }
+
+    /// A connection whose first frame is not a hello ends with a short reason that
+    /// names the frame, not its payload (a call may carry up to the handshake limit).
+    #[tokio::test]
+    async fn a_call_before_the_hello_is_named_without_its_payload() {
+        let dir = tempfile::tempdir().unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let all = vec![(1, addr.to_string()), (2, "unused".to_string())];
+        let peers = Peers::new(ident(dir.path(), 1, true), &all);
+        let (_stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let server = tokio::spawn(async move {
+            let (stream, _) = listener.accept().await.unwrap();
+            serve_peer(stream, &peers, Arc::new(Echo), stop_rx).await
+        });
+        let frame = encode(&PeerFrame::Call {
+            call_id: 7,
+            topic: "t\nforged",
+            partition: 0,
+            rpc: Rpc::AppendStream,
+            payload: &[0u8; 100_000],
+        })
+        .unwrap();
+        let mut c = TcpStream::connect(addr).await.unwrap();
+        c.write_all(&frame).await.unwrap();
+        let why = server.await.unwrap().unwrap_err();
+        assert_eq!(
+            why,
+            "expected a hello, got call 7 (AppendStream for t\\nforged/0, 100000 payload bytes)"
+        );
     }
 
     #[tokio::test]

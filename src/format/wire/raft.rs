@@ -213,6 +213,57 @@ pub enum PeerFrame<'a> {
     Welcome,
 }
 
+/// Longest piece of a peer's text (a refusal's reason, a failed call's message, a
+/// topic name) put into this node's messages and logs.
+pub const PEER_TEXT_SHOWN_MAX: usize = 300;
+
+/// A peer's text as this node shows it: control characters escaped (a newline in a
+/// peer's refusal could otherwise forge a log line) and cut at
+/// [`PEER_TEXT_SHOWN_MAX`] characters.
+pub fn peer_text(text: &str) -> String {
+    let mut out = String::new();
+    for (n, c) in text.chars().enumerate() {
+        if n == PEER_TEXT_SHOWN_MAX {
+            out.push('…');
+            break;
+        }
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+impl PeerFrame<'_> {
+    /// What the frame is, in a few words and without its payload: for messages about
+    /// a frame that came where another was expected.
+    pub fn summary(&self) -> String {
+        match self {
+            PeerFrame::Hello { node_id, .. } => format!("a hello from node {node_id}"),
+            PeerFrame::Call {
+                call_id,
+                topic,
+                partition,
+                rpc,
+                payload,
+            } => format!(
+                "call {call_id} ({rpc:?} for {}/{partition}, {} payload bytes)",
+                peer_text(topic),
+                payload.len()
+            ),
+            PeerFrame::Reply { call_id, result } => match result {
+                Ok(b) => format!("the reply to call {call_id} ({} bytes)", b.len()),
+                Err(_) => format!("the reply to call {call_id} (failed)"),
+            },
+            PeerFrame::Refuse { .. } => "a refusal".to_string(),
+            PeerFrame::Proof { .. } => "a proof".to_string(),
+            PeerFrame::Welcome => "a welcome".to_string(),
+        }
+    }
+}
+
 fn start(out: &mut Vec<u8>, call_id: u64, kind: u8) -> usize {
     let at = out.len();
     out.extend_from_slice(&[0; LEN_FIELD]);
@@ -476,6 +527,16 @@ pub fn decode_peer_frame(frame: &[u8]) -> Result<PeerFrame<'_>, ProtocolError> {
 #[expect(clippy::indexing_slicing, clippy::unwrap_used, reason = "tests")]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_peers_text_is_shown_on_one_line_and_bounded() {
+        assert_eq!(peer_text("plain words"), "plain words");
+        assert_eq!(peer_text("a\nb\r\tc\u{1b}[31m"), "a\\nb\\r\\tc\\u{1b}[31m");
+        let long = "é".repeat(PEER_TEXT_SHOWN_MAX + 50);
+        let shown = peer_text(&long);
+        assert_eq!(shown.chars().count(), PEER_TEXT_SHOWN_MAX + 1);
+        assert!(shown.ends_with('…'));
+    }
 
     /// The encoded frame of a Vote call with an empty payload.
     fn empty_vote_call() -> Vec<u8> {
