@@ -1027,7 +1027,7 @@ async fn serve_peer<H: CallHandler>(
                 rpc,
                 payload,
             }) => (call_id, topic.to_string(), partition, rpc, payload.to_vec()),
-            Ok(other) => break Err(format!("unexpected frame {other:?}")),
+            Ok(other) => break Err(format!("unexpected frame: {}", other.summary())),
             Err(e) => break Err(format!("bad frame: {e}")),
         };
         if rpc == Rpc::AppendStream {
