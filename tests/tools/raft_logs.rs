@@ -184,3 +184,66 @@ fn open_cuts_a_torn_tail_and_keeps_every_flushed_entry() {
     fs::write(&active, &bytes).unwrap();
     assert_eq!(read_all(&group), before);
 }
+
+/// A Raft log damaged below the entries its node applied (`applied-P.json`): those
+/// entries were committed on a majority, so `verify` and `recover` call the tail
+/// damage rather than a write a crash tore, and name the entries.
+#[test]
+fn damage_below_the_applied_entries_is_named_as_such() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("clean");
+    crate::util::fs::copy_tree(&crate::util::fs::fixture("clean"), &data);
+    let topic = data.join("topics").join("users");
+    fs::write(
+        topic.join("replication.json"),
+        br#"{"replication_factor":1,"replicas":[[1]]}"#,
+    )
+    .unwrap();
+    let applied = |index: u64| {
+        format!(
+            r#"{{"last_applied":{{"leader_id":{{"term":2,"node_id":1}},"index":{index}}},"membership":{{"log_id":null,"membership":{{"configs":[[1]],"nodes":{{"1":{{"addr":"127.0.0.1:1"}}}}}}}},"next_offset":0,"clock_ms":0,"producers":{{}}}}"#
+        )
+    };
+    let group = data.join("raft").join("users").join("0");
+    write_log(&group);
+    let log_dir = group.join("log");
+    let active = fs::read_dir(&log_dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "log"))
+        .max()
+        .unwrap();
+    let bytes = fs::read(&active).unwrap();
+    // Entry 20's record: found by dumping the log.
+    let (code, out, err) = run(&["dump", "--json", log_dir.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}{err}");
+    let pos20 = out
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|v| v["type"] == "record" && v["offset"] == 20)
+        .and_then(|v| v["position"].as_u64())
+        .expect("entry 20's position");
+    let mut damaged = bytes.clone();
+    damaged[pos20 as usize + 20] ^= 0x08;
+    let d = data.to_str().unwrap();
+    let said = "entries 20..=25 were committed on a majority of the group: this is damage, \
+                not a crash, and the node's peers hold them";
+    for (index, named) in [(25, true), (19, false)] {
+        fs::write(topic.join("applied-0.json"), applied(index)).unwrap();
+        fs::write(&active, &damaged).unwrap();
+        let (code, out, err) = run(&["verify", d]);
+        assert_eq!(code, 1, "{out}{err}");
+        assert!(out.contains("torn_tail"), "{out}");
+        assert_eq!(out.contains(said), named, "applied {index}: {out}");
+        assert!(
+            out.contains("9 valid record(s), offsets 21..=29 follow it"),
+            "{out}"
+        );
+        let (code, out, err) = run(&["recover", "--dry-run", d]);
+        assert_eq!(code, 1, "{out}{err}");
+        assert_eq!(out.contains(said), named, "applied {index}: {out}");
+    }
+    let (code, out, err) = run(&["recover", d]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(read_all(&group).len(), 20, "entries 0..=19 are left");
+}

@@ -942,6 +942,7 @@ pub fn check_partition_with(
         }
         _ => None,
     };
+    let applied = raft_applied_index(p);
     for (i, files) in listing.segments.iter().enumerate() {
         if p.only_segment.is_some_and(|b| b != files.base_offset) {
             continue;
@@ -967,6 +968,16 @@ pub fn check_partition_with(
             // unfinished roll and remove its records too.
             header_is_damage(&mut seg);
         }
+        if let Some(applied) = applied {
+            for pr in &mut seg.problems {
+                if let (ProblemKind::TornTail, Some(first)) = (pr.kind, pr.offset) {
+                    if let Some(said) = applied_entries_damaged(first, applied) {
+                        pr.detail.push_str("; ");
+                        pr.detail.push_str(&said);
+                    }
+                }
+            }
+        }
         on_segment(&mut seg);
         out.segments.push(seg);
     }
@@ -975,6 +986,40 @@ pub fn check_partition_with(
         excuse_swap_in_progress(&mut out);
     }
     Ok(out)
+}
+
+/// For a Raft log (`DATA/raft/T/P/log`, which the tools label `raft/T`), the index of
+/// the last entry its node applied, from `DATA/topics/T/applied-P.json`; `None` for
+/// any other partition, when nothing was applied, or when the checkpoint does not
+/// read (reported on its own, `raft_state_unreadable`).
+pub fn raft_applied_index(p: &PartitionRef) -> Option<u64> {
+    use crate::engine::replication::state_machine::{checkpoint_name, read_checkpoint};
+    let topic = p
+        .topic
+        .as_deref()?
+        .strip_prefix(crate::engine::storage::layout::RAFT_DIR)?
+        .strip_prefix('/')?;
+    let partition = p.partition?;
+    let data = p.dir.ancestors().nth(4)?;
+    let path = data
+        .join(crate::format::names::TOPICS_DIR)
+        .join(topic)
+        .join(checkpoint_name(partition));
+    read_checkpoint(&path).ok()??.last_applied.map(|l| l.index)
+}
+
+/// What a Raft log's damaged tail from entry `first` on means when its node applied
+/// every entry up to `applied`: those entries were committed (on a majority's disks),
+/// so the tail is damage rather than a write a crash tore. `None` when `first` is past
+/// `applied`.
+pub fn applied_entries_damaged(first: u64, applied: u64) -> Option<String> {
+    (first <= applied).then(|| {
+        format!(
+            "this node applied the entries up to index {applied}, so entries {first}..={applied} \
+             were committed on a majority of the group: this is damage, not a crash, and the \
+             node's peers hold them"
+        )
+    })
 }
 
 /// A header that shows the segment never became durable: shorter than 32 bytes, all

@@ -91,8 +91,15 @@ pub fn plan_partition(p: &PartitionRef) -> Result<PartitionPlan, RecoveryError> 
                     source,
                 }
             })?;
-            if records_cut.is_none() {
-                reason.push_str("; never acknowledged");
+            match raft_applied_index(p)
+                .and_then(|applied| applied_entries_damaged(*next_offset, applied))
+            {
+                Some(said) => {
+                    reason.push_str("; ");
+                    reason.push_str(&said);
+                }
+                None if records_cut.is_none() => reason.push_str("; never acknowledged"),
+                None => {}
             }
         }
     }
