@@ -1710,7 +1710,20 @@ pub fn records_behind_in(
     // Searched for within one largest record past the damage: a preallocated or
     // reused tail can be long, and this only names what the cut takes.
     let search_end = limit.min(from.saturating_add(u64::from(MAX_RECORD_LEN)));
-    match resync(file, generation, from + 1, search_end, next_offset, None)? {
+    // The active segment's offsets follow one another, one record (more than one
+    // byte) each: a record `k` bytes past the damage holds an offset below
+    // `next_offset + k`. The bound makes the search skip nearly every position of
+    // random bytes without reading the record it claims (unbounded, 20 MiB of random
+    // bytes took 13 s of reads).
+    let max_offset = next_offset.checked_add(search_end.saturating_sub(from));
+    match resync(
+        file,
+        generation,
+        from + 1,
+        search_end,
+        next_offset,
+        max_offset,
+    )? {
         Some(r) => records_from(r.position),
         None => Ok(None),
     }
