@@ -97,6 +97,16 @@ fn read_all(dir: &Path) -> Vec<String> {
     })
 }
 
+/// The newest segment file of a Raft log's directory.
+fn newest_segment(log_dir: &Path) -> std::path::PathBuf {
+    fs::read_dir(log_dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "log"))
+        .max()
+        .unwrap()
+}
+
 fn run(args: &[&str]) -> (i32, String, String) {
     let out = seglog().args(args).output().unwrap();
     (
@@ -146,12 +156,7 @@ fn verify_dump_and_recover_cover_the_raft_logs() {
     }
 
     // A torn tail: half a record past the last one.
-    let active = fs::read_dir(&log_dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "log"))
-        .max()
-        .unwrap();
+    let active = newest_segment(&log_dir);
     let mut bytes = fs::read(&active).unwrap();
     bytes.extend_from_slice(&[0x00, 0x00, 0x01, 0x00, 0xde, 0xad, 0xbe, 0xef, 7, 7, 7]);
     fs::write(&active, &bytes).unwrap();
@@ -173,12 +178,7 @@ fn open_cuts_a_torn_tail_and_keeps_every_flushed_entry() {
     write_log(&group);
     let before = read_all(&group);
     let log_dir = group.join("log");
-    let active = fs::read_dir(&log_dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "log"))
-        .max()
-        .unwrap();
+    let active = newest_segment(&log_dir);
     let mut bytes = fs::read(&active).unwrap();
     bytes.extend_from_slice(&[0x00, 0x00, 0x00, 0x40, 1, 2, 3]);
     fs::write(&active, &bytes).unwrap();
@@ -207,12 +207,7 @@ fn damage_below_the_applied_entries_is_named_as_such() {
     let group = data.join("raft").join("users").join("0");
     write_log(&group);
     let log_dir = group.join("log");
-    let active = fs::read_dir(&log_dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "log"))
-        .max()
-        .unwrap();
+    let active = newest_segment(&log_dir);
     let bytes = fs::read(&active).unwrap();
     // Entry 20's record: found by dumping the log.
     let (code, out, err) = run(&["dump", "--json", log_dir.to_str().unwrap()]);
