@@ -195,6 +195,33 @@ pub fn len_prefix(buf: &[u8]) -> LenPrefix {
     }
 }
 
+/// Whether the start of a record claimed at the beginning of `buf`, which may run
+/// past its end, can still be a valid record: its `key_len`, and its `value_len`
+/// when `buf` reaches it, agree with its `record_len` as [`decode_record`] requires.
+/// `true` when `buf` is too short to tell. A search after damage uses it to skip a
+/// candidate without reading the whole record it claims: over random bytes nearly
+/// every candidate fails it.
+pub fn plausible_start(buf: &[u8]) -> bool {
+    let Some(record_len) = be_u32(buf, 0) else {
+        return true;
+    };
+    if !(RECORD_OVERHEAD..=MAX_RECORD_LEN).contains(&record_len) {
+        return false;
+    }
+    let Some(key_len) = be_u32(buf, KEY_LEN_AT).map(|k| k as i32) else {
+        return true;
+    };
+    let key_bytes = match key_len {
+        -1 => 0,
+        k if k >= 0 && (k as u32) <= record_len - RECORD_OVERHEAD => k as u32,
+        _ => return false,
+    };
+    match be_u32(buf, KEY_AT + key_bytes as usize) {
+        Some(value_len) => value_len == record_len - RECORD_OVERHEAD - key_bytes,
+        None => true,
+    }
+}
+
 /// Bytes the record at the start of `buf` claims to take (`record_len` field
 /// included) when its `record_len` is plausible (`28 ..= MAX_RECORD_LEN`), whether or
 /// not the rest of it checks out: lets a tool step over a damaged record and report
@@ -363,6 +390,35 @@ pub fn record_generation(buf: &[u8]) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn plausible_start_refuses_only_what_decode_refuses() {
+        for key in [None, Some(&b""[..]), Some(&b"key"[..])] {
+            let mut buf = Vec::new();
+            encode_record(&mut buf, 7, 1, key, b"value bytes", 3).unwrap();
+            // Every prefix of a valid record passes.
+            for k in 0..=buf.len() {
+                assert!(plausible_start(&buf[..k]), "{key:?} prefix {k}");
+            }
+            let key_len_at = KEY_LEN_AT;
+            let value_len_at = KEY_AT + key.map_or(0, <[u8]>::len);
+            // A key length or value length that disagrees with record_len fails as
+            // soon as the prefix holds it, and decode says so too.
+            for (at, bad) in [
+                (key_len_at, 1000u32),
+                (key_len_at, (-2i32) as u32),
+                (value_len_at, 9),
+            ] {
+                let mut b = buf.clone();
+                b[at..at + 4].copy_from_slice(&bad.to_be_bytes());
+                assert!(decode_record(&b, 0, 3).is_err());
+                assert!(plausible_start(&b[..at]), "not yet known at {at}");
+                assert!(!plausible_start(&b[..at + 4]), "{key:?} {bad} at {at}");
+            }
+        }
+        assert!(!plausible_start(&[0, 0, 0, 1]), "record_len too small");
+        assert!(!plausible_start(&[0xff, 0, 0, 0]), "record_len too large");
+    }
 
     #[test]
     fn claimed_len_steps_over_a_damaged_record() {

@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use super::map::SealedMap;
 use super::noatime;
 use crate::format::record::{
-    decode_record, len_prefix, peek_offset, LenPrefix, RecordError, RecordView, LEN_FIELD,
-    MAX_RECORD_LEN,
+    decode_record, len_prefix, peek_offset, plausible_start, LenPrefix, RecordError, RecordView,
+    LEN_FIELD, MAX_RECORD_LEN,
 };
 use crate::format::{HeaderError, IndexBuilder, IndexEntry, SegmentHeader, HEADER_LEN};
 
@@ -494,9 +494,13 @@ pub fn resync(
                     }))
                 }
                 Err(RecordError::Truncated { needed, .. }) if buf_end < limit => {
-                    // The claimed record runs past the buffer: read it whole.
+                    // The claimed record runs past the buffer: read it whole, unless
+                    // its lengths already disagree (random bytes nearly always do).
                     let room = limit - pos;
-                    if needed <= room && needed <= RECORD_BUFFER_MAX as u64 {
+                    if needed <= room
+                        && needed <= RECORD_BUFFER_MAX as u64
+                        && plausible_start(avail)
+                    {
                         big.resize(usize::try_from(needed).unwrap_or(0), 0);
                         let n = read_full_at(file, &mut big, pos)?;
                         if let Ok(r) = decode_record(big.get(..n).unwrap_or(&[]), pos, generation) {
