@@ -127,6 +127,7 @@ pub(super) fn dump_state(
                     offset: None,
                     detail: format!("{p}; the broker refuses this group until it is repaired"),
                     unreadable: None,
+                    behind: None,
                 };
                 d.problem(&problem)?;
             }
@@ -298,6 +299,7 @@ impl<W: Write> StateDumper<'_, W> {
                     offset: None,
                     detail: format!("{SNAPSHOT_FILE}: {e}"),
                     unreadable: None,
+                    behind: None,
                 };
                 return self.problem(&p);
             }

@@ -346,6 +346,9 @@ pub struct Problem {
     /// Damage inside a sealed segment: the records it makes unreadable and where
     /// reading resumes (docs/FORMAT.md, Reading around damage).
     pub unreadable: Option<Box<DamagedRange>>,
+    /// A `torn_tail`'s whole records behind the damage, cut with it (recovery names
+    /// them from here).
+    pub behind: Option<Box<RecordsBehind>>,
 }
 
 /// The range damage makes unreadable in a sealed segment: from the bad record to the
@@ -823,6 +826,7 @@ fn problem(
         offset,
         detail,
         unreadable: None,
+        behind: None,
     }
 }
 
@@ -1587,7 +1591,7 @@ pub fn classify_scan_end(
                     }
                     _ => None,
                 };
-                problem(
+                let mut p = problem(
                     ProblemKind::TornTail,
                     log,
                     Some(position),
@@ -1603,7 +1607,9 @@ pub fn classify_scan_end(
                             r.describe(),
                         ),
                     },
-                )
+                );
+                p.behind = behind.map(Box::new);
+                p
             }
         }
     } else if zero_seal || stale {

@@ -27,6 +27,7 @@ fn problem(kind: ProblemKind, path: &Path, position: Option<u64>, detail: String
             offset: None,
             detail,
             unreadable: None,
+            behind: None,
         },
     }
 }

@@ -40,13 +40,13 @@ use crate::format::{IndexEntry, INDEX_ENTRY_LEN};
 
 use crate::engine::maintenance::check::{
     applied_entries_damaged, check_partition, check_segment, never_durable_header,
-    raft_applied_index, records_behind_in, CheckMode, IndexState, PartitionCheck, Problem,
-    ProblemKind, SegmentCheck, Severity, RECORDS_BEHIND_MAY_BE,
+    raft_applied_index, CheckMode, IndexState, PartitionCheck, Problem, ProblemKind, SegmentCheck,
+    Severity, RECORDS_BEHIND_MAY_BE,
 };
 use crate::engine::maintenance::reindex::{index_bytes, write_index};
 use crate::engine::storage::io::Storage;
 use crate::engine::storage::layout::{resolve, LayoutError, PartitionRef, SegmentFiles, Target};
-use crate::engine::storage::reader::{open_log, read_header, ScanEnd};
+use crate::engine::storage::reader::ScanEnd;
 
 mod execute;
 mod plan;

@@ -76,21 +76,13 @@ pub fn plan_partition(p: &PartitionRef) -> Result<PartitionPlan, RecoveryError> 
     let mut plan = plan_from_check(&check);
     for a in &mut plan.actions {
         if let Action::CutTail {
-            log,
-            from,
-            to,
             next_offset,
             kind: Some(ProblemKind::TornTail),
             records_cut,
             reason,
+            ..
         } = a
         {
-            *records_cut = records_behind(log, *from, *to, *next_offset).map_err(|source| {
-                RecoveryError::Check {
-                    dir: p.dir.clone(),
-                    source,
-                }
-            })?;
             match raft_applied_index(p)
                 .and_then(|applied| applied_entries_damaged(*next_offset, applied))
             {
@@ -104,22 +96,6 @@ pub fn plan_partition(p: &PartitionRef) -> Result<PartitionPlan, RecoveryError> 
         }
     }
     Ok(plan)
-}
-
-/// The valid records of the segment's generation that follow the damaged record at
-/// `from` (where offset `next_offset` would start), up to `to`
-/// ([`records_behind_in`]). Zeros or a torn write at the tail find none.
-pub(super) fn records_behind(
-    log: &Path,
-    from: u64,
-    to: u64,
-    next_offset: u64,
-) -> io::Result<Option<RecordsCut>> {
-    let (file, len) = open_log(log)?;
-    let Ok(header) = read_header(&file, len)? else {
-        return Ok(None);
-    };
-    records_behind_in(&file, header.generation, from, to.min(len), next_offset)
 }
 
 /// How many of the newest segments never became durable: the newest one when its
@@ -328,7 +304,7 @@ pub(super) fn plan_segment(
                 to: seg.file_len,
                 next_offset,
                 kind,
-                records_cut: None,
+                records_cut: tail_problem.and_then(|pr| pr.behind.as_deref().copied()),
                 reason,
             });
         } else if step == TailStep::KeepZeros {
