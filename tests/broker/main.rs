@@ -32,6 +32,7 @@ mod cluster_nemesis;
 mod cluster_pipeline;
 mod cluster_proxy;
 mod cluster_rejoin;
+mod cluster_repair;
 mod cluster_schemas;
 mod cluster_secret;
 mod cluster_snapshot;

@@ -97,6 +97,10 @@ pub enum ProblemKind {
     /// A segment's base is not the previous segment's last offset + 1: offsets are
     /// missing between them (in every topic, compacted or not).
     SegmentsDoNotJoin,
+    /// A replicated topic's data partition ends before the records its node applied
+    /// (`applied-P.json`): damage there was cut. The node takes them again, from its
+    /// Raft log or from its peers, at its next start.
+    AppliedRecordsMissing,
 
     // ----- segment header -----
     /// The header's base offset is not the file name's.
@@ -179,6 +183,7 @@ impl ProblemKind {
             ProblemKind::KeysJsonUnreadable => "keys_json_unreadable",
             ProblemKind::ClusterJsonUnreadable => "cluster_json_unreadable",
             ProblemKind::RaftStateUnreadable => "raft_state_unreadable",
+            ProblemKind::AppliedRecordsMissing => "applied_records_missing",
             ProblemKind::UnfinishedCompaction => "unfinished_compaction",
             ProblemKind::LeftoverTempFile => "leftover_temp_file",
             ProblemKind::OrphanIndex => "orphan_index",
@@ -225,7 +230,8 @@ impl ProblemKind {
             ProblemKind::UnknownFile
             | ProblemKind::ZeroTail
             | ProblemKind::StaleTail
-            | ProblemKind::BadSpareHeader => Severity::Info,
+            | ProblemKind::BadSpareHeader
+            | ProblemKind::AppliedRecordsMissing => Severity::Info,
             ProblemKind::UnfinishedCompaction
             | ProblemKind::LeftoverTempFile
             | ProblemKind::OrphanIndex
@@ -947,6 +953,7 @@ pub fn check_partition_with(
         _ => None,
     };
     let applied = raft_applied_index(p);
+    let applied_next = data_applied_next(p);
     for (i, files) in listing.segments.iter().enumerate() {
         if p.only_segment.is_some_and(|b| b != files.base_offset) {
             continue;
@@ -972,13 +979,16 @@ pub fn check_partition_with(
             // unfinished roll and remove its records too.
             header_is_damage(&mut seg);
         }
-        if let Some(applied) = applied {
-            for pr in &mut seg.problems {
-                if let (ProblemKind::TornTail, Some(first)) = (pr.kind, pr.offset) {
-                    if let Some(said) = applied_entries_damaged(first, applied) {
-                        pr.detail.push_str("; ");
-                        pr.detail.push_str(&said);
-                    }
+        for pr in &mut seg.problems {
+            if let (ProblemKind::TornTail, Some(first)) = (pr.kind, pr.offset) {
+                let said = match (applied, applied_next) {
+                    (Some(applied), _) => applied_entries_damaged(first, applied),
+                    (None, Some(next)) => applied_records_damaged(first, next),
+                    (None, None) => None,
+                };
+                if let Some(said) = said {
+                    pr.detail.push_str("; ");
+                    pr.detail.push_str(&said);
                 }
             }
         }
@@ -988,8 +998,79 @@ pub fn check_partition_with(
     if p.only_segment.is_none() {
         check_continuity(&mut out);
         excuse_swap_in_progress(&mut out);
+        if let Some(next) = applied_next {
+            applied_records_missing(&mut out, next);
+        }
     }
     Ok(out)
+}
+
+/// For a replicated topic's data partition (`DATA/topics/T/P`), the offset after the
+/// records its node applied, from `DATA/topics/T/applied-P.json`; `None` for any other
+/// partition, when nothing was applied, or when the checkpoint does not read
+/// (reported on its own, `raft_state_unreadable`).
+pub fn data_applied_next(p: &PartitionRef) -> Option<u64> {
+    use crate::engine::replication::state_machine::{checkpoint_name, read_checkpoint};
+    let topic = p.topic.as_deref()?;
+    if topic.starts_with(crate::engine::storage::layout::RAFT_DIR) {
+        return None;
+    }
+    let path = p.dir.parent()?.join(checkpoint_name(p.partition?));
+    let applied = read_checkpoint(&path).ok()??;
+    applied.last_applied.map(|_| applied.next_offset)
+}
+
+/// What a replicated data partition's damaged tail from offset `first` on means when
+/// its node applied the records below `next`: they are committed, so this is damage,
+/// and the node takes them again at its start.
+pub fn applied_records_damaged(first: u64, next: u64) -> Option<String> {
+    (first < next).then(|| {
+        format!(
+            "this node applied the records up to offset {}, so offsets {first}..={} are \
+             committed entries' records, which its Raft log or its peers hold: this is \
+             damage, not a crash, and after the cut the node takes them again at its start",
+            next - 1,
+            next - 1
+        )
+    })
+}
+
+/// Reports a replicated data partition that, once what recovery cuts is gone (its
+/// torn tail), ends before `next`, the offset after the records its node applied;
+/// nothing when a torn tail already says so.
+fn applied_records_missing(out: &mut PartitionCheck, next: u64) {
+    let torn = out
+        .segments
+        .iter()
+        .flat_map(|s| &s.problems)
+        .any(|p| p.kind == ProblemKind::TornTail);
+    if torn || out.severity() == Some(Severity::Corrupt) {
+        return;
+    }
+    let Some(newest) = out.segments.last() else {
+        return;
+    };
+    let end = out.next_offset().unwrap_or_else(|| newest.base_offset());
+    if end >= next {
+        return;
+    }
+    let detail = format!(
+        "the data partition ends at offset {end}, but this node applied the records up to \
+         offset {} (its checkpoint, applied-{}.json): offsets {end}..={} are missing here, \
+         damage that was cut; they are committed, and the node takes them again from its \
+         Raft log or its peers when it starts, before its replica takes part in the group",
+        next - 1,
+        out.partition.partition.unwrap_or_default(),
+        next - 1
+    );
+    let log = newest.files.log.clone();
+    out.problems.push(problem(
+        ProblemKind::AppliedRecordsMissing,
+        &log,
+        None,
+        Some(end),
+        detail,
+    ));
 }
 
 /// For a Raft log (`DATA/raft/T/P/log`, which the tools label `raft/T`), the index of

@@ -60,6 +60,7 @@ use crate::format::wire::{not_leader_message, ErrorCode};
 
 mod keys;
 mod rejoin;
+mod repair;
 mod schemas;
 
 /// How long a call between nodes may take before it counts as failed.
@@ -300,10 +301,22 @@ impl<L: LogStores> Manager<L> {
         listener.set_nonblocking(true)?;
         let listener = tokio::net::TcpListener::from_std(listener)?;
         self.peers.start();
+        let mut repairs = Vec::new();
         for topic in self.broker.list_topics() {
-            if let Err(e) = self.open_topic(&topic).await {
-                tracing::error!(topic, error = %e, "cannot open the topic's Raft groups");
-                eprintln!("seglog: topic {topic}: cannot open its Raft groups: {e}");
+            match self.open_topic(&topic).await {
+                Ok(waiting) => {
+                    for p in waiting {
+                        repairs.push(tokio::spawn(Arc::clone(&self).repair_then_open(
+                            topic.clone(),
+                            p,
+                            stop.clone(),
+                        )));
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(topic, error = %e, "cannot open the topic's Raft groups");
+                    eprintln!("seglog: topic {topic}: cannot open its Raft groups: {e}");
+                }
             }
         }
         let refresh = tokio::spawn(Arc::clone(&self).refresh_in_sync(stop.clone()));
@@ -318,6 +331,9 @@ impl<L: LogStores> Manager<L> {
         if let Some(r) = restore {
             r.abort();
         }
+        for r in repairs {
+            r.abort();
+        }
         let groups: Vec<RaftGroup> = lock(&self.groups).values().cloned().collect();
         for g in groups {
             let _ = g.shutdown().await;
@@ -326,8 +342,10 @@ impl<L: LogStores> Manager<L> {
         Ok(())
     }
 
-    /// Reads a topic's placement and opens the groups this node holds.
-    async fn open_topic(&self, topic: &str) -> io::Result<()> {
+    /// Reads a topic's placement and opens the groups this node holds. Returns the
+    /// partitions whose groups wait for records their data partition lacks
+    /// ([`repair`]): the caller starts [`Manager::repair_then_open`] for each.
+    async fn open_topic(&self, topic: &str) -> io::Result<Vec<u32>> {
         let dir = self.broker.topic_dir(topic);
         let path = dir.join(REPLICATION_FILE);
         let bytes = match crate::engine::producers::read_state_file(
@@ -335,7 +353,7 @@ impl<L: LogStores> Manager<L> {
             crate::format::replication::REPLICATION_FILE_BYTES_MAX,
         ) {
             Ok(Some(b)) => b,
-            Ok(None) => return Ok(()),
+            Ok(None) => return Ok(Vec::new()),
             Err(e) => return Err(io::Error::other(format!("{}: {e}", path.display()))),
         };
         let partitions = self
@@ -345,21 +363,52 @@ impl<L: LogStores> Manager<L> {
         let r = Replication::decode(&bytes, partitions)
             .map_err(|e| io::Error::other(format!("{}: {e}", path.display())))?;
         lock(&self.topics).insert(topic.to_string(), r.clone());
+        let mut waiting = Vec::new();
         for (p, replicas) in r.replicas.iter().enumerate() {
-            if replicas.contains(&self.node_id()) {
-                self.open_group(topic, p as u32).await?;
+            if replicas.contains(&self.node_id()) && !self.open_group(topic, p as u32).await? {
+                waiting.push(p as u32);
             }
         }
-        Ok(())
+        Ok(waiting)
     }
 
-    async fn open_group(&self, topic: &str, partition: u32) -> io::Result<RaftGroup> {
+    /// Opens the group of `topic/partition` unless it is open: `Ok(false)` when it
+    /// must first fetch records its data partition lacks from a peer ([`repair`]).
+    async fn open_group(&self, topic: &str, partition: u32) -> io::Result<bool> {
         let key = (topic.to_string(), partition);
-        if let Some(g) = lock(&self.groups).get(&key) {
-            return Ok(g.clone());
+        if lock(&self.groups).contains_key(&key) {
+            return Ok(true);
         }
-        let store = self.stores.open(&self.broker, topic, partition)?;
-        let sm = PartitionStateMachine::open(Arc::clone(&self.broker), topic, partition)?;
+        let mut store = self.stores.open(&self.broker, topic, partition)?;
+        let sm = match self.behind(topic, partition, &mut store).await? {
+            repair::Behind::No => {
+                PartitionStateMachine::open(Arc::clone(&self.broker), topic, partition)?
+            }
+            repair::Behind::Reapply { end, next } => {
+                tracing::warn!(
+                    topic,
+                    partition,
+                    end,
+                    next,
+                    "the data partition ends before the records it applied (damage cut at \
+                     start): its Raft log holds every entry, which is applied again from \
+                     the start (only the missing records are written)"
+                );
+                PartitionStateMachine::open_empty(Arc::clone(&self.broker), topic, partition)
+            }
+            repair::Behind::Fetch { end, next } => {
+                tracing::warn!(
+                    topic,
+                    partition,
+                    end,
+                    next,
+                    "the data partition ends before the records it applied (damage cut at \
+                     start), and its Raft log no longer holds their entries: the group stays \
+                     closed until the missing records are fetched from its peers"
+                );
+                return Ok(false);
+            }
+        };
         let network = GroupNetwork {
             peers: Arc::clone(&self.peers),
             topic: topic.to_string(),
@@ -369,8 +418,8 @@ impl<L: LogStores> Manager<L> {
         let raft = RaftGroup::new(self.node_id(), config, network, store, sm)
             .await
             .map_err(|e| io::Error::other(e.to_string()))?;
-        lock(&self.groups).insert(key, raft.clone());
-        Ok(raft)
+        lock(&self.groups).insert(key, raft);
+        Ok(true)
     }
 
     /// The settings of a topic's groups: a compacted topic never snapshots (a
@@ -1668,7 +1717,10 @@ impl<L: LogStores> Manager<L> {
             .map_err(|e| (ErrorCode::INTERNAL, e.to_string()))?
             .map_err(crate::engine::net::dispatch::engine_error)?;
         }
-        self.open_topic(name)
+        // A partition waiting for records (a topic this node held at its start) is
+        // opened by the repair its start began.
+        let _waiting = self
+            .open_topic(name)
             .await
             .map_err(|e| (ErrorCode::STORAGE, e.to_string()))?;
         Ok(created)
@@ -1947,6 +1999,7 @@ impl<L: LogStores> Manager<L> {
             Rpc::SnapshotBegin => self.snapshot_begin(topic, partition, payload),
             Rpc::SnapshotChunk => self.snapshot_chunk(topic, partition, payload),
             Rpc::SnapshotInstall => self.snapshot_install(topic, partition, payload).await,
+            Rpc::Records => self.records_for_peer(topic, partition, payload).await,
         }
     }
 }

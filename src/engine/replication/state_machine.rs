@@ -249,6 +249,24 @@ impl PartitionStateMachine {
         })
     }
 
+    /// Opens the state machine of `topic/partition` as if nothing were applied, its
+    /// checkpoint left on disk until the next one replaces it: openraft applies the
+    /// Raft log again from its first entry, and apply appends only the records past
+    /// the data partition's end. For a data partition that lost applied records while
+    /// the Raft log holds every entry (`manager::repair`).
+    pub fn open_empty(broker: Arc<Broker>, topic: &str, partition: u32) -> Self {
+        let dir = broker.topic_dir(topic);
+        PartitionStateMachine {
+            broker,
+            topic: topic.to_string(),
+            partition,
+            dir,
+            applied: Applied::default(),
+            checkpointed: Instant::now(),
+            snapshot: None,
+        }
+    }
+
     /// What has been applied (the in-memory state, ahead of the checkpoint).
     pub fn applied(&self) -> &Applied {
         &self.applied

@@ -12,8 +12,8 @@
 //!                kafka_addr string (empty: the node has no Kafka listener),
 //!                node count u16, then that many node ids u64 (version 4: every
 //!                node of the sender's --peers, ascending; a node whose list differs
-//!                is refused), nonce [32]u8, proof bytes (version 6: empty, or 32
-//!                bytes), flags u8 (version 6: bit 0, the sender requires logins;
+//!                is refused), nonce [32]u8, proof bytes (version 6 on: empty, or 32
+//!                bytes), flags u8 (version 6 on: bit 0, the sender requires logins;
 //!                the other bits 0)
 //! kind 1 call:   topic string, partition u32, rpc u8, payload bytes
 //! kind 2 reply:  status u8 (0 ok: payload bytes; 1 failed: message string)
@@ -23,7 +23,7 @@
 //! kind 5 welcome: no body
 //! ```
 //!
-//! The handshake (version 6): the dialer sends its hello (its proof empty); the
+//! The handshake (version 6 on): the dialer sends its hello (its proof empty); the
 //! acceptor answers with its own hello, whose proof is HMAC-SHA256 under the
 //! cluster secret (`serve --cluster-secret-file`) of both nonces and both node ids;
 //! the dialer checks it and sends a proof frame, its own HMAC of the same (under
@@ -51,9 +51,9 @@ use super::{
 /// 3: normal entries carry their proposal time, which a node of version 2 cannot
 /// decode; 4: the hello lists the node ids of the sender's `--peers`; 5:
 /// [`Rpc::Replicas`], [`Rpc::Schemas`], [`Rpc::Keys`]; 6: the hello carries a nonce
-/// and a proof, and the handshake ends with a proof and a welcome). Nodes of
-/// different versions refuse each other's hello.
-pub const PEER_VERSION: u16 = 6;
+/// and a proof, and the handshake ends with a proof and a welcome; 7:
+/// [`Rpc::Records`]). Nodes of different versions refuse each other's hello.
+pub const PEER_VERSION: u16 = 7;
 /// `call_id` + `kind`: the smallest peer frame.
 pub const PEER_HEAD_LEN: usize = 8 + 1;
 /// Longest cluster id.
@@ -141,6 +141,12 @@ pub enum Rpc {
     /// `{"put": entry}` with the key as `api_keys.json` holds it, or `{"revoke": id}`;
     /// the answer: JSON `true` when it changed the called node's keys).
     Keys = 18,
+    /// Records of a partition's data partition, for a replica whose data partition
+    /// lost records it had applied (damage cut at its start): payload JSON `{"from",
+    /// "to"}`; the answer: JSON `{"start", "records"}`, the called node's first
+    /// retained offset and its records from `from` (or `start`, when later) below
+    /// `to`, in offset order, about one snapshot chunk of them.
+    Records = 19,
 }
 
 impl Rpc {
@@ -164,6 +170,7 @@ impl Rpc {
             Rpc::Replicas,
             Rpc::Schemas,
             Rpc::Keys,
+            Rpc::Records,
         ]
         .into_iter()
         .find(|r| *r as u8 == v)

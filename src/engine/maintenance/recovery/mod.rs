@@ -39,9 +39,9 @@ use crate::format::names::segment_stem;
 use crate::format::{IndexEntry, INDEX_ENTRY_LEN};
 
 use crate::engine::maintenance::check::{
-    applied_entries_damaged, check_partition, check_segment, never_durable_header,
-    raft_applied_index, CheckMode, IndexState, PartitionCheck, Problem, ProblemKind, SegmentCheck,
-    Severity, RECORDS_BEHIND_MAY_BE,
+    applied_entries_damaged, applied_records_damaged, check_partition, check_segment,
+    data_applied_next, never_durable_header, raft_applied_index, CheckMode, IndexState,
+    PartitionCheck, Problem, ProblemKind, SegmentCheck, Severity, RECORDS_BEHIND_MAY_BE,
 };
 use crate::engine::maintenance::reindex::{index_bytes, write_index};
 use crate::engine::storage::io::Storage;

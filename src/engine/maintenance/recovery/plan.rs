@@ -83,9 +83,13 @@ pub fn plan_partition(p: &PartitionRef) -> Result<PartitionPlan, RecoveryError> 
             ..
         } = a
         {
-            match raft_applied_index(p)
+            let applied = raft_applied_index(p)
                 .and_then(|applied| applied_entries_damaged(*next_offset, applied))
-            {
+                .or_else(|| {
+                    data_applied_next(p)
+                        .and_then(|next| applied_records_damaged(*next_offset, next))
+                });
+            match applied {
                 Some(said) => {
                     reason.push_str("; ");
                     reason.push_str(&said);
@@ -420,6 +424,7 @@ pub(super) fn tail_step(active: bool, kind: Option<ProblemKind>, end: &ScanEnd) 
         | K::KeysJsonUnreadable
         | K::ClusterJsonUnreadable
         | K::RaftStateUnreadable
+        | K::AppliedRecordsMissing
         | K::UnfinishedCompaction
         | K::LeftoverTempFile
         | K::OrphanIndex

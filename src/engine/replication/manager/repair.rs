@@ -1,0 +1,342 @@
+//! A replica whose data partition lost records it had applied gets them back before
+//! its group opens. Damage inside the data partition's active segment is cut at the
+//! node's start (FORMAT.md, recovery rule 4), and the records behind it go with it,
+//! though the checkpoint (`applied-P.json`) says they were applied: applying the next
+//! entry would then find the partition ending before the entry's offset, and the
+//! group would stop for good. Those records are committed, and every replica holds
+//! the same offset → record mapping, so the node takes them again:
+//!
+//! - **Re-applied from its own Raft log**, when that log still holds every entry up
+//!   to the checkpoint's (never purged: a compacted topic's log, or one younger than
+//!   its first snapshot): the state machine starts from nothing and openraft applies
+//!   the log again; apply appends only the records past the partition's end, so the
+//!   records before the damage are kept and those after it are written again.
+//! - **Fetched from a peer** otherwise: the group stays closed (this node takes no
+//!   part in it meanwhile) while the node asks its group's other replicas for the
+//!   records from its partition's end up to the checkpoint's next offset
+//!   ([`Rpc::Records`]), appends each at its own offset, fsyncs, and only then opens
+//!   the group. A peer that is down, or has fewer of the records, is asked again
+//!   every [`ASK_EVERY`] until the records are all here.
+//!
+//! Invariants:
+//! - The Raft log and vote are never touched: this repairs the state machine only,
+//!   so Raft's safety does not depend on it.
+//! - Only records below the checkpoint's next offset are taken, each at its own
+//!   offset, with no gap (a peer whose partition has one, a compacted topic's, is
+//!   refused and the next asked); what the node holds is kept. As a snapshot install
+//!   does, a peer whose retention removed the records from the partition's end on
+//!   makes the partition restart empty at that peer's first retained offset.
+//! - A crash during the repair leaves records at their own offsets below the
+//!   checkpoint's next offset: the next start finds the partition still behind and
+//!   goes on from its end.
+
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::storage::RaftLogStorage;
+use serde::{Deserialize, Serialize};
+
+use super::{lock, LogStores, Manager};
+use crate::engine::broker::{Broker, NewRecord};
+use crate::engine::replication::snapshot::read_chunk;
+use crate::engine::replication::state_machine::{checkpoint_name, read_checkpoint};
+use crate::engine::replication::types::EntryRecord;
+use crate::format::wire::raft::Rpc;
+
+/// How often a repair that could not finish asks the peers again.
+const ASK_EVERY: Duration = Duration::from_secs(1);
+/// Longest wait for one peer's answer to [`Rpc::Records`].
+const RECORDS_WAIT: Duration = Duration::from_secs(10);
+
+/// [`Rpc::Records`]'s payload.
+#[derive(Debug, Serialize, Deserialize)]
+pub(super) struct RecordsRequest {
+    pub from: u64,
+    pub to: u64,
+}
+
+/// [`Rpc::Records`]'s answer.
+#[derive(Debug, Serialize, Deserialize)]
+pub(super) struct RecordsAnswer {
+    /// The answering node's first retained offset of the partition.
+    pub start: u64,
+    /// Its records from `max(from, start)` below `to`, in offset order.
+    pub records: Vec<(u64, EntryRecord)>,
+}
+
+/// What a replica's data partition needs before its group opens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Behind {
+    /// Nothing: the partition holds every record the checkpoint says was applied.
+    No,
+    /// The Raft log holds every entry: re-apply it from the start.
+    Reapply { end: u64, next: u64 },
+    /// Fetch the records `end..next` from a peer first.
+    Fetch { end: u64, next: u64 },
+}
+
+impl<L: LogStores> Manager<L> {
+    /// Whether the data partition of `topic/partition` ends before the records its
+    /// checkpoint says were applied, and how they come back (`store`: the group's
+    /// Raft log, opened).
+    pub(super) async fn behind(
+        &self,
+        topic: &str,
+        partition: u32,
+        store: &mut L::Store,
+    ) -> io::Result<Behind> {
+        let path = self
+            .broker
+            .topic_dir(topic)
+            .join(checkpoint_name(partition));
+        let Some(applied) = read_checkpoint(&path)
+            .map_err(|e| io::Error::other(format!("{}: {e}", path.display())))?
+        else {
+            return Ok(Behind::No);
+        };
+        let next = applied.next_offset;
+        let end = self
+            .broker
+            .written_end(topic, partition)
+            .map_err(|e| io::Error::other(e.to_string()))?;
+        if end >= next {
+            return Ok(Behind::No);
+        }
+        let state = store.get_log_state().await?;
+        let whole = state.last_purged_log_id.is_none()
+            && state.last_log_id.map(|l| l.index) >= applied.last_applied.map(|l| l.index);
+        Ok(if whole {
+            Behind::Reapply { end, next }
+        } else {
+            Behind::Fetch { end, next }
+        })
+    }
+
+    /// Fetches the records the data partition of `topic/partition` lacks from the
+    /// group's other replicas, then opens the group; asks again every [`ASK_EVERY`]
+    /// until done, or until `stop`.
+    pub(super) async fn repair_then_open(
+        self: Arc<Self>,
+        topic: String,
+        partition: u32,
+        mut stop: tokio::sync::watch::Receiver<bool>,
+    ) {
+        let mut said = String::new();
+        loop {
+            match self.fetch_missing(&topic, partition).await {
+                Ok(true) => break,
+                Ok(false) => {}
+                Err(e) => {
+                    if e != said {
+                        tracing::warn!(topic, partition, error = %e,
+                            "the data partition's missing records could not be fetched yet; \
+                             asking again");
+                        said = e;
+                    }
+                }
+            }
+            tokio::select! {
+                () = tokio::time::sleep(ASK_EVERY) => {}
+                _ = stop.changed() => return,
+            }
+            if *stop.borrow() {
+                return;
+            }
+        }
+        match self.open_group(&topic, partition).await {
+            Ok(_) => tracing::info!(
+                topic,
+                partition,
+                "the data partition holds every applied record again; its group is open"
+            ),
+            Err(e) => {
+                tracing::error!(topic, partition, error = %e, "cannot open the Raft group");
+                eprintln!("seglog: {topic}/{partition}: cannot open its Raft group: {e}");
+            }
+        }
+    }
+
+    /// One round of asking: `Ok(true)` once the partition holds every record its
+    /// checkpoint says was applied (fsynced).
+    async fn fetch_missing(&self, topic: &str, partition: u32) -> Result<bool, String> {
+        let path = self
+            .broker
+            .topic_dir(topic)
+            .join(checkpoint_name(partition));
+        let Some(applied) = read_checkpoint(&path)? else {
+            return Ok(true);
+        };
+        let next = applied.next_offset;
+        let replicas: Vec<u64> = lock(&self.topics)
+            .get(topic)
+            .and_then(|r| r.replicas.get(partition as usize).cloned())
+            .unwrap_or_default();
+        let mut why = Vec::new();
+        for node in replicas.into_iter().filter(|&n| n != self.node_id()) {
+            loop {
+                let end = self
+                    .broker
+                    .written_end(topic, partition)
+                    .map_err(|e| e.to_string())?;
+                if end >= next {
+                    let broker = Arc::clone(&self.broker);
+                    let t = topic.to_string();
+                    tokio::task::spawn_blocking(move || broker.flush_partition(&t, partition))
+                        .await
+                        .map_err(|e| e.to_string())?
+                        .map_err(|e| e.to_string())?;
+                    return Ok(true);
+                }
+                let payload = serde_json::to_vec(&RecordsRequest {
+                    from: end,
+                    to: next,
+                })
+                .map_err(|e| e.to_string())?;
+                let answer = match self
+                    .call_within(node, topic, partition, Rpc::Records, payload, RECORDS_WAIT)
+                    .await
+                {
+                    Ok(a) => a,
+                    Err((_, m)) => {
+                        why.push(format!("node {node}: {m}"));
+                        break;
+                    }
+                };
+                let answer: RecordsAnswer = match serde_json::from_slice(&answer) {
+                    Ok(a) => a,
+                    Err(e) => {
+                        why.push(format!("node {node}: unreadable answer: {e}"));
+                        break;
+                    }
+                };
+                let broker = Arc::clone(&self.broker);
+                let t = topic.to_string();
+                let took =
+                    tokio::task::spawn_blocking(move || take(&broker, &t, partition, answer, next))
+                        .await
+                        .map_err(|e| e.to_string())?;
+                match took {
+                    Ok(0) => {
+                        why.push(format!("node {node} holds none of offsets {end}..{next}"));
+                        break;
+                    }
+                    Ok(n) => tracing::info!(
+                        topic,
+                        partition,
+                        node,
+                        from = end,
+                        offsets = n,
+                        "took records the data partition lacked from a peer"
+                    ),
+                    Err(e) => {
+                        why.push(format!("node {node}: {e}"));
+                        break;
+                    }
+                }
+            }
+        }
+        if why.is_empty() {
+            why.push("no other replica".into());
+        }
+        Err(format!(
+            "records from offset {} below {next}: {}",
+            self.broker
+                .written_end(topic, partition)
+                .map_err(|e| e.to_string())?,
+            why.join("; ")
+        ))
+    }
+
+    /// Answers [`Rpc::Records`] from this node's data partition.
+    pub(super) async fn records_for_peer(
+        &self,
+        topic: &str,
+        partition: u32,
+        payload: &[u8],
+    ) -> Result<Vec<u8>, String> {
+        let req: RecordsRequest =
+            serde_json::from_slice(payload).map_err(|e| format!("bad records request: {e}"))?;
+        let broker = Arc::clone(&self.broker);
+        let t = topic.to_string();
+        let answer = tokio::task::spawn_blocking(move || -> Result<RecordsAnswer, String> {
+            let (start, _) = broker.offsets(&t, partition).map_err(|e| e.to_string())?;
+            let end = broker
+                .written_end(&t, partition)
+                .map_err(|e| e.to_string())?;
+            let from = req.from.max(start);
+            let to = req.to.min(end);
+            let records = if from < to {
+                read_chunk(&broker, &t, partition, from, to).map_err(|e| e.to_string())?
+            } else {
+                Vec::new()
+            };
+            Ok(RecordsAnswer { start, records })
+        })
+        .await
+        .map_err(|e| e.to_string())??;
+        serde_json::to_vec(&answer).map_err(|e| e.to_string())
+    }
+}
+
+/// Appends a peer's answer to the data partition: the records at and past its end,
+/// below `next`, each at its own offset. Returns how far the partition's end moved
+/// (0: the answer held nothing it lacks).
+fn take(
+    broker: &Broker,
+    topic: &str,
+    partition: u32,
+    answer: RecordsAnswer,
+    next: u64,
+) -> Result<u64, String> {
+    let mut end = broker
+        .written_end(topic, partition)
+        .map_err(|e| e.to_string())?;
+    let before = end;
+    if end < answer.start {
+        let at = answer.start.min(next);
+        tracing::warn!(
+            topic,
+            partition,
+            end,
+            start = answer.start,
+            "the peer's retention removed the records from the partition's end on: the \
+             partition restarts empty at the peer's first retained offset"
+        );
+        broker
+            .restart_applied_at(topic, partition, at)
+            .map_err(|e| e.to_string())?;
+        end = at;
+    }
+    let mut fresh: Vec<NewRecord<'_>> = Vec::new();
+    for (offset, r) in &answer.records {
+        if *offset < end || *offset >= next {
+            continue;
+        }
+        let expected = end + fresh.len() as u64;
+        if *offset != expected {
+            return Err(format!(
+                "its records jump from offset {expected} to {offset} (compacted or damaged); \
+                 nothing is invented"
+            ));
+        }
+        fresh.push(NewRecord {
+            key: r.key.as_deref(),
+            value: &r.value,
+            timestamp_ms: r.timestamp_ms,
+        });
+    }
+    if fresh.is_empty() {
+        return Ok(end - before);
+    }
+    let (p, _wait) = broker
+        .append_applied(topic, partition, &fresh)
+        .map_err(|e| e.to_string())?;
+    if p.base_offset != end {
+        return Err(format!(
+            "appended at offset {} where {end} was due",
+            p.base_offset
+        ));
+    }
+    Ok(end + fresh.len() as u64 - before)
+}

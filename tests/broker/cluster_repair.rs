@@ -1,0 +1,192 @@
+//! A replica whose data partition lost records it had applied takes them back, on
+//! three real `seglog serve` processes: a follower is stopped, a byte inside an early
+//! record of its data partition's active segment is flipped (disk damage), and it is
+//! started again. Its start cuts the damage and every record behind it (FORMAT's
+//! recovery rule 4), though its checkpoint says they were applied; the node then
+//! takes them back before its replica takes part in the group again: from a peer
+//! when its Raft log was purged past their entries (a topic that snapshots), from
+//! its own Raft log otherwise (a compacted topic, whose log is kept whole).
+//! Afterwards every replica holds every acknowledged record at its offset, and
+//! `seglog verify` is clean on every node's directory.
+
+#![expect(clippy::unwrap_used, reason = "tests")]
+
+use std::path::Path;
+use std::time::Duration;
+
+use seglog::engine::net::cluster_client::ClusterClient;
+use seglog::format::wire::WireRecord;
+
+use crate::util::bin::run;
+use crate::util::cluster::Cluster;
+use crate::util::replica_check::{check, Acked, Violation};
+
+/// Snapshots often, so this topic's Raft logs are purged past the damaged records'
+/// entries: they come back from a peer.
+const FETCHED: &str = "fetched";
+/// Compacted, so its Raft logs are never purged: they come back from the log.
+const REAPPLIED: &str = "reapplied";
+const SNAPSHOT_ENTRIES: u64 = 16;
+/// The record whose bytes are damaged.
+const DAMAGED: u64 = 10;
+
+fn produce(c: &mut ClusterClient, topic: &str, i: u64, acked: &mut Vec<Acked>) {
+    let key = format!("k{i}");
+    let value = format!("{topic}-{i}");
+    let records = [WireRecord {
+        timestamp_ms: -1,
+        key: Some(key.as_bytes()),
+        value: value.as_bytes(),
+    }];
+    let (base, last) = c.produce(topic, 0, &records).unwrap();
+    assert_eq!(base, last);
+    if topic == FETCHED {
+        acked.push(Acked {
+            producer: 1,
+            value: value.into_bytes(),
+            partition: 0,
+            offset: base,
+        });
+    }
+}
+
+/// Flips a bit inside record `offset` of the partition in `dir` (one segment).
+fn damage(dir: &Path, offset: u64) {
+    let (code, out, err) = run(&["dump", "--json", dir.to_str().unwrap()], dir);
+    assert_eq!(code, 0, "{out}{err}");
+    let pos = out
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|v| v["type"] == "record" && v["offset"] == offset)
+        .and_then(|v| v["position"].as_u64())
+        .expect("the record's position");
+    let log = dir.join(format!("{:020}.log", 0));
+    let mut bytes = std::fs::read(&log).unwrap();
+    bytes[pos as usize + 20] ^= 0x08;
+    std::fs::write(&log, bytes).unwrap();
+}
+
+fn purged_index(node_dir: &Path, topic: &str) -> Option<u64> {
+    let path = node_dir
+        .join("raft")
+        .join(topic)
+        .join("0")
+        .join("raft.json");
+    let state: serde_json::Value = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
+    state["purged"]["index"].as_u64()
+}
+
+#[test]
+fn a_replica_whose_data_partition_lost_applied_records_takes_them_back() {
+    let mut c = Cluster::start_with_args(3, |_| {
+        vec![
+            "--raft-snapshot-entries".to_string(),
+            SNAPSHOT_ENTRIES.to_string(),
+        ]
+    });
+    c.ok(&["topics", "create", FETCHED, "--replication-factor", "3"]);
+    c.ok(&[
+        "topics",
+        "create",
+        REAPPLIED,
+        "--replication-factor",
+        "3",
+        "--config",
+        "cleanup_policy=compact",
+    ]);
+    let addrs: Vec<String> = c.nodes.iter().map(|n| n.client_addr.clone()).collect();
+    let mut client = ClusterClient::new(addrs, Duration::from_secs(10), None, None);
+    let mut acked = Vec::new();
+    let before = 4 * SNAPSHOT_ENTRIES;
+    for i in 0..before {
+        for topic in [FETCHED, REAPPLIED] {
+            produce(&mut client, topic, i, &mut acked);
+        }
+    }
+    c.wait_caught_up(FETCHED, 1);
+    c.wait_caught_up(REAPPLIED, 1);
+    let leader = c.wait_leader(FETCHED, 0);
+    let victim = c.ids().into_iter().find(|&i| i != leader).unwrap();
+    c.stop(victim);
+    let dir = c.node(victim).dir.clone();
+    assert!(
+        purged_index(&dir, FETCHED).is_some_and(|p| p > DAMAGED + 1),
+        "{FETCHED}'s Raft log is purged past the damaged record's entry"
+    );
+    assert_eq!(
+        purged_index(&dir, REAPPLIED),
+        None,
+        "a compacted topic's log is kept whole"
+    );
+    for topic in [FETCHED, REAPPLIED] {
+        damage(&dir.join("topics").join(topic).join("0"), DAMAGED);
+    }
+    let last = before - 1;
+    let (code, out, err) = run(&["verify", dir.to_str().unwrap()], c.root());
+    assert_eq!(code, 1, "{out}{err}");
+    let said = format!(
+        "this node applied the records up to offset {last}, so offsets {DAMAGED}..={last} are \
+         committed entries' records"
+    );
+    assert_eq!(out.matches(&said).count(), 2, "{out}");
+    // `recover` cuts the damage (as the node's start would); verify then names what
+    // is missing, and that the node takes it back.
+    let (code, out, err) = run(&["recover", dir.to_str().unwrap()], c.root());
+    assert_eq!(code, 0, "{out}{err}");
+    let (code, out, err) = run(&["verify", dir.to_str().unwrap()], c.root());
+    assert_eq!(code, 0, "{out}{err}");
+    let missing = format!(
+        "applied_records_missing in topics/{FETCHED}/0/00000000000000000000.log (offset \
+         {DAMAGED}): the data partition ends at offset {DAMAGED}, but this node applied the \
+         records up to offset {last}"
+    );
+    assert!(out.contains(&missing), "{out}");
+    assert!(
+        out.contains("the node takes them again from its Raft log or its peers when it starts"),
+        "{out}"
+    );
+
+    c.restart(victim);
+    for i in before..before + 5 {
+        for topic in [FETCHED, REAPPLIED] {
+            produce(&mut client, topic, i, &mut acked);
+        }
+    }
+    c.wait_caught_up(FETCHED, 1);
+    c.wait_caught_up(REAPPLIED, 1);
+    let log = c.node(victim).stderr();
+    assert!(
+        log.contains("took records the data partition lacked from a peer"),
+        "{log}"
+    );
+    assert!(
+        log.contains("is applied again from the start (only the missing records are written)"),
+        "{log}"
+    );
+    drop(client);
+    c.stop_all();
+
+    let replicas: Vec<_> = c
+        .ids()
+        .into_iter()
+        .map(|id| c.dump(id, FETCHED, 1))
+        .collect();
+    assert_eq!(check(&acked, &replicas), Vec::<Violation>::new());
+    for r in &replicas {
+        assert_eq!(r.records.len(), acked.len(), "node {}", r.node);
+    }
+    // The compacted topic: the same records on every node, the victim's included.
+    let reapplied: Vec<_> = c
+        .ids()
+        .into_iter()
+        .map(|id| c.dump(id, REAPPLIED, 1).records)
+        .collect();
+    assert_eq!(reapplied[0].len() as u64, before + 5);
+    assert!(reapplied.iter().all(|r| *r == reapplied[0]));
+    for id in c.ids() {
+        let dir = c.node(id).dir.clone();
+        let (code, out, err) = run(&["verify", dir.to_str().unwrap()], c.root());
+        assert_eq!(code, 0, "verify of node {id}: {out}{err}");
+        assert!(!out.contains("applied_records_missing"), "node {id}: {out}");
+    }
+}
