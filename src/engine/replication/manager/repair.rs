@@ -61,7 +61,7 @@ pub(super) struct RecordsRequest {
 pub(super) struct RecordsAnswer {
     /// The answering node's first retained offset of the partition.
     pub start: u64,
-    /// Its records from `max(from, start)` below `to`, in offset order.
+    /// Its durable records from `max(from, start)` below `to`, in offset order.
     pub records: Vec<(u64, EntryRecord)>,
 }
 
@@ -260,10 +260,8 @@ impl<L: LogStores> Manager<L> {
         let broker = Arc::clone(&self.broker);
         let t = topic.to_string();
         let answer = tokio::task::spawn_blocking(move || -> Result<RecordsAnswer, String> {
-            let (start, _) = broker.offsets(&t, partition).map_err(|e| e.to_string())?;
-            let end = broker
-                .written_end(&t, partition)
-                .map_err(|e| e.to_string())?;
+            // Durable records only (a fetch reads no others).
+            let (start, end) = broker.offsets(&t, partition).map_err(|e| e.to_string())?;
             let from = req.from.max(start);
             let to = req.to.min(end);
             let records = if from < to {
@@ -339,4 +337,116 @@ fn take(
         ));
     }
     Ok(end + fresh.len() as u64 - before)
+}
+
+#[cfg(test)]
+#[expect(clippy::unwrap_used, reason = "tests")]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::engine::broker::BrokerOptions;
+    use crate::engine::storage::io::RealStorage;
+    use crate::format::replication::{Replication, REPLICATION_FILE};
+    use crate::format::topic::TopicConfig;
+
+    const TOPIC: &str = "t";
+
+    fn open(dir: &Path) -> Arc<Broker> {
+        let b = Broker::open(dir, Arc::new(RealStorage), BrokerOptions::default()).unwrap();
+        let r = Replication::place(&[1, 2, 3], 1, 3).unwrap().encode();
+        b.create_topic_with(
+            TOPIC,
+            1,
+            TopicConfig::default(),
+            Some((REPLICATION_FILE, &r)),
+        )
+        .unwrap();
+        b
+    }
+
+    fn record(i: u64) -> EntryRecord {
+        EntryRecord {
+            timestamp_ms: 1_700_000_000_000 + i as i64,
+            key: (i % 2 == 0).then(|| format!("k{i}").into_bytes()),
+            value: format!("value {i}").into_bytes(),
+        }
+    }
+
+    fn fill(b: &Broker, from: u64, to: u64) {
+        let rs: Vec<EntryRecord> = (from..to).map(record).collect();
+        let nr: Vec<NewRecord<'_>> = rs
+            .iter()
+            .map(|r| NewRecord {
+                key: r.key.as_deref(),
+                value: &r.value,
+                timestamp_ms: r.timestamp_ms,
+            })
+            .collect();
+        b.append_applied(TOPIC, 0, &nr).unwrap();
+    }
+
+    fn answer(start: u64, offsets: impl IntoIterator<Item = u64>) -> RecordsAnswer {
+        RecordsAnswer {
+            start,
+            records: offsets.into_iter().map(|o| (o, record(o))).collect(),
+        }
+    }
+
+    fn held(b: &Broker) -> Vec<(u64, EntryRecord)> {
+        b.flush_partition(TOPIC, 0).unwrap();
+        let end = b.written_end(TOPIC, 0).unwrap();
+        let (start, _) = b.offsets(TOPIC, 0).unwrap();
+        if start >= end {
+            return Vec::new();
+        }
+        read_chunk(b, TOPIC, 0, start, end).unwrap()
+    }
+
+    #[test]
+    fn records_past_the_end_are_taken_at_their_offsets_and_no_further() {
+        let tmp = tempfile::tempdir().unwrap();
+        let b = open(tmp.path());
+        fill(&b, 0, 20);
+        // The peer also sends records the partition holds and some at or past
+        // `next`: only 20..40 are taken.
+        assert_eq!(take(&b, TOPIC, 0, answer(0, 15..45), 40).unwrap(), 20);
+        assert_eq!(b.written_end(TOPIC, 0).unwrap(), 40);
+        let want: Vec<_> = (0..40).map(|o| (o, record(o))).collect();
+        assert_eq!(held(&b), want);
+        // Nothing new: nothing moves.
+        assert_eq!(take(&b, TOPIC, 0, answer(0, 30..40), 40).unwrap(), 0);
+        assert_eq!(take(&b, TOPIC, 0, answer(0, []), 40).unwrap(), 0);
+    }
+
+    #[test]
+    fn a_gap_in_the_peers_records_is_refused_and_nothing_after_it_taken() {
+        let tmp = tempfile::tempdir().unwrap();
+        let b = open(tmp.path());
+        fill(&b, 0, 20);
+        let e = take(&b, TOPIC, 0, answer(0, (20..25).chain(27..30)), 40).unwrap_err();
+        assert!(e.contains("jump from offset 25 to 27"), "{e}");
+        assert_eq!(b.written_end(TOPIC, 0).unwrap(), 20, "nothing appended");
+        let e = take(&b, TOPIC, 0, answer(0, 21..30), 40).unwrap_err();
+        assert!(e.contains("jump from offset 20 to 21"), "{e}");
+    }
+
+    #[test]
+    fn a_peer_whose_retention_removed_the_missing_records_restarts_the_partition() {
+        let tmp = tempfile::tempdir().unwrap();
+        let b = open(tmp.path());
+        fill(&b, 0, 20);
+        // The peer keeps 30.. only: 20..30 are gone there by retention.
+        assert_eq!(take(&b, TOPIC, 0, answer(30, 30..40), 40).unwrap(), 20);
+        assert_eq!(b.offsets(TOPIC, 0).unwrap().0, 30);
+        let want: Vec<_> = (30..40).map(|o| (o, record(o))).collect();
+        assert_eq!(held(&b), want);
+        // A peer that kept nothing below `next`: the partition restarts there.
+        let tmp = tempfile::tempdir().unwrap();
+        let b = open(tmp.path());
+        fill(&b, 0, 5);
+        assert_eq!(take(&b, TOPIC, 0, answer(50, []), 40).unwrap(), 35);
+        assert_eq!(b.written_end(TOPIC, 0).unwrap(), 40);
+        assert_eq!(held(&b), Vec::new());
+    }
 }
