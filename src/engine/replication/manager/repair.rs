@@ -174,12 +174,27 @@ impl<L: LogStores> Manager<L> {
             .unwrap_or_default();
         let mut why = Vec::new();
         for node in replicas.into_iter().filter(|&n| n != self.node_id()) {
-            loop {
-                let end = self
-                    .broker
-                    .written_end(topic, partition)
-                    .map_err(|e| e.to_string())?;
-                if end >= next {
+            let first = self
+                .broker
+                .written_end(topic, partition)
+                .map_err(|e| e.to_string())?;
+            let stopped = self.fetch_from(node, topic, partition, next).await;
+            let end = self
+                .broker
+                .written_end(topic, partition)
+                .map_err(|e| e.to_string())?;
+            if end > first {
+                tracing::info!(
+                    topic,
+                    partition,
+                    node,
+                    from = first,
+                    to = end,
+                    "took records the data partition lacked from a peer"
+                );
+            }
+            match stopped {
+                None => {
                     let broker = Arc::clone(&self.broker);
                     let t = topic.to_string();
                     tokio::task::spawn_blocking(move || broker.flush_partition(&t, partition))
@@ -188,52 +203,7 @@ impl<L: LogStores> Manager<L> {
                         .map_err(|e| e.to_string())?;
                     return Ok(true);
                 }
-                let payload = serde_json::to_vec(&RecordsRequest {
-                    from: end,
-                    to: next,
-                })
-                .map_err(|e| e.to_string())?;
-                let answer = match self
-                    .call_within(node, topic, partition, Rpc::Records, payload, RECORDS_WAIT)
-                    .await
-                {
-                    Ok(a) => a,
-                    Err((_, m)) => {
-                        why.push(format!("node {node}: {m}"));
-                        break;
-                    }
-                };
-                let answer: RecordsAnswer = match serde_json::from_slice(&answer) {
-                    Ok(a) => a,
-                    Err(e) => {
-                        why.push(format!("node {node}: unreadable answer: {e}"));
-                        break;
-                    }
-                };
-                let broker = Arc::clone(&self.broker);
-                let t = topic.to_string();
-                let took =
-                    tokio::task::spawn_blocking(move || take(&broker, &t, partition, answer, next))
-                        .await
-                        .map_err(|e| e.to_string())?;
-                match took {
-                    Ok(0) => {
-                        why.push(format!("node {node} holds none of offsets {end}..{next}"));
-                        break;
-                    }
-                    Ok(n) => tracing::info!(
-                        topic,
-                        partition,
-                        node,
-                        from = end,
-                        offsets = n,
-                        "took records the data partition lacked from a peer"
-                    ),
-                    Err(e) => {
-                        why.push(format!("node {node}: {e}"));
-                        break;
-                    }
-                }
+                Some(e) => why.push(e),
             }
         }
         if why.is_empty() {
@@ -246,6 +216,57 @@ impl<L: LogStores> Manager<L> {
                 .map_err(|e| e.to_string())?,
             why.join("; ")
         ))
+    }
+
+    /// Takes records from `node` until the partition reaches `next` (`None`) or the
+    /// node cannot give more (why).
+    async fn fetch_from(
+        &self,
+        node: u64,
+        topic: &str,
+        partition: u32,
+        next: u64,
+    ) -> Option<String> {
+        loop {
+            let end = match self.broker.written_end(topic, partition) {
+                Ok(end) => end,
+                Err(e) => return Some(e.to_string()),
+            };
+            if end >= next {
+                return None;
+            }
+            let payload = match serde_json::to_vec(&RecordsRequest {
+                from: end,
+                to: next,
+            }) {
+                Ok(p) => p,
+                Err(e) => return Some(e.to_string()),
+            };
+            let answer = match self
+                .call_within(node, topic, partition, Rpc::Records, payload, RECORDS_WAIT)
+                .await
+            {
+                Ok(a) => a,
+                Err((_, m)) => return Some(format!("node {node}: {m}")),
+            };
+            let answer: RecordsAnswer = match serde_json::from_slice(&answer) {
+                Ok(a) => a,
+                Err(e) => return Some(format!("node {node}: unreadable answer: {e}")),
+            };
+            let broker = Arc::clone(&self.broker);
+            let t = topic.to_string();
+            let took =
+                tokio::task::spawn_blocking(move || take(&broker, &t, partition, answer, next))
+                    .await;
+            match took {
+                Ok(Ok(0)) => {
+                    return Some(format!("node {node} holds none of offsets {end}..{next}"))
+                }
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => return Some(format!("node {node}: {e}")),
+                Err(e) => return Some(e.to_string()),
+            }
+        }
     }
 
     /// Answers [`Rpc::Records`] from this node's data partition.
