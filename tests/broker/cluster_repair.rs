@@ -6,8 +6,10 @@
 //! takes them back before its replica takes part in the group again: from a peer
 //! when its Raft log was purged past their entries (a topic that snapshots), from
 //! its own Raft log otherwise (a compacted topic, whose log is kept whole).
-//! Afterwards every replica holds every acknowledged record at its offset, and
-//! `seglog verify` is clean on every node's directory.
+//! A third topic loses its checkpoint file on the same node while its Raft log is
+//! purged: the node takes a peer's checkpoint in its place. Afterwards every replica
+//! holds every acknowledged record at its offset, and `seglog verify` is clean on
+//! every node's directory.
 
 #![expect(clippy::unwrap_used, reason = "tests")]
 
@@ -26,6 +28,8 @@ use crate::util::replica_check::{check, Acked, Violation};
 const FETCHED: &str = "fetched";
 /// Compacted, so its Raft logs are never purged: they come back from the log.
 const REAPPLIED: &str = "reapplied";
+/// Snapshots often too; the victim's checkpoint of it is removed.
+const LOST: &str = "lost";
 const SNAPSHOT_ENTRIES: u64 = 16;
 /// The record whose bytes are damaged.
 const DAMAGED: u64 = 10;
@@ -40,11 +44,11 @@ fn produce(c: &mut ClusterClient, topic: &str, i: u64, acked: &mut Vec<Acked>) {
     }];
     let (base, last) = c.produce(topic, 0, &records).unwrap();
     assert_eq!(base, last);
-    if topic == FETCHED {
+    if topic == FETCHED || topic == LOST {
         acked.push(Acked {
             producer: 1,
             value: value.into_bytes(),
-            partition: 0,
+            partition: u32::from(topic == LOST),
             offset: base,
         });
     }
@@ -85,6 +89,7 @@ fn a_replica_whose_data_partition_lost_applied_records_takes_them_back() {
         ]
     });
     c.ok(&["topics", "create", FETCHED, "--replication-factor", "3"]);
+    c.ok(&["topics", "create", LOST, "--replication-factor", "3"]);
     c.ok(&[
         "topics",
         "create",
@@ -99,12 +104,13 @@ fn a_replica_whose_data_partition_lost_applied_records_takes_them_back() {
     let mut acked = Vec::new();
     let before = 4 * SNAPSHOT_ENTRIES;
     for i in 0..before {
-        for topic in [FETCHED, REAPPLIED] {
+        for topic in [FETCHED, REAPPLIED, LOST] {
             produce(&mut client, topic, i, &mut acked);
         }
     }
-    c.wait_caught_up(FETCHED, 1);
-    c.wait_caught_up(REAPPLIED, 1);
+    for topic in [FETCHED, REAPPLIED, LOST] {
+        c.wait_caught_up(topic, 1);
+    }
     let leader = c.wait_leader(FETCHED, 0);
     let victim = c.ids().into_iter().find(|&i| i != leader).unwrap();
     c.stop(victim);
@@ -121,6 +127,8 @@ fn a_replica_whose_data_partition_lost_applied_records_takes_them_back() {
     for topic in [FETCHED, REAPPLIED] {
         damage(&dir.join("topics").join(topic).join("0"), DAMAGED);
     }
+    assert!(purged_index(&dir, LOST).is_some());
+    std::fs::remove_file(dir.join("topics").join(LOST).join("applied-0.json")).unwrap();
     let last = before - 1;
     let (code, out, err) = run(&["verify", dir.to_str().unwrap()], c.root());
     assert_eq!(code, 1, "{out}{err}");
@@ -148,13 +156,18 @@ fn a_replica_whose_data_partition_lost_applied_records_takes_them_back() {
 
     c.restart(victim);
     for i in before..before + 5 {
-        for topic in [FETCHED, REAPPLIED] {
+        for topic in [FETCHED, REAPPLIED, LOST] {
             produce(&mut client, topic, i, &mut acked);
         }
     }
-    c.wait_caught_up(FETCHED, 1);
-    c.wait_caught_up(REAPPLIED, 1);
+    for topic in [FETCHED, REAPPLIED, LOST] {
+        c.wait_caught_up(topic, 1);
+    }
     let log = c.node(victim).stderr();
+    assert!(
+        log.contains("took a peer's checkpoint in place of the lost one"),
+        "{log}"
+    );
     assert!(
         log.contains("took records the data partition lacked from a peer"),
         "{log}"
@@ -166,10 +179,19 @@ fn a_replica_whose_data_partition_lost_applied_records_takes_them_back() {
     drop(client);
     c.stop_all();
 
+    // The lost checkpoint's topic is dumped as partition 1 of the same check.
     let replicas: Vec<_> = c
         .ids()
         .into_iter()
-        .map(|id| c.dump(id, FETCHED, 1))
+        .map(|id| {
+            let mut r = c.dump(id, FETCHED, 1);
+            let lost = c.dump(id, LOST, 1);
+            r.records.extend(lost.records.into_iter().map(|mut d| {
+                d.partition = 1;
+                d
+            }));
+            r
+        })
         .collect();
     assert_eq!(check(&acked, &replicas), Vec::<Violation>::new());
     for r in &replicas {

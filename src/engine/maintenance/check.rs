@@ -78,6 +78,9 @@ pub enum ProblemKind {
     /// A replicated topic's `replication.json`, `applied-P.json` or
     /// `DATA/raft/T/P/raft.json` that cannot be read or is not valid.
     RaftStateUnreadable,
+    /// A replicated partition's checkpoint (`applied-P.json`) is missing while its
+    /// Raft log is purged: the node takes a peer's checkpoint at its next start.
+    AppliedCheckpointMissing,
 
     // ----- partition level -----
     /// A compaction marker: the swap did not finish, or never started.
@@ -184,6 +187,7 @@ impl ProblemKind {
             ProblemKind::ClusterJsonUnreadable => "cluster_json_unreadable",
             ProblemKind::RaftStateUnreadable => "raft_state_unreadable",
             ProblemKind::AppliedRecordsMissing => "applied_records_missing",
+            ProblemKind::AppliedCheckpointMissing => "applied_checkpoint_missing",
             ProblemKind::UnfinishedCompaction => "unfinished_compaction",
             ProblemKind::LeftoverTempFile => "leftover_temp_file",
             ProblemKind::OrphanIndex => "orphan_index",
@@ -231,7 +235,8 @@ impl ProblemKind {
             | ProblemKind::ZeroTail
             | ProblemKind::StaleTail
             | ProblemKind::BadSpareHeader
-            | ProblemKind::AppliedRecordsMissing => Severity::Info,
+            | ProblemKind::AppliedRecordsMissing
+            | ProblemKind::AppliedCheckpointMissing => Severity::Info,
             ProblemKind::UnfinishedCompaction
             | ProblemKind::LeftoverTempFile
             | ProblemKind::OrphanIndex

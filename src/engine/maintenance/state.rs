@@ -143,7 +143,7 @@ pub fn state_problems(data_dir: &Path) -> Vec<TopicProblem> {
 pub fn replication_problems(topic_dir: &Path, topic: &str, partitions: u32) -> Vec<TopicProblem> {
     use crate::engine::producers::read_state_file;
     use crate::engine::replication::log_store::meta::{
-        read_state, StateFileError, STATE_FILE, STATE_FILE_BYTES_MAX,
+        read_state, RaftState as RaftStateOf, StateFileError, STATE_FILE, STATE_FILE_BYTES_MAX,
     };
     use crate::engine::replication::state_machine::{checkpoint_name, read_checkpoint};
     use crate::engine::replication::types::Vote;
@@ -180,6 +180,7 @@ pub fn replication_problems(topic_dir: &Path, topic: &str, partitions: u32) -> V
         .parent()
         .and_then(Path::parent)
         .map(|data| data.join(RAFT_DIR).join(topic));
+    let mut missing = Vec::new();
     for p in 0..partitions {
         let checkpoint = topic_dir.join(checkpoint_name(p));
         if let Err(e) = read_checkpoint(&checkpoint) {
@@ -188,7 +189,31 @@ pub fn replication_problems(topic_dir: &Path, topic: &str, partitions: u32) -> V
         let Some(dir) = raft.as_ref().map(|r| r.join(p.to_string())) else {
             continue;
         };
-        if let Err(e) = read_state::<Vote>(&dir) {
+        let state = read_state::<Vote>(&dir);
+        if let (
+            Ok(None),
+            Ok(RaftStateOf {
+                purged: Some(purged),
+                ..
+            }),
+        ) = (read_checkpoint(&checkpoint), &state)
+        {
+            let mut pr = problem(
+                ProblemKind::AppliedCheckpointMissing,
+                &checkpoint,
+                None,
+                format!(
+                    "the checkpoint is missing while the partition's Raft log is purged up to \
+                     entry {}: the node cannot apply the log from its start, so at its start it \
+                     takes a peer's checkpoint in place of this one (at or past that entry) \
+                     before its replica takes part in the group",
+                    purged.index
+                ),
+            );
+            pr.topic = Some(topic.to_string());
+            missing.push(pr);
+        }
+        if let Err(e) = state {
             let detail = match e {
                 StateFileError::Bad { detail, .. } => detail,
                 StateFileError::TooLarge { len, .. } => {
@@ -199,5 +224,6 @@ pub fn replication_problems(topic_dir: &Path, topic: &str, partitions: u32) -> V
             push(&dir.join(STATE_FILE), detail);
         }
     }
+    out.extend(missing);
     out
 }

@@ -396,6 +396,17 @@ impl<L: LogStores> Manager<L> {
                 );
                 PartitionStateMachine::open_empty(Arc::clone(&self.broker), topic, partition)
             }
+            repair::Behind::NoCheckpoint { purged } => {
+                tracing::warn!(
+                    topic,
+                    partition,
+                    purged,
+                    "the group's checkpoint (applied-P.json) is missing while its Raft log is \
+                     purged up to the index named: the group stays closed until a peer's \
+                     checkpoint is taken in its place"
+                );
+                return Ok(false);
+            }
             repair::Behind::Fetch { end, next } => {
                 tracing::warn!(
                     topic,
@@ -2000,6 +2011,7 @@ impl<L: LogStores> Manager<L> {
             Rpc::SnapshotChunk => self.snapshot_chunk(topic, partition, payload),
             Rpc::SnapshotInstall => self.snapshot_install(topic, partition, payload).await,
             Rpc::Records => self.records_for_peer(topic, partition, payload).await,
+            Rpc::Checkpoint => self.checkpoint_for_peer(topic, partition),
         }
     }
 }

@@ -52,7 +52,7 @@ use super::{
 /// decode; 4: the hello lists the node ids of the sender's `--peers`; 5:
 /// [`Rpc::Replicas`], [`Rpc::Schemas`], [`Rpc::Keys`]; 6: the hello carries a nonce
 /// and a proof, and the handshake ends with a proof and a welcome; 7:
-/// [`Rpc::Records`]). Nodes of different versions refuse each other's hello.
+/// [`Rpc::Records`], [`Rpc::Checkpoint`]). Nodes of different versions refuse each other's hello.
 pub const PEER_VERSION: u16 = 7;
 /// `call_id` + `kind`: the smallest peer frame.
 pub const PEER_HEAD_LEN: usize = 8 + 1;
@@ -147,6 +147,10 @@ pub enum Rpc {
     /// retained offset and its records from `from` (or `start`, when later) below
     /// `to`, in offset order, about one snapshot chunk of them.
     Records = 19,
+    /// The called node's checkpoint of a partition (`applied-P.json` as on its disk;
+    /// no payload; the answer: its JSON, or `null` when it has none), for a replica
+    /// whose own checkpoint is lost while its Raft log is purged.
+    Checkpoint = 20,
 }
 
 impl Rpc {
@@ -171,6 +175,7 @@ impl Rpc {
             Rpc::Schemas,
             Rpc::Keys,
             Rpc::Records,
+            Rpc::Checkpoint,
         ]
         .into_iter()
         .find(|r| *r as u8 == v)

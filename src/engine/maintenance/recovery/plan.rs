@@ -425,6 +425,7 @@ pub(super) fn tail_step(active: bool, kind: Option<ProblemKind>, end: &ScanEnd) 
         | K::ClusterJsonUnreadable
         | K::RaftStateUnreadable
         | K::AppliedRecordsMissing
+        | K::AppliedCheckpointMissing
         | K::UnfinishedCompaction
         | K::LeftoverTempFile
         | K::OrphanIndex

@@ -40,8 +40,9 @@ use serde::{Deserialize, Serialize};
 use super::{lock, LogStores, Manager};
 use crate::engine::broker::{Broker, NewRecord};
 use crate::engine::replication::snapshot::read_chunk;
-use crate::engine::replication::state_machine::{checkpoint_name, read_checkpoint};
+use crate::engine::replication::state_machine::{checkpoint_name, read_checkpoint, Applied};
 use crate::engine::replication::types::EntryRecord;
+use crate::engine::storage::io::write_file_atomic;
 use crate::format::wire::raft::Rpc;
 
 /// How often a repair that could not finish asks the peers again.
@@ -74,6 +75,9 @@ pub(super) enum Behind {
     Reapply { end: u64, next: u64 },
     /// Fetch the records `end..next` from a peer first.
     Fetch { end: u64, next: u64 },
+    /// The checkpoint is lost while the Raft log is purged up to `purged`: take a
+    /// peer's checkpoint at or past it first.
+    NoCheckpoint { purged: u64 },
 }
 
 impl<L: LogStores> Manager<L> {
@@ -93,7 +97,14 @@ impl<L: LogStores> Manager<L> {
         let Some(applied) = read_checkpoint(&path)
             .map_err(|e| io::Error::other(format!("{}: {e}", path.display())))?
         else {
-            return Ok(Behind::No);
+            // Nothing applied yet, or the checkpoint is lost: openraft applies the log
+            // from its first entry, which it can only while nothing was purged (a purge
+            // follows a snapshot, which writes the checkpoint first).
+            let state = store.get_log_state().await?;
+            return Ok(match state.last_purged_log_id {
+                Some(p) => Behind::NoCheckpoint { purged: p.index },
+                None => Behind::No,
+            });
         };
         let next = applied.next_offset;
         let end = self
@@ -124,7 +135,12 @@ impl<L: LogStores> Manager<L> {
     ) {
         let mut said = String::new();
         loop {
-            match self.fetch_missing(&topic, partition).await {
+            let step = match self.adopt_checkpoint(&topic, partition).await {
+                Ok(true) => self.fetch_missing(&topic, partition).await,
+                Ok(false) => Ok(false),
+                Err(e) => Err(e),
+            };
+            match step {
                 Ok(true) => break,
                 Ok(false) => {}
                 Err(e) => {
@@ -155,6 +171,102 @@ impl<L: LogStores> Manager<L> {
                 eprintln!("seglog: {topic}/{partition}: cannot open its Raft group: {e}");
             }
         }
+    }
+
+    /// When the partition's checkpoint is lost, takes a peer's in its place: the
+    /// state of the group's state machine at the peer's last checkpointed entry, the
+    /// same on every replica (apply is deterministic), from which openraft applies
+    /// this node's log on. Only a checkpoint at or past this node's purged index
+    /// serves (the entries after it must be in the log). `Ok(true)` once this node has
+    /// a checkpoint.
+    async fn adopt_checkpoint(&self, topic: &str, partition: u32) -> Result<bool, String> {
+        use crate::engine::replication::log_store::meta::read_state;
+        use crate::engine::replication::types::Vote;
+        let dir = self.broker.topic_dir(topic);
+        if read_checkpoint(&dir.join(checkpoint_name(partition)))?.is_some() {
+            return Ok(true);
+        }
+        let purged = read_state::<Vote>(&self.raft_dir(topic, partition))
+            .map_err(|e| e.to_string())?
+            .purged
+            .map(|p| p.index);
+        let replicas: Vec<u64> = lock(&self.topics)
+            .get(topic)
+            .and_then(|r| r.replicas.get(partition as usize).cloned())
+            .unwrap_or_default();
+        let mut why = Vec::new();
+        for node in replicas.into_iter().filter(|&n| n != self.node_id()) {
+            let answer = match self
+                .call_within(
+                    node,
+                    topic,
+                    partition,
+                    Rpc::Checkpoint,
+                    Vec::new(),
+                    RECORDS_WAIT,
+                )
+                .await
+            {
+                Ok(a) => a,
+                Err((_, m)) => {
+                    why.push(format!("node {node}: {m}"));
+                    continue;
+                }
+            };
+            let theirs: Option<Applied> = match serde_json::from_slice(&answer) {
+                Ok(a) => a,
+                Err(e) => {
+                    why.push(format!("node {node}: unreadable checkpoint: {e}"));
+                    continue;
+                }
+            };
+            let Some(theirs) = theirs else {
+                why.push(format!("node {node} has no checkpoint"));
+                continue;
+            };
+            let at = theirs.last_applied.map(|l| l.index);
+            if at < purged {
+                why.push(format!(
+                    "node {node}'s checkpoint is at entry {at:?}, before this node's purged \
+                     entry {purged:?}"
+                ));
+                continue;
+            }
+            let bytes = serde_json::to_vec(&theirs).map_err(|e| e.to_string())?;
+            let broker = Arc::clone(&self.broker);
+            let name = checkpoint_name(partition);
+            tokio::task::spawn_blocking(move || {
+                write_file_atomic(&**broker.storage(), &dir, &name, &bytes)
+            })
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
+            tracing::warn!(
+                topic,
+                partition,
+                node,
+                entry = at,
+                next_offset = theirs.next_offset,
+                "took a peer's checkpoint in place of the lost one"
+            );
+            return Ok(true);
+        }
+        Err(format!("no peer's checkpoint serves: {}", why.join("; ")))
+    }
+
+    /// Answers [`Rpc::Checkpoint`]: this node's checkpoint of the partition as on
+    /// its disk (written after the data partition's fsync), or `null`.
+    pub(super) fn checkpoint_for_peer(
+        &self,
+        topic: &str,
+        partition: u32,
+    ) -> Result<Vec<u8>, String> {
+        let path = self
+            .broker
+            .topic_dir(topic)
+            .join(checkpoint_name(partition));
+        let applied = read_checkpoint(&path)?;
+        serde_json::to_vec(&applied).map_err(|e| e.to_string())
     }
 
     /// One round of asking: `Ok(true)` once the partition holds every record its
