@@ -212,3 +212,52 @@ fn a_replica_whose_data_partition_lost_applied_records_takes_them_back() {
         assert!(!out.contains("applied_records_missing"), "node {id}: {out}");
     }
 }
+
+/// A replica whose Raft state file is lost (its vote with it) is not opened, since a
+/// node that forgot its vote could vote twice in one term; the node's other replicas
+/// open, and the group goes on with the two others.
+#[test]
+fn a_replica_whose_vote_is_lost_is_not_opened_and_the_nodes_others_are() {
+    const VOTELESS: &str = "voteless";
+    const KEPT: &str = "kept";
+    let mut c = Cluster::start(3);
+    for topic in [VOTELESS, KEPT] {
+        c.ok(&["topics", "create", topic, "--replication-factor", "3"]);
+    }
+    let addrs: Vec<String> = c.nodes.iter().map(|n| n.client_addr.clone()).collect();
+    let mut client = ClusterClient::new(addrs, Duration::from_secs(10), None, None);
+    let mut acked = Vec::new();
+    for i in 0..5 {
+        for topic in [VOTELESS, KEPT] {
+            produce(&mut client, topic, i, &mut acked);
+        }
+    }
+    c.wait_caught_up(VOTELESS, 1);
+    c.wait_caught_up(KEPT, 1);
+    let leader = c.wait_leader(VOTELESS, 0);
+    let victim = c.ids().into_iter().find(|&i| i != leader).unwrap();
+    c.stop(victim);
+    let dir = c.node(victim).dir.clone();
+    let state = dir.join("raft").join(VOTELESS).join("0").join("raft.json");
+    std::fs::remove_file(&state).unwrap();
+    let (code, out, err) = run(&["verify", dir.to_str().unwrap()], c.root());
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(out.contains("its vote is lost"), "{out}");
+
+    c.restart(victim);
+    for i in 5..10 {
+        for topic in [VOTELESS, KEPT] {
+            produce(&mut client, topic, i, &mut acked);
+        }
+    }
+    c.wait_caught_up(KEPT, 1);
+    let log = c.node(victim).stderr();
+    assert!(
+        log.contains(&format!(
+            "{}: missing, while this replica holds entry",
+            state.display()
+        )) && log.contains("so this replica is not opened"),
+        "{log}"
+    );
+    assert!(!state.exists(), "nothing wrote a fresh state file");
+}

@@ -1120,3 +1120,65 @@ fn unreadable_raft_state_files_are_corrupt() {
         fs::write(file, good).unwrap();
     }
 }
+
+/// A Raft state file (`raft.json`) missing while the replica holds an entry of a term
+/// past 0 means its vote is lost (the broker then does not open that group):
+/// `raft_state_unreadable`, corrupt. Missing while only term 0 is known (a group
+/// initialized before any vote) is no problem. A checkpoint missing while the Raft log
+/// is purged is reported as information (`applied_checkpoint_missing`: the broker
+/// takes a peer's at its start).
+#[test]
+fn a_lost_vote_and_a_lost_checkpoint_are_named() {
+    let d = data();
+    let dir = d.path();
+    let data_dir = dir.to_str().unwrap();
+    let topic = dir.join("topics/t");
+    fs::write(
+        topic.join("replication.json"),
+        br#"{"replication_factor":1,"replicas":[[1],[1],[1],[1]]}"#,
+    )
+    .unwrap();
+    let checkpoint = |term: u64| {
+        format!(
+            r#"{{"last_applied":{{"leader_id":{{"term":{term},"node_id":1}},"index":7}},"membership":{{"log_id":null,"membership":{{"configs":[[1]],"nodes":{{"1":{{"addr":"127.0.0.1:1"}}}}}}}},"next_offset":0,"clock_ms":0,"producers":{{}}}}"#
+        )
+    };
+    fs::create_dir_all(dir.join("raft/t/1")).unwrap();
+    fs::write(topic.join("applied-1.json"), checkpoint(0)).unwrap();
+    let (code, out, _) = run(&["verify", "--json", data_dir], dir);
+    assert_eq!(code, 0, "term 0 only: {out}");
+    assert_eq!(verify_problems(&out), Vec::new(), "{out}");
+
+    fs::write(topic.join("applied-1.json"), checkpoint(3)).unwrap();
+    let (code, out, _) = run(&["verify", data_dir], dir);
+    assert_eq!(code, 2, "{out}");
+    assert!(
+        out.contains(
+            "raft_state_unreadable in raft/t/1/raft.json: missing, while this replica holds \
+             entry 7 of term 3: its vote is lost, and a node that forgot its vote could vote \
+             twice in one term; this node cannot open partition 1's Raft group"
+        ),
+        "{out}"
+    );
+    fs::remove_file(topic.join("applied-1.json")).unwrap();
+
+    fs::create_dir_all(dir.join("raft/t/2")).unwrap();
+    fs::write(
+        dir.join("raft/t/2/raft.json"),
+        br#"{"version":1,"vote":null,"committed":null,"purged":{"leader_id":{"term":2,"node_id":1},"index":40}}"#,
+    )
+    .unwrap();
+    let (code, out, _) = run(&["verify", "--json", data_dir], dir);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(
+        verify_problems(&out),
+        vec![(
+            "applied_checkpoint_missing".into(),
+            "info".into(),
+            "topics/t/applied-2.json".into(),
+            None
+        )],
+        "{out}"
+    );
+    assert!(out.contains("purged up to entry 40"), "{out}");
+}

@@ -135,11 +135,71 @@ pub fn state_problems(data_dir: &Path) -> Vec<TopicProblem> {
     out
 }
 
+/// When a group's Raft state file (`dir/raft.json`) is missing while the replica holds
+/// an entry of a term past 0 (in its Raft log, or its checkpoint's last applied
+/// entry), that entry's index and term: such an entry came after a durable vote of
+/// its term, so the vote was lost (the broker does not open the group then).
+fn lost_vote(dir: &Path, checkpoint: &Path) -> Option<(u64, u64)> {
+    use crate::engine::replication::log_store::key::decode_entry_key;
+    use crate::engine::replication::log_store::meta::STATE_FILE;
+    use crate::engine::replication::log_store::LOG_DIR;
+    use crate::engine::replication::state_machine::read_checkpoint;
+    use crate::engine::storage::reader::{read_header, scan_segment};
+
+    if std::fs::symlink_metadata(dir.join(STATE_FILE)).is_ok() {
+        return None;
+    }
+    let applied = read_checkpoint(checkpoint)
+        .ok()
+        .flatten()
+        .and_then(|a| a.last_applied)
+        .map(|l| (l.index, l.leader_id.term));
+    // The Raft log's last entry: the newest segment that holds one.
+    let mut segments: Vec<_> = std::fs::read_dir(dir.join(LOG_DIR))
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|e| e == "log"))
+                .collect()
+        })
+        .unwrap_or_default();
+    segments.sort();
+    let mut last = None;
+    for path in segments.iter().rev() {
+        let Ok(file) = crate::engine::storage::noatime::open_read(path) else {
+            continue;
+        };
+        let Ok(len) = file.metadata().map(|m| m.len()) else {
+            continue;
+        };
+        let Ok(Ok(header)) = read_header(&file, len) else {
+            continue;
+        };
+        let _ = scan_segment(&file, &header, len, |_, r| {
+            if let Ok(key) = decode_entry_key(r.key) {
+                last = Some((r.offset, key.term));
+            }
+        });
+        if last.is_some() {
+            break;
+        }
+    }
+    [last, applied]
+        .into_iter()
+        .flatten()
+        .filter(|&(_, term)| term > 0)
+        .max_by_key(|&(index, term)| (term, index))
+}
+
 /// Problems of a replicated topic's Raft files (none for a topic without
 /// `replication.json`): its placement, each partition's checkpoint
 /// (`applied-P.json`) and, when `topic_dir` is in a data directory, each Raft log's
 /// state (`DATA/raft/T/P/raft.json`). The node cannot open the topic's Raft groups
-/// while one of them does not read, so it does not serve the topic (its peers go on).
+/// while its placement does not read, nor a partition's group while that partition's
+/// checkpoint or state file does not (or the state file is missing while the replica
+/// holds entries of a term past 0: its vote is lost), so it does not serve them (its
+/// peers go on). A checkpoint missing while the Raft log is purged is reported too
+/// (information: the node takes a peer's at its start).
 pub fn replication_problems(topic_dir: &Path, topic: &str, partitions: u32) -> Vec<TopicProblem> {
     use crate::engine::producers::read_state_file;
     use crate::engine::replication::log_store::meta::{
@@ -151,12 +211,18 @@ pub fn replication_problems(topic_dir: &Path, topic: &str, partitions: u32) -> V
     use crate::format::replication::{Replication, REPLICATION_FILE, REPLICATION_FILE_BYTES_MAX};
 
     let mut out = Vec::new();
-    let mut push = |path: &Path, detail: String| {
+    // `partition`: the file is one partition's (its group alone stays closed), else
+    // the topic's.
+    let mut push = |path: &Path, partition: Option<u32>, detail: String| {
+        let what = match partition {
+            Some(p) => format!("partition {p}'s Raft group, and does not serve that partition"),
+            None => "the topic's Raft groups, and does not serve the topic".to_string(),
+        };
         let mut p = problem(
             ProblemKind::RaftStateUnreadable,
             path,
             None,
-            format!("{detail}; this node cannot open the topic's Raft groups, and does not serve the topic, until it is fixed (its peers go on without it; a node started on an empty data directory gets its replicated topics back from its peers, and only those)"),
+            format!("{detail}; this node cannot open {what}, until it is fixed (its peers go on without it; a node started on an empty data directory gets its replicated topics back from its peers, and only those)"),
         );
         p.topic = Some(topic.to_string());
         out.push(p);
@@ -171,10 +237,10 @@ pub fn replication_problems(topic_dir: &Path, topic: &str, partitions: u32) -> V
                     .strip_prefix(&format!("{REPLICATION_FILE}: "))
                     .unwrap_or(&detail)
                     .to_string();
-                push(&placement, detail);
+                push(&placement, None, detail);
             }
         }
-        Err(e) => push(&placement, e),
+        Err(e) => push(&placement, None, e),
     }
     let raft = topic_dir
         .parent()
@@ -184,7 +250,7 @@ pub fn replication_problems(topic_dir: &Path, topic: &str, partitions: u32) -> V
     for p in 0..partitions {
         let checkpoint = topic_dir.join(checkpoint_name(p));
         if let Err(e) = read_checkpoint(&checkpoint) {
-            push(&checkpoint, e);
+            push(&checkpoint, Some(p), e);
         }
         let Some(dir) = raft.as_ref().map(|r| r.join(p.to_string())) else {
             continue;
@@ -213,6 +279,16 @@ pub fn replication_problems(topic_dir: &Path, topic: &str, partitions: u32) -> V
             pr.topic = Some(topic.to_string());
             missing.push(pr);
         }
+        if let Some((index, term)) = lost_vote(&dir, &checkpoint) {
+            push(
+                &dir.join(STATE_FILE),
+                Some(p),
+                format!(
+                    "missing, while this replica holds entry {index} of term {term}: its vote \
+                     is lost, and a node that forgot its vote could vote twice in one term"
+                ),
+            );
+        }
         if let Err(e) = state {
             let detail = match e {
                 StateFileError::Bad { detail, .. } => detail,
@@ -221,7 +297,7 @@ pub fn replication_problems(topic_dir: &Path, topic: &str, partitions: u32) -> V
                 }
                 other => other.to_string(),
             };
-            push(&dir.join(STATE_FILE), detail);
+            push(&dir.join(STATE_FILE), Some(p), detail);
         }
     }
     out.extend(missing);

@@ -364,10 +364,20 @@ impl<L: LogStores> Manager<L> {
             .map_err(|e| io::Error::other(format!("{}: {e}", path.display())))?;
         lock(&self.topics).insert(topic.to_string(), r.clone());
         let mut waiting = Vec::new();
+        let mut failed = Vec::new();
         for (p, replicas) in r.replicas.iter().enumerate() {
-            if replicas.contains(&self.node_id()) && !self.open_group(topic, p as u32).await? {
-                waiting.push(p as u32);
+            if !replicas.contains(&self.node_id()) {
+                continue;
             }
+            // One group that cannot open leaves the topic's others open.
+            match self.open_group(topic, p as u32).await {
+                Ok(true) => {}
+                Ok(false) => waiting.push(p as u32),
+                Err(e) => failed.push(format!("partition {p}: {e}")),
+            }
+        }
+        if !failed.is_empty() {
+            return Err(io::Error::other(failed.join("; ")));
         }
         Ok(waiting)
     }
@@ -380,6 +390,7 @@ impl<L: LogStores> Manager<L> {
             return Ok(true);
         }
         let mut store = self.stores.open(&self.broker, topic, partition)?;
+        self.check_vote_kept(topic, partition, &mut store).await?;
         let sm = match self.behind(topic, partition, &mut store).await? {
             repair::Behind::No => {
                 PartitionStateMachine::open(Arc::clone(&self.broker), topic, partition)?

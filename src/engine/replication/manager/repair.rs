@@ -124,6 +124,53 @@ impl<L: LogStores> Manager<L> {
         })
     }
 
+    /// Refuses to open a group whose Raft state file (`raft.json`: its vote, commit
+    /// and purge points) is missing while its log holds an entry of a term past 0:
+    /// such an entry was appended only after a vote of its term was made durable, so
+    /// the vote was lost, and a node that forgot its vote could vote twice in one
+    /// term. (Entries of term 0 only: a group initialized and stopped before any
+    /// vote, whose state file may not exist yet.)
+    pub(super) async fn check_vote_kept(
+        &self,
+        topic: &str,
+        partition: u32,
+        store: &mut L::Store,
+    ) -> io::Result<()> {
+        use crate::engine::replication::log_store::meta::STATE_FILE;
+        let path = self.raft_dir(topic, partition).join(STATE_FILE);
+        if std::fs::symlink_metadata(&path).is_ok() {
+            return Ok(());
+        }
+        let state = store.get_log_state().await?;
+        // The checkpoint's last applied entry tells too (a log purged whole).
+        let checkpoint = self
+            .broker
+            .topic_dir(topic)
+            .join(checkpoint_name(partition));
+        let applied = read_checkpoint(&checkpoint)
+            .ok()
+            .flatten()
+            .and_then(|a| a.last_applied);
+        let evidence = [state.last_log_id, applied]
+            .into_iter()
+            .flatten()
+            .filter(|l| l.leader_id.term > 0)
+            .max();
+        match evidence {
+            Some(last) => Err(io::Error::other(format!(
+                "{}: missing, while this replica holds entry {} of term {}: its vote is lost, \
+                 and a node that forgot its vote could vote twice in one term, so this replica \
+                 is not opened (its peers go on without it); to bring it back, stop the node, \
+                 move its data directory aside and start it on an empty one: it gets its \
+                 replicas back from its peers",
+                path.display(),
+                last.index,
+                last.leader_id.term
+            ))),
+            None => Ok(()),
+        }
+    }
+
     /// Fetches the records the data partition of `topic/partition` lacks from the
     /// group's other replicas, then opens the group; asks again every [`ASK_EVERY`]
     /// until done, or until `stop`.
