@@ -149,6 +149,14 @@ pub fn render(v: &Value) -> String {
                 text(&p["partition"])
             );
         }
+        if let Some(why) = p["closed"].as_str() {
+            let _ = writeln!(
+                s,
+                "{}/{}: this node's replica is not open: {why}",
+                text(&p["topic"]),
+                text(&p["partition"])
+            );
+        }
     }
     s
 }

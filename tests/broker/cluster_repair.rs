@@ -260,4 +260,11 @@ fn a_replica_whose_vote_is_lost_is_not_opened_and_the_nodes_others_are() {
         "{log}"
     );
     assert!(!state.exists(), "nothing wrote a fresh state file");
+    let out = c.run_on(victim, &["cluster", "status"]).unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!("{VOTELESS}/0: this node's replica is not open: "))
+            && text.contains("its vote is lost"),
+        "{text}"
+    );
 }

@@ -175,6 +175,9 @@ pub struct Manager<L: LogStores> {
     /// The partitions of replicated topics this node holds no replica of, as a
     /// holder last told ([`Manager::refresh_in_sync`]).
     held_elsewhere: Mutex<BTreeMap<(String, u32), HeldElsewhere>>,
+    /// The groups this node holds a replica of that are not open, and why (waiting
+    /// for records or a checkpoint from its peers, or refused: [`repair`]).
+    closed: Mutex<BTreeMap<(String, u32), String>>,
     /// Rounds of [`Manager::refresh_in_sync`], to ask the holders in turn.
     rounds: std::sync::atomic::AtomicUsize,
 }
@@ -282,6 +285,7 @@ impl<L: LogStores> Manager<L> {
             leaders_in_sync: Mutex::new(BTreeMap::new()),
             caught_up: Mutex::new(BTreeMap::new()),
             held_elsewhere: Mutex::new(BTreeMap::new()),
+            closed: Mutex::new(BTreeMap::new()),
             rounds: std::sync::atomic::AtomicUsize::new(0),
         }))
     }
@@ -373,7 +377,10 @@ impl<L: LogStores> Manager<L> {
             match self.open_group(topic, p as u32).await {
                 Ok(true) => {}
                 Ok(false) => waiting.push(p as u32),
-                Err(e) => failed.push(format!("partition {p}: {e}")),
+                Err(e) => {
+                    lock(&self.closed).insert((topic.to_string(), p as u32), e.to_string());
+                    failed.push(format!("partition {p}: {e}"));
+                }
             }
         }
         if !failed.is_empty() {
@@ -408,6 +415,13 @@ impl<L: LogStores> Manager<L> {
                 PartitionStateMachine::open_empty(Arc::clone(&self.broker), topic, partition)
             }
             repair::Behind::NoCheckpoint { purged } => {
+                lock(&self.closed).insert(
+                    key,
+                    format!(
+                        "waiting for a peer's checkpoint: its own (applied-{partition}.json) is \
+                         missing while its Raft log is purged up to entry {purged}"
+                    ),
+                );
                 tracing::warn!(
                     topic,
                     partition,
@@ -419,6 +433,14 @@ impl<L: LogStores> Manager<L> {
                 return Ok(false);
             }
             repair::Behind::Fetch { end, next } => {
+                lock(&self.closed).insert(
+                    key,
+                    format!(
+                        "waiting for offsets {end}..{next} from its peers: its data partition \
+                         lost records it had applied (damage cut at start), and its Raft log \
+                         no longer holds their entries"
+                    ),
+                );
                 tracing::warn!(
                     topic,
                     partition,
@@ -440,6 +462,7 @@ impl<L: LogStores> Manager<L> {
         let raft = RaftGroup::new(self.node_id(), config, network, store, sm)
             .await
             .map_err(|e| io::Error::other(e.to_string()))?;
+        lock(&self.closed).remove(&key);
         lock(&self.groups).insert(key, raft);
         Ok(true)
     }
@@ -1881,15 +1904,41 @@ impl<L: LogStores> Manager<L> {
                 })
             })
             .collect();
+        // Replicas this node holds whose groups are not open.
+        let mut partitions = partitions;
+        let closed: Vec<((String, u32), String)> = lock(&self.closed)
+            .iter()
+            .filter(|(k, _)| only.is_none_or(|o| o.contains(*k)))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        for ((topic, partition), why) in closed {
+            let known = lock(&self.held_elsewhere)
+                .get(&(topic.clone(), partition))
+                .filter(|v| v.at.elapsed() < IN_SYNC_FRESH)
+                .map(|v| (v.leader, v.term));
+            partitions.push(serde_json::json!({
+                "topic": topic,
+                "partition": partition,
+                "held": true,
+                "leader": known.map(|(l, _)| l),
+                "term": known.map(|(_, t)| t),
+                "commit_index": null,
+                "applied_index": null,
+                "replicas": [],
+                "in_sync": null,
+                "failed": null,
+                "closed": why,
+            }));
+        }
         // Partitions placed on other nodes only, as a holder last told.
         // (A fail-stopped replica's partition is known the same way; its row is above.)
-        let held: BTreeSet<(String, u32)> = lock(&self.groups).keys().cloned().collect();
+        let mut held: BTreeSet<(String, u32)> = lock(&self.groups).keys().cloned().collect();
+        held.extend(lock(&self.closed).keys().cloned());
         let elsewhere: Vec<((String, u32), HeldElsewhere)> = lock(&self.held_elsewhere)
             .iter()
             .filter(|(k, v)| only.is_none() && v.at.elapsed() < IN_SYNC_FRESH && !held.contains(*k))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        let mut partitions = partitions;
         for ((topic, partition), v) in elsewhere {
             partitions.push(serde_json::json!({
                 "topic": topic,
