@@ -415,42 +415,23 @@ impl<L: LogStores> Manager<L> {
                 PartitionStateMachine::open_empty(Arc::clone(&self.broker), topic, partition)
             }
             repair::Behind::NoCheckpoint { purged } => {
-                lock(&self.closed).insert(
+                return Ok(self.wait_closed(
                     key,
                     format!(
                         "waiting for a peer's checkpoint: its own (applied-{partition}.json) is \
                          missing while its Raft log is purged up to entry {purged}"
                     ),
-                );
-                tracing::warn!(
-                    topic,
-                    partition,
-                    purged,
-                    "the group's checkpoint (applied-P.json) is missing while its Raft log is \
-                     purged up to the index named: the group stays closed until a peer's \
-                     checkpoint is taken in its place"
-                );
-                return Ok(false);
+                ));
             }
             repair::Behind::Fetch { end, next } => {
-                lock(&self.closed).insert(
+                return Ok(self.wait_closed(
                     key,
                     format!(
                         "waiting for offsets {end}..{next} from its peers: its data partition \
                          lost records it had applied (damage cut at start), and its Raft log \
                          no longer holds their entries"
                     ),
-                );
-                tracing::warn!(
-                    topic,
-                    partition,
-                    end,
-                    next,
-                    "the data partition ends before the records it applied (damage cut at \
-                     start), and its Raft log no longer holds their entries: the group stays \
-                     closed until the missing records are fetched from its peers"
-                );
-                return Ok(false);
+                ));
             }
         };
         let network = GroupNetwork {
@@ -465,6 +446,18 @@ impl<L: LogStores> Manager<L> {
         lock(&self.closed).remove(&key);
         lock(&self.groups).insert(key, raft);
         Ok(true)
+    }
+
+    /// Keeps a group closed until [`Manager::repair_then_open`] opens it, saying why
+    /// (the log, and `cluster status`); `false`, for [`Manager::open_group`].
+    fn wait_closed(&self, key: (String, u32), why: String) -> bool {
+        tracing::warn!(
+            topic = key.0,
+            partition = key.1,
+            "the group stays closed: {why}"
+        );
+        lock(&self.closed).insert(key, why);
+        false
     }
 
     /// The settings of a topic's groups: a compacted topic never snapshots (a

@@ -566,6 +566,14 @@ mod tests {
         b.append_applied(TOPIC, 0, &nr).unwrap();
     }
 
+    /// A fresh replicated partition holding records `0..n`.
+    fn holding(n: u64) -> (tempfile::TempDir, Arc<Broker>) {
+        let tmp = tempfile::tempdir().unwrap();
+        let b = open(tmp.path());
+        fill(&b, 0, n);
+        (tmp, b)
+    }
+
     fn answer(start: u64, offsets: impl IntoIterator<Item = u64>) -> RecordsAnswer {
         RecordsAnswer {
             start,
@@ -585,9 +593,7 @@ mod tests {
 
     #[test]
     fn records_past_the_end_are_taken_at_their_offsets_and_no_further() {
-        let tmp = tempfile::tempdir().unwrap();
-        let b = open(tmp.path());
-        fill(&b, 0, 20);
+        let (_tmp, b) = holding(20);
         // The peer also sends records the partition holds and some at or past
         // `next`: only 20..40 are taken.
         assert_eq!(take(&b, TOPIC, 0, answer(0, 15..45), 40).unwrap(), 20);
@@ -601,9 +607,7 @@ mod tests {
 
     #[test]
     fn a_gap_in_the_peers_records_is_refused_and_nothing_after_it_taken() {
-        let tmp = tempfile::tempdir().unwrap();
-        let b = open(tmp.path());
-        fill(&b, 0, 20);
+        let (_tmp, b) = holding(20);
         let e = take(&b, TOPIC, 0, answer(0, (20..25).chain(27..30)), 40).unwrap_err();
         assert!(e.contains("jump from offset 25 to 27"), "{e}");
         assert_eq!(b.written_end(TOPIC, 0).unwrap(), 20, "nothing appended");
@@ -613,18 +617,14 @@ mod tests {
 
     #[test]
     fn a_peer_whose_retention_removed_the_missing_records_restarts_the_partition() {
-        let tmp = tempfile::tempdir().unwrap();
-        let b = open(tmp.path());
-        fill(&b, 0, 20);
+        let (_tmp, b) = holding(20);
         // The peer keeps 30.. only: 20..30 are gone there by retention.
         assert_eq!(take(&b, TOPIC, 0, answer(30, 30..40), 40).unwrap(), 20);
         assert_eq!(b.offsets(TOPIC, 0).unwrap().0, 30);
         let want: Vec<_> = (30..40).map(|o| (o, record(o))).collect();
         assert_eq!(held(&b), want);
         // A peer that kept nothing below `next`: the partition restarts there.
-        let tmp = tempfile::tempdir().unwrap();
-        let b = open(tmp.path());
-        fill(&b, 0, 5);
+        let (_tmp, b) = holding(5);
         assert_eq!(take(&b, TOPIC, 0, answer(50, []), 40).unwrap(), 35);
         assert_eq!(b.written_end(TOPIC, 0).unwrap(), 40);
         assert_eq!(held(&b), Vec::new());
