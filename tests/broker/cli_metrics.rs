@@ -212,6 +212,7 @@ fn a_scrape_counts_exactly_the_traffic_sent() {
         "seglog_replicas",
         "seglog_in_sync_replicas",
         "seglog_under_replicated_partitions",
+        "seglog_closed_replicas",
     ];
     assert!(
         !m.samples

@@ -19,6 +19,7 @@ use std::time::Duration;
 use seglog::engine::net::cluster_client::ClusterClient;
 use seglog::format::wire::WireRecord;
 
+use crate::cli_metrics::{get, parse, value};
 use crate::util::bin::run;
 use crate::util::cluster::Cluster;
 use crate::util::replica_check::{check, Acked, Violation};
@@ -220,7 +221,14 @@ fn a_replica_whose_data_partition_lost_applied_records_takes_them_back() {
 fn a_replica_whose_vote_is_lost_is_not_opened_and_the_nodes_others_are() {
     const VOTELESS: &str = "voteless";
     const KEPT: &str = "kept";
-    let mut c = Cluster::start(3);
+    let mut c = Cluster::prepare(3);
+    let mut metrics = Vec::new();
+    for node in &mut c.nodes {
+        let addr = format!("127.0.0.1:{}", crate::util::port::free_port());
+        node.args = vec!["--metrics-listen".into(), addr.clone()];
+        metrics.push((node.id, addr));
+    }
+    c.start_all();
     for topic in [VOTELESS, KEPT] {
         c.ok(&["topics", "create", topic, "--replication-factor", "3"]);
     }
@@ -260,6 +268,14 @@ fn a_replica_whose_vote_is_lost_is_not_opened_and_the_nodes_others_are() {
         "{log}"
     );
     assert!(!state.exists(), "nothing wrote a fresh state file");
+    let closed = |id: u64| {
+        let addr = &metrics.iter().find(|(n, _)| *n == id).unwrap().1;
+        let (code, text) = get(addr, "/metrics");
+        assert_eq!(code, 200, "{text}");
+        value(&parse(&text), "seglog_closed_replicas", &[])
+    };
+    assert_eq!(closed(victim), 1.0);
+    assert_eq!(closed(leader), 0.0);
     let out = c.run_on(victim, &["cluster", "status"]).unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(

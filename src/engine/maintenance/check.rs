@@ -1026,14 +1026,17 @@ pub fn data_applied_next(p: &PartitionRef) -> Option<u64> {
 }
 
 /// What a replicated data partition's damaged tail from offset `first` on means when
-/// its node applied the records below `next`: they are committed, so this is damage,
-/// and the node takes them again at its start.
+/// its node applied the records below `next`: they are committed and were durable
+/// before the checkpoint named them, so this is damage, unless a crash cut short the
+/// node's taking them back (`manager::repair` writes below the checkpoint's next
+/// offset); either way the node takes them again at its start.
 pub fn applied_records_damaged(first: u64, next: u64) -> Option<String> {
     (first < next).then(|| {
         format!(
             "this node applied the records up to offset {}, so offsets {first}..={} are \
              committed entries' records, which its Raft log or its peers hold: this is \
-             damage, not a crash, and after the cut the node takes them again at its start",
+             damage (or a crash while the node was taking them back after earlier damage), \
+             and after the cut the node takes them again at its start",
             next - 1,
             next - 1
         )

@@ -718,6 +718,13 @@ impl BrokerCollector {
             "Replicated partitions this node leads with fewer replicas in sync than placed",
             None,
             &gauge(under),
+        )?;
+        single(
+            enc,
+            "seglog_closed_replicas",
+            "Replicas this node holds whose Raft group is not open (cluster status says why)",
+            None,
+            &gauge(r.closed_replicas()),
         )
     }
 

@@ -1599,6 +1599,7 @@ impl<L: LogStores> Manager<L> {
     /// node does not know is no error (deleted already).
     async fn delete_replica(&self, name: &str) -> Result<(), Refusal> {
         let _admin = self.admin.lock().await;
+        lock(&self.closed).retain(|(t, _), _| t != name);
         if lock(&self.topics).remove(name).is_none() {
             return Ok(());
         }
@@ -2181,6 +2182,10 @@ impl<L: LogStores> CallHandler for Manager<L> {
 impl<L: LogStores> Replicator for Manager<L> {
     fn node_id(&self) -> u64 {
         Manager::node_id(self)
+    }
+
+    fn closed_replicas(&self) -> usize {
+        lock(&self.closed).len()
     }
 
     fn share_key(self: Arc<Self>, change: super::KeyChange) -> BoxFuture<super::KeyShared> {

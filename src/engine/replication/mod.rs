@@ -118,6 +118,9 @@ pub trait Replicator: Send + Sync + 'static {
     /// What the Kafka door's Metadata says of a replicated partition (`None`: not
     /// replicated, or this node holds no replica of it).
     fn partition_view(&self, topic: &str, partition: u32) -> Option<PartitionView>;
+    /// Replicas this node holds whose Raft group is not open (waiting for records or
+    /// a checkpoint from its peers, or refused, as `cluster status` says).
+    fn closed_replicas(&self) -> usize;
 }
 
 /// A change of the API keys made on one node, as the others take it.

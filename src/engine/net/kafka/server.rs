@@ -1449,6 +1449,10 @@ mod tests {
                 held: true,
             })
         }
+
+        fn closed_replicas(&self) -> usize {
+            0
+        }
     }
 
     /// The leader of replicated topic "t": entries get offsets in the order they are
@@ -1574,6 +1578,10 @@ mod tests {
             _partition: u32,
         ) -> Option<crate::engine::replication::PartitionView> {
             None
+        }
+
+        fn closed_replicas(&self) -> usize {
+            0
         }
     }
 

@@ -182,6 +182,10 @@ impl<L: LogStores> Manager<L> {
     ) {
         let mut said = String::new();
         loop {
+            if !lock(&self.topics).contains_key(&topic) {
+                // Deleted meanwhile.
+                return;
+            }
             let step = match self.adopt_checkpoint(&topic, partition).await {
                 Ok(true) => self.fetch_missing(&topic, partition).await,
                 Ok(false) => Ok(false),
@@ -206,6 +210,12 @@ impl<L: LogStores> Manager<L> {
             if *stop.borrow() {
                 return;
             }
+        }
+        // Opened under the lock a delete takes, so a topic deleted meanwhile is not
+        // opened again.
+        let _admin = self.admin.lock().await;
+        if !lock(&self.topics).contains_key(&topic) {
+            return;
         }
         match self.open_group(&topic, partition).await {
             Ok(_) => tracing::info!(
