@@ -247,12 +247,8 @@ impl<L: LogStores> Manager<L> {
             .map_err(|e| e.to_string())?
             .purged
             .map(|p| p.index);
-        let replicas: Vec<u64> = lock(&self.topics)
-            .get(topic)
-            .and_then(|r| r.replicas.get(partition as usize).cloned())
-            .unwrap_or_default();
         let mut why = Vec::new();
-        for node in replicas.into_iter().filter(|&n| n != self.node_id()) {
+        for node in self.other_replicas(topic, partition) {
             let answer = match self
                 .call_within(
                     node,
@@ -337,12 +333,8 @@ impl<L: LogStores> Manager<L> {
             return Ok(true);
         };
         let next = applied.next_offset;
-        let replicas: Vec<u64> = lock(&self.topics)
-            .get(topic)
-            .and_then(|r| r.replicas.get(partition as usize).cloned())
-            .unwrap_or_default();
         let mut why = Vec::new();
-        for node in replicas.into_iter().filter(|&n| n != self.node_id()) {
+        for node in self.other_replicas(topic, partition) {
             let first = self
                 .broker
                 .written_end(topic, partition)
@@ -436,6 +428,17 @@ impl<L: LogStores> Manager<L> {
                 Err(e) => return Some(e.to_string()),
             }
         }
+    }
+
+    /// The group's replicas other than this node, as its placement lists them.
+    fn other_replicas(&self, topic: &str, partition: u32) -> Vec<u64> {
+        lock(&self.topics)
+            .get(topic)
+            .and_then(|r| r.replicas.get(partition as usize).cloned())
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|&n| n != self.node_id())
+            .collect()
     }
 
     /// Answers [`Rpc::Records`] from this node's data partition.
