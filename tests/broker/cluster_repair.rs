@@ -284,3 +284,185 @@ fn a_replica_whose_vote_is_lost_is_not_opened_and_the_nodes_others_are() {
         "{text}"
     );
 }
+
+/// The position of record `offset` in the partition directory `dir`, and its
+/// segment file (`dump --json` of a stopped node).
+fn record_at(dir: &Path, offset: u64) -> (std::path::PathBuf, u64) {
+    let (code, out, err) = run(&["dump", "--json", dir.to_str().unwrap()], dir);
+    assert_eq!(code, 0, "{out}{err}");
+    out.lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|v| v["type"] == "record" && v["offset"] == offset)
+        .map(|v| {
+            let name = Path::new(v["path"].as_str().unwrap())
+                .file_name()
+                .unwrap()
+                .to_owned();
+            (dir.join(name), v["position"].as_u64().unwrap())
+        })
+        .expect("the record's position")
+}
+
+/// Flips a bit at `pos` of `path` in place (no truncation: a running broker may
+/// have the file mapped).
+fn flip_in_place(path: &Path, pos: u64) {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, pos).unwrap();
+    b[0] ^= 0x08;
+    f.write_all_at(&b, pos).unwrap();
+    f.sync_all().unwrap();
+}
+
+/// Damage inside a replica's sealed segment is mended with a peer's records: found
+/// by the node's startup check (a follower's segment damaged while it was down), and
+/// found by a consumer's fetch (the leader's segment damaged while it runs, where
+/// the startup check would not look: between the first and the last index entry).
+/// Afterwards the segments read whole, every replica holds every acknowledged record
+/// at its offset, and `verify` is clean on every node.
+#[test]
+fn a_damaged_sealed_segment_is_mended_from_a_peer() {
+    const SEALED: &str = "sealed";
+    // Index entries every 4 KiB: the startup check reads a segment's first record
+    // and what follows its last entry.
+    let mut c = Cluster::start(3);
+    c.ok(&[
+        "topics",
+        "create",
+        SEALED,
+        "--replication-factor",
+        "3",
+        "--config",
+        "segment_bytes=16384",
+    ]);
+    let addrs: Vec<String> = c.nodes.iter().map(|n| n.client_addr.clone()).collect();
+    let mut client = ClusterClient::new(addrs, Duration::from_secs(10), None, None);
+    let mut acked = Vec::new();
+    let value = |i: u64| format!("{SEALED}-{i:05}-{}", "x".repeat(40));
+    for batch in 0..30u64 {
+        let values: Vec<String> = (batch * 40..(batch + 1) * 40).map(value).collect();
+        let records: Vec<WireRecord> = values
+            .iter()
+            .map(|v| WireRecord {
+                timestamp_ms: -1,
+                key: None,
+                value: v.as_bytes(),
+            })
+            .collect();
+        let (base, last) = client.produce(SEALED, 0, &records).unwrap();
+        assert_eq!(last - base + 1, 40);
+        for (i, v) in values.into_iter().enumerate() {
+            acked.push(Acked {
+                producer: 1,
+                value: v.into_bytes(),
+                partition: 0,
+                offset: base + i as u64,
+            });
+        }
+    }
+    c.wait_caught_up(SEALED, 1);
+    let leader = c.wait_leader(SEALED, 0);
+    let victim = c.ids().into_iter().find(|&i| i != leader).unwrap();
+    c.stop(victim);
+    let dirs: Vec<(u64, std::path::PathBuf)> =
+        c.nodes.iter().map(|n| (n.id, n.dir.clone())).collect();
+    let part = |id: u64| {
+        let dir = &dirs.iter().find(|(n, _)| *n == id).unwrap().1;
+        dir.join("topics").join(SEALED).join("0")
+    };
+    let victim_dir = c.node(victim).dir.clone();
+    // The victim's first segment loses its last record, which the startup check reads.
+    let second = {
+        let listing: Vec<String> = std::fs::read_dir(part(victim))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".log"))
+            .collect();
+        let mut bases: Vec<u64> = listing
+            .iter()
+            .map(|n| n.trim_end_matches(".log").parse().unwrap())
+            .collect();
+        bases.sort_unstable();
+        assert!(bases.len() >= 3, "several sealed segments: {bases:?}");
+        bases[1]
+    };
+    let tail = second - 1;
+    let (seg0, pos) = record_at(&part(victim), tail);
+    flip_in_place(&seg0, pos + 20);
+    let (code, out, err) = run(&["verify", victim_dir.to_str().unwrap()], c.root());
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(out.contains(&format!("offset {tail} lost")), "{out}");
+    assert!(
+        out.contains("the node mends this segment with a peer's copy of the records"),
+        "{out}"
+    );
+    c.restart(victim);
+    let mended = "mended a damaged sealed segment with a peer's records";
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !c.node(victim).stderr().contains(mended) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{}",
+            c.node(victim).stderr()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // The leader's first segment is damaged while it runs, at a record the startup
+    // check trusts unread. The segments are the same bytes on every node.
+    let leader = c.wait_leader(SEALED, 0);
+    let peer = c.ids().into_iter().find(|&i| i != leader).unwrap();
+    let first = std::fs::read(part(peer).join(seg0.file_name().unwrap())).unwrap();
+    let leader_seg = part(leader).join(seg0.file_name().unwrap());
+    assert_eq!(std::fs::read(&leader_seg).unwrap(), first);
+    let hidden = 10;
+    let (_, pos) = record_at(&part(victim), hidden);
+    flip_in_place(&leader_seg, pos + 20);
+    let err = client
+        .fetch(SEALED, 0, hidden, 1 << 16, Duration::ZERO)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains(&format!("offset {hidden}")), "{err}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let got = loop {
+        match client.fetch(SEALED, 0, hidden, 1 << 16, Duration::ZERO) {
+            Ok(f) => break f,
+            Err(e) => {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "{e}\n{}",
+                    c.node(leader).stderr()
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    };
+    assert_eq!(got.records[0].offset, hidden);
+    assert_eq!(got.records[0].value, value(hidden).into_bytes());
+    assert_eq!(
+        std::fs::read(&leader_seg).unwrap(),
+        first,
+        "the same bytes again"
+    );
+    drop(client);
+    c.stop_all();
+    let replicas: Vec<_> = c
+        .ids()
+        .into_iter()
+        .map(|id| c.dump(id, SEALED, 1))
+        .collect();
+    assert_eq!(check(&acked, &replicas), Vec::<Violation>::new());
+    for r in &replicas {
+        assert_eq!(r.records.len(), acked.len(), "node {}", r.node);
+    }
+    for id in c.ids() {
+        let dir = c.node(id).dir.clone();
+        let (code, out, err) = run(&["verify", dir.to_str().unwrap()], c.root());
+        assert_eq!(code, 0, "verify of node {id}: {out}{err}");
+    }
+}

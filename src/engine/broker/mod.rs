@@ -33,6 +33,7 @@ use crate::format::topic::{TopicConfig, TopicError, TopicMeta, PARTITIONS_MAX};
 mod cleaner;
 mod committer;
 mod flusher;
+mod mend;
 mod open;
 mod replicated;
 mod requests;
@@ -44,6 +45,7 @@ mod zeroer;
 use cleaner::*;
 use committer::*;
 use flusher::*;
+pub use mend::{DamageListener, PlannedMend};
 use open::*;
 pub use requests::{Commit, CommitLead, DurableWait};
 use spare_maker::SpareMaker;
@@ -296,6 +298,8 @@ pub struct Broker {
     producers: Arc<crate::engine::producers::ProducerTable>,
     /// The API keys (`DATA/api_keys.json`).
     keys: crate::engine::keys::KeyStore,
+    /// Told when a fetch meets damage ([`Broker::on_damage`]).
+    damage_listener: std::sync::OnceLock<DamageListener>,
 }
 
 impl Drop for Broker {

@@ -173,6 +173,7 @@ impl Broker {
             cleaner,
             cleaner_threads: Mutex::new(cleaner_threads),
             dir_lock: Mutex::new(Some(dir_lock)),
+            damage_listener: std::sync::OnceLock::new(),
             schemas,
             groups,
             producers,

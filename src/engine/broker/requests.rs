@@ -303,7 +303,11 @@ impl Broker {
     ) -> Result<FetchResult, EngineError> {
         self.check_running()?;
         let (_, log) = self.partition(topic, partition)?;
-        let f = log.fetch_async(offset, max_bytes, max_wait).await?;
+        let f = self.noticed(
+            topic,
+            partition,
+            log.fetch_async(offset, max_bytes, max_wait).await,
+        )?;
         Ok(FetchResult {
             chunks: f.chunks,
             start_offset: f.start_offset,
@@ -325,7 +329,11 @@ impl Broker {
     ) -> Result<LogFetchSpans, EngineError> {
         self.check_running()?;
         let (_, log) = self.partition(topic, partition)?;
-        log.fetch_spans_async(offset, max_bytes, max_wait).await
+        self.noticed(
+            topic,
+            partition,
+            log.fetch_spans_async(offset, max_bytes, max_wait).await,
+        )
     }
 
     /// Durable records from `offset`, at most `max_bytes` (capped at
@@ -341,7 +349,7 @@ impl Broker {
     ) -> Result<FetchResult, EngineError> {
         self.check_running()?;
         let (_, log) = self.partition(topic, partition)?;
-        let f = log.fetch(offset, max_bytes, max_wait)?;
+        let f = self.noticed(topic, partition, log.fetch(offset, max_bytes, max_wait))?;
         Ok(FetchResult {
             chunks: f.chunks,
             start_offset: f.start_offset,

@@ -985,6 +985,17 @@ pub fn check_partition_with(
             header_is_damage(&mut seg);
         }
         for pr in &mut seg.problems {
+            if !active
+                && applied_next.is_some()
+                && pr.severity == Severity::Corrupt
+                && pr.file == seg.files.log
+                && crate::engine::maintenance::salvage::is_salvageable_damage(pr.kind)
+            {
+                pr.detail.push_str(
+                    "; a replica of a replicated partition: the node mends this segment with \
+                     a peer's copy of the records when it starts or when a read meets the damage",
+                );
+            }
             if let (ProblemKind::TornTail, Some(first)) = (pr.kind, pr.offset) {
                 let said = match (applied, applied_next) {
                     (Some(applied), _) => applied_entries_damaged(first, applied),

@@ -7,6 +7,7 @@
 pub mod backup;
 pub mod check;
 pub mod compaction;
+pub mod mend;
 pub mod recovery;
 pub mod reindex;
 pub mod salvage;

@@ -88,7 +88,9 @@ pub fn plan_salvage(p: &PartitionRef) -> io::Result<SalvagePlan> {
     plan_from_check(&check)
 }
 
-fn is_salvageable_damage(kind: ProblemKind) -> bool {
+/// Damage to a sealed segment's header or records: what salvage (and a mend,
+/// [`super::mend`]) rewrites.
+pub fn is_salvageable_damage(kind: ProblemKind) -> bool {
     use ProblemKind as K;
     matches!(
         kind,

@@ -122,6 +122,70 @@ impl PartitionLog {
         self.check_changeable().is_ok() && self.is_settled_prefix(&w, read)
     }
 
+    /// The settled segment holding `offset` (the newest settled one based at or
+    /// below it) and the base of the segment after it; `None` when the offset lies
+    /// in no settled segment (the active one, or one whose seal is not durable).
+    /// For a mend ([`crate::engine::maintenance::mend`]).
+    pub fn settled_holding(&self, offset: u64) -> Option<(Arc<Segment>, u64)> {
+        let w = lock(&self.write);
+        let settled = self.settled_locked(&w);
+        let list = self.snapshot();
+        let seg = settled.iter().rev().find(|s| s.base_offset <= offset)?;
+        let next = list
+            .iter()
+            .map(|s| s.base_offset)
+            .find(|&b| b > seg.base_offset)?;
+        (offset < next).then(|| (Arc::clone(seg), next))
+    }
+
+    /// Step 2 of a mend's swap, under the write lock: `seg` is still one of the
+    /// settled segments (the same one: a compaction publishes new ones), and the log
+    /// takes writes.
+    pub fn still_settled(&self, seg: &Arc<Segment>) -> bool {
+        let w = lock(&self.write);
+        self.check_changeable().is_ok()
+            && self.settled_locked(&w).iter().any(|s| Arc::ptr_eq(s, seg))
+    }
+
+    /// Publishes a mend's swap: the segment `old` gives way to the file now on disk
+    /// under its name. As [`PartitionLog::replace_oldest`]: opened first, then the
+    /// list replaced under the write lock; readers already in `old` keep its bytes;
+    /// if the new file cannot be opened, or `old` is no longer listed, the log is
+    /// failed (its list would no longer match the directory).
+    pub fn replace_mended(&self, old: &Arc<Segment>) -> Result<(), EngineError> {
+        let mut notes = Vec::new();
+        let base = old.base_offset;
+        let seg = match open_sealed(&self.dir, base, &self.stats.files, &mut notes) {
+            Ok(seg) => Arc::new(seg),
+            Err(e) => {
+                return Err(self.fail(FailureReason::CompactedSegmentUnopenable {
+                    name: log_file_name(base),
+                    error: Arc::new(e),
+                }))
+            }
+        };
+        let w = lock(&self.write);
+        let list = self.snapshot();
+        if !self.settled_locked(&w).iter().any(|s| Arc::ptr_eq(s, old)) {
+            drop(w);
+            return Err(self.fail(FailureReason::CompactionRaced {
+                dir: self.dir.clone(),
+            }));
+        }
+        let new: Vec<Arc<Segment>> = list
+            .iter()
+            .map(|s| {
+                if Arc::ptr_eq(s, old) {
+                    Arc::clone(&seg)
+                } else {
+                    Arc::clone(s)
+                }
+            })
+            .collect();
+        self.publish(new);
+        Ok(())
+    }
+
     /// Retention: removes the oldest segments `bases`
     /// (settled, a prefix of the list):
     /// 1. under the write lock, publish the list without them: the start offset moves

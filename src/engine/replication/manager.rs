@@ -59,6 +59,7 @@ use crate::format::wire::raft::Rpc;
 use crate::format::wire::{not_leader_message, ErrorCode};
 
 mod keys;
+mod mend;
 mod rejoin;
 mod repair;
 mod schemas;
@@ -180,6 +181,8 @@ pub struct Manager<L: LogStores> {
     closed: Mutex<BTreeMap<(String, u32), String>>,
     /// Rounds of [`Manager::refresh_in_sync`], to ask the holders in turn.
     rounds: std::sync::atomic::AtomicUsize,
+    /// Damaged sealed segments to mend from the peers ([`mend`]).
+    mends: mend::MendQueue,
 }
 
 /// A leader's answer to which replicas of one of its groups are in sync.
@@ -287,6 +290,7 @@ impl<L: LogStores> Manager<L> {
             held_elsewhere: Mutex::new(BTreeMap::new()),
             closed: Mutex::new(BTreeMap::new()),
             rounds: std::sync::atomic::AtomicUsize::new(0),
+            mends: mend::MendQueue::new(),
         }))
     }
 
@@ -323,6 +327,16 @@ impl<L: LogStores> Manager<L> {
                 }
             }
         }
+        // Every held replica's sealed segments get the startup check for damage a
+        // peer's records can mend.
+        for (topic, r) in lock(&self.topics).iter() {
+            for (p, replicas) in r.replicas.iter().enumerate() {
+                if replicas.contains(&self.node_id()) {
+                    self.want_mend(topic, p as u32);
+                }
+            }
+        }
+        let mends = tokio::spawn(Arc::clone(&self).mend_loop(stop.clone()));
         let refresh = tokio::spawn(Arc::clone(&self).refresh_in_sync(stop.clone()));
         let restore = self
             .peers
@@ -332,6 +346,7 @@ impl<L: LogStores> Manager<L> {
         let peers = Arc::clone(&self.peers);
         super::network::serve(listener, peers, Arc::clone(&self), stop).await;
         refresh.abort();
+        mends.abort();
         if let Some(r) = restore {
             r.abort();
         }

@@ -20,6 +20,35 @@ pub struct PreparedCompaction<'a> {
 }
 
 impl<'a> PreparedCompaction<'a> {
+    /// A swap that replaces the one segment `base` by a file of the same name,
+    /// already durable in its temporary files `temp_files` (`<name>.log.tmp` and
+    /// `<name>.index.tmp`, their directory fsynced): a mend
+    /// ([`crate::engine::maintenance::mend`]). Its marker names `base` as both
+    /// replaced and new.
+    pub(crate) fn replacing_one(
+        storage: &'a dyn Storage,
+        dir: PathBuf,
+        base: u64,
+        bytes_before: u64,
+        bytes_after: u64,
+        temp_files: Vec<PathBuf>,
+    ) -> Self {
+        PreparedCompaction {
+            storage,
+            dir,
+            report: CompactionReport {
+                bytes_before,
+                bytes_after,
+                segments_before: 1,
+                segments_after: 1,
+                replaced: vec![base],
+                new: vec![base],
+                ..CompactionReport::default()
+            },
+            temp_files,
+        }
+    }
+
     /// The counts, as they will be once swapped.
     pub fn report(&self) -> &CompactionReport {
         &self.report

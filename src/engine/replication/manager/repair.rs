@@ -62,8 +62,12 @@ pub(super) struct RecordsRequest {
 pub(super) struct RecordsAnswer {
     /// The answering node's first retained offset of the partition.
     pub start: u64,
-    /// Its durable records from `max(from, start)` below `to`, in offset order.
+    /// Its durable records from `max(from, start)` below `to`, in offset order
+    /// (about 1 MiB at most: ask again from past the last).
     pub records: Vec<(u64, EntryRecord)>,
+    /// Its partition's durable end (absent from a node of an earlier build).
+    #[serde(default)]
+    pub end: Option<u64>,
 }
 
 /// What a replica's data partition needs before its group opens.
@@ -431,7 +435,7 @@ impl<L: LogStores> Manager<L> {
     }
 
     /// The group's replicas other than this node, as its placement lists them.
-    fn other_replicas(&self, topic: &str, partition: u32) -> Vec<u64> {
+    pub(super) fn other_replicas(&self, topic: &str, partition: u32) -> Vec<u64> {
         lock(&self.topics)
             .get(topic)
             .and_then(|r| r.replicas.get(partition as usize).cloned())
@@ -462,7 +466,11 @@ impl<L: LogStores> Manager<L> {
             } else {
                 Vec::new()
             };
-            Ok(RecordsAnswer { start, records })
+            Ok(RecordsAnswer {
+                start,
+                records,
+                end: Some(end),
+            })
         })
         .await
         .map_err(|e| e.to_string())??;
@@ -591,6 +599,7 @@ mod tests {
         RecordsAnswer {
             start,
             records: offsets.into_iter().map(|o| (o, record(o))).collect(),
+            end: None,
         }
     }
 

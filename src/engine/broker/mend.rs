@@ -1,0 +1,185 @@
+//! Mending a damaged sealed segment in the running broker
+//! ([`crate::engine::maintenance::mend`]): the plan from a check of the partition's
+//! settled segments, the swap under the partition's cleanup lock (so retention and
+//! compaction wait) with its step 2 under the write lock, and the new list published.
+//! The records that fill the damage come from the caller (the replication layer asks
+//! the replica's peers). A fetch that meets damage tells a registered listener
+//! ([`Broker::on_damage`]), so damage found by a reader gets mended too.
+
+use super::*;
+use crate::engine::error::FailureReason;
+use crate::engine::maintenance::check::CheckMode;
+use crate::engine::maintenance::compaction::CompactionError;
+use crate::engine::maintenance::mend::{plan_mend, MendPlan, MendWriter};
+use crate::engine::partition::Segment;
+use crate::engine::storage::layout::list_partition;
+
+/// A function told `(topic, partition, first unreadable offset)`.
+type OnDamage = dyn Fn(&str, u32, u64) + Send + Sync;
+
+/// Told `(topic, partition, first unreadable offset)` when a fetch meets damage.
+pub struct DamageListener(Box<OnDamage>);
+
+impl std::fmt::Debug for DamageListener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DamageListener")
+    }
+}
+
+/// A damaged settled segment of a partition and its mend's plan.
+#[derive(Debug)]
+pub struct PlannedMend {
+    pub plan: MendPlan,
+    /// The topic compacts: the records given may skip offsets.
+    pub compacts: bool,
+    seg: Arc<Segment>,
+}
+
+impl Broker {
+    /// Registers the one listener told when a fetch meets damage (later calls are
+    /// ignored).
+    pub fn on_damage(&self, listener: impl Fn(&str, u32, u64) + Send + Sync + 'static) {
+        let _ = self.damage_listener.set(DamageListener(Box::new(listener)));
+    }
+
+    /// A fetch's result, the listener told when it is damage.
+    pub(super) fn noticed<T>(
+        &self,
+        topic: &str,
+        partition: u32,
+        result: Result<T, EngineError>,
+    ) -> Result<T, EngineError> {
+        if let (Err(EngineError::RecordsDamaged { first, .. }), Some(l)) =
+            (&result, self.damage_listener.get())
+        {
+            (l.0)(topic, partition, *first);
+        }
+        result
+    }
+
+    /// Plans the mends of a partition's damaged settled segments: the one holding
+    /// `at` (read in full), or with `None` every settled segment under the startup
+    /// check (a segment whose index agrees with its first record and its tail is
+    /// trusted unread). Damage a mend cannot handle comes as `Err(why)`.
+    pub fn plan_mends(
+        &self,
+        topic: &str,
+        partition: u32,
+        at: Option<u64>,
+    ) -> Result<Vec<Result<PlannedMend, String>>, EngineError> {
+        let (t, log) = self.partition(topic, partition)?;
+        let compacts = read(&t.config).cleanup_policy.compacts();
+        let settled: Vec<(Arc<Segment>, u64, CheckMode)> = match at {
+            Some(offset) => log
+                .settled_holding(offset)
+                .map(|(seg, next)| (seg, next, CheckMode::Full))
+                .into_iter()
+                .collect(),
+            None => {
+                let list = log.settled_segments();
+                let mut out = Vec::new();
+                for seg in list {
+                    if let Some((s, next)) = log.settled_holding(seg.base_offset) {
+                        out.push((s, next, CheckMode::Quick));
+                    }
+                }
+                out
+            }
+        };
+        if settled.is_empty() {
+            return Ok(Vec::new());
+        }
+        let dir = log.dir().to_path_buf();
+        let listing = list_partition(&dir)
+            .map_err(|e| EngineError::io(format!("listing {}", dir.display()), e))?;
+        let mut out = Vec::new();
+        for (seg, next_base, mode) in settled {
+            let Some(files) = listing
+                .segments
+                .iter()
+                .find(|f| f.base_offset == seg.base_offset)
+            else {
+                continue;
+            };
+            let planned = plan_mend(files, next_base, mode)
+                .map_err(|e| EngineError::io(format!("checking {}", files.log.display()), e))?;
+            match planned {
+                None => {}
+                Some(Ok(plan)) => out.push(Ok(PlannedMend {
+                    plan,
+                    compacts,
+                    seg,
+                })),
+                Some(Err(why)) => out.push(Err(format!(
+                    "{}: cannot be mended: {why}",
+                    files.log.display()
+                ))),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Starts writing the mend of `planned` (temporary files in the partition
+    /// directory).
+    pub fn begin_mend(&self, planned: &PlannedMend) -> Result<MendWriter, EngineError> {
+        MendWriter::begin(&*self.storage, planned.plan.clone(), planned.compacts).map_err(|e| {
+            EngineError::io(
+                format!("mending {}", planned.plan.salvage.files.log.display()),
+                e,
+            )
+        })
+    }
+
+    /// Gives a mend up: removes its temporary files (a leftover would keep
+    /// compaction from running until the next start's recovery).
+    pub fn abandon_mend(&self, writer: MendWriter) {
+        writer.abandon(&*self.storage);
+    }
+
+    /// Makes the mend durable and swaps it in: under the partition's cleanup lock,
+    /// step 2 (the segment is still the settled one planned, else the mend is
+    /// dropped), the marker, the rename, the new list published.
+    pub fn swap_mended(
+        &self,
+        topic: &str,
+        partition: u32,
+        planned: &PlannedMend,
+        writer: MendWriter,
+    ) -> Result<(), EngineError> {
+        let (t, log) = self.partition(topic, partition)?;
+        let cleanup = t.cleanup.get(partition as usize).cloned().ok_or_else(|| {
+            EngineError::UnknownPartition {
+                topic: topic.to_string(),
+                partition,
+            }
+        })?;
+        let _busy = cleanup.exclusive();
+        let path = planned.plan.salvage.files.log.clone();
+        let prepared = writer
+            .finish(&*self.storage)
+            .map_err(|detail| EngineError::Corrupt {
+                path: path.clone(),
+                detail: format!("the mend was refused: {detail}"),
+            })?;
+        if !log.still_settled(&planned.seg) {
+            let dir = log.dir().to_path_buf();
+            prepared.cancel().map_err(|e| {
+                EngineError::io(format!("removing mend output in {}", dir.display()), e)
+            })?;
+            return Err(EngineError::Compaction(CompactionError::SegmentsChanged {
+                dir,
+            }));
+        }
+        log.hold_files(&[planned.seg.base_offset])?;
+        match prepared.swap(&mut |_| {}) {
+            Ok(_) => log.replace_mended(&planned.seg),
+            Err(e @ CompactionError::Interrupted { .. }) => {
+                Err(log.mark_failed(FailureReason::CompactionInterrupted {
+                    label: format!("{topic}/{partition}"),
+                    error: Arc::new(e),
+                }))
+            }
+            Err(e) => Err(EngineError::Compaction(e)),
+        }
+    }
+}
