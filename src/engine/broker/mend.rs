@@ -1,7 +1,8 @@
 //! Mending a damaged sealed segment in the running broker
 //! ([`crate::engine::maintenance::mend`]): the plan from a check of the partition's
-//! settled segments, the swap under the partition's cleanup lock (so retention and
-//! compaction wait) with its step 2 under the write lock, and the new list published.
+//! settled segments; the writing and the swap under the partition's cleanup lock (so
+//! retention and compaction wait), its step 2 under the write lock, and the new list
+//! published.
 //! The records that fill the damage come from the caller (the replication layer asks
 //! the replica's peers). A fetch that meets damage tells a registered listener
 //! ([`Broker::on_damage`]), so damage found by a reader gets mended too.
@@ -10,7 +11,7 @@ use super::*;
 use crate::engine::error::FailureReason;
 use crate::engine::maintenance::check::CheckMode;
 use crate::engine::maintenance::compaction::CompactionError;
-use crate::engine::maintenance::mend::{plan_mend, MendPlan, MendWriter};
+use crate::engine::maintenance::mend::{plan_mend, write_mend, GivenRecord, MendPlan};
 use crate::engine::partition::Segment;
 use crate::engine::storage::layout::list_partition;
 
@@ -119,32 +120,18 @@ impl Broker {
         Ok(out)
     }
 
-    /// Starts writing the mend of `planned` (temporary files in the partition
-    /// directory).
-    pub fn begin_mend(&self, planned: &PlannedMend) -> Result<MendWriter, EngineError> {
-        MendWriter::begin(&*self.storage, planned.plan.clone(), planned.compacts).map_err(|e| {
-            EngineError::io(
-                format!("mending {}", planned.plan.salvage.files.log.display()),
-                e,
-            )
-        })
-    }
-
-    /// Gives a mend up: removes its temporary files (a leftover would keep
-    /// compaction from running until the next start's recovery).
-    pub fn abandon_mend(&self, writer: MendWriter) {
-        writer.abandon(&*self.storage);
-    }
-
-    /// Makes the mend durable and swaps it in: under the partition's cleanup lock,
-    /// step 2 (the segment is still the settled one planned, else the mend is
-    /// dropped), the marker, the rename, the new list published.
-    pub fn swap_mended(
+    /// Writes the mend of `planned` with `ranges` (the records given for each damaged
+    /// range) and swaps it in, all under the partition's cleanup lock (retention and
+    /// compaction wait, and no compaction's temporary files meet the mend's): step 2
+    /// first (the segment is still the settled one planned, else nothing is done),
+    /// the new file and index written and fsynced, the marker, the rename, the new
+    /// list published. `Err(Corrupt)` when the records given do not mend it.
+    pub fn mend_segment(
         &self,
         topic: &str,
         partition: u32,
         planned: &PlannedMend,
-        writer: MendWriter,
+        ranges: &[Vec<GivenRecord>],
     ) -> Result<(), EngineError> {
         let (t, log) = self.partition(topic, partition)?;
         let cleanup = t.cleanup.get(partition as usize).cloned().ok_or_else(|| {
@@ -154,21 +141,29 @@ impl Broker {
             }
         })?;
         let _busy = cleanup.exclusive();
-        let path = planned.plan.salvage.files.log.clone();
-        let prepared = writer
-            .finish(&*self.storage)
-            .map_err(|detail| EngineError::Corrupt {
-                path: path.clone(),
-                detail: format!("the mend was refused: {detail}"),
-            })?;
+        let dir = log.dir().to_path_buf();
+        let changed =
+            || EngineError::Compaction(CompactionError::SegmentsChanged { dir: dir.clone() });
         if !log.still_settled(&planned.seg) {
-            let dir = log.dir().to_path_buf();
+            return Err(changed());
+        }
+        let path = planned.plan.salvage.files.log.clone();
+        let prepared = write_mend(
+            &*self.storage,
+            planned.plan.clone(),
+            planned.compacts,
+            ranges,
+        )
+        .map_err(|detail| EngineError::Corrupt {
+            path: path.clone(),
+            detail: format!("the mend was refused: {detail}"),
+        })?;
+        // 2.
+        if !log.still_settled(&planned.seg) {
             prepared.cancel().map_err(|e| {
                 EngineError::io(format!("removing mend output in {}", dir.display()), e)
             })?;
-            return Err(EngineError::Compaction(CompactionError::SegmentsChanged {
-                dir,
-            }));
+            return Err(changed());
         }
         log.hold_files(&[planned.seg.base_offset])?;
         match prepared.swap(&mut |_| {}) {

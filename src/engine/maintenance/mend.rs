@@ -71,6 +71,15 @@ pub struct MendPlan {
 }
 
 impl MendPlan {
+    /// Bytes of the old file the damage covers (about what its records take).
+    pub fn lost_bytes(&self) -> u64 {
+        self.salvage
+            .lost_bytes
+            .iter()
+            .map(|&(from, to)| to.saturating_sub(from))
+            .sum()
+    }
+
     /// The offset ranges the damage hides (`first..next`).
     pub fn lost(&self) -> Vec<(u64, u64)> {
         self.pieces
@@ -134,6 +143,34 @@ fn pieces(s: &SegmentSalvage, next_base: u64) -> Result<Vec<Piece>, String> {
     }
     at.sort_by_key(|&(pos, _)| pos);
     Ok(at.into_iter().map(|(_, p)| p).collect())
+}
+
+/// Writes the mend of `plan` with `ranges[i]`, the records given for its `i`-th
+/// damaged range ([`MendPlan::lost`]), and makes it durable: the swap, ready for its
+/// step 2. On refusal nothing is left behind.
+pub fn write_mend<'a>(
+    storage: &'a dyn Storage,
+    plan: MendPlan,
+    gaps_allowed: bool,
+    ranges: &[Vec<GivenRecord>],
+) -> Result<PreparedCompaction<'a>, String> {
+    let label = plan.salvage.files.log.display().to_string();
+    if ranges.len() != plan.lost().len() {
+        return Err(format!(
+            "{} damaged ranges, records given for {}",
+            plan.lost().len(),
+            ranges.len()
+        ));
+    }
+    let mut w =
+        MendWriter::begin(storage, plan, gaps_allowed).map_err(|e| format!("{label}: {e}"))?;
+    for records in ranges {
+        if let Err(e) = w.put(records).and_then(|()| w.fill_done()) {
+            w.abandon(storage);
+            return Err(e);
+        }
+    }
+    w.finish(storage)
 }
 
 /// Writes a mended segment to temporary files, piece by piece ([`MendPlan::pieces`]
@@ -204,11 +241,6 @@ impl MendWriter {
         w.out.write_at(&header, 0)?;
         w.copy_kept()?;
         Ok(w)
-    }
-
-    /// The plan being written.
-    pub fn plan(&self) -> &MendPlan {
-        &self.plan
     }
 
     /// The range whose records are wanted now (`first..next`, `first` the lowest
@@ -543,11 +575,21 @@ mod tests {
         assert!(e.contains("offsets 11..13 were not given"), "{e}");
         w2.abandon(&RealStorage);
         // Outside the range.
-        let mut w3 = MendWriter::begin(&RealStorage, p, false).unwrap();
+        let mut w3 = MendWriter::begin(&RealStorage, p.clone(), false).unwrap();
         let e = w3.put(&[record(next)]).unwrap_err();
         assert!(e.contains("were due"), "{e}");
         w3.abandon(&RealStorage);
-        drop(w);
+        w.abandon(&RealStorage);
+        // The one call: refused as a whole, nothing left behind.
+        let e = write_mend(&RealStorage, p.clone(), false, &[]).unwrap_err();
+        assert!(e.contains("1 damaged ranges, records given for 0"), "{e}");
+        let e = write_mend(&RealStorage, p, false, &[vec![record(10), record(12)]]).unwrap_err();
+        assert!(e.contains("jump from offset 11 to 12"), "{e}");
+        let names: Vec<String> = std::fs::read_dir(d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(names.iter().all(|n| !n.ends_with(".tmp")), "{names:?}");
         assert_eq!(std::fs::read(d.join(log_file_name(0))).unwrap(), damaged);
     }
 

@@ -28,13 +28,16 @@ use std::time::Duration;
 use super::repair::{RecordsAnswer, RecordsRequest};
 use super::{lock, LogStores, Manager};
 use crate::engine::broker::PlannedMend;
-use crate::engine::maintenance::mend::{GivenRecord, MendWriter};
+use crate::engine::error::EngineError;
+use crate::engine::maintenance::mend::GivenRecord;
 use crate::format::wire::raft::Rpc;
 
 /// The first wait before a mend that could not finish is tried again; it doubles
 /// with each failure, up to [`RETRY_MAX`].
 const RETRY_FIRST: Duration = Duration::from_secs(5);
 const RETRY_MAX: Duration = Duration::from_secs(300);
+/// Most bytes of damage one mend takes back (its records are held in memory).
+const MEND_BYTES_MAX: u64 = 64 * 1024 * 1024;
 /// Longest wait for one peer's answer.
 const ASK_WAIT: Duration = Duration::from_secs(10);
 
@@ -197,39 +200,43 @@ impl<L: LogStores> Manager<L> {
     ) -> Result<(), String> {
         let lost = planned.plan.lost();
         let log = planned.plan.salvage.files.log.display().to_string();
+        let bytes = planned.plan.lost_bytes();
+        if bytes > MEND_BYTES_MAX {
+            return Err(format!(
+                "{log}: the damage covers {bytes} bytes (offsets {lost:?}), more than a mend \
+                 holds in memory ({MEND_BYTES_MAX}); to get every record back, stop the node, \
+                 move its data directory aside and start it on an empty one (it takes its \
+                 replicas from its peers)"
+            ));
+        }
         tracing::warn!(topic, partition, segment = log, lost = ?lost,
             "a sealed segment holds damaged records; taking them from a peer");
         let mut why = Vec::new();
         for node in self.other_replicas(topic, partition) {
+            let ranges = match self.collect_from(node, topic, partition, &lost).await {
+                Ok(r) => r,
+                Err(e) => {
+                    why.push(format!("node {node}: {e}"));
+                    continue;
+                }
+            };
             let broker = Arc::clone(&self.broker);
             let p = Arc::clone(&planned);
-            let writer = blocking(move || broker.begin_mend(&p).map_err(|e| e.to_string())).await?;
-            match self.fill_from(node, topic, partition, writer).await {
-                Ok(writer) => {
-                    let broker = Arc::clone(&self.broker);
-                    let p = Arc::clone(&planned);
-                    let t = topic.to_string();
-                    blocking(move || {
-                        broker
-                            .swap_mended(&t, partition, &p, writer)
-                            .map_err(|e| e.to_string())
-                    })
-                    .await?;
+            let t = topic.to_string();
+            let done = tokio::task::spawn_blocking(move || {
+                broker.mend_segment(&t, partition, &p, &ranges)
+            })
+            .await
+            .map_err(|e| e.to_string())?;
+            match done {
+                Ok(()) => {
                     tracing::warn!(topic, partition, node, segment = log, lost = ?lost,
                         "mended a damaged sealed segment with a peer's records");
                     return Ok(());
                 }
-                Err((writer, e)) => {
-                    if let Some(writer) = writer {
-                        let broker = Arc::clone(&self.broker);
-                        blocking(move || {
-                            broker.abandon_mend(writer);
-                            Ok(())
-                        })
-                        .await?;
-                    }
-                    why.push(format!("node {node}: {e}"));
-                }
+                // This peer's records do not mend it: the next may.
+                Err(e @ EngineError::Corrupt { .. }) => why.push(format!("node {node}: {e}")),
+                Err(e) => return Err(format!("{log}: {e}")),
             }
         }
         if why.is_empty() {
@@ -238,52 +245,43 @@ impl<L: LogStores> Manager<L> {
         Err(format!("{log}, offsets {lost:?}: {}", why.join("; ")))
     }
 
-    /// Fills every damaged range of `writer` with `node`'s records; the writer back,
-    /// with why on failure (the caller abandons it; `None` only if a blocking step
-    /// panicked with it).
-    async fn fill_from(
+    /// `node`'s records for each damaged range `first..next` of `lost`: asked from
+    /// `first`, then from past the last record received, until `next` is reached or
+    /// the node has no more below it (a compacted topic's).
+    async fn collect_from(
         &self,
         node: u64,
         topic: &str,
         partition: u32,
-        mut writer: MendWriter,
-    ) -> Result<MendWriter, (Option<MendWriter>, String)> {
-        while let Some((from, next)) = writer.wanted() {
-            let answer = match self.ask(node, topic, partition, from, next).await {
-                Ok(a) => a,
-                Err(e) => return Err((Some(writer), e)),
-            };
-            let given: Vec<GivenRecord> = answer
-                .records
-                .into_iter()
-                .filter(|(o, _)| *o >= from && *o < next)
-                .map(|(offset, r)| GivenRecord {
-                    offset,
-                    timestamp_ms: r.timestamp_ms,
-                    key: r.key,
-                    value: r.value,
-                })
-                .collect();
-            let reached = given.last().map(|r| r.offset + 1);
-            let done = given.is_empty() || reached == Some(next);
-            let stepped = blocking(move || {
-                let mut w = writer;
-                let r = w
-                    .put(&given)
-                    .and_then(|()| if done { w.fill_done() } else { Ok(()) });
-                Ok((w, r))
-            })
-            .await;
-            let (w, r) = match stepped {
-                Ok(x) => x,
-                Err(e) => return Err((None, e)),
-            };
-            writer = w;
-            if let Err(e) = r {
-                return Err((Some(writer), e));
+        lost: &[(u64, u64)],
+    ) -> Result<Vec<Vec<GivenRecord>>, String> {
+        let mut ranges = Vec::with_capacity(lost.len());
+        for &(first, next) in lost {
+            let mut got: Vec<GivenRecord> = Vec::new();
+            let mut from = first;
+            while from < next {
+                let answer = self.ask(node, topic, partition, from, next).await?;
+                let before = got.len();
+                got.extend(
+                    answer
+                        .records
+                        .into_iter()
+                        .filter(|(o, _)| *o >= from && *o < next)
+                        .map(|(offset, r)| GivenRecord {
+                            offset,
+                            timestamp_ms: r.timestamp_ms,
+                            key: r.key,
+                            value: r.value,
+                        }),
+                );
+                match got.get(before..).and_then(<[GivenRecord]>::last) {
+                    Some(last) => from = last.offset + 1,
+                    None => break,
+                }
             }
+            ranges.push(got);
         }
-        Ok(writer)
+        Ok(ranges)
     }
 
     /// One [`Rpc::Records`] call for offsets `from..next`, refused unless the peer
