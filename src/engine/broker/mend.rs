@@ -15,6 +15,9 @@ use crate::engine::maintenance::mend::{plan_mend, write_mend, GivenRecord, MendP
 use crate::engine::partition::Segment;
 use crate::engine::storage::layout::list_partition;
 
+/// Longest a fetch that met damage waits for the node's mend attempt.
+const MEND_WAIT: Duration = Duration::from_secs(5);
+
 /// A function told `(topic, partition, first unreadable offset)`.
 type OnDamage = dyn Fn(&str, u32, u64) + Send + Sync;
 
@@ -41,6 +44,38 @@ impl Broker {
     /// ignored).
     pub fn on_damage(&self, listener: impl Fn(&str, u32, u64) + Send + Sync + 'static) {
         let _ = self.damage_listener.set(DamageListener(Box::new(listener)));
+    }
+
+    /// An async fetch's result `first`; when it is damage and a listener is
+    /// registered, the listener is told and the fetch waits (up to [`MEND_WAIT`])
+    /// for the node's next mend attempt to end, then runs once more (`again`): a
+    /// reader meeting damage a peer's records mend gets the records, not an error.
+    pub(super) async fn mended_or<T, F, Fut>(
+        &self,
+        topic: &str,
+        partition: u32,
+        first: Result<T, EngineError>,
+        again: F,
+    ) -> Result<T, EngineError>
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Result<T, EngineError>>,
+    {
+        let (Err(EngineError::RecordsDamaged { first: at, .. }), Some(l)) =
+            (&first, self.damage_listener.get())
+        else {
+            return first;
+        };
+        let mut done = self.mends_done.subscribe();
+        (l.0)(topic, partition, *at);
+        let _ = tokio::time::timeout(MEND_WAIT, done.changed()).await;
+        self.noticed(topic, partition, again().await)
+    }
+
+    /// Says that the node's mends asked so far were tried (each mend pass ends with
+    /// it): fetches waiting in [`Broker::mended_or`] run again.
+    pub fn mends_tried(&self) {
+        self.mends_done.send_modify(|n| *n = n.wrapping_add(1));
     }
 
     /// A fetch's result, the listener told when it is damage.

@@ -300,6 +300,8 @@ pub struct Broker {
     keys: crate::engine::keys::KeyStore,
     /// Told when a fetch meets damage ([`Broker::on_damage`]).
     damage_listener: std::sync::OnceLock<DamageListener>,
+    /// Counts the passes of the node's mends ([`Broker::mends_tried`]).
+    mends_done: tokio::sync::watch::Sender<u64>,
 }
 
 impl Drop for Broker {

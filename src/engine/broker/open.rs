@@ -174,6 +174,7 @@ impl Broker {
             cleaner_threads: Mutex::new(cleaner_threads),
             dir_lock: Mutex::new(Some(dir_lock)),
             damage_listener: std::sync::OnceLock::new(),
+            mends_done: tokio::sync::watch::Sender::new(0),
             schemas,
             groups,
             producers,

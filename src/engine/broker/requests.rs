@@ -303,11 +303,12 @@ impl Broker {
     ) -> Result<FetchResult, EngineError> {
         self.check_running()?;
         let (_, log) = self.partition(topic, partition)?;
-        let f = self.noticed(
-            topic,
-            partition,
-            log.fetch_async(offset, max_bytes, max_wait).await,
-        )?;
+        let first = log.fetch_async(offset, max_bytes, max_wait).await;
+        let f = self
+            .mended_or(topic, partition, first, || {
+                log.fetch_async(offset, max_bytes, max_wait)
+            })
+            .await?;
         Ok(FetchResult {
             chunks: f.chunks,
             start_offset: f.start_offset,
@@ -329,11 +330,11 @@ impl Broker {
     ) -> Result<LogFetchSpans, EngineError> {
         self.check_running()?;
         let (_, log) = self.partition(topic, partition)?;
-        self.noticed(
-            topic,
-            partition,
-            log.fetch_spans_async(offset, max_bytes, max_wait).await,
-        )
+        let first = log.fetch_spans_async(offset, max_bytes, max_wait).await;
+        self.mended_or(topic, partition, first, || {
+            log.fetch_spans_async(offset, max_bytes, max_wait)
+        })
+        .await
     }
 
     /// Durable records from `offset`, at most `max_bytes` (capped at

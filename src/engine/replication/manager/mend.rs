@@ -67,6 +67,15 @@ impl MendQueue {
     }
 }
 
+/// Tells the broker a pass of mends ended, when dropped.
+struct PassEnd<'a>(&'a crate::engine::broker::Broker);
+
+impl Drop for PassEnd<'_> {
+    fn drop(&mut self) {
+        self.0.mends_tried();
+    }
+}
+
 /// Sleeps until `at`, or for ever.
 async fn sleep_until(at: Option<tokio::time::Instant>) {
     match at {
@@ -133,6 +142,8 @@ impl<L: LogStores> Manager<L> {
                 }
                 !ready
             });
+            // Fetches waiting for this pass run again once it ends, whatever it did.
+            let _pass = PassEnd(&self.broker);
             for req in wanted {
                 if *stop.borrow() {
                     return;
