@@ -458,6 +458,8 @@ impl MendWriter {
 #[cfg(test)]
 #[expect(clippy::unwrap_used, reason = "tests")]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
     use crate::engine::storage::io::RealStorage;
     use crate::engine::storage::layout::{list_partition, PartitionRef};
@@ -648,6 +650,99 @@ mod tests {
         finish_compaction_marker(&RealStorage, d, &m).unwrap();
         assert_eq!(std::fs::read(d.join(log_file_name(0))).unwrap(), original);
         assert_eq!(plan(d, 40), None);
+    }
+
+    /// Every crash state of a mend (the temporary files, the marker, the rename, the
+    /// marker's removal, with their fsyncs), recovered as the broker's start does,
+    /// holds the damaged segment or the mended one; once the swap returned, the
+    /// mended one. Failing storage at each of its mutations leaves the same.
+    #[test]
+    fn every_crash_state_of_a_mend_recovers_to_the_old_or_the_mended_segment() {
+        use crate::engine::maintenance::recovery::recover;
+        use crate::testkit::sim::{crash_states, DirModel, Materialiser, Rng, SimStorage};
+        use crate::testkit::storage::{FailOn, FailingStorage};
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("p");
+        std::fs::create_dir(&root).unwrap();
+        let at = write_segments(&root, 40);
+        let original = std::fs::read(root.join(log_file_name(0))).unwrap();
+        flip(&root, at[20] + 14);
+        let damaged = std::fs::read(root.join(log_file_name(0))).unwrap();
+        let given = vec![vec![record(20)]];
+        let pristine = tmp.path().join("pristine");
+        crate::testkit::sim::Image::from_dir(&root)
+            .unwrap()
+            .0
+            .write_to(&pristine)
+            .unwrap();
+
+        let sim = SimStorage::new(&root).unwrap();
+        let p = plan(&root, 40).unwrap().unwrap();
+        write_mend(&sim, p, false, &given)
+            .unwrap()
+            .swap(&mut |_| {})
+            .unwrap();
+        let trace = sim.trace();
+        let dur = trace.durability();
+        let mut mat = Materialiser::new(&trace);
+        let mut rng = Rng::new(11);
+        let n = trace.ops.len();
+        let mut states = 0;
+        for k in 0..=n {
+            let pending = dur.pending(&trace, k);
+            for model in [DirModel::InOrder, DirModel::AnyOrder] {
+                for choices in crash_states(&trace, &pending, model, 1024, 32, &mut rng) {
+                    let img = mat.image(&dur, k, &pending, &choices);
+                    let dir = tmp.path().join(format!("state{states}"));
+                    img.write_to(&dir).unwrap();
+                    recover(&RealStorage, &dir)
+                        .unwrap_or_else(|e| panic!("crash point {k}/{n} {choices:?}: {e}"));
+                    let bytes = std::fs::read(dir.join(log_file_name(0))).unwrap();
+                    assert!(
+                        bytes == damaged || bytes == original,
+                        "crash point {k}/{n} {choices:?}"
+                    );
+                    if k == n {
+                        assert_eq!(bytes, original, "the swap returned: durable");
+                    }
+                    let left: Vec<String> = std::fs::read_dir(&dir)
+                        .unwrap()
+                        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                        .filter(|n| n.ends_with(".tmp") || n.contains("marker"))
+                        .collect();
+                    assert!(left.is_empty(), "crash point {k}/{n}: {left:?}");
+                    std::fs::remove_dir_all(&dir).unwrap();
+                    states += 1;
+                }
+            }
+        }
+        assert!(states > n, "{states} crash states of {n} operations");
+
+        // Failing storage: each mutation in turn fails (and every one after it).
+        for fail_at in 1.. {
+            let dir = tmp.path().join(format!("fail{fail_at}"));
+            crate::testkit::sim::Image::from_dir(&pristine)
+                .unwrap()
+                .0
+                .write_to(&dir)
+                .unwrap();
+            let failing = FailingStorage::new(Arc::new(RealStorage), fail_at, FailOn::Any, true);
+            let p = plan(&dir, 40).unwrap().unwrap();
+            let done = write_mend(&failing, p, false, &given)
+                .and_then(|prepared| prepared.swap(&mut |_| {}).map_err(|e| e.to_string()));
+            if !failing.has_failed() {
+                done.unwrap();
+                assert_eq!(std::fs::read(dir.join(log_file_name(0))).unwrap(), original);
+                break;
+            }
+            assert!(done.is_err(), "call {fail_at} failed, the mend said done");
+            recover(&RealStorage, &dir).unwrap();
+            let bytes = std::fs::read(dir.join(log_file_name(0))).unwrap();
+            assert!(
+                bytes == damaged || bytes == original,
+                "failed call {fail_at}"
+            );
+        }
     }
 
     #[test]
