@@ -395,17 +395,25 @@ fn a_damaged_sealed_segment_is_mended_from_a_peer() {
     let tail = second - 1;
     let (seg0, pos) = record_at(&part(victim), tail);
     flip_in_place(&seg0, pos + 20);
+    // And its second segment is lost (its `.log` gone, its `.index` left).
+    let lost_log = part(victim).join(format!("{second:020}.log"));
+    let lost_bytes = std::fs::read(&lost_log).unwrap();
+    std::fs::remove_file(&lost_log).unwrap();
     let (code, out, err) = run(&["verify", victim_dir.to_str().unwrap()], c.root());
     assert_eq!(code, 2, "{out}{err}");
-    assert!(out.contains(&format!("offset {tail} lost")), "{out}");
+    assert!(
+        out.contains(&format!(".log at byte {} (offset {tail})", pos)),
+        "{out}"
+    );
+    assert!(out.contains("lost_segment"), "{out}");
     assert!(
         out.contains("the node mends this segment with a peer's copy of the records"),
         "{out}"
     );
     c.restart(victim);
-    let mended = "mended a damaged sealed segment with a peer's records";
+    let mended = "mended a damaged or lost sealed segment with a peer's records";
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while !c.node(victim).stderr().contains(mended) {
+    while c.node(victim).stderr().matches(mended).count() < 2 {
         assert!(
             std::time::Instant::now() < deadline,
             "{}",
@@ -413,6 +421,12 @@ fn a_damaged_sealed_segment_is_mended_from_a_peer() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+
+    assert_eq!(
+        std::fs::read(&lost_log).unwrap(),
+        lost_bytes,
+        "written again"
+    );
 
     // The leader's first segment is damaged while it runs, at a record the startup
     // check trusts unread. The segments are the same bytes on every node.

@@ -11,8 +11,8 @@ use super::*;
 use crate::engine::error::FailureReason;
 use crate::engine::maintenance::check::CheckMode;
 use crate::engine::maintenance::compaction::CompactionError;
-use crate::engine::maintenance::mend::{plan_mend, write_mend, GivenRecord, MendPlan};
-use crate::engine::partition::Segment;
+use crate::engine::maintenance::mend::{plan_mend, write_found, write_mend, GivenRecord, MendPlan};
+use crate::engine::partition::{LostSegment, Segment};
 use crate::engine::storage::layout::list_partition;
 
 /// Longest a fetch that met damage waits for the node's mend attempt.
@@ -30,13 +30,50 @@ impl std::fmt::Debug for DamageListener {
     }
 }
 
-/// A damaged settled segment of a partition and its mend's plan.
+/// A damaged settled segment of a partition and its mend's plan, or a lost one.
 #[derive(Debug)]
 pub struct PlannedMend {
-    pub plan: MendPlan,
     /// The topic compacts: the records given may skip offsets.
     pub compacts: bool,
-    seg: Arc<Segment>,
+    what: Mend,
+}
+
+#[derive(Debug)]
+enum Mend {
+    Damaged { plan: MendPlan, seg: Arc<Segment> },
+    Lost(LostSegment),
+}
+
+impl PlannedMend {
+    /// The offset ranges to take from elsewhere (`first..next`).
+    pub fn lost(&self) -> Vec<(u64, u64)> {
+        match &self.what {
+            Mend::Damaged { plan, .. } => plan.lost(),
+            Mend::Lost(l) => vec![(l.first, l.next)],
+        }
+    }
+
+    /// The file the mend writes.
+    pub fn path(&self) -> PathBuf {
+        match &self.what {
+            Mend::Damaged { plan, .. } => plan.salvage.files.log.clone(),
+            Mend::Lost(l) => l.index.with_extension("log"),
+        }
+    }
+}
+
+/// The first offset a fetch's error says cannot be read: damaged records, or a
+/// lost segment whose index is left (a mend can write either again).
+fn unreadable_at<T>(r: &Result<T, EngineError>) -> Option<u64> {
+    match r {
+        Err(EngineError::RecordsDamaged { first, .. }) => Some(*first),
+        Err(EngineError::RecordsMissing {
+            index: Some(_),
+            first,
+            ..
+        }) => Some(*first),
+        _ => None,
+    }
 }
 
 impl Broker {
@@ -61,13 +98,11 @@ impl Broker {
         F: FnOnce() -> Fut,
         Fut: std::future::Future<Output = Result<T, EngineError>>,
     {
-        let (Err(EngineError::RecordsDamaged { first: at, .. }), Some(l)) =
-            (&first, self.damage_listener.get())
-        else {
+        let (Some(at), Some(l)) = (unreadable_at(&first), self.damage_listener.get()) else {
             return first;
         };
         let mut done = self.mends_done.subscribe();
-        (l.0)(topic, partition, *at);
+        (l.0)(topic, partition, at);
         let _ = tokio::time::timeout(MEND_WAIT, done.changed()).await;
         self.noticed(topic, partition, again().await)
     }
@@ -85,10 +120,8 @@ impl Broker {
         partition: u32,
         result: Result<T, EngineError>,
     ) -> Result<T, EngineError> {
-        if let (Err(EngineError::RecordsDamaged { first, .. }), Some(l)) =
-            (&result, self.damage_listener.get())
-        {
-            (l.0)(topic, partition, *first);
+        if let (Some(at), Some(l)) = (unreadable_at(&result), self.damage_listener.get()) {
+            (l.0)(topic, partition, at);
         }
         result
     }
@@ -122,13 +155,23 @@ impl Broker {
                 out
             }
         };
+        let mut out: Vec<Result<PlannedMend, String>> = log
+            .lost_segments()
+            .into_iter()
+            .filter(|l| at.is_none_or(|o| o >= l.first && o < l.next))
+            .map(|l| {
+                Ok(PlannedMend {
+                    compacts,
+                    what: Mend::Lost(l),
+                })
+            })
+            .collect();
         if settled.is_empty() {
-            return Ok(Vec::new());
+            return Ok(out);
         }
         let dir = log.dir().to_path_buf();
         let listing = list_partition(&dir)
             .map_err(|e| EngineError::io(format!("listing {}", dir.display()), e))?;
-        let mut out = Vec::new();
         for (seg, next_base, mode) in settled {
             let Some(files) = listing
                 .segments
@@ -142,9 +185,8 @@ impl Broker {
             match planned {
                 None => {}
                 Some(Ok(plan)) => out.push(Ok(PlannedMend {
-                    plan,
                     compacts,
-                    seg,
+                    what: Mend::Damaged { plan, seg },
                 })),
                 Some(Err(why)) => out.push(Err(format!(
                     "{}: cannot be mended: {why}",
@@ -177,32 +219,50 @@ impl Broker {
         })?;
         let _busy = cleanup.exclusive();
         let dir = log.dir().to_path_buf();
+        let (plan, seg) = match &planned.what {
+            Mend::Damaged { plan, seg } => (plan, seg),
+            Mend::Lost(lost) => {
+                if !log.lost_segments().contains(lost) {
+                    return Ok(());
+                }
+                let records = ranges.first().map_or(&[][..], Vec::as_slice);
+                write_found(
+                    &*self.storage,
+                    &dir,
+                    lost.first,
+                    lost.next,
+                    records,
+                    planned.compacts,
+                )
+                .map_err(|detail| EngineError::Corrupt {
+                    path: planned.path(),
+                    detail: format!("the mend was refused: {detail}"),
+                })?;
+                return log.insert_found(lost);
+            }
+        };
         let changed =
             || EngineError::Compaction(CompactionError::SegmentsChanged { dir: dir.clone() });
-        if !log.still_settled(&planned.seg) {
+        if !log.still_settled(seg) {
             return Err(changed());
         }
-        let path = planned.plan.salvage.files.log.clone();
-        let prepared = write_mend(
-            &*self.storage,
-            planned.plan.clone(),
-            planned.compacts,
-            ranges,
-        )
-        .map_err(|detail| EngineError::Corrupt {
-            path: path.clone(),
-            detail: format!("the mend was refused: {detail}"),
-        })?;
+        let path = plan.salvage.files.log.clone();
+        let prepared = write_mend(&*self.storage, plan.clone(), planned.compacts, ranges).map_err(
+            |detail| EngineError::Corrupt {
+                path: path.clone(),
+                detail: format!("the mend was refused: {detail}"),
+            },
+        )?;
         // 2.
-        if !log.still_settled(&planned.seg) {
+        if !log.still_settled(seg) {
             prepared.cancel().map_err(|e| {
                 EngineError::io(format!("removing mend output in {}", dir.display()), e)
             })?;
             return Err(changed());
         }
-        log.hold_files(&[planned.seg.base_offset])?;
+        log.hold_files(&[seg.base_offset])?;
         match prepared.swap(&mut |_| {}) {
-            Ok(_) => log.replace_mended(&planned.seg),
+            Ok(_) => log.replace_mended(seg),
             Err(e @ CompactionError::Interrupted { .. }) => {
                 Err(log.mark_failed(FailureReason::CompactionInterrupted {
                     label: format!("{topic}/{partition}"),

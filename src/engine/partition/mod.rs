@@ -322,8 +322,9 @@ pub struct PartitionLog {
     /// Rolls whose new segment (name, header) and outgoing segment are durable.
     rolls_durable: AtomicU64,
     /// Segments found lost at open (their `.log` gone, their `.index` kept), in
-    /// offset order: a fetch never reads across them silently.
-    lost: Vec<LostSegment>,
+    /// offset order: a fetch never reads across them silently. One leaves once a
+    /// mend writes it again ([`PartitionLog::insert_found`]).
+    lost: RwLock<Vec<LostSegment>>,
     /// How far the journal must be durable before this log's data is synced.
     journal: Arc<JournalNeed>,
     /// The file system holding `dir`, read once at open: a roll takes a spare only
@@ -423,7 +424,7 @@ impl PartitionLog {
             segments: RwLock::new(Arc::new(segments)),
             doomed: Mutex::new(Vec::new()),
             rolls_durable: AtomicU64::new(0),
-            lost,
+            lost: RwLock::new(lost),
             journal,
             file_system: spares::file_system_of(dir),
         };

@@ -285,10 +285,13 @@ impl PartitionLog {
 impl PartitionLog {
     /// The lost segment just below `seg` that a read at `next` would cross into `seg`
     /// over (gaps inside a compacted segment are not lost segments).
-    fn lost_before(&self, seg: &Segment, next: u64) -> Option<&LostSegment> {
+    fn lost_before(&self, seg: &Segment, next: u64) -> Option<LostSegment> {
         self.lost
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .iter()
             .find(|l| l.next == seg.base_offset && next < l.next)
+            .cloned()
     }
 }
 

@@ -123,7 +123,7 @@ impl PartitionLog {
     }
 
     /// The settled segment holding `offset` (the newest settled one based at or
-    /// below it) and the base of the segment after it; `None` when the offset lies
+    /// below it) and the base of the segment after it (or of a lost one); `None` when the offset lies
     /// in no settled segment (the active one, or one whose seal is not durable).
     /// For a mend ([`crate::engine::maintenance::mend`]).
     pub fn settled_holding(&self, offset: u64) -> Option<(Arc<Segment>, u64)> {
@@ -131,10 +131,14 @@ impl PartitionLog {
         let settled = self.settled_locked(&w);
         let list = self.snapshot();
         let seg = settled.iter().rev().find(|s| s.base_offset <= offset)?;
+        // A lost segment (its `.log` gone) bounds it too.
+        let lost = self.lost.read().unwrap_or_else(PoisonError::into_inner);
         let next = list
             .iter()
             .map(|s| s.base_offset)
-            .find(|&b| b > seg.base_offset)?;
+            .chain(lost.iter().map(|l| l.first))
+            .filter(|&b| b > seg.base_offset)
+            .min()?;
         (offset < next).then(|| (Arc::clone(seg), next))
     }
 
@@ -183,6 +187,50 @@ impl PartitionLog {
             })
             .collect();
         self.publish(new);
+        Ok(())
+    }
+
+    /// The segments found lost at open (their `.log` gone, their `.index` kept) and
+    /// not written again since.
+    pub fn lost_segments(&self) -> Vec<LostSegment> {
+        self.lost
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Publishes a lost segment a mend wrote again (`<first>.log`, durable): opened
+    /// first, then put in the list under the write lock, and no longer lost. Refused
+    /// (the log failed: its list would not match the directory) when the segment
+    /// following it is gone meanwhile or one of its name is listed.
+    pub fn insert_found(&self, lost: &LostSegment) -> Result<(), EngineError> {
+        let mut notes = Vec::new();
+        let seg = match open_sealed(&self.dir, lost.first, &self.stats.files, &mut notes) {
+            Ok(seg) => Arc::new(seg),
+            Err(e) => {
+                return Err(self.fail(FailureReason::CompactedSegmentUnopenable {
+                    name: log_file_name(lost.first),
+                    error: Arc::new(e),
+                }))
+            }
+        };
+        let _w = lock(&self.write);
+        let list = self.snapshot();
+        let fits = list.iter().any(|s| s.base_offset == lost.next)
+            && !list.iter().any(|s| s.base_offset == lost.first);
+        if !fits {
+            return Err(self.fail(FailureReason::CompactionRaced {
+                dir: self.dir.clone(),
+            }));
+        }
+        let mut new: Vec<Arc<Segment>> = list.iter().cloned().collect();
+        let at = new.partition_point(|s| s.base_offset < lost.first);
+        new.insert(at, seg);
+        self.publish(new);
+        self.lost
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|l| l.first != lost.first);
         Ok(())
     }
 

@@ -180,8 +180,12 @@ impl PartitionLog {
             (segs, active, w.next_offset.saturating_sub(durable_end))
         };
         let start = segs.first().map_or(0, |s| s.base_offset);
-        let mut lines: Vec<(u64, String)> = self
+        let lost = self
             .lost
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        let mut lines: Vec<(u64, String)> = lost
             .iter()
             .filter(|l| l.next > start)
             .map(|l| {
@@ -212,7 +216,7 @@ impl PartitionLog {
                     records = records.saturating_add(t.records);
                     // A lost segment whose index is left is named once, by its index.
                     let named_lost =
-                        |d: &read::SegmentDamage| self.lost.iter().any(|l| l.first == d.first);
+                        |d: &read::SegmentDamage| lost.iter().any(|l| l.first == d.first);
                     if let Some(d) = t.damage.filter(|d| !named_lost(d)) {
                         let next = d.next.map_or_else(|| "none".to_string(), |n| n.to_string());
                         lines.push((

@@ -209,19 +209,10 @@ impl<L: LogStores> Manager<L> {
         partition: u32,
         planned: Arc<PlannedMend>,
     ) -> Result<(), String> {
-        let lost = planned.plan.lost();
-        let log = planned.plan.salvage.files.log.display().to_string();
-        let bytes = planned.plan.lost_bytes();
-        if bytes > MEND_BYTES_MAX {
-            return Err(format!(
-                "{log}: the damage covers {bytes} bytes (offsets {lost:?}), more than a mend \
-                 holds in memory ({MEND_BYTES_MAX}); to get every record back, stop the node, \
-                 move its data directory aside and start it on an empty one (it takes its \
-                 replicas from its peers)"
-            ));
-        }
+        let lost = planned.lost();
+        let log = planned.path().display().to_string();
         tracing::warn!(topic, partition, segment = log, lost = ?lost,
-            "a sealed segment holds damaged records; taking them from a peer");
+            "a sealed segment holds damaged records, or is lost; taking them from a peer");
         let mut why = Vec::new();
         for node in self.other_replicas(topic, partition) {
             let ranges = match self.collect_from(node, topic, partition, &lost).await {
@@ -242,7 +233,7 @@ impl<L: LogStores> Manager<L> {
             match done {
                 Ok(()) => {
                     tracing::warn!(topic, partition, node, segment = log, lost = ?lost,
-                        "mended a damaged sealed segment with a peer's records");
+                        "mended a damaged or lost sealed segment with a peer's records");
                     return Ok(());
                 }
                 // This peer's records do not mend it: the next may.
@@ -267,6 +258,7 @@ impl<L: LogStores> Manager<L> {
         lost: &[(u64, u64)],
     ) -> Result<Vec<Vec<GivenRecord>>, String> {
         let mut ranges = Vec::with_capacity(lost.len());
+        let mut bytes = 0usize;
         for &(first, next) in lost {
             let mut got: Vec<GivenRecord> = Vec::new();
             let mut from = first;
@@ -285,6 +277,20 @@ impl<L: LogStores> Manager<L> {
                             value: r.value,
                         }),
                 );
+                bytes += got
+                    .get(before..)
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|r| r.value.len() + r.key.as_ref().map_or(0, Vec::len))
+                    .sum::<usize>();
+                if bytes as u64 > MEND_BYTES_MAX {
+                    return Err(format!(
+                        "offsets {first}..{next} hold more than {MEND_BYTES_MAX} bytes, more \
+                         than a mend holds in memory; to get every record back, stop the \
+                         node, move its data directory aside and start it on an empty one \
+                         (it takes its replicas from its peers)"
+                    ));
+                }
                 match got.get(before..).and_then(<[GivenRecord]>::last) {
                     Some(last) => from = last.offset + 1,
                     None => break,
