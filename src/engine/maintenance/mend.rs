@@ -15,6 +15,9 @@
 //! segment or the mended one, never a mix: recovery finishes or drops the swap as it
 //! does for a compaction.
 //!
+//! A lost segment (its `.log` gone, its `.index` left) is written again whole from
+//! the records of its offsets ([`write_found`]).
+//!
 //! Invariants:
 //! - The mended segment holds every record the old one still read, unchanged, at its
 //!   offset, and for each damaged range only records of that range, in increasing

@@ -123,9 +123,9 @@ impl PartitionLog {
     }
 
     /// The settled segment holding `offset` (the newest settled one based at or
-    /// below it) and the base of the segment after it (or of a lost one); `None` when the offset lies
-    /// in no settled segment (the active one, or one whose seal is not durable).
-    /// For a mend ([`crate::engine::maintenance::mend`]).
+    /// below it) and the base of the segment after it, listed or lost; `None` when
+    /// the offset lies in no settled segment (the active one, one whose seal is not
+    /// durable, or a lost one). For a mend ([`crate::engine::maintenance::mend`]).
     pub fn settled_holding(&self, offset: u64) -> Option<(Arc<Segment>, u64)> {
         let w = lock(&self.write);
         let settled = self.settled_locked(&w);

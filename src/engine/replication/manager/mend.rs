@@ -3,7 +3,9 @@
 //! ([`crate::engine::maintenance::mend`]). Without it such a replica serves the
 //! records around the damage and refuses those inside it for good, even as the
 //! group's leader, while its peers hold them: every replica holds the same offset →
-//! record mapping, and a sealed segment's records were applied, so committed.
+//! record mapping, and a sealed segment's records were applied, so committed. A
+//! lost sealed segment (its `.log` gone, its `.index` left) is written again the
+//! same way.
 //!
 //! When: at the node's start, for every replicated partition it holds (the startup
 //! check: a sealed segment whose index agrees with its first record and its tail is
@@ -109,7 +111,7 @@ impl<L: LogStores> Manager<L> {
         self.broker.on_damage(move |topic, partition, first| {
             let _ = tx.send((topic.to_string(), partition, Some(first)));
         });
-        // The last warning said per partition, and the mends to try again, when.
+        // The last warning said per partition.
         let mut said: BTreeMap<(String, u32), String> = BTreeMap::new();
         // The mends to try again: when, and the wait after that (doubling).
         let mut due: BTreeMap<MendRequest, (tokio::time::Instant, Duration)> = BTreeMap::new();
@@ -160,8 +162,8 @@ impl<L: LogStores> Manager<L> {
                     Err(e) => {
                         if said.get(&key) != Some(&e) {
                             tracing::warn!(topic, partition, error = %e,
-                                "a damaged sealed segment could not be mended from the peers \
-                                 yet; trying again");
+                                "a damaged or lost sealed segment could not be mended from \
+                                 the peers yet; trying again");
                             said.insert(key, e);
                         }
                         let wait = waits
