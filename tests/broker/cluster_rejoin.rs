@@ -14,9 +14,8 @@ use std::time::Duration;
 use seglog::engine::net::cluster_client::ClusterClient;
 use seglog::format::wire::WireRecord;
 
-use crate::util::bin::run;
 use crate::util::cluster::Cluster;
-use crate::util::replica_check::{check, Acked, Violation};
+use crate::util::replica_check::Acked;
 
 const TOPIC: &str = "rejoin";
 const PARTITIONS: u32 = 2;
@@ -117,18 +116,5 @@ fn a_node_whose_directory_was_replaced_gets_its_replicas_back() {
     drop(client);
     c.stop_all();
 
-    let replicas: Vec<_> = c
-        .ids()
-        .into_iter()
-        .map(|id| c.dump(id, TOPIC, PARTITIONS))
-        .collect();
-    assert_eq!(check(&acked, &replicas), Vec::<Violation>::new());
-    for r in &replicas {
-        assert_eq!(r.records.len(), acked.len(), "node {}", r.node);
-    }
-    for id in c.ids() {
-        let dir = c.node(id).dir.clone();
-        let (code, out, err) = run(&["verify", dir.to_str().unwrap()], c.root());
-        assert_eq!(code, 0, "verify of node {id}: {out}{err}");
-    }
+    c.assert_every_replica_holds(TOPIC, PARTITIONS, &acked);
 }

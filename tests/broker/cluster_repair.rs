@@ -452,18 +452,5 @@ fn a_damaged_sealed_segment_is_mended_from_a_peer() {
     );
     drop(client);
     c.stop_all();
-    let replicas: Vec<_> = c
-        .ids()
-        .into_iter()
-        .map(|id| c.dump(id, SEALED, 1))
-        .collect();
-    assert_eq!(check(&acked, &replicas), Vec::<Violation>::new());
-    for r in &replicas {
-        assert_eq!(r.records.len(), acked.len(), "node {}", r.node);
-    }
-    for id in c.ids() {
-        let dir = c.node(id).dir.clone();
-        let (code, out, err) = run(&["verify", dir.to_str().unwrap()], c.root());
-        assert_eq!(code, 0, "verify of node {id}: {out}{err}");
-    }
+    c.assert_every_replica_holds(SEALED, 1, &acked);
 }

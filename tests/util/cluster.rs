@@ -22,9 +22,9 @@ use std::time::{Duration, Instant};
 use seglog::engine::net::client::{Client, ClientError};
 use seglog::format::wire::{parse_not_leader, ErrorCode, PartitionBatch, WireRecord};
 
-use super::bin::BIN;
+use super::bin::{run, BIN};
 use super::proxy::Proxy;
-use super::replica_check::{parse_dump, Replica};
+use super::replica_check::{check, parse_dump, Acked, Replica, Violation};
 use super::serve::{Serve, PATIENCE};
 
 /// How long one status query may take before the node counts as not answering.
@@ -608,6 +608,26 @@ impl Cluster {
                 .extend(parse_dump(&text).unwrap_or_else(|e| panic!("node {id} {topic}/{p}: {e}")));
         }
         Replica { node: id, records }
+    }
+
+    /// Every node (stopped) holds every acknowledged record of `topic` at its
+    /// offset, and nothing else: the same offset → record mapping, no duplicate;
+    /// and `seglog verify` of each node's directory is clean.
+    pub fn assert_every_replica_holds(&mut self, topic: &str, partitions: u32, acked: &[Acked]) {
+        let replicas: Vec<Replica> = self
+            .ids()
+            .into_iter()
+            .map(|id| self.dump(id, topic, partitions))
+            .collect();
+        assert_eq!(check(acked, &replicas), Vec::<Violation>::new());
+        for r in &replicas {
+            assert_eq!(r.records.len(), acked.len(), "node {}", r.node);
+        }
+        for id in self.ids() {
+            let dir = self.node(id).dir.clone();
+            let (code, out, err) = run(&["verify", dir.to_str().unwrap()], self.root());
+            assert_eq!(code, 0, "verify of node {id}: {out}{err}");
+        }
     }
 }
 
