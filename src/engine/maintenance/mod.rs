@@ -1,8 +1,9 @@
 //! The analyses and repairs shared by the offline tools and by broker startup: the
 //! one partition check ([`check`]), index rebuilding ([`reindex`]), crash recovery
-//! ([`recovery`]) and log compaction ([`compaction`]). There is one implementation of
-//! each; `seglog recover` runs what `serve` runs at startup, `seglog compact` what the
-//! background task runs.
+//! ([`recovery`]), log compaction ([`compaction`]), salvage ([`salvage`]) and the
+//! mend of a replica's damaged or lost segment with its peers' records ([`mend`]).
+//! There is one implementation of each; `seglog recover` runs what `serve` runs at
+//! startup, `seglog compact` what the background task runs.
 
 pub mod backup;
 pub mod check;
