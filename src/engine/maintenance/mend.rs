@@ -35,16 +35,14 @@ use std::path::{Path, PathBuf};
 use crate::engine::maintenance::check::{check_segment, CheckMode, Severity};
 use crate::engine::maintenance::compaction::PreparedCompaction;
 use crate::engine::maintenance::salvage::{
-    is_salvageable_damage as is_record_damage, plan_segment, LostOffsets, SegmentSalvage,
+    copy_range, is_salvageable_damage as is_record_damage, plan_segment, LostOffsets,
+    SegmentSalvage,
 };
 use crate::engine::storage::io::{Storage, StorageFile};
 use crate::engine::storage::layout::SegmentFiles;
 use crate::engine::storage::reader::{open_log, read_full_at, Next, RecordReader};
 use crate::format::names::{index_file_name, log_file_name, tmp_file_name};
 use crate::format::{encode_index, encode_record, IndexBuilder, SegmentHeader, HEADER_LEN};
-
-/// Bytes copied per read/write.
-const COPY_CHUNK_BYTES: usize = 1024 * 1024;
 
 /// One record given for a damaged range.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -338,27 +336,8 @@ impl MendWriter {
     }
 
     fn copy(&mut self, from: u64, to: u64) -> io::Result<()> {
-        let mut buf = vec![0u8; COPY_CHUNK_BYTES];
-        let mut pos = from;
-        while pos < to {
-            let want = usize::try_from((to - pos).min(COPY_CHUNK_BYTES as u64))
-                .unwrap_or(COPY_CHUNK_BYTES);
-            let chunk = buf.get_mut(..want).unwrap_or(&mut []);
-            let n = read_full_at(&self.src, chunk, pos)?;
-            if n == 0 {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    format!(
-                        "{}: ends at {pos}, before {to}",
-                        self.plan.salvage.files.log.display()
-                    ),
-                ));
-            }
-            self.out.write_at(chunk.get(..n).unwrap_or(&[]), self.at)?;
-            pos += n as u64;
-            self.at += n as u64;
-        }
-        Ok(())
+        let log = &self.plan.salvage.files.log;
+        copy_range(&self.src, log, &*self.out, (from, to), &mut self.at)
     }
 
     /// Writes records of the range being filled, in increasing offsets, each within

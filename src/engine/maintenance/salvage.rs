@@ -21,7 +21,7 @@ use crate::engine::maintenance::check::{
     check_partition, CheckMode, PartitionCheck, ProblemKind, SegmentCheck, Severity,
 };
 use crate::engine::maintenance::reindex::{index_bytes, write_index};
-use crate::engine::storage::io::Storage;
+use crate::engine::storage::io::{Storage, StorageFile};
 use crate::engine::storage::layout::{PartitionRef, SegmentFiles};
 use crate::engine::storage::reader::{
     open_log, read_full_at, resync, Next, RecordReader, SCAN_WINDOW_BYTES,
@@ -318,6 +318,35 @@ pub fn execute_salvage(
     Ok(done)
 }
 
+/// Copies bytes `from..to` of `src` (the file at `path`, named in errors) to `out`
+/// at `*at`, moving `*at` past them: a salvage's or a mend's kept bytes.
+pub(crate) fn copy_range(
+    src: &File,
+    path: &Path,
+    out: &dyn StorageFile,
+    (from, to): (u64, u64),
+    at: &mut u64,
+) -> io::Result<()> {
+    let mut buf = vec![0u8; COPY_CHUNK_BYTES];
+    let mut pos = from;
+    while pos < to {
+        let want =
+            usize::try_from((to - pos).min(COPY_CHUNK_BYTES as u64)).unwrap_or(COPY_CHUNK_BYTES);
+        let chunk = buf.get_mut(..want).unwrap_or(&mut []);
+        let n = read_full_at(src, chunk, pos)?;
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!("{}: ends at {pos}, before {to}", path.display()),
+            ));
+        }
+        out.write_at(chunk.get(..n).unwrap_or(&[]), *at)?;
+        pos += n as u64;
+        *at += n as u64;
+    }
+    Ok(())
+}
+
 fn rewrite(storage: &dyn Storage, s: &SegmentSalvage) -> io::Result<()> {
     let log = &s.files.log;
     let dir = log.parent().unwrap_or(Path::new("."));
@@ -343,24 +372,8 @@ fn rewrite(storage: &dyn Storage, s: &SegmentSalvage) -> io::Result<()> {
             out.write_at(h.get(..n).unwrap_or(&[]), 0)?;
         }
         let mut at = HEADER_LEN as u64;
-        let mut buf = vec![0u8; COPY_CHUNK_BYTES];
         for &(from, to) in &s.kept {
-            let mut pos = from;
-            while pos < to {
-                let want = usize::try_from((to - pos).min(COPY_CHUNK_BYTES as u64))
-                    .unwrap_or(COPY_CHUNK_BYTES);
-                let chunk = buf.get_mut(..want).unwrap_or(&mut []);
-                let n = read_full_at(&src, chunk, pos)?;
-                if n == 0 {
-                    return Err(io::Error::new(
-                        io::ErrorKind::UnexpectedEof,
-                        format!("{}: ends at {pos}, before {to}", log.display()),
-                    ));
-                }
-                out.write_at(chunk.get(..n).unwrap_or(&[]), at)?;
-                pos += n as u64;
-                at += n as u64;
-            }
+            copy_range(&src, log, &*out, (from, to), &mut at)?;
         }
         out.set_len(at)?;
         // 3.
