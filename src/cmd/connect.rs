@@ -412,6 +412,14 @@ pub fn parse_positive_duration(text: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// Parses a positive duration, or `off` (zero).
+pub fn parse_interval_or_off(text: &str) -> Result<Duration, String> {
+    if text.trim() == "off" {
+        return Ok(Duration::ZERO);
+    }
+    parse_positive_duration(text)
+}
+
 /// Parses `500ms`, `2s`, `1m`, `1h`, or a bare number of seconds.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let t = text.trim();

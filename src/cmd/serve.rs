@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::connect::{parse_listen_addr, parse_positive_duration};
+use super::connect::{parse_interval_or_off, parse_listen_addr, parse_positive_duration};
 use super::{exit, ExitError, Global};
 use crate::engine::broker::{Broker, BrokerOptions};
 use crate::engine::error::EngineError;
@@ -78,6 +78,16 @@ pub struct Args {
     /// How often compaction visits every partition of a compacted topic.
     #[arg(long, allow_hyphen_values = true, default_value = "5m", value_parser = parse_positive_duration)]
     pub compaction_check_interval: Duration,
+    /// How often the scrub reads every sealed segment through to find damage early
+    /// (its first pass starts this long after the start, at most 10m): 12h, 30m, or
+    /// off. Damage found is logged and shown by `topics describe`; a cluster node
+    /// mends it from a peer.
+    #[arg(long, allow_hyphen_values = true, default_value = "24h", value_parser = parse_interval_or_off)]
+    pub scrub_interval: Duration,
+    /// Bytes per second the scrub reads, for all partitions together.
+    #[arg(long, default_value_t = crate::engine::broker::SCRUB_RATE_DEFAULT,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub scrub_rate: u64,
     /// Connections served at once.
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=65536))]
     pub max_connections: u64,
@@ -810,6 +820,8 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
         cold_storage_dir: args.cold_storage_dir.clone(),
         retention_check_interval: args.retention_check_interval,
         compaction_check_interval: args.compaction_check_interval,
+        scrub_interval: Some(args.scrub_interval).filter(|d| !d.is_zero()),
+        scrub_rate: args.scrub_rate,
         max_open_files: usize::try_from(max_open_files).unwrap_or(usize::MAX),
         preallocate_bytes: args.preallocate_bytes,
         zero_ahead: args.zero_ahead == OnOff::On,

@@ -454,3 +454,74 @@ fn a_damaged_sealed_segment_is_mended_from_a_peer() {
     c.stop_all();
     c.assert_every_replica_holds(SEALED, 1, &acked);
 }
+
+/// Damage that appears inside a follower's sealed segment while the node runs,
+/// between two index entries (where the startup check does not look) and where no
+/// reader goes, is found by the scrub (`--scrub-interval 1s`) and mended with a
+/// peer's records: the segment is the same bytes as the leader's again.
+#[test]
+fn the_scrub_finds_and_mends_latent_damage_in_a_replica() {
+    const LATENT: &str = "latent";
+    let mut c = Cluster::start_with_args(3, |_| vec!["--scrub-interval".into(), "1s".into()]);
+    c.ok(&[
+        "topics",
+        "create",
+        LATENT,
+        "--replication-factor",
+        "3",
+        "--config",
+        "segment_bytes=16384",
+    ]);
+    let addrs: Vec<String> = c.nodes.iter().map(|n| n.client_addr.clone()).collect();
+    let mut client = ClusterClient::new(addrs, Duration::from_secs(10), None, None);
+    let mut acked = Vec::new();
+    for batch in 0..20u64 {
+        let values: Vec<String> = (batch * 40..(batch + 1) * 40)
+            .map(|i| format!("{LATENT}-{i:05}-{}", "y".repeat(40)))
+            .collect();
+        let records: Vec<WireRecord> = values
+            .iter()
+            .map(|v| WireRecord {
+                timestamp_ms: -1,
+                key: None,
+                value: v.as_bytes(),
+            })
+            .collect();
+        let (base, _) = client.produce(LATENT, 0, &records).unwrap();
+        for (i, v) in values.into_iter().enumerate() {
+            acked.push(Acked {
+                producer: 1,
+                value: v.into_bytes(),
+                partition: 0,
+                offset: base + i as u64,
+            });
+        }
+    }
+    drop(client);
+    c.wait_caught_up(LATENT, 1);
+    let leader = c.wait_leader(LATENT, 0);
+    let victim = c.ids().into_iter().find(|&i| i != leader).unwrap();
+    let part = |id: u64| c.node(id).dir.join("topics").join(LATENT).join("0");
+    let first = format!("{:020}.log", 0);
+    let original = std::fs::read(part(leader).join(&first)).unwrap();
+    let victim_seg = part(victim).join(&first);
+    assert_eq!(std::fs::read(&victim_seg).unwrap(), original);
+    let (_, pos) = record_at(&part(victim), 10);
+    flip_in_place(&victim_seg, pos + 20);
+    let mended = "mended a damaged or lost sealed segment with a peer's records";
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let err = c.node(victim).stderr();
+        if err.contains(mended) && std::fs::read(&victim_seg).unwrap() == original {
+            assert!(
+                err.contains("scrub: ") && err.contains("unreadable from offset 10"),
+                "{err}"
+            );
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{err}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    c.stop_all();
+    c.assert_every_replica_holds(LATENT, 1, &acked);
+}

@@ -155,3 +155,132 @@ fn fetch_around_random_bit_flips_matches_the_model() {
     }
     assert!(hit > 0, "seed {seed}: no round damaged a record");
 }
+
+/// Damage that appears on the disk after a sealed segment was first counted is found
+/// by the scrub: `topics describe` keeps the first count until a pass reads the
+/// segment again; the pass names the segment and the offsets, shows the partition
+/// as damaged, and a later pass over the mended bytes shows it whole again. The
+/// background thread runs passes on its own at `scrub_interval`.
+#[test]
+fn the_scrub_finds_damage_that_appears_after_the_first_count() {
+    use seglog::engine::broker::PartitionState;
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let part = topic_json(&data, "t", "{\"partitions\": 1, \"config\": {}}");
+    let mut segs = Vec::new();
+    for base in [0u64, 40, 80] {
+        let mut s = Segment::new(base, 2);
+        for off in base..base + 40 {
+            s.push(
+                off,
+                1_000 + off as i64,
+                None,
+                format!("v{off:04}").as_bytes(),
+            );
+        }
+        s.write(&part);
+        segs.push(s);
+    }
+    let opts = BrokerOptions {
+        scrub_interval: Some(Duration::from_millis(200)),
+        ..BrokerOptions::default()
+    };
+    let b = Broker::open(&data, real(), opts).unwrap();
+    let state = |b: &Broker| {
+        let p = b.describe_topic("t").unwrap().partitions.remove(0);
+        (p.state, p.detail, p.records)
+    };
+    assert_eq!(state(&b), (PartitionState::Ok, None, 120));
+    // The background thread's passes find nothing.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while b.scrub_figures().passes < 2 {
+        assert!(std::time::Instant::now() < deadline, "no scrub pass ran");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let before = b.scrub_figures();
+    assert_eq!(before.damaged, 0);
+    // Two sealed segments of 40 records each are read by every pass.
+    assert!(before.bytes >= 2 * (segs[0].log.len() + segs[1].log.len()) as u64);
+
+    // Record 50 of the second segment is damaged under the running broker.
+    let records = decode_all(&segs[1].log, segs[1].generation);
+    let (off, pos, _) = records[10];
+    assert_eq!(off, 50);
+    let path = part.join(format!("{:020}.log", 40));
+    flip_in_place(&path, pos + 20);
+    let found = b.run_scrub(u64::MAX);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(
+        found[0].contains(&format!(
+            "{}: unreadable from offset 50, next readable offset 51",
+            path.display()
+        )),
+        "{found:?}"
+    );
+    assert!(found[0].contains("seglog recover --salvage"), "{found:?}");
+    let (s, detail, records) = state(&b);
+    assert_eq!(s, PartitionState::Damaged);
+    assert!(
+        detail.unwrap().contains("unreadable from offset 50"),
+        "the describe line names the damage"
+    );
+    assert_eq!(records, 119);
+    assert!(b.scrub_figures().damaged > before.damaged);
+
+    // The bytes put back (as a restore from a copy would): the next pass clears it.
+    flip_in_place(&path, pos + 20);
+    assert_eq!(b.run_scrub(u64::MAX), Vec::<String>::new());
+    assert_eq!(state(&b), (PartitionState::Ok, None, 120));
+    b.shutdown().unwrap();
+}
+
+/// Flips a bit at `pos` of `path` in place (no truncation: the running broker may
+/// have the file mapped).
+fn flip_in_place(path: &std::path::Path, pos: usize) {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, pos as u64).unwrap();
+    b[0] ^= 0x04;
+    f.write_all_at(&b, pos as u64).unwrap();
+}
+
+/// A slow scrub gives way to the shutdown: a pass paced at 1 byte per second stops at
+/// its next step instead of holding the broker open.
+#[test]
+fn a_paced_scrub_stops_with_the_broker() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let part = topic_json(&data, "t", "{\"partitions\": 1, \"config\": {}}");
+    for base in [0u64, 4000] {
+        let mut s = Segment::new(base, 2);
+        for off in base..base + 4000 {
+            s.push(off, 1_000, None, &[7u8; 500]);
+        }
+        s.write(&part);
+    }
+    let opts = BrokerOptions {
+        scrub_interval: Some(Duration::from_millis(10)),
+        scrub_rate: 1,
+        ..BrokerOptions::default()
+    };
+    let b = Broker::open(&data, real(), opts).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while b.scrub_figures().bytes == 0 {
+        assert!(std::time::Instant::now() < deadline, "the scrub never read");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let began = std::time::Instant::now();
+    b.shutdown().unwrap();
+    // At 1 byte per second the 2 MB segment would take weeks.
+    assert!(
+        began.elapsed() < Duration::from_secs(60),
+        "{:?}",
+        began.elapsed()
+    );
+    assert_eq!(b.scrub_figures().passes, 0);
+}

@@ -31,6 +31,10 @@ pub(super) struct Cleaner {
     pub(super) stopping: Arc<AtomicBool>,
     /// The broker's log counters, for the spare pool's cap.
     pub(super) spares: Arc<LogStats>,
+    /// Told when a fetch or the scrub meets damage ([`Broker::on_damage`]).
+    pub(super) damage: std::sync::OnceLock<super::DamageListener>,
+    /// What the scrub did since the broker started.
+    pub(super) scrubbed: super::scrub::ScrubStats,
 }
 
 impl Cleaner {

@@ -18,11 +18,21 @@ use crate::engine::storage::layout::list_partition;
 /// Longest a fetch that met damage waits for the node's mend attempt.
 const MEND_WAIT: Duration = Duration::from_secs(5);
 
-/// A function told `(topic, partition, first unreadable offset)`.
-type OnDamage = dyn Fn(&str, u32, u64) + Send + Sync;
+/// A function told `(topic, partition, first unreadable offset)`; true when the node
+/// will try to mend it.
+type OnDamage = dyn Fn(&str, u32, u64) -> bool + Send + Sync;
 
-/// Told `(topic, partition, first unreadable offset)` when a fetch meets damage.
+/// Told `(topic, partition, first unreadable offset)` when a fetch or the scrub meets
+/// damage; answers whether the node will try to mend it (a replicated partition with
+/// other replicas).
 pub struct DamageListener(Box<OnDamage>);
+
+impl DamageListener {
+    /// Tells the listener; true when the node will try to mend the damage.
+    pub(super) fn tell(&self, topic: &str, partition: u32, first: u64) -> bool {
+        (self.0)(topic, partition, first)
+    }
+}
 
 impl std::fmt::Debug for DamageListener {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -79,14 +89,14 @@ fn unreadable_at<T>(r: &Result<T, EngineError>) -> Option<u64> {
 impl Broker {
     /// Registers the one listener told when a fetch meets damage (later calls are
     /// ignored).
-    pub fn on_damage(&self, listener: impl Fn(&str, u32, u64) + Send + Sync + 'static) {
-        let _ = self.damage_listener.set(DamageListener(Box::new(listener)));
+    pub fn on_damage(&self, listener: impl Fn(&str, u32, u64) -> bool + Send + Sync + 'static) {
+        let _ = self.cleaner.damage.set(DamageListener(Box::new(listener)));
     }
 
     /// An async fetch's result `first`; when it is damage and a listener is
-    /// registered, the listener is told and the fetch waits (up to [`MEND_WAIT`])
-    /// for the node's next mend attempt to end, then runs once more (`again`): a
-    /// reader meeting damage a peer's records mend gets the records, not an error.
+    /// registered and will try a mend, the fetch waits (up to [`MEND_WAIT`]) for the
+    /// node's next mend attempt to end, then runs once more (`again`): a reader
+    /// meeting damage a peer's records mend gets the records, not an error.
     pub(super) async fn mended_or<T, F, Fut>(
         &self,
         topic: &str,
@@ -98,11 +108,13 @@ impl Broker {
         F: FnOnce() -> Fut,
         Fut: std::future::Future<Output = Result<T, EngineError>>,
     {
-        let (Some(at), Some(l)) = (unreadable_at(&first), self.damage_listener.get()) else {
+        let (Some(at), Some(l)) = (unreadable_at(&first), self.cleaner.damage.get()) else {
             return first;
         };
         let mut done = self.mends_done.subscribe();
-        (l.0)(topic, partition, at);
+        if !l.tell(topic, partition, at) {
+            return first;
+        }
         let _ = tokio::time::timeout(MEND_WAIT, done.changed()).await;
         self.noticed(topic, partition, again().await)
     }
@@ -120,8 +132,8 @@ impl Broker {
         partition: u32,
         result: Result<T, EngineError>,
     ) -> Result<T, EngineError> {
-        if let (Some(at), Some(l)) = (unreadable_at(&result), self.damage_listener.get()) {
-            (l.0)(topic, partition, at);
+        if let (Some(at), Some(l)) = (unreadable_at(&result), self.cleaner.damage.get()) {
+            l.tell(topic, partition, at);
         }
         result
     }

@@ -38,6 +38,7 @@ mod open;
 mod replicated;
 mod requests;
 mod schemas;
+mod scrub;
 mod spare_maker;
 mod topics;
 mod zeroer;
@@ -48,6 +49,7 @@ use flusher::*;
 pub use mend::{DamageListener, PlannedMend};
 use open::*;
 pub use requests::{Commit, CommitLead, DurableWait};
+pub use scrub::{ScrubFigures, SCRUB_RATE_DEFAULT};
 use spare_maker::SpareMaker;
 use zeroer::Zeroer;
 
@@ -69,6 +71,10 @@ pub struct BrokerOptions {
     pub retention_check_interval: Duration,
     /// How often compaction visits every partition of a compacted topic.
     pub compaction_check_interval: Duration,
+    /// How often the scrub reads every sealed segment through (`None`: never).
+    pub scrub_interval: Option<Duration>,
+    /// Bytes per second the scrub reads.
+    pub scrub_rate: u64,
     /// Read handles of sealed segments kept open at once (least recently used first
     /// out); the active segment of each partition keeps its own handles besides.
     pub max_open_files: usize,
@@ -99,6 +105,8 @@ impl Default for BrokerOptions {
             cold_storage_dir: None,
             retention_check_interval: Duration::from_secs(300),
             compaction_check_interval: Duration::from_secs(300),
+            scrub_interval: None,
+            scrub_rate: SCRUB_RATE_DEFAULT,
             max_open_files: crate::engine::partition::files::OPEN_FILES_DEFAULT,
             preallocate_bytes: 0,
             zero_ahead: false,
@@ -298,8 +306,6 @@ pub struct Broker {
     producers: Arc<crate::engine::producers::ProducerTable>,
     /// The API keys (`DATA/api_keys.json`).
     keys: crate::engine::keys::KeyStore,
-    /// Told when a fetch meets damage ([`Broker::on_damage`]).
-    damage_listener: std::sync::OnceLock<DamageListener>,
     /// Counts the passes of the node's mends ([`Broker::mends_tried`]).
     mends_done: tokio::sync::watch::Sender<u64>,
 }

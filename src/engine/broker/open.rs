@@ -84,6 +84,8 @@ impl Broker {
             wake: Condvar::new(),
             stopping: Arc::new(AtomicBool::new(false)),
             spares: stats.clone(),
+            damage: std::sync::OnceLock::new(),
+            scrubbed: Default::default(),
         });
         let zeroer = Arc::new(Zeroer::new(stats.clone(), storage.clone(), opts.zero_rate));
         let spare_maker = Arc::new(SpareMaker::new(stats.clone(), storage.clone()));
@@ -152,6 +154,21 @@ impl Broker {
                 }
             }
         }
+        if let Some(every) = opts.scrub_interval {
+            match cleaner.clone().start_scrub(every, opts.scrub_rate) {
+                Ok(t) => cleaner_threads.push(t),
+                Err(e) => {
+                    abandon(
+                        [Some(thread), zeroer_thread, spare_maker_thread]
+                            .into_iter()
+                            .flatten()
+                            .chain(cleaner_threads)
+                            .collect(),
+                    );
+                    return Err(e);
+                }
+            }
+        }
         Ok(Arc::new(Broker {
             data_dir: data_dir.to_path_buf(),
             topics_dir,
@@ -173,7 +190,6 @@ impl Broker {
             cleaner,
             cleaner_threads: Mutex::new(cleaner_threads),
             dir_lock: Mutex::new(Some(dir_lock)),
-            damage_listener: std::sync::OnceLock::new(),
             mends_done: tokio::sync::watch::Sender::new(0),
             schemas,
             groups,
@@ -295,6 +311,11 @@ pub(super) fn check_options(opts: &BrokerOptions) -> Result<(), EngineError> {
     if opts.zero_ahead && opts.zero_rate == 0 {
         return Err(EngineError::InvalidRequest {
             detail: "zero_rate must be at least 1 byte per second".into(),
+        });
+    }
+    if opts.scrub_interval.is_some_and(|d| d.is_zero()) || opts.scrub_rate == 0 {
+        return Err(EngineError::InvalidRequest {
+            detail: "the scrub interval must be longer than zero and its rate at least 1 byte per second".into(),
         });
     }
     if opts.retention_check_interval.is_zero() || opts.compaction_check_interval.is_zero() {

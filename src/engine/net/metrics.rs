@@ -543,6 +543,7 @@ impl BrokerCollector {
     fn encode_partitions(&self, enc: &mut DescriptorEncoder) -> Fmt {
         let mut rows = Vec::new();
         let mut failed = 0i64;
+        let mut damaged = 0u64;
         for topic in self.broker.list_topics() {
             // A topic deleted since the list, or offline, has no partitions to show.
             let Ok(d) = self.broker.describe_topic(&topic) else {
@@ -550,6 +551,7 @@ impl BrokerCollector {
             };
             for p in d.partitions {
                 failed += i64::from(p.state == PartitionState::Failed);
+                damaged += u64::from(p.state == PartitionState::Damaged);
                 rows.push((topic.clone(), p.partition.to_string(), p));
             }
         }
@@ -641,6 +643,35 @@ impl BrokerCollector {
             "Partitions that refuse writes (failed, or could not be opened)",
             None,
             &gauge(u64::try_from(failed).unwrap_or(0)),
+        )?;
+        single(
+            enc,
+            "seglog_damaged_partitions",
+            "Partitions served with records that cannot be read (a damaged or lost segment)",
+            None,
+            &gauge(damaged),
+        )?;
+        let scrub = self.broker.scrub_figures();
+        single(
+            enc,
+            "seglog_scrub_passes",
+            "Scrub passes over every sealed segment that ran to their end",
+            None,
+            &Value::Counter(scrub.passes),
+        )?;
+        single(
+            enc,
+            "seglog_scrub_read",
+            "Bytes of sealed segments the scrub read",
+            Some(&Unit::Bytes),
+            &Value::Counter(scrub.bytes),
+        )?;
+        single(
+            enc,
+            "seglog_scrub_damaged_segments",
+            "Damaged sealed segments the scrub found (counted by every pass that finds one)",
+            None,
+            &Value::Counter(scrub.damaged),
         )
     }
 }

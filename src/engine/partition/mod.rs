@@ -128,8 +128,8 @@ pub struct Segment {
     /// date by appends; for a sealed segment opened from disk, set by its tally.
     records: AtomicU64,
     /// Set once a sealed segment is counted (or sealed by this process): the damage
-    /// its scan met, if any (`tally.rs`).
-    tally: OnceLock<Option<read::SegmentDamage>>,
+    /// its scan met, if any (`tally.rs`); a scrub's scan replaces it.
+    tally: RwLock<Option<Option<read::SegmentDamage>>>,
 }
 
 impl Segment {
@@ -154,7 +154,7 @@ impl Segment {
             readable_end: AtomicU64::new(data_end),
             max_timestamp: OnceLock::new(),
             records: AtomicU64::new(0),
-            tally: OnceLock::new(),
+            tally: RwLock::new(None),
         })
     }
 
@@ -594,4 +594,4 @@ pub use zero::{WritePath, ZeroTarget};
 
 pub(crate) use open::create_first_segment;
 pub use read::{FetchSpan, LogFetch, LogFetchSpans};
-pub use tally::LogHealth;
+pub use tally::{FoundDamage, LogHealth};

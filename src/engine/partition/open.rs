@@ -189,7 +189,7 @@ pub(super) fn open_sealed(
         readable_end: AtomicU64::new(len),
         max_timestamp: OnceLock::new(),
         records: AtomicU64::new(0),
-        tally: OnceLock::new(),
+        tally: RwLock::new(None),
     })
 }
 
@@ -250,7 +250,7 @@ pub(super) fn open_active(
         readable_end: AtomicU64::new(scan.data_end),
         max_timestamp: OnceLock::new(),
         records: AtomicU64::new(scan.records),
-        tally: OnceLock::new(),
+        tally: RwLock::new(None),
     };
     let now = now_ms();
     let active = Active {

@@ -29,18 +29,75 @@ impl Segment {
     /// Marks a segment sealed by this process: its count is the appends' count and it
     /// reads to its end.
     pub(super) fn seal_tally(&self) {
-        let _ = self.tally.set(None);
+        let mut t = self.tally.write().unwrap_or_else(PoisonError::into_inner);
+        if t.is_none() {
+            *t = Some(None);
+        }
     }
 
     /// The tally of a *sealed* segment: counted by the first call (a scan that
     /// resynchronises after damage, bounded by `next_base`), kept after.
     pub(super) fn sealed_tally(&self, next_base: Option<u64>) -> Result<SegmentTally, EngineError> {
-        if let Some(damage) = self.tally.get() {
+        let kept = self
+            .tally
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        if let Some(damage) = kept {
             return Ok(SegmentTally {
                 records: self.records.load(Ordering::Acquire),
-                damage: damage.clone(),
+                damage,
             });
         }
+        let (records, damage) = self
+            .count(next_base, &mut |_| true)?
+            .unwrap_or((self.records.load(Ordering::Acquire), None));
+        let mut t = self.tally.write().unwrap_or_else(PoisonError::into_inner);
+        let damage = match &*t {
+            // Another caller counted it meanwhile: its answer stands.
+            Some(d) => d.clone(),
+            None => {
+                self.records.store(records, Ordering::Release);
+                *t = Some(damage.clone());
+                damage
+            }
+        };
+        Ok(SegmentTally {
+            records: self.records.load(Ordering::Acquire),
+            damage,
+        })
+    }
+
+    /// Reads a *sealed* segment through once more (the background scrub), bounded by
+    /// `next_base`, and keeps what it found as the segment's tally: damage that
+    /// appeared on the disk since the segment was first counted shows in `topics
+    /// describe`. `pace` is told the bytes read so far every [`PACE_EVERY`] bytes
+    /// and may stop the read (false): then `Ok(None)` and the tally is unchanged.
+    pub fn rescan(
+        &self,
+        next_base: Option<u64>,
+        pace: &mut dyn FnMut(u64) -> bool,
+    ) -> Result<Option<Option<FoundDamage>>, EngineError> {
+        let Some((records, damage)) = self.count(next_base, pace)? else {
+            return Ok(None);
+        };
+        let found = damage.as_ref().map(|d| FoundDamage {
+            first: d.first,
+            line: damage_line(&self.path, d),
+        });
+        let mut t = self.tally.write().unwrap_or_else(PoisonError::into_inner);
+        self.records.store(records, Ordering::Release);
+        *t = Some(damage);
+        Ok(Some(found))
+    }
+
+    /// Counts the records of this sealed segment and finds its first damage, reading
+    /// through a map of its file; `None` when `pace` stopped the read.
+    fn count(
+        &self,
+        next_base: Option<u64>,
+        pace: &mut dyn FnMut(u64) -> bool,
+    ) -> Result<Option<(u64, Option<read::SegmentDamage>)>, EngineError> {
         let io_err = |e| EngineError::io(format!("reading {}", self.path.display()), e);
         let len = self.bytes();
         let file = self.file().map_err(io_err)?;
@@ -51,16 +108,36 @@ impl Segment {
             .ok()
             .filter(|own| same_file(own, &file));
         let map = own.as_ref().and_then(|f| SealedMap::sealed(f, len));
-        let (records, damage) =
-            count_records(&file, map.as_ref(), self, len, next_base).map_err(io_err)?;
+        let counted = count_records(&file, map.as_ref(), self, len, next_base, pace);
         drop(map);
-        self.records.store(records, Ordering::Release);
-        let damage = self.tally.get_or_init(|| damage).clone();
-        Ok(SegmentTally {
-            records: self.records.load(Ordering::Acquire),
-            damage,
-        })
+        match counted {
+            Ok(c) => Ok(Some(c)),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(None),
+            Err(e) => Err(io_err(e)),
+        }
     }
+}
+
+/// How often (in bytes read) a counting scan tells its `pace`.
+pub const PACE_EVERY: u64 = 1 << 20;
+
+/// Damage a scan of a sealed segment met: its first unreadable offset, and the line
+/// `topics describe` shows for it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FoundDamage {
+    pub first: u64,
+    pub line: String,
+}
+
+/// `<segment>: unreadable from offset F, next readable offset N (detail)`.
+fn damage_line(path: &Path, d: &read::SegmentDamage) -> String {
+    let next = d.next.map_or_else(|| "none".to_string(), |n| n.to_string());
+    format!(
+        "{}: unreadable from offset {}, next readable offset {next} ({})",
+        path.display(),
+        d.first,
+        d.detail
+    )
 }
 
 /// True when both handles are of the same file (device and inode).
@@ -74,15 +151,18 @@ fn same_file(a: &File, b: &File) -> bool {
 
 /// Counts the records of a sealed segment from its header to `len`. After damage
 /// the scan resumes where [`resync`] finds the next record; the first damage is
-/// returned with the offsets it makes unreadable.
+/// returned with the offsets it makes unreadable. `pace` is told the position every
+/// [`PACE_EVERY`] bytes; when it says stop, the count ends with `Interrupted`.
 fn count_records(
     file: &File,
     map: Option<&SealedMap>,
     seg: &Segment,
     len: u64,
     next_base: Option<u64>,
+    pace: &mut dyn FnMut(u64) -> bool,
 ) -> io::Result<(u64, Option<read::SegmentDamage>)> {
     let mut start = HEADER_LEN as u64;
+    let mut told = start;
     let mut records = 0u64;
     let mut last: Option<u64> = None;
     let mut first_damage = None;
@@ -108,6 +188,15 @@ fn count_records(
                     }
                     records += 1;
                     last = Some(record.offset);
+                    if position >= told + PACE_EVERY {
+                        told = position;
+                        if !pace(position) {
+                            return Err(io::Error::new(
+                                io::ErrorKind::Interrupted,
+                                "the scan was stopped",
+                            ));
+                        }
+                    }
                 }
                 Next::End(None) => break None,
                 Next::End(Some(e)) => break Some((e.position(), e.to_string())),
@@ -218,16 +307,7 @@ impl PartitionLog {
                     let named_lost =
                         |d: &read::SegmentDamage| lost.iter().any(|l| l.first == d.first);
                     if let Some(d) = t.damage.filter(|d| !named_lost(d)) {
-                        let next = d.next.map_or_else(|| "none".to_string(), |n| n.to_string());
-                        lines.push((
-                            d.first,
-                            format!(
-                                "{}: unreadable from offset {}, next readable offset {next} ({})",
-                                seg.path.display(),
-                                d.first,
-                                d.detail
-                            ),
-                        ));
+                        lines.push((d.first, damage_line(&seg.path, &d)));
                     }
                 }
                 Err(e) => lines.push((seg.base_offset, e.to_string())),

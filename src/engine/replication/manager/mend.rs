@@ -108,8 +108,12 @@ impl<L: LogStores> Manager<L> {
             return;
         };
         let tx = self.mends.sender();
+        // Weak: the broker outlives no manager, and holds this listener.
+        let me = Arc::downgrade(&self);
         self.broker.on_damage(move |topic, partition, first| {
-            let _ = tx.send((topic.to_string(), partition, Some(first)));
+            me.upgrade()
+                .is_some_and(|m| !m.other_replicas(topic, partition).is_empty())
+                && tx.send((topic.to_string(), partition, Some(first))).is_ok()
         });
         // The last warning said per partition.
         let mut said: BTreeMap<(String, u32), String> = BTreeMap::new();
