@@ -22,9 +22,14 @@ pub struct BrokerArgs {
     /// first that answers is used, and requests follow partition leaders).
     #[arg(long, env = "SEGLOG_BROKER", default_value = DEFAULT_BROKER, global = true, value_parser = parse_broker_addrs)]
     pub broker: String,
-    /// How long to wait to connect and for each response: 500ms, 10s, 1m.
+    /// How long to wait for each response: 500ms, 10s, 1m.
     #[arg(long, allow_hyphen_values = true, default_value = "30s", value_parser = parse_duration, global = true)]
     pub timeout: Duration,
+    /// Longest a connection's setup (TCP connect, TLS, the version handshake) takes
+    /// before the next --broker address is tried (at most --timeout): a broker that
+    /// accepts but does not answer, such as a paused process, costs this much.
+    #[arg(long, allow_hyphen_values = true, default_value = "10s", value_parser = parse_positive_duration, global = true)]
+    pub connect_timeout: Duration,
     #[command(flatten)]
     pub token: TokenArgs,
     #[command(flatten)]
@@ -47,7 +52,13 @@ impl BrokerArgs {
         // `--broker A,B,C`: the first broker that answers.
         let mut errors = Vec::new();
         for addr in crate::engine::net::cluster_client::broker_list(&self.broker) {
-            match Client::connect_with(&addr, self.timeout, tls.as_ref(), token.as_deref()) {
+            match Client::connect_within(
+                &addr,
+                self.connect_timeout,
+                self.timeout,
+                tls.as_ref(),
+                token.as_deref(),
+            ) {
                 Ok(c) => return Ok(Ok(c)),
                 Err(e) => errors.push(e),
             }
@@ -61,8 +72,14 @@ impl BrokerArgs {
     pub fn connect_to(&self, addr: &str) -> anyhow::Result<Client> {
         let token = self.token.token()?;
         let tls = self.tls.client_tls()?;
-        Client::connect_with(addr, self.timeout, tls.as_ref(), token.as_deref())
-            .map_err(client_error)
+        Client::connect_within(
+            addr,
+            self.connect_timeout,
+            self.timeout,
+            tls.as_ref(),
+            token.as_deref(),
+        )
+        .map_err(client_error)
     }
 
     /// The `--broker` address after `addr` (the first when `addr` is not listed),
@@ -143,7 +160,8 @@ impl BrokerArgs {
             self.timeout,
             self.tls.client_tls()?,
             self.token.token()?,
-        ))
+        )
+        .with_connect_timeout(self.connect_timeout))
     }
 }
 

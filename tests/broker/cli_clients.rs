@@ -536,3 +536,38 @@ fn follow_goes_on_across_a_broker_restart() {
     );
     s.stop();
 }
+
+/// A broker that takes connections but never answers (a paused process) costs a
+/// client `--connect-timeout`, not its whole `--timeout`: alone it fails naming the
+/// setup's wait; listed before a live broker, the client moves on to the live one.
+#[test]
+fn a_silent_broker_costs_the_connect_timeout_then_the_next_is_tried() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let quiet = silent.local_addr().unwrap().to_string();
+    let data = tempfile::tempdir().unwrap();
+    let b = Serve::start(data.path());
+    b.ok(&["topics", "create", "t"]);
+    let run = |brokers: &str| {
+        std::process::Command::new(crate::util::bin::BIN)
+            .args(["topics", "list", "--broker", brokers])
+            .args(["--connect-timeout", "300ms", "--timeout", "10m"])
+            .output()
+            .unwrap()
+    };
+    let out = run(&quiet);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(69), "{err}");
+    assert_eq!(
+        err,
+        format!("seglog: no answer from the broker at {quiet} within 300ms (--connect-timeout)\n")
+    );
+    let out = run(&format!("{quiet},{}", b.addr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "t");
+    b.stop();
+    drop(silent);
+}

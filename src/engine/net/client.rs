@@ -71,8 +71,14 @@ pub enum ClientError {
     Closed { addr: String },
     /// The socket's read (or write) timeout ran out: the broker took the connection
     /// but did not answer in time.
-    #[error("no answer from the broker at {addr} within {waited:?} (--timeout)")]
-    Timeout { addr: String, waited: Duration },
+    #[error("no answer from the broker at {addr} within {waited:?} ({flag})")]
+    Timeout {
+        addr: String,
+        waited: Duration,
+        /// The flag that set the wait: `--timeout`, or `--connect-timeout` for a
+        /// connection's setup.
+        flag: &'static str,
+    },
     #[error("TLS handshake with the broker at {addr} failed: {source}{hint}")]
     Tls {
         addr: String,
@@ -256,9 +262,16 @@ impl Drop for Client {
     }
 }
 
+/// Longest a connection's setup (TCP connect, TLS, the version handshake) takes by
+/// default, however long the request timeout is (as Kafka clients'
+/// `socket.connection.setup.timeout.ms`): a broker that accepts connections but
+/// does not answer costs this much before the next address is tried.
+pub const CONNECT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
+
 impl Client {
-    /// Connects to `addr` (host:port), waiting at most `timeout` to connect and for
-    /// each response, and performs the version handshake.
+    /// Connects to `addr` (host:port), waiting at most `timeout` for each response
+    /// (and for the connection's setup, at most [`CONNECT_TIMEOUT_DEFAULT`]), and
+    /// performs the version handshake.
     pub fn connect(addr: &str, timeout: Duration) -> Result<Client, ClientError> {
         Client::connect_with(addr, timeout, None, None)
     }
@@ -273,8 +286,47 @@ impl Client {
     }
 
     /// [`Client::connect`], over TLS when `tls` is given, logging in with `token` when
-    /// one is given.
+    /// one is given. The connection's setup (TCP connect, TLS, the version
+    /// handshake) takes at most [`CONNECT_TIMEOUT_DEFAULT`] or `timeout`, whichever is
+    /// shorter.
     pub fn connect_with(
+        addr: &str,
+        timeout: Duration,
+        tls: Option<&super::tls::ClientTls>,
+        token: Option<&str>,
+    ) -> Result<Client, ClientError> {
+        Client::connect_within(addr, CONNECT_TIMEOUT_DEFAULT, timeout, tls, token)
+    }
+
+    /// [`Client::connect_with`] whose setup (TCP connect, TLS, the version
+    /// handshake) takes at most `setup` (or `timeout`, if shorter); each later
+    /// response is waited for `timeout`. A broker that accepts connections but does
+    /// not answer (a paused process) then costs `setup` before a caller tries the
+    /// next address, not a whole request timeout.
+    pub fn connect_within(
+        addr: &str,
+        setup: Duration,
+        timeout: Duration,
+        tls: Option<&super::tls::ClientTls>,
+        token: Option<&str>,
+    ) -> Result<Client, ClientError> {
+        let mut client = match Client::connect_setup(addr, setup.min(timeout), tls, token) {
+            Ok(c) => c,
+            Err(ClientError::Timeout { addr, waited, .. }) if setup < timeout => {
+                return Err(ClientError::Timeout {
+                    addr,
+                    waited,
+                    flag: "--connect-timeout",
+                })
+            }
+            Err(e) => return Err(e),
+        };
+        client.set_timeout(timeout);
+        Ok(client)
+    }
+
+    /// The TCP connection and the handshake, each waited for `timeout`.
+    fn connect_setup(
         addr: &str,
         timeout: Duration,
         tls: Option<&super::tls::ClientTls>,
@@ -368,6 +420,15 @@ impl Client {
         Ok(client)
     }
 
+    /// Waits `timeout` for each later response (and each write).
+    fn set_timeout(&mut self, timeout: Duration) {
+        let timeout = timeout.max(Duration::from_millis(1));
+        self.timeout = timeout;
+        // A failure leaves the setup's shorter write timeout: a slow write then
+        // fails sooner, nothing worse.
+        let _ = self.stream.tcp().set_write_timeout(Some(timeout));
+    }
+
     /// The broker address as given.
     pub fn addr(&self) -> &str {
         &self.addr
@@ -398,6 +459,7 @@ impl Client {
             return ClientError::Timeout {
                 addr: self.addr.clone(),
                 waited,
+                flag: "--timeout",
             };
         }
         ClientError::Io {

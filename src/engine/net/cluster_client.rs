@@ -22,6 +22,8 @@ const RETRY_PAUSE: Duration = Duration::from_millis(100);
 pub struct ClusterClient {
     brokers: Vec<String>,
     timeout: Duration,
+    /// Longest a connection's setup takes ([`Client::connect_within`]).
+    connect_timeout: Duration,
     tls: Option<ClientTls>,
     token: Option<String>,
     conns: BTreeMap<String, Client>,
@@ -51,6 +53,7 @@ impl ClusterClient {
         ClusterClient {
             brokers,
             timeout,
+            connect_timeout: super::client::CONNECT_TIMEOUT_DEFAULT,
             tls,
             token,
             conns: BTreeMap::new(),
@@ -59,11 +62,23 @@ impl ClusterClient {
         }
     }
 
+    /// Each connection's setup (TCP connect, TLS, handshake) takes at most `setup`
+    /// (default [`super::client::CONNECT_TIMEOUT_DEFAULT`]).
+    pub fn with_connect_timeout(mut self, setup: Duration) -> ClusterClient {
+        self.connect_timeout = setup;
+        self
+    }
+
     /// A connection to `addr`, made (or remade, after an error closed it) on demand.
     pub fn conn(&mut self, addr: &str) -> Result<&mut Client, ClientError> {
         if !self.conns.contains_key(addr) {
-            let c =
-                Client::connect_with(addr, self.timeout, self.tls.as_ref(), self.token.as_deref())?;
+            let c = Client::connect_within(
+                addr,
+                self.connect_timeout,
+                self.timeout,
+                self.tls.as_ref(),
+                self.token.as_deref(),
+            )?;
             self.conns.insert(addr.to_string(), c);
         }
         self.conns.get_mut(addr).ok_or(ClientError::Closed {
