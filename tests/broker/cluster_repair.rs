@@ -458,7 +458,9 @@ fn a_damaged_sealed_segment_is_mended_from_a_peer() {
 /// Damage that appears inside a follower's sealed segment while the node runs,
 /// between two index entries (where the startup check does not look) and where no
 /// reader goes, is found by the scrub (`--scrub-interval 1s`) and mended with a
-/// peer's records: the segment is the same bytes as the leader's again.
+/// peer's records: the segment is the same bytes as the leader's again. Then a
+/// segment whose two files are both gone (only the offsets missing between its
+/// neighbours tell) is written again at the node's next start.
 #[test]
 fn the_scrub_finds_and_mends_latent_damage_in_a_replica() {
     const LATENT: &str = "latent";
@@ -501,7 +503,12 @@ fn the_scrub_finds_and_mends_latent_damage_in_a_replica() {
     c.wait_caught_up(LATENT, 1);
     let leader = c.wait_leader(LATENT, 0);
     let victim = c.ids().into_iter().find(|&i| i != leader).unwrap();
-    let part = |id: u64| c.node(id).dir.join("topics").join(LATENT).join("0");
+    let dirs: Vec<(u64, std::path::PathBuf)> =
+        c.nodes.iter().map(|n| (n.id, n.dir.clone())).collect();
+    let part = |id: u64| {
+        let dir = &dirs.iter().find(|(n, _)| *n == id).unwrap().1;
+        dir.join("topics").join(LATENT).join("0")
+    };
     let first = format!("{:020}.log", 0);
     let original = std::fs::read(part(leader).join(&first)).unwrap();
     let victim_seg = part(victim).join(&first);
@@ -522,6 +529,40 @@ fn the_scrub_finds_and_mends_latent_damage_in_a_replica() {
         assert!(std::time::Instant::now() < deadline, "{err}");
         std::thread::sleep(Duration::from_millis(50));
     }
+
+    // Both files of a segment in the middle gone while the node was down: no index
+    // is left to name them, only the offsets missing between its neighbours.
+    c.stop(victim);
+    let mut bases: Vec<u64> = std::fs::read_dir(part(victim))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter_map(|n| n.strip_suffix(".log").map(|b| b.parse().unwrap()))
+        .collect();
+    bases.sort_unstable();
+    assert!(bases.len() >= 4, "{bases:?}");
+    let gone = part(victim).join(format!("{:020}.log", bases[1]));
+    let gone_bytes = std::fs::read(&gone).unwrap();
+    std::fs::remove_file(&gone).unwrap();
+    std::fs::remove_file(gone.with_extension("index")).unwrap();
+    let (code, out, err) = run(&["verify", c.node(victim).dir.to_str().unwrap()], c.root());
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(out.contains("segments_do_not_join"), "{out}");
+    assert!(
+        out.contains("the node writes the missing offsets again from a peer's copy"),
+        "{out}"
+    );
+    c.restart(victim);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while std::fs::read(&gone).ok().as_ref() != Some(&gone_bytes) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{}",
+            c.node(victim).stderr()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     c.stop_all();
+    let (code, out, err) = run(&["verify", c.node(victim).dir.to_str().unwrap()], c.root());
+    assert_eq!(code, 0, "{out}{err}");
     c.assert_every_replica_holds(LATENT, 1, &acked);
 }

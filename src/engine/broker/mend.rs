@@ -11,7 +11,9 @@ use super::*;
 use crate::engine::error::FailureReason;
 use crate::engine::maintenance::check::CheckMode;
 use crate::engine::maintenance::compaction::CompactionError;
-use crate::engine::maintenance::mend::{plan_mend, write_found, write_mend, GivenRecord, MendPlan};
+use crate::engine::maintenance::mend::{
+    plan_mend, write_found, write_mend, GivenRecord, MendCheck, MendPlan,
+};
 use crate::engine::partition::{LostSegment, Segment};
 use crate::engine::storage::layout::list_partition;
 
@@ -50,8 +52,18 @@ pub struct PlannedMend {
 
 #[derive(Debug)]
 enum Mend {
-    Damaged { plan: MendPlan, seg: Arc<Segment> },
+    Damaged {
+        plan: MendPlan,
+        seg: Arc<Segment>,
+    },
     Lost(LostSegment),
+    /// Offsets after the settled segment `after` and below the next segment's base,
+    /// in no file (both files of a segment gone, or `after` lost its last records
+    /// whole): written as a segment of their own, named by the first.
+    Gap {
+        lost: LostSegment,
+        after: Arc<Segment>,
+    },
 }
 
 impl PlannedMend {
@@ -59,7 +71,7 @@ impl PlannedMend {
     pub fn lost(&self) -> Vec<(u64, u64)> {
         match &self.what {
             Mend::Damaged { plan, .. } => plan.lost(),
-            Mend::Lost(l) => vec![(l.first, l.next)],
+            Mend::Lost(l) | Mend::Gap { lost: l, .. } => vec![(l.first, l.next)],
         }
     }
 
@@ -67,7 +79,7 @@ impl PlannedMend {
     pub fn path(&self) -> PathBuf {
         match &self.what {
             Mend::Damaged { plan, .. } => plan.salvage.files.log.clone(),
-            Mend::Lost(l) => l.index.with_extension("log"),
+            Mend::Lost(l) | Mend::Gap { lost: l, .. } => l.index.with_extension("log"),
         }
     }
 }
@@ -195,12 +207,25 @@ impl Broker {
             let planned = plan_mend(files, next_base, mode)
                 .map_err(|e| EngineError::io(format!("checking {}", files.log.display()), e))?;
             match planned {
-                None => {}
-                Some(Ok(plan)) => out.push(Ok(PlannedMend {
+                MendCheck::Whole { missing_from: None } => {}
+                MendCheck::Whole {
+                    missing_from: Some(first),
+                } => out.push(Ok(PlannedMend {
                     compacts,
-                    what: Mend::Damaged { plan, seg },
+                    what: Mend::Gap {
+                        lost: LostSegment {
+                            index: dir.join(crate::format::names::index_file_name(first)),
+                            first,
+                            next: next_base,
+                        },
+                        after: seg,
+                    },
                 })),
-                Some(Err(why)) => out.push(Err(format!(
+                MendCheck::Damaged(Ok(plan)) => out.push(Ok(PlannedMend {
+                    compacts,
+                    what: Mend::Damaged { plan: *plan, seg },
+                })),
+                MendCheck::Damaged(Err(why)) => out.push(Err(format!(
                     "{}: cannot be mended: {why}",
                     files.log.display()
                 ))),
@@ -231,12 +256,23 @@ impl Broker {
         })?;
         let _busy = cleanup.exclusive();
         let dir = log.dir().to_path_buf();
+        let changed =
+            || EngineError::Compaction(CompactionError::SegmentsChanged { dir: dir.clone() });
         let (plan, seg) = match &planned.what {
             Mend::Damaged { plan, seg } => (plan, seg),
-            Mend::Lost(lost) => {
-                if !log.lost_segments().contains(lost) {
-                    return Ok(());
-                }
+            Mend::Lost(_) | Mend::Gap { .. } => {
+                let lost = match &planned.what {
+                    Mend::Gap { lost, after } => {
+                        // Still the settled segment checked, so the offsets after it
+                        // are still in no file.
+                        if !log.still_settled(after) {
+                            return Err(changed());
+                        }
+                        lost
+                    }
+                    Mend::Lost(lost) if log.lost_segments().contains(lost) => lost,
+                    _ => return Ok(()),
+                };
                 let records = ranges.first().map_or(&[][..], Vec::as_slice);
                 write_found(
                     &*self.storage,
@@ -253,8 +289,6 @@ impl Broker {
                 return log.insert_found(lost);
             }
         };
-        let changed =
-            || EngineError::Compaction(CompactionError::SegmentsChanged { dir: dir.clone() });
         if !log.still_settled(seg) {
             return Err(changed());
         }

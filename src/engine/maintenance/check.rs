@@ -1012,7 +1012,18 @@ pub fn check_partition_with(
         out.segments.push(seg);
     }
     if p.only_segment.is_none() {
+        let before = out.problems.len();
         check_continuity(&mut out);
+        if applied_next.is_some() {
+            for pr in out.problems.iter_mut().skip(before) {
+                if pr.kind == ProblemKind::SegmentsDoNotJoin {
+                    pr.detail.push_str(
+                        "; a replica of a replicated partition: the node writes the missing \
+                         offsets again from a peer's copy of the records when it starts",
+                    );
+                }
+            }
+        }
         excuse_swap_in_progress(&mut out);
         if let Some(next) = applied_next {
             applied_records_missing(&mut out, next);

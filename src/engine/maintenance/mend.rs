@@ -84,30 +84,50 @@ impl MendPlan {
     }
 }
 
+/// What a check of a sealed segment says a mend can do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MendCheck {
+    /// Its header and records read whole. `missing_from`: the offset after its last
+    /// record when that is below the next segment's base (offsets `missing_from..
+    /// next_base` are in no segment: a segment between is lost with both its files,
+    /// or this one lost its last records whole); a mend writes them as a segment of
+    /// their own.
+    Whole { missing_from: Option<u64> },
+    /// Damage to its records or header: the mend's plan, or why a mend cannot
+    /// handle it.
+    Damaged(Result<Box<MendPlan>, String>),
+}
+
 /// Checks the sealed segment `files` (followed by a segment based at `next_base`)
-/// and plans its mend: `Ok(None)` when it holds no damage to records or header,
-/// `Ok(Some(Err(why)))` when it has damage a mend cannot handle.
-pub fn plan_mend(
-    files: &SegmentFiles,
-    next_base: u64,
-    mode: CheckMode,
-) -> io::Result<Option<Result<MendPlan, String>>> {
+/// and plans its mend.
+pub fn plan_mend(files: &SegmentFiles, next_base: u64, mode: CheckMode) -> io::Result<MendCheck> {
     let seg = check_segment(files, false, mode, Some(next_base))?;
     let damaged = seg.problems.iter().any(|p| {
         p.severity == Severity::Corrupt && p.file == files.log && is_record_damage(p.kind)
     });
     if !damaged {
-        return Ok(None);
+        let reached = seg
+            .last_offset
+            .map_or(files.base_offset, |o| o.saturating_add(1));
+        let whole = seg.problems.iter().all(|p| p.severity != Severity::Corrupt);
+        return Ok(MendCheck::Whole {
+            missing_from: (whole && reached > files.base_offset && reached < next_base)
+                .then_some(reached),
+        });
     }
     let salvage = match plan_segment(&seg, Some(next_base))? {
         Ok(s) => s,
-        Err(why) => return Ok(Some(Err(why))),
+        Err(why) => return Ok(MendCheck::Damaged(Err(why))),
     };
-    Ok(Some(pieces(&salvage, next_base).map(|pieces| MendPlan {
-        salvage,
-        next_base,
-        pieces,
-    })))
+    Ok(MendCheck::Damaged(pieces(&salvage, next_base).map(
+        |pieces| {
+            Box::new(MendPlan {
+                salvage,
+                next_base,
+                pieces,
+            })
+        },
+    )))
 }
 
 /// The salvage plan's kept and lost ranges in file order.
@@ -556,7 +576,39 @@ mod tests {
 
     fn plan(dir: &Path, next_base: u64) -> Option<Result<MendPlan, String>> {
         let listing = list_partition(dir).unwrap();
-        plan_mend(&listing.segments[0], next_base, CheckMode::Full).unwrap()
+        match plan_mend(&listing.segments[0], next_base, CheckMode::Full).unwrap() {
+            MendCheck::Whole { .. } => None,
+            MendCheck::Damaged(plan) => Some(plan.map(|p| *p)),
+        }
+    }
+
+    /// A sealed segment that reads whole but ends before the next base (its last
+    /// records cut off whole) names the offsets in no file; one that ends at the next
+    /// base names none; Quick and Full agree.
+    #[test]
+    fn a_whole_segment_that_ends_short_names_the_missing_offsets() {
+        let tmp = tempfile::tempdir().unwrap();
+        let at = write_segments(tmp.path(), 40);
+        let listing = list_partition(tmp.path()).unwrap();
+        for mode in [CheckMode::Quick, CheckMode::Full] {
+            assert_eq!(
+                plan_mend(&listing.segments[0], 40, mode).unwrap(),
+                MendCheck::Whole { missing_from: None }
+            );
+        }
+        // Records 37..40 cut off at a record boundary, the index trimmed to match.
+        let path = tmp.path().join(log_file_name(0));
+        let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        f.set_len(at[37]).unwrap();
+        drop(f);
+        std::fs::remove_file(tmp.path().join(index_file_name(0))).unwrap();
+        let listing = list_partition(tmp.path()).unwrap();
+        assert_eq!(
+            plan_mend(&listing.segments[0], 40, CheckMode::Full).unwrap(),
+            MendCheck::Whole {
+                missing_from: Some(37)
+            }
+        );
     }
 
     fn fill_all(w: &mut MendWriter, give: impl Fn(u64, u64) -> Vec<GivenRecord>) {

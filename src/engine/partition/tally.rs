@@ -104,9 +104,13 @@ impl Segment {
         // The map goes through a handle of its own, so the shared lock a map takes
         // (storage/map.rs) ends with this scan; only when the name still is this
         // segment's file (compaction renames new files over old names).
+        // A file shorter than the segment (cut under the broker by something else)
+        // is read with positional reads, which see the short file as damage, never
+        // through a map, whose pages past the end would fault.
         let own = File::open(&self.path)
             .ok()
-            .filter(|own| same_file(own, &file));
+            .filter(|own| same_file(own, &file))
+            .filter(|own| own.metadata().is_ok_and(|m| m.len() >= len));
         let map = own.as_ref().and_then(|f| SealedMap::sealed(f, len));
         let counted = count_records(&file, map.as_ref(), self, len, next_base, pace);
         drop(map);
