@@ -220,7 +220,10 @@ impl<L: LogStores> Manager<L> {
         tracing::warn!(topic, partition, segment = log, lost = ?lost,
             "a sealed segment holds damaged records, or is lost; taking them from a peer");
         let mut why = Vec::new();
-        for node in self.other_replicas(topic, partition) {
+        // Peers connected now first: one that is down costs the ask's whole wait.
+        let mut peers = self.other_replicas(topic, partition);
+        peers.sort_by_key(|n| !self.peers.peers.get(n).is_some_and(|p| p.reachable()));
+        for node in peers {
             let ranges = match self.collect_from(node, topic, partition, &lost).await {
                 Ok(r) => r,
                 Err(e) => {
