@@ -319,3 +319,34 @@ fn stdin_of(input: &str) -> Stdio {
     std::io::Seek::rewind(&mut &file).unwrap();
     Stdio::from(file)
 }
+
+/// A paused node (SIGSTOP) keeps its connections open, yet `cluster status` on the
+/// other nodes says it is not reachable within seconds (idle connections are probed:
+/// no topic exists here, so no group sends it anything), and reachable again once
+/// it resumes.
+#[test]
+fn cluster_status_sees_a_paused_node() {
+    let mut c = Cluster::start(3);
+    let reachable = |c: &mut Cluster, on: u64, of: u64| -> Option<bool> {
+        let s = c.status(on)?;
+        s["nodes"].as_array()?.iter().find(|n| n["id"] == of)?["reachable"].as_bool()
+    };
+    let wait_for = |c: &mut Cluster, want: bool| {
+        let began = std::time::Instant::now();
+        while reachable(c, 1, 3) != Some(want) || reachable(c, 2, 3) != Some(want) {
+            assert!(
+                began.elapsed() < PATIENCE,
+                "node 3 reachable: {:?} on node 1, {:?} on node 2, want {want}",
+                reachable(c, 1, 3),
+                reachable(c, 2, 3)
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    };
+    wait_for(&mut c, true);
+    c.pause(3);
+    wait_for(&mut c, false);
+    c.resume(3);
+    wait_for(&mut c, true);
+    c.stop_all();
+}

@@ -1559,8 +1559,9 @@ impl<L: LogStores> Manager<L> {
             );
         };
         // A holder that is not the leader names the leader in turn. One this node
-        // reaches comes first: a client sent to a dead node only comes back.
-        let reachable = |n: &u64| self.peers.peers.get(n).is_some_and(|p| p.reachable());
+        // reaches and that answers comes first: a client sent to a dead or paused
+        // node only comes back.
+        let reachable = |n: &u64| self.peers.peers.get(n).is_some_and(|p| p.answering());
         let others: Vec<u64> = replicas
             .iter()
             .copied()
@@ -1839,7 +1840,8 @@ impl<L: LogStores> Manager<L> {
             "reachable": true,
         })];
         for p in self.peers.peers.values() {
-            let reachable = p.reachable();
+            // Connected and answering: a paused node keeps its connections open.
+            let reachable = p.answering();
             nodes.push(serde_json::json!({
                 "id": p.id,
                 "addr": p.raft_addr,

@@ -67,6 +67,24 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 /// Calls queued to one peer's connection at once.
 const OUTGOING_QUEUE: usize = 4096;
+/// A connected peer that leaves a call unanswered this long, with nothing heard from
+/// it meanwhile, is said not to answer ([`Peer::answering`]): a paused process keeps
+/// its connections open. Twice the longest election timeout; heartbeats are answered
+/// every 100 ms.
+const STALLED_AFTER_MS: u64 = 2_000;
+/// How often an idle connection to a peer sends a call ([`run_dialled`]).
+const PROBE_EVERY: Duration = Duration::from_millis(500);
+
+/// Milliseconds since the first call (a monotonic clock for the peers' timestamps).
+fn clock_ms() -> u64 {
+    static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let ms = EPOCH
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_millis();
+    // Starts at 1: 0 means "no call waiting".
+    u64::try_from(ms).unwrap_or(u64::MAX - 1) + 1
+}
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -425,6 +443,10 @@ pub struct Peer {
     connected: AtomicBool,
     /// The Kafka address its hello gave (`None`: not connected yet, or no listener).
     kafka_addr: Mutex<Option<String>>,
+    /// [`clock_ms`] when a call was sent with none waiting before (0: none waits).
+    waiting_since: AtomicU64,
+    /// [`clock_ms`] when a reply last came.
+    last_heard: AtomicU64,
 }
 
 impl std::fmt::Debug for Outgoing {
@@ -442,6 +464,21 @@ impl Peer {
     /// Whether its connection is up now.
     pub fn reachable(&self) -> bool {
         self.connected.load(Ordering::Relaxed)
+    }
+
+    /// Whether it is connected and answers: not when a call has waited longer than
+    /// [`STALLED_AFTER_MS`] with no reply heard meanwhile (a paused process, a
+    /// link that drops everything without closing).
+    pub fn answering(&self) -> bool {
+        if !self.reachable() {
+            return false;
+        }
+        let since = self.waiting_since.load(Ordering::Relaxed);
+        if since == 0 {
+            return true;
+        }
+        let quiet_from = since.max(self.last_heard.load(Ordering::Relaxed));
+        clock_ms().saturating_sub(quiet_from) <= STALLED_AFTER_MS
     }
 
     /// Sends one call and waits for its reply.
@@ -526,6 +563,8 @@ impl Peers {
                     client_addr: Mutex::new(None),
                     connected: AtomicBool::new(false),
                     kafka_addr: Mutex::new(None),
+                    waiting_since: AtomicU64::new(0),
+                    last_heard: AtomicU64::new(0),
                 };
                 (*id, Arc::new(p))
             })
@@ -868,15 +907,24 @@ async fn run_dialled(
     let (dead_tx, mut dead_rx) = oneshot::channel::<String>();
     let reader_pending = Arc::clone(&pending);
     let node = peer.id;
+    let heard = Arc::clone(peer);
     let reader = tokio::spawn(async move {
         let why = loop {
             let frame = match read_frame(&mut r).await {
                 Ok(f) => f,
                 Err(e) => break format!("reading: {e}"),
             };
+            heard.last_heard.store(clock_ms(), Ordering::Relaxed);
             match decode_peer_frame(&frame) {
                 Ok(PeerFrame::Reply { call_id, result }) => {
-                    let waiter = lock(&reader_pending).remove(&call_id);
+                    let waiter = {
+                        let mut p = lock(&reader_pending);
+                        let w = p.remove(&call_id);
+                        if p.is_empty() {
+                            heard.waiting_since.store(0, Ordering::Relaxed);
+                        }
+                        w
+                    };
                     if let Some(w) = waiter {
                         let r = result.map(<[u8]>::to_vec).map_err(|m| CallError::Failed {
                             node,
@@ -891,11 +939,45 @@ async fn run_dialled(
         };
         let _ = dead_tx.send(why);
     });
+    // A call goes out at least every [`PROBE_EVERY`] while the connection is up (an
+    // empty `Status`, when nothing else was sent), so [`Peer::answering`] sees a
+    // peer that stopped answering even when no group sends it anything.
+    let mut probe = tokio::time::interval(PROBE_EVERY);
+    probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut sent_since_probe = false;
     let why = loop {
         tokio::select! {
             why = &mut dead_rx => break why.unwrap_or_else(|_| "reader ended".into()),
+            _ = probe.tick() => {
+                if std::mem::take(&mut sent_since_probe) || !lock(&pending).is_empty() {
+                    continue;
+                }
+                let call_id = CALL_IDS.fetch_add(1, Ordering::Relaxed);
+                let Ok(frame) = encode(&PeerFrame::Call {
+                    call_id,
+                    topic: "",
+                    partition: 0,
+                    rpc: Rpc::Status,
+                    payload: b"[]",
+                }) else {
+                    continue;
+                };
+                // Nobody waits for the answer: it only shows the peer answers.
+                let (reply, _) = oneshot::channel();
+                {
+                    let mut p = lock(&pending);
+                    if p.is_empty() {
+                        peer.waiting_since.store(clock_ms(), Ordering::Relaxed);
+                    }
+                    p.insert(call_id, reply);
+                }
+                if let Err(e) = w.write_all(&frame).await {
+                    break format!("writing: {e}");
+                }
+            }
             m = rx.recv() => {
                 let Some(o) = m else { break "stopped".into() };
+                sent_since_probe = true;
                 let call_id = CALL_IDS.fetch_add(1, Ordering::Relaxed);
                 let frame = encode(&PeerFrame::Call {
                     call_id,
@@ -911,7 +993,13 @@ async fn run_dialled(
                         continue;
                     }
                 };
-                lock(&pending).insert(call_id, o.reply);
+                {
+                    let mut p = lock(&pending);
+                    if p.is_empty() {
+                        peer.waiting_since.store(clock_ms(), Ordering::Relaxed);
+                    }
+                    p.insert(call_id, o.reply);
+                }
                 if let Err(e) = w.write_all(&frame).await {
                     break format!("writing: {e}");
                 }
@@ -919,6 +1007,7 @@ async fn run_dialled(
         }
     };
     reader.abort();
+    peer.waiting_since.store(0, Ordering::Relaxed);
     for (_, waiter) in lock(&pending).drain() {
         let _ = waiter.send(Err(CallError::Unreachable(node)));
     }

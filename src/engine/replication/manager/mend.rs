@@ -220,9 +220,9 @@ impl<L: LogStores> Manager<L> {
         tracing::warn!(topic, partition, segment = log, lost = ?lost,
             "a sealed segment holds damaged records, or is lost; taking them from a peer");
         let mut why = Vec::new();
-        // Peers connected now first: one that is down costs the ask's whole wait.
+        // Peers answering now first: one that is down costs the ask's whole wait.
         let mut peers = self.other_replicas(topic, partition);
-        peers.sort_by_key(|n| !self.peers.peers.get(n).is_some_and(|p| p.reachable()));
+        peers.sort_by_key(|n| !self.peers.peers.get(n).is_some_and(|p| p.answering()));
         for node in peers {
             let ranges = match self.collect_from(node, topic, partition, &lost).await {
                 Ok(r) => r,
