@@ -1009,6 +1009,42 @@ fn an_index_without_its_log_above_the_first_segment_is_a_lost_segment_and_kept()
     assert_eq!(full_severity(&d.data), Some(Severity::Corrupt));
 }
 
+/// A damaged last record of a segment followed by a lost one hides that record
+/// only: the lost segment's offsets are reported with it, not twice.
+#[test]
+fn damage_before_a_lost_segment_hides_only_the_offsets_up_to_its_base() {
+    let d = Data::new();
+    let mut s0 = seg(0, 0, 0..5);
+    let s1 = seg(5, 0, 5..9);
+    let s2 = seg(9, 0, 9..12);
+    let last = s0.log.len() - 10;
+    s0.log[last] ^= 0x20;
+    d.put(0, &s0.log, Some(&s0.index));
+    d.put(9, &s2.log, Some(&s2.index));
+    fs::write(d.index(5), &s1.index).unwrap();
+    let t = resolve(&d.data).unwrap();
+    let check = check_partition(&t.partitions[0], CheckMode::Full).unwrap();
+    let hidden: Vec<(Option<u64>, Option<u64>)> = check
+        .segments
+        .iter()
+        .flat_map(|s| &s.problems)
+        .filter_map(|p| p.unreadable.as_ref())
+        .map(|r| (r.first_offset, r.next_base))
+        .collect();
+    assert_eq!(hidden, [(Some(4), Some(5))], "{check:#?}");
+    let text: Vec<String> = check
+        .segments
+        .iter()
+        .flat_map(|s| &s.problems)
+        .map(|p| p.detail.clone())
+        .collect();
+    assert!(
+        text.iter()
+            .all(|t| !t.contains("4..=8") && !t.contains("4..9")),
+        "{text:#?}"
+    );
+}
+
 #[test]
 fn an_index_without_its_log_after_the_newest_segment_is_a_roll_that_never_became_durable() {
     // A roll creates the new log and index before the fsync that makes them durable; a

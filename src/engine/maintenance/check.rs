@@ -965,7 +965,21 @@ pub fn check_partition_with(
         }
         let newest_one = Some(files.base_offset) == newest;
         let active = newest_one || Some(files.base_offset) == also_active;
-        let next_base = listing.segments.get(i + 1).map(|f| f.base_offset);
+        // The next segment, or a lost one (its `.index` left) before it: what a
+        // damaged tail hides stops at the lost segment's base, whose offsets are
+        // reported with it.
+        let next_base = listing
+            .segments
+            .get(i + 1)
+            .map(|f| f.base_offset)
+            .into_iter()
+            .chain(
+                out.lost_segments
+                    .iter()
+                    .filter_map(|idx| index_base(idx))
+                    .filter(|&b| b > files.base_offset),
+            )
+            .min();
         let mut seg = check_segment(files, active, mode, next_base)?;
         if active && !newest_one {
             // Only the newest segment can lack its header: any other header problem
