@@ -22,6 +22,7 @@ use seglog::format::wire::WireRecord;
 use crate::cli_metrics::{get, parse, value};
 use crate::util::bin::run;
 use crate::util::cluster::Cluster;
+use crate::util::fs::flip_in_place;
 use crate::util::replica_check::{check, Acked, Violation};
 
 /// Snapshots often, so this topic's Raft logs are purged past the damaged records'
@@ -303,20 +304,37 @@ fn record_at(dir: &Path, offset: u64) -> (std::path::PathBuf, u64) {
         .expect("the record's position")
 }
 
-/// Flips a bit at `pos` of `path` in place (no truncation: a running broker may
-/// have the file mapped).
-fn flip_in_place(path: &Path, pos: u64) {
-    use std::os::unix::fs::FileExt;
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .unwrap();
-    let mut b = [0u8; 1];
-    f.read_exact_at(&mut b, pos).unwrap();
-    b[0] ^= 0x08;
-    f.write_all_at(&b, pos).unwrap();
-    f.sync_all().unwrap();
+/// Produces `batches` batches of 40 records to partition 0 of `topic`, record `i`
+/// holding `value(i)`; returns them as acknowledged.
+fn produce_acked(
+    client: &mut ClusterClient,
+    topic: &str,
+    batches: u64,
+    value: impl Fn(u64) -> String,
+) -> Vec<Acked> {
+    let mut acked = Vec::new();
+    for batch in 0..batches {
+        let values: Vec<String> = (batch * 40..(batch + 1) * 40).map(&value).collect();
+        let records: Vec<WireRecord> = values
+            .iter()
+            .map(|v| WireRecord {
+                timestamp_ms: -1,
+                key: None,
+                value: v.as_bytes(),
+            })
+            .collect();
+        let (base, last) = client.produce(topic, 0, &records).unwrap();
+        assert_eq!(last - base + 1, 40);
+        for (i, v) in values.into_iter().enumerate() {
+            acked.push(Acked {
+                producer: 1,
+                value: v.into_bytes(),
+                partition: 0,
+                offset: base + i as u64,
+            });
+        }
+    }
+    acked
 }
 
 /// Damage inside a replica's sealed segment is mended with a peer's records: found
@@ -343,29 +361,8 @@ fn a_damaged_sealed_segment_is_mended_from_a_peer() {
     ]);
     let addrs: Vec<String> = c.nodes.iter().map(|n| n.client_addr.clone()).collect();
     let mut client = ClusterClient::new(addrs, Duration::from_secs(10), None, None);
-    let mut acked = Vec::new();
     let value = |i: u64| format!("{SEALED}-{i:05}-{}", "x".repeat(40));
-    for batch in 0..30u64 {
-        let values: Vec<String> = (batch * 40..(batch + 1) * 40).map(value).collect();
-        let records: Vec<WireRecord> = values
-            .iter()
-            .map(|v| WireRecord {
-                timestamp_ms: -1,
-                key: None,
-                value: v.as_bytes(),
-            })
-            .collect();
-        let (base, last) = client.produce(SEALED, 0, &records).unwrap();
-        assert_eq!(last - base + 1, 40);
-        for (i, v) in values.into_iter().enumerate() {
-            acked.push(Acked {
-                producer: 1,
-                value: v.into_bytes(),
-                partition: 0,
-                offset: base + i as u64,
-            });
-        }
-    }
+    let acked = produce_acked(&mut client, SEALED, 30, value);
     c.wait_caught_up(SEALED, 1);
     let leader = c.wait_leader(SEALED, 0);
     let victim = c.ids().into_iter().find(|&i| i != leader).unwrap();
@@ -394,7 +391,7 @@ fn a_damaged_sealed_segment_is_mended_from_a_peer() {
     };
     let tail = second - 1;
     let (seg0, pos) = record_at(&part(victim), tail);
-    flip_in_place(&seg0, pos + 20);
+    flip_in_place(&seg0, pos + 20, 0x08);
     // And its second segment is lost (its `.log` gone, its `.index` left).
     let lost_log = part(victim).join(format!("{second:020}.log"));
     let lost_bytes = std::fs::read(&lost_log).unwrap();
@@ -437,7 +434,7 @@ fn a_damaged_sealed_segment_is_mended_from_a_peer() {
     assert_eq!(std::fs::read(&leader_seg).unwrap(), first);
     let hidden = 10;
     let (_, pos) = record_at(&part(victim), hidden);
-    flip_in_place(&leader_seg, pos + 20);
+    flip_in_place(&leader_seg, pos + 20, 0x08);
     // The fetch that meets the damage waits for the mend and gets the records.
     let got = client
         .fetch(SEALED, 0, hidden, 1 << 16, Duration::ZERO)
@@ -476,29 +473,9 @@ fn the_scrub_finds_and_mends_latent_damage_in_a_replica() {
     ]);
     let addrs: Vec<String> = c.nodes.iter().map(|n| n.client_addr.clone()).collect();
     let mut client = ClusterClient::new(addrs, Duration::from_secs(10), None, None);
-    let mut acked = Vec::new();
-    for batch in 0..20u64 {
-        let values: Vec<String> = (batch * 40..(batch + 1) * 40)
-            .map(|i| format!("{LATENT}-{i:05}-{}", "y".repeat(40)))
-            .collect();
-        let records: Vec<WireRecord> = values
-            .iter()
-            .map(|v| WireRecord {
-                timestamp_ms: -1,
-                key: None,
-                value: v.as_bytes(),
-            })
-            .collect();
-        let (base, _) = client.produce(LATENT, 0, &records).unwrap();
-        for (i, v) in values.into_iter().enumerate() {
-            acked.push(Acked {
-                producer: 1,
-                value: v.into_bytes(),
-                partition: 0,
-                offset: base + i as u64,
-            });
-        }
-    }
+    let acked = produce_acked(&mut client, LATENT, 20, |i| {
+        format!("{LATENT}-{i:05}-{}", "y".repeat(40))
+    });
     drop(client);
     c.wait_caught_up(LATENT, 1);
     let leader = c.wait_leader(LATENT, 0);
@@ -514,7 +491,7 @@ fn the_scrub_finds_and_mends_latent_damage_in_a_replica() {
     let victim_seg = part(victim).join(&first);
     assert_eq!(std::fs::read(&victim_seg).unwrap(), original);
     let (_, pos) = record_at(&part(victim), 10);
-    flip_in_place(&victim_seg, pos + 20);
+    flip_in_place(&victim_seg, pos + 20, 0x08);
     let mended = "mended a damaged or lost sealed segment with a peer's records";
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {

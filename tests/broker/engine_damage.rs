@@ -9,6 +9,7 @@ use seglog::engine::broker::{Broker, BrokerOptions, EngineError, FetchResult};
 use seglog::format::{decode_record, IndexEntry, HEADER_LEN, INDEX_ENTRY_LEN};
 
 use crate::util::build::{topic_json, Segment};
+use crate::util::fs::flip_in_place;
 use crate::util::rng::{seed_or, with_seed, Rng};
 use crate::util::storage::real;
 
@@ -207,7 +208,7 @@ fn the_scrub_finds_damage_that_appears_after_the_first_count() {
     let (off, pos, _) = records[10];
     assert_eq!(off, 50);
     let path = part.join(format!("{:020}.log", 40));
-    flip_in_place(&path, pos + 20);
+    flip_in_place(&path, (pos + 20) as u64, 0x04);
     let found = b.run_scrub(u64::MAX);
     assert_eq!(found.len(), 1, "{found:?}");
     assert!(
@@ -228,25 +229,10 @@ fn the_scrub_finds_damage_that_appears_after_the_first_count() {
     assert!(b.scrub_figures().damaged > before.damaged);
 
     // The bytes put back (as a restore from a copy would): the next pass clears it.
-    flip_in_place(&path, pos + 20);
+    flip_in_place(&path, (pos + 20) as u64, 0x04);
     assert_eq!(b.run_scrub(u64::MAX), Vec::<String>::new());
     assert_eq!(state(&b), (PartitionState::Ok, None, 120));
     b.shutdown().unwrap();
-}
-
-/// Flips a bit at `pos` of `path` in place (no truncation: the running broker may
-/// have the file mapped).
-fn flip_in_place(path: &std::path::Path, pos: usize) {
-    use std::os::unix::fs::FileExt;
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .unwrap();
-    let mut b = [0u8; 1];
-    f.read_exact_at(&mut b, pos as u64).unwrap();
-    b[0] ^= 0x04;
-    f.write_all_at(&b, pos as u64).unwrap();
 }
 
 /// A slow scrub gives way to the shutdown: a pass paced at 1 byte per second stops at

@@ -45,3 +45,19 @@ pub fn fixture(name: &str) -> std::path::PathBuf {
         .join("tests/fixtures")
         .join(name)
 }
+
+/// Flips bit `mask` of the byte at `pos` of `path` in place, fsynced (no truncation:
+/// a running broker may have the file mapped).
+pub fn flip_in_place(path: &Path, pos: u64, mask: u8) {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, pos).unwrap();
+    b[0] ^= mask;
+    f.write_all_at(&b, pos).unwrap();
+    f.sync_all().unwrap();
+}

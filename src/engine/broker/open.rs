@@ -136,26 +136,21 @@ impl Broker {
             }
         };
         let mut cleaner_threads = Vec::new();
-        for (kind, interval) in [
-            (CleanupKind::Retention, opts.retention_check_interval),
-            (CleanupKind::Compaction, opts.compaction_check_interval),
-        ] {
-            match cleaner.clone().start(kind, interval) {
-                Ok(t) => cleaner_threads.push(t),
-                Err(e) => {
-                    abandon(
-                        [Some(thread), zeroer_thread, spare_maker_thread]
-                            .into_iter()
-                            .flatten()
-                            .chain(cleaner_threads)
-                            .collect(),
-                    );
-                    return Err(e);
-                }
-            }
-        }
-        if let Some(every) = opts.scrub_interval {
-            match cleaner.clone().start_scrub(every, opts.scrub_rate) {
+        let background = [
+            Background::Cleanup(CleanupKind::Retention, opts.retention_check_interval),
+            Background::Cleanup(CleanupKind::Compaction, opts.compaction_check_interval),
+        ]
+        .into_iter()
+        .chain(
+            opts.scrub_interval
+                .map(|every| Background::Scrub(every, opts.scrub_rate)),
+        );
+        for job in background {
+            let started = match job {
+                Background::Cleanup(kind, interval) => cleaner.clone().start(kind, interval),
+                Background::Scrub(every, rate) => cleaner.clone().start_scrub(every, rate),
+            };
+            match started {
                 Ok(t) => cleaner_threads.push(t),
                 Err(e) => {
                     abandon(
@@ -208,6 +203,13 @@ impl Broker {
     pub fn data_dir(&self) -> &Path {
         &self.data_dir
     }
+}
+
+/// A background thread of the cleaner: a cleanup kind at its interval, or the scrub
+/// (interval, bytes per second).
+enum Background {
+    Cleanup(CleanupKind, Duration),
+    Scrub(Duration, u64),
 }
 
 /// Turns the spare pool on (`DATA/spares`, created 0700 if missing) and re-stamps
