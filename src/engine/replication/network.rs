@@ -944,15 +944,20 @@ async fn run_dialled(
     // peer that stopped answering even when no group sends it anything.
     let mut probe = tokio::time::interval(PROBE_EVERY);
     probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // One probe at a time waits for its answer; a probe also goes out while another
+    // call waits, so a call its peer never answers does not make the peer look silent.
     let mut sent_since_probe = false;
+    let mut last_probe = None;
     let why = loop {
         tokio::select! {
             why = &mut dead_rx => break why.unwrap_or_else(|_| "reader ended".into()),
             _ = probe.tick() => {
-                if std::mem::take(&mut sent_since_probe) || !lock(&pending).is_empty() {
+                let probe_waits = last_probe.is_some_and(|id| lock(&pending).contains_key(&id));
+                if std::mem::take(&mut sent_since_probe) || probe_waits {
                     continue;
                 }
                 let call_id = CALL_IDS.fetch_add(1, Ordering::Relaxed);
+                last_probe = Some(call_id);
                 let Ok(frame) = encode(&PeerFrame::Call {
                     call_id,
                     topic: "",
