@@ -82,6 +82,18 @@ impl BrokerArgs {
         .map_err(client_error)
     }
 
+    /// A connection to the group coordinator: in a cluster, the node leading the
+    /// offsets topic, which the other nodes name in their refusals (followed for up
+    /// to `cluster_client::FOLLOW_TIMEOUT`, through an election); a single broker is
+    /// its own.
+    pub fn connect_coordinator(&self) -> anyhow::Result<Client> {
+        let mut cluster = self.cluster()?;
+        let addr = cluster
+            .on_coordinator(|c| c.list_groups().map(|_| c.addr().to_string()))
+            .map_err(client_error)?;
+        self.connect_to(&addr)
+    }
+
     /// The `--broker` address after `addr` (the first when `addr` is not listed),
     /// wrapping around; `None` when there is no other. Where a request goes next
     /// when a node refuses it with NOT_LEADER naming no leader (a node whose replica

@@ -21,9 +21,13 @@ use super::connect::client_error;
 use super::consume::Readers;
 use super::consume::{write_record, Args, StartAt};
 use super::{exit, ExitError, Global};
-use crate::engine::net::client::{Client, ClientError};
+use crate::engine::net::client::ClientError;
+use crate::engine::net::cluster_client::ClusterClient;
+use crate::engine::net::group_client::Joined;
+use crate::format::group::CommittedOffset;
 use crate::format::wire::groups::{decode_topic_partitions, encode_topic_partitions};
 use crate::format::wire::ErrorCode;
+use crate::format::wire::PartitionOffsets;
 
 /// The protocol type of seglog's consumers (Kafka's).
 pub const PROTOCOL_TYPE: &str = "consumer";
@@ -127,9 +131,10 @@ fn is_code(e: &ClientError, codes: &[ErrorCode]) -> bool {
 
 pub fn run(args: &Args, group: &str, global: Global) -> anyhow::Result<u8> {
     install_signal_handlers();
-    let mut client = args.broker.connect()?;
-    // Group requests go to the node first connected (groups are node-local); each
-    // partition is read from its leader.
+    // Group requests go to the group coordinator (in a cluster, the node leading the
+    // offsets topic, followed when it changes); each partition is read from its
+    // leader.
+    let mut client = Coordinator(args.broker.cluster()?);
     let mut readers = Readers::new(&args.broker, &args.topic, args.broker.connect()?);
     let limit = args.count.unwrap_or(u64::MAX);
     let stdout = io::stdout();
@@ -270,7 +275,7 @@ fn classify(e: &ClientError) -> Option<Next> {
 /// group has no offset for starts at `--from` of its offsets as its leader gives
 /// them (the group's node may only follow it, a little behind).
 fn join(
-    client: &mut Client,
+    client: &mut Coordinator,
     readers: &mut Readers<'_>,
     args: &Args,
     group: &str,
@@ -383,9 +388,94 @@ fn join(
     }
 }
 
+/// The group coordinator, as a member's requests reach it: each request goes to
+/// the node that coordinates the group, following a change of coordinator, and
+/// offsets are asked of any node that answers.
+struct Coordinator(ClusterClient);
+
+impl Coordinator {
+    #[expect(clippy::too_many_arguments, reason = "the fields of a join")]
+    fn join_group(
+        &mut self,
+        group: &str,
+        member_id: &str,
+        client_id: &str,
+        session_timeout: Duration,
+        rebalance_timeout: Duration,
+        protocol_type: &str,
+        protocols: &[(&str, &[u8])],
+    ) -> Result<Joined, ClientError> {
+        self.0.on_coordinator(|c| {
+            c.join_group(
+                group,
+                member_id,
+                client_id,
+                session_timeout,
+                rebalance_timeout,
+                protocol_type,
+                protocols,
+            )
+        })
+    }
+
+    fn sync_group(
+        &mut self,
+        group: &str,
+        generation: i32,
+        member_id: &str,
+        assignments: &[(&str, &[u8])],
+        rebalance_timeout: Duration,
+    ) -> Result<Vec<u8>, ClientError> {
+        self.0.on_coordinator(|c| {
+            c.sync_group(group, generation, member_id, assignments, rebalance_timeout)
+        })
+    }
+
+    fn heartbeat(
+        &mut self,
+        group: &str,
+        generation: i32,
+        member_id: &str,
+    ) -> Result<(), ClientError> {
+        self.0
+            .on_coordinator(|c| c.heartbeat(group, generation, member_id))
+    }
+
+    fn leave_group(&mut self, group: &str, member_id: &str) -> Result<(), ClientError> {
+        self.0.on_coordinator(|c| c.leave_group(group, member_id))
+    }
+
+    fn fetch_offsets(
+        &mut self,
+        group: &str,
+        generation: i32,
+        member_id: &str,
+        topic: &str,
+    ) -> Result<Vec<CommittedOffset>, ClientError> {
+        self.0
+            .on_coordinator(|c| c.fetch_offsets(group, generation, member_id, topic))
+    }
+
+    fn commit_offsets(
+        &mut self,
+        group: &str,
+        generation: i32,
+        member_id: &str,
+        topic: &str,
+        offsets: &[(u32, u64, &str)],
+    ) -> Result<(), ClientError> {
+        self.0
+            .on_coordinator(|c| c.commit_offsets(group, generation, member_id, topic, offsets))
+    }
+
+    fn list_offsets(&mut self, topic: &str) -> Result<Vec<PartitionOffsets>, ClientError> {
+        self.0.on_any(|c| c.list_offsets(topic))
+    }
+}
+
 /// Commits the positions that moved since the last commit.
 fn commit(
-    client: &mut Client,
+    client: &mut Coordinator,
     topic: &str,
     group: &str,
     m: &mut Membership,

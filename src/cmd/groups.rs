@@ -88,7 +88,7 @@ pub fn run(args: Args, _global: Global) -> anyhow::Result<u8> {
     if let Some(dir) = &args.data_dir {
         return offline(&args, dir, &mut out);
     }
-    let mut client = args.broker.connect()?;
+    let mut client = args.broker.connect_coordinator()?;
     match &args.command {
         GroupsCommand::List => {
             let mut groups = client.list_groups().map_err(client_error)?;

@@ -25,6 +25,7 @@ mod cluster_cli;
 mod cluster_create;
 mod cluster_delete;
 mod cluster_faults;
+mod cluster_groups;
 mod cluster_harness;
 mod cluster_keys;
 mod cluster_metrics;

@@ -590,7 +590,13 @@ impl GroupCoordinator {
             return rx;
         }
         let now = Instant::now();
-        let mut groups = lock(&self.groups);
+        let mut groups = match self.serve_lock(&req.group) {
+            Ok(g) => g,
+            Err(e) => {
+                let _ = tx.send(Err(e));
+                return rx;
+            }
+        };
         if !groups.contains_key(&req.group) && groups.len() >= GROUPS_MAX {
             let _ = tx.send(Err(GroupError::TooLarge {
                 what: "number of groups",
@@ -808,7 +814,7 @@ impl GroupCoordinator {
         let mut became_stable = false;
         let result = (|| {
             check_group_name(group)?;
-            let mut groups = lock(&self.groups);
+            let mut groups = self.serve_lock(group)?;
             let g = groups
                 .get_mut(group)
                 .ok_or_else(|| GroupError::UnknownMember {
@@ -894,7 +900,7 @@ impl GroupCoordinator {
         instance: Option<&str>,
     ) -> Result<(), GroupError> {
         check_group_name(group)?;
-        let mut groups = lock(&self.groups);
+        let mut groups = self.serve_lock(group)?;
         let g = groups
             .get_mut(group)
             .ok_or_else(|| GroupError::UnknownMember {
@@ -925,7 +931,7 @@ impl GroupCoordinator {
         instance: Option<&str>,
     ) -> Result<(), GroupError> {
         check_group_name(group)?;
-        let mut groups = lock(&self.groups);
+        let mut groups = self.serve_lock(group)?;
         let g = groups
             .get_mut(group)
             .ok_or_else(|| GroupError::UnknownGroup {
@@ -971,11 +977,17 @@ impl GroupCoordinator {
         entries: &[OffsetCommit],
     ) -> Result<Completion<()>, GroupError> {
         check_group_name(group)?;
-        let partitions = topics
-            .partition_count(topic)
-            .ok_or_else(|| GroupError::UnknownTopic {
-                topic: topic.to_string(),
-            })?;
+        let partitions = match topics.partition_count(topic) {
+            Some(n) => n,
+            // A cluster's topic may be held by other nodes only: its partitions are
+            // not checked here.
+            None if self.replicated() => u32::MAX,
+            None => {
+                return Err(GroupError::UnknownTopic {
+                    topic: topic.to_string(),
+                })
+            }
+        };
         for e in entries {
             check_metadata(&e.metadata)?;
             // Kafka's offsets are i64: a larger one could not be told to its clients.
@@ -998,7 +1010,7 @@ impl GroupCoordinator {
         }
         let (tx, rx) = oneshot::channel();
         {
-            let mut groups = lock(&self.groups);
+            let mut groups = self.serve_lock(group)?;
             let admin = generation < 0 && member.is_empty();
             if admin {
                 if !groups.contains_key(group) && groups.len() >= GROUPS_MAX {
@@ -1079,7 +1091,7 @@ impl GroupCoordinator {
         member: Option<(&str, i32)>,
     ) -> Result<Vec<CommittedOffset>, GroupError> {
         check_group_name(group)?;
-        let groups = lock(&self.groups);
+        let groups = self.serve_lock(group)?;
         let Some(g) = groups.get(group).filter(|g| !g.deleted) else {
             return match member {
                 Some((m, _)) => Err(GroupError::UnknownMember {
@@ -1101,18 +1113,19 @@ impl GroupCoordinator {
     }
 
     /// Every group: name and state.
-    pub fn list(&self) -> Vec<(String, GroupState)> {
-        lock(&self.groups)
+    pub fn list(&self) -> Result<Vec<(String, GroupState)>, GroupError> {
+        Ok(self
+            .serve_lock("")?
             .values()
             .filter(|g| !g.deleted)
             .map(|g| (g.name.clone(), g.state))
-            .collect()
+            .collect())
     }
 
     /// One group's state, members and committed offsets.
     pub fn describe(&self, group: &str) -> Result<GroupDescription, GroupError> {
         check_group_name(group)?;
-        let groups = lock(&self.groups);
+        let groups = self.serve_lock(group)?;
         let g =
             groups
                 .get(group)
@@ -1147,7 +1160,7 @@ impl GroupCoordinator {
         check_group_name(group)?;
         let (tx, rx) = oneshot::channel();
         {
-            let mut groups = lock(&self.groups);
+            let mut groups = self.serve_lock(group)?;
             let g = groups
                 .get_mut(group)
                 .filter(|g| !g.deleted)
@@ -1176,6 +1189,9 @@ impl GroupCoordinator {
     /// partitions that no longer exist are dropped; empty groups past the offsets
     /// retention lose their offsets.
     pub fn tick(&self, now: Instant, topics: Option<&BTreeMap<String, u32>>) {
+        // A cluster node knows the topics it holds only: offsets are not dropped
+        // for topics it does not have.
+        let topics = topics.filter(|_| !self.replicated());
         let mut wake = false;
         {
             let mut groups = lock(&self.groups);

@@ -34,9 +34,11 @@ use crate::format::names::validate_name;
 
 mod coordinator;
 pub mod offsets;
+mod replicated;
 
 pub use crate::format::group::GroupListener;
 pub use coordinator::GroupState;
+pub use replicated::{GroupRecords, ReplicaWrite};
 
 /// Default per-member session timeout (Kafka's `session.timeout.ms`).
 pub const SESSION_TIMEOUT_DEFAULT: Duration = Duration::from_secs(45);
@@ -153,6 +155,37 @@ pub enum GroupError {
     Storage { group: String, detail: String },
     #[error("the broker is shutting down")]
     ShuttingDown,
+    /// Kafka's NOT_COORDINATOR (COORDINATOR_NOT_AVAILABLE while no node is named):
+    /// in a cluster the groups are served by the leader of the offsets topic's
+    /// partition ([`OFFSETS_TOPIC`]), and this node is not it. The message ends as a
+    /// NOT_LEADER refusal's does, naming the coordinator's client address.
+    #[error("{}", not_coordinator_message(group, coordinator.as_ref()))]
+    NotCoordinator {
+        group: String,
+        /// The coordinator's node id and client address, when known.
+        coordinator: Option<(u64, String)>,
+    },
+}
+
+/// The internal topic that holds the groups of a cluster: one record per change of
+/// a group, keyed by the group's name, valued by its group file's bytes (an empty
+/// value removes the group), compacted. Its partition 0's leader coordinates every
+/// group (Kafka's `__consumer_offsets`, with one partition).
+pub const OFFSETS_TOPIC: &str = "__consumer_offsets";
+
+fn not_coordinator_message(group: &str, coordinator: Option<&(u64, String)>) -> String {
+    let about = if group.is_empty() {
+        "this node does not coordinate the groups".to_string()
+    } else {
+        format!("this node does not coordinate group {group}")
+    };
+    // The tail is a NOT_LEADER refusal's, so that clients find the address the same
+    // way (`parse_not_leader`).
+    let leader = match coordinator {
+        Some((id, addr)) => format!("node {id} at {addr}"),
+        None => "unknown".to_string(),
+    };
+    format!("{about}: the leader of {OFFSETS_TOPIC}/0 does; leader: {leader}")
 }
 
 /// What the coordinator needs to know about topics.
@@ -271,6 +304,12 @@ pub struct GroupCoordinator {
     commits: AtomicU64,
     file_writes: AtomicU64,
     fsyncs: AtomicU64,
+    /// Where the groups live: this node's files, or a cluster's offsets topic.
+    role: Mutex<replicated::Role>,
+    /// Told when a group must be written and the groups live in the offsets topic.
+    replica_wake: tokio::sync::Notify,
+    /// A request found no coordinator to name (the offsets topic may be missing).
+    wanted: AtomicBool,
 }
 
 impl GroupCoordinator {
@@ -311,6 +350,9 @@ impl GroupCoordinator {
                 commits: AtomicU64::new(0),
                 file_writes: AtomicU64::new(0),
                 fsyncs: AtomicU64::new(0),
+                role: Mutex::new(replicated::Role::Files),
+                replica_wake: tokio::sync::Notify::new(),
+                wanted: AtomicBool::new(false),
             },
             report,
         ))
@@ -327,7 +369,12 @@ impl GroupCoordinator {
     pub fn shutdown(&self) {
         self.stop.store(true, Ordering::Release);
         lock(&self.waker).take();
-        self.flush_dirty();
+        if self.replicated() {
+            self.fail_unwritten(&GroupError::ShuttingDown);
+            self.replica_wake.notify_one();
+        } else {
+            self.flush_dirty();
+        }
         for g in lock(&self.groups).values_mut() {
             g.fail_waiters(&GroupError::ShuttingDown);
         }
@@ -336,6 +383,10 @@ impl GroupCoordinator {
     /// One pass of the group commit: if a group is dirty, replaces each dirty
     /// group's file once and then completes the commits it covered.
     pub fn flush_if_dirty(&self) {
+        // A cluster's groups are written by the offsets topic's writer instead.
+        if self.replicated() {
+            return;
+        }
         if self.dirty.swap(false, Ordering::AcqRel) {
             self.flush_dirty();
         }
@@ -352,6 +403,10 @@ impl GroupCoordinator {
 
     fn wake_committer(&self) {
         self.dirty.store(true, Ordering::Release);
+        if self.replicated() {
+            self.replica_wake.notify_one();
+            return;
+        }
         match &*lock(&self.waker) {
             Some(w) => w.wake(),
             // Not shared (tests that drive the coordinator alone, or shut down):

@@ -172,6 +172,48 @@ impl ClusterClient {
         }
     }
 
+    /// Runs a group request on the group coordinator: in a cluster, the leader of
+    /// the offsets topic's partition, which the other nodes name in their
+    /// refusals (followed as NOT_LEADER refusals are, for up to
+    /// [`FOLLOW_TIMEOUT`]); a single broker is its own.
+    pub fn on_coordinator<T>(
+        &mut self,
+        op: impl FnMut(&mut Client) -> Result<T, ClientError>,
+    ) -> Result<T, ClientError> {
+        self.on_leader(crate::engine::groups::OFFSETS_TOPIC, 0, op)
+    }
+
+    /// Runs `op` on the first broker that answers, moving past brokers that cannot
+    /// be reached (for up to [`FOLLOW_TIMEOUT`]); a refusal is returned as is.
+    pub fn on_any<T>(
+        &mut self,
+        mut op: impl FnMut(&mut Client) -> Result<T, ClientError>,
+    ) -> Result<T, ClientError> {
+        let began = Instant::now();
+        let mut unanswered = 0usize;
+        loop {
+            let addr = self.brokers[self.next % self.brokers.len().max(1)].clone();
+            let err = match self.conn(&addr).and_then(&mut op) {
+                Ok(v) => return Ok(v),
+                Err(e) => e,
+            };
+            match err {
+                ClientError::Connect { .. }
+                | ClientError::ConnectAny { .. }
+                | ClientError::Io { .. }
+                | ClientError::Timeout { .. }
+                | ClientError::Closed { .. }
+                    if began.elapsed() < FOLLOW_TIMEOUT =>
+                {
+                    self.conns.remove(&addr);
+                    self.next = (self.next + 1) % self.brokers.len().max(1);
+                    self.pause_after_round(&mut unanswered);
+                }
+                e => return Err(e),
+            }
+        }
+    }
+
     /// Counts one broker that gave no leader; pauses once every broker has.
     fn pause_after_round(&self, unanswered: &mut usize) {
         *unanswered += 1;

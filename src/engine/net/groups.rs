@@ -32,6 +32,8 @@ pub fn group_error(e: &GroupError) -> (ErrorCode, String) {
         GroupError::TooLarge { .. } => ErrorCode::INVALID_REQUEST,
         GroupError::Storage { .. } => ErrorCode::STORAGE,
         GroupError::ShuttingDown => ErrorCode::SHUTTING_DOWN,
+        // The message names the coordinator as a NOT_LEADER refusal names a leader.
+        GroupError::NotCoordinator { .. } => ErrorCode::NOT_LEADER,
     };
     (code, e.to_string())
 }
@@ -207,7 +209,7 @@ pub async fn serve(
                 );
             }
             GroupRequest::ListGroups => {
-                let list = groups.list();
+                let list = groups.list()?;
                 let groups = list.iter().map(|(g, s)| (g.as_str(), s.name())).collect();
                 reply(out, GroupResponse::ListGroups { groups });
             }

@@ -773,7 +773,8 @@ impl BrokerCollector {
             .collect();
         let groups = self.broker.groups();
         let mut lags = Vec::new();
-        for (group, _) in groups.list() {
+        // A cluster node that does not coordinate the groups has none to report.
+        for (group, _) in groups.list().unwrap_or_default() {
             let Ok(offsets) = groups.fetch_offsets(&group, None, None) else {
                 continue;
             };

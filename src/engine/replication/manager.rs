@@ -58,6 +58,7 @@ use crate::format::topic::TopicConfig;
 use crate::format::wire::raft::Rpc;
 use crate::format::wire::{not_leader_message, ErrorCode};
 
+mod groups;
 mod keys;
 mod mend;
 mod rejoin;
@@ -338,6 +339,7 @@ impl<L: LogStores> Manager<L> {
         }
         let mends = tokio::spawn(Arc::clone(&self).mend_loop(stop.clone()));
         let refresh = tokio::spawn(Arc::clone(&self).refresh_in_sync(stop.clone()));
+        let groups = tokio::spawn(Arc::clone(&self).run_groups(stop.clone()));
         let restore = self
             .peers
             .ident
@@ -346,6 +348,7 @@ impl<L: LogStores> Manager<L> {
         let peers = Arc::clone(&self.peers);
         super::network::serve(listener, peers, Arc::clone(&self), stop).await;
         refresh.abort();
+        groups.abort();
         mends.abort();
         if let Some(r) = restore {
             r.abort();
@@ -2203,6 +2206,15 @@ impl<L: LogStores> Replicator for Manager<L> {
 
     fn closed_replicas(&self) -> usize {
         lock(&self.closed).len()
+    }
+
+    fn coordinator(&self) -> Option<u64> {
+        if self.broker.groups().coordinating() {
+            return Some(Manager::node_id(self));
+        }
+        self.leader_of(crate::engine::groups::OFFSETS_TOPIC, 0)
+            .map(|(id, _)| id)
+            .or_else(|| self.leader_elsewhere(crate::engine::groups::OFFSETS_TOPIC, 0))
     }
 
     fn share_key(self: Arc<Self>, change: super::KeyChange) -> BoxFuture<super::KeyShared> {

@@ -118,6 +118,11 @@ pub trait Replicator: Send + Sync + 'static {
     /// What the Kafka door's Metadata says of a replicated partition (`None`: not
     /// replicated, or this node holds no replica of it).
     fn partition_view(&self, topic: &str, partition: u32) -> Option<PartitionView>;
+    /// The node that coordinates the cluster's groups (the leader of the offsets
+    /// topic's partition, `groups::OFFSETS_TOPIC`), when one is known.
+    fn coordinator(&self) -> Option<u64> {
+        None
+    }
     /// Replicas this node holds whose Raft group is not open (waiting for records or
     /// a checkpoint from its peers, or refused, as `cluster status` says).
     fn closed_replicas(&self) -> usize;

@@ -115,6 +115,8 @@ pub fn start_with(
         .found_if_alone()
         .map_err(|e| format!("cannot record the cluster id: {e}"))?;
     broker.producers().reserve_ids_from(node_id << 48);
+    // The cluster's groups live in its offsets topic, served by the node leading it.
+    broker.groups().replicate();
     let peers = Peers::new(Arc::new(ident), nodes);
     let config = super::manager::raft_config_with(snapshot_entries)
         .map_err(|e| format!("bad Raft settings: {e}"))?;

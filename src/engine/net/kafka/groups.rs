@@ -39,6 +39,14 @@ pub(crate) fn group_code(e: &GroupError) -> (i16, String) {
         GroupError::TooLarge { .. } => code::INVALID_REQUEST,
         GroupError::Storage { .. } => code::KAFKA_STORAGE_ERROR,
         GroupError::ShuttingDown => code::COORDINATOR_NOT_AVAILABLE,
+        // The client asks FindCoordinator again.
+        GroupError::NotCoordinator {
+            coordinator: Some(_),
+            ..
+        } => code::NOT_COORDINATOR,
+        GroupError::NotCoordinator {
+            coordinator: None, ..
+        } => code::COORDINATOR_NOT_AVAILABLE,
     };
     (c, e.to_string())
 }
@@ -76,11 +84,54 @@ pub(crate) fn find_coordinator(ctx: &Ctx, r: FindCoordinatorRequest) -> Outcome 
         resp.port = -1;
         return Outcome::reply(ResponseKind::FindCoordinator(resp));
     }
-    resp.node_id = BrokerId(ctx.node_id());
-    resp.host = sb(&ctx.opts.advertised_host);
-    resp.port = ctx.opts.advertised_port;
+    let (host, port) = match ctx.opts.replication.as_ref() {
+        None => (ctx.opts.advertised_host.clone(), ctx.opts.advertised_port),
+        // In a cluster: the leader of the offsets topic's partition, at its Kafka
+        // address; none known yet (an election, or the topic is being created):
+        // COORDINATOR_NOT_AVAILABLE, after which clients ask again.
+        Some(r) => match coordinator_at(ctx, &**r) {
+            Some((id, host, port)) => {
+                resp.node_id = BrokerId(super::server::broker_id(id));
+                (host, port)
+            }
+            None => {
+                let c = code::COORDINATOR_NOT_AVAILABLE;
+                let msg = "no node coordinates the groups yet (the offsets topic has no \
+                           leader): ask again";
+                ctx.client_error(ApiKey::FindCoordinator, c, msg);
+                resp.error_code = c;
+                resp.error_message = Some(sb(msg));
+                resp.node_id = BrokerId(-1);
+                resp.port = -1;
+                return Outcome::reply(ResponseKind::FindCoordinator(resp));
+            }
+        },
+    };
+    if ctx.opts.replication.is_none() {
+        resp.node_id = BrokerId(ctx.node_id());
+    }
+    resp.host = sb(&host);
+    resp.port = port;
     resp.error_message = None;
     Outcome::reply(ResponseKind::FindCoordinator(resp))
+}
+
+/// The coordinator of a cluster's groups: node id and Kafka host and port.
+fn coordinator_at(
+    ctx: &Ctx,
+    r: &dyn crate::engine::replication::Replicator,
+) -> Option<(u64, String, i32)> {
+    let id = r.coordinator()?;
+    if id == r.node_id() {
+        return Some((
+            id,
+            ctx.opts.advertised_host.clone(),
+            ctx.opts.advertised_port,
+        ));
+    }
+    let addr = r.kafka_nodes().into_iter().find(|(n, _)| *n == id)?.1;
+    let (host, port) = super::server::split_host_port(&addr)?;
+    Some((id, host, port))
 }
 
 /// A JoinGroup; `client_id` is the request header's.
@@ -229,7 +280,9 @@ pub(crate) fn leave(ctx: &Ctx, r: LeaveGroupRequest, version: i16) -> Outcome {
 pub(crate) fn list(ctx: &Ctx) -> Outcome {
     let mut resp = ListGroupsResponse::default();
     let coordinator = ctx.broker.groups();
-    for (name, state) in coordinator.list() {
+    // As in Kafka, each broker lists the groups it coordinates: a cluster node that
+    // does not coordinate lists none.
+    for (name, state) in coordinator.list().unwrap_or_default() {
         let mut g = ListedGroup::default();
         g.protocol_type = coordinator
             .describe(&name)

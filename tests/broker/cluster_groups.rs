@@ -1,0 +1,120 @@
+//! A cluster's consumer groups live in the replicated offsets topic
+//! (`__consumer_offsets`), coordinated by the leader of its partition: a group's
+//! committed offsets survive a SIGKILL of the node that coordinated it (before, a
+//! group lived on the node its members first asked, and its offsets died with it),
+//! a member reading across that kill goes on, and every node answers group
+//! requests by sending the client to the coordinator.
+
+#![expect(clippy::unwrap_used, reason = "tests")]
+
+use std::process::{Command, Stdio};
+
+use crate::util::bin::BIN;
+use crate::util::cluster::{output_within, Cluster};
+use crate::util::serve::PATIENCE;
+
+const TOPIC: &str = "orders";
+const OFFSETS: &str = "__consumer_offsets";
+
+fn lines(from: u32, to: u32) -> String {
+    (from..=to).map(|i| format!("{i}\n")).collect()
+}
+
+fn values(out: &str) -> Vec<u32> {
+    out.lines().map(|l| l.parse::<u32>().unwrap()).collect()
+}
+
+/// The committed offset of `group` for `TOPIC`/0 as `groups describe --json`
+/// through node `id` alone gives it.
+fn committed_through(c: &Cluster, id: u64, group: &str) -> u64 {
+    let out = c
+        .run_on(id, &["groups", "describe", group, "--json"])
+        .expect("groups describe answers");
+    assert!(
+        out.status.success(),
+        "groups describe through node {id}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["offsets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["topic"] == TOPIC && o["partition"] == 0)
+        .and_then(|o| o["committed"].as_u64())
+        .unwrap_or_else(|| panic!("no committed offset in {v}"))
+}
+
+#[test]
+fn a_group_keeps_its_committed_offsets_when_its_coordinator_is_killed() {
+    let mut c = Cluster::start(3);
+    c.create_topic(TOPIC, 1, 3);
+    c.ok_with_stdin(&["produce", TOPIC], &lines(1, 30));
+    let first = c.ok(&[
+        "consume", TOPIC, "--group", "g", "--from", "earliest", "--count", "8",
+    ]);
+    assert_eq!(values(&first), (1..=8).collect::<Vec<_>>());
+    let coordinator = c.wait_leader(OFFSETS, 0);
+    // Every node answers for the group, whichever it is asked through.
+    for id in c.ids() {
+        assert_eq!(committed_through(&c, id, "g"), 8, "through node {id}");
+    }
+
+    c.kill9(coordinator);
+    let next = c.ok(&[
+        "consume", TOPIC, "--group", "g", "--from", "earliest", "--count", "5",
+    ]);
+    assert_eq!(
+        values(&next),
+        (9..=13).collect::<Vec<_>>(),
+        "the group goes on from its committed offset after node {coordinator}'s death"
+    );
+    let now = c.wait_leader(OFFSETS, 0);
+    assert_ne!(now, coordinator);
+    let other = c
+        .ids()
+        .into_iter()
+        .find(|id| *id != now && *id != coordinator)
+        .unwrap();
+    assert_eq!(committed_through(&c, other, "g"), 13);
+
+    // The killed node comes back as a follower of the offsets topic, and answers
+    // for the group through the new coordinator.
+    c.restart(coordinator);
+    assert_eq!(committed_through(&c, coordinator, "g"), 13);
+    let listed = c.ok(&["groups", "list"]);
+    assert!(listed.lines().any(|l| l.starts_with("g ")), "{listed}");
+}
+
+#[test]
+fn a_member_reading_across_a_coordinator_kill_goes_on() {
+    let mut c = Cluster::start(3);
+    c.create_topic(TOPIC, 1, 3);
+    c.ok_with_stdin(&["produce", TOPIC], &lines(1, 20));
+    // The group exists (and has its coordinator) before the member starts.
+    c.ok(&[
+        "consume", TOPIC, "--group", "live", "--from", "earliest", "--count", "1",
+    ]);
+    let coordinator = c.wait_leader(OFFSETS, 0);
+    let mut member = Command::new(BIN);
+    member
+        .args(["consume", TOPIC, "--group", "live", "--count", "39"])
+        .args(["--commit-interval", "200ms", "--broker", &c.brokers()])
+        .stdin(Stdio::null());
+    let reader = std::thread::spawn(move || output_within(member, PATIENCE * 3));
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    c.kill9(coordinator);
+    c.ok_with_stdin(&["produce", TOPIC], &lines(21, 40));
+    let out = reader.join().unwrap().expect("the member ends in time");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let got = values(&String::from_utf8(out.stdout).unwrap());
+    let mut distinct = got.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(
+        distinct,
+        (2..=40).collect::<Vec<_>>(),
+        "every record after the committed one, across the kill: {got:?} ({stderr})"
+    );
+}
