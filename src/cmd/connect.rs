@@ -86,10 +86,26 @@ impl BrokerArgs {
     /// offsets topic, which the other nodes name in their refusals (followed for up
     /// to `cluster_client::FOLLOW_TIMEOUT`, through an election); a single broker is
     /// its own.
-    pub fn connect_coordinator(&self) -> anyhow::Result<Client> {
+    /// `group`: the group the command is about (a cluster that has no offsets
+    /// topic yet creates it when asked about a group).
+    pub fn connect_coordinator(&self, group: Option<&str>) -> anyhow::Result<Client> {
         let mut cluster = self.cluster()?;
         let addr = cluster
-            .on_coordinator(|c| c.list_groups().map(|_| c.addr().to_string()))
+            .on_coordinator(|c| {
+                let probe = match group {
+                    Some(g) => c.describe_group(g).map(drop),
+                    None => c.list_groups().map(drop),
+                };
+                match probe {
+                    // Any answer but a refusal naming another node comes from the
+                    // coordinator (the group may not exist yet).
+                    Err(ClientError::Refused { code, .. }) if code != ErrorCode::NOT_LEADER => {
+                        Ok(c.addr().to_string())
+                    }
+                    Err(e) => Err(e),
+                    Ok(()) => Ok(c.addr().to_string()),
+                }
+            })
             .map_err(client_error)?;
         self.connect_to(&addr)
     }

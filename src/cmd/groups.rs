@@ -88,7 +88,16 @@ pub fn run(args: Args, _global: Global) -> anyhow::Result<u8> {
     if let Some(dir) = &args.data_dir {
         return offline(&args, dir, &mut out);
     }
-    let mut client = args.broker.connect_coordinator()?;
+    let group = match &args.command {
+        GroupsCommand::List => None,
+        GroupsCommand::Describe { group }
+        | GroupsCommand::ResetOffsets { group, .. }
+        | GroupsCommand::Delete { group } => Some(group.as_str()),
+    };
+    if let Some(g) = group {
+        check_group(g)?;
+    }
+    let mut client = args.broker.connect_coordinator(group)?;
     match &args.command {
         GroupsCommand::List => {
             let mut groups = client.list_groups().map_err(client_error)?;

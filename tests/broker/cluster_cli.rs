@@ -275,7 +275,9 @@ fn a_topic_on_fewer_nodes_than_the_cluster_is_reached_through_any_node() {
                 .as_array()
                 .unwrap()
                 .iter()
-                .any(|x| x["partition"] == p["partition"] && x["held"] == true);
+                .any(|x| {
+                    x["topic"] == topic && x["partition"] == p["partition"] && x["held"] == true
+                });
             assert_eq!(
                 p["detail"].as_str().is_some_and(|s| s.contains("not held")),
                 !held,

@@ -286,3 +286,45 @@ fn direct_leaders(addr: &str, topic: &str) -> BTreeMap<i32, i32> {
         .map(|p| (p.partition_index, p.leader_id.0))
         .collect()
 }
+
+/// A confluent-kafka group member's committed offsets survive a SIGKILL of the node
+/// coordinating the group: FindCoordinator names the leader of
+/// `__consumer_offsets`'s partition (before, the node asked, whose groups died with
+/// it), and the next member goes on from the commit.
+#[test]
+fn a_kafka_group_goes_on_from_its_commit_after_its_coordinator_is_killed() {
+    if !have_python("confluent_kafka") {
+        return;
+    }
+    let (mut c, kafka) = kafka_cluster();
+    c.create_topic("kg", 1, 3);
+    let input: String = (1..=20).map(|i| format!("{i}\n")).collect();
+    c.ok_with_stdin(&["produce", "kg"], &input);
+    let boot: Vec<&str> = kafka.values().map(String::as_str).collect();
+    let boot = boot.join(",");
+    let read = |want: usize| {
+        let r = python(
+            "confluent_group_reads",
+            &[&boot, "kg", "kg-readers", &want.to_string()],
+        );
+        let values: Vec<u32> = r["values"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap().parse().unwrap())
+            .collect();
+        (values, r)
+    };
+    let (first, r) = read(8);
+    assert_eq!(first, (1..=8).collect::<Vec<_>>(), "{r}");
+    assert_eq!(r["committed"]["0"], 8, "{r}");
+    let coordinator = c.wait_leader("__consumer_offsets", 0);
+    c.kill9(coordinator);
+    let (next, r) = read(5);
+    assert_eq!(
+        next,
+        (9..=13).collect::<Vec<_>>(),
+        "after node {coordinator}, the coordinator, was killed: {r}"
+    );
+    assert_eq!(r["committed"]["0"], 13, "{r}");
+}

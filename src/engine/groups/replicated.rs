@@ -138,7 +138,9 @@ impl GroupCoordinator {
                 serving: false,
                 coordinator,
             } => Err({
-                if coordinator.is_none() {
+                // A request about a group (not a listing) asks for the offsets topic
+                // when no node coordinates: it may not exist yet.
+                if coordinator.is_none() && !group.is_empty() {
                     self.wanted.store(true, Ordering::Release);
                 }
                 GroupError::NotCoordinator {
@@ -194,6 +196,12 @@ impl GroupCoordinator {
             self.replica_wake.notify_one();
         }
         imported
+    }
+
+    /// Notes that a client looks for the coordinator and none is known (Kafka's
+    /// FindCoordinator): the offsets topic may not exist yet.
+    pub fn want(&self) {
+        self.wanted.store(true, Ordering::Release);
     }
 
     /// Whether a request was refused for want of any coordinator since the last

@@ -209,7 +209,15 @@ pub async fn serve(
                 );
             }
             GroupRequest::ListGroups => {
-                let list = groups.list()?;
+                let list = match groups.list() {
+                    Ok(list) => list,
+                    // No node coordinates: the offsets topic does not exist yet (no
+                    // group was ever asked for), or an election is under way.
+                    Err(GroupError::NotCoordinator {
+                        coordinator: None, ..
+                    }) => Vec::new(),
+                    Err(e) => return Err(e),
+                };
                 let groups = list.iter().map(|(g, s)| (g.as_str(), s.name())).collect();
                 reply(out, GroupResponse::ListGroups { groups });
             }

@@ -674,6 +674,41 @@ def confluent_failover(boot, topic, n):
     out({"reports": reports, "consumed": consumed, "ends": {str(k): v for k, v in ends.items()}})
 
 
+def confluent_group_reads(boot, topic, group, n):
+    """A group member reads n records from where its group committed (earliest when
+    it has not), commits them synchronously and leaves; prints the values read and
+    the coordinator the client used."""
+    from confluent_kafka import Consumer
+
+    c = Consumer({"bootstrap.servers": boot, "group.id": group, "client.id": "reads",
+                  "auto.offset.reset": "earliest", "enable.auto.commit": False,
+                  "session.timeout.ms": 6000, "heartbeat.interval.ms": 500,
+                  "topic.metadata.refresh.interval.ms": 1000})
+    c.subscribe([topic])
+    values = []
+    errors = []
+    end = time.time() + DEADLINE_S
+    while len(values) < n and time.time() < end:
+        m = c.poll(0.2)
+        if m is None:
+            continue
+        if m.error() is not None:
+            errors.append(str(m.error()))
+            continue
+        values.append(m.value().decode())
+    committed = None
+    while time.time() < end:
+        try:
+            parts = c.commit(asynchronous=False)
+            committed = {str(tp.partition): tp.offset for tp in parts}
+            break
+        except Exception as e:  # a coordinator change under way: ask again
+            errors.append(str(e))
+            time.sleep(0.2)
+    c.close()
+    out({"values": values, "committed": committed, "errors": errors[:5]})
+
+
 def main():
     mode = sys.argv[1]
     try:
@@ -689,6 +724,8 @@ def main():
             bench_fetch(sys.argv[2], sys.argv[3], int(sys.argv[4]))
         elif mode == "confluent_sasl":
             confluent_sasl(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], int(sys.argv[6]))
+        elif mode == "confluent_group_reads":
+            confluent_group_reads(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]))
         elif mode == "confluent_metadata":
             confluent_metadata(sys.argv[2], sys.argv[3])
         elif mode == "confluent_failover":

@@ -95,6 +95,7 @@ pub(crate) fn find_coordinator(ctx: &Ctx, r: FindCoordinatorRequest) -> Outcome 
                 (host, port)
             }
             None => {
+                ctx.broker.groups().want();
                 let c = code::COORDINATOR_NOT_AVAILABLE;
                 let msg = "no node coordinates the groups yet (the offsets topic has no \
                            leader): ask again";
