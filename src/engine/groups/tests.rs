@@ -782,3 +782,165 @@ fn a_join_without_a_protocol_type_is_refused() {
         Err(GroupError::UnknownGroup { .. })
     ));
 }
+
+/// The records a replica write would produce, as the offsets topic would hold them
+/// from `first` on.
+fn as_records(w: &ReplicaWrite, first: u64) -> Vec<(u64, Vec<u8>, Vec<u8>)> {
+    w.records()
+        .enumerate()
+        .map(|(i, (k, v))| (first + i as u64, k.to_vec(), v.to_vec()))
+        .collect()
+}
+
+fn read_back(records: &[(u64, Vec<u8>, Vec<u8>)]) -> GroupRecords {
+    let mut r = GroupRecords::default();
+    for (o, k, v) in records {
+        r.add(*o, Some(k), v);
+    }
+    r.finish()
+}
+
+#[test]
+fn a_replica_serves_only_while_it_coordinates_and_answers_commits_once_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = coordinator(dir.path());
+    c.replicate();
+    // Not coordinating: refused, naming the coordinator once one is known.
+    assert!(matches!(
+        done(c.join(join_req("", 10_000))),
+        Err(GroupError::NotCoordinator {
+            coordinator: None,
+            ..
+        })
+    ));
+    assert!(c.take_wanted(), "a refusal with no coordinator asks for the topic");
+    c.set_coordinator(Some((2, "127.0.0.1:9402".into())));
+    let e = c.describe("g").unwrap_err();
+    assert_eq!(
+        crate::format::wire::parse_not_leader(&e.to_string()),
+        Some((2, "127.0.0.1:9402".into())),
+        "{e}"
+    );
+    assert!(!c.take_wanted());
+
+    c.take_over(GroupRecords::default());
+    let a = done(c.join(join_req("", 10_000))).unwrap();
+    done(c.sync("g", 1, &a.member_id, None, vec![(a.member_id.clone(), b"p".to_vec())]))
+        .unwrap();
+    let commit = |offset| {
+        let e = [OffsetCommit {
+            partition: 0,
+            offset,
+            metadata: String::new(),
+        }];
+        c.commit(&Topics, "g", 1, &a.member_id, None, "t", &e).unwrap()
+    };
+    let mut first = commit(5);
+    // Not on disk: no group file is written by a replica.
+    c.flush_if_dirty();
+    assert!(std::fs::read_dir(dir.path().join("groups")).unwrap().next().is_none());
+    assert!(first.try_recv().is_err(), "answered before its write");
+    let w = c.take_writes().expect("the group is to be written");
+    let mut topic = as_records(&w, 0);
+    assert!(c.fetch_offsets("g", None, None).unwrap().is_empty(), "staged only");
+    c.finish_writes(w, Ok(()));
+    done(first).unwrap();
+    assert_eq!(c.fetch_offsets("g", None, None).unwrap()[0].offset, 5);
+
+    // A failed write drops its commit, and memory stays as the topic is.
+    let second = commit(9);
+    let w = c.take_writes().unwrap();
+    c.finish_writes(
+        w,
+        Err(GroupError::Storage {
+            group: "g".into(),
+            detail: "no majority".into(),
+        }),
+    );
+    assert!(done(second).is_err());
+    assert_eq!(c.fetch_offsets("g", None, None).unwrap()[0].offset, 5);
+
+    // A step-down refuses what waits and forgets the groups; another node's
+    // take-over from the topic's records has the offsets and the Stable members.
+    let third = commit(7);
+    c.step_down(Some((3, "127.0.0.1:9403".into())));
+    assert!(matches!(
+        done(third),
+        Err(GroupError::NotCoordinator { .. })
+    ));
+    assert!(c.heartbeat("g", 1, &a.member_id, None).is_err());
+    let dir2 = tempfile::tempdir().unwrap();
+    let other = coordinator(dir2.path());
+    other.replicate();
+    topic.push((1, b"not a group!".to_vec(), b"x".to_vec()));
+    let loaded = read_back(&topic);
+    assert_eq!(loaded.report.len(), 1, "{:?}", loaded.report);
+    assert_eq!(other.take_over(loaded), 0);
+    assert_eq!(other.fetch_offsets("g", None, None).unwrap()[0].offset, 5);
+    other.heartbeat("g", 1, &a.member_id, None).unwrap();
+}
+
+#[test]
+fn the_last_record_of_a_group_wins_and_an_empty_one_removes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = coordinator(dir.path());
+    c.replicate();
+    c.take_over(GroupRecords::default());
+    let mut topic = Vec::new();
+    for (group, offset) in [("a", 1), ("b", 2), ("a", 3)] {
+        let e = [OffsetCommit {
+            partition: 0,
+            offset,
+            metadata: String::new(),
+        }];
+        let rx = c.commit(&Topics, group, -1, "", None, "t", &e).unwrap();
+        let w = c.take_writes().unwrap();
+        let at = topic.len() as u64;
+        topic.extend(as_records(&w, at));
+        c.finish_writes(w, Ok(()));
+        done(rx).unwrap();
+    }
+    let rx = c.delete("b").unwrap();
+    let w = c.take_writes().unwrap();
+    let at = topic.len() as u64;
+    let removal = as_records(&w, at);
+    assert!(removal[0].2.is_empty(), "a removal is an empty value");
+    topic.extend(removal);
+    c.finish_writes(w, Ok(()));
+    done(rx).unwrap();
+    let loaded = read_back(&topic);
+    let names: Vec<&str> = loaded.groups().iter().map(|(g, _)| g.as_str()).collect();
+    assert_eq!(names, ["a"]);
+    assert_eq!(loaded.groups()[0].1.offsets[0].offset, 3);
+    // A record that does not decode hides its group rather than bring back an older
+    // offset.
+    topic.push((99, b"a".to_vec(), b"{broken".to_vec()));
+    let loaded = read_back(&topic);
+    assert!(loaded.groups().is_empty());
+    assert_eq!(loaded.report.len(), 1, "{:?}", loaded.report);
+}
+
+#[test]
+fn a_take_over_brings_in_the_groups_of_files_the_topic_never_named() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        // The node's groups from before it was in a cluster.
+        let c = coordinator(dir.path());
+        let e = [OffsetCommit {
+            partition: 1,
+            offset: 42,
+            metadata: String::new(),
+        }];
+        done(c.commit(&Topics, "old", -1, "", None, "t", &e).unwrap()).unwrap();
+        done(c.commit(&Topics, "gone", -1, "", None, "t", &e).unwrap()).unwrap();
+    }
+    let c = coordinator(dir.path());
+    c.replicate();
+    // The topic removed "gone": its file does not bring it back.
+    let loaded = read_back(&[(0, b"gone".to_vec(), Vec::new())]);
+    assert_eq!(c.take_over(loaded), 1);
+    assert_eq!(c.fetch_offsets("old", None, None).unwrap()[0].offset, 42);
+    assert!(c.fetch_offsets("gone", None, None).unwrap().is_empty());
+    let w = c.take_writes().expect("the imported group is written to the topic");
+    assert_eq!(w.names(), "old");
+}
