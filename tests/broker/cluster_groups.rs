@@ -10,7 +10,7 @@
 use std::process::{Command, Stdio};
 
 use crate::util::bin::BIN;
-use crate::util::cluster::{output_within, Cluster};
+use crate::util::cluster::{output_within, output_within_from, Cluster};
 use crate::util::serve::PATIENCE;
 
 const TOPIC: &str = "orders";
@@ -55,6 +55,24 @@ fn a_group_keeps_its_committed_offsets_when_its_coordinator_is_killed() {
     ]);
     assert_eq!(values(&first), (1..=8).collect::<Vec<_>>());
     let coordinator = c.wait_leader(OFFSETS, 0);
+    // Clients neither write the offsets topic nor delete it.
+    for args in [
+        &["produce", OFFSETS][..],
+        &["topics", "delete", OFFSETS][..],
+    ] {
+        let mut cmd = Command::new(BIN);
+        cmd.args(args).args(["--broker", &c.brokers()]);
+        let file = tempfile::tempfile().unwrap();
+        std::io::Write::write_all(&mut &file, b"a record\n").unwrap();
+        std::io::Seek::rewind(&mut &file).unwrap();
+        let out = output_within_from(cmd, Stdio::from(file), PATIENCE).unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("holds the cluster's consumer groups"),
+            "{args:?}: {stderr}"
+        );
+    }
     // Every node answers for the group, whichever it is asked through.
     for id in c.ids() {
         assert_eq!(committed_through(&c, id, "g"), 8, "through node {id}");

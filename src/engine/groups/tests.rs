@@ -813,7 +813,10 @@ fn a_replica_serves_only_while_it_coordinates_and_answers_commits_once_written()
             ..
         })
     ));
-    assert!(c.take_wanted(), "a refusal with no coordinator asks for the topic");
+    assert!(
+        c.take_wanted(),
+        "a refusal with no coordinator asks for the topic"
+    );
     c.set_coordinator(Some((2, "127.0.0.1:9402".into())));
     let e = c.describe("g").unwrap_err();
     assert_eq!(
@@ -825,24 +828,37 @@ fn a_replica_serves_only_while_it_coordinates_and_answers_commits_once_written()
 
     c.take_over(GroupRecords::default());
     let a = done(c.join(join_req("", 10_000))).unwrap();
-    done(c.sync("g", 1, &a.member_id, None, vec![(a.member_id.clone(), b"p".to_vec())]))
-        .unwrap();
+    done(c.sync(
+        "g",
+        1,
+        &a.member_id,
+        None,
+        vec![(a.member_id.clone(), b"p".to_vec())],
+    ))
+    .unwrap();
     let commit = |offset| {
         let e = [OffsetCommit {
             partition: 0,
             offset,
             metadata: String::new(),
         }];
-        c.commit(&Topics, "g", 1, &a.member_id, None, "t", &e).unwrap()
+        c.commit(&Topics, "g", 1, &a.member_id, None, "t", &e)
+            .unwrap()
     };
     let mut first = commit(5);
     // Not on disk: no group file is written by a replica.
     c.flush_if_dirty();
-    assert!(std::fs::read_dir(dir.path().join("groups")).unwrap().next().is_none());
+    assert!(std::fs::read_dir(dir.path().join("groups"))
+        .unwrap()
+        .next()
+        .is_none());
     assert!(first.try_recv().is_err(), "answered before its write");
     let w = c.take_writes().expect("the group is to be written");
     let mut topic = as_records(&w, 0);
-    assert!(c.fetch_offsets("g", None, None).unwrap().is_empty(), "staged only");
+    assert!(
+        c.fetch_offsets("g", None, None).unwrap().is_empty(),
+        "staged only"
+    );
     c.finish_writes(w, Ok(()));
     done(first).unwrap();
     assert_eq!(c.fetch_offsets("g", None, None).unwrap()[0].offset, 5);
@@ -941,6 +957,8 @@ fn a_take_over_brings_in_the_groups_of_files_the_topic_never_named() {
     assert_eq!(c.take_over(loaded), 1);
     assert_eq!(c.fetch_offsets("old", None, None).unwrap()[0].offset, 42);
     assert!(c.fetch_offsets("gone", None, None).unwrap().is_empty());
-    let w = c.take_writes().expect("the imported group is written to the topic");
+    let w = c
+        .take_writes()
+        .expect("the imported group is written to the topic");
     assert_eq!(w.names(), "old");
 }

@@ -2235,7 +2235,10 @@ impl<L: LogStores> Replicator for Manager<L> {
         partition: u32,
         entry: ProduceEntry,
     ) -> BoxFuture<Result<(u64, u64), Refusal>> {
-        Box::pin(async move { Manager::produce(&self, &topic, partition, entry).await })
+        Box::pin(async move {
+            groups::clients_may_write(&topic)?;
+            Manager::produce(&self, &topic, partition, entry).await
+        })
     }
 
     fn submit(
@@ -2244,6 +2247,9 @@ impl<L: LogStores> Replicator for Manager<L> {
         partition: u32,
         entry: ProduceEntry,
     ) -> BoxFuture<Result<Applied, Refusal>> {
+        if let Err(e) = groups::clients_may_write(&topic) {
+            return Box::pin(async move { Err(e) });
+        }
         Box::pin(Manager::submit(self, topic, partition, entry))
     }
 
@@ -2276,7 +2282,10 @@ impl<L: LogStores> Replicator for Manager<L> {
     }
 
     fn delete_topic(self: Arc<Self>, name: String) -> BoxFuture<Result<(), Refusal>> {
-        Box::pin(async move { Manager::delete_topic(&self, &name).await })
+        Box::pin(async move {
+            groups::clients_may_write(&name)?;
+            Manager::delete_topic(&self, &name).await
+        })
     }
 
     fn offsets_elsewhere(

@@ -43,6 +43,23 @@ pub fn offsets_topic_settings() -> Vec<String> {
     ]
 }
 
+/// Refuses a client's produce to, or delete of, the offsets topic: only the group
+/// coordinator writes it (a record of another shape would be a group the coordinator
+/// cannot load), and without it every group's offsets would be gone.
+pub(super) fn clients_may_write(topic: &str) -> Result<(), super::Refusal> {
+    if topic == OFFSETS_TOPIC {
+        return Err((
+            ErrorCode::INVALID_REQUEST,
+            format!(
+                "{OFFSETS_TOPIC} holds the cluster's consumer groups: only the group \
+                 coordinator writes it, and it cannot be deleted (use `groups delete` for \
+                 a group)"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 impl<L: LogStores> Manager<L> {
     /// Runs the cluster's groups on this node until `stop`.
     pub(super) async fn run_groups(self: Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
