@@ -181,11 +181,16 @@ fn not_coordinator_message(group: &str, coordinator: Option<&(u64, String)>) -> 
     };
     // The tail is a NOT_LEADER refusal's, so that clients find the address the same
     // way (`parse_not_leader`).
-    let leader = match coordinator {
-        Some((id, addr)) => format!("node {id} at {addr}"),
-        None => "unknown".to_string(),
-    };
-    format!("{about}: the leader of {OFFSETS_TOPIC}/0 does; leader: {leader}")
+    match coordinator {
+        Some((id, addr)) => {
+            format!("{about}: the leader of {OFFSETS_TOPIC}/0 does; leader: node {id} at {addr}")
+        }
+        None => format!(
+            "{about}: the leader of {OFFSETS_TOPIC}/0 does, and none is known (an election \
+             under way, or the topic not created yet: the nodes' logs say why); leader: \
+             unknown"
+        ),
+    }
 }
 
 /// What the coordinator needs to know about topics.
