@@ -315,6 +315,8 @@ pub struct GroupCoordinator {
     replica_wake: tokio::sync::Notify,
     /// A request found no coordinator to name (the offsets topic may be missing).
     wanted: AtomicBool,
+    /// Counts take-overs and step-downs ([`ReplicaWrite`]'s term).
+    term: AtomicU64,
 }
 
 impl GroupCoordinator {
@@ -358,6 +360,7 @@ impl GroupCoordinator {
                 role: Mutex::new(replicated::Role::Files),
                 replica_wake: tokio::sync::Notify::new(),
                 wanted: AtomicBool::new(false),
+                term: AtomicU64::new(0),
             },
             report,
         ))

@@ -51,6 +51,9 @@ pub(super) enum Role {
 #[derive(Debug)]
 pub struct ReplicaWrite {
     pending: Vec<Pending>,
+    /// The take-over it was made in: a write that ends after a step-down (and
+    /// maybe a new take-over) answers its commits but changes no group in memory.
+    term: u64,
 }
 
 impl ReplicaWrite {
@@ -84,7 +87,10 @@ impl ReplicaWrite {
                 }
                 _ => {
                     size = n;
-                    out.push(ReplicaWrite { pending: vec![p] });
+                    out.push(ReplicaWrite {
+                        pending: vec![p],
+                        term: self.term,
+                    });
                 }
             }
         }
@@ -190,6 +196,7 @@ impl GroupCoordinator {
             serving: true,
             coordinator: None,
         };
+        self.term.fetch_add(1, Ordering::AcqRel);
         self.dirty.store(imported > 0, Ordering::Release);
         drop(groups);
         if imported > 0 {
@@ -229,6 +236,7 @@ impl GroupCoordinator {
             serving: false,
             coordinator,
         };
+        self.term.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Waits until a group may need writing (or the coordinator shuts down).
@@ -242,17 +250,23 @@ impl GroupCoordinator {
         if !self.dirty.swap(false, Ordering::AcqRel) || !self.coordinating() {
             return None;
         }
+        // Read before the groups are taken: a step-down in between makes the write
+        // one of an older term, which changes no group.
+        let term = self.term.load(Ordering::Acquire);
         let pending = self.take_dirty();
-        (!pending.is_empty()).then_some(ReplicaWrite { pending })
+        (!pending.is_empty()).then_some(ReplicaWrite { pending, term })
     }
 
     /// After the produce of `w`: its commits are applied and answered (`Ok`), or
     /// dropped and refused with the produce's error.
     pub fn finish_writes(&self, w: ReplicaWrite, result: Result<(), GroupError>) {
+        let current = w.term == self.term.load(Ordering::Acquire);
         let mut removed = Vec::new();
         for p in w.pending {
-            self.settle(&p, result.is_ok());
-            if result.is_ok() && p.bytes.is_none() {
+            if current {
+                self.settle(&p, result.is_ok());
+            }
+            if current && result.is_ok() && p.bytes.is_none() {
                 removed.push(p.group.clone());
             }
             let n = p.waiters.len() as u64;

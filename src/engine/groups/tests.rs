@@ -894,6 +894,23 @@ fn a_replica_serves_only_while_it_coordinates_and_answers_commits_once_written()
     assert_eq!(other.take_over(loaded), 0);
     assert_eq!(other.fetch_offsets("g", None, None).unwrap()[0].offset, 5);
     other.heartbeat("g", 1, &a.member_id, None).unwrap();
+
+    // A write that ends after a step-down and a new take-over answers its commit
+    // but leaves the groups as the new take-over read them.
+    let e = [OffsetCommit {
+        partition: 0,
+        offset: 11,
+        metadata: String::new(),
+    }];
+    let late = other
+        .commit(&Topics, "g", 1, &a.member_id, None, "t", &e)
+        .unwrap();
+    let w = other.take_writes().unwrap();
+    other.step_down(None);
+    other.take_over(read_back(&topic));
+    other.finish_writes(w, Ok(()));
+    done(late).unwrap();
+    assert_eq!(other.fetch_offsets("g", None, None).unwrap()[0].offset, 5);
 }
 
 #[test]
