@@ -21,10 +21,8 @@ use super::connect::client_error;
 use super::consume::Readers;
 use super::consume::{write_record, Args, StartAt};
 use super::{exit, ExitError, Global};
-use crate::engine::net::client::ClientError;
+use crate::engine::net::client::{Client, ClientError};
 use crate::engine::net::cluster_client::ClusterClient;
-use crate::engine::net::group_client::Joined;
-use crate::format::group::CommittedOffset;
 use crate::format::wire::groups::{decode_topic_partitions, encode_topic_partitions};
 use crate::format::wire::ErrorCode;
 use crate::format::wire::PartitionOffsets;
@@ -221,7 +219,7 @@ pub fn run(args: &Args, group: &str, global: Global) -> anyhow::Result<u8> {
             }
             if last_heartbeat.elapsed() >= heartbeat_every {
                 last_heartbeat = Instant::now();
-                let next = match client.heartbeat(group, m.generation, &m.member_id) {
+                let next = match client.on(|c| c.heartbeat(group, m.generation, &m.member_id)) {
                     Ok(()) => Next::Continue,
                     Err(e) => classify(&e).ok_or_else(|| client_error(e))?,
                 };
@@ -243,7 +241,7 @@ pub fn run(args: &Args, group: &str, global: Global) -> anyhow::Result<u8> {
     out.flush()?;
     if !m.member_id.is_empty() {
         commit(&mut client, &args.topic, group, &mut m).map_err(client_error)?;
-        let _ = client.leave_group(group, &m.member_id);
+        let _ = client.on(|c| c.leave_group(group, &m.member_id));
     }
     Ok(exit::OK)
 }
@@ -289,15 +287,17 @@ fn join(
         if STOP.load(Ordering::SeqCst) {
             return Ok(());
         }
-        let joined = client.join_group(
-            group,
-            &m.member_id,
-            "seglog-consume",
-            args.session_timeout,
-            rebalance_timeout,
-            PROTOCOL_TYPE,
-            &[(args.assignor.name(), &subscription)],
-        );
+        let joined = client.on(|c| {
+            c.join_group(
+                group,
+                &m.member_id,
+                "seglog-consume",
+                args.session_timeout,
+                rebalance_timeout,
+                PROTOCOL_TYPE,
+                &[(args.assignor.name(), &subscription)],
+            )
+        });
         let joined = match joined {
             Ok(j) => j,
             Err(e) if is_code(&e, &[ErrorCode::UNKNOWN_MEMBER]) => {
@@ -330,16 +330,17 @@ fn join(
             .iter()
             .map(|(id, a)| (id.as_str(), a.as_slice()))
             .collect();
-        let mine =
-            match client.sync_group(group, m.generation, &m.member_id, &refs, rebalance_timeout) {
-                Ok(a) => a,
-                Err(e) if is_code(&e, &[ErrorCode::UNKNOWN_MEMBER]) => {
-                    m.member_id.clear();
-                    continue;
-                }
-                Err(e) if classify(&e).is_some() => continue,
-                Err(e) => return Err(client_error(e)),
-            };
+        let mine = match client
+            .on(|c| c.sync_group(group, m.generation, &m.member_id, &refs, rebalance_timeout))
+        {
+            Ok(a) => a,
+            Err(e) if is_code(&e, &[ErrorCode::UNKNOWN_MEMBER]) => {
+                m.member_id.clear();
+                continue;
+            }
+            Err(e) if classify(&e).is_some() => continue,
+            Err(e) => return Err(client_error(e)),
+        };
         let parts: Vec<u32> = decode_topic_partitions(&mine)
             .map_err(|e| {
                 ExitError::new(
@@ -351,11 +352,12 @@ fn join(
             .filter(|(t, _)| *t == args.topic)
             .flat_map(|(_, ps)| ps)
             .collect();
-        let committed = match client.fetch_offsets(group, m.generation, &m.member_id, &args.topic) {
-            Ok(c) => c,
-            Err(e) if classify(&e).is_some() => continue,
-            Err(e) => return Err(client_error(e)),
-        };
+        let committed =
+            match client.on(|c| c.fetch_offsets(group, m.generation, &m.member_id, &args.topic)) {
+                Ok(c) => c,
+                Err(e) if classify(&e).is_some() => continue,
+                Err(e) => return Err(client_error(e)),
+            };
         let offsets = client.list_offsets(&args.topic).map_err(client_error)?;
         m.positions.clear();
         m.committed.clear();
@@ -394,78 +396,12 @@ fn join(
 struct Coordinator(ClusterClient);
 
 impl Coordinator {
-    #[expect(clippy::too_many_arguments, reason = "the fields of a join")]
-    fn join_group(
+    /// Runs a group request on the coordinator.
+    fn on<T>(
         &mut self,
-        group: &str,
-        member_id: &str,
-        client_id: &str,
-        session_timeout: Duration,
-        rebalance_timeout: Duration,
-        protocol_type: &str,
-        protocols: &[(&str, &[u8])],
-    ) -> Result<Joined, ClientError> {
-        self.0.on_coordinator(|c| {
-            c.join_group(
-                group,
-                member_id,
-                client_id,
-                session_timeout,
-                rebalance_timeout,
-                protocol_type,
-                protocols,
-            )
-        })
-    }
-
-    fn sync_group(
-        &mut self,
-        group: &str,
-        generation: i32,
-        member_id: &str,
-        assignments: &[(&str, &[u8])],
-        rebalance_timeout: Duration,
-    ) -> Result<Vec<u8>, ClientError> {
-        self.0.on_coordinator(|c| {
-            c.sync_group(group, generation, member_id, assignments, rebalance_timeout)
-        })
-    }
-
-    fn heartbeat(
-        &mut self,
-        group: &str,
-        generation: i32,
-        member_id: &str,
-    ) -> Result<(), ClientError> {
-        self.0
-            .on_coordinator(|c| c.heartbeat(group, generation, member_id))
-    }
-
-    fn leave_group(&mut self, group: &str, member_id: &str) -> Result<(), ClientError> {
-        self.0.on_coordinator(|c| c.leave_group(group, member_id))
-    }
-
-    fn fetch_offsets(
-        &mut self,
-        group: &str,
-        generation: i32,
-        member_id: &str,
-        topic: &str,
-    ) -> Result<Vec<CommittedOffset>, ClientError> {
-        self.0
-            .on_coordinator(|c| c.fetch_offsets(group, generation, member_id, topic))
-    }
-
-    fn commit_offsets(
-        &mut self,
-        group: &str,
-        generation: i32,
-        member_id: &str,
-        topic: &str,
-        offsets: &[(u32, u64, &str)],
-    ) -> Result<(), ClientError> {
-        self.0
-            .on_coordinator(|c| c.commit_offsets(group, generation, member_id, topic, offsets))
+        op: impl FnMut(&mut Client) -> Result<T, ClientError>,
+    ) -> Result<T, ClientError> {
+        self.0.on_coordinator(op)
     }
 
     fn list_offsets(&mut self, topic: &str) -> Result<Vec<PartitionOffsets>, ClientError> {
@@ -489,7 +425,7 @@ fn commit(
     if changed.is_empty() {
         return Ok(());
     }
-    client.commit_offsets(group, m.generation, &m.member_id, topic, &changed)?;
+    client.on(|c| c.commit_offsets(group, m.generation, &m.member_id, topic, &changed))?;
     for (p, o, _) in changed {
         m.committed.insert(p, o);
     }

@@ -19,7 +19,7 @@ use tokio::sync::oneshot;
 use super::{GroupCoordinator, GroupError};
 use crate::engine::storage::io::write_file_atomic;
 use crate::format::group::{
-    decode_group_file_keeping_offsets, group_file_name, CommittedOffset, GroupFileError,
+    decode_group_file_keeping_offsets, group_file_name, CommittedOffset, GroupFile, GroupFileError,
     StoredMembership, GROUP_FILE_BYTES_MAX, GROUP_FILE_EXT,
 };
 use crate::format::names::{is_atomic_tmp_file_name, validate_name};
@@ -96,8 +96,13 @@ pub fn read_group_file(path: &Path) -> Result<(String, Loaded), GroupFileProblem
             inside: f.group,
         });
     }
-    Ok((
-        f.group,
+    let group = f.group.clone();
+    Ok((group, Loaded::from_file(f, membership_problem)))
+}
+
+impl Loaded {
+    /// What a decoded group file holds.
+    pub(super) fn from_file(f: GroupFile, membership_problem: Option<GroupFileError>) -> Loaded {
         Loaded {
             generation: f.generation,
             protocol_type: f.protocol_type,
@@ -105,8 +110,8 @@ pub fn read_group_file(path: &Path) -> Result<(String, Loaded), GroupFileProblem
             offsets: f.offsets,
             membership: f.membership,
             membership_problem,
-        },
-    ))
+        }
+    }
 }
 
 fn read_bounded(path: &Path) -> std::io::Result<Vec<u8>> {
@@ -193,19 +198,31 @@ impl GroupCoordinator {
         let mut removed = Vec::new();
         for p in pending {
             let result = self.write_one(&p);
-            self.settle(&p, result.is_ok());
-            if result.is_ok() && p.bytes.is_none() {
-                removed.push(p.group.clone());
-            }
-            let n = p.waiters.len() as u64;
-            for w in p.waiters {
-                let _ = w.send(result.clone());
-            }
-            if result.is_ok() {
-                self.commits.fetch_add(n, Ordering::Relaxed);
-            }
+            removed.extend(self.complete(p, &result, true));
         }
         self.forget_deleted(&removed);
+    }
+
+    /// After the write of `p`: its staged commits are applied or dropped (when
+    /// `settle`), its waiters answered with `result`. Returns the group's name when
+    /// its removal is now durable.
+    pub(super) fn complete(
+        &self,
+        p: Pending,
+        result: &Result<(), GroupError>,
+        settle: bool,
+    ) -> Option<String> {
+        if settle {
+            self.settle(&p, result.is_ok());
+        }
+        let n = p.waiters.len() as u64;
+        for w in p.waiters {
+            let _ = w.send(result.clone());
+        }
+        if result.is_ok() {
+            self.commits.fetch_add(n, Ordering::Relaxed);
+        }
+        (settle && result.is_ok() && p.bytes.is_none()).then_some(p.group)
     }
 
     fn write_one(&self, p: &Pending) -> Result<(), GroupError> {

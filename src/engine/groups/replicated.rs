@@ -263,20 +263,10 @@ impl GroupCoordinator {
         let current = w.term == self.term.load(Ordering::Acquire);
         let mut removed = Vec::new();
         for p in w.pending {
-            if current {
-                self.settle(&p, result.is_ok());
-            }
-            if current && result.is_ok() && p.bytes.is_none() {
-                removed.push(p.group.clone());
-            }
-            let n = p.waiters.len() as u64;
-            for w in p.waiters {
-                let _ = w.send(result.clone());
-            }
             if result.is_ok() {
-                self.commits.fetch_add(n, Ordering::Relaxed);
                 self.file_writes.fetch_add(1, Ordering::Relaxed);
             }
+            removed.extend(self.complete(p, &result, current));
         }
         self.forget_deleted(&removed);
     }
@@ -351,17 +341,8 @@ impl GroupRecords {
                              is loaded without members, who rejoin"
                         ));
                     }
-                    self.groups.push((
-                        name,
-                        Loaded {
-                            generation: f.generation,
-                            protocol_type: f.protocol_type,
-                            empty_since_ms: f.empty_since_ms,
-                            offsets: f.offsets,
-                            membership: f.membership,
-                            membership_problem,
-                        },
-                    ));
+                    self.groups
+                        .push((name, Loaded::from_file(f, membership_problem)));
                 }
                 Err(e) => self.report.push(format!(
                     "{OFFSETS_TOPIC}/0 offset {offset}: group {name}: {e}; the group is not \
