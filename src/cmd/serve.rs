@@ -187,6 +187,23 @@ pub struct Args {
         help_heading = "Cluster"
     )]
     pub cluster_secret_file: Option<PathBuf>,
+    /// TLS on the Raft connections: PEM file of this node's certificate chain. It
+    /// serves both ways (extended key usages serverAuth and clientAuth) and names
+    /// the host of this node's address in --peers (DNS name or IP address). With
+    /// --raft-tls-key and --raft-tls-ca; every node must have them.
+    #[arg(long, value_name = "PEM", requires_all = ["peers", "raft_tls_key", "raft_tls_ca"],
+          help_heading = "Cluster")]
+    pub raft_tls_cert: Option<PathBuf>,
+    /// TLS on the Raft connections: PEM file of the private key of --raft-tls-cert.
+    #[arg(long, value_name = "PEM", requires_all = ["peers", "raft_tls_cert", "raft_tls_ca"],
+          help_heading = "Cluster")]
+    pub raft_tls_key: Option<PathBuf>,
+    /// TLS on the Raft connections: PEM file of the CA that signed every node's
+    /// --raft-tls-cert. A node accepts and dials only peers whose certificate it
+    /// signed.
+    #[arg(long, value_name = "PEM", requires_all = ["peers", "raft_tls_cert", "raft_tls_key"],
+          help_heading = "Cluster")]
+    pub raft_tls_ca: Option<PathBuf>,
     /// Snapshot each replicated partition every N applied Raft entries, and purge
     /// its Raft log below the snapshot less 1000 entries (0: never; the Raft logs
     /// are then kept whole).
@@ -288,6 +305,29 @@ fn server_tls(args: &Args) -> anyhow::Result<Option<ServerTls>> {
         };
         ExitError::new(code, format!("cannot set up TLS: {e}"))
     })
+}
+
+/// The Raft connections' TLS settings (exit 64 for a file that cannot be used, 74
+/// for one that cannot be read).
+fn peer_tls(args: &Args) -> anyhow::Result<Option<crate::engine::replication::peer_tls::PeerTls>> {
+    let (Some(cert), Some(key), Some(ca)) =
+        (&args.raft_tls_cert, &args.raft_tls_key, &args.raft_tls_ca)
+    else {
+        return Ok(None);
+    };
+    crate::engine::replication::peer_tls::PeerTls::from_pem_files(cert, key, ca)
+        .map(Some)
+        .map_err(|e| {
+            let code = if e.is_unreadable_file() {
+                exit::IO
+            } else {
+                exit::USAGE
+            };
+            ExitError::new(
+                code,
+                format!("cannot set up TLS for Raft (--raft-tls-*): {e}"),
+            )
+        })
 }
 
 /// Reads `--cluster-secret-file` (exit 74 when unreadable, 64 when it holds no
@@ -759,7 +799,8 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
             let peers = parse_peers(peers, *id, raft_addr)?;
             check_cluster_node(&args.data_dir, *id)?;
             let secret = cluster_secret(args.cluster_secret_file.as_deref())?;
-            Some((*id, raft_addr, peers, secret))
+            let tls = peer_tls(&args)?;
+            Some((*id, raft_addr, peers, (secret, tls)))
         }
         _ => {
             check_not_cluster_dir(&args.data_dir)?;
@@ -877,8 +918,9 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
         (None, None) => None,
     };
     let (server, cluster) = match cluster {
-        Some((id, nodes, l, secret)) => {
+        Some((id, nodes, l, (secret, raft_tls))) => {
             let has_secret = secret.is_some();
+            let has_tls = raft_tls.is_some();
             if let (Some((_, mode)), Some(path)) = (&secret, &args.cluster_secret_file) {
                 if mode & 0o077 != 0 {
                     tracing::warn!(
@@ -896,7 +938,10 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
                 kafka_addr.as_deref(),
                 &nodes,
                 args.raft_snapshot_entries,
-                secret,
+                crate::engine::replication::node::PeerSecurity {
+                    secret,
+                    tls: raft_tls,
+                },
             );
             match started {
                 Ok(node) => {
@@ -905,12 +950,20 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
                         std::io::stderr().lock(),
                         "seglog: raft listening on {raddr}"
                     )?;
-                    tracing::info!(raft_listen = %raddr, node_id = id, "serving Raft");
-                    if !has_secret && !raddr.ip().is_loopback() {
+                    tracing::info!(raft_listen = %raddr, node_id = id, tls = has_tls, "serving Raft");
+                    if !has_secret && !has_tls && !raddr.ip().is_loopback() {
                         tracing::warn!(
                             raft_listen = %raddr,
-                            "the Raft listener is beyond loopback and no --cluster-secret-file \
-                             was given: anyone who reaches it can act as a node of the cluster"
+                            "the Raft listener is beyond loopback with neither \
+                             --cluster-secret-file nor --raft-tls-*: anyone who reaches it can \
+                             act as a node of the cluster"
+                        );
+                    }
+                    if !has_tls && !raddr.ip().is_loopback() {
+                        tracing::warn!(
+                            raft_listen = %raddr,
+                            "the Raft listener is beyond loopback without --raft-tls-*: records \
+                             travel between the nodes unencrypted"
                         );
                     }
                     let r = Arc::clone(&node.replicator);

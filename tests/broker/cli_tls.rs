@@ -16,12 +16,12 @@ use seglog::format::wire::{decode_response, encode_request, ErrorCode, Request};
 use crate::util::serve::Serve;
 
 /// A CA: its certificate and key.
-struct Ca {
+pub(crate) struct Ca {
     cert: Certificate,
     key: KeyPair,
 }
 
-fn ca(name: &str) -> Ca {
+pub(crate) fn ca(name: &str) -> Ca {
     let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
     p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     p.distinguished_name.push(DnType::CommonName, name);
@@ -31,17 +31,17 @@ fn ca(name: &str) -> Ca {
 }
 
 /// A certificate for `names` signed by `ca`, written as `<stem>.crt`/`<stem>.key`.
-fn issue(
+pub(crate) fn issue(
     dir: &Path,
     ca: &Ca,
     stem: &str,
     names: &[&str],
-    usage: ExtendedKeyUsagePurpose,
+    usage: &[ExtendedKeyUsagePurpose],
 ) -> (PathBuf, PathBuf) {
     let mut p =
         CertificateParams::new(names.iter().map(|n| (*n).to_string()).collect::<Vec<_>>()).unwrap();
     p.distinguished_name.push(DnType::CommonName, stem);
-    p.extended_key_usages = vec![usage];
+    p.extended_key_usages = usage.to_vec();
     let key = KeyPair::generate().unwrap();
     let cert = p.signed_by(&key, &ca.cert, &ca.key).unwrap();
     let (c, k) = (
@@ -53,7 +53,7 @@ fn issue(
     (c, k)
 }
 
-fn write_ca(dir: &Path, ca: &Ca, stem: &str) -> PathBuf {
+pub(crate) fn write_ca(dir: &Path, ca: &Ca, stem: &str) -> PathBuf {
     let path = dir.join(format!("{stem}.pem"));
     std::fs::write(&path, ca.cert.pem()).unwrap();
     path
@@ -81,21 +81,21 @@ pub(crate) fn pki() -> Pki {
         &root,
         "broker",
         &["localhost", "127.0.0.1"],
-        ExtendedKeyUsagePurpose::ServerAuth,
+        &[ExtendedKeyUsagePurpose::ServerAuth],
     );
     let (client_cert, client_key) = issue(
         dir.path(),
         &root,
         "client",
         &["client"],
-        ExtendedKeyUsagePurpose::ClientAuth,
+        &[ExtendedKeyUsagePurpose::ClientAuth],
     );
     let (stranger_cert, stranger_key) = issue(
         dir.path(),
         &other,
         "stranger",
         &["stranger"],
-        ExtendedKeyUsagePurpose::ClientAuth,
+        &[ExtendedKeyUsagePurpose::ClientAuth],
     );
     Pki {
         ca: write_ca(dir.path(), &root, "ca"),
@@ -410,7 +410,7 @@ fn a_host_the_certificate_does_not_name_is_told() {
         &root,
         "broker",
         &["broker.example"],
-        ExtendedKeyUsagePurpose::ServerAuth,
+        &[ExtendedKeyUsagePurpose::ServerAuth],
     );
     let ca_path = write_ca(dir.path(), &root, "ca");
     let data = tempfile::tempdir().unwrap();

@@ -38,6 +38,7 @@ mod cluster_schemas;
 mod cluster_secret;
 mod cluster_snapshot;
 mod cluster_startup;
+mod cluster_tls;
 mod engine_broker;
 mod engine_cleanup;
 mod engine_damage;

@@ -38,6 +38,8 @@ struct Shared {
     state: Mutex<State>,
     changed: Condvar,
     target: String,
+    /// Bytes watched for in the traffic, and whether they went through.
+    watch: Mutex<(Vec<u8>, bool)>,
 }
 
 impl Shared {
@@ -91,10 +93,22 @@ impl Proxy {
             }),
             changed: Condvar::new(),
             target: target.to_string(),
+            watch: Mutex::new((Vec::new(), false)),
         });
         let s = Arc::clone(&shared);
         thread::spawn(move || accept_loop(&listener, &s));
         Proxy { addr, shared }
+    }
+
+    /// Watches the traffic of both directions for `needle` from now on
+    /// ([`Proxy::saw`]).
+    pub fn watch_for(&self, needle: &[u8]) {
+        *self.shared.watch.lock().unwrap() = (needle.to_vec(), false);
+    }
+
+    /// Whether the bytes of [`Proxy::watch_for`] went through the link since.
+    pub fn saw(&self) -> bool {
+        self.shared.watch.lock().unwrap().1
     }
 
     /// The current mode.
@@ -221,6 +235,8 @@ fn connection(shared: &Arc<Shared>, id: u64, client: TcpStream) {
 /// of either side closes both, so the other direction ends too.
 fn pipe(shared: &Shared, mut from: TcpStream, mut to: TcpStream) {
     let mut buf = vec![0u8; 64 * 1024];
+    // The end of the last chunk, so that watched bytes split across two are seen.
+    let mut tail: Vec<u8> = Vec::new();
     loop {
         let n = match from.read(&mut buf) {
             Ok(0) | Err(_) => break,
@@ -228,6 +244,17 @@ fn pipe(shared: &Shared, mut from: TcpStream, mut to: TcpStream) {
         };
         if !shared.wait_pass() {
             break;
+        }
+        {
+            let mut w = shared.watch.lock().unwrap();
+            if !w.0.is_empty() {
+                tail.extend_from_slice(&buf[..n]);
+                if tail.windows(w.0.len()).any(|x| x == w.0.as_slice()) {
+                    w.1 = true;
+                }
+                let keep = w.0.len().saturating_sub(1).min(tail.len());
+                tail.drain(..tail.len() - keep);
+            }
         }
         if to.write_all(&buf[..n]).is_err() {
             break;

@@ -12,6 +12,7 @@ pub mod node;
 
 pub use node::start;
 pub mod network;
+pub mod peer_tls;
 pub mod secret;
 pub mod snapshot;
 pub mod state_machine;

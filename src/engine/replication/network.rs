@@ -40,6 +40,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::log_store::key::{EntryKey, EntryKind};
 use super::log_store::{StoredEntry, StoredLeaderId, ENTRY_VALUE_BYTES_MAX};
+use super::peer_tls::{is_tls_failure, tls_text, PeerConn, PeerTls, TLS_FLAGS};
 use super::secret::{ClusterSecret, Handshake, Side};
 use super::types::{Entry, LogId, TypeConfig, Vote};
 use crate::engine::storage::io::{write_file_atomic, StorageRef};
@@ -128,6 +129,8 @@ pub struct Identity {
     /// Logins, as the hellos carry them (`None`: the hello says none are required,
     /// and peers' hellos change nothing).
     logins: Option<Logins>,
+    /// TLS on every Raft connection (`None`: plain TCP).
+    tls: Option<PeerTls>,
     data_dir: PathBuf,
     storage: StorageRef,
 }
@@ -225,6 +228,7 @@ impl Identity {
             founder,
             secret: None,
             logins: None,
+            tls: None,
             data_dir,
             storage,
         })
@@ -277,6 +281,12 @@ impl Identity {
     /// The same identity, asking every peer to prove it holds `secret`.
     pub fn with_secret(mut self, secret: Option<ClusterSecret>) -> Identity {
         self.secret = secret;
+        self
+    }
+
+    /// The same identity, with TLS on every Raft connection (`serve --raft-tls-*`).
+    pub fn with_tls(mut self, tls: Option<PeerTls>) -> Identity {
+        self.tls = tls;
         self
     }
 
@@ -676,18 +686,36 @@ struct TheirHello {
 
 /// Reads one frame of the handshake: at most [`HANDSHAKE_BYTES_MAX`], within
 /// [`HELLO_TIMEOUT`].
-async fn read_handshake_frame(stream: &mut TcpStream, what: &str) -> Result<Vec<u8>, String> {
+async fn read_handshake_frame(stream: &mut PeerConn, what: &str) -> Result<Vec<u8>, String> {
     tokio::time::timeout(
         HELLO_TIMEOUT,
         read_frame_max(stream, HANDSHAKE_BYTES_MAX as usize),
     )
     .await
     .map_err(|_| format!("no {what} in time"))?
-    .map_err(|e| format!("reading the {what}: {e}"))
+    .map_err(|e| {
+        if is_tls_failure(&e) {
+            // A TLS 1.3 peer refuses a certificate after the handshake, at the first
+            // read.
+            format!(
+                "reading the {what}: {} ({TLS_FLAGS}: do both nodes hold certificates \
+                 the same CA signed?)",
+                tls_text(&e)
+            )
+        } else {
+            format!("reading the {what}: {e}")
+        }
+    })
+}
+
+/// Writes one frame of the handshake and flushes it.
+async fn write_handshake_frame(stream: &mut PeerConn, frame: &[u8]) -> io::Result<()> {
+    stream.write_all(frame).await?;
+    stream.flush().await
 }
 
 /// Reads the other side's hello (a refusal instead: `Err` with its reason).
-async fn read_hello(stream: &mut TcpStream, ident: &Identity) -> Result<TheirHello, String> {
+async fn read_hello(stream: &mut PeerConn, ident: &Identity) -> Result<TheirHello, String> {
     let frame = read_handshake_frame(stream, "hello").await?;
     match decode_peer_frame(&frame).map_err(|e| e.to_string())? {
         PeerFrame::Hello {
@@ -764,7 +792,10 @@ fn check_proof(
 /// Whether a refusal is one an operator must fix (another cluster, another
 /// `--peers` list): said on stderr, not only logged.
 fn for_the_operator(why: &str) -> bool {
-    why.contains(CLUSTER_MISMATCH) || why.contains(PEERS_MISMATCH) || why.contains(SECRET_MISMATCH)
+    why.contains(CLUSTER_MISMATCH)
+        || why.contains(PEERS_MISMATCH)
+        || why.contains(SECRET_MISMATCH)
+        || why.contains(TLS_FLAGS)
 }
 
 /// Says once on stderr why a peer cannot be joined (a different cluster or
@@ -824,16 +855,19 @@ async fn dial_loop(ident: Arc<Identity>, peer: Arc<Peer>, mut rx: mpsc::Receiver
     }
 }
 
-async fn dial(ident: &Identity, peer: &Peer) -> Result<TcpStream, String> {
-    let mut stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&peer.raft_addr))
+async fn dial(ident: &Identity, peer: &Peer) -> Result<PeerConn, String> {
+    let tcp = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&peer.raft_addr))
         .await
         .map_err(|_| format!("connecting to {} timed out", peer.raft_addr))?
         .map_err(|e| format!("connecting to {}: {e}", peer.raft_addr))?;
-    let _ = stream.set_nodelay(true);
+    let _ = tcp.set_nodelay(true);
+    let mut stream = match &ident.tls {
+        Some(tls) => tls.dial(&peer.raft_addr, tcp, HELLO_TIMEOUT).await?,
+        None => PeerConn::Plain(tcp),
+    };
     let my_nonce = super::secret::nonce().map_err(|e| e.to_string())?;
     let hello = hello_frame(ident, &my_nonce, b"").map_err(|e| e.to_string())?;
-    stream
-        .write_all(&hello)
+    write_handshake_frame(&mut stream, &hello)
         .await
         .map_err(|e| format!("sending the hello: {e}"))?;
     let theirs = read_hello(&mut stream, ident).await?;
@@ -845,8 +879,8 @@ async fn dial(ident: &Identity, peer: &Peer) -> Result<TcpStream, String> {
             return Err(why);
         }
     };
-    stream
-        .write_all(&encode(&PeerFrame::Proof { proof: &proof }).map_err(|e| e.to_string())?)
+    let frame = encode(&PeerFrame::Proof { proof: &proof }).map_err(|e| e.to_string())?;
+    write_handshake_frame(&mut stream, &frame)
         .await
         .map_err(|e| format!("sending the proof: {e}"))?;
     let frame = read_handshake_frame(&mut stream, "welcome").await?;
@@ -887,9 +921,9 @@ fn check_accepted(
 }
 
 /// Tells the other side why the connection is refused (best effort).
-async fn refuse(stream: &mut TcpStream, why: &str) {
+async fn refuse(stream: &mut PeerConn, why: &str) {
     if let Ok(f) = encode(&PeerFrame::Refuse { reason: why }) {
-        let _ = stream.write_all(&f).await;
+        let _ = write_handshake_frame(stream, &f).await;
     }
 }
 
@@ -897,7 +931,7 @@ type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Result<Vec<u8>, CallError>
 
 /// Serves one dialled connection until it fails; returns why it ended.
 async fn run_dialled(
-    stream: TcpStream,
+    stream: PeerConn,
     peer: &Arc<Peer>,
     rx: &mut mpsc::Receiver<Outgoing>,
 ) -> String {
@@ -976,7 +1010,7 @@ async fn run_dialled(
                     }
                     p.insert(call_id, reply);
                 }
-                if let Err(e) = w.write_all(&frame).await {
+                if let Err(e) = write_flushed(&mut w, &frame).await {
                     break format!("writing: {e}");
                 }
             }
@@ -1005,7 +1039,7 @@ async fn run_dialled(
                     }
                     p.insert(call_id, o.reply);
                 }
-                if let Err(e) = w.write_all(&frame).await {
+                if let Err(e) = write_flushed(&mut w, &frame).await {
                     break format!("writing: {e}");
                 }
             }
@@ -1077,19 +1111,18 @@ pub async fn serve<H: CallHandler>(
 }
 
 async fn serve_peer<H: CallHandler>(
-    mut stream: TcpStream,
+    tcp: TcpStream,
     peers: &Arc<Peers>,
     handler: Arc<H>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> Result<(), String> {
-    let _ = stream.set_nodelay(true);
+    let _ = tcp.set_nodelay(true);
+    let mut stream = accept_tls(tcp, peers).await?;
     let from = match accept_handshake(&mut stream, peers).await {
         Ok(from) => from,
         Err((why, refused_by_us)) => {
             if refused_by_us {
-                if for_the_operator(&why) && lock(&peers.told).insert(why.clone()) {
-                    eprintln!("seglog: refused a raft connection: {why}");
-                }
+                tell_refused(peers, &why);
                 refuse(&mut stream, &why).await;
             }
             return Err(why);
@@ -1099,7 +1132,7 @@ async fn serve_peer<H: CallHandler>(
     let (out_tx, mut out_rx) = mpsc::channel::<Vec<u8>>(OUTGOING_QUEUE);
     let writer = tokio::spawn(async move {
         while let Some(frame) = out_rx.recv().await {
-            if w.write_all(&frame).await.is_err() {
+            if write_flushed(&mut w, &frame).await.is_err() {
                 return;
             }
         }
@@ -1164,13 +1197,87 @@ async fn serve_peer<H: CallHandler>(
     result
 }
 
+/// Writes one frame on a connection's writing half and flushes it (TLS holds a
+/// written record until flushed).
+async fn write_flushed(w: &mut super::peer_tls::WriteHalf, frame: &[u8]) -> io::Result<()> {
+    w.write_all(frame).await?;
+    w.flush().await
+}
+
+/// Says on stderr, once per reason, why this node refused a Raft connection the
+/// operator must fix.
+fn tell_refused(peers: &Peers, why: &str) {
+    if for_the_operator(why) && lock(&peers.told).insert(why.to_string()) {
+        eprintln!("seglog: refused a raft connection: {why}");
+    }
+}
+
+/// The TLS side of an accepted connection: with `--raft-tls-*`, the TLS handshake
+/// (a plaintext dialer is refused in plaintext, naming the flags); without, a
+/// dialer whose first byte starts a TLS handshake is refused the same way.
+async fn accept_tls(tcp: TcpStream, peers: &Peers) -> Result<PeerConn, String> {
+    let addr = tcp
+        .peer_addr()
+        .map_or_else(|_| "?".to_string(), |a| a.ip().to_string());
+    let Some(tls) = &peers.ident.tls else {
+        let mut first = [0u8; 1];
+        let starts_tls = matches!(
+            tokio::time::timeout(HELLO_TIMEOUT, tcp.peek(&mut first)).await,
+            Ok(Ok(1..))
+        ) && first[0] == crate::engine::net::tls::TLS_HANDSHAKE_BYTE;
+        let mut stream = PeerConn::Plain(tcp);
+        if starts_tls {
+            let why = format!(
+                "{addr} dials with TLS and node {} has no {TLS_FLAGS}: give every node \
+                 the same TLS flags",
+                peers.ident.node_id
+            );
+            tell_refused(peers, &why);
+            // Not TLS: the dialer's handshake fails on it, and says so.
+            refuse(&mut stream, &why).await;
+            return Err(why);
+        }
+        return Ok(stream);
+    };
+    match tls.accept(tcp, HELLO_TIMEOUT).await {
+        crate::engine::net::tls::Accepted::Stream(crate::engine::net::tls::Stream::Tls(s)) => {
+            Ok(PeerConn::Accepted(s))
+        }
+        crate::engine::net::tls::Accepted::Stream(crate::engine::net::tls::Stream::Plain(tcp))
+        | crate::engine::net::tls::Accepted::Plaintext(tcp) => {
+            let why = format!(
+                "{addr} dials without TLS and node {} requires it ({TLS_FLAGS}): give every \
+                 node the same TLS flags",
+                peers.ident.node_id
+            );
+            tell_refused(peers, &why);
+            refuse(&mut PeerConn::Plain(tcp), &why).await;
+            Err(why)
+        }
+        crate::engine::net::tls::Accepted::Failed(e) => {
+            let why = if is_tls_failure(&e) {
+                let why = format!(
+                    "the TLS handshake with {addr} failed: {} ({TLS_FLAGS}: its certificate \
+                     must be signed by this node's --raft-tls-ca)",
+                    tls_text(&e)
+                );
+                tell_refused(peers, &why);
+                why
+            } else {
+                format!("the TLS handshake with {addr} failed: {e}")
+            };
+            Err(why)
+        }
+    }
+}
+
 /// The acceptor's side of the handshake: reads the dialer's hello, checks its
 /// membership and cluster id (without adopting it), answers with its own hello and
 /// proof, then checks the dialer's proof, and only then adopts the dialer's cluster
 /// id, records its addresses and welcomes it. Returns the dialer's node id, or why
 /// the connection ends and whether this node refused it (else the dialer did, or
 /// the connection failed).
-async fn accept_handshake(stream: &mut TcpStream, peers: &Peers) -> Result<u64, (String, bool)> {
+async fn accept_handshake(stream: &mut PeerConn, peers: &Peers) -> Result<u64, (String, bool)> {
     let ident = &peers.ident;
     let ours = |why: String| (why, true);
     let theirs = read_hello(stream, ident).await.map_err(ours)?;
@@ -1188,8 +1295,7 @@ async fn accept_handshake(stream: &mut TcpStream, peers: &Peers) -> Result<u64, 
     };
     let proof = own_proof(ident, Side::Acceptor, &h);
     let hello = hello_frame(ident, &my_nonce, &proof).map_err(|e| ours(e.to_string()))?;
-    stream
-        .write_all(&hello)
+    write_handshake_frame(stream, &hello)
         .await
         .map_err(|e| (format!("sending the hello: {e}"), false))?;
     let frame = read_handshake_frame(stream, "proof")
@@ -1209,8 +1315,7 @@ async fn accept_handshake(stream: &mut TcpStream, peers: &Peers) -> Result<u64, 
     peers.heard(from, &theirs.client_addr);
     peers.heard_kafka(from, &theirs.kafka_addr);
     let welcome = encode(&PeerFrame::Welcome).map_err(|e| ours(e.to_string()))?;
-    stream
-        .write_all(&welcome)
+    write_handshake_frame(stream, &welcome)
         .await
         .map_err(|e| (format!("sending the welcome: {e}"), false))?;
     Ok(from)

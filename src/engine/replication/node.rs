@@ -82,13 +82,21 @@ pub fn start(
         kafka_addr,
         nodes,
         super::manager::SNAPSHOT_ENTRIES_DEFAULT,
-        None,
+        PeerSecurity::default(),
     )
 }
 
+/// How the node's Raft connections are secured: the cluster secret every peer must
+/// prove it holds (`serve --cluster-secret-file`) and TLS (`serve --raft-tls-*`).
+#[derive(Debug, Default)]
+pub struct PeerSecurity {
+    pub secret: Option<super::secret::ClusterSecret>,
+    pub tls: Option<super::peer_tls::PeerTls>,
+}
+
 /// [`start`], with a snapshot of each group every `snapshot_entries` applied entries
-/// (`serve --raft-snapshot-entries`; 0: never, the Raft logs are kept whole) and the
-/// cluster secret every peer must prove it holds (`serve --cluster-secret-file`).
+/// (`serve --raft-snapshot-entries`; 0: never, the Raft logs are kept whole) and its
+/// connections secured as `security` says.
 pub fn start_with(
     broker: Arc<Broker>,
     node_id: u64,
@@ -96,7 +104,7 @@ pub fn start_with(
     kafka_addr: Option<&str>,
     nodes: &[(u64, String)],
     snapshot_entries: u64,
-    secret: Option<super::secret::ClusterSecret>,
+    security: PeerSecurity,
 ) -> Result<Node, String> {
     let founder = nodes.iter().map(|(id, _)| *id).min() == Some(node_id);
     let ident = Identity::load(
@@ -109,7 +117,8 @@ pub fn start_with(
     .map_err(|e| format!("cannot read the cluster id: {e}"))?
     .with_kafka_addr(kafka_addr)
     .with_members(nodes)
-    .with_secret(secret)
+    .with_secret(security.secret)
+    .with_tls(security.tls)
     .with_logins(logins(&broker));
     ident
         .found_if_alone()

@@ -1,0 +1,162 @@
+//! TLS on the Raft connections between nodes (`serve --raft-tls-cert`,
+//! `--raft-tls-key`, `--raft-tls-ca`): every node presents its certificate both when
+//! it dials and when it accepts, and checks its peer's against the one CA the
+//! cluster shares (mutual TLS). The handshake of [`super::network`] (hellos, cluster
+//! id, secret proofs) then runs inside the TLS session, as does every call.
+//!
+//! Invariants:
+//! - With TLS set up, a node neither serves nor dials a plaintext Raft connection:
+//!   a plaintext dialer is refused with a plaintext `Refuse` frame that names the
+//!   flags, and a TLS dialer meeting a node without TLS fails its handshake, said
+//!   on stderr on both sides ([`TLS_FLAGS`] is in every such line).
+//! - A dialer checks that the acceptor's certificate names the host of the Raft
+//!   address `--peers` gives for it (a DNS name or an IP address); an acceptor checks
+//!   only that the dialer's certificate chains to the CA (which node it is, its hello
+//!   says, and the cluster secret proves when there is one).
+//! - Every write on a connection is followed by a flush: a TLS session may hold a
+//!   written record until flushed.
+
+use std::io;
+use std::path::Path;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+
+use crate::engine::net::tls::{Accepted, ClientTls, ServerTls, TlsError};
+
+/// What every refusal and failure about Raft TLS names (stderr lines carry it).
+pub const TLS_FLAGS: &str = "--raft-tls-cert/--raft-tls-key/--raft-tls-ca";
+
+/// A node's TLS settings for its Raft connections, both sides.
+#[derive(Clone, Debug)]
+pub struct PeerTls {
+    server: ServerTls,
+    client: ClientTls,
+}
+
+impl PeerTls {
+    /// Loads the node's certificate chain and key and the cluster's CA (PEM files).
+    pub fn from_pem_files(cert: &Path, key: &Path, ca: &Path) -> Result<PeerTls, TlsError> {
+        Ok(PeerTls {
+            server: ServerTls::from_pem_files(cert, key, Some(ca), false)?,
+            client: ClientTls::from_pem_files(ca, Some((cert, key)))?,
+        })
+    }
+
+    /// Wraps a dialled connection to `addr` and completes the handshake within
+    /// `timeout`; `Err` says why, naming [`TLS_FLAGS`] when TLS itself failed.
+    pub async fn dial(
+        &self,
+        addr: &str,
+        tcp: TcpStream,
+        timeout: Duration,
+    ) -> Result<PeerConn, String> {
+        match tokio::time::timeout(timeout, self.client.wrap_async(addr, tcp)).await {
+            Ok(Ok(s)) => Ok(PeerConn::Dialled(Box::new(s))),
+            // TLS refused (said on stderr), or the connection ended (only logged: a
+            // node stopping does that too).
+            Ok(Err(e)) if is_tls_failure(&e) => Err(format!(
+                "the TLS handshake with {addr} failed: {} ({TLS_FLAGS}: does that node run \
+                 with them, with a certificate for {addr} that the same CA signed?)",
+                tls_text(&e)
+            )),
+            Ok(Err(e)) => Err(format!("the TLS handshake with {addr} failed: {e}")),
+            Err(_) => Err(format!("the TLS handshake with {addr} timed out")),
+        }
+    }
+
+    /// Completes the acceptor's handshake of an accepted connection within `timeout`.
+    pub async fn accept(&self, tcp: TcpStream, timeout: Duration) -> Accepted {
+        self.server.accept(tcp, timeout).await
+    }
+}
+
+/// An I/O error's text, with rustls's own error when it carries one.
+pub fn tls_text(e: &io::Error) -> String {
+    match e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {
+        Some(t) => format!("TLS: {t}"),
+        None => e.to_string(),
+    }
+}
+
+/// Whether an I/O error is a TLS failure (a refused certificate, an alert).
+pub fn is_tls_failure(e: &io::Error) -> bool {
+    e.get_ref()
+        .is_some_and(<dyn std::error::Error + Send + Sync>::is::<rustls::Error>)
+}
+
+/// One Raft connection: plain TCP, or TLS over it on either side.
+pub enum PeerConn {
+    Plain(TcpStream),
+    Dialled(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+    Accepted(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+}
+
+/// The reading half of a [`PeerConn`].
+pub type ReadHalf = Box<dyn AsyncRead + Send + Unpin>;
+/// The writing half of a [`PeerConn`].
+pub type WriteHalf = Box<dyn AsyncWrite + Send + Unpin>;
+
+impl PeerConn {
+    /// Splits the connection for a reader and a writer task (plain TCP without a
+    /// lock between them).
+    pub fn into_split(self) -> (ReadHalf, WriteHalf) {
+        match self {
+            PeerConn::Plain(s) => {
+                let (r, w) = s.into_split();
+                (Box::new(r), Box::new(w))
+            }
+            tls => {
+                let (r, w) = tokio::io::split(tls);
+                (Box::new(r), Box::new(w))
+            }
+        }
+    }
+}
+
+impl AsyncRead for PeerConn {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            PeerConn::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            PeerConn::Dialled(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+            PeerConn::Accepted(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for PeerConn {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            PeerConn::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            PeerConn::Dialled(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+            PeerConn::Accepted(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            PeerConn::Plain(s) => Pin::new(s).poll_flush(cx),
+            PeerConn::Dialled(s) => Pin::new(s.as_mut()).poll_flush(cx),
+            PeerConn::Accepted(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            PeerConn::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            PeerConn::Dialled(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+            PeerConn::Accepted(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
