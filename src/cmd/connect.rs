@@ -234,7 +234,7 @@ pub const LEADER_PAUSE: Duration = Duration::from_millis(100);
 
 /// Most moves of [`BrokerArgs::connect_holder`] (a node holding no replica names one
 /// that does: one move, unless the topic moved meanwhile).
-const HOLDER_HOPS_MAX: usize = 3;
+pub(crate) const HOLDER_HOPS_MAX: usize = 3;
 
 /// The address a NOT_LEADER refusal names, when it is not `here`.
 pub fn holder_named<T>(result: &Result<T, ClientError>, here: &str) -> Option<String> {

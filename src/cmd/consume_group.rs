@@ -404,8 +404,21 @@ impl Coordinator {
         self.0.on_coordinator(op)
     }
 
+    /// The topic's offsets from any node that answers; a node holding no replica of
+    /// the topic names one that does, asked next.
     fn list_offsets(&mut self, topic: &str) -> Result<Vec<PartitionOffsets>, ClientError> {
-        self.0.on_any(|c| c.list_offsets(topic))
+        let mut result = self.0.on_any(|c| c.list_offsets(topic));
+        let mut here = String::new();
+        for _ in 0..super::connect::HOLDER_HOPS_MAX {
+            if let Err(ClientError::Refused { addr, .. }) = &result {
+                here.clone_from(addr);
+            }
+            let Some(holder) = super::connect::holder_named(&result, &here) else {
+                break;
+            };
+            result = self.0.conn(&holder).and_then(|c| c.list_offsets(topic));
+        }
+        result
     }
 }
 

@@ -136,3 +136,83 @@ fn a_member_reading_across_a_coordinator_kill_goes_on() {
         "every record after the committed one, across the kill: {got:?} ({stderr})"
     );
 }
+
+/// The nodes whose `cluster status` shows a replica of the offsets topic's
+/// partition, once every node of a 4-node cluster answers and three of them do.
+fn offsets_holders(c: &mut Cluster) -> Vec<u64> {
+    let began = std::time::Instant::now();
+    loop {
+        let mut holders = Vec::new();
+        for id in c.ids() {
+            let status = c.status(id).unwrap_or_default();
+            let held = status["partitions"].as_array().is_some_and(|ps| {
+                ps.iter()
+                    .any(|p| p["topic"] == OFFSETS && p["held"] == true && !p["leader"].is_null())
+            });
+            if held {
+                holders.push(id);
+            }
+        }
+        if holders.len() == 3 {
+            return holders;
+        }
+        assert!(
+            began.elapsed() < PATIENCE,
+            "the offsets topic is not on three nodes of four: {holders:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn groups_work_with_a_node_down_at_their_first_use_and_through_a_node_outside_the_offsets_topic() {
+    // The offsets topic is made when the cluster first starts, before any client
+    // asks for a group: on three nodes of four.
+    let mut c = Cluster::start(4);
+    let holders = offsets_holders(&mut c);
+    let outside = c
+        .ids()
+        .into_iter()
+        .find(|id| !holders.contains(id))
+        .unwrap();
+    let coordinator = c.wait_leader(OFFSETS, 0);
+    c.create_topic(TOPIC, 1, 3);
+    c.ok_with_stdin(&["produce", TOPIC], &lines(1, 20));
+    // A holder that does not coordinate dies before any group is used: the groups
+    // are served all the same (before, the topic was made at the first group
+    // request, and that needed every node it is placed on).
+    let down = holders
+        .iter()
+        .copied()
+        .find(|id| *id != coordinator)
+        .unwrap();
+    c.kill9(down);
+    // Through the node outside the topic's placement alone: it names the
+    // coordinator, and the client follows.
+    let only = c.node(outside).client_addr.clone();
+    let out = output_within(
+        {
+            let mut cmd = Command::new(BIN);
+            cmd.args([
+                "consume", TOPIC, "--group", "g", "--from", "earliest", "--count", "6", "--broker",
+                &only,
+            ]);
+            cmd
+        },
+        PATIENCE,
+    )
+    .expect("consume --group ends");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        values(&String::from_utf8_lossy(&out.stdout)),
+        (1..=6).collect::<Vec<_>>()
+    );
+    assert_eq!(committed_through(&c, outside, "g"), 6);
+    assert_eq!(committed_through(&c, coordinator, "g"), 6);
+    c.restart(down);
+    c.stop_all();
+}

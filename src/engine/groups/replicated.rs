@@ -144,8 +144,8 @@ impl GroupCoordinator {
                 serving: false,
                 coordinator,
             } => Err({
-                // A request about a group (not a listing) asks for the offsets topic
-                // when no node coordinates: it may not exist yet.
+                // A request about a group (not a listing) when no node coordinates:
+                // the offsets topic may not exist yet, and a failed create is said.
                 if coordinator.is_none() && !group.is_empty() {
                     self.wanted.store(true, Ordering::Release);
                 }
@@ -206,7 +206,8 @@ impl GroupCoordinator {
     }
 
     /// Notes that a client looks for the coordinator and none is known (Kafka's
-    /// FindCoordinator): the offsets topic may not exist yet.
+    /// FindCoordinator): the offsets topic may not exist yet, and a failed create of
+    /// it is then said on stderr.
     pub fn want(&self) {
         self.wanted.store(true, Ordering::Release);
     }

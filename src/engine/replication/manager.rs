@@ -163,6 +163,10 @@ pub struct Manager<L: LogStores> {
     nodes: BTreeMap<u64, String>,
     /// Replicated topics' placements.
     topics: Mutex<BTreeMap<String, Replication>>,
+    /// Placements of replicated topics this node holds no replica of whose leaders
+    /// it follows all the same (the offsets topic, on a node outside its placement:
+    /// that node names the group coordinator too).
+    watched: Mutex<BTreeMap<String, Replication>>,
     groups: Mutex<BTreeMap<(String, u32), RaftGroup>>,
     /// Snapshots being received, by group.
     staging: Mutex<BTreeMap<(String, u32), Staging>>,
@@ -283,6 +287,7 @@ impl<L: LogStores> Manager<L> {
             config,
             nodes: nodes.iter().cloned().collect(),
             topics: Mutex::new(BTreeMap::new()),
+            watched: Mutex::new(BTreeMap::new()),
             groups: Mutex::new(BTreeMap::new()),
             staging: Mutex::new(BTreeMap::new()),
             admin: tokio::sync::Mutex::new(()),
@@ -1133,7 +1138,13 @@ impl<L: LogStores> Manager<L> {
             .map(|(k, v)| (k.clone(), v.leader))
             .collect();
         let mut asked: BTreeMap<u64, BTreeSet<(String, u32)>> = BTreeMap::new();
-        for (topic, placement) in lock(&self.topics).iter() {
+        let mut placements = lock(&self.topics).clone();
+        for (topic, placement) in lock(&self.watched).iter() {
+            placements
+                .entry(topic.clone())
+                .or_insert_with(|| placement.clone());
+        }
+        for (topic, placement) in &placements {
             for (partition, replicas) in (0u32..).zip(&placement.replicas) {
                 let key = (topic.clone(), partition);
                 if replicas.contains(&me) && !stopped.contains(&key) {

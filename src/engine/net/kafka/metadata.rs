@@ -63,6 +63,8 @@ fn replicated_partition(
 fn topic_entry(ctx: &Ctx, name: &str, listed: &[i32]) -> MetadataResponseTopic {
     let mut t = MetadataResponseTopic::default();
     t.name = Some(TopicName(sb(name)));
+    // As Kafka marks it: clients leave it out of pattern subscriptions.
+    t.is_internal = name == crate::engine::groups::OFFSETS_TOPIC;
     let replicated = ctx.replicated(name);
     let me = ctx.node_id();
     match ctx.broker.partition_count(name) {

@@ -1,8 +1,11 @@
 //! The consumer groups of a cluster (`groups::replicated` has the model): the
-//! offsets topic is created when a client first asks for a group, the node leading
-//! its partition coordinates every group (it reads the partition, then serves), a
-//! node that stops leading it steps down, and the coordinator's changes are written
-//! to the partition through Raft like any produce.
+//! offsets topic is created as soon as every node it is placed on answers (at the
+//! cluster's first start, so that groups do not wait for a node that is down when
+//! a client first asks for one); a node outside its placement follows its leader
+//! (`Manager::watched`); the node leading its partition coordinates every group (it
+//! reads the partition, then serves), a node that stops leading it steps down, and
+//! the coordinator's changes are written to the partition through Raft like any
+//! produce.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,7 +24,9 @@ use crate::format::wire::{parse_not_leader, ErrorCode};
 /// How often a node looks at who leads the offsets topic.
 const ROUND: Duration = Duration::from_millis(200);
 /// How long a failed create of the offsets topic waits before the next.
-const CREATE_RETRY: Duration = Duration::from_secs(5);
+const CREATE_RETRY: Duration = Duration::from_secs(1);
+/// How often a failed create wanted by a client is said on stderr at most.
+const CREATE_SAID_EVERY: Duration = Duration::from_secs(30);
 /// How long a new leader waits for the entries of the terms before its own to be
 /// applied before it reads the groups (it tries again at the next round).
 const APPLY_WAIT: Duration = Duration::from_secs(10);
@@ -66,10 +71,11 @@ impl<L: LogStores> Manager<L> {
         let coordinator = Arc::clone(self.broker.groups());
         let writer = tokio::spawn(Arc::clone(&self).write_groups(Arc::clone(&coordinator)));
         // Nodes other than the lowest wait a little before they create the topic,
-        // so that a cluster's first group request rarely has two nodes creating it.
+        // so that a new cluster rarely has two nodes creating it.
         let stagger = Duration::from_millis(500 * self.node_id().saturating_sub(1).min(10));
         let mut next_create = Instant::now() + stagger;
         let mut load_failed: Option<String> = None;
+        let mut create_said: Option<Instant> = None;
         let mut tick = tokio::time::interval(ROUND);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -122,14 +128,28 @@ impl<L: LogStores> Manager<L> {
             } else {
                 coordinator.set_coordinator(named.clone());
             }
-            let known = lock(&self.topics).contains_key(OFFSETS_TOPIC);
-            if named.is_none()
-                && !known
-                && coordinator.take_wanted()
-                && Instant::now() >= next_create
-            {
+            let known = lock(&self.topics).contains_key(OFFSETS_TOPIC)
+                || lock(&self.watched).contains_key(OFFSETS_TOPIC);
+            if !known && Instant::now() >= next_create {
                 next_create = Instant::now() + CREATE_RETRY;
-                self.create_offsets_topic().await;
+                // A client asked for a group meanwhile: a failed create is said.
+                let wanted = coordinator.take_wanted();
+                match self.placement(OFFSETS_TOPIC).await {
+                    // Placed on other nodes only: this node follows its leader.
+                    Ok(placement) => {
+                        lock(&self.watched).insert(OFFSETS_TOPIC.to_string(), placement);
+                    }
+                    Err((ErrorCode::UNKNOWN_TOPIC, _)) => {
+                        let say = wanted
+                            && create_said.is_none_or(|at| at.elapsed() >= CREATE_SAID_EVERY);
+                        if self.create_offsets_topic(say).await {
+                            create_said = Some(Instant::now());
+                        }
+                    }
+                    Err((_, msg)) => {
+                        tracing::debug!(error = %msg, "cannot learn where {OFFSETS_TOPIC} is yet");
+                    }
+                }
             }
         }
         writer.abort();
@@ -153,26 +173,37 @@ impl<L: LogStores> Manager<L> {
         Some((id, addr?))
     }
 
-    async fn create_offsets_topic(&self) {
+    /// Creates the offsets topic; a failure is said on stderr when `say` (a client
+    /// wants a group), else only logged (peers not up yet at a cluster's start).
+    /// True when a failure was said.
+    async fn create_offsets_topic(&self, say: bool) -> bool {
         let factor = self.nodes.len().min(OFFSETS_REPLICATION) as u32;
         match self
             .create_topic(OFFSETS_TOPIC, 1, offsets_topic_settings(), factor)
             .await
         {
-            Ok(_) => tracing::info!(
-                replication_factor = factor,
-                "created {OFFSETS_TOPIC}, the topic of the cluster's groups"
-            ),
-            Err((ErrorCode::TOPIC_EXISTS, _)) => {}
+            Ok(_) => {
+                tracing::info!(
+                    replication_factor = factor,
+                    "created {OFFSETS_TOPIC}, the topic of the cluster's groups"
+                );
+                false
+            }
+            Err((ErrorCode::TOPIC_EXISTS, _)) => false,
+            Err((_, msg)) if !say => {
+                tracing::info!(error = %msg, "cannot create {OFFSETS_TOPIC} yet; trying again");
+                false
+            }
             Err((_, msg)) => {
                 tracing::warn!(error = %msg,
                     "cannot create {OFFSETS_TOPIC} yet: groups are refused until it exists");
                 eprintln!(
                     "seglog: cannot create {OFFSETS_TOPIC}, the topic of the cluster's groups, \
                      yet ({msg}); group requests are refused until it exists (tried again \
-                     at the next one, {}s later at the earliest)",
+                     every {}s)",
                     CREATE_RETRY.as_secs()
                 );
+                true
             }
         }
     }
