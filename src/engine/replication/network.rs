@@ -1221,10 +1221,15 @@ async fn accept_tls(tcp: TcpStream, peers: &Peers) -> Result<PeerConn, String> {
         .map_or_else(|_| "?".to_string(), |a| a.ip().to_string());
     let Some(tls) = &peers.ident.tls else {
         let mut first = [0u8; 1];
-        let starts_tls = matches!(
-            tokio::time::timeout(HELLO_TIMEOUT, tcp.peek(&mut first)).await,
-            Ok(Ok(1..))
-        ) && first[0] == crate::engine::net::tls::TLS_HANDSHAKE_BYTE;
+        // The hello's time limit covers its first byte: a dialer that sends nothing
+        // holds the connection no longer than before.
+        match tokio::time::timeout(HELLO_TIMEOUT, tcp.peek(&mut first)).await {
+            Ok(Ok(1..)) => {}
+            Ok(Ok(_)) => return Err("closed before its hello".into()),
+            Ok(Err(e)) => return Err(format!("reading the hello: {e}")),
+            Err(_) => return Err("no hello in time".into()),
+        }
+        let starts_tls = first[0] == crate::engine::net::tls::TLS_HANDSHAKE_BYTE;
         let mut stream = PeerConn::Plain(tcp);
         if starts_tls {
             let why = format!(
