@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use super::{exit, ExitError};
 use crate::engine::net::client::{Client, ClientError, DEFAULT_BROKER};
-use crate::engine::net::tls::ClientTls;
+use crate::engine::net::tls::{ClientTls, TlsError};
 use crate::format::wire::{ErrorCode, PartitionOffsets};
 
 /// `--broker` and `--timeout`.
@@ -337,14 +337,23 @@ impl TlsArgs {
         let client = self.tls_cert.as_deref().zip(self.tls_key.as_deref());
         ClientTls::from_pem_files(ca, client)
             .map(Some)
-            .map_err(|e| {
-                let code = if e.is_unreadable_file() {
-                    exit::IO
-                } else {
-                    exit::USAGE
-                };
-                ExitError::new(code, e.to_string())
-            })
+            .map_err(|e| tls_setup_error(&e, ""))
+    }
+}
+
+/// A TLS set-up error as the commands exit with it: 74 for a PEM file that cannot
+/// be read, 64 for one that holds nothing usable; `context`, when not empty, goes
+/// before the error.
+pub(crate) fn tls_setup_error(e: &TlsError, context: &str) -> anyhow::Error {
+    let code = if e.is_unreadable_file() {
+        exit::IO
+    } else {
+        exit::USAGE
+    };
+    if context.is_empty() {
+        ExitError::new(code, e.to_string())
+    } else {
+        ExitError::new(code, format!("{context}: {e}"))
     }
 }
 

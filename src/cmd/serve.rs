@@ -297,14 +297,7 @@ fn server_tls(args: &Args) -> anyhow::Result<Option<ServerTls>> {
         args.allow_plaintext,
     )
     .map(Some)
-    .map_err(|e| {
-        let code = if e.is_unreadable_file() {
-            exit::IO
-        } else {
-            exit::USAGE
-        };
-        ExitError::new(code, format!("cannot set up TLS: {e}"))
-    })
+    .map_err(|e| super::connect::tls_setup_error(&e, "cannot set up TLS"))
 }
 
 /// The Raft connections' TLS settings (exit 64 for a file that cannot be used, 74
@@ -318,15 +311,7 @@ fn peer_tls(args: &Args) -> anyhow::Result<Option<crate::engine::replication::pe
     crate::engine::replication::peer_tls::PeerTls::from_pem_files(cert, key, ca)
         .map(Some)
         .map_err(|e| {
-            let code = if e.is_unreadable_file() {
-                exit::IO
-            } else {
-                exit::USAGE
-            };
-            ExitError::new(
-                code,
-                format!("cannot set up TLS for Raft (--raft-tls-*): {e}"),
-            )
+            super::connect::tls_setup_error(&e, "cannot set up TLS for Raft (--raft-tls-*)")
         })
 }
 
