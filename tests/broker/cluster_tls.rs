@@ -2,8 +2,9 @@
 //! with real `seglog serve` processes whose links go through proxies that watch the
 //! bytes: a cluster replicates over TLS and no record crosses a link in the clear
 //! (the same record does on a plaintext cluster); a node without TLS, or with a
-//! certificate another CA signed, is refused and both sides say why on stderr; with
-//! the cluster's CA again it catches up; bad TLS files stop `serve` before it starts.
+//! certificate another CA signed, or with one that does not name its host, is
+//! refused and both sides say why on stderr; with the cluster's certificate again it
+//! catches up; bad TLS files stop `serve` before it starts.
 
 #![expect(clippy::unwrap_used, reason = "tests")]
 
@@ -25,6 +26,8 @@ struct Files {
     node: (PathBuf, PathBuf),
     stranger: (PathBuf, PathBuf),
     server_only: (PathBuf, PathBuf),
+    /// The cluster CA's certificate for a host no node has.
+    elsewhere: (PathBuf, PathBuf),
 }
 
 fn files() -> Files {
@@ -53,8 +56,16 @@ fn files() -> Files {
         &["127.0.0.1"],
         &[ServerAuth],
     );
+    let elsewhere = issue(
+        dir.path(),
+        &root,
+        "elsewhere",
+        &["node9.invalid"],
+        &[ServerAuth, ClientAuth],
+    );
     Files {
         ca: write_ca(dir.path(), &root, "ca"),
+        elsewhere,
         node,
         stranger,
         server_only,
@@ -179,6 +190,20 @@ fn a_cluster_replicates_over_tls_and_refuses_nodes_without_its_ca() {
         "{}",
         c.node(3).stderr()
     );
+
+    // The cluster CA's certificate for another host: node 3's hello says it is node
+    // 3, whose address in --peers is 127.0.0.1, and its certificate does not name
+    // that host, so its peers refuse it as a dialer (and it is refused as an
+    // acceptor by the dialer's own check).
+    restart_with(&mut c, 3, tls_args(&f.elsewhere, &f.ca));
+    assert!(
+        c.node(1)
+            .serve()
+            .stderr_gets("node 3's TLS certificate does not name 127.0.0.1"),
+        "{}",
+        c.node(1).stderr()
+    );
+    assert!(c.node(1).stderr().contains(FLAGS), "{}", c.node(1).stderr());
 
     // With the cluster's certificate again node 3 catches up.
     restart_with(&mut c, 3, tls_args(&f.node, &f.ca));

@@ -1287,9 +1287,10 @@ async fn accept_handshake(stream: &mut PeerConn, peers: &Peers) -> Result<u64, (
     let ours = |why: String| (why, true);
     let theirs = read_hello(stream, ident).await.map_err(ours)?;
     let from = theirs.node_id;
-    if !peers.peers.contains_key(&from) {
+    let Some(peer) = peers.peers.get(&from) else {
         return Err(ours(format!("node {from} is not in this node's --peers")));
-    }
+    };
+    super::peer_tls::check_dialer_name(stream, from, &peer.raft_addr).map_err(ours)?;
     ident.precheck(&theirs.cluster_id).map_err(ours)?;
     let my_nonce = super::secret::nonce().map_err(|e| ours(e.to_string()))?;
     let h = Handshake {

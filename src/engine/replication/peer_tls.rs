@@ -9,10 +9,12 @@
 //!   a plaintext dialer is refused with a plaintext `Refuse` frame that names the
 //!   flags, and a TLS dialer meeting a node without TLS fails its handshake, said
 //!   on stderr on both sides ([`TLS_FLAGS`] is in every such line).
-//! - A dialer checks that the acceptor's certificate names the host of the Raft
-//!   address `--peers` gives for it (a DNS name or an IP address); an acceptor checks
-//!   only that the dialer's certificate chains to the CA (which node it is, its hello
-//!   says, and the cluster secret proves when there is one).
+//! - A certificate binds a node to its address: the dialer checks that the
+//!   acceptor's certificate names the host of the Raft address `--peers` gives for
+//!   it (a DNS name or an IP address), and the acceptor, once the dialer's hello says
+//!   which node it is, checks that the dialer's certificate names the host of that
+//!   node's address in `--peers` ([`check_dialer_name`]). So a certificate issued
+//!   for one node's host cannot speak as a node on another host.
 //! - Every write on a connection is followed by a flush: a TLS session may hold a
 //!   written record until flushed.
 
@@ -72,6 +74,28 @@ impl PeerTls {
     pub async fn accept(&self, tcp: TcpStream, timeout: Duration) -> Accepted {
         self.server.accept(tcp, timeout).await
     }
+}
+
+/// Checks that the certificate the dialer of an accepted TLS connection presented
+/// names the host of `raft_addr`, node `node`'s Raft address in `--peers` (the
+/// node its hello claims to be). A plain connection has no certificate to check.
+pub fn check_dialer_name(conn: &PeerConn, node: u64, raft_addr: &str) -> Result<(), String> {
+    let PeerConn::Accepted(s) = conn else {
+        return Ok(());
+    };
+    let name = ClientTls::server_name(raft_addr).map_err(|e| e.to_string())?;
+    let host = name.to_str();
+    let refused = |why: &str| {
+        format!(
+            "node {node}'s TLS certificate {why} {host}, the host of its address in              --peers ({TLS_FLAGS}: give each node a certificate naming its own host)"
+        )
+    };
+    let Some(cert) = s.get_ref().1.peer_certificates().and_then(<[_]>::first) else {
+        return Err(refused("is missing: it cannot name"));
+    };
+    let parsed = rustls::server::ParsedCertificate::try_from(cert)
+        .map_err(|e| refused(&format!("cannot be read ({e}) to check that it names")))?;
+    rustls::client::verify_server_name(&parsed, &name).map_err(|_| refused("does not name"))
 }
 
 /// An I/O error's text, with rustls's own error when it carries one.
