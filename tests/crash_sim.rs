@@ -1422,18 +1422,23 @@ fn workload_spares(root: &Path, rng: &mut Rng) -> Run {
                 continue;
             };
             unacked.push((a.base_offset, values));
-            // A group commit after each append while the active segment is less
-            // than half full (the append that rolled included, so that roll is
-            // durable and the next one need not sync first), and none after. Every
-            // roll then comes with the outgoing segment's last records not yet
-            // durable, whatever sizes the seed draws: the window in which the
-            // spare's header must not be written. The few pending writes between
-            // commits keep each crash point's states few, so the explorer's budget
-            // reaches the rolls.
+            // A group commit after each append while the next one cannot roll (the
+            // append that rolled included, so that roll is durable and the next one
+            // need not sync first), and none after. An append of two records of the
+            // largest value drawn here takes less than ROLL_REACH bytes, so a roll
+            // comes only after an append left the segment within ROLL_REACH of full,
+            // uncommitted: every roll comes with the outgoing segment's last records
+            // not yet durable, whatever sizes the seed draws (the window in which
+            // the spare's header must not be written). The few pending writes
+            // before a roll (those of the last ROLL_REACH bytes) keep each crash
+            // point's states few, so the explorer's budget reaches the rolls (half
+            // a segment of pending writes exhausted it before the second roll for
+            // some seeds, e.g. 1796663643736770127).
+            const ROLL_REACH: u64 = 400;
             let room = log
                 .snapshot()
                 .last()
-                .is_some_and(|s| s.bytes() < config.segment_bytes / 2);
+                .is_some_and(|s| s.bytes() + ROLL_REACH < config.segment_bytes);
             if room || i == 11 {
                 if log.wait_durable(a.last_offset + 1).is_err() {
                     break;
