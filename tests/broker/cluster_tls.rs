@@ -199,7 +199,7 @@ fn a_cluster_replicates_over_tls_and_refuses_nodes_without_its_ca() {
     assert!(
         c.node(1)
             .serve()
-            .stderr_gets("node 3's TLS certificate does not name 127.0.0.1"),
+            .stderr_gets("node 3's TLS certificate does not name 127.0.0.1, the host of its address in --peers ("),
         "{}",
         c.node(1).stderr()
     );

@@ -87,7 +87,8 @@ pub fn check_dialer_name(conn: &PeerConn, node: u64, raft_addr: &str) -> Result<
     let host = name.to_str();
     let refused = |why: &str| {
         format!(
-            "node {node}'s TLS certificate {why} {host}, the host of its address in              --peers ({TLS_FLAGS}: give each node a certificate naming its own host)"
+            "node {node}'s TLS certificate {why} {host}, the host of its address in \
+             --peers ({TLS_FLAGS}: give each node a certificate naming its own host)"
         )
     };
     let Some(cert) = s.get_ref().1.peer_certificates().and_then(<[_]>::first) else {
