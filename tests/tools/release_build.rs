@@ -13,7 +13,7 @@
 //!   outside the module that uses it without the gate fails the first check: without
 //!   the feature the module does not exist.)
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 const GATE: &str = "#[cfg(feature = \"testkit\")]";
@@ -37,28 +37,18 @@ fn the_shipped_binary_compiles_without_test_support() {
     );
 }
 
-/// Every `.rs` file under `dir`, recursively.
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for e in std::fs::read_dir(dir).unwrap().flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            rust_files(&p, out);
-        } else if p.extension().is_some_and(|x| x == "rs") {
-            out.push(p);
-        }
-    }
-}
-
 /// The lines outside `src/testkit/` that declare the test support's module or a
 /// planted flag without the gate right above them (doc comments and `#[doc]`
 /// attributes between allowed), and how many gated ones there are.
 fn ungated_mentions(src: &Path) -> (Vec<String>, usize) {
-    let mut files = Vec::new();
-    rust_files(src, &mut files);
-    let testkit = src.join("testkit");
     let (mut ungated, mut gated) = (Vec::new(), 0);
-    for f in files.iter().filter(|f| !f.starts_with(&testkit)) {
-        let text = std::fs::read_to_string(f).unwrap();
+    let sources = crate::util::fs::files(src);
+    for (rel, bytes) in sources
+        .iter()
+        .filter(|(rel, _)| rel.ends_with(".rs") && !rel.starts_with("testkit/"))
+    {
+        let f = src.join(rel);
+        let text = String::from_utf8_lossy(bytes);
         let lines: Vec<&str> = text.lines().collect();
         for (i, line) in lines.iter().enumerate() {
             let code = line.trim();
@@ -78,7 +68,7 @@ fn ungated_mentions(src: &Path) -> (Vec<String>, usize) {
             } else {
                 ungated.push(format!(
                     "{}:{}: {code}",
-                    f.strip_prefix(manifest_dir()).unwrap_or(f).display(),
+                    f.strip_prefix(manifest_dir()).unwrap_or(&f).display(),
                     i + 1
                 ));
             }
