@@ -189,8 +189,10 @@ pub struct Args {
     pub cluster_secret_file: Option<PathBuf>,
     /// TLS on the Raft connections: PEM file of this node's certificate chain. It
     /// serves both ways (extended key usages serverAuth and clientAuth) and names
-    /// the host of this node's address in --peers (DNS name or IP address). With
-    /// --raft-tls-key and --raft-tls-ca; every node must have them.
+    /// the host of this node's address in --peers (DNS name or IP address); a
+    /// second DNS name seglog-node-ID binds it to this node's id, and then every
+    /// peer's must name its id too. With --raft-tls-key and --raft-tls-ca; every
+    /// node must have them.
     #[arg(long, value_name = "PEM", requires_all = ["peers", "raft_tls_key", "raft_tls_ca"],
           help_heading = "Cluster")]
     pub raft_tls_cert: Option<PathBuf>,
@@ -302,13 +304,17 @@ fn server_tls(args: &Args) -> anyhow::Result<Option<ServerTls>> {
 
 /// The Raft connections' TLS settings (exit 64 for a file that cannot be used, 74
 /// for one that cannot be read).
-fn peer_tls(args: &Args) -> anyhow::Result<Option<crate::engine::replication::peer_tls::PeerTls>> {
+fn peer_tls(
+    args: &Args,
+    node: u64,
+    others: &[u64],
+) -> anyhow::Result<Option<crate::engine::replication::peer_tls::PeerTls>> {
     let (Some(cert), Some(key), Some(ca)) =
         (&args.raft_tls_cert, &args.raft_tls_key, &args.raft_tls_ca)
     else {
         return Ok(None);
     };
-    crate::engine::replication::peer_tls::PeerTls::from_pem_files(cert, key, ca)
+    crate::engine::replication::peer_tls::PeerTls::from_pem_files(cert, key, ca, node, others)
         .map(Some)
         .map_err(|e| {
             super::connect::tls_setup_error(&e, "cannot set up TLS for Raft (--raft-tls-*)")
@@ -784,7 +790,8 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
             let peers = parse_peers(peers, *id, raft_addr)?;
             check_cluster_node(&args.data_dir, *id)?;
             let secret = cluster_secret(args.cluster_secret_file.as_deref())?;
-            let tls = peer_tls(&args)?;
+            let ids: Vec<u64> = peers.iter().map(|(id, _)| *id).collect();
+            let tls = peer_tls(&args, *id, &ids)?;
             Some((*id, raft_addr, peers, (secret, tls)))
         }
         _ => {

@@ -4,7 +4,9 @@
 //! (the same record does on a plaintext cluster); a node without TLS, or with a
 //! certificate another CA signed, or with one that does not name its host, is
 //! refused and both sides say why on stderr; with the cluster's certificate again it
-//! catches up; bad TLS files stop `serve` before it starts.
+//! catches up; with certificates that name their node ids (`seglog-node-N`), one
+//! naming the host only is refused; bad TLS files, and a certificate naming another
+//! node's id, stop `serve` before it starts.
 
 #![expect(clippy::unwrap_used, reason = "tests")]
 
@@ -28,6 +30,8 @@ struct Files {
     server_only: (PathBuf, PathBuf),
     /// The cluster CA's certificate for a host no node has.
     elsewhere: (PathBuf, PathBuf),
+    /// Node N's own certificate (index N - 1): 127.0.0.1 and `seglog-node-N`.
+    own: Vec<(PathBuf, PathBuf)>,
 }
 
 fn files() -> Files {
@@ -63,8 +67,20 @@ fn files() -> Files {
         &["node9.invalid"],
         &[ServerAuth, ClientAuth],
     );
+    let own = (1..=3)
+        .map(|n| {
+            issue(
+                dir.path(),
+                &root,
+                &format!("node{n}"),
+                &["127.0.0.1", &format!("seglog-node-{n}")],
+                &[ServerAuth, ClientAuth],
+            )
+        })
+        .collect();
     Files {
         ca: write_ca(dir.path(), &root, "ca"),
+        own,
         elsewhere,
         node,
         stranger,
@@ -208,9 +224,31 @@ fn a_cluster_replicates_over_tls_and_refuses_nodes_without_its_ca() {
     // With the cluster's certificate again node 3 catches up.
     restart_with(&mut c, 3, tls_args(&f.node, &f.ca));
     c.wait_caught_up("t", 1);
+
+    // Certificates that name their node ids: a node whose own does requires its
+    // peers' to name theirs. Node 3 with the shared certificate (its host only) is
+    // refused as a dialer, and as an acceptor by its peers' dials.
+    c.stop_all();
+    for id in c.ids() {
+        c.node_mut(id).args = tls_args(&f.own[id as usize - 1], &f.ca);
+    }
+    c.start_all();
+    c.ok_with_stdin(&["produce", "t"], "d\n");
+    restart_with(&mut c, 3, tls_args(&f.node, &f.ca));
+    assert!(
+        c.node(1)
+            .serve()
+            .stderr_gets("node 3's TLS certificate does not name seglog-node-3, its node id"),
+        "{}",
+        c.node(1).stderr()
+    );
+    assert!(c.node(1).stderr().contains(FLAGS), "{}", c.node(1).stderr());
+    c.ok_with_stdin(&["produce", "t"], "e\n");
+    restart_with(&mut c, 3, tls_args(&f.own[2], &f.ca));
+    c.wait_caught_up("t", 1);
     c.stop_all();
     let replica = c.dump(3, "t", 1);
-    assert_eq!(replica.records.len(), 3, "{:?}", replica.records);
+    assert_eq!(replica.records.len(), 5, "{:?}", replica.records);
 
     // The control: on the same cluster without TLS the watched bytes are seen, so
     // the watch above could fail.
@@ -263,6 +301,13 @@ fn bad_raft_tls_files_are_refused_before_serving() {
     let (code, err) = run(&tls_args(&f.node, &empty));
     assert_eq!(code, Some(64), "{err}");
     assert!(err.contains("empty.pem"), "{err}");
+    // Node 1 with node 2's certificate (it names seglog-node-2).
+    let (code, err) = run(&tls_args(&f.own[1], &f.ca));
+    assert_eq!(code, Some(64), "{err}");
+    assert!(
+        err.contains("node2.crt: names seglog-node-2, the id of node 2: give each node"),
+        "{err}"
+    );
     // One flag without the others.
     let (code, err) = run(&["--raft-tls-cert".to_string(), s(&f.node.0)]);
     assert_eq!(code, Some(64), "{err}");

@@ -61,6 +61,13 @@ pub enum TlsError {
     ClientCa(String),
     #[error("cannot tell the host name from the broker address {0:?}")]
     ServerName(String),
+    /// A certificate that cannot serve as this node's (it names another node).
+    #[error("{} {}: {detail}", what, path.display())]
+    Unusable {
+        what: &'static str,
+        path: PathBuf,
+        detail: String,
+    },
 }
 
 impl TlsError {
@@ -81,7 +88,10 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-fn load_certs(what: &'static str, path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+pub(crate) fn load_certs(
+    what: &'static str,
+    path: &Path,
+) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     let certs = CertificateDer::pem_file_iter(path)
         .and_then(Iterator::collect::<Result<Vec<_>, _>>)
         .map_err(|source| TlsError::Read {

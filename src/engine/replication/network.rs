@@ -871,7 +871,11 @@ async fn dial(ident: &Identity, peer: &Peer) -> Result<PeerConn, String> {
         .await
         .map_err(|e| format!("sending the hello: {e}"))?;
     let theirs = read_hello(&mut stream, ident).await?;
-    let checked = check_accepted(ident, peer, &theirs, &my_nonce);
+    let checked = match &ident.tls {
+        Some(tls) => tls.check_peer_node(&stream, peer.id),
+        None => Ok(()),
+    }
+    .and_then(|()| check_accepted(ident, peer, &theirs, &my_nonce));
     let proof = match checked {
         Ok(proof) => proof,
         Err(why) => {
@@ -1291,6 +1295,9 @@ async fn accept_handshake(stream: &mut PeerConn, peers: &Peers) -> Result<u64, (
         return Err(ours(format!("node {from} is not in this node's --peers")));
     };
     super::peer_tls::check_dialer_name(stream, from, &peer.raft_addr).map_err(ours)?;
+    if let Some(tls) = &ident.tls {
+        tls.check_peer_node(stream, from).map_err(ours)?;
+    }
     ident.precheck(&theirs.cluster_id).map_err(ours)?;
     let my_nonce = super::secret::nonce().map_err(|e| ours(e.to_string()))?;
     let h = Handshake {

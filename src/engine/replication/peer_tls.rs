@@ -15,6 +15,12 @@
 //!   which node it is, checks that the dialer's certificate names the host of that
 //!   node's address in `--peers` ([`check_dialer_name`]). So a certificate issued
 //!   for one node's host cannot speak as a node on another host.
+//! - A certificate may also bind a node id: a DNS subject alternative name
+//!   `seglog-node-ID` ([`node_name`]) beside its host's. A node whose own certificate
+//!   names its id requires every peer's to name the peer's id, on both sides
+//!   ([`PeerTls::check_peer_node`]), so nodes sharing a host (and so a host name)
+//!   cannot speak as each other. A node refuses at start a certificate that names
+//!   another node's id.
 //! - Every write on a connection is followed by a flush: a TLS session may hold a
 //!   written record until flushed.
 
@@ -27,25 +33,107 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
-use crate::engine::net::tls::{Accepted, ClientTls, ServerTls, TlsError};
+use rustls::pki_types::{CertificateDer, ServerName};
+
+use crate::engine::net::tls::{load_certs, Accepted, ClientTls, ServerTls, TlsError};
 
 /// What every refusal and failure about Raft TLS names (stderr lines carry it).
 pub const TLS_FLAGS: &str = "--raft-tls-cert/--raft-tls-key/--raft-tls-ca";
+
+/// The name (a DNS subject alternative name) that binds a certificate to node `id`.
+pub fn node_name(id: u64) -> String {
+    format!("seglog-node-{id}")
+}
+
+/// Whether `cert` names `name` (a DNS name or an IP address) as rustls checks a
+/// server's name; a certificate that cannot be parsed names nothing.
+fn names(cert: &CertificateDer<'_>, name: &str) -> bool {
+    let Ok(name) = ServerName::try_from(name.to_string()) else {
+        return false;
+    };
+    rustls::server::ParsedCertificate::try_from(cert)
+        .is_ok_and(|parsed| rustls::client::verify_server_name(&parsed, &name).is_ok())
+}
 
 /// A node's TLS settings for its Raft connections, both sides.
 #[derive(Clone, Debug)]
 pub struct PeerTls {
     server: ServerTls,
     client: ClientTls,
+    /// This node's certificate names its node id ([`node_name`]): peers' must too.
+    node_bound: bool,
 }
 
 impl PeerTls {
-    /// Loads the node's certificate chain and key and the cluster's CA (PEM files).
-    pub fn from_pem_files(cert: &Path, key: &Path, ca: &Path) -> Result<PeerTls, TlsError> {
+    /// Loads node `node`'s certificate chain and key and the cluster's CA (PEM
+    /// files). A certificate that names another node's id (of `others`, the other
+    /// nodes of `--peers`) is refused.
+    pub fn from_pem_files(
+        cert: &Path,
+        key: &Path,
+        ca: &Path,
+        node: u64,
+        others: &[u64],
+    ) -> Result<PeerTls, TlsError> {
+        let server = ServerTls::from_pem_files(cert, key, Some(ca), false)?;
+        let client = ClientTls::from_pem_files(ca, Some((cert, key)))?;
+        let chain = load_certs("TLS certificate", cert)?;
+        let names_node = |id: u64| chain.first().is_some_and(|c| names(c, &node_name(id)));
+        let node_bound = names_node(node);
+        if let Some(other) = others.iter().copied().find(|&o| o != node && names_node(o)) {
+            return Err(TlsError::Unusable {
+                what: "TLS certificate",
+                path: cert.to_path_buf(),
+                detail: format!(
+                    "names {}, the id of node {other}{}: give each node a certificate of its \
+                     own, naming {} for this node",
+                    node_name(other),
+                    if node_bound {
+                        ", besides this node's"
+                    } else {
+                        ""
+                    },
+                    node_name(node)
+                ),
+            });
+        }
         Ok(PeerTls {
-            server: ServerTls::from_pem_files(cert, key, Some(ca), false)?,
-            client: ClientTls::from_pem_files(ca, Some((cert, key)))?,
+            server,
+            client,
+            node_bound,
         })
+    }
+
+    /// Whether this node's certificate names its node id (then every peer's must).
+    pub fn node_bound(&self) -> bool {
+        self.node_bound
+    }
+
+    /// With a node-bound certificate of this node's, checks that the certificate
+    /// the peer on `conn` presented (either side) names `node`'s id, the node its
+    /// hello claims to be or `--peers` dials. Without, or on a plain connection,
+    /// nothing is checked.
+    pub fn check_peer_node(&self, conn: &PeerConn, node: u64) -> Result<(), String> {
+        if !self.node_bound {
+            return Ok(());
+        }
+        let certs = match conn {
+            PeerConn::Plain(_) => return Ok(()),
+            PeerConn::Dialled(s) => s.get_ref().1.peer_certificates(),
+            PeerConn::Accepted(s) => s.get_ref().1.peer_certificates(),
+        };
+        let name = node_name(node);
+        if certs
+            .and_then(<[_]>::first)
+            .is_some_and(|c| names(c, &name))
+        {
+            return Ok(());
+        }
+        Err(format!(
+            "node {node}'s TLS certificate does not name {name}, its node id, and this \
+             node's names its own ({TLS_FLAGS}: give every node a certificate naming \
+             seglog-node-ID for its id, or none of them)"
+        ))
     }
 
     /// Wraps a dialled connection to `addr` and completes the handshake within
