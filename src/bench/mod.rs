@@ -15,8 +15,10 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 mod conn;
+mod follow;
 
 use conn::Conn;
+use follow::{Failure, Lanes, Pending, Sender};
 
 use crate::engine::broker::{Broker, BrokerOptions, BrokerStats};
 use crate::engine::error::EngineError;
@@ -26,7 +28,7 @@ use crate::engine::partition::zero::{quantile_us, PREALLOCATE_BYTES_DEFAULT};
 use crate::engine::storage::io::RealStorage;
 use crate::format::encoded_len;
 use crate::format::wire::{
-    ErrorCode, PartitionBatch, PartitionOffsets, WireRecord, FETCH_BYTES_MAX,
+    ErrorCode, PartitionBatch, PartitionOffsets, StatsBody, WireRecord, FETCH_BYTES_MAX,
     RECORDS_PER_PARTITION_MAX,
 };
 
@@ -77,6 +79,10 @@ pub struct Config {
     /// connection then is one per leader node (as a Kafka producer holds one per
     /// broker), and the write-path counters add up over those nodes.
     pub leaders: BTreeMap<u32, String>,
+    /// On a cluster: every node's client address (`--broker A,B,...`). With two or
+    /// more, a produce run follows leader changes and lost nodes
+    /// ([`follow`]); empty or one: a failure ends the run.
+    pub brokers: Vec<String>,
     pub topic: String,
     /// How long to wait to connect and for each response.
     pub timeout: Duration,
@@ -216,6 +222,14 @@ pub struct Report {
     pub latencies: Vec<Duration>,
     /// Embedded broker only.
     pub write_path: Option<WritePathReport>,
+    /// Produce on a cluster: requests sent again after their partition's leader
+    /// changed or their connection failed (each counted once in `requests` when
+    /// answered; without `--idempotent` a request sent again may be written twice).
+    pub resent: u64,
+    /// Nodes driven whose counters are left out of `fsyncs` (and `write_path` is
+    /// then `None`): they did not answer before or after the run (a node killed
+    /// during a run that followed its leaders).
+    pub uncounted: Vec<String>,
 }
 
 impl Report {
@@ -393,60 +407,93 @@ fn progress_bar(total: Option<u64>, wanted: bool) -> Option<indicatif::ProgressB
     Some(bar)
 }
 
-/// Every fsync the brokers driven made: the embedded one's, else the sum over the
-/// nodes of `routes`.
-fn fsync_count(
-    routes: &Routes,
-    args: &Config,
-    embedded: Option<&Arc<Broker>>,
-) -> Result<u64, BenchError> {
-    if let Some(b) = embedded {
-        return Ok(b.stats().fsyncs);
-    }
-    let mut n = 0u64;
-    for addr in &routes.addrs {
-        let s = Client::connect_with(addr, args.timeout, args.tls.as_ref(), args.token.as_deref())
-            .and_then(|mut c| c.stats())?;
-        n = n.saturating_add(s.fsyncs);
-    }
-    Ok(n)
+/// The counters of the brokers driven: the embedded one's, else each node's of
+/// `routes` (`None` for a node of a cluster that did not answer: a node killed
+/// during a run that followed its leaders).
+enum Counters {
+    Embedded(BrokerStats),
+    Nodes(Vec<Option<StatsBody>>),
 }
 
-/// The brokers' counters: read directly from an embedded broker, else asked of each
-/// node of `routes` and added up (the longest roll stall is the longest of any).
-/// `None` when a broker is older than protocol version 3, which has no write-path
-/// counters.
-fn write_stats(
+fn counters(
     routes: &Routes,
     args: &Config,
     embedded: Option<&Arc<Broker>>,
-) -> Result<Option<BrokerStats>, BenchError> {
+) -> Result<Counters, BenchError> {
     if let Some(b) = embedded {
-        return Ok(Some(b.stats()));
+        return Ok(Counters::Embedded(b.stats()));
     }
-    let mut sum = BrokerStats::default();
+    let mut nodes = Vec::with_capacity(routes.addrs.len());
     for addr in &routes.addrs {
         let s = Client::connect_with(addr, args.timeout, args.tls.as_ref(), args.token.as_deref())
-            .and_then(|mut c| c.stats())?;
-        let Some(w) = s.write else {
-            return Ok(None);
-        };
-        add_stats(
-            &mut sum,
-            &BrokerStats {
-                fsyncs: s.fsyncs,
-                produce_requests: s.produce_requests,
-                records_appended: s.records_appended,
-                fsync_latency_us: w.fsync_latency_us,
-                rolls: w.rolls,
-                roll_stall_max_us: w.roll_stall_max_us,
-                zeroed_bytes: w.zeroed_bytes,
-                spares_taken: w.spares_taken,
-                spares_returned: w.spares_returned,
-            },
-        );
+            .and_then(|mut c| c.stats());
+        match s {
+            Ok(s) => nodes.push(Some(s)),
+            // On a cluster a node may be down: its counters are left out.
+            Err(_) if args.brokers.len() > 1 => nodes.push(None),
+            Err(e) => return Err(e.into()),
+        }
     }
-    Ok(Some(sum))
+    Ok(Counters::Nodes(nodes))
+}
+
+/// Sets `report`'s fsyncs and write-path counters from two counters: the write
+/// path's are `None` when a broker is older than protocol version 3, which has
+/// none. On a cluster only the nodes that answered both times count; the others
+/// are named in `uncounted`, and the write path's counters are then `None`.
+fn between(report: &mut Report, routes: &Routes, before: &Counters, after: &Counters) {
+    let (fsyncs, write_path) = match (before, after) {
+        (Counters::Embedded(b), Counters::Embedded(a)) => (
+            a.fsyncs.saturating_sub(b.fsyncs),
+            Some(write_path_report(b, a)),
+        ),
+        (Counters::Nodes(b), Counters::Nodes(a)) => {
+            let (mut sum_b, mut sum_a) = (BrokerStats::default(), BrokerStats::default());
+            let mut write = true;
+            for ((b, a), addr) in b.iter().zip(a).zip(&routes.addrs) {
+                let (Some(b), Some(a)) = (b, a) else {
+                    report.uncounted.push(addr.clone());
+                    write = false;
+                    continue;
+                };
+                match (node_stats(b), node_stats(a)) {
+                    (Some(b), Some(a)) => {
+                        add_stats(&mut sum_b, &b);
+                        add_stats(&mut sum_a, &a);
+                    }
+                    _ => {
+                        write = false;
+                        sum_b.fsyncs = sum_b.fsyncs.saturating_add(b.fsyncs);
+                        sum_a.fsyncs = sum_a.fsyncs.saturating_add(a.fsyncs);
+                    }
+                }
+            }
+            (
+                sum_a.fsyncs.saturating_sub(sum_b.fsyncs),
+                write.then(|| write_path_report(&sum_b, &sum_a)),
+            )
+        }
+        _ => (0, None),
+    };
+    report.fsyncs = fsyncs;
+    report.write_path = write_path;
+}
+
+/// One node's counters as the embedded broker's are (`None` without write-path
+/// counters).
+fn node_stats(s: &StatsBody) -> Option<BrokerStats> {
+    let w = s.write.as_ref()?;
+    Some(BrokerStats {
+        fsyncs: s.fsyncs,
+        produce_requests: s.produce_requests,
+        records_appended: s.records_appended,
+        fsync_latency_us: w.fsync_latency_us.clone(),
+        rolls: w.rolls,
+        roll_stall_max_us: w.roll_stall_max_us,
+        zeroed_bytes: w.zeroed_bytes,
+        spares_taken: w.spares_taken,
+        spares_returned: w.spares_returned,
+    })
 }
 
 /// Adds one node's counters to `sum`: counts and histogram buckets add, the longest
@@ -554,22 +601,20 @@ fn bench(
                 };
                 produce(&warm, routes, u64::MAX)?;
             }
-            let fsyncs_before = fsync_count(routes, args, embedded)?;
-            let stats_before = write_stats(routes, args, embedded)?;
+            let before = counters(routes, args, embedded)?;
             let mut report = produce(args, routes, records)?;
-            report.fsyncs = fsync_count(routes, args, embedded)?.saturating_sub(fsyncs_before);
-            let stats_after = write_stats(routes, args, embedded)?;
-            if let (Some(before), Some(after)) = (&stats_before, &stats_after) {
-                report.write_path = Some(write_path_report(before, after));
-            }
+            let after = counters(routes, args, embedded)?;
+            between(&mut report, routes, &before, &after);
             Ok(report)
         }
         Mode::Consume => {
             let mut clients = Clients::new(args, routes, admin);
             seed(args, &mut clients, records)?;
-            let fsyncs_before = fsync_count(routes, args, embedded)?;
+            let before = counters(routes, args, embedded)?;
             let mut report = consume(args, &mut clients, records)?;
-            report.fsyncs = fsync_count(routes, args, embedded)?.saturating_sub(fsyncs_before);
+            let after = counters(routes, args, embedded)?;
+            between(&mut report, routes, &before, &after);
+            report.write_path = None;
             Ok(report)
         }
     }
@@ -760,6 +805,8 @@ struct WorkerResult {
     records: u64,
     requests: u64,
     latencies: Vec<Duration>,
+    /// Requests sent again after their leader changed or their connection failed.
+    resent: u64,
 }
 
 /// What the produce workers acknowledged, each with when it started and ended.
@@ -815,7 +862,7 @@ fn produce(args: &Config, routes: &Routes, records: u64) -> Result<Report, Bench
     let total = (records != u64::MAX).then_some(records);
     let deadline = args.duration.map(|d| Instant::now() + d);
     let partials: Partials = Arc::default();
-    let outcome = run_workers(args, routes, total, &progress, |w, mut conns| {
+    let outcome = run_workers(args, routes, total, &progress, |w, conns| {
         let (value, progress) = (Arc::clone(&value), Arc::clone(&progress));
         let partials = Arc::clone(&partials);
         let (topic, routes) = (args.topic.clone(), routes.clone());
@@ -827,6 +874,12 @@ fn produce(args: &Config, routes: &Routes, records: u64) -> Result<Report, Bench
             .rate
             .map(|r| (r as f64 / f64::from(connections.max(1))).max(1e-3));
         let window = args.duration;
+        let brokers = args.brokers.clone();
+        let dial = follow::Dial {
+            timeout: args.timeout,
+            token: args.token.clone(),
+            tls: args.tls.clone(),
+        };
         async move {
             let mut left = share(records, w, connections);
             // Kept on failure too: a run stopped under way reports what was acked.
@@ -835,15 +888,21 @@ fn produce(args: &Config, routes: &Routes, records: u64) -> Result<Report, Bench
             // With a fixed rate each connection sends its share on a schedule.
             let started = Instant::now();
             let mut sent = 0u64;
+            let route = (0..partitions).map(|p| routes.of(p)).collect();
+            let mut lanes = Lanes::new(routes.addrs.clone(), conns, route, &brokers, dial);
             // One producer id for all nodes: a cluster's nodes hand out disjoint ids.
-            let producer = match (idempotent, conns.first_mut()) {
+            let producer = match (idempotent, lanes.first()) {
                 (true, Some(conn)) => Some(conn.init_producer().await?),
                 _ => None,
             };
+            let sender = Sender {
+                topic,
+                producer,
+                value,
+            };
             let mut sequences = vec![0i32; partitions as usize];
-            // Requests sent and not yet answered, oldest first: (connection, id, sent
-            // at, records).
-            let mut unanswered: VecDeque<(usize, u32, Instant, u64)> = VecDeque::new();
+            // Requests sent and not yet answered, oldest first.
+            let mut unanswered: VecDeque<Pending> = VecDeque::new();
             loop {
                 // A fixed rate stops on its own schedule (`paced_batch`): the batch
                 // due at the end of the window is the last one; a load that fell
@@ -875,38 +934,57 @@ fn produce(args: &Config, routes: &Routes, records: u64) -> Result<Report, Bench
                     left -= n;
                     let partition = (turn % u64::from(partitions)) as u32;
                     turn += 1;
-                    let batch = batch_of(partition, n, &value);
-                    let c = routes.of(partition);
-                    let conn = &mut conns[c];
-                    let t = Instant::now();
-                    let id = match producer {
-                        Some(p) => {
-                            let seq = sequences.get(partition as usize).copied().unwrap_or(0);
-                            if let Some(s) = sequences.get_mut(partition as usize) {
-                                *s = seq.saturating_add(i32::try_from(n).unwrap_or(i32::MAX));
-                            }
-                            conn.send_produce_idempotent(&topic, p, seq, batch).await?
-                        }
-                        None => conn.send_produce(&topic, batch).await?,
+                    let sequence = sequences.get(partition as usize).copied().unwrap_or(0);
+                    if let Some(s) = sequences.get_mut(partition as usize) {
+                        *s = sequence.saturating_add(i32::try_from(n).unwrap_or(i32::MAX));
+                    }
+                    let pending = Pending {
+                        lane: 0,
+                        generation: 0,
+                        id: 0,
+                        sent: Instant::now(),
+                        partition,
+                        records: n,
+                        sequence,
                     };
-                    unanswered.push_back((c, id, t, n));
+                    unanswered.push_back(lanes.send(pending, &sender).await?);
                     continue;
                 }
-                let Some((c, id, t, n)) = unanswered.pop_front() else {
+                let Some(p) = unanswered.pop_front() else {
                     break;
                 };
-                let ack = conns[c].receive_produce(id).await?;
-                r.latencies.push(t.elapsed());
-                if let Err((code, message)) = ack {
-                    return Err(BenchError::ProduceRefused {
-                        addr: routes.addrs[c].clone(),
-                        code,
-                        message,
+                let ack = match lanes.conn_of(&p) {
+                    Some(conn) => conn.receive_produce(p.id).await,
+                    // Its connection was dropped when a later send on it failed:
+                    // taken as lost, so it and the others sent on it go again.
+                    None => Err(ClientError::Closed {
+                        addr: lanes.addr(p.lane).to_string(),
+                    }),
+                };
+                let failure = match ack {
+                    Ok(Ok(())) => {
+                        lanes.answered(p.partition);
+                        r.latencies.push(p.sent.elapsed());
+                        r.records += p.records;
+                        r.requests += 1;
+                        progress.records.fetch_add(p.records, Ordering::Relaxed);
+                        continue;
+                    }
+                    Ok(Err((code, message))) => Failure::Refused(code, message),
+                    Err(e) => Failure::Lost(e),
+                };
+                if !lanes.follows(&failure, p.partition) {
+                    return Err(match failure {
+                        Failure::Refused(code, message) => BenchError::ProduceRefused {
+                            addr: lanes.addr(p.lane).to_string(),
+                            code,
+                            message,
+                        },
+                        Failure::Lost(e) => e.into(),
                     });
                 }
-                r.records += n;
-                r.requests += 1;
-                progress.records.fetch_add(n, Ordering::Relaxed);
+                lanes.recover(p, &failure, &mut unanswered, &sender).await?;
+                r.resent = lanes.resent;
             }
             Ok(())
         }
@@ -944,6 +1022,7 @@ fn produce(args: &Config, routes: &Routes, records: u64) -> Result<Report, Bench
 fn collect(results: Vec<WorkerResult>, elapsed: Duration, value_bytes: u64) -> Report {
     let records: u64 = results.iter().map(|r| r.records).sum();
     let requests = results.iter().map(|r| r.requests).sum();
+    let resent = results.iter().map(|r| r.resent).sum();
     let mut latencies: Vec<Duration> = results.into_iter().flat_map(|r| r.latencies).collect();
     latencies.sort_unstable();
     Report {
@@ -955,6 +1034,8 @@ fn collect(results: Vec<WorkerResult>, elapsed: Duration, value_bytes: u64) -> R
         fsyncs: 0,
         latencies,
         write_path: None,
+        resent,
+        uncounted: Vec::new(),
     }
 }
 
@@ -1030,11 +1111,7 @@ fn consume(args: &Config, clients: &mut Clients<'_>, records: u64) -> Result<Rep
             let topic = args.topic.clone();
             let connections = args.connections as usize;
             async move {
-                let mut r = WorkerResult {
-                    records: 0,
-                    requests: 0,
-                    latencies: Vec::new(),
-                };
+                let mut r = WorkerResult::default();
                 for &(partition, from, to) in tasks.iter().skip(w as usize).step_by(connections) {
                     let mut pos = from;
                     while pos < to {
@@ -1128,6 +1205,8 @@ mod tests {
             fsyncs: 0,
             latencies: (1..=100).map(Duration::from_millis).collect(),
             write_path: None,
+            resent: 0,
+            uncounted: Vec::new(),
         };
         assert_eq!(r.quantile_ms(0.5), 50.0);
         assert_eq!(r.quantile_ms(0.99), 99.0);

@@ -207,6 +207,7 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
         in_flight: args.in_flight,
         partitions: args.partitions,
         leaders: BTreeMap::new(),
+        brokers: Vec::new(),
         topic: args.topic.clone(),
         timeout: args.timeout,
         progress_bar: !global.quiet && io::stderr().is_terminal(),
@@ -236,6 +237,7 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
     let mut config = config;
     if let Target::Broker(list) = &config.target {
         let (addr, leaders) = bench_route(list, &config);
+        config.brokers = crate::engine::net::cluster_client::broker_list(list);
         config.target = Target::Broker(addr);
         config.leaders = leaders;
     }
@@ -348,6 +350,8 @@ fn print_report(args: &Args, r: &Report, stopped: Option<&BenchError>) -> anyhow
             "zeroed_bytes": r.write_path.map(|w| w.zeroed_bytes),
             "spares_taken": r.write_path.map(|w| w.spares_taken),
             "spares_returned": r.write_path.map(|w| w.spares_returned),
+            "resent": r.resent,
+            "uncounted": r.uncounted,
             "segment_bytes": args.segment_bytes,
             "retention_bytes": args.retention_bytes,
             "warmup_s": args.warmup.map(|d| d.as_secs_f64()),
@@ -396,6 +400,9 @@ fn print_report(args: &Args, r: &Report, stopped: Option<&BenchError>) -> anyhow
     t.add_row(["latency p50 ms".to_string(), format!("{p50:.3}")]);
     t.add_row(["latency p99 ms".to_string(), format!("{p99:.3}")]);
     t.add_row(["latency max ms".to_string(), format!("{max:.3}")]);
+    if r.resent > 0 {
+        t.add_row(["requests resent".to_string(), r.resent.to_string()]);
+    }
     if let Some(w) = r.write_path {
         t.add_row(["fsync p50 ms".to_string(), format!("{:.3}", w.fsync_p50_ms)]);
         t.add_row(["fsync p99 ms".to_string(), format!("{:.3}", w.fsync_p99_ms)]);
@@ -409,6 +416,13 @@ fn print_report(args: &Args, r: &Report, stopped: Option<&BenchError>) -> anyhow
         t.add_row(["spares returned".to_string(), w.spares_returned.to_string()]);
     }
     writeln!(out, "{t}")?;
+    if !r.uncounted.is_empty() {
+        writeln!(
+            out,
+            "fsyncs count only the nodes that answered before and after the run, not {}",
+            r.uncounted.join(", ")
+        )?;
+    }
     if let Some(e) = stopped {
         writeln!(
             out,

@@ -20,6 +20,7 @@ mod cli_schemas;
 mod cli_tls;
 mod cli_topic_meta;
 mod cluster_alter;
+mod cluster_bench;
 mod cluster_check;
 mod cluster_cli;
 mod cluster_create;
