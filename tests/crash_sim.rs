@@ -1712,6 +1712,26 @@ fn run_workload(
     tally
 }
 
+/// Runs `f` once per directory model, side by side (one thread each): each model
+/// with its result, or its panic.
+fn both_models<T: Send>(
+    f: impl Fn(DirModel) -> T + Sync,
+) -> Vec<(DirModel, std::thread::Result<T>)> {
+    std::thread::scope(|sc| {
+        let handles: Vec<_> = [DirModel::InOrder, DirModel::AnyOrder]
+            .into_iter()
+            .map(|model| {
+                let f = &f;
+                (model, sc.spawn(move || f(model)))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|(model, h)| (model, h.join()))
+            .collect()
+    })
+}
+
 fn model_name(m: DirModel) -> &'static str {
     match m {
         DirModel::InOrder => "in-order",
@@ -1747,19 +1767,10 @@ fn crash_states_of_every_workload_recover_with_nothing_acknowledged_lost() {
             states: b.states * share / 100 / 2,
             ..b
         };
-        // The two models run side by side (one thread each).
         let t0 = Instant::now();
-        let tallies: Vec<(DirModel, Tally)> = std::thread::scope(|sc| {
-            let handles: Vec<_> = [DirModel::InOrder, DirModel::AnyOrder]
-                .into_iter()
-                .map(|model| {
-                    let scratch = &scratch;
-                    sc.spawn(move || (model, run_workload(name, w, model, b, seed, scratch, 1000)))
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect()
-        });
+        let tallies = both_models(|model| run_workload(name, w, model, b, seed, &scratch, 1000));
         for (model, tally) in tallies {
+            let tally = tally.unwrap();
             println!(
                 "{name} / {}: crash states: {} explored, {} violations ({} of them during recovery; {} runs; {:.1}s)",
                 model_name(model),
@@ -1938,34 +1949,26 @@ fn planted_bugs_are_caught() {
             continue;
         }
         c.flag.store(true, Ordering::SeqCst);
-        // The two models side by side (one thread each), as in the clean run; a
-        // workload that breaks down in either counts as caught.
-        let run = std::thread::scope(|sc| {
-            let handles: Vec<_> = [DirModel::InOrder, DirModel::AnyOrder]
-                .into_iter()
-                .map(|model| {
-                    let scratch = &scratch;
-                    sc.spawn(move || run_workload(c.name, c.workload, model, b, seed, scratch, 1))
-                })
-                .collect();
-            let mut caught = 0;
-            let mut example = None;
-            let mut broke = false;
-            for h in handles {
-                match h.join() {
-                    Ok(t) => {
-                        caught += t.violating;
-                        example = example.or(t.messages.into_iter().next());
-                    }
-                    Err(_) => broke = true,
+        // A workload that breaks down under either model counts as caught.
+        let mut caught = 0;
+        let mut example = None;
+        let mut broke = false;
+        for (_, t) in
+            both_models(|model| run_workload(c.name, c.workload, model, b, seed, &scratch, 1))
+        {
+            match t {
+                Ok(t) => {
+                    caught += t.violating;
+                    example = example.or(t.messages.into_iter().next());
                 }
+                Err(_) => broke = true,
             }
-            if broke {
-                Err(())
-            } else {
-                Ok((caught, example))
-            }
-        });
+        }
+        let run = if broke {
+            Err(())
+        } else {
+            Ok((caught, example))
+        };
         c.flag.store(false, Ordering::SeqCst);
         match run {
             Ok((caught, example)) if caught > 0 => {

@@ -913,6 +913,9 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
         Some((id, nodes, l, (secret, raft_tls))) => {
             let has_secret = secret.is_some();
             let has_tls = raft_tls.is_some();
+            let node_bound = raft_tls
+                .as_ref()
+                .is_some_and(crate::engine::replication::peer_tls::PeerTls::node_bound);
             if let (Some((_, mode)), Some(path)) = (&secret, &args.cluster_secret_file) {
                 if mode & 0o077 != 0 {
                     tracing::warn!(
@@ -942,7 +945,13 @@ pub fn run(args: Args, global: Global) -> anyhow::Result<u8> {
                         std::io::stderr().lock(),
                         "seglog: raft listening on {raddr}"
                     )?;
-                    tracing::info!(raft_listen = %raddr, node_id = id, tls = has_tls, "serving Raft");
+                    tracing::info!(
+                        raft_listen = %raddr,
+                        node_id = id,
+                        tls = has_tls,
+                        tls_node_bound = node_bound,
+                        "serving Raft"
+                    );
                     if !has_secret && !has_tls && !raddr.ip().is_loopback() {
                         tracing::warn!(
                             raft_listen = %raddr,
