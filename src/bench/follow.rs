@@ -57,20 +57,9 @@ impl Failure {
                 *code,
                 ErrorCode::NOT_LEADER | ErrorCode::PARTITION_UNAVAILABLE | ErrorCode::SHUTTING_DOWN
             ),
-            Failure::Lost(e) => lost(e),
+            Failure::Lost(e) => e.is_lost_connection(),
         }
     }
-}
-
-/// Whether a client error is a lost or unreachable connection (not a refusal).
-fn lost(e: &ClientError) -> bool {
-    matches!(
-        e,
-        ClientError::Connect { .. }
-            | ClientError::Io { .. }
-            | ClientError::Timeout { .. }
-            | ClientError::Closed { .. }
-    )
 }
 
 /// Sends one pending request on a connection: the worker's topic, producer and
@@ -253,7 +242,7 @@ impl Lanes {
                     return Ok((lane, self.generation));
                 }
                 Err(e) => {
-                    if !self.follows_if(lost(&e), partition) {
+                    if !self.follows_if(e.is_lost_connection(), partition) {
                         return Err(e);
                     }
                     self.move_on(partition, lane);
@@ -279,7 +268,7 @@ impl Lanes {
                     return Ok(p);
                 }
                 Err(e) => {
-                    if !self.follows_if(lost(&e), p.partition) {
+                    if !self.follows_if(e.is_lost_connection(), p.partition) {
                         return Err(e);
                     }
                     self.drop_lane(lane);

@@ -148,15 +148,7 @@ impl<'a> Readers<'a> {
                 message,
                 ..
             } => Some(parse_not_leader(message).map(|(_, addr)| addr)),
-            ClientError::Io { .. }
-            | ClientError::Timeout { .. }
-            | ClientError::Connect { .. }
-            | ClientError::ConnectAny { .. }
-            | ClientError::Closed { .. }
-                if self.cluster || self.reconnect =>
-            {
-                None
-            }
+            e if e.is_lost_connection() && (self.cluster || self.reconnect) => None,
             _ => return false,
         };
         let follows = self.follows.entry(partition).or_insert(0);

@@ -88,6 +88,20 @@ pub enum ClientError {
 }
 
 impl ClientError {
+    /// Whether the connection was lost or never made (unreachable, reset, timed
+    /// out, closed), as opposed to an answer: a client of a cluster tries the
+    /// request again elsewhere.
+    pub fn is_lost_connection(&self) -> bool {
+        matches!(
+            self,
+            ClientError::Connect { .. }
+                | ClientError::ConnectAny { .. }
+                | ClientError::Io { .. }
+                | ClientError::Timeout { .. }
+                | ClientError::Closed { .. }
+        )
+    }
+
     /// The error of a `--broker` list none of whose addresses answered, from each
     /// address's error in list order: a [`ClientError::ConnectAny`] naming every
     /// address when they all failed to connect (one reason when they share it),

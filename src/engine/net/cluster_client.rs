@@ -149,15 +149,15 @@ impl ClusterClient {
                     }
                     true
                 }
-                ClientError::Refused {
-                    code: ErrorCode::PARTITION_UNAVAILABLE | ErrorCode::SHUTTING_DOWN,
-                    ..
-                }
-                | ClientError::Connect { .. }
-                | ClientError::ConnectAny { .. }
-                | ClientError::Io { .. }
-                | ClientError::Timeout { .. }
-                | ClientError::Closed { .. } => {
+                e if e.is_lost_connection()
+                    || matches!(
+                        e,
+                        ClientError::Refused {
+                            code: ErrorCode::PARTITION_UNAVAILABLE | ErrorCode::SHUTTING_DOWN,
+                            ..
+                        }
+                    ) =>
+                {
                     self.conns.remove(&addr);
                     self.leaders.remove(&key);
                     self.next = (self.next + 1) % self.brokers.len().max(1);
@@ -198,13 +198,7 @@ impl ClusterClient {
                 Err(e) => e,
             };
             match err {
-                ClientError::Connect { .. }
-                | ClientError::ConnectAny { .. }
-                | ClientError::Io { .. }
-                | ClientError::Timeout { .. }
-                | ClientError::Closed { .. }
-                    if began.elapsed() < FOLLOW_TIMEOUT =>
-                {
+                e if e.is_lost_connection() && began.elapsed() < FOLLOW_TIMEOUT => {
                     self.conns.remove(&addr);
                     self.next = (self.next + 1) % self.brokers.len().max(1);
                     self.pause_after_round(&mut unanswered);
